@@ -1,0 +1,1 @@
+"""plnt gateway: routes invocations to promoted runners (and canaries)."""

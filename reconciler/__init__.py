@@ -1,0 +1,1 @@
+"""plnt reconciler: git source, specs, plan, saga, drivers, CLI."""

@@ -1,0 +1,1 @@
+"""plnt runner: serves one microagents recipe."""
