@@ -1,2 +1,242 @@
+"""The `plnt` command line: up, validate, plan, status."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import tempfile
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+
+from .loader import SpecSet, load_directory, load_sources
+from .settings import Settings
+
+app = typer.Typer(
+    name="plnt",
+    help="GitOps reconciler for micro-agent workflows: specs in git, signed recipes, canary sagas on Temporal.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class Format(str, Enum):
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    for noisy in ("temporalio", "httpx", "httpcore", "git", "uvicorn.error"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@app.command()
+def up(
+    repo: Annotated[str, typer.Option(help="Spec repository: a path, file://, https:// or ssh URL.")],
+    path: Annotated[str, typer.Option(help="Subdirectory of the repository holding the specs.")] = "",
+    branch: Annotated[str, typer.Option(help="Branch to track.")] = "main",
+    state_dir: Annotated[Path, typer.Option(help="Where plnt keeps its state.")] = Path(".plnt"),
+    host: Annotated[str, typer.Option(help="Gateway address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Gateway port.")] = 8000,
+    interval: Annotated[float, typer.Option(help="Seconds between polls of the repository.")] = 5.0,
+    temporal_address: Annotated[
+        str | None, typer.Option(help="HOST:PORT of a Temporal server; without it plnt starts the embedded dev server.")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run plnt: Temporal, a worker, the reconciler and the gateway; deploy through local runner processes."""
+    _setup_logging(verbose)
+    settings = Settings(repo=repo, path=path, branch=branch, state_dir=state_dir, host=host, port=port,
+                        interval_s=interval, temporal_address=temporal_address)
+    try:
+        asyncio.run(_up(settings))
+    except KeyboardInterrupt:
+        pass
+
+
+async def _up(settings: Settings) -> None:
+    from .app import start  # heavy imports only for `up`
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    plnt = await start(settings)
+    typer.echo(f"plnt is up: gateway {plnt.url}  (GET /workflows, POST /workflows/NAME/invoke); Ctrl-C stops", err=True)
+    await stop.wait()
+    typer.echo("plnt: stopping (runners, worker, gateway, Temporal)...", err=True)
+    await plnt.stop()
+    typer.echo("plnt: stopped", err=True)
+
+
+@app.command()
+def validate(path: Annotated[Path, typer.Argument(help="A spec directory or a single YAML file.")]) -> None:
+    """Check specs: exit 0 with a summary, or one FILE:LINE: field: message line per problem and exit 1."""
+    if not path.exists():
+        typer.echo(f"{path}: no such file or directory", err=True)
+        raise typer.Exit(2)
+    if path.is_file():
+        from .loader import SourceFile
+
+        specs, problems = load_sources([SourceFile(path=str(path), text=path.read_text(encoding="utf-8"))])
+    else:
+        specs, problems = load_directory(path)
+        problems = [p.__class__(file=str(path / p.file), line=p.line, field=p.field, message=p.message) for p in problems]
+    if problems:
+        for problem in problems:
+            typer.echo(str(problem))
+        typer.echo(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{path}: valid: {_counts(specs)}")
+
+
+def _counts(specs: SpecSet) -> str:
+    return (f"{len(specs.workflow_runs)} WorkflowRun(s), {len(specs.backends)} PlntBackend(s), "
+            f"{len(specs.recipes)} recipe Workflow(s)")
+
+
+@app.command()
+def plan(
+    repo: Annotated[str, typer.Option(help="Spec repository: a path or URL.")],
+    path: Annotated[str, typer.Option(help="Subdirectory holding the specs.")] = "",
+    branch: Annotated[str, typer.Option(help="Branch (when --head is not given).")] = "main",
+    base: Annotated[str | None, typer.Option(help="Base revision: plan what --head changes relative to it.")] = None,
+    head: Annotated[str | None, typer.Option(help="Head revision (default: the branch).")] = None,
+    state_dir: Annotated[Path, typer.Option(help="State of a plnt up, for a plan against live state.")] = Path(".plnt"),
+    format: Annotated[Format, typer.Option("--format", "-f")] = Format.text,
+) -> None:
+    """What would change: against the live state in --state-dir, or between --base and --head (a pull request)."""
+    from .plan import DesiredRun, LiveRun, plan as make_plan, render_markdown, render_text
+    from .source import GitSource, SourceError
+
+    with tempfile.TemporaryDirectory(prefix="plnt-plan-") as scratch:
+        source = GitSource(repo, Path(scratch) / "clone", branch=branch, path=path)
+        try:
+            head_commit = source.resolve(head) if head else source.fetch()
+            desired_specs = _load_or_exit(source, head_commit)
+            desired = {k: DesiredRun.from_spec(r) for k, r in desired_specs.workflow_runs.items()}
+            if base is not None:
+                base_commit = source.resolve(base)
+                base_specs = _load_or_exit(source, base_commit)
+                live = {
+                    key: LiveRun(namespace=d.namespace, name=d.name, version=d.version, fingerprint=d.fingerprint, spec=d.spec)
+                    for key, d in ((k, DesiredRun.from_spec(r)) for k, r in base_specs.workflow_runs.items())
+                }
+                title = f"plnt plan {base_commit[:12]}..{head_commit[:12]}"
+            else:
+                live = _live_from_state(state_dir)
+                title = f"plnt plan {head_commit[:12]} against {state_dir}"
+        except SourceError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+    items = make_plan(desired, live)
+    if format is Format.json:
+        typer.echo(json.dumps({"head": head_commit, "base": base_commit if base else None,
+                               "items": [i.to_json() for i in items]}, indent=2))
+    elif format is Format.markdown:
+        typer.echo(render_markdown(items, title=title), nl=False)
+    else:
+        typer.echo(f"{title}\n" + render_text(items), nl=False)
+
+
+def _load_or_exit(source: Any, commit: str) -> SpecSet:
+    specs, problems = load_sources(source.spec_files(commit))
+    if problems:
+        typer.echo(f"commit {commit[:12]} has invalid specs:", err=True)
+        for problem in problems:
+            typer.echo(str(problem), err=True)
+        raise typer.Exit(1)
+    return specs
+
+
+def _live_from_state(state_dir: Path) -> dict[str, Any]:
+    from .plan import LiveRun
+    from .state import LiveWorkflow, read_json
+    from .status import Phase, WorkflowRunStatus
+
+    statuses = {k: WorkflowRunStatus.model_validate(v) for k, v in (read_json(state_dir / "status.json", {}) or {}).items()}
+    live: dict[str, LiveRun] = {}
+    releases = {}
+    for record in sorted((state_dir / "releases").glob("*.json")) if (state_dir / "releases").exists() else []:
+        item = LiveWorkflow.model_validate(read_json(record))
+        releases[item.key] = item
+    for key in set(statuses) | set(releases):
+        status, release = statuses.get(key), releases.get(key)
+        stable = release.stable if release else None
+        failed = status is not None and status.phase in (Phase.ROLLED_BACK, Phase.FAILED)
+        namespace, name = key.split("/", 1)
+        live[key] = LiveRun(
+            namespace=namespace, name=name, version=stable.version if stable else None,
+            fingerprint=stable.spec_fingerprint if stable else None, spec=status.deployed_spec if status else None,
+            failed_fingerprint=status.attempted_fingerprint if failed and status else None,
+            failed_reason=status.last_error if failed and status else None,
+        )
+    return live
+
+
+@app.command()
+def status(
+    url: Annotated[str, typer.Option(help="Gateway of a running plnt up.")] = "http://127.0.0.1:8000",
+    state_dir: Annotated[Path, typer.Option(help="Read this state directory if the gateway does not answer.")] = Path(".plnt"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (the shape of GET /workflows).")] = False,
+) -> None:
+    """Each WorkflowRun's phase, version, canary share, endpoint, commit and message."""
+    source: dict[str, Any] = {}
+    try:
+        with httpx.Client(trust_env=False, timeout=5) as client:
+            rows = client.get(f"{url}/workflows").raise_for_status().json()
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                source = client.get(f"{url}/source").raise_for_status().json()
+    except httpx.HTTPError:
+        from .state import read_json
+        from .status import WorkflowRunStatus
+
+        if not (state_dir / "status.json").exists():
+            typer.echo(f"error: no plnt answers at {url} and {state_dir} holds no status; is plnt up running?", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"(no plnt answers at {url}; showing the last status saved in {state_dir})", err=True)
+        raw = read_json(state_dir / "status.json", {}) or {}
+        rows = [WorkflowRunStatus.model_validate(v).public() for _, v in sorted(raw.items())]
+        source = read_json(state_dir / "source.json", {}) or {}
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if source:
+        commit = (source.get("newestCommit") or "")[:12]
+        problems = source.get("problems") or []
+        health = f"INVALID ({len(problems)} problem{'s' if len(problems) != 1 else ''}; serving {str(source.get('lastReconciledCommit') or '')[:12]})" if problems else "valid"
+        typer.echo(f"source {source.get('repo')} branch {source.get('branch')} commit {commit}: {health}")
+        for problem in problems:
+            typer.echo(f"  {problem}")
+    if not rows:
+        typer.echo("No WorkflowRuns.")
+        return
+    header = f"{'NAMESPACE/NAME':<34} {'PHASE':<11} {'VERSION':<10} {'CANARY':<14} {'COMMIT':<13} {'ENDPOINT':<24} MESSAGE"
+    typer.echo(header)
+    for row in rows:
+        canary = f"{row.get('canaryVersion') or ''} {row['canaryPercent']}%" if row.get("canaryVersion") else "-"
+        typer.echo(f"{row['namespace'] + '/' + row['name']:<34} {row['phase']:<11} {row.get('version') or '-':<10} "
+                   f"{canary:<14} {(row.get('observedCommit') or '-')[:12]:<13} {row.get('endpoint') or '-':<24} {row.get('message') or ''}")
+
+
 def main() -> None:
-    print("plnt")
+    app()
+
+
+if __name__ == "__main__":
+    main()

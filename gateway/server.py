@@ -1,0 +1,149 @@
+"""Run an ASGI app with uvicorn inside the *current* asyncio loop.
+
+`plnt up` runs the reconciler and the gateway on one loop, and owns SIGINT/SIGTERM itself.
+uvicorn 0.54 has no `install_signal_handlers` flag: `Server.serve()` wraps everything in
+`capture_signals()`, which (on the main thread) replaces the process's SIGINT/SIGTERM
+handlers with `signal.signal` - clobbering handlers installed via `loop.add_signal_handler`
+- and re-raises the captured signal once the server has stopped. `_InLoopServer` turns that
+into a no-op; the caller stops the server with `should_exit` (see `GatewayServer.stop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Generator
+from typing import Any
+
+import uvicorn
+
+
+class ServerStartError(RuntimeError):
+    """uvicorn could not start (port in use, lifespan startup failed, ...)."""
+
+
+class _InLoopServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, ready: asyncio.Event | None) -> None:
+        super().__init__(config)
+        self._ready = ready
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # The caller owns SIGINT/SIGTERM; see the module docstring.
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        # `started` is set only once the listening socket exists, so ready means connectable.
+        if self.started and self._ready is not None:
+            self._ready.set()
+
+
+def _build(
+    app: Any, host: str, port: int, ready: asyncio.Event | None, graceful_timeout_s: float | None
+) -> _InLoopServer:
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        # "on", not "auto": with "auto" a failing lifespan startup is logged and ignored,
+        # and the gateway would serve without its HTTP client.
+        lifespan="on",
+        # Leave logging to the host process (plnt up configures it); uvicorn's default
+        # dictConfig would otherwise reconfigure loggers process-wide.
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=graceful_timeout_s,  # type: ignore[arg-type]  # float works
+    )
+    return _InLoopServer(config, ready)
+
+
+async def _run(server: _InLoopServer) -> None:
+    host, port = server.config.host, server.config.port
+    try:
+        await server.serve()
+    except SystemExit as exc:
+        # uvicorn calls sys.exit() when binding or lifespan startup fails. Inside a task,
+        # SystemExit would escape the event loop and take the reconciler down with it.
+        raise ServerStartError(f"could not start server on {host}:{port} (exit code {exc.code})") from None
+    finally:
+        # If we were cancelled rather than stopped, at least release the port.
+        for listener in getattr(server, "servers", ()):
+            listener.close()
+
+
+async def serve(
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    ready: asyncio.Event | None = None,
+    graceful_timeout_s: float | None = 30.0,
+) -> None:
+    """Serve `app` on host:port in the running loop until cancelled; set `ready` once listening.
+
+    Prefer `GatewayServer` when you need to stop gracefully: cancelling this coroutine closes
+    the listener but drops in-flight requests and skips the app's lifespan shutdown.
+    """
+    await _run(_build(app, host, port, ready, graceful_timeout_s))
+
+
+class GatewayServer:
+    """Start/stop helper around `serve`, for `plnt up` and tests.
+
+    `port=0` picks a free port; read the actual one from `.port` / `.url` after `start()`.
+    """
+
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, graceful_timeout_s: float | None = 30.0
+    ) -> None:
+        self.app = app
+        self.host = host
+        self._requested_port = port
+        self._graceful_timeout_s = graceful_timeout_s
+        self._server: _InLoopServer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._port: int | None = None
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("server already started")
+        ready = asyncio.Event()
+        self._server = _build(self.app, self.host, self._requested_port, ready, self._graceful_timeout_s)
+        self._task = asyncio.create_task(_run(self._server), name=f"uvicorn {self.host}:{self._requested_port}")
+        ready_wait = asyncio.create_task(ready.wait())
+        # Whichever comes first: listening, or the server task ending (startup failure).
+        await asyncio.wait({self._task, ready_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not ready.is_set():
+            ready_wait.cancel()
+            task, self._task = self._task, None
+            await task  # re-raises ServerStartError
+            raise ServerStartError(f"server on {self.host}:{self._requested_port} exited during startup")
+        # Remembered so `url` still names the server after stop (e.g. to show it is gone).
+        self._port = int(self._server.servers[0].sockets[0].getsockname()[1])
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("server not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def stop(self) -> None:
+        """Graceful: stop accepting, let in-flight requests finish, run lifespan shutdown."""
+        if self._task is None or self._server is None:
+            return
+        self._server.should_exit = True
+        task, self._task = self._task, None
+        await task
+
+    async def __aenter__(self) -> GatewayServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()

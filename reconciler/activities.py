@@ -1,0 +1,144 @@
+"""Saga activities: the only code that touches the outside world during a deploy.
+
+Each is idempotent (a retried activity finds its own earlier work) and maps plnt's errors at the
+boundary: NeedsHuman becomes a non-retryable ApplicationError named after the error class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from plnt.runner.recipe import load_golden
+
+from .driver import InstallRequest, ReleaseDriver
+from .errors import GpuClassUnavailable, InvalidSpec, NeedsHuman, PlntError, UnknownBackend
+from .recipes import ExportFromRepo, pull_recipe
+from .saga_io import (
+    InstallInput, PhaseUpdate, PulledRecipeInfo, PullInput, ReleaseRef, SmokeInput, ValidatedSpec, ValidateInput,
+)
+from .smoke import SmokeResult, judge, measure, summarise
+from .specs import PlntBackend, WorkflowRun
+from .state import Release
+from .status import StatusStore
+
+T = TypeVar("T")
+
+
+def _boundary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Map plnt errors to Temporal's: the exception type decides whether Temporal retries."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except PlntError as exc:
+            raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=isinstance(exc, NeedsHuman)) from exc
+
+    return wrapper
+
+
+class SagaActivities:
+    def __init__(
+        self,
+        *,
+        driver: ReleaseDriver,
+        statuses: StatusStore,
+        export_from_repo: ExportFromRepo,
+        recipe_cache: Path,
+        smoke_request_timeout_s: float = 30.0,
+        supported_backend_types: tuple[str, ...] = ("local",),
+    ) -> None:
+        self._driver = driver
+        self._statuses = statuses
+        self._export = export_from_repo
+        self._cache = recipe_cache
+        self._smoke_timeout_s = smoke_request_timeout_s
+        self._backend_types = supported_backend_types
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.record_phase, self.validate, self.pull_recipe, self.install_release,
+                self.smoke_test, self.promote_release, self.remove_release]
+
+    @activity.defn(name="record_phase")
+    async def record_phase(self, update: PhaseUpdate) -> None:
+        if update.phase is None:
+            self._statuses.remove(update.namespace, update.name)
+            return
+        fields = dict(update.fields)
+        if update.commit is not None:
+            fields["observed_commit"] = update.commit
+        if update.saga_id is not None:
+            fields["saga_id"] = update.saga_id
+        self._statuses.update(update.namespace, update.name, phase=update.phase, message=update.message, **fields)
+
+    @activity.defn(name="validate")
+    @_boundary
+    async def validate(self, request: ValidateInput) -> ValidatedSpec:
+        try:
+            run = WorkflowRun.model_validate(request.spec)
+        except ValidationError as exc:
+            raise InvalidSpec(f"WorkflowRun is invalid: {exc}") from exc
+        cluster = run.spec.backend.cluster
+        if cluster not in request.backends:
+            known = ", ".join(sorted(request.backends)) or "none"
+            raise UnknownBackend(f"spec.backend.cluster: no PlntBackend named {cluster!r} (known: {known})")
+        backend = PlntBackend.model_validate(request.backends[cluster])
+        gpu_class = run.spec.backend.gpu_class
+        if gpu_class is not None and gpu_class not in backend.spec.gpu_classes:
+            offered = ", ".join(backend.spec.gpu_classes) or "no GPU classes"
+            raise GpuClassUnavailable(f"spec.backend.gpuClass: backend {cluster!r} offers {offered}, not {gpu_class!r}")
+        if backend.spec.type not in self._backend_types:
+            raise UnknownBackend(
+                f"backend {cluster!r} is of type {backend.spec.type}; this plnt deploys to "
+                f"{', '.join(self._backend_types)} backends"
+            )
+        return ValidatedSpec(backend_type=backend.spec.type, version=run.spec.workflow.version)
+
+    @activity.defn(name="pull_recipe")
+    @_boundary
+    async def pull_recipe(self, request: PullInput) -> PulledRecipeInfo:
+        run = WorkflowRun.model_validate(request.spec)
+        activity.heartbeat("pulling")
+        pulled = await asyncio.to_thread(
+            pull_recipe, run.spec.workflow, commit=request.commit, cache=self._cache, export_from_repo=self._export
+        )
+        return PulledRecipeInfo(directory=str(pulled.directory), digest=pulled.digest, version=pulled.version)
+
+    @activity.defn(name="install_release")
+    @_boundary
+    async def install_release(self, request: InstallInput) -> Release:
+        return await self._driver.install(InstallRequest(
+            namespace=request.namespace, name=request.name, track=request.track, version=request.version,
+            spec_fingerprint=request.fingerprint, recipe_digest=request.recipe_digest,
+            recipe_dir=request.recipe_dir, traffic_percent=request.traffic_percent,
+        ))
+
+    @activity.defn(name="smoke_test")
+    @_boundary
+    async def smoke_test(self, request: SmokeInput) -> SmokeResult:
+        run = WorkflowRun.model_validate(request.spec)
+        budget = run.spec.canary.smoke_test
+        cases = await asyncio.to_thread(load_golden, Path(request.recipe_dir))
+        samples = await measure(
+            request.endpoint, [case.input for case in cases],
+            invocations=budget.invocations, concurrency=budget.concurrency, timeout_s=self._smoke_timeout_s,
+        )
+        return judge(summarise(samples), budget)
+
+    @activity.defn(name="promote_release")
+    @_boundary
+    async def promote_release(self, request: ReleaseRef) -> Release:
+        return await self._driver.promote(request.namespace, request.name)
+
+    @activity.defn(name="remove_release")
+    @_boundary
+    async def remove_release(self, request: ReleaseRef) -> None:
+        await self._driver.remove(request.namespace, request.name, request.track)

@@ -1,0 +1,162 @@
+"""`plnt up`: the composition root. Temporal (embedded or remote), a worker, the reconciler and the
+gateway, in one process and one event loop, deploying through the local driver."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from plnt.gateway.app import create_app
+from plnt.gateway.routes import Backend, Route, Router, RouteTable
+from plnt.gateway.server import GatewayServer
+
+from .activities import SagaActivities
+from .local_driver import LocalDriver
+from .reconciler import Reconciler
+from .saga import DeploySaga
+from .settings import Settings
+from .source import GitSource
+from .state import LiveWorkflow, Release, StateDir
+from .status import StatusStore
+from .temporal_server import TemporalDevServer
+
+log = logging.getLogger(__name__)
+
+
+def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore) -> RouteTable:
+    """Routes from the live releases; a WorkflowRun known to status but not promoted gets a route
+    with no stable backend (the gateway answers 503 rather than 404)."""
+
+    def backend(release: Release | None) -> Backend | None:
+        return None if release is None else Backend(release.endpoint, release.version, release.release_id)
+
+    routes = {
+        key: Route(
+            namespace=item.namespace, name=item.name, stable=backend(item.stable), canary=backend(item.canary),
+            canary_percent=item.canary.traffic_percent if item.canary else 0,
+        )
+        for key, item in live.items()
+    }
+    for status in statuses.all():
+        routes.setdefault(status.key, Route(namespace=status.namespace, name=status.name, stable=None))
+    return RouteTable(routes.values())
+
+
+@dataclass
+class Plnt:
+    """A running plnt: what tests and the CLI hold on to."""
+
+    settings: Settings
+    state: StateDir
+    client: Client
+    statuses: StatusStore
+    driver: LocalDriver
+    router: Router
+    reconciler: Reconciler
+    gateway: GatewayServer
+    stop_event: asyncio.Event
+    _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    _cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.gateway.url
+
+    def refresh_routes(self) -> None:
+        self.router.replace(build_route_table(self.driver.snapshot(), self.statuses))
+
+    async def stop(self) -> None:
+        """Stop everything `start` started, runners included; release records stay for the next start."""
+        self.stop_event.set()
+        for cleanup in reversed(self._cleanups):
+            try:
+                await cleanup()
+            except Exception:  # noqa: BLE001 - keep stopping the rest
+                log.exception("shutdown-step-failed")
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def start(settings: Settings) -> Plnt:
+    state = StateDir(settings.state_dir).ensure()
+    cleanups: list[Callable[[], Awaitable[None]]] = []
+    try:
+        address = settings.temporal_address
+        if address is None:
+            server = TemporalDevServer(state.temporal_db, log_file=state.root / "temporal.log")
+            address = await server.start()
+            cleanups.append(server.stop)
+        client = await Client.connect(address, namespace=settings.temporal_namespace, data_converter=pydantic_data_converter)
+
+        statuses = StatusStore(state.status_file)
+        router = Router()
+        holder: dict[str, Plnt] = {}
+        driver = LocalDriver(
+            state, host="127.0.0.1", start_timeout_s=settings.runner_start_timeout_s,
+            stop_timeout_s=settings.runner_stop_timeout_s,
+            on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None,
+        )
+        cleanups.append(driver.shutdown)
+        source = GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path)
+        activities = SagaActivities(
+            driver=driver, statuses=statuses, export_from_repo=source.export, recipe_cache=state.recipes,
+            smoke_request_timeout_s=settings.smoke_request_timeout_s,
+        )
+        # Phase changes also change routes (a WorkflowRun seen for the first time answers 503, not 404).
+        reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses, driver=driver, state=state)
+
+        def list_workflows() -> list[dict[str, Any]]:
+            return [status.public() for status in statuses.all()]
+
+        async def on_git_hook() -> None:
+            reconciler.wake()
+
+        gateway_app = create_app(router, list_workflows=list_workflows, on_git_hook=on_git_hook)
+
+        @gateway_app.get("/source")
+        async def source_status() -> dict[str, Any]:
+            return reconciler.source_status
+
+        gateway = GatewayServer(gateway_app, host=settings.host, port=settings.port)
+        stop_event = asyncio.Event()
+        plnt = Plnt(settings=settings, state=state, client=client, statuses=statuses, driver=driver, router=router,
+                    reconciler=reconciler, gateway=gateway, stop_event=stop_event)
+        holder["plnt"] = plnt
+        statuses.on_change = plnt.refresh_routes
+
+        restarted = await driver.resume()
+        if restarted:
+            log.info("releases-resumed count=%d", len(restarted))
+        plnt.refresh_routes()
+
+        worker = Worker(
+            client, task_queue=settings.task_queue, workflows=[DeploySaga], activities=activities.all(),
+            max_concurrent_activities=max(4, settings.max_concurrent_sagas * 2),
+        )
+        worker_task = asyncio.create_task(worker.run(), name="temporal-worker")
+        plnt._tasks.append(worker_task)
+        cleanups.append(worker.shutdown)
+
+        await gateway.start()
+        cleanups.append(gateway.stop)
+        cleanups.append(reconciler.close)
+        plnt._tasks.append(asyncio.create_task(reconciler.run(stop_event), name="reconciler"))
+        plnt._cleanups = cleanups
+        log.info("plnt-up gateway=%s repo=%s branch=%s path=%s state=%s temporal=%s",
+                 gateway.url, source.url, settings.branch, settings.path or "/", state.root, address)
+        return plnt
+    except BaseException:
+        for cleanup in reversed(cleanups):
+            try:
+                await cleanup()
+            except Exception:  # noqa: BLE001
+                log.exception("cleanup-after-failed-start")
+        raise

@@ -1,0 +1,50 @@
+"""The release driver: one Protocol, two implementations (local processes, Helm).
+
+Everything above the driver (plan, saga, gateway routes) is the same for both. Every method is
+idempotent, so a retried saga activity finds its own earlier work and continues.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from .state import LiveWorkflow, Release, Track
+
+
+class InstallRequest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str
+    name: str
+    track: Track
+    version: str
+    spec_fingerprint: str
+    recipe_digest: str
+    recipe_dir: str
+    traffic_percent: int = 0
+
+    @property
+    def release_id(self) -> str:
+        # Same spec, same id: a retried install finds the release it made before. The track is not
+        # part of it: a promoted canary keeps its id as the stable release.
+        return f"{self.namespace}.{self.name}.{self.version}.{self.spec_fingerprint[7:19]}"
+
+
+class ReleaseDriver(Protocol):
+    async def install(self, request: InstallRequest) -> Release:
+        """Install (or find) the release; returns once it is healthy."""
+        ...
+
+    async def promote(self, namespace: str, name: str) -> Release:
+        """Make the canary the stable release and remove the previous stable one."""
+        ...
+
+    async def remove(self, namespace: str, name: str, track: Track) -> None:
+        """Remove one track's release; nothing to remove is not an error."""
+        ...
+
+    async def live(self) -> dict[str, LiveWorkflow]:
+        """Every WorkflowRun with a release, by key namespace/name."""
+        ...

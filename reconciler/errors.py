@@ -1,0 +1,65 @@
+"""Errors whose type says what happens next.
+
+    PlntError
+    ├── RetryLater        transient: the same step may succeed if tried again (runner slow to start, port taken)
+    └── NeedsHuman        a dead end: retrying cannot help until someone changes the spec or the recipe
+        ├── InvalidSpec           the spec fails validation
+        ├── UnknownBackend        spec.backend.cluster names no PlntBackend
+        ├── GpuClassUnavailable   the backend does not offer the GPU class asked for
+        ├── RecipeNotFound        no such name@version in the registry
+        ├── InvalidRecipe         the recipe's workflow.yaml or module does not load
+        └── IntegrityMismatch     the recipe's digest differs from spec.workflow.integrityHash
+
+Saga activities turn NeedsHuman into a non-retryable Temporal ApplicationError whose `type` is the
+class name, so the retry policy stops at once and the status shows why.
+"""
+
+from __future__ import annotations
+
+
+class PlntError(Exception):
+    """Base of every error plnt raises on purpose."""
+
+    retryable = True
+
+
+class RetryLater(PlntError):
+    retryable = True
+
+
+class DriverError(RetryLater):
+    """A release driver failed in a way that may pass (process start, health check, port)."""
+
+
+class NeedsHuman(PlntError):
+    retryable = False
+
+
+class InvalidSpec(NeedsHuman):
+    pass
+
+
+class UnknownBackend(NeedsHuman):
+    pass
+
+
+class GpuClassUnavailable(NeedsHuman):
+    pass
+
+
+class RecipeNotFound(NeedsHuman):
+    pass
+
+
+class InvalidRecipe(NeedsHuman):
+    pass
+
+
+class IntegrityMismatch(NeedsHuman):
+    pass
+
+
+NON_RETRYABLE_ERROR_TYPES = [
+    cls.__name__
+    for cls in (InvalidSpec, UnknownBackend, GpuClassUnavailable, RecipeNotFound, InvalidRecipe, IntegrityMismatch)
+]

@@ -1,0 +1,666 @@
+"""Load spec files into validated models, reporting every problem with its file and line.
+
+A spec repository (or a recipe's `workflow.yaml`) is read as plain YAML first, keeping the
+line of every key, so that pydantic's error locations and the cross-document checks below
+can point at the exact line a human has to edit. Loading never stops at the first problem:
+the reconciler shows them all at once, sorted by file and line.
+
+The returned `SpecSet` holds every document that passed its model (the first one wins when
+names collide). Cross-document problems (unknown backend, bad step graph...) are reported
+but do not remove documents, so callers must not apply or prune anything while problems
+are non-empty.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import os
+import re
+import types
+import typing
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .specs import (
+    INTEGRITY_PATTERN,
+    KIND_MODELS,
+    NAME_PATTERN,
+    RECIPE_API_VERSION,
+    REF_PATTERN,
+    VERSION_PATTERN,
+    PlntBackend,
+    Workflow,
+    WorkflowRun,
+)
+
+# A path into a YAML document: mapping keys and sequence indices, as pydantic's `loc`.
+DocPath = tuple[Any, ...]
+
+KNOWN_KINDS = ", ".join(f"{api} {kind}" for api, kind in KIND_MODELS)
+
+# Plain-language names for the regex patterns in specs.py (a raw regex helps nobody).
+PATTERN_HINTS = {
+    NAME_PATTERN: "a lowercase name of at most 63 characters: a-z, 0-9 and '-', "
+    "starting and ending with a letter or digit (e.g. review-responder)",
+    VERSION_PATTERN: "a semantic version like 1.2.0 or 1.3.0-rc.1",
+    REF_PATTERN: "name@version, e.g. review-responder@1.2.0",
+    INTEGRITY_PATTERN: "'sha256:' followed by 64 lowercase hex digits",
+    r"^[A-Za-z_][A-Za-z0-9_]*$": "an identifier: letters, digits and '_', not starting with a digit",
+}
+
+# What a pydantic type error expected, in YAML terms.
+EXPECTED_TYPES = {
+    "string_type": "a string",
+    "int_type": "a whole number",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "dict_type": "a mapping (key: value)",
+    "model_type": "a mapping (key: value)",
+    "model_attributes_type": "a mapping (key: value)",
+    "list_type": "a list",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.field}: {self.message}"
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: str
+    text: str
+
+
+@dataclass
+class SpecSet:
+    workflow_runs: dict[str, WorkflowRun] = field(default_factory=dict)
+    backends: dict[str, PlntBackend] = field(default_factory=dict)
+    recipes: dict[str, Workflow] = field(default_factory=dict)
+    locations: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+
+class SpecError(Exception):
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+IGNORE_FILE = ".plntignore"
+
+
+class IgnoreRules:
+    """Paths under the spec root that are not specs, from `.plntignore` (like Flux's .sourceignore).
+
+    One glob pattern per line, relative to the spec root; `#` starts a comment; a pattern
+    ending in `/` names a directory and everything under it (e.g. `registry/` for a recipe
+    registry kept in the spec repository, whose golden files are not plnt resources).
+    """
+
+    def __init__(self, patterns: Iterable[str] = ()) -> None:
+        self.patterns = [p.strip() for p in patterns if p.strip() and not p.strip().startswith("#")]
+
+    @classmethod
+    def parse(cls, text: str) -> IgnoreRules:
+        return cls(text.splitlines())
+
+    def ignores(self, relative_path: str) -> bool:
+        parts = relative_path.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        for pattern in self.patterns:
+            if pattern.endswith("/"):
+                if any(fnmatch.fnmatchcase(prefix, pattern.rstrip("/")) for prefix in prefixes[:-1]):
+                    return True
+            elif any(fnmatch.fnmatchcase(prefix, pattern.lstrip("/")) for prefix in prefixes):
+                return True
+        return False
+
+
+def _read_tree(root: Path) -> tuple[list[SourceFile], list[Problem]]:
+    """Every *.yaml/*.yml under root, skipping hidden dirs and files (.git, .plnt, .gitlab-ci.yml)
+    and whatever `.plntignore` names."""
+    ignore_file = root / IGNORE_FILE
+    rules = IgnoreRules.parse(ignore_file.read_text(encoding="utf-8")) if ignore_file.is_file() else IgnoreRules()
+    found: list[tuple[str, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        # Prune in place so os.walk never descends into .git and friends.
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if name.startswith(".") or not name.endswith((".yaml", ".yml")):
+                continue
+            full = Path(dirpath) / name
+            rel = full.relative_to(root).as_posix()
+            if not rules.ignores(rel):
+                found.append((rel, full))
+    files: list[SourceFile] = []
+    problems: list[Problem] = []
+    for rel, full in sorted(found):
+        try:
+            files.append(SourceFile(rel, full.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(Problem(rel, 1, "document", f"cannot read file: {exc}; save it as UTF-8 text"))
+    return files, problems
+
+
+def read_directory(root: Path) -> list[SourceFile]:
+    """The spec files under root, sorted by path; raises SpecError if one cannot be read."""
+    files, problems = _read_tree(Path(root))
+    if problems:
+        raise SpecError(problems)
+    return files
+
+
+# --- YAML with line numbers ----------------------------------------------------------------
+
+
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+_MAP_TAG = "tag:yaml.org,2002:map"
+
+
+class _Document:
+    """One YAML document as plain data, plus the 1-based line of every path in it."""
+
+    def __init__(self, loader: yaml.SafeLoader, node: yaml.Node, file: str) -> None:
+        self.file = file
+        self.start: int = node.start_mark.line + 1
+        self.lines: dict[DocPath, int] = {(): self.start}
+        self.scalars: dict[DocPath, str] = {}
+        self.problems: list[Problem] = []
+        self._loader = loader
+        self._active: set[int] = set()
+        self.data = self._build(node, ())
+
+    def _build(self, node: yaml.Node, path: DocPath) -> Any:
+        if isinstance(node, yaml.ScalarNode):
+            self.scalars[path] = node.value  # the text as written, for "quote it" advice
+            # The SafeLoader resolves scalar tags (int, float, bool, null, timestamps...).
+            return self._loader.construct_object(node, deep=True)
+        if id(node) in self._active:  # an alias inside its own anchor: `&a [*a]`
+            raise yaml.constructor.ConstructorError(None, None, "recursive alias", node.start_mark)
+        if node.tag not in (_SEQ_TAG, _MAP_TAG):  # e.g. `!Ref {...}`: not plain data
+            raise yaml.constructor.ConstructorError(None, None, f"unsupported tag {node.tag!r}", node.start_mark)
+        self._active.add(id(node))
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                items = []
+                for index, item in enumerate(node.value):
+                    self.lines[path + (index,)] = item.start_mark.line + 1
+                    items.append(self._build(item, path + (index,)))
+                return items
+            assert isinstance(node, yaml.MappingNode)
+            own = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
+            self._loader.flatten_mapping(node)  # applies `<<: *anchor` merge keys
+            mapping: dict[Any, Any] = {}
+            merged: set[Any] = set()  # keys that came from a merge; the mapping's own keys override them
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise yaml.constructor.ConstructorError(
+                        None, None, "a mapping key must be a plain value", key_node.start_mark
+                    )
+                key = self._loader.construct_object(key_node, deep=True)
+                if key in mapping:
+                    if id(key_node) not in own:
+                        continue  # two merged mappings share a key: the first one wins
+                    if key not in merged:
+                        # PyYAML would silently keep the last value; that hides editing mistakes.
+                        first = self.lines[path + (key,)]
+                        self.problems.append(
+                            Problem(
+                                self.file,
+                                key_node.start_mark.line + 1,
+                                _render(path + (key,)),
+                                f"duplicate key {key!r}; first given at line {first}, remove one of them",
+                            )
+                        )
+                        continue
+                    merged.discard(key)  # an own key overriding a merged one, as YAML intends
+                if id(key_node) not in own:
+                    merged.add(key)
+                self.lines[path + (key,)] = key_node.start_mark.line + 1
+                mapping[key] = self._build(value_node, path + (key,))
+            return mapping
+        finally:
+            self._active.discard(id(node))
+
+    def line(self, path: DocPath) -> int:
+        """Line of the longest prefix of path that exists in the document."""
+        for end in range(len(path), -1, -1):
+            if path[:end] in self.lines:
+                return self.lines[path[:end]]
+        return self.start
+
+
+def _render(path: Iterable[Any]) -> str:
+    """('steps', 2, 'deps') -> 'steps[2].deps'; odd mapping keys are quoted."""
+    out = ""
+    for part in path:
+        if isinstance(part, int) and not isinstance(part, bool):
+            out += f"[{part}]"
+        elif isinstance(part, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{part!r}]"
+    return out or "document"
+
+
+def _parse(source: SourceFile) -> tuple[list[_Document], list[Problem]]:
+    """Documents of one file, in order; a syntax error ends the file but keeps earlier documents."""
+    documents: list[_Document] = []
+    problems: list[Problem] = []
+    loader = yaml.SafeLoader(source.text)
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            try:
+                document = _Document(loader, node, source.path)
+                if document.data is not None:  # `---` followed by nothing (or only comments)
+                    documents.append(document)
+            except yaml.YAMLError as exc:  # bad tag, recursive alias: this document only
+                problems.append(
+                    _yaml_problem(
+                        source, exc, "unsupported YAML", "specs must be plain data: no tags or recursive aliases"
+                    )
+                )
+    except yaml.YAMLError as exc:
+        problems.append(
+            _yaml_problem(source, exc, "malformed YAML", "fix the syntax here (indentation, quotes, brackets)")
+        )
+    finally:
+        loader.dispose()
+    return documents, problems
+
+
+def _yaml_problem(source: SourceFile, exc: yaml.YAMLError, what: str, advice: str) -> Problem:
+    problem_mark = getattr(exc, "problem_mark", None)
+    context_mark = getattr(exc, "context_mark", None)
+    mark = problem_mark or context_mark
+    # At end of input the mark is one past the last line; point at a line the file has.
+    last_line = max(1, len(source.text.splitlines()))
+    line = min(mark.line + 1, last_line) if mark is not None else 1
+    context, problem = getattr(exc, "context", None), getattr(exc, "problem", None)
+    reason = ": ".join(str(part) for part in (context, problem) if part) or str(exc)
+    if context_mark is not None and context_mark.line + 1 != line:
+        reason += f" (started at line {context_mark.line + 1})"
+    return Problem(source.path, line, "document", f"{what}: {reason}; {advice}")
+
+
+# --- model validation ----------------------------------------------------------------------
+
+
+def _unwrap(annotation: Any) -> Any:
+    """`X | None` -> X, so optional sub-models can be followed."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def _field_info(model: Any, name: Any) -> Any:
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    for attr, info in model.model_fields.items():
+        if name in (info.alias, attr):
+            return info
+    return None
+
+
+def _type_at(model: type[BaseModel], loc: DocPath) -> Any:
+    """The annotation at loc inside model (through fields, lists, dicts), or None."""
+    current: Any = model
+    for part in loc:
+        current = _unwrap(current)
+        origin = typing.get_origin(current)
+        if origin is list:
+            current = typing.get_args(current)[0]
+        elif origin is dict:
+            current = typing.get_args(current)[1]
+        else:
+            info = _field_info(current, part)
+            if info is None:
+                return None
+            current = info.annotation
+    return _unwrap(current)
+
+
+def _pattern_of(model: type[BaseModel], loc: DocPath) -> str | None:
+    if not loc:
+        return None
+    info = _field_info(_type_at(model, loc[:-1]), loc[-1])
+    for meta in getattr(info, "metadata", []):
+        if getattr(meta, "pattern", None):
+            return str(meta.pattern)
+    return None
+
+
+def _short(value: Any) -> str:
+    # repr shows quotes around strings; str keeps dates and numbers as YAML wrote them.
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _validation_problem(doc: _Document, model: type[BaseModel], error: Any) -> Problem:
+    # Walk the loc through the data: keeps real keys/indices, drops pydantic tags like '[key]'.
+    loc: DocPath = ()
+    data: Any = doc.data
+    is_key = False
+    raw = tuple(error["loc"])
+    for i, part in enumerate(raw):
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
+        elif part == "[key]":
+            is_key = True
+            continue
+        elif i == len(raw) - 1:
+            data = None  # a missing field: keep its name in the path
+        else:
+            continue
+        loc += (part,)
+
+    kind = error["type"]
+    value = error.get("input")
+    if kind == "extra_forbidden":
+        parent = _type_at(model, loc[:-1])
+        is_model = isinstance(parent, type) and issubclass(parent, BaseModel)
+        allowed = sorted(info.alias or name for name, info in parent.model_fields.items()) if is_model else []
+        guess = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"did you mean '{guess[0]}'? " if guess else ""
+        listing = f" (allowed: {', '.join(allowed)})" if allowed else ""
+        message = f"unknown field; {hint}remove it or check its spelling{listing}"
+    elif kind == "missing":
+        message = "required field is missing; add it"
+    elif kind in EXPECTED_TYPES:
+        written = None if is_key else doc.scalars.get(loc)
+        got = "an empty value (null)" if value is None else f"{type(value).__name__} {_short(value)}"
+        message = f"expected {EXPECTED_TYPES[kind]}, got {got}"
+        if kind == "string_type" and value is not None and not isinstance(value, (dict, list)):
+            # YAML read `1.2`, `on` or `2024-01-01` as a non-string; quoting keeps it text.
+            text = str(value) if written is None else written
+            if written is not None:
+                read_as = {"bool": "true/false", "int": "a number", "float": "a number", "date": "a date"}
+                as_what = read_as.get(type(value).__name__, f"a {type(value).__name__}")
+                message = f"expected a string, but YAML reads {written} as {as_what}"
+            message += f'; quote it, e.g. "{text}"'
+            pattern = _pattern_of(model, loc)
+            if pattern and not re.match(pattern, text):
+                message += f" (it must be {PATTERN_HINTS.get(pattern, f'matching {pattern}')})"
+    elif kind == "string_pattern_mismatch":
+        pattern = str(error.get("ctx", {}).get("pattern", ""))
+        message = f"{_short(value)} is not valid; it must be {PATTERN_HINTS.get(pattern, f'matching {pattern}')}"
+    elif kind == "value_error":
+        message = error["msg"].removeprefix("Value error, ")
+    else:
+        message = f"{error['msg']} (got {_short(value)})" if not isinstance(value, (dict, list)) else error["msg"]
+    if is_key:
+        message = f"the key itself: {message}"
+    return Problem(doc.file, doc.line(loc), _render(loc), message)
+
+
+def _validate(doc: _Document) -> tuple[BaseModel | None, list[Problem]]:
+    """Pick the model from apiVersion/kind and validate; problems instead of exceptions."""
+    data = doc.data
+    if not isinstance(data, dict):
+        return None, [
+            Problem(
+                doc.file,
+                doc.start,
+                "document",
+                f"expected a mapping with apiVersion and kind, got {type(data).__name__}; known kinds: {KNOWN_KINDS}",
+            )
+        ]
+    api_version, kind = data.get("apiVersion"), data.get("kind")
+    known_apis = {api for api, _ in KIND_MODELS}
+    for name, value in (("apiVersion", api_version), ("kind", kind)):
+        if value is None:
+            return None, [
+                Problem(
+                    doc.file,
+                    doc.start,
+                    name,
+                    f"{name} is missing; every document needs apiVersion and kind, known kinds: {KNOWN_KINDS}",
+                )
+            ]
+    if not isinstance(api_version, str) or api_version not in known_apis:
+        return None, [
+            Problem(
+                doc.file,
+                doc.line(("apiVersion",)),
+                "apiVersion",
+                f"unknown apiVersion {_short(api_version)}; known kinds: {KNOWN_KINDS}",
+            )
+        ]
+    model = KIND_MODELS.get((api_version, kind)) if isinstance(kind, str) else None
+    if model is None:
+        return None, [
+            Problem(
+                doc.file,
+                doc.line(("kind",)),
+                "kind",
+                f"unknown kind {_short(kind)} for apiVersion {api_version}; known kinds: {KNOWN_KINDS}",
+            )
+        ]
+    try:
+        return model.model_validate(data), []
+    except ValidationError as exc:
+        return None, [_validation_problem(doc, model, error) for error in exc.errors()]
+
+
+# --- cross-document checks -----------------------------------------------------------------
+
+
+def _step_problems(doc: _Document, recipe: Workflow) -> list[Problem]:
+    problems: list[Problem] = []
+    index_of: dict[str, int] = {}
+    for i, step in enumerate(recipe.steps):
+        if step.id in index_of:
+            problems.append(
+                Problem(
+                    doc.file,
+                    doc.line(("steps", i, "id")),
+                    f"steps[{i}].id",
+                    f"duplicate step id '{step.id}'; first used by steps[{index_of[step.id]}], rename one",
+                )
+            )
+        else:
+            index_of[step.id] = i
+    known = ", ".join(index_of)
+    for i, step in enumerate(recipe.steps):
+        unknown = [dep for dep in step.deps if dep not in index_of]
+        if unknown:
+            problems.append(
+                Problem(
+                    doc.file,
+                    doc.line(("steps", i, "deps")),
+                    f"steps[{i}].deps",
+                    f"step '{step.id}' depends on unknown step(s) {', '.join(map(repr, unknown))}; known steps: {known}",
+                )
+            )
+    problems += _cycle_problems(doc, recipe, index_of)
+    if recipe.output is not None and recipe.output not in index_of:
+        problems.append(
+            Problem(
+                doc.file,
+                doc.line(("output",)),
+                "output",
+                f"output names unknown step '{recipe.output}'; use one of: {known}",
+            )
+        )
+    return problems
+
+
+def _cycle_problems(doc: _Document, recipe: Workflow, index_of: dict[str, int]) -> list[Problem]:
+    """One problem per dependency cycle, on the first step (in file order) that is part of it."""
+    deps = {step.id: [d for d in step.deps if d in index_of] for step in recipe.steps}
+    state: dict[str, int] = {}  # 1 = on the DFS stack, 2 = finished
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in deps[node]:
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep) :] + [dep])
+            elif dep not in state:
+                visit(dep, stack)
+        stack.pop()
+        state[node] = 2
+
+    for step in recipe.steps:
+        if step.id not in state:
+            visit(step.id, [])
+    problems = []
+    for cycle in cycles:
+        # Start the cycle at the step declared first, and walk it in dependency direction.
+        first = min(cycle[:-1], key=index_of.__getitem__)
+        at = cycle.index(first)
+        ordered = cycle[at:-1] + cycle[:at] + [first]
+        i = index_of[first]
+        problems.append(
+            Problem(
+                doc.file,
+                doc.line(("steps", i, "deps")),
+                f"steps[{i}].deps",
+                f"dependency cycle: {' -> '.join(ordered)}; remove one of these dependencies",
+            )
+        )
+    return problems
+
+
+def _backend_problems(doc: _Document, run: WorkflowRun, backends: dict[str, PlntBackend]) -> list[Problem]:
+    placement = run.spec.backend
+    backend = backends.get(placement.cluster)
+    if backend is None:
+        known = ", ".join(sorted(backends)) or "none declared"
+        return [
+            Problem(
+                doc.file,
+                doc.line(("spec", "backend", "cluster")),
+                "spec.backend.cluster",
+                f"unknown backend '{placement.cluster}'; declare a PlntBackend named "
+                f"'{placement.cluster}' or use one of: {known}",
+            )
+        ]
+    offered = backend.spec.gpu_classes
+    if placement.gpu_class is not None and placement.gpu_class not in offered:
+        what = f"offers: {', '.join(offered)}" if offered else "offers no GPU classes"
+        return [
+            Problem(
+                doc.file,
+                doc.line(("spec", "backend", "gpuClass")),
+                "spec.backend.gpuClass",
+                f"backend '{backend.metadata.name}' has no GPU class '{placement.gpu_class}'; it {what} "
+                "(add it to the backend's spec.gpuClasses or pick another backend)",
+            )
+        ]
+    return []
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def load_sources(files: Iterable[SourceFile]) -> tuple[SpecSet, list[Problem]]:
+    """Parse, validate and cross-check all files; never raises for bad input."""
+    specs = SpecSet()
+    problems: list[Problem] = []
+    docs: dict[str, _Document] = {}  # location key -> its document, for cross-document lines
+    runs: list[tuple[_Document, WorkflowRun]] = []
+
+    for source in files:
+        documents, parse_problems = _parse(source)
+        problems += parse_problems
+        for doc in documents:
+            problems += doc.problems
+            model, model_problems = _validate(doc)
+            problems += model_problems
+            if model is None:
+                continue
+            if isinstance(model, WorkflowRun):
+                key, label = model.key, "WorkflowRun"
+            elif isinstance(model, PlntBackend):
+                key, label = model.metadata.name, "PlntBackend"
+            else:
+                assert isinstance(model, Workflow)
+                key, label = f"{model.metadata.name}@{model.metadata.version}", "Workflow"
+            where = f"{label}/{key}"
+            if where in docs:
+                first = docs[where]
+                name_path = ("metadata", "name")
+                problems.append(
+                    Problem(
+                        doc.file,
+                        doc.line(name_path),
+                        "metadata.name",
+                        f"duplicate {label} {key}; first declared at {first.file}:{first.line(name_path)}; "
+                        "rename or remove one of them",
+                    )
+                )
+                continue
+            docs[where] = doc
+            specs.locations[where] = (doc.file, doc.start)
+            if isinstance(model, WorkflowRun):
+                specs.workflow_runs[key] = model
+                runs.append((doc, model))
+            elif isinstance(model, PlntBackend):
+                specs.backends[key] = model
+            else:
+                specs.recipes[key] = model
+                problems += _step_problems(doc, model)
+
+    # Backends may be declared in any file, so references are checked once all are loaded.
+    for doc, run in runs:
+        problems += _backend_problems(doc, run, specs.backends)
+
+    problems.sort(key=lambda p: (p.file, p.line))
+    return specs, problems
+
+
+def load_directory(root: Path) -> tuple[SpecSet, list[Problem]]:
+    files, read_problems = _read_tree(Path(root))
+    specs, problems = load_sources(files)
+    problems = sorted(read_problems + problems, key=lambda p: (p.file, p.line))
+    return specs, problems
+
+
+def load_recipe(path: Path) -> Workflow:
+    """A recipe's workflow.yaml: exactly one valid Workflow document, or SpecError."""
+    path = Path(path)
+    display = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([Problem(display, 1, "document", f"cannot read recipe: {exc}")]) from exc
+    specs, problems = load_sources([SourceFile(display, text)])
+    if not problems:
+        other = [*specs.workflow_runs, *specs.backends]
+        if other or len(specs.recipes) != 1:
+            problems = [
+                Problem(
+                    display,
+                    1,
+                    "document",
+                    f"a recipe file must hold exactly one {RECIPE_API_VERSION} Workflow document, "
+                    f"found {len(specs.recipes)} Workflow and {len(other)} other",
+                )
+            ]
+    if problems:
+        raise SpecError(problems)
+    return next(iter(specs.recipes.values()))

@@ -1,0 +1,292 @@
+"""Local driver: each release is a runner process on 127.0.0.1 (the embedded default).
+
+A release counts as installed once its /healthz answers with the right version. Release records
+live in STATE/releases so a restarted `plnt up` knows what is live: `resume()` restarts the runner
+processes of recorded releases (the same release, not a redeploy) and no saga runs for them.
+Order matters for serving without errors: records (and so the gateway's routes) change first,
+then the old process is stopped; the runner drains in-flight requests on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from .driver import InstallRequest
+from .errors import DriverError, InvalidRecipe
+from .state import LiveWorkflow, Release, StateDir, Track, atomic_write_json, read_json
+
+log = logging.getLogger(__name__)
+
+RECIPE_LOAD_FAILED_EXIT = 2  # the runner's exit code when its recipe does not load
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def process_start_time(pid: int) -> str | None:
+    """Start time of a process (clock ticks since boot), or None if it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
+
+
+class LocalDriver:
+    def __init__(
+        self,
+        state: StateDir,
+        *,
+        python: str = sys.executable,
+        host: str = "127.0.0.1",
+        start_timeout_s: float = 30.0,
+        stop_timeout_s: float = 10.0,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self._state = state.ensure()
+        self._python = python
+        self._host = host
+        self._start_timeout_s = start_timeout_s
+        self._stop_timeout_s = stop_timeout_s
+        self._on_change = on_change or (lambda: None)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    # --- the driver interface ---------------------------------------------------------------
+
+    async def install(self, request: InstallRequest) -> Release:
+        async with self._lock(request.namespace, request.name):
+            live = self._read(request.namespace, request.name)
+            current: Release | None = getattr(live, request.track)
+            if current is not None and current.release_id == request.release_id and self.is_running(current):
+                if await self._healthy(current, request.version, timeout_s=2.0):
+                    return current
+            if current is not None:
+                self._write(live.model_copy(update={request.track: None}))
+                await self._stop(current)
+            release = await self._start(
+                Release(
+                    release_id=request.release_id,
+                    namespace=request.namespace,
+                    name=request.name,
+                    track=request.track,
+                    version=request.version,
+                    spec_fingerprint=request.spec_fingerprint,
+                    recipe_digest=request.recipe_digest,
+                    recipe_dir=request.recipe_dir,
+                    endpoint="",
+                    traffic_percent=request.traffic_percent,
+                )
+            )
+            live = self._read(request.namespace, request.name)
+            self._write(live.model_copy(update={request.track: release}))
+            return release
+
+    async def promote(self, namespace: str, name: str) -> Release:
+        async with self._lock(namespace, name):
+            live = self._read(namespace, name)
+            if live.canary is None:
+                if live.stable is not None:
+                    return live.stable  # promoted already: a retried promote finds its own work
+                raise DriverError(f"{namespace}/{name}: no canary to promote")
+            new_stable = live.canary.model_copy(update={"track": "stable", "traffic_percent": 0})
+            old = live.stable
+            self._write(LiveWorkflow(namespace=namespace, name=name, stable=new_stable))
+            if old is not None and old.pid != new_stable.pid:
+                await self._stop(old)
+            return new_stable
+
+    async def remove(self, namespace: str, name: str, track: Track) -> None:
+        async with self._lock(namespace, name):
+            live = self._read(namespace, name)
+            release: Release | None = getattr(live, track)
+            if release is None:
+                return
+            self._write(live.model_copy(update={track: None}))
+            await self._stop(release)
+
+    async def live(self) -> dict[str, LiveWorkflow]:
+        return self.snapshot()
+
+    def snapshot(self) -> dict[str, LiveWorkflow]:
+        """The release records as they are now (no process checks)."""
+        result: dict[str, LiveWorkflow] = {}
+        for path in sorted(self._state.releases.glob("*.json")):
+            live = LiveWorkflow.model_validate(read_json(path))
+            if not live.empty:
+                result[live.key] = live
+        return result
+
+    # --- lifecycle of `plnt up` --------------------------------------------------------------
+
+    async def resume(self) -> list[Release]:
+        """Restart the runner of every recorded release whose process is gone."""
+        restarted: list[Release] = []
+        for live in (await self.live()).values():
+            async with self._lock(live.namespace, live.name):
+                for track in ("stable", "canary"):
+                    release: Release | None = getattr(live, track)
+                    if release is None or self.is_running(release):
+                        continue
+                    try:
+                        new = await self._start(release, preferred_port=release.port)
+                    except DriverError as exc:
+                        log.error("resume-failed release=%s error=%s", release.release_id, exc)
+                        continue
+                    live = live.model_copy(update={track: new})
+                    self._write(live)
+                    restarted.append(new)
+        return restarted
+
+    async def shutdown(self) -> None:
+        """Stop every runner process this driver knows of; the release records stay."""
+        for live in (await self.live()).values():
+            for release in (live.stable, live.canary):
+                if release is not None:
+                    await self._stop(release)
+
+    def is_running(self, release: Release) -> bool:
+        if release.pid is None:
+            return False
+        child = self._children.get(release.pid)
+        if child is not None and child.poll() is not None:
+            return False
+        return process_start_time(release.pid) == release.pid_start
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _lock(self, namespace: str, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(f"{namespace}/{name}", asyncio.Lock())
+
+    def _record_path(self, namespace: str, name: str) -> Path:
+        return self._state.releases / f"{namespace}.{name}.json"
+
+    def _read(self, namespace: str, name: str) -> LiveWorkflow:
+        raw = read_json(self._record_path(namespace, name))
+        return LiveWorkflow.model_validate(raw) if raw else LiveWorkflow(namespace=namespace, name=name)
+
+    def _write(self, live: LiveWorkflow) -> None:
+        path = self._record_path(live.namespace, live.name)
+        if live.empty:
+            path.unlink(missing_ok=True)
+        else:
+            atomic_write_json(path, live.model_dump(mode="json"))
+        self._on_change()
+
+    async def _start(self, release: Release, preferred_port: int | None = None) -> Release:
+        last_error = ""
+        for attempt in range(3):
+            port = preferred_port if (attempt == 0 and preferred_port) else free_port(self._host)
+            log_path = self._state.runner_logs / f"{release.release_id}.log"
+            with open(log_path, "ab") as log_file:
+                child = subprocess.Popen(
+                    [
+                        self._python, "-m", "plnt.runner",
+                        "--recipe", release.recipe_dir,
+                        "--host", self._host,
+                        "--port", str(port),
+                        "--release-id", release.release_id,
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # Ctrl-C in the terminal reaches plnt, which stops runners in order
+                )
+            self._children[child.pid] = child
+            started = release.model_copy(
+                update={
+                    "pid": child.pid,
+                    "pid_start": process_start_time(child.pid),
+                    "port": port,
+                    "endpoint": f"http://{self._host}:{port}",
+                }
+            )
+            if await self._wait_healthy(started, child):
+                log.info("runner-started release=%s endpoint=%s pid=%s", release.release_id, started.endpoint, child.pid)
+                return started
+            code = child.poll()
+            tail = _tail(log_path)
+            await self._stop(started)
+            if code == RECIPE_LOAD_FAILED_EXIT:
+                raise InvalidRecipe(f"runner for {release.version} could not load its recipe: {tail}")
+            last_error = f"exit code {code}" if code is not None else f"not healthy within {self._start_timeout_s:.0f}s"
+            last_error += f"; log {log_path}: {tail}"
+        raise DriverError(f"runner {release.release_id} did not start: {last_error}")
+
+    async def _wait_healthy(self, release: Release, child: subprocess.Popen[bytes]) -> bool:
+        deadline = time.monotonic() + self._start_timeout_s
+        delay = 0.05
+        while time.monotonic() < deadline:
+            if child.poll() is not None:
+                return False
+            if await self._healthy(release, release.version, timeout_s=1.0):
+                return True
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+        return False
+
+    async def _healthy(self, release: Release, version: str, timeout_s: float) -> bool:
+        try:
+            async with httpx.AsyncClient(trust_env=False, timeout=timeout_s) as client:
+                response = await client.get(f"{release.endpoint}/healthz")
+        except httpx.HTTPError:
+            return False
+        if response.status_code != 200:
+            return False
+        body = response.json()
+        return body.get("version") == version and body.get("release") == release.release_id
+
+    async def _stop(self, release: Release) -> None:
+        if release.pid is None or not self.is_running(release):
+            self._reap(release.pid)
+            return
+        try:
+            os.kill(release.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            self._reap(release.pid)
+            return
+        deadline = time.monotonic() + self._stop_timeout_s
+        while time.monotonic() < deadline and self.is_running(release):
+            await asyncio.sleep(0.05)
+        if self.is_running(release):
+            log.warning("runner-kill release=%s pid=%s (no exit %.0fs after SIGTERM)", release.release_id, release.pid, self._stop_timeout_s)
+            try:
+                os.kill(release.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._reap(release.pid)
+        log.info("runner-stopped release=%s pid=%s", release.release_id, release.pid)
+
+    def _reap(self, pid: int | None) -> None:
+        child = self._children.pop(pid, None) if pid is not None else None
+        if child is not None:
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) or "(empty log)"

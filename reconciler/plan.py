@@ -1,0 +1,204 @@
+"""The plan: a pure function of (desired, live) deciding what each WorkflowRun needs.
+
+No I/O here. The reconciler builds `DesiredRun`s from the specs at a commit and `LiveRun`s from
+the driver's releases and the status store; `plnt plan --base --head` builds both sides from two
+commits. Every item carries the reason and, for an upgrade, the fields that changed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .specs import WorkflowRun, flatten
+
+
+class Action(str, Enum):
+    INSTALL = "install"
+    UPGRADE = "upgrade"
+    UNINSTALL = "uninstall"
+    UNCHANGED = "unchanged"
+
+
+@dataclass(frozen=True)
+class DesiredRun:
+    namespace: str
+    name: str
+    version: str
+    fingerprint: str
+    spec: Mapping[str, Any]  # spec as camelCase JSON, for naming what changed
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def from_spec(cls, run: WorkflowRun) -> DesiredRun:
+        return cls(
+            namespace=run.metadata.namespace,
+            name=run.metadata.name,
+            version=run.spec.workflow.version,
+            fingerprint=run.fingerprint(),
+            spec=run.spec.model_dump(mode="json", by_alias=True),
+        )
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    namespace: str
+    name: str
+    version: str | None = None          # the stable (promoted) release, if any
+    fingerprint: str | None = None
+    spec: Mapping[str, Any] | None = None
+    # The newest saga's spec and whether it ended in RolledBack/Failed: such a spec is held
+    # until it changes, so one bad commit runs one saga, not one per poll.
+    failed_fingerprint: str | None = None
+    failed_reason: str | None = None
+    saga_running: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Change:
+    field: str
+    old: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.field}: {_show(self.old)} -> {_show(self.new)}"
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    namespace: str
+    name: str
+    action: Action
+    reason: str
+    from_version: str | None = None
+    to_version: str | None = None
+    changes: tuple[Change, ...] = field(default_factory=tuple)
+    waiting: bool = False  # a saga for this WorkflowRun is running; act when it ends
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def needs_saga(self) -> bool:
+        return self.action is not Action.UNCHANGED and not self.waiting
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "action": self.action.value,
+            "reason": self.reason,
+            "fromVersion": self.from_version,
+            "toVersion": self.to_version,
+            "changes": [{"field": c.field, "old": c.old, "new": c.new} for c in self.changes],
+            "waiting": self.waiting,
+        }
+
+
+def plan(desired: Mapping[str, DesiredRun], live: Mapping[str, LiveRun]) -> list[PlanItem]:
+    items = [_decide(desired.get(key), live.get(key)) for key in sorted(set(desired) | set(live))]
+    return [item for item in items if item is not None]
+
+
+def _decide(want: DesiredRun | None, have: LiveRun | None) -> PlanItem | None:
+    waiting = have is not None and have.saga_running
+    if want is None:
+        assert have is not None
+        if have.version is None and not have.saga_running:
+            return None  # never deployed, now gone from the repo: nothing to remove
+        return PlanItem(have.namespace, have.name, Action.UNINSTALL, "removed from the repository",
+                        from_version=have.version, waiting=waiting)
+
+    base = dict(namespace=want.namespace, name=want.name, to_version=want.version, waiting=waiting)
+    if have is None or have.version is None:
+        if have is not None and have.failed_fingerprint == want.fingerprint:
+            return PlanItem(action=Action.UNCHANGED, reason=_held(have), **base)
+        return PlanItem(action=Action.INSTALL, reason="new WorkflowRun", **base)
+
+    if have.fingerprint == want.fingerprint:
+        return PlanItem(action=Action.UNCHANGED, reason="in sync", from_version=have.version, **base)
+    if have.failed_fingerprint == want.fingerprint:
+        return PlanItem(action=Action.UNCHANGED, reason=_held(have), from_version=have.version, **base)
+
+    changes = diff_specs(have.spec or {}, want.spec)
+    reason = "; ".join(str(change) for change in changes) or "spec changed"
+    return PlanItem(action=Action.UPGRADE, reason=reason, from_version=have.version, changes=tuple(changes), **base)
+
+
+def diff_specs(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
+    before, after = flatten(dict(old)), flatten(dict(new))
+    return [
+        Change(key, before.get(key), after.get(key))
+        for key in sorted(set(before) | set(after))
+        if before.get(key) != after.get(key)
+    ]
+
+
+def _held(have: LiveRun) -> str:
+    return f"this spec already failed ({have.failed_reason or 'see status'}); change the spec to try again"
+
+
+def _show(value: Any) -> str:
+    return "(unset)" if value is None else json.dumps(value) if not isinstance(value, str) else value
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+_SYMBOL = {Action.INSTALL: "+", Action.UPGRADE: "~", Action.UNINSTALL: "-", Action.UNCHANGED: "="}
+
+
+def render_text(items: list[PlanItem]) -> str:
+    if not items:
+        return "No WorkflowRuns.\n"
+    lines = []
+    for item in items:
+        versions = _versions(item)
+        wait = " (waiting for the running saga)" if item.waiting else ""
+        lines.append(f"{_SYMBOL[item.action]} {item.key:<40} {item.action.value:<9} {versions}{wait}")
+        if item.action is Action.UPGRADE and item.changes:
+            lines.extend(f"    {change}" for change in item.changes)
+        else:
+            lines.append(f"    {item.reason}")
+    lines.append(summary(items))
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(items: list[PlanItem], title: str = "plnt plan") -> str:
+    out = [f"### {title}", "", summary(items), ""]
+    if items:
+        out += ["| | WorkflowRun | Action | Version | Why |", "|---|---|---|---|---|"]
+        for item in items:
+            why = "<br>".join(f"`{c.field}`: {_md(_show(c.old))} → {_md(_show(c.new))}" for c in item.changes) or _md(item.reason)
+            out.append(f"| {_SYMBOL[item.action]} | `{item.key}` | **{item.action.value}** | {_md(_versions(item))} | {why} |")
+    return "\n".join(out) + "\n"
+
+
+def summary(items: list[PlanItem]) -> str:
+    counts = {action: sum(1 for i in items if i.action is action) for action in Action}
+    return (f"Plan: {counts[Action.INSTALL]} to install, {counts[Action.UPGRADE]} to upgrade, "
+            f"{counts[Action.UNINSTALL]} to uninstall, {counts[Action.UNCHANGED]} unchanged.")
+
+
+def _versions(item: PlanItem) -> str:
+    if item.action is Action.INSTALL:
+        return item.to_version or ""
+    if item.action is Action.UNINSTALL:
+        return item.from_version or ""
+    if item.from_version and item.to_version and item.from_version != item.to_version:
+        return f"{item.from_version} -> {item.to_version}"
+    return item.to_version or item.from_version or ""
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

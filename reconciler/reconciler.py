@@ -1,0 +1,232 @@
+"""The reconcile loop: fetch, load, plan, start one saga per drift.
+
+Woken every `interval` seconds, by `POST /hooks/git`, and when a saga ends (so the newest spec
+of a WorkflowRun whose saga was running is picked up at once). A commit whose specs are invalid
+changes nothing that runs: the problems are recorded with the commit and shown in status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
+
+from .driver import ReleaseDriver
+from .errors import PlntError
+from .loader import Problem, SpecSet, load_sources
+from .plan import Action, DesiredRun, LiveRun, PlanItem, plan
+from .saga_io import SagaInput, SagaResult, saga_workflow_id
+from .settings import Settings
+from .source import GitSource
+from .state import StateDir, atomic_write_json, read_json
+from .status import FINAL_PHASES, Phase, StatusStore
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        source: GitSource,
+        client: Client,
+        statuses: StatusStore,
+        driver: ReleaseDriver,
+        state: StateDir,
+    ) -> None:
+        self._settings = settings
+        self._source = source
+        self._client = client
+        self._statuses = statuses
+        self._driver = driver
+        self._state = state
+        self._wake = asyncio.Event()
+        self._sagas: dict[str, asyncio.Task[None]] = {}
+        self._loaded: tuple[str, SpecSet, list[Problem]] | None = None
+        self.source_status: dict[str, Any] = read_json(state.source_file, default={}) or {}
+
+    # --- loop --------------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.adopt_running_sagas()
+        while not stop.is_set():
+            try:
+                await self.reconcile_once()
+            except PlntError as exc:
+                log.warning("reconcile-skipped reason=%s", exc)
+                self._record_source(error=str(exc))
+            except Exception:  # noqa: BLE001 - the loop must outlive any one bad reconcile
+                log.exception("reconcile-failed")
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(_first(self._wake.wait(), stop.wait()), timeout=self._settings.interval_s)
+
+    async def close(self) -> None:
+        for task in self._sagas.values():
+            task.cancel()
+        await asyncio.gather(*self._sagas.values(), return_exceptions=True)
+        self._sagas.clear()
+
+    @property
+    def running_sagas(self) -> set[str]:
+        return set(self._sagas)
+
+    # --- one pass ----------------------------------------------------------------------------
+
+    async def reconcile_once(self) -> list[PlanItem]:
+        commit = await asyncio.to_thread(self._source.fetch)
+        specs, problems = await self._load(commit)
+        if problems:
+            self._reject_commit(commit, problems)
+            return []
+        desired = {key: DesiredRun.from_spec(run) for key, run in specs.workflow_runs.items()}
+        items = plan(desired, await self.live_runs())
+        budget = self._settings.max_concurrent_sagas - len(self._sagas)
+        for item in items:
+            if item.needs_saga and budget > 0:
+                await self._start_saga(item, specs, commit)
+                budget -= 1
+            elif item.action is Action.UNCHANGED and not item.waiting:
+                self._observe(item, commit)
+        self._record_source(commit=commit, reconciled=True)
+        return items
+
+    async def live_runs(self) -> dict[str, LiveRun]:
+        live = await self._driver.live()
+        runs: dict[str, LiveRun] = {}
+        for key in set(live) | {status.key for status in self._statuses.all()} | set(self._sagas):
+            namespace, name = key.split("/", 1)
+            status = self._statuses.get(key)
+            stable = live[key].stable if key in live else None
+            failed = status is not None and status.phase in (Phase.ROLLED_BACK, Phase.FAILED)
+            runs[key] = LiveRun(
+                namespace=namespace,
+                name=name,
+                version=stable.version if stable else None,
+                fingerprint=stable.spec_fingerprint if stable else None,
+                spec=status.deployed_spec if status else None,
+                failed_fingerprint=status.attempted_fingerprint if failed and status else None,
+                failed_reason=status.last_error if failed and status else None,
+                saga_running=key in self._sagas,
+            )
+        return runs
+
+    async def adopt_running_sagas(self) -> None:
+        """After a restart, follow the sagas Temporal is still running instead of starting new ones."""
+        for status in self._statuses.all():
+            handle = self._client.get_workflow_handle(saga_workflow_id(status.namespace, status.name), result_type=SagaResult)
+            try:
+                description = await handle.describe()
+            except RPCError:
+                continue
+            if description.status == WorkflowExecutionStatus.RUNNING:
+                log.info("saga-adopted workflowrun=%s saga=%s", status.key, handle.id)
+                self._follow(status.key, handle)
+
+    # --- internals ---------------------------------------------------------------------------
+
+    async def _load(self, commit: str) -> tuple[SpecSet, list[Problem]]:
+        if self._loaded is None or self._loaded[0] != commit:
+            files = await asyncio.to_thread(self._source.spec_files, commit)
+            specs, problems = load_sources(files)
+            self._loaded = (commit, specs, problems)
+        return self._loaded[1], self._loaded[2]
+
+    async def _start_saga(self, item: PlanItem, specs: SpecSet, commit: str) -> None:
+        run = specs.workflow_runs.get(item.key)
+        if item.action is Action.UNINSTALL or run is None:
+            saga = SagaInput(action="uninstall", namespace=item.namespace, name=item.name, commit=commit,
+                             retry=self._settings.retry)
+        else:
+            saga = SagaInput(
+                action="deploy", namespace=item.namespace, name=item.name, commit=commit,
+                spec=run.model_dump(mode="json", by_alias=True),
+                backends={name: backend.model_dump(mode="json", by_alias=True) for name, backend in specs.backends.items()},
+                fingerprint=run.fingerprint(), version=run.spec.workflow.version, retry=self._settings.retry,
+            )
+            if self._statuses.get(item.key) is None:
+                self._statuses.update(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
+                                      attempted_version=saga.version, message=f"{item.action.value}: {item.reason}")
+        try:
+            handle = await self._client.start_workflow(
+                "DeploySaga", saga, id=saga.workflow_id, task_queue=self._settings.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                result_type=SagaResult,
+            )
+            log.info("saga-started workflowrun=%s action=%s version=%s commit=%s reason=%r",
+                     item.key, item.action.value, item.to_version or item.from_version, commit[:12], item.reason)
+        except WorkflowAlreadyStartedError:
+            # A saga for this WorkflowRun is still running: follow it, act on the newest spec when it ends.
+            handle = self._client.get_workflow_handle(saga.workflow_id, result_type=SagaResult)
+        self._follow(item.key, handle)
+
+    def _follow(self, key: str, handle: WorkflowHandle[Any, SagaResult]) -> None:
+        async def wait() -> None:
+            try:
+                result = await handle.result()
+                log.info("saga-ended workflowrun=%s phase=%s reason=%r", key, result.phase.value, result.reason)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a saga that failed outright is still over
+                log.error("saga-error workflowrun=%s error=%s", key, exc)
+            finally:
+                self._sagas.pop(key, None)
+                self._wake.set()
+
+        self._sagas[key] = asyncio.create_task(wait(), name=f"saga-{key}")
+
+    def _observe(self, item: PlanItem, commit: str) -> None:
+        status = self._statuses.get(item.key)
+        if status is None or status.phase not in FINAL_PHASES:
+            return
+        fields: dict[str, Any] = {"observed_commit": commit}
+        if status.phase is Phase.READY:
+            fields.update(message=f"{status.version} in sync", last_error=None)
+        else:  # RolledBack or Failed, and held until the spec changes
+            fields.update(message=item.reason)
+        if any(getattr(status, field) != value for field, value in fields.items()):
+            self._statuses.update(item.namespace, item.name, **fields)
+
+    def _reject_commit(self, commit: str, problems: list[Problem]) -> None:
+        lines = [str(problem) for problem in problems]
+        if self.source_status.get("newestCommit") != commit or self.source_status.get("problems") != lines:
+            log.error("commit-invalid commit=%s problems=%d first=%r (nothing running was changed)", commit[:12], len(lines), lines[0])
+        self._record_source(commit=commit, problems=lines)
+        summary = f"commit {commit[:12]} is invalid ({len(lines)} problem{'s' if len(lines) != 1 else ''}): {lines[0]}"
+        for status in self._statuses.all():
+            if status.message != summary:
+                self._statuses.update(status.namespace, status.name, message=summary, last_error="\n".join(lines))
+
+    def _record_source(self, *, commit: str | None = None, problems: list[str] | None = None,
+                       reconciled: bool = False, error: str | None = None) -> None:
+        new = dict(self.source_status)
+        new.update({"repo": self._source.url, "branch": self._source.branch, "path": self._source.path})
+        if commit is not None:
+            new["newestCommit"] = commit
+            new["problems"] = problems or []
+        if reconciled:
+            new["lastReconciledCommit"] = commit
+        new["fetchError"] = error
+        if new != self.source_status:
+            self.source_status = new
+            atomic_write_json(self._state.source_file, new)
+
+
+async def _first(*aws: Any) -> None:
+    tasks = [asyncio.ensure_future(aw) for aw in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()

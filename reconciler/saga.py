@@ -1,0 +1,166 @@
+"""The deploy saga: one Temporal workflow per drift of one WorkflowRun.
+
+    validate -> pull recipe -> install canary -> smoke test -> promote | roll back
+
+`run()` owns compensation and the final status; `_deploy()` holds the business steps. Whatever
+happens the saga ends with a status (Ready, RolledBack or Failed) and a reason: compensation
+removes the canary and never raises. Workflow id: `plnt-<namespace>-<name>`, so Temporal itself
+refuses a second saga beside a running one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+
+with workflow.unsafe.imports_passed_through():
+    from .errors import NON_RETRYABLE_ERROR_TYPES
+    from .saga_io import (
+        InstallInput, PhaseUpdate, PulledRecipeInfo, PullInput, Release, ReleaseRef, SagaInput,
+        SagaResult, SmokeInput, SmokeResult, ValidatedSpec, ValidateInput,
+    )
+    from .settings import RetrySettings
+    from .status import Phase
+
+STEP_TIMEOUTS = {
+    "validate": timedelta(seconds=30),
+    "pull_recipe": timedelta(minutes=5),
+    "install_release": timedelta(minutes=3),
+    "smoke_test": timedelta(minutes=15),
+    "promote_release": timedelta(minutes=3),
+    "remove_release": timedelta(minutes=3),
+}
+
+
+def retry_policy(settings: RetrySettings) -> RetryPolicy:
+    return RetryPolicy(
+        initial_interval=timedelta(seconds=settings.initial_interval_s),
+        backoff_coefficient=settings.backoff,
+        maximum_interval=timedelta(seconds=settings.maximum_interval_s),
+        maximum_attempts=settings.maximum_attempts,
+        non_retryable_error_types=NON_RETRYABLE_ERROR_TYPES,
+    )
+
+
+@workflow.defn(name="DeploySaga")
+class DeploySaga:
+    def __init__(self) -> None:
+        self._step = "starting"
+
+    @workflow.query
+    def step(self) -> str:
+        return self._step
+
+    @workflow.run
+    async def run(self, saga: SagaInput) -> SagaResult:
+        if saga.action == "uninstall":
+            return await self._uninstall(saga)
+        try:
+            return await self._deploy(saga)
+        except (ActivityError, ApplicationError, CancelledError, asyncio.CancelledError) as exc:
+            reason = failure_reason(exc)
+        # Compensation runs even when the saga was cancelled: shield it from the cancellation.
+        # Removing a canary that was never installed is a no-op, so no bookkeeping is needed.
+        await asyncio.shield(asyncio.ensure_future(self._remove_canary(saga)))
+        await asyncio.shield(asyncio.ensure_future(self._phase(saga, Phase.FAILED, reason, {
+            "last_error": reason, "canary_version": None, "canary_percent": 0,
+        })))
+        return SagaResult(phase=Phase.FAILED, reason=reason, version=saga.version)
+
+    async def _deploy(self, saga: SagaInput) -> SagaResult:
+        assert saga.spec is not None and saga.version is not None and saga.fingerprint is not None
+        spec = saga.spec["spec"]
+        await self._phase(saga, Phase.VERIFYING, f"verifying {saga.version}", {
+            "attempted_fingerprint": saga.fingerprint, "attempted_version": saga.version, "last_error": None,
+        })
+        await self._call("validate", ValidateInput(spec=saga.spec, backends=saga.backends), ValidatedSpec, saga)
+        pulled = await self._call("pull_recipe", PullInput(spec=saga.spec, commit=saga.commit), PulledRecipeInfo, saga)
+
+        percent = int(spec.get("canary", {}).get("trafficPercent", 5))
+        await self._phase(saga, Phase.DEPLOYING, f"installing canary {saga.version}", {})
+        canary = await self._call("install_release", InstallInput(
+            namespace=saga.namespace, name=saga.name, track="canary", version=saga.version,
+            fingerprint=saga.fingerprint, recipe_digest=pulled.digest, recipe_dir=pulled.directory,
+            traffic_percent=percent,
+        ), Release, saga)
+        await self._phase(saga, Phase.CANARY, f"smoke-testing canary {saga.version} with {percent}% of traffic", {
+            "canary_version": saga.version, "canary_percent": percent,
+        })
+        smoke = await self._call("smoke_test", SmokeInput(
+            endpoint=canary.endpoint, recipe_dir=pulled.directory, spec=saga.spec,
+        ), SmokeResult, saga)
+        smoke_record = smoke.model_dump(mode="json")
+        if not smoke.passed:
+            await self._remove_canary(saga)
+            await self._phase(saga, Phase.ROLLED_BACK, smoke.reason, {
+                "last_error": smoke.reason, "canary_version": None, "canary_percent": 0, "smoke_test": smoke_record,
+            })
+            return SagaResult(phase=Phase.ROLLED_BACK, reason=smoke.reason, version=saga.version)
+
+        stable = await self._call("promote_release", ReleaseRef(namespace=saga.namespace, name=saga.name), Release, saga)
+        message = f"{saga.version} promoted; {smoke.reason}"
+        await self._phase(saga, Phase.READY, message, {
+            "version": saga.version, "endpoint": stable.endpoint, "canary_version": None, "canary_percent": 0,
+            "smoke_test": smoke_record, "last_error": None, "deployed_spec": spec,
+        })
+        return SagaResult(phase=Phase.READY, reason=message, version=saga.version)
+
+    async def _uninstall(self, saga: SagaInput) -> SagaResult:
+        await self._phase(saga, Phase.DELETING, "removed from the repository; uninstalling", {})
+        try:
+            for track in ("canary", "stable"):
+                await self._call("remove_release", ReleaseRef(namespace=saga.namespace, name=saga.name, track=track), None, saga)
+        except (ActivityError, ApplicationError) as exc:
+            reason = failure_reason(exc)
+            await self._phase(saga, Phase.FAILED, f"uninstall failed: {reason}", {"last_error": reason})
+            return SagaResult(phase=Phase.FAILED, reason=reason)
+        await workflow.execute_local_activity(
+            "record_phase", PhaseUpdate(namespace=saga.namespace, name=saga.name, phase=None, commit=saga.commit),
+            start_to_close_timeout=timedelta(seconds=10),
+        )
+        return SagaResult(phase=Phase.DELETING, reason="uninstalled")
+
+    async def _remove_canary(self, saga: SagaInput) -> None:
+        """Compensation: best effort, never raises."""
+        try:
+            await self._call("remove_release", ReleaseRef(namespace=saga.namespace, name=saga.name, track="canary"), None, saga)
+        except Exception as exc:  # noqa: BLE001 - compensation must not fail the saga
+            workflow.logger.warning("compensation failed for %s/%s: %s", saga.namespace, saga.name, exc)
+
+    async def _call(self, activity: str, arg: Any, result_type: Any, saga: SagaInput) -> Any:
+        self._step = activity
+        kwargs: dict[str, Any] = {}
+        if result_type is not None:
+            kwargs["result_type"] = result_type
+        return await workflow.execute_activity(
+            activity, arg,
+            start_to_close_timeout=STEP_TIMEOUTS[activity],
+            heartbeat_timeout=timedelta(seconds=60) if activity == "pull_recipe" else None,
+            retry_policy=retry_policy(saga.retry),
+            **kwargs,
+        )
+
+    async def _phase(self, saga: SagaInput, phase: Phase, message: str, fields: dict[str, Any]) -> None:
+        await workflow.execute_local_activity(
+            "record_phase",
+            PhaseUpdate(namespace=saga.namespace, name=saga.name, phase=phase, commit=saga.commit,
+                        message=message, saga_id=workflow.info().run_id, fields=fields),
+            start_to_close_timeout=timedelta(seconds=10),
+        )
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The innermost message of an activity failure, with its error type: what a human needs."""
+    if isinstance(exc, (CancelledError, asyncio.CancelledError)):
+        return "saga cancelled"
+    cause: BaseException | None = exc
+    while isinstance(cause, ActivityError) and cause.cause is not None:
+        cause = cause.cause
+    if isinstance(cause, ApplicationError) and cause.type:
+        return f"{cause.type}: {cause.message}"
+    return str(cause)

@@ -1,0 +1,44 @@
+"""Settings: built once at the entry point (the CLI) and passed down; nothing else reads os.environ."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RetrySettings(BaseModel):
+    """Retry policy of every saga activity (Temporal RetryPolicy)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    initial_interval_s: float = Field(default=2.0, gt=0, description="first retry after this many seconds")
+    backoff: float = Field(default=2.0, ge=1, description="each retry waits this factor longer")
+    maximum_interval_s: float = Field(default=30.0, gt=0)
+    maximum_attempts: int = Field(default=3, ge=1, description="attempts in all, the first included")
+
+
+class Settings(BaseModel):
+    """Everything `plnt up` needs. Defaults are the embedded default: one machine, no cluster."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    repo: str = Field(description="spec repository: a path, file://, https:// or ssh URL")
+    path: str = Field(default="", description="subdirectory of the repository holding the specs")
+    branch: str = "main"
+    state_dir: Path = Path(".plnt")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    interval_s: float = Field(default=5.0, gt=0, description="seconds between polls of the repository")
+    temporal_address: str | None = Field(default=None, description="HOST:PORT; None starts the dev server")
+    temporal_namespace: str = "default"
+    task_queue: str = "plnt-sagas"
+    max_concurrent_sagas: int = Field(default=8, ge=1)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    runner_start_timeout_s: float = Field(default=30.0, gt=0)
+    runner_stop_timeout_s: float = Field(default=10.0, gt=0)
+    smoke_request_timeout_s: float = Field(default=30.0, gt=0)
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.host}:{self.port}"

@@ -1,0 +1,130 @@
+"""Smoke test of a canary: N invocations straight to the canary's endpoint, judged against budgets.
+
+`measure` does the I/O; `summarise` and `judge` are pure and table-tested.
+Inputs come from the recipe's golden cases (round robin), or `{}` when it has none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict
+
+from .specs import SmokeTest
+
+
+class Sample(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    latency_ms: float
+    ok: bool
+    error: str | None = None
+
+
+class SmokeMetrics(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    invocations: int
+    errors: int
+    error_percent: float
+    p50_ms: float
+    p95_ms: float
+    max_ms: float
+    first_error: str | None = None
+
+
+class SmokeResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    passed: bool
+    reason: str
+    metrics: SmokeMetrics
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def summarise(samples: Sequence[Sample]) -> SmokeMetrics:
+    latencies = [s.latency_ms for s in samples]
+    errors = [s for s in samples if not s.ok]
+    return SmokeMetrics(
+        invocations=len(samples),
+        errors=len(errors),
+        error_percent=round(100 * len(errors) / len(samples), 2) if samples else 100.0,
+        p50_ms=round(percentile(latencies, 50), 2),
+        p95_ms=round(percentile(latencies, 95), 2),
+        max_ms=round(max(latencies, default=0.0), 2),
+        first_error=errors[0].error if errors else None,
+    )
+
+
+def judge(metrics: SmokeMetrics, budget: SmokeTest) -> SmokeResult:
+    """Pass only if every budget holds; the reason names each budget that did not."""
+    failures = []
+    if metrics.error_percent > budget.error_budget_percent:
+        detail = f" (first: {metrics.first_error})" if metrics.first_error else ""
+        failures.append(
+            f"error rate {metrics.error_percent:g}% over budget {budget.error_budget_percent:g}% "
+            f"({metrics.errors}/{metrics.invocations} failed{detail})"
+        )
+    if metrics.p95_ms > budget.p95_budget_ms:
+        failures.append(f"p95 latency {metrics.p95_ms:g} ms over budget {budget.p95_budget_ms:g} ms")
+    if failures:
+        return SmokeResult(passed=False, reason="smoke test failed: " + "; ".join(failures), metrics=metrics)
+    return SmokeResult(
+        passed=True,
+        reason=(f"smoke test passed: {metrics.invocations} invocations, p95 {metrics.p95_ms:g} ms "
+                f"(budget {budget.p95_budget_ms:g}), errors {metrics.error_percent:g}% (budget {budget.error_budget_percent:g}%)"),
+        metrics=metrics,
+    )
+
+
+async def measure(
+    endpoint: str,
+    inputs: Sequence[dict[str, Any]],
+    *,
+    invocations: int,
+    concurrency: int,
+    timeout_s: float,
+) -> list[Sample]:
+    payloads = list(inputs) or [{}]
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for index in range(invocations):
+        queue.put_nowait(index)
+    samples: list[Sample] = []
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            index = queue.get_nowait()
+            samples.append(await _invoke(client, endpoint, payloads[index % len(payloads)]))
+
+    async with httpx.AsyncClient(trust_env=False, timeout=timeout_s) as client:
+        await asyncio.gather(*(worker(client) for _ in range(min(concurrency, invocations))))
+    return samples
+
+
+async def _invoke(client: httpx.AsyncClient, endpoint: str, payload: dict[str, Any]) -> Sample:
+    started = time.perf_counter()
+    try:
+        response = await client.post(f"{endpoint}/invoke", json=payload)
+    except httpx.HTTPError as exc:
+        return Sample(latency_ms=(time.perf_counter() - started) * 1000, ok=False, error=f"{type(exc).__name__}: {exc}")
+    latency = (time.perf_counter() - started) * 1000
+    if response.status_code != 200:
+        try:
+            message = response.json().get("error", {}).get("message", "")
+        except ValueError:
+            message = response.text[:200]
+        return Sample(latency_ms=latency, ok=False, error=f"HTTP {response.status_code}: {message}"[:300])
+    return Sample(latency_ms=latency, ok=True)

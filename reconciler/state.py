@@ -1,0 +1,129 @@
+"""The state directory: what plnt remembers across restarts.
+
+    STATE/
+      source/               clone of the spec repository (no work tree)
+      source.json           repository, branch, last reconciled commit, problems of the newest commit
+      status.json           status of every WorkflowRun
+      releases/NS.NAME.json live releases of one WorkflowRun (stable and canary), local driver
+      recipes/HEX/          pulled recipes, by content digest
+      runners/RELEASE.log   output of each runner process
+      temporal.db           the embedded Temporal server's database
+
+Every file is written atomically (temporary file, fsync, rename), so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Track = Literal["stable", "canary"]
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return default
+
+
+class Release(BaseModel):
+    """One installed release of a WorkflowRun: a runner serving one recipe version."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    release_id: str
+    namespace: str
+    name: str
+    track: Track
+    version: str
+    spec_fingerprint: str
+    recipe_digest: str
+    recipe_dir: str
+    endpoint: str
+    traffic_percent: int = 0
+    pid: int | None = None
+    pid_start: str | None = None  # /proc start time: tells our process from a reused pid
+    port: int | None = None
+
+
+class LiveWorkflow(BaseModel):
+    """What is running for one WorkflowRun."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str
+    name: str
+    stable: Release | None = None
+    canary: Release | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def empty(self) -> bool:
+        return self.stable is None and self.canary is None
+
+
+class StateDir:
+    """Paths inside the state directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def ensure(self) -> StateDir:
+        for sub in ("releases", "recipes", "runners"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        return self
+
+    @property
+    def source_clone(self) -> Path:
+        return self.root / "source"
+
+    @property
+    def source_file(self) -> Path:
+        return self.root / "source.json"
+
+    @property
+    def status_file(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def releases(self) -> Path:
+        return self.root / "releases"
+
+    @property
+    def recipes(self) -> Path:
+        return self.root / "recipes"
+
+    @property
+    def runner_logs(self) -> Path:
+        return self.root / "runners"
+
+    @property
+    def temporal_db(self) -> Path:
+        return self.root / "temporal.db"

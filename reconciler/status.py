@@ -1,0 +1,124 @@
+"""Status of every WorkflowRun: what `plnt status` and `GET /workflows` show.
+
+The store is in memory, persisted to STATE/status.json on every change, and logs each phase
+transition as one structured line (`phase-change key=... from=... to=...`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from enum import Enum
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .state import atomic_write_json, read_json
+
+log = logging.getLogger(__name__)
+
+
+class Phase(str, Enum):
+    PENDING = "Pending"
+    VERIFYING = "Verifying"
+    DEPLOYING = "Deploying"
+    CANARY = "Canary"
+    READY = "Ready"
+    ROLLED_BACK = "RolledBack"
+    FAILED = "Failed"
+    DELETING = "Deleting"
+
+
+FINAL_PHASES = {Phase.READY, Phase.ROLLED_BACK, Phase.FAILED}
+
+
+class WorkflowRunStatus(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    namespace: str
+    name: str
+    phase: Phase = Phase.PENDING
+    version: str | None = Field(default=None, description="version serving as stable")
+    canary_version: str | None = None
+    canary_percent: int = 0
+    endpoint: str | None = None
+    observed_commit: str | None = None
+    message: str = ""
+    last_error: str | None = None
+    saga_id: str | None = None
+    # The spec the newest saga tried and how it ended: a failed spec is not retried until it changes.
+    attempted_fingerprint: str | None = None
+    attempted_version: str | None = None
+    smoke_test: dict[str, Any] | None = None
+    # The spec of the promoted release, so a plan can name what a new commit changes.
+    deployed_spec: dict[str, Any] | None = None
+    updated_at: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def public(self) -> dict[str, Any]:
+        """The shape of `GET /workflows` and `plnt status --json`."""
+        return {
+            "name": self.name,
+            "namespace": self.namespace,
+            "phase": self.phase.value,
+            "version": self.version,
+            "canaryVersion": self.canary_version,
+            "canaryPercent": self.canary_percent,
+            "endpoint": self.endpoint,
+            "observedCommit": self.observed_commit,
+            "message": self.message,
+            "lastError": self.last_error,
+            "sagaId": self.saga_id,
+            "smokeTest": self.smoke_test,
+        }
+
+
+class StatusStore:
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self.on_change: Callable[[], None] = lambda: None  # e.g. rebuild the gateway's routes
+        self._lock = threading.Lock()
+        raw = read_json(path, default={}) or {}
+        self._items: dict[str, WorkflowRunStatus] = {
+            key: WorkflowRunStatus.model_validate(value) for key, value in raw.items()
+        }
+
+    def get(self, key: str) -> WorkflowRunStatus | None:
+        return self._items.get(key)
+
+    def all(self) -> list[WorkflowRunStatus]:
+        return [self._items[key] for key in sorted(self._items)]
+
+    def update(self, namespace: str, name: str, **fields: Any) -> WorkflowRunStatus:
+        key = f"{namespace}/{name}"
+        with self._lock:
+            existing = self._items.get(key)
+            old = existing or WorkflowRunStatus(namespace=namespace, name=name)
+            new = old.model_copy(update={**fields, "updated_at": time.time()})
+            self._items[key] = new
+            self._save()
+        self.on_change()
+        if existing is None or old.phase != new.phase:
+            log.info(
+                "phase-change workflowrun=%s from=%s to=%s version=%s commit=%s message=%r",
+                key, old.phase.value, new.phase.value, new.version or new.attempted_version,
+                (new.observed_commit or "")[:12], new.message,
+            )
+        return new
+
+    def remove(self, namespace: str, name: str) -> None:
+        key = f"{namespace}/{name}"
+        with self._lock:
+            if self._items.pop(key, None) is not None:
+                self._save()
+        self.on_change()
+        log.info("phase-change workflowrun=%s from=Deleting to=Deleted", key)
+
+    def _save(self) -> None:
+        atomic_write_json(self._path, {key: value.model_dump(mode="json") for key, value in self._items.items()})

@@ -1,0 +1,229 @@
+"""A recipe directory on disk: its `workflow.yaml`, its Python module, its digest, its golden cases.
+
+A recipe directory (one `name/version/` entry of a registry) looks like::
+
+    workflow.yaml        # microagents.dev/v1 Workflow
+    steps.py             # runtime.entrypoint: optional functions named after step ids
+    golden.yaml          # optional: cases: [{name, input: {...}, expect: {...}}]
+    knowledge/*.md       # optional: documents for rag.query
+
+A registry entry is immutable and self-contained: the module is imported from its file under
+a module name unique to this load, so two versions of a recipe never share a module (and
+the recipe directory is not put on sys.path).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import itertools
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from plnt.reconciler.specs import Workflow, output_step, step_levels
+
+WORKFLOW_FILE = "workflow.yaml"
+GOLDEN_FILE = "golden.yaml"
+
+_load_counter = itertools.count(1)
+
+
+class RecipeError(Exception):
+    """A recipe directory that cannot be served. `str()` names the file and the problem."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        # the reconciler's loader already says "<file>:<line>: <field>: <message>"
+        super().__init__(problem if problem.startswith(f"{path}:") else f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class GoldenCase:
+    """One golden invocation: `expect` is a subset of the expected output (see `matches`)."""
+
+    name: str
+    input: dict[str, Any]
+    expect: Any
+
+
+@dataclass
+class Recipe:
+    workflow: Workflow
+    directory: Path
+    module: ModuleType | None
+    digest: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.workflow.metadata.name
+
+    @property
+    def version(self) -> str:
+        return self.workflow.metadata.version
+
+
+# --- digest ----------------------------------------------------------------------------------
+
+
+def directory_digest(directory: Path) -> str:
+    """The canonical digest of a recipe directory, as `WorkflowRun.spec.workflow.integrityHash` pins it.
+
+    Canonical form:
+
+    1. Walk `directory` recursively (symlinked directories are not followed). Skip every
+       directory named `__pycache__` and every file whose name ends in `.pyc`.
+    2. For every remaining regular file, form the line
+       ``<relative path> <sha256 hex of the file's bytes>\\n`` where the relative path is
+       taken from `directory`, uses `/` as separator, and has no leading `./`.
+    3. Sort the lines by relative path (Unicode code-point order, i.e. Python `sorted`),
+       concatenate them, encode as UTF-8, and take its SHA-256.
+    4. The digest is ``"sha256:" + <lowercase hex>``.
+
+    Only file contents and relative paths count (not modes, times or empty directories).
+    A symlink or other non-regular file is an error (ValueError): a pinned recipe must be
+    self-contained.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise ValueError(f"{root} is not a directory")
+    entries: list[tuple[str, str]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
+            if name.endswith(".pyc"):
+                continue
+            path = Path(dirpath) / name
+            if path.is_symlink() or not path.is_file():
+                raise ValueError(f"{path}: not a regular file (symlinks are not allowed in a recipe)")
+            entries.append((path.relative_to(root).as_posix(), hashlib.sha256(path.read_bytes()).hexdigest()))
+    canonical = "".join(f"{rel} {sha}\n" for rel, sha in sorted(entries))
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def _load_workflow(path: Path) -> Workflow:
+    """Parse and validate `workflow.yaml`; prefer the reconciler's loader when it exists."""
+    try:
+        from plnt.reconciler.loader import load_recipe  # type: ignore[import-not-found]
+    except ImportError:
+        load_recipe = None
+    if load_recipe is not None:
+        try:
+            return load_recipe(path)
+        except Exception as exc:
+            problems = getattr(exc, "problems", None)
+            raise RecipeError(path, "; ".join(map(str, problems)) if problems else str(exc)) from exc
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RecipeError(path, f"cannot read: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise RecipeError(path, f"invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise RecipeError(path, "expected a mapping (a microagents.dev/v1 Workflow)")
+    try:
+        return Workflow.model_validate(data)
+    except ValidationError as exc:
+        problems = [
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+        ]
+        raise RecipeError(path, "; ".join(problems)) from exc
+
+
+def _import_module(path: Path, workflow: Workflow, digest: str) -> ModuleType:
+    """Import `path` under a module name unique to this load (never shared between versions)."""
+    slug = re.sub(r"[^0-9A-Za-z_]", "_", f"{workflow.metadata.name}_{workflow.metadata.version}")
+    module_name = f"plnt_recipe_{slug}_{digest.removeprefix('sha256:')[:12]}_{next(_load_counter)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise RecipeError(path, "cannot import as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses, pickling and typing look modules up here
+    dont_write_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # leave the registry entry as it is
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        raise RecipeError(path, f"import failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        sys.dont_write_bytecode = dont_write_bytecode
+    return module
+
+
+def load_recipe_dir(directory: Path) -> Recipe:
+    """Load a recipe directory; raises RecipeError naming the file and the problem."""
+    directory = Path(directory).resolve()
+    workflow_path = directory / WORKFLOW_FILE
+    if not workflow_path.is_file():
+        raise RecipeError(workflow_path, "not found (a recipe directory needs a workflow.yaml)")
+    workflow = _load_workflow(workflow_path)
+    try:
+        step_levels(workflow.steps)
+    except ValueError as exc:
+        raise RecipeError(workflow_path, str(exc)) from exc
+    ids = [step.id for step in workflow.steps]
+    if len(set(ids)) != len(ids):
+        raise RecipeError(workflow_path, f"duplicate step ids in {ids}")
+    if output_step(workflow) not in ids:
+        raise RecipeError(workflow_path, f"output {workflow.output!r} is not a step id")
+    try:
+        digest = directory_digest(directory)
+    except (OSError, ValueError) as exc:
+        raise RecipeError(directory, str(exc)) from exc
+
+    entry = (directory / workflow.runtime.entrypoint).resolve()
+    if not entry.is_relative_to(directory):
+        raise RecipeError(workflow_path, f"runtime.entrypoint {workflow.runtime.entrypoint!r} is outside the recipe")
+    module: ModuleType | None = None
+    if entry.is_file():
+        module = _import_module(entry, workflow, digest)
+    elif "entrypoint" in workflow.runtime.model_fields_set:
+        raise RecipeError(entry, "runtime.entrypoint not found")
+
+    for step in workflow.steps:
+        if step.tool == "python" and not callable(getattr(module, step.id, None)):
+            where = entry.name if module is not None else f"{entry.name} (missing)"
+            raise RecipeError(workflow_path, f"step {step.id} uses tool python but {where} defines no function {step.id}()")
+    return Recipe(workflow=workflow, directory=directory, module=module, digest=digest)
+
+
+# --- golden cases ----------------------------------------------------------------------------
+
+
+def load_golden(directory: Path) -> list[GoldenCase]:
+    """Golden cases from the optional `golden.yaml`: `cases: [{name, input: {...}, expect: ...}]`."""
+    path = Path(directory) / GOLDEN_FILE
+    if not path.is_file():
+        return []
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise RecipeError(path, f"invalid YAML: {exc}") from exc
+    cases = data.get("cases") if isinstance(data, dict) else None
+    if not isinstance(cases, list):
+        raise RecipeError(path, "expected a mapping with a list `cases`")
+    out: list[GoldenCase] = []
+    for index, case in enumerate(cases):
+        if not (isinstance(case, dict) and isinstance(case.get("input"), dict) and "expect" in case):
+            raise RecipeError(path, f"cases[{index}]: needs `input` (a mapping) and `expect`")
+        out.append(GoldenCase(name=str(case.get("name", f"case-{index}")), input=case["input"], expect=case["expect"]))
+    return out
+
+
+def matches(expect: Any, actual: Any) -> bool:
+    """Subset match: every key of an expected mapping must match in `actual` (recursively);
+    anything else (lists, strings, numbers) must be equal."""
+    if isinstance(expect, dict):
+        return isinstance(actual, dict) and all(k in actual and matches(v, actual[k]) for k, v in expect.items())
+    return bool(expect == actual)

@@ -1,0 +1,433 @@
+"""Loader tests: every kind of problem is reported with the exact file, line and field."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from plnt.reconciler.loader import (
+    Problem,
+    SourceFile,
+    SpecError,
+    load_directory,
+    load_recipe,
+    load_sources,
+    read_directory,
+)
+
+RUN = """\
+apiVersion: plnt.work/v1
+kind: WorkflowRun
+metadata: {name: review-responder, namespace: default}
+spec:
+  workflow: {ref: review-responder@1.2.0, registry: "file:registry"}
+  backend: {cluster: local}
+  canary:
+    trafficPercent: 5
+    smokeTest: {invocations: 10, p95BudgetMs: 2500, errorBudgetPercent: 1}
+"""
+
+BACKEND = """\
+apiVersion: plnt.work/v1
+kind: PlntBackend
+metadata: {name: local}
+spec: {type: local}
+"""
+
+RECIPE = """\
+apiVersion: microagents.dev/v1
+kind: Workflow
+metadata: {name: review-responder, version: 1.2.0}
+runtime: {entrypoint: steps.py}
+steps:
+  - {id: classify_intent, tool: llm.classify}
+  - {id: retrieve_brand_voice, tool: rag.query, deps: [classify_intent]}
+  - {id: draft_reply, tool: llm.generate, deps: [retrieve_brand_voice]}
+  - {id: safety_check, tool: policy.moderate, deps: [draft_reply]}
+"""
+
+
+def write(root: Path, name: str, text: str) -> Path:
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def where(problems: list[Problem]) -> list[tuple[str, int, str]]:
+    return [(p.file, p.line, p.field) for p in problems]
+
+
+def load_one(tmp_path: Path, text: str, name: str = "specs.yaml") -> list[Problem]:
+    write(tmp_path, name, text)
+    _, problems = load_directory(tmp_path)
+    return problems
+
+
+# --- valid input ---------------------------------------------------------------------------
+
+
+def test_valid_multi_document_file_loads_with_defaults(tmp_path: Path) -> None:
+    minimal_run = """\
+    apiVersion: plnt.work/v1
+    kind: WorkflowRun
+    metadata: {name: minimal}
+    spec:
+      workflow: {ref: review-responder@1.2.0, registry: "file:registry"}
+      backend: {cluster: local}
+    """
+    write(tmp_path, "all.yaml", "---\n" + RUN + "---\n" + BACKEND + "---\n" + RECIPE + "---\n")
+    write(tmp_path, "minimal.yml", minimal_run)
+
+    specs, problems = load_directory(tmp_path)
+
+    assert problems == []
+    assert set(specs.workflow_runs) == {"default/review-responder", "default/minimal"}
+    assert set(specs.backends) == {"local"}
+    assert set(specs.recipes) == {"review-responder@1.2.0"}
+    run = specs.workflow_runs["default/minimal"]
+    assert run.metadata.namespace == "default"
+    assert run.spec.canary.traffic_percent == 5
+    assert run.spec.canary.smoke_test.invocations == 10
+    assert run.spec.canary.smoke_test.error_budget_percent == 1
+    assert run.spec.replicas.min == 1
+    assert run.spec.self_heal is True
+    assert specs.recipes["review-responder@1.2.0"].steps[3].deps == ["draft_reply"]
+    # Each location is the first line of the document's content.
+    assert specs.locations == {
+        "WorkflowRun/default/review-responder": ("all.yaml", 2),
+        "PlntBackend/local": ("all.yaml", 12),
+        "Workflow/review-responder@1.2.0": ("all.yaml", 17),
+        "WorkflowRun/default/minimal": ("minimal.yml", 1),
+    }
+
+
+def test_merge_keys_may_be_overridden(tmp_path: Path) -> None:
+    text = """\
+    apiVersion: plnt.work/v1
+    kind: PlntBackend
+    metadata: {name: local}
+    spec:
+      <<: {type: kubernetes, gpuClasses: [a100]}
+      type: local
+    """
+    write(tmp_path, "b.yaml", text)
+    specs, problems = load_directory(tmp_path)
+    assert problems == []
+    assert specs.backends["local"].spec.type == "local"
+    assert specs.backends["local"].spec.gpu_classes == ["a100"]
+
+
+# --- YAML-level problems -------------------------------------------------------------------
+
+
+def test_malformed_yaml_keeps_earlier_documents(tmp_path: Path) -> None:
+    text = BACKEND + "---\napiVersion: plnt.work/v1\nkind: PlntBackend\nmetadata: {name: broken\nspec: {}\n"
+    write(tmp_path, "backends.yaml", text)
+
+    specs, problems = load_directory(tmp_path)
+
+    assert set(specs.backends) == {"local"}
+    assert where(problems) == [("backends.yaml", 9, "document")]
+    assert problems[0].message.startswith("malformed YAML: ")
+    assert "started at line 8" in problems[0].message
+
+
+def test_duplicate_key_in_a_mapping(tmp_path: Path) -> None:
+    text = BACKEND + "---\n" + RUN + "    trafficPercent: 50\n"
+    problems = load_one(tmp_path, text)
+    assert where(problems) == [("specs.yaml", 15, "spec.canary.trafficPercent")]
+    assert "first given at line 13" in problems[0].message
+
+
+def test_document_that_is_not_a_mapping(tmp_path: Path) -> None:
+    problems = load_one(tmp_path, BACKEND + "---\n- just\n- a list\n")
+    assert where(problems) == [("specs.yaml", 6, "document")]
+    assert "microagents.dev/v1 Workflow" in problems[0].message
+
+
+def test_missing_kind(tmp_path: Path) -> None:
+    problems = load_one(tmp_path, "# a comment\napiVersion: plnt.work/v1\nmetadata: {name: x}\n")
+    assert where(problems) == [("specs.yaml", 2, "kind")]
+    assert "plnt.work/v1 PlntBackend" in problems[0].message
+
+
+def test_unknown_api_version(tmp_path: Path) -> None:
+    problems = load_one(tmp_path, "kind: WorkflowRun\napiVersion: plnt.work/v2\n")
+    assert where(problems) == [("specs.yaml", 2, "apiVersion")]
+    assert "unknown apiVersion 'plnt.work/v2'" in problems[0].message
+    assert "plnt.work/v1 WorkflowRun" in problems[0].message
+
+
+def test_unknown_kind(tmp_path: Path) -> None:
+    problems = load_one(tmp_path, "apiVersion: plnt.work/v1\nkind: Backend\nmetadata: {name: x}\n")
+    assert where(problems) == [("specs.yaml", 2, "kind")]
+    assert "unknown kind 'Backend'" in problems[0].message
+
+
+# --- model validation problems -------------------------------------------------------------
+
+
+def test_unknown_field_names_allowed_fields(tmp_path: Path) -> None:
+    text = RUN.replace("errorBudgetPercent: 1}", "errorBudgetPercent: 1}\n    trafficPercentage: 5")
+    problems = load_one(tmp_path, text)
+    assert where(problems) == [("specs.yaml", 10, "spec.canary.trafficPercentage")]
+    message = problems[0].message
+    assert message.startswith("unknown field; did you mean 'trafficPercent'?")
+    assert "(allowed: smokeTest, trafficPercent)" in message
+
+
+def test_missing_required_field_points_at_parent_key(tmp_path: Path) -> None:
+    text = RUN.replace("  backend: {cluster: local}\n", "  backend: {}\n")
+    problems = load_one(tmp_path, BACKEND + "---\n" + text)
+    assert where(problems) == [("specs.yaml", 11, "spec.backend.cluster")]
+    assert problems[0].message == "required field is missing; add it"
+
+
+def test_missing_top_level_field_points_at_document_start(tmp_path: Path) -> None:
+    problems = load_one(tmp_path, "apiVersion: plnt.work/v1\nkind: PlntBackend\nspec: {type: local}\n")
+    assert where(problems) == [("specs.yaml", 1, "metadata")]
+
+
+def test_wrong_type_in_list_item(tmp_path: Path) -> None:
+    text = RUN.replace(
+        "  backend: {cluster: local}\n",
+        "  backend:\n    cluster: local\n    tolerations:\n      - key: gpu\n        effect: NoPlacement\n",
+    )
+    problems = load_one(tmp_path, BACKEND + "---\n" + text)
+    assert where(problems) == [("specs.yaml", 15, "spec.backend.tolerations[0].effect")]
+    assert "'NoSchedule', 'PreferNoSchedule' or 'NoExecute'" in problems[0].message
+    assert "(got 'NoPlacement')" in problems[0].message
+
+
+def test_unquoted_version_is_a_float(tmp_path: Path) -> None:
+    problems = load_one(tmp_path, RECIPE.replace("version: 1.2.0", "version: 1.2"), "workflow.yaml")
+    assert where(problems) == [("workflow.yaml", 3, "metadata.version")]
+    assert 'YAML reads 1.2 as a number; quote it, e.g. "1.2"' in problems[0].message
+    assert "semantic version like 1.2.0" in problems[0].message
+
+
+def test_bad_step_tool(tmp_path: Path) -> None:
+    text = RECIPE.replace("tool: rag.query", "tool: rag.search")
+    problems = load_one(tmp_path, text, "workflow.yaml")
+    assert where(problems) == [("workflow.yaml", 7, "steps[1].tool")]
+
+
+def test_model_validator_error_points_at_its_mapping(tmp_path: Path) -> None:
+    text = BACKEND.replace("spec: {type: local}", "spec:\n  type: kubernetes\n")
+    problems = load_one(tmp_path, text)
+    assert where(problems) == [("specs.yaml", 4, "spec")]
+    assert problems[0].message.startswith("type: kubernetes needs a kubernetes:")
+
+
+def test_yaml_boolean_where_a_string_is_expected(tmp_path: Path) -> None:
+    problems = load_one(
+        tmp_path, BACKEND.replace("metadata: {name: local}", "metadata:\n  name: local\n  labels: {gpu: yes}")
+    )
+    assert where(problems) == [("specs.yaml", 5, "metadata.labels.gpu")]
+    assert problems[0].message == 'expected a string, but YAML reads yes as true/false; quote it, e.g. "yes"'
+
+
+def test_name_pattern_is_explained(tmp_path: Path) -> None:
+    problems = load_one(tmp_path, BACKEND.replace("name: local", "name: Local_Box"))
+    assert where(problems) == [("specs.yaml", 3, "metadata.name")]
+    assert "'Local_Box' is not valid; it must be a lowercase name" in problems[0].message
+
+
+# --- cross-document problems ---------------------------------------------------------------
+
+
+def test_duplicate_workflow_run_in_namespace(tmp_path: Path) -> None:
+    write(tmp_path, "a.yaml", BACKEND + "---\n" + RUN)
+    write(tmp_path, "b.yaml", RUN)
+    write(tmp_path, "c.yaml", RUN.replace("namespace: default", "namespace: staging"))
+
+    specs, problems = load_directory(tmp_path)
+
+    assert where(problems) == [("b.yaml", 3, "metadata.name")]
+    assert "duplicate WorkflowRun default/review-responder; first declared at a.yaml:8" in problems[0].message
+    assert set(specs.workflow_runs) == {"default/review-responder", "staging/review-responder"}
+    assert specs.locations["WorkflowRun/default/review-responder"] == ("a.yaml", 6)
+
+
+def test_duplicate_backend(tmp_path: Path) -> None:
+    problems = load_one(tmp_path, BACKEND + "---\n" + BACKEND)
+    assert where(problems) == [("specs.yaml", 8, "metadata.name")]
+    assert "duplicate PlntBackend local; first declared at specs.yaml:3" in problems[0].message
+
+
+def test_duplicate_recipe_version(tmp_path: Path) -> None:
+    write(tmp_path, "recipes/one.yaml", RECIPE)
+    write(tmp_path, "recipes/two.yaml", RECIPE)
+    _, problems = load_directory(tmp_path)
+    assert where(problems) == [("recipes/two.yaml", 3, "metadata.name")]
+    assert "duplicate Workflow review-responder@1.2.0; first declared at recipes/one.yaml:3" in problems[0].message
+
+
+def test_unknown_backend(tmp_path: Path) -> None:
+    problems = load_one(tmp_path, BACKEND + "---\n" + RUN.replace("cluster: local", "cluster: gpu-east"))
+    assert where(problems) == [("specs.yaml", 11, "spec.backend.cluster")]
+    assert problems[0].message == (
+        "unknown backend 'gpu-east'; declare a PlntBackend named 'gpu-east' or use one of: local"
+    )
+
+
+def test_backend_declared_in_a_later_file_is_found(tmp_path: Path) -> None:
+    write(tmp_path, "a-runs.yaml", RUN)
+    write(tmp_path, "z-backends.yaml", BACKEND)
+    _, problems = load_directory(tmp_path)
+    assert problems == []
+
+
+def test_gpu_class_not_offered(tmp_path: Path) -> None:
+    gpu_backend = (
+        "apiVersion: plnt.work/v1\nkind: PlntBackend\nmetadata: {name: local}\n"
+        "spec: {type: local, gpuClasses: [l4, a100]}\n"
+    )
+    run = RUN.replace("backend: {cluster: local}", "backend:\n    cluster: local\n    gpuClass: h100\n    gpuCount: 1")
+    problems = load_one(tmp_path, gpu_backend + "---\n" + run)
+    assert where(problems) == [("specs.yaml", 13, "spec.backend.gpuClass")]
+    assert "no GPU class 'h100'; it offers: l4, a100" in problems[0].message
+
+
+def test_gpu_class_on_backend_without_gpus(tmp_path: Path) -> None:
+    run = RUN.replace("backend: {cluster: local}", "backend: {cluster: local, gpuClass: l4, gpuCount: 1}")
+    problems = load_one(tmp_path, BACKEND + "---\n" + run)
+    assert where(problems) == [("specs.yaml", 11, "spec.backend.gpuClass")]
+    assert "offers no GPU classes" in problems[0].message
+
+
+def test_step_depends_on_unknown_step(tmp_path: Path) -> None:
+    text = RECIPE.replace("deps: [draft_reply]", "deps: [draft_reply, translate]")
+    problems = load_one(tmp_path, text, "workflow.yaml")
+    assert where(problems) == [("workflow.yaml", 9, "steps[3].deps")]
+    assert "unknown step(s) 'translate'" in problems[0].message
+
+
+def test_dependency_cycle(tmp_path: Path) -> None:
+    text = """\
+    apiVersion: microagents.dev/v1
+    kind: Workflow
+    metadata: {name: loop, version: 0.1.0}
+    steps:
+      - id: a
+        tool: llm.classify
+        deps: [b]
+      - id: b
+        tool: llm.generate
+        deps:
+          - a
+      - id: c
+        tool: python
+        deps: [c]
+    """
+    problems = load_one(tmp_path, text, "workflow.yaml")
+    assert where(problems) == [("workflow.yaml", 7, "steps[0].deps"), ("workflow.yaml", 14, "steps[2].deps")]
+    assert "dependency cycle: a -> b -> a" in problems[0].message
+    assert "dependency cycle: c -> c" in problems[1].message
+
+
+def test_duplicate_step_id(tmp_path: Path) -> None:
+    text = RECIPE + "  - {id: draft_reply, tool: python}\n"
+    problems = load_one(tmp_path, text, "workflow.yaml")
+    assert where(problems) == [("workflow.yaml", 10, "steps[4].id")]
+    assert "duplicate step id 'draft_reply'; first used by steps[2]" in problems[0].message
+
+
+def test_output_names_unknown_step(tmp_path: Path) -> None:
+    text = RECIPE.replace("runtime:", "output: final_answer\nruntime:")
+    problems = load_one(tmp_path, text, "workflow.yaml")
+    assert where(problems) == [("workflow.yaml", 4, "output")]
+    assert "unknown step 'final_answer'" in problems[0].message
+
+
+# --- many problems, sources, recipes, directories ------------------------------------------
+
+
+def test_all_problems_across_files_are_reported_sorted(tmp_path: Path) -> None:
+    unknown_backend = RUN.replace("cluster: local", "cluster: gpu-east")
+    bad_traffic = RUN.replace("name: review-responder,", "name: other,").replace(
+        "trafficPercent: 5", "trafficPercent: 500"
+    )
+    write(tmp_path, "runs.yaml", unknown_backend + "---\n" + bad_traffic)
+    write(tmp_path, "backends.yaml", BACKEND.replace("type: local", "type: cloud") + "---\nkind: PlntBackend\n")
+    write(tmp_path, "recipes/review.yaml", RECIPE.replace("[classify_intent]", "[retrieve_brand_voice]"))
+
+    specs, problems = load_directory(tmp_path)
+
+    assert where(problems) == [
+        ("backends.yaml", 4, "spec.type"),
+        ("backends.yaml", 6, "apiVersion"),
+        ("recipes/review.yaml", 7, "steps[1].deps"),
+        ("runs.yaml", 6, "spec.backend.cluster"),
+        ("runs.yaml", 18, "spec.canary.trafficPercent"),
+    ]
+    assert "none declared" in problems[3].message
+    assert problems[4].message == "Input should be less than or equal to 100 (got 500)"
+    assert specs.backends == {}
+
+
+def test_load_sources_uses_display_paths_and_never_raises() -> None:
+    files = [
+        SourceFile("repo/a.yaml", "key: [unclosed\n"),
+        SourceFile("repo/b.yaml", "!!python/object:os.system {}\n"),
+        SourceFile("repo/c.yaml", ""),
+        SourceFile(
+            "repo/d.yaml", "apiVersion: plnt.work/v1\nkind: PlntBackend\nmetadata: {name: x}\nspec: {type: local}\n"
+        ),
+    ]
+    specs, problems = load_sources(files)
+    assert where(problems) == [("repo/a.yaml", 1, "document"), ("repo/b.yaml", 1, "document")]
+    assert set(specs.backends) == {"x"}
+    assert str(problems[0]).startswith("repo/a.yaml:1: document: malformed YAML: ")
+
+
+def test_load_recipe_good(tmp_path: Path) -> None:
+    recipe = load_recipe(write(tmp_path, "review-responder/workflow.yaml", RECIPE))
+    assert recipe.metadata.version == "1.2.0"
+    assert [step.id for step in recipe.steps][-1] == "safety_check"
+    assert recipe.runtime.entrypoint == "steps.py"
+
+
+def test_load_recipe_bad_reports_every_problem(tmp_path: Path) -> None:
+    text = RECIPE.replace("deps: [draft_reply]", "deps: [draft]") + "output: nowhere\n"
+    path = write(tmp_path, "workflow.yaml", text)
+
+    with pytest.raises(SpecError) as caught:
+        load_recipe(path)
+
+    problems = caught.value.problems
+    assert where(problems) == [(str(path), 9, "steps[3].deps"), (str(path), 10, "output")]
+    assert str(caught.value) == "\n".join(str(p) for p in problems)
+
+
+def test_load_recipe_schema_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "workflow.yaml", RECIPE.replace("steps:\n", "stepz:\n"))
+    with pytest.raises(SpecError) as caught:
+        load_recipe(path)
+    assert where(caught.value.problems) == [(str(path), 1, "steps"), (str(path), 5, "stepz")]
+
+
+def test_load_recipe_rejects_other_kinds(tmp_path: Path) -> None:
+    path = write(tmp_path, "workflow.yaml", BACKEND)
+    with pytest.raises(SpecError, match="exactly one microagents.dev/v1 Workflow"):
+        load_recipe(path)
+
+
+def test_read_directory_skips_hidden_directories(tmp_path: Path) -> None:
+    write(tmp_path, "runs/review.yaml", RUN)
+    write(tmp_path, "backends.yml", BACKEND)
+    write(tmp_path, "README.md", "# not a spec\n")
+    write(tmp_path, ".git/config.yaml", "not: a spec\n")
+    write(tmp_path, ".plnt/state.yaml", "also: not a spec\n")
+    write(tmp_path, "runs/.hidden/old.yaml", RUN)
+    write(tmp_path, ".pre-commit-config.yaml", "repos: []\n")
+
+    files = read_directory(tmp_path)
+
+    assert [f.path for f in files] == ["backends.yml", "runs/review.yaml"]
+    assert files[1].text == RUN
+    specs, problems = load_directory(tmp_path)
+    assert problems == []
+    assert specs.locations["WorkflowRun/default/review-responder"] == ("runs/review.yaml", 1)
