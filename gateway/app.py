@@ -52,11 +52,22 @@ def create_app(
 
     app = FastAPI(title="plnt gateway", lifespan=lifespan)
 
-    async def forward(client: httpx.AsyncClient, backend: Backend, body: bytes, content_type: str) -> httpx.Response:
-        return await client.post(f"{backend.endpoint}/invoke", content=body, headers={"content-type": content_type})
-
     @app.post("/workflows/{name}/invoke")
     async def invoke(name: str, request: Request, namespace: str | None = None) -> Response:
+        # Raw bytes both ways: the gateway neither re-parses nor re-serialises the payload,
+        # so runner bodies (including their error bodies) arrive exactly as sent.
+        # Read before routing, so no await separates choosing a runner from counting it.
+        body = await request.body()
+        content_type = request.headers.get("content-type", "application/json")
+        client: httpx.AsyncClient = request.app.state.http
+
+        async def send(backend: Backend) -> httpx.Response:
+            # Counted from the choice on, so Router.drain never misses this request.
+            with router.in_flight(backend):
+                return await client.post(
+                    f"{backend.endpoint}/invoke", content=body, headers={"content-type": content_type}
+                )
+
         table = router.table  # one snapshot for the whole request
         try:
             route = table.lookup(name, namespace)
@@ -80,23 +91,18 @@ def create_app(
                 headers={"Retry-After": "5"},
             )
 
-        # Raw bytes both ways: the gateway neither re-parses nor re-serialises the payload,
-        # so runner bodies (including their error bodies) arrive exactly as sent.
-        body = await request.body()
-        content_type = request.headers.get("content-type", "application/json")
-        client: httpx.AsyncClient = request.app.state.http
         try:
             try:
-                upstream = await forward(client, backend, body, content_type)
+                upstream = await send(backend)
             except httpx.ConnectError:
                 # Refused connect: nothing reached the runner, so retrying cannot run the
-                # workflow twice. Typical cause: a promotion or rollback replaced this
-                # runner between our lookup and the connect; the new table has the new one.
+                # workflow twice. Typical cause: a promotion or rollback replaced this runner
+                # between our lookup and the connect; the new table has the new one.
                 retry = _rechoose(router, table, route, name, backend)
                 if retry is None:
                     raise
                 backend, track = retry
-                upstream = await forward(client, backend, body, content_type)
+                upstream = await send(backend)
         except httpx.ConnectError:
             return _error(
                 502,

@@ -8,8 +8,10 @@ from the same moment) even if the table is swapped while it is in flight.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -103,14 +105,23 @@ class Router:
 
     Everything runs on one asyncio loop and `replace` is a single reference assignment, so
     no lock is needed: a reader sees either the old or the new table, never a mix.
-    When a promotion replaces a runner, call `replace` *before* stopping the old runner;
-    the gateway retries a refused connection once against the new table.
+
+    Retiring a runner (promotion, rollback) without losing requests:
+        router.replace(new_table)          # no new request picks the old runner
+        await router.drain(old_backend)    # requests that already picked it have finished
+        stop the old runner (gracefully)
+    Skipping `drain` is *almost* safe: a request that picked the old runner just before
+    `replace` may reach it while it shuts down. A refused connect is retried on the new
+    table, but a reused keep-alive connection the runner closes under the request fails
+    (ReadError) and cannot safely be retried: the runner may have started the work.
     """
 
     def __init__(self, table: RouteTable | None = None, *, rng: random.Random | None = None) -> None:
         self._table = table if table is not None else RouteTable()
         # Injectable so tests (and benchmarks) can make the canary split reproducible.
         self._rng = rng if rng is not None else random.Random()
+        self._in_flight: dict[str, int] = {}  # endpoint -> requests using it right now
+        self._drained: dict[str, asyncio.Event] = {}  # endpoint -> set when it reaches 0
 
     @property
     def table(self) -> RouteTable:
@@ -132,3 +143,37 @@ class Router:
             if draw * 100 < route.canary_percent:
                 return route.canary, "canary"
         return route.stable, "stable"
+
+    @contextmanager
+    def in_flight(self, backend: Backend) -> Iterator[None]:
+        """Count a request against `backend` for `drain`. Enter it right after `choose`,
+        with no await in between, so `drain` can never miss a request."""
+        endpoint = backend.endpoint
+        self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
+        try:
+            yield
+        finally:
+            self._in_flight[endpoint] -= 1
+            if self._in_flight[endpoint] == 0:
+                del self._in_flight[endpoint]
+                event = self._drained.pop(endpoint, None)
+                if event is not None:
+                    event.set()
+
+    def in_flight_count(self, backend: Backend) -> int:
+        return self._in_flight.get(backend.endpoint, 0)
+
+    async def drain(self, backend: Backend, *, timeout_s: float | None = None) -> bool:
+        """Wait until no request is using `backend` (call after `replace` took it out).
+
+        Returns False if `timeout_s` elapsed first; stopping the runner gracefully is still
+        fine then for requests it already received.
+        """
+        if backend.endpoint not in self._in_flight:
+            return True
+        event = self._drained.setdefault(backend.endpoint, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True

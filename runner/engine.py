@@ -61,7 +61,9 @@ class WorkflowResult:
     total_ms: float = 0.0
 
 
-async def _run_step(recipe: Recipe, step: Step, inputs: Mapping[str, Any], results: Mapping[str, Any], adapter: RuntimeAdapter) -> tuple[Any, float]:
+async def _run_step(
+    recipe: Recipe, step: Step, inputs: Mapping[str, Any], results: Mapping[str, Any], adapter: RuntimeAdapter
+) -> tuple[Any, float]:
     started = time.perf_counter()
     tools = Tools(
         adapter,
@@ -88,9 +90,7 @@ async def _run_step(recipe: Recipe, step: Step, inputs: Mapping[str, Any], resul
             raise LookupError(f"tool python needs a function {step.id}(ctx) in the recipe module")
         else:
             value = await tools.call(step.tool)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
+    except Exception as exc:  # not CancelledError: a cancelled sibling is not a failure
         raise StepFailed(step.id, exc) from exc
     return value, (time.perf_counter() - started) * 1000
 

@@ -325,6 +325,7 @@ async def test_route_swap_under_load_loses_nothing(start_server: StartServer, ma
     sem = asyncio.Semaphore(concurrency)
     swapped = False
     completed = 0
+    drained_while_busy: list[bool] = []
     results: list[tuple[bool, int, Any]] = []  # (sent after swap, status, version or error body)
 
     async def one(i: int) -> None:
@@ -340,10 +341,15 @@ async def test_route_swap_under_load_loses_nothing(start_server: StartServer, ma
         nonlocal swapped
         while completed < 50:
             await asyncio.sleep(0.005)
-        # What the reconciler does on promotion: new table first, then retire v1 gracefully
-        # (it stops accepting, finishes what it has, then closes).
+        # What the reconciler does on promotion: new table first; wait until requests that
+        # already picked v1 are done; then retire v1 gracefully. Without the drain, a request
+        # that picked v1 just before the swap can be written onto a keep-alive connection
+        # v1 is closing, and fails with ReadError (about 1 run in 10 here).
+        old = backend(v1, "v1")
         router.replace(RouteTable([route("summarize", backend(v2, "v2"))]))
         swapped = True
+        drained_while_busy.append(router.in_flight_count(old) > 0)
+        assert await router.drain(old, timeout_s=10)
         await v1.stop()
 
     await asyncio.gather(promote(), *(one(i) for i in range(n)))
@@ -353,6 +359,7 @@ async def test_route_swap_under_load_loses_nothing(start_server: StartServer, ma
     versions_before = {v for after, _, v in results if not after}
     versions_after = {v for after, _, v in results if after}
     assert "v1" in versions_before  # the swap really happened mid-load
+    assert drained_while_busy == [True]  # ... with requests to v1 still in flight
     assert versions_after == {"v2"}
 
     # v1 is gone, and only v2 answers from now on.

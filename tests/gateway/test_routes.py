@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 
@@ -116,3 +117,35 @@ def test_empty_router() -> None:
     router = Router()
     assert len(router.table) == 0
     assert router.table.lookup("anything") is None
+
+
+async def test_drain_waits_for_in_flight_requests() -> None:
+    router = Router(RouteTable([Route("ns", "wf", stable=V1)]))
+    assert await router.drain(V1)  # nothing in flight: immediate
+
+    release = asyncio.Event()
+
+    async def request() -> None:
+        with router.in_flight(V1):
+            await release.wait()
+
+    tasks = [asyncio.create_task(request()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert router.in_flight_count(V1) == 3
+    assert router.in_flight_count(V2) == 0
+    assert not await router.drain(V1, timeout_s=0.05)
+
+    drain = asyncio.create_task(router.drain(V1, timeout_s=5))
+    await asyncio.sleep(0)
+    assert not drain.done()
+    release.set()
+    await asyncio.gather(*tasks)
+    assert await drain
+    assert router.in_flight_count(V1) == 0
+
+
+def test_in_flight_released_on_error() -> None:
+    router = Router()
+    with pytest.raises(RuntimeError), router.in_flight(V1):
+        raise RuntimeError("upstream broke")
+    assert router.in_flight_count(V1) == 0

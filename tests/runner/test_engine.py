@@ -157,8 +157,8 @@ async def test_python_tool_without_function_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match=r"step compute uses tool python but steps.py defines no function compute"):
         load_recipe_dir(recipe)
     # the engine refuses too, should a Recipe be built by hand
-    with pytest.raises(StepFailed, match="compute"):
-        workflow = load_recipe_dir(write_recipe(tmp_path / "ok", "- {id: compute, tool: python}", "def compute(ctx): 1")).workflow
+    workflow = load_recipe_dir(write_recipe(tmp_path / "ok", "- {id: compute, tool: python}", "def compute(ctx): 1")).workflow
+    with pytest.raises(StepFailed, match=r"step 'compute' failed: .*needs a function compute\(ctx\)"):
         await run_workflow(Recipe(workflow=workflow, directory=tmp_path, module=None), {}, MockBackend())
 
 

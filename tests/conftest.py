@@ -1,0 +1,92 @@
+"""Shared fixtures: a real Temporal dev server for the session, real git repositories."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
+from temporalio.client import Client
+
+from plnt.reconciler.temporal_server import TemporalDevServer
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "gitops-example"
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "plnt tests", "GIT_AUTHOR_EMAIL": "tests@plnt.invalid",
+    "GIT_COMMITTER_NAME": "plnt tests", "GIT_COMMITTER_EMAIL": "tests@plnt.invalid",
+}
+
+
+class SpecRepo:
+    """A real git repository (with a work tree) that tests edit and commit to, like a user would."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def git(self, *args: str) -> str:
+        import os
+
+        env = {**os.environ, **GIT_ENV}
+        return subprocess.run(["git", *args], cwd=self.path, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+    def write(self, relative: str, text: str) -> None:
+        target = self.path / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+    def replace(self, relative: str, old: str, new: str) -> None:
+        target = self.path / relative
+        text = target.read_text()
+        assert old in text, f"{old!r} not in {relative}"
+        target.write_text(text.replace(old, new))
+
+    def commit(self, message: str) -> str:
+        self.git("add", "-A")
+        self.git("commit", "-q", "-m", message)
+        return self.git("rev-parse", "HEAD")
+
+    def remove(self, relative: str) -> None:
+        (self.path / relative).unlink()
+
+
+@pytest.fixture
+def spec_repo(tmp_path: Path) -> SpecRepo:
+    """A copy of gitops-example as a git repository on branch main, one commit."""
+    path = tmp_path / "specs"
+    shutil.copytree(EXAMPLE, path)
+    repo = SpecRepo(path)
+    repo.git("init", "-q", "-b", "main")
+    repo.commit("initial specs")
+    return repo
+
+
+@pytest.fixture(scope="session")
+async def temporal_address() -> AsyncIterator[str]:
+    """One real Temporal dev server (in memory) for the whole session."""
+    server = TemporalDevServer(db_file=None)
+    address = await server.start()
+    yield address
+    await server.stop()
+
+
+@pytest.fixture
+async def temporal_namespace(temporal_address: str) -> str:
+    """A fresh Temporal namespace per test, so saga ids of one test never meet another's."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    client = await Client.connect(temporal_address)
+    await client.workflow_service.register_namespace(
+        RegisterNamespaceRequest(namespace=name, workflow_execution_retention_period=Duration(seconds=86400))
+    )
+    return name
+
+
+PYTHON = sys.executable

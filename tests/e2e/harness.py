@@ -1,0 +1,80 @@
+"""Helpers for end-to-end tests: a real `plnt` (Temporal worker, reconciler, gateway, runner
+processes) started in the test's event loop against a real git repository."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator, TypeVar
+
+import httpx
+
+from plnt.reconciler.app import Plnt, start
+from plnt.reconciler.settings import RetrySettings, Settings
+
+T = TypeVar("T")
+
+REVIEW = {"review": "Great service but slow parking", "brand_voice": "warm, brief"}
+
+
+def settings_for(repo: Path, state_dir: Path, temporal_address: str, namespace: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = dict(
+        repo=str(repo), state_dir=state_dir, port=0, interval_s=0.5,
+        temporal_address=temporal_address, temporal_namespace=namespace,
+        retry=RetrySettings(initial_interval_s=0.2, maximum_interval_s=1.0),
+    )
+    values.update(overrides)
+    return Settings(**values)
+
+
+@asynccontextmanager
+async def running_plnt(settings: Settings) -> AsyncIterator[Plnt]:
+    plnt = await start(settings)
+    try:
+        yield plnt
+    finally:
+        await plnt.stop()
+
+
+async def wait_for(check: Callable[[], Awaitable[T | None]] | Callable[[], T | None], *, timeout: float = 30.0,
+                   what: str = "condition") -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if asyncio.iscoroutine(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
+
+
+def status_of(plnt: Plnt, name: str = "review-responder", namespace: str = "default") -> dict[str, Any] | None:
+    status = plnt.statuses.get(f"{namespace}/{name}")
+    return status.public() if status else None
+
+
+async def wait_phase(plnt: Plnt, phase: str, *, version: str | None = None, name: str = "review-responder",
+                     timeout: float = 45.0) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        status = status_of(plnt, name)
+        if status and status["phase"] == phase and (version is None or status["version"] == version):
+            return status
+        return None
+
+    return await wait_for(check, timeout=timeout, what=f"{name} {phase} {version or ''} (now: {status_of(plnt, name)})")
+
+
+async def invoke(plnt: Plnt, payload: dict[str, Any] | None = None, name: str = "review-responder") -> httpx.Response:
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        return await client.post(f"{plnt.url}/workflows/{name}/invoke", json=payload or REVIEW)
+
+
+async def hook(plnt: Plnt) -> None:
+    """What a git server's webhook does after a push: ask for an immediate fetch."""
+    async with httpx.AsyncClient(trust_env=False) as client:
+        (await client.post(f"{plnt.url}/hooks/git")).raise_for_status()
