@@ -1,0 +1,90 @@
+"""The plan is a pure function: table tests, no I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from plnt.reconciler.plan import Action, DesiredRun, LiveRun, plan, render_markdown, render_text
+
+
+def spec(version: str = "1.2.0", percent: int = 5, budget: int = 2500) -> dict[str, Any]:
+    return {
+        "workflow": {"ref": f"review-responder@{version}", "registry": "file:registry", "integrityHash": None},
+        "backend": {"cluster": "local"},
+        "canary": {"trafficPercent": percent, "smokeTest": {"p95BudgetMs": budget}},
+    }
+
+
+def desired(version: str = "1.2.0", fp: str = "A", **kw: Any) -> DesiredRun:
+    return DesiredRun("default", "rr", version, fp, spec(version, **kw))
+
+
+def live(version: str | None = "1.2.0", fp: str | None = "A", **kw: Any) -> LiveRun:
+    return LiveRun("default", "rr", version=version, fingerprint=fp, spec=spec(version or "1.2.0"), **kw)
+
+
+K = "default/rr"
+
+CASES = [
+    # (name, desired, live, action, reason contains, waiting)
+    ("new", desired(), None, Action.INSTALL, "new WorkflowRun", False),
+    ("status only, never promoted", desired(), live(None, None), Action.INSTALL, "new WorkflowRun", False),
+    ("in sync", desired(), live(), Action.UNCHANGED, "in sync", False),
+    ("version bump", desired("1.3.0", "B"), live(), Action.UPGRADE, "workflow.ref: review-responder@1.2.0 -> review-responder@1.3.0", False),
+    ("budget change", desired("1.2.0", "C", budget=300), live(), Action.UPGRADE, "canary.smokeTest.p95BudgetMs: 2500 -> 300", False),
+    ("removed", None, live(), Action.UNINSTALL, "removed from the repository", False),
+    ("removed, never deployed", None, live(None, None), None, None, False),
+    ("failed spec is held", desired("1.4.0", "F"), live(failed_fingerprint="F", failed_reason="smoke test failed"),
+     Action.UNCHANGED, "this spec already failed (smoke test failed)", False),
+    ("failed install is held", desired("1.4.0", "F"), live(None, None, failed_fingerprint="F"), Action.UNCHANGED, "already failed", False),
+    ("a new spec after a failure runs", desired("1.3.0", "G"), live(failed_fingerprint="F"), Action.UPGRADE, "1.3.0", False),
+    ("change while a saga runs waits", desired("1.3.0", "B"), live(saga_running=True), Action.UPGRADE, "1.3.0", True),
+    ("removal while a saga runs waits", None, live(saga_running=True), Action.UNINSTALL, "removed", True),
+]
+
+
+@pytest.mark.parametrize(("desired_run", "live_run", "action", "reason", "waiting"),
+                         [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_plan_decides(desired_run: DesiredRun | None, live_run: LiveRun | None, action: Action | None,
+                      reason: str | None, waiting: bool) -> None:
+    items = plan({K: desired_run} if desired_run else {}, {K: live_run} if live_run else {})
+    if action is None:
+        assert items == []
+        return
+    [item] = items
+    assert item.action is action
+    assert reason in item.reason
+    assert item.waiting is waiting
+    assert item.needs_saga is (action is not Action.UNCHANGED and not waiting)
+
+
+def test_upgrade_lists_each_changed_field_and_versions() -> None:
+    [item] = plan({K: desired("1.3.0", "B", percent=20)}, {K: live()})
+    assert [c.field for c in item.changes] == ["canary.trafficPercent", "workflow.ref"]
+    assert (item.from_version, item.to_version) == ("1.2.0", "1.3.0")
+    assert item.to_json()["changes"][0] == {"field": "canary.trafficPercent", "old": 5, "new": 20}
+
+
+def test_plan_is_sorted_and_covers_every_key() -> None:
+    other = DesiredRun("team-b", "aa", "1.0.0", "X", spec("1.0.0"))
+    items = plan({K: desired(), "team-b/aa": other}, {K: live(), "default/gone": LiveRun("default", "gone", "0.9.0", "Z", {})})
+    assert [(i.key, i.action) for i in items] == [
+        ("default/gone", Action.UNINSTALL), ("default/rr", Action.UNCHANGED), ("team-b/aa", Action.INSTALL)]
+
+
+def test_renderings_name_the_change() -> None:
+    items = plan({K: desired("1.3.0", "B")}, {K: live()})
+    text = render_text(items)
+    assert "~ default/rr" in text and "1.2.0 -> 1.3.0" in text and "workflow.ref" in text
+    markdown = render_markdown(items, title="PR #7")
+    assert markdown.startswith("### PR #7")
+    assert "| ~ | `default/rr` | **upgrade** | 1.2.0 -> 1.3.0 |" in markdown
+    assert "Plan: 0 to install, 1 to upgrade, 0 to uninstall, 0 unchanged." in markdown
+
+
+def test_markdown_escapes_pipes() -> None:
+    weird = DesiredRun("default", "rr", "1.2.0", "B", {**spec(), "note": "a|b"})
+    markdown = render_markdown(plan({K: weird}, {K: live()}))
+    assert "a\\|b" in markdown

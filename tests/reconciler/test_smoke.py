@@ -1,0 +1,44 @@
+"""Smoke-test judgement: pure functions, table-tested."""
+
+from __future__ import annotations
+
+import pytest
+
+from plnt.reconciler.smoke import Sample, SmokeMetrics, judge, percentile, summarise
+from plnt.reconciler.specs import SmokeTest
+
+
+@pytest.mark.parametrize(("values", "q", "expected"), [
+    ([], 95, 0.0), ([5.0], 95, 5.0), ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 95, 10), ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 50, 5),
+    (list(range(1, 101)), 95, 95), ([10, 1, 5], 50, 5),
+])
+def test_percentile_is_nearest_rank(values: list[float], q: float, expected: float) -> None:
+    assert percentile(values, q) == expected
+
+
+def test_summarise_counts_errors_and_keeps_the_first() -> None:
+    samples = [Sample(latency_ms=10, ok=True)] * 8 + [Sample(latency_ms=50, ok=False, error="HTTP 500: boom"),
+                                                       Sample(latency_ms=70, ok=False, error="later")]
+    metrics = summarise(samples)
+    assert (metrics.invocations, metrics.errors, metrics.error_percent) == (10, 2, 20.0)
+    assert metrics.p95_ms == 70 and metrics.p50_ms == 10 and metrics.first_error == "HTTP 500: boom"
+
+
+def metrics(p95: float = 100, errors: int = 0, n: int = 100) -> SmokeMetrics:
+    return SmokeMetrics(invocations=n, errors=errors, error_percent=100 * errors / n, p50_ms=p95 / 2, p95_ms=p95, max_ms=p95)
+
+
+@pytest.mark.parametrize(("m", "budget", "passed", "reason_parts"), [
+    (metrics(), SmokeTest(), True, ["passed", "p95 100 ms"]),
+    (metrics(p95=2500), SmokeTest(), True, ["passed"]),                          # at the budget passes
+    (metrics(p95=2501), SmokeTest(), False, ["p95 latency 2501 ms over budget 2500 ms"]),
+    (metrics(errors=1), SmokeTest(), True, ["passed"]),                          # 1% of 100 is within 1%
+    (metrics(errors=2), SmokeTest(), False, ["error rate 2% over budget 1%", "2/100 failed"]),
+    (metrics(errors=1), SmokeTest(error_budget_percent=0), False, ["error rate 1% over budget 0%"]),
+    (metrics(p95=900, errors=50), SmokeTest(p95_budget_ms=300), False, ["error rate", "p95 latency"]),
+], ids=["fast", "at-budget", "slow", "errors-within", "errors-over", "zero-budget", "both"])
+def test_judge_names_every_budget_missed(m: SmokeMetrics, budget: SmokeTest, passed: bool, reason_parts: list[str]) -> None:
+    result = judge(m, budget)
+    assert result.passed is passed
+    for part in reason_parts:
+        assert part in result.reason
