@@ -91,9 +91,14 @@ def validate(path: Annotated[Path, typer.Argument(help="A spec directory or a si
         typer.echo(f"{path}: no such file or directory", err=True)
         raise typer.Exit(2)
     if path.is_file():
-        from .loader import SourceFile
+        from .loader import Problem, SourceFile
 
-        specs, problems = load_sources([SourceFile(path=str(path), text=path.read_text(encoding="utf-8"))])
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:  # as load_directory reports an unreadable file
+            specs, problems = SpecSet(), [Problem(str(path), 1, "document", f"cannot read file: {exc}; save it as UTF-8 text")]
+        else:
+            specs, problems = load_sources([SourceFile(path=str(path), text=text)])
     else:
         specs, problems = load_directory(path)
         problems = [p.__class__(file=str(path / p.file), line=p.line, field=p.field, message=p.message) for p in problems]
@@ -200,9 +205,11 @@ def status(
     try:
         with httpx.Client(trust_env=False, timeout=5) as client:
             rows = client.get(f"{url}/workflows").raise_for_status().json()
+            if not isinstance(rows, list):
+                raise ValueError(f"GET {url}/workflows did not answer a list")
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 source = client.get(f"{url}/source").raise_for_status().json()
-    except httpx.HTTPError:
+    except (httpx.HTTPError, ValueError):  # nothing there, or something that is not plnt (HTML, other JSON)
         from .state import read_json
         from .status import WorkflowRunStatus
 

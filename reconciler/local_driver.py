@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -59,6 +59,7 @@ class LocalDriver:
         start_timeout_s: float = 30.0,
         stop_timeout_s: float = 10.0,
         on_change: Callable[[], None] | None = None,
+        drain: Callable[[Release], Awaitable[object]] | None = None,
     ) -> None:
         self._state = state.ensure()
         self._python = python
@@ -66,6 +67,8 @@ class LocalDriver:
         self._start_timeout_s = start_timeout_s
         self._stop_timeout_s = stop_timeout_s
         self._on_change = on_change or (lambda: None)
+        # Waits until the gateway has no request in flight to a release it no longer routes to.
+        self._drain = drain
         self._locks: dict[str, asyncio.Lock] = {}
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -257,6 +260,9 @@ class LocalDriver:
         if release.pid is None or not self.is_running(release):
             self._reap(release.pid)
             return
+        if self._drain is not None:
+            # Records (so routes) changed first; let requests that chose this runner finish on it.
+            await self._drain(release)
         try:
             os.kill(release.pid, signal.SIGTERM)
         except ProcessLookupError:

@@ -214,3 +214,36 @@ async def test_change_during_a_running_saga_does_not_start_a_second_one(
         await wait_phase(plnt, "Ready", version="1.3.0", timeout=60)
         sagas = [w async for w in plnt.client.list_workflows()]
         assert len(sagas) == 3  # 1.2.0, 1.5.0, 1.3.0: one after another, never side by side
+
+
+async def test_promotion_under_load_fails_no_request(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    """Routes change live on promotion: requests in flight on the old runner finish on it."""
+    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
+    async with running_plnt(settings) as plnt:
+        await wait_phase(plnt, "Ready", version="1.2.0")
+        done = asyncio.Event()
+        outcomes: list[tuple[int, str]] = []
+
+        async def load() -> None:
+            while not done.is_set():
+                response = await invoke(plnt)
+                outcomes.append((response.status_code, response.json().get("version", response.text)))
+
+        workers = [asyncio.create_task(load()) for _ in range(8)]
+        try:
+            spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")
+            spec_repo.replace(RUN_FILE, "trafficPercent: 5", "trafficPercent: 30")
+            spec_repo.commit("1.3.0 under load")
+            await hook(plnt)
+            await wait_phase(plnt, "Ready", version="1.3.0")
+            await asyncio.sleep(1.0)  # the old runner drains and stops while load continues
+        finally:
+            done.set()
+            await asyncio.gather(*workers)
+        failures = [o for o in outcomes if o[0] != 200]
+        assert failures == [], failures[:5]
+        versions = [version for _, version in outcomes]
+        assert "1.2.0" in versions and "1.3.0" in versions
+        assert versions[-8:] == ["1.3.0"] * 8

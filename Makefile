@@ -1,0 +1,41 @@
+# The two commands: `make up` (plnt on the example specs) and `make test` (the whole suite).
+VENV   ?= .venv
+PYTHON ?= python3
+PY      = $(VENV)/bin/python
+DEMO   ?= .plnt-demo
+PORT   ?= 8000
+
+.PHONY: install up demo-repo test test-fast bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+# A scratch git repository holding a copy of gitops-example: the walkthrough commits to it.
+demo-repo:
+	@if [ ! -d $(DEMO)/repo/.git ]; then \
+	  mkdir -p $(DEMO) && cp -r gitops-example $(DEMO)/repo && \
+	  git -C $(DEMO)/repo init --quiet --initial-branch=main && \
+	  git -C $(DEMO)/repo add -A && \
+	  git -C $(DEMO)/repo -c user.name=plnt-demo -c user.email=demo@plnt.invalid commit --quiet -m "gitops-example" && \
+	  echo "created $(DEMO)/repo (a git copy of gitops-example)"; \
+	fi
+
+up: install demo-repo
+	$(VENV)/bin/plnt up --repo $(DEMO)/repo --state-dir $(DEMO)/state --port $(PORT)
+
+test: install
+	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not integration"
+
+bench: install
+	$(PY) bench/commit_to_ready.py
+
+clean:
+	rm -rf $(DEMO) .pytest_cache

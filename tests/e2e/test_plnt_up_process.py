@@ -1,0 +1,201 @@
+"""`plnt up` as a user runs it: the installed console script in its own process, with its own
+embedded Temporal dev server, stopped with Ctrl-C (SIGINT) or SIGTERM, and started again on the
+same state directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from plnt.reconciler.local_driver import free_port, process_start_time
+
+from ..conftest import SpecRepo
+
+pytestmark = pytest.mark.integration
+
+REVIEW = {"review": "Great service but slow parking", "brand_voice": "warm, brief"}
+CONSOLE_SCRIPT = Path(sys.executable).parent / "plnt"
+PLNT = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "plnt.reconciler.cli"]
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, start time) of a live process; None if it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[1]), fields[19]
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Every live process below root (children, their children...), pid -> start time."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (info := _stat(int(entry.name))) is not None:
+            children.setdefault(info[0], []).append((int(entry.name), info[1]))
+    found: dict[int, str] = {}
+    todo = [root]
+    while todo:
+        for pid, start in children.get(todo.pop(), []):
+            if pid not in found:
+                found[pid] = start
+                todo.append(pid)
+    return found
+
+
+def alive(pid: int, start: str) -> bool:
+    """The same process (not a reused pid) still runs and is not a zombie."""
+    return process_start_time(pid) == start
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "(gone)"
+
+
+class PlntUp:
+    """One `plnt up` process, its log file and its gateway."""
+
+    def __init__(self, repo: Path, state_dir: Path, port: int, log_file: Path) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_file = log_file
+        self.seen: dict[int, str] = {}  # every descendant ever recorded
+        args = [*PLNT, "up", "--repo", str(repo), "--state-dir", str(state_dir), "--port", str(port), "--interval", "1"]
+        with open(log_file, "wb") as out:
+            # A session of its own: like a shell's job, SIGINT to its process group is what Ctrl-C sends.
+            self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def log(self) -> str:
+        return self.log_file.read_text(errors="replace")
+
+    def why(self, message: str) -> str:
+        return f"{message}\n--- plnt log ({self.log_file}) ---\n{self.log()}"
+
+    def record_descendants(self) -> dict[int, str]:
+        now = descendants(self.process.pid)
+        self.seen.update(now)
+        return now
+
+    def workflows(self) -> list[dict[str, Any]] | None:
+        try:
+            response = httpx.get(f"{self.url}/workflows", timeout=2, trust_env=False)
+        except httpx.HTTPError:
+            return None
+        return response.json() if response.status_code == 200 else None
+
+    def wait_ready(self, name: str = "review-responder", timeout: float = 60.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        rows: list[dict[str, Any]] | None = None
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.why(f"plnt exited with code {self.process.returncode}")
+            self.record_descendants()
+            rows = self.workflows()
+            for row in rows or []:
+                if row["name"] == name and row["phase"] == "Ready":
+                    return row
+            time.sleep(0.2)
+        raise AssertionError(self.why(f"{name} not Ready within {timeout:.0f}s; GET /workflows: {rows}"))
+
+    def stop_and_check(self, how: signal.Signals) -> None:
+        """Stop plnt as a user would; it must exit 0, say so, and leave no process behind."""
+        recorded = {**self.seen, **self.record_descendants()}
+        if how is signal.SIGINT:
+            os.killpg(self.process.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the foreground group
+        else:
+            self.process.send_signal(how)  # `kill PID`, as a service manager would
+        try:
+            code = self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(self.why(f"plnt did not exit within 30s of {how.name}")) from None
+        assert code == 0, self.why(f"plnt exited with code {code} after {how.name}")
+        assert "plnt: stopped" in self.log(), self.why("the log does not say plnt stopped")
+        deadline = time.monotonic() + 10
+        while (left := {pid: cmdline(pid) for pid, start in recorded.items() if alive(pid, start)}) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, self.why(f"processes left running after plnt exited: {left}")
+
+    def kill(self) -> None:
+        """Teardown after a failed test: leave nothing running."""
+        if self.process.poll() is None:
+            self.record_descendants()
+            self.process.kill()
+            self.process.wait()
+        for pid, start in self.seen.items():
+            if alive(pid, start):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[list[PlntUp]]:
+    processes: list[PlntUp] = []
+    yield processes
+    for process in processes:
+        process.kill()
+
+
+# --- the test -------------------------------------------------------------------------------------
+
+
+def test_plnt_up_serves_stops_cleanly_and_restarts_without_redeploying(
+    spec_repo: SpecRepo, tmp_path: Path, started: list[PlntUp]
+) -> None:
+    state_dir = tmp_path / "state"
+    port = free_port()
+
+    first = PlntUp(spec_repo.path, state_dir, port, tmp_path / "plnt-1.log")
+    started.append(first)
+    ready = first.wait_ready()
+    assert ready["version"] == "1.2.0" and ready["sagaId"], ready
+
+    response = httpx.post(f"{first.url}/workflows/review-responder/invoke", json=REVIEW, timeout=30, trust_env=False)
+    assert response.status_code == 200, first.why(response.text)
+    body = response.json()
+    assert body["version"] == "1.2.0", body
+    assert "parking" in body["output"]["reply"], body
+
+    # Everything plnt started: the Temporal dev server and the runner (each in a session of its own).
+    children = {pid: cmdline(pid) for pid in first.record_descendants()}
+    assert any("start-dev" in line for line in children.values()), first.why(f"no temporal server among {children}")
+    assert any("plnt.runner" in line and "review-responder" in line for line in children.values()), \
+        first.why(f"no runner among {children}")
+
+    status = subprocess.run([*PLNT, "status", "--url", first.url], capture_output=True, text=True, timeout=30)
+    assert status.returncode == 0, first.why(f"plnt status failed: {status.stderr}")
+    rows = [line.split() for line in status.stdout.splitlines()]
+    assert any(row[:3] == ["default/review-responder", "Ready", "1.2.0"] for row in rows), status.stdout
+    assert "no plnt answers" not in status.stderr, status.stderr
+
+    first.stop_and_check(signal.SIGINT)
+
+    # Again, on the same state directory: the release is resumed, not deployed again.
+    second = PlntUp(spec_repo.path, state_dir, port, tmp_path / "plnt-2.log")
+    started.append(second)
+    again = second.wait_ready()
+    time.sleep(3)  # three polls of the repository, time enough to (wrongly) start a saga
+    [row] = second.workflows() or [None]
+    assert row is not None and row["phase"] == "Ready", second.why(f"GET /workflows: {row}")
+    assert row["sagaId"] == again["sagaId"] == ready["sagaId"], second.why(f"redeployed: {ready} -> {row}")
+    assert "saga-started" not in second.log(), second.why("a saga ran after the restart")
+    response = httpx.post(f"{second.url}/workflows/review-responder/invoke", json=REVIEW, timeout=30, trust_env=False)
+    assert response.status_code == 200 and response.json()["version"] == "1.2.0", second.why(response.text)
+    second.record_descendants()
+
+    second.stop_and_check(signal.SIGTERM)

@@ -1,0 +1,409 @@
+"""The `plnt` command line (validate, plan, status), run in-process with typer's CliRunner against
+real files, real git repositories and real state directories."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import textwrap
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+from typer.testing import CliRunner
+
+from plnt.reconciler.cli import app
+from plnt.reconciler.local_driver import free_port
+from plnt.reconciler.status import Phase, StatusStore
+
+from ..conftest import EXAMPLE, SpecRepo
+
+RUN_FILE = "workflowruns/review-responder.yaml"
+PROBLEM_LINE = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): (?P<field>[^:]+): (?P<message>.+)$")
+
+
+def plnt(*args: str | Path) -> Result:
+    return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def write(root: Path, relative: str, text: str) -> None:
+    target = root / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(textwrap.dedent(text))
+
+
+# --- validate ---------------------------------------------------------------------------------
+
+
+def test_validate_example_repository_prints_a_one_line_summary() -> None:
+    result = plnt("validate", EXAMPLE)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1, result.stdout
+    assert "valid" in lines[0]
+    assert "1 WorkflowRun(s)" in lines[0] and "1 PlntBackend(s)" in lines[0] and "0 recipe Workflow(s)" in lines[0]
+    assert result.stderr == ""
+
+
+BACKEND = """\
+    apiVersion: plnt.work/v1
+    kind: PlntBackend
+    metadata:
+      name: local
+    spec:
+      type: local
+    """
+
+# Two files with problems, in a subdirectory, so the printed path must be DIR/runs/FILE.
+FIRST = """\
+    apiVersion: plnt.work/v1
+    kind: WorkflowRun
+    metadata:
+      name: review-responder
+    spec:
+      workflow:
+        ref: review-responder@1.2.0
+        registry: file:registry
+        colour: blue
+      backend:
+        cluster: local
+    ---
+    apiVersion: plnt.work/v1
+    kind: WorkflowRun
+    metadata:
+      name: translator
+    spec:
+      workflow:
+        ref: translator@1.0.0
+        registry: file:registry
+      backend:
+        cluster: gpu-farm
+    """
+
+SECOND = """\
+    apiVersion: plnt.work/v1
+    kind: WorkflowRun
+    metadata:
+      name: summarizer
+    spec:
+      workflow:
+        ref: summarizer@1.0.0
+        registry: file:registry
+      backend:
+        cluster: local
+        gpuClass: a100
+    ---
+    apiVersion: plnt.work/v1
+    kind: WorkflowRun
+    metadata:
+      name: translator
+    spec:
+      workflow:
+        ref: translator@2.0.0
+        registry: file:registry
+      backend:
+        cluster: local
+    ---
+    apiVersion: plnt.work/v1
+    kind: WorkflowRun
+    metadata: {name: broken
+    """
+
+
+def test_validate_directory_prints_one_line_per_problem_and_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    specs = tmp_path / "specs"
+    write(specs, "backends.yaml", BACKEND)
+    write(specs, "runs/first.yaml", FIRST)
+    write(specs, "runs/second.yaml", SECOND)
+    monkeypatch.chdir(tmp_path)
+
+    result = plnt("validate", "specs")
+
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.strip().splitlines()
+    parsed = [PROBLEM_LINE.match(line) for line in lines]
+    assert all(parsed), lines
+    found = [(m["file"], int(m["line"]), m["field"]) for m in parsed if m]
+    assert found == [
+        ("specs/runs/first.yaml", 9, "spec.workflow.colour"),      # unknown field
+        ("specs/runs/first.yaml", 22, "spec.backend.cluster"),     # unknown backend
+        ("specs/runs/second.yaml", 11, "spec.backend.gpuClass"),   # GPU class the backend does not offer
+        ("specs/runs/second.yaml", 16, "metadata.name"),           # duplicate WorkflowRun
+        ("specs/runs/second.yaml", 26, "document"),                # malformed YAML
+    ], result.stdout
+    messages = [m["message"] for m in parsed if m]
+    assert "unknown field" in messages[0]
+    assert "gpu-farm" in messages[1]
+    assert "a100" in messages[2]
+    assert "duplicate WorkflowRun default/translator" in messages[3]
+    assert "malformed YAML" in messages[4]
+    assert "5 problems found" in result.stderr
+
+
+def test_validate_nonexistent_path_exits_2(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    result = plnt("validate", missing)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert str(missing) in result.stderr and "no such file or directory" in result.stderr
+
+
+def test_validate_single_file(tmp_path: Path) -> None:
+    good = tmp_path / "all-in-one.yaml"
+    good.write_text(textwrap.dedent(BACKEND) + "---\n" + (EXAMPLE / RUN_FILE).read_text())
+    result = plnt("validate", good)
+    assert result.exit_code == 0, result.output
+    assert "1 WorkflowRun(s), 1 PlntBackend(s)" in result.stdout
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(textwrap.dedent(BACKEND).replace("type: local", "type: local\n  colour: blue"))
+    result = plnt("validate", bad)
+    assert result.exit_code == 1, result.output
+    match = PROBLEM_LINE.match(result.stdout.strip())
+    assert match, result.stdout
+    assert (match["file"], int(match["line"]), match["field"]) == (str(bad), 7, "spec.colour")
+
+
+def test_validate_single_file_that_is_not_utf8_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(textwrap.dedent(BACKEND).replace("name: local", "name: caf\xe9").encode("latin-1"))
+    result = plnt("validate", latin1)
+    assert result.exit_code == 1, result.output
+    assert result.stdout.startswith(f"{latin1}:1: document: cannot read file:"), result.stdout
+    assert "save it as UTF-8 text" in result.stdout
+
+
+# --- plan -------------------------------------------------------------------------------------
+
+
+def bump(spec_repo: SpecRepo, version: str) -> str:
+    spec_repo.replace(RUN_FILE, "review-responder@1.2.0", f"review-responder@{version}")
+    return spec_repo.commit(f"bump to {version}")
+
+
+def test_plan_text_shows_the_upgrade_and_the_changed_field(spec_repo: SpecRepo) -> None:
+    base = spec_repo.git("rev-parse", "HEAD")
+    head = bump(spec_repo, "1.3.0")
+    result = plnt("plan", "--repo", spec_repo.path, "--base", base, "--head", head)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"^~ default/review-responder\s+upgrade\s+1\.2\.0 -> 1\.3\.0\s*$", result.stdout, re.M), result.stdout
+    assert re.search(r"^\s+workflow\.ref: review-responder@1\.2\.0 -> review-responder@1\.3\.0$", result.stdout, re.M)
+    assert f"{base[:12]}..{head[:12]}" in result.stdout
+    assert "Plan: 0 to install, 1 to upgrade, 0 to uninstall, 0 unchanged." in result.stdout
+
+
+def test_plan_json(spec_repo: SpecRepo) -> None:
+    base = spec_repo.git("rev-parse", "HEAD")
+    head = bump(spec_repo, "1.3.0")
+    result = plnt("plan", "--repo", spec_repo.path, "--base", base, "--head", head, "--format", "json")
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert (body["base"], body["head"]) == (base, head)
+    [item] = body["items"]
+    assert item["namespace"] == "default" and item["name"] == "review-responder"
+    assert item["action"] == "upgrade"
+    assert (item["fromVersion"], item["toVersion"]) == ("1.2.0", "1.3.0")
+    assert item["changes"] == [{"field": "workflow.ref", "old": "review-responder@1.2.0", "new": "review-responder@1.3.0"}]
+    assert "workflow.ref" in item["reason"]
+
+
+def test_plan_markdown(spec_repo: SpecRepo) -> None:
+    base = spec_repo.git("rev-parse", "HEAD")
+    head = bump(spec_repo, "1.3.0")
+    result = plnt("plan", "--repo", spec_repo.path, "--base", base, "--head", head, "-f", "markdown")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("### plnt plan")
+    assert "Plan: 0 to install, 1 to upgrade, 0 to uninstall, 0 unchanged." in lines
+    header = lines.index("| | WorkflowRun | Action | Version | Why |")
+    assert lines[header + 1] == "|---|---|---|---|---|"
+    row = lines[header + 2]
+    assert "`default/review-responder`" in row and "**upgrade**" in row and "1.2.0 -> 1.3.0" in row
+    assert "`workflow.ref`" in row
+
+
+def test_plan_shows_install_for_an_added_workflowrun_and_uninstall_for_a_deleted_one(spec_repo: SpecRepo) -> None:
+    original = spec_repo.git("rev-parse", "HEAD")
+    text = (spec_repo.path / RUN_FILE).read_text()
+    assert "name: review-responder\n" in text
+    spec_repo.write("workflowruns/review-responder-eu.yaml", text.replace("name: review-responder\n", "name: review-responder-eu\n"))
+    added = spec_repo.commit("add review-responder-eu")
+
+    result = plnt("plan", "--repo", spec_repo.path, "--base", original, "--head", added, "-f", "json")
+    assert result.exit_code == 0, result.output
+    actions = {i["name"]: (i["action"], i["toVersion"]) for i in json.loads(result.stdout)["items"]}
+    assert actions == {"review-responder": ("unchanged", "1.2.0"), "review-responder-eu": ("install", "1.2.0")}
+
+    spec_repo.remove(RUN_FILE)
+    removed = spec_repo.commit("remove review-responder")
+    result = plnt("plan", "--repo", spec_repo.path, "--base", added, "--head", removed)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"^- default/review-responder\s+uninstall\s+1\.2\.0\s*$", result.stdout, re.M), result.stdout
+    assert re.search(r"^= default/review-responder-eu\s+unchanged", result.stdout, re.M), result.stdout
+    assert "Plan: 0 to install, 0 to upgrade, 1 to uninstall, 1 unchanged." in result.stdout
+
+
+def test_plan_head_defaults_to_the_branch(spec_repo: SpecRepo) -> None:
+    base = spec_repo.git("rev-parse", "HEAD")
+    main = bump(spec_repo, "1.3.0")
+    # The work tree moves to another branch with another commit: the plan still follows main.
+    spec_repo.git("checkout", "-q", "-b", "feature")
+    spec_repo.replace(RUN_FILE, "review-responder@1.3.0", "review-responder@1.4.0")
+    spec_repo.commit("try 1.4.0 on a branch")
+
+    result = plnt("plan", "--repo", spec_repo.path, "--base", base, "-f", "json")
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert body["head"] == main
+    assert [(i["action"], i["toVersion"]) for i in body["items"]] == [("upgrade", "1.3.0")]
+
+    result = plnt("plan", "--repo", spec_repo.path, "--branch", "feature", "--base", base, "-f", "json")
+    assert result.exit_code == 0, result.output
+    assert [(i["action"], i["toVersion"]) for i in json.loads(result.stdout)["items"]] == [("upgrade", "1.4.0")]
+
+
+def test_plan_invalid_head_exits_1_listing_the_problems(spec_repo: SpecRepo) -> None:
+    base = spec_repo.git("rev-parse", "HEAD")
+    spec_repo.replace(RUN_FILE, "cluster: local", "cluster: gpu-farm")
+    spec_repo.replace(RUN_FILE, "trafficPercent: 5", "trafficPercent: 5\n    trafficPercnt: 6")
+    head = spec_repo.commit("break the spec")
+
+    result = plnt("plan", "--repo", spec_repo.path, "--base", base, "--head", head)
+
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert f"commit {head[:12]} has invalid specs" in lines[0]
+    problems = [PROBLEM_LINE.match(line) for line in lines[1:]]
+    assert all(problems), lines
+    assert [(m["file"], m["field"]) for m in problems if m] == [
+        (RUN_FILE, "spec.canary.trafficPercnt"),
+    ], lines
+    # The unknown backend is only checked once the document is valid; fix the typo and it shows.
+    spec_repo.replace(RUN_FILE, "\n    trafficPercnt: 6", "")
+    head = spec_repo.commit("fix the typo")
+    result = plnt("plan", "--repo", spec_repo.path, "--base", base, "--head", head)
+    assert result.exit_code == 1, result.output
+    assert f"{RUN_FILE}:15: spec.backend.cluster: unknown backend 'gpu-farm'" in result.stderr
+
+
+def test_plan_bad_base_revision_exits_2(spec_repo: SpecRepo) -> None:
+    result = plnt("plan", "--repo", spec_repo.path, "--base", "no-such-revision")
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert "no revision 'no-such-revision'" in result.stderr
+
+
+def test_plan_against_an_empty_state_dir_installs(spec_repo: SpecRepo, tmp_path: Path) -> None:
+    empty = tmp_path / "empty-state"
+    empty.mkdir()
+    result = plnt("plan", "--repo", spec_repo.path, "--state-dir", empty)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"^\+ default/review-responder\s+install\s+1\.2\.0\s*$", result.stdout, re.M), result.stdout
+    assert "Plan: 1 to install, 0 to upgrade, 0 to uninstall, 0 unchanged." in result.stdout
+
+
+# --- status -----------------------------------------------------------------------------------
+
+
+def unused_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def test_status_without_plnt_or_saved_status_exits_2(tmp_path: Path) -> None:
+    url = unused_url()
+    result = plnt("status", "--url", url, "--state-dir", tmp_path)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert f"no plnt answers at {url}" in result.stderr and "is plnt up running?" in result.stderr
+
+
+@pytest.fixture
+def saved_state(tmp_path: Path) -> tuple[Path, dict]:
+    state = tmp_path / "state"
+    store = StatusStore(state / "status.json")
+    status = store.update(
+        "default", "review-responder", phase=Phase.READY, version="1.2.0", endpoint="http://127.0.0.1:40123",
+        observed_commit="0123456789abcdef" * 2 + "01234567", message="serving 1.2.0", saga_id="saga-42",
+    )
+    return state, status.public()
+
+
+def test_status_reads_the_state_dir_when_plnt_is_not_running(saved_state: tuple[Path, dict]) -> None:
+    state, _ = saved_state
+    result = plnt("status", "--url", unused_url(), "--state-dir", state)
+    assert result.exit_code == 0, result.output
+    assert f"showing the last status saved in {state}" in result.stderr
+    header, row = result.stdout.strip().splitlines()
+    assert header.split() == ["NAMESPACE/NAME", "PHASE", "VERSION", "CANARY", "COMMIT", "ENDPOINT", "MESSAGE"]
+    assert row.split() == ["default/review-responder", "Ready", "1.2.0", "-", "0123456789ab", "http://127.0.0.1:40123",
+                           "serving", "1.2.0"]
+
+
+def test_status_json_has_the_shape_of_get_workflows(saved_state: tuple[Path, dict]) -> None:
+    state, public = saved_state
+    result = plnt("status", "--url", unused_url(), "--state-dir", state, "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert rows == [public]
+    assert rows[0]["sagaId"] == "saga-42" and rows[0]["phase"] == "Ready"
+
+
+@contextlib.contextmanager
+def serve(body: bytes, content_type: str) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 answering GET /workflows with body (404 elsewhere); yields its URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path != "/workflows":
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_status_asks_the_gateway_first(saved_state: tuple[Path, dict]) -> None:
+    state, public = saved_state
+    live = {**public, "phase": "Canary", "canaryVersion": "1.3.0", "canaryPercent": 5, "message": "smoke test"}
+    with serve(json.dumps([live]).encode(), "application/json") as url:
+        result = plnt("status", "--url", url, "--state-dir", state)
+    assert result.exit_code == 0, result.output
+    assert "no plnt answers" not in result.stderr
+    [row] = [line.split() for line in result.stdout.splitlines() if line.startswith("default/")]
+    assert row[:5] == ["default/review-responder", "Canary", "1.2.0", "1.3.0", "5%"], result.stdout
+
+
+@pytest.mark.parametrize(("body", "content_type"), [(b"<html>not plnt</html>", "text/html"),
+                                                    (b'{"detail": "Not Found"}', "application/json")],
+                         ids=["html", "other-json"])
+def test_status_falls_back_to_the_state_dir_when_something_else_answers(
+    saved_state: tuple[Path, dict], body: bytes, content_type: str
+) -> None:
+    state, _ = saved_state
+    with serve(body, content_type) as url:
+        result = plnt("status", "--url", url, "--state-dir", state)
+    assert result.exit_code == 0, result.output
+    assert f"no plnt answers at {url}; showing the last status saved in {state}" in result.stderr
+    assert any(line.split()[:3] == ["default/review-responder", "Ready", "1.2.0"] for line in result.stdout.splitlines())
