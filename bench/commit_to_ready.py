@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import random
 import shutil
 import statistics
 import subprocess
@@ -41,7 +42,7 @@ async def main() -> None:
     parser.add_argument("--commits", type=int, default=5, help="commits per trigger (at least 5)")
     parser.add_argument("--interval", type=float, default=5.0, help="poll interval of plnt, seconds")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.WARNING if not __import__("os").environ.get("PLNT_BENCH_LOG") else logging.INFO, format="%(asctime)s.%(msecs)03d %(name)s %(message)s", datefmt="%H:%M:%S")
 
     scratch = Path(tempfile.mkdtemp(prefix="plnt-bench-"))
     repo = scratch / "repo"
@@ -84,6 +85,9 @@ async def main() -> None:
             for trigger in ("webhook", "poll"):
                 starts, readies = [], []
                 for _ in range(max(args.commits, 5)):
+                    # Let the reconcile that follows the previous saga pass, then commit at a random
+                    # moment of the poll cycle, as a merge would land.
+                    await asyncio.sleep(random.uniform(0.5, 0.5 + args.interval))
                     new = "1.3.0" if version == "1.2.0" else "1.2.0"
                     text = (repo / RUN_FILE).read_text().replace(f"review-responder@{version}", f"review-responder@{new}")
                     (repo / RUN_FILE).write_text(text)

@@ -241,6 +241,25 @@ def status(
                    f"{canary:<14} {(row.get('observedCommit') or '-')[:12]:<13} {row.get('endpoint') or '-':<24} {row.get('message') or ''}")
 
 
+recipe_app = typer.Typer(help="Recipe authors' commands.", no_args_is_help=True)
+app.add_typer(recipe_app, name="recipe")
+
+
+@recipe_app.command("digest")
+def recipe_digest(directory: Annotated[Path, typer.Argument(help="A recipe directory (holding workflow.yaml).")]) -> None:
+    """Print the canonical directory digest that `spec.workflow.integrityHash` pins."""
+    from plnt.runner.recipe import directory_digest
+
+    if not (directory / "workflow.yaml").is_file():
+        typer.echo(f"{directory}: no workflow.yaml here; give a recipe directory (<registry>/<name>/<version>/)", err=True)
+        raise typer.Exit(2)
+    try:
+        typer.echo(directory_digest(directory))
+    except ValueError as exc:
+        typer.echo(f"{directory}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
 def main() -> None:
     app()
 

@@ -60,6 +60,8 @@ class Reconciler:
     async def run(self, stop: asyncio.Event) -> None:
         await self.adopt_running_sagas()
         while not stop.is_set():
+            # Cleared before the pass, so a wake during the pass (a webhook, a saga ending) runs another.
+            self._wake.clear()
             try:
                 await self.reconcile_once()
             except PlntError as exc:
@@ -67,7 +69,6 @@ class Reconciler:
                 self._record_source(error=str(exc))
             except Exception:  # noqa: BLE001 - the loop must outlive any one bad reconcile
                 log.exception("reconcile-failed")
-            self._wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(_first(self._wake.wait(), stop.wait()), timeout=self._settings.interval_s)
 
