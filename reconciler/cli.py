@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from .loader import SpecSet, load_directory, load_sources
+from .loader import Problem, SourceFile, SpecSet, load_sources, read_tree
 from .settings import Settings
 
 app = typer.Typer(
@@ -63,10 +63,37 @@ def up(
     _setup_logging(verbose)
     settings = Settings(repo=repo, path=path, branch=branch, state_dir=state_dir, host=host, port=port,
                         interval_s=interval, temporal_address=temporal_address)
+    problem = _port_problem(host, port)
+    if problem:
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
     try:
         asyncio.run(_up(settings))
     except KeyboardInterrupt:
         pass
+    except Exception as exc:  # noqa: BLE001 - one clear line, not a traceback, for start-up failures
+        from plnt.gateway.server import ServerStartError
+
+        from .errors import PlntError
+
+        if not isinstance(exc, (PlntError, ServerStartError, OSError)):
+            raise
+        typer.echo(f"error: plnt could not start: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def _port_problem(host: str, port: int) -> str | None:
+    import socket
+
+    if port == 0:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return f"cannot listen on {host}:{port} ({exc.strerror}); is another plnt running? choose a port with --port"
+    return None
 
 
 async def _up(settings: Settings) -> None:
@@ -90,24 +117,28 @@ def validate(path: Annotated[Path, typer.Argument(help="A spec directory or a si
     if not path.exists():
         typer.echo(f"{path}: no such file or directory", err=True)
         raise typer.Exit(2)
+    note = ""
     if path.is_file():
-        from .loader import Problem, SourceFile
-
         try:
             text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:  # as load_directory reports an unreadable file
+        except (OSError, UnicodeDecodeError) as exc:  # as a directory reports an unreadable file
             specs, problems = SpecSet(), [Problem(str(path), 1, "document", f"cannot read file: {exc}; save it as UTF-8 text")]
         else:
-            specs, problems = load_sources([SourceFile(path=str(path), text=text)])
+            specs, problems = load_sources([SourceFile(path=str(path), text=text)], check_references=None)
+            if specs.workflow_runs and not specs.backends:
+                note = " (backend references not checked: the file declares no PlntBackend; validate the directory)"
     else:
-        specs, problems = load_directory(path)
-        problems = [p.__class__(file=str(path / p.file), line=p.line, field=p.field, message=p.message) for p in problems]
+        # Display paths include PATH, in problem lines and in messages pointing at another file.
+        files, read_problems = read_tree(path)
+        specs, problems = load_sources([SourceFile(path=str(path / f.path), text=f.text) for f in files])
+        problems = sorted([Problem(str(path / p.file), p.line, p.field, p.message) for p in read_problems] + problems,
+                          key=lambda p: (p.file, p.line))
     if problems:
         for problem in problems:
             typer.echo(str(problem))
         typer.echo(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found", err=True)
         raise typer.Exit(1)
-    typer.echo(f"{path}: valid: {_counts(specs)}")
+    typer.echo(f"{path}: valid: {_counts(specs)}{note}")
 
 
 def _counts(specs: SpecSet) -> str:

@@ -131,7 +131,7 @@ class IgnoreRules:
         return False
 
 
-def _read_tree(root: Path) -> tuple[list[SourceFile], list[Problem]]:
+def read_tree(root: Path) -> tuple[list[SourceFile], list[Problem]]:
     """Every *.yaml/*.yml under root, skipping hidden dirs and files (.git, .plnt, .gitlab-ci.yml)
     and whatever `.plntignore` names."""
     ignore_file = root / IGNORE_FILE
@@ -159,7 +159,7 @@ def _read_tree(root: Path) -> tuple[list[SourceFile], list[Problem]]:
 
 def read_directory(root: Path) -> list[SourceFile]:
     """The spec files under root, sorted by path; raises SpecError if one cannot be read."""
-    files, problems = _read_tree(Path(root))
+    files, problems = read_tree(Path(root))
     if problems:
         raise SpecError(problems)
     return files
@@ -577,8 +577,12 @@ def _backend_problems(doc: _Document, run: WorkflowRun, backends: dict[str, Plnt
 # --- loading -------------------------------------------------------------------------------
 
 
-def load_sources(files: Iterable[SourceFile]) -> tuple[SpecSet, list[Problem]]:
-    """Parse, validate and cross-check all files; never raises for bad input."""
+def load_sources(files: Iterable[SourceFile], *, check_references: bool | None = True) -> tuple[SpecSet, list[Problem]]:
+    """Parse, validate and cross-check all files; never raises for bad input.
+
+    check_references=None checks WorkflowRuns' backend references only if the files declare any
+    PlntBackend: validating one WorkflowRun file alone should not claim its backend is unknown.
+    """
     specs = SpecSet()
     problems: list[Problem] = []
     docs: dict[str, _Document] = {}  # location key -> its document, for cross-document lines
@@ -626,15 +630,16 @@ def load_sources(files: Iterable[SourceFile]) -> tuple[SpecSet, list[Problem]]:
                 problems += _step_problems(doc, model)
 
     # Backends may be declared in any file, so references are checked once all are loaded.
-    for doc, run in runs:
-        problems += _backend_problems(doc, run, specs.backends)
+    if check_references or (check_references is None and specs.backends):
+        for doc, run in runs:
+            problems += _backend_problems(doc, run, specs.backends)
 
     problems.sort(key=lambda p: (p.file, p.line))
     return specs, problems
 
 
 def load_directory(root: Path) -> tuple[SpecSet, list[Problem]]:
-    files, read_problems = _read_tree(Path(root))
+    files, read_problems = read_tree(Path(root))
     specs, problems = load_sources(files)
     problems = sorted(read_problems + problems, key=lambda p: (p.file, p.line))
     return specs, problems

@@ -7,6 +7,7 @@ pragmas and the timer flag that make it fast on a small machine (see the README)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -37,6 +38,35 @@ def temporal_binary() -> str:
     return found
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if plnt dies without stopping us (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop_orphan(pid_file: Path) -> None:
+    """A server a crashed plnt left on this state dir's database must not run beside a new one."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return
+    if b"start-dev" not in cmdline:
+        return
+    log.warning("temporal-orphan-stopped pid=%s", pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
 def dev_server_args(db_file: Path | None, port: int, http_port: int, metrics_port: int) -> list[str]:
     args = [
         "server", "start-dev", "--headless", "--ip", "127.0.0.1",
@@ -61,12 +91,18 @@ class TemporalDevServer:
         self.address = ""
 
     async def start(self, timeout_s: float = 60.0) -> str:
+        pid_file = self._db_file.with_suffix(".pid") if self._db_file is not None else None
+        if pid_file is not None:
+            _stop_orphan(pid_file)
         port, http_port, metrics_port = free_port(), free_port(), free_port()
         out = open(self._log_file, "ab") if self._log_file else subprocess.DEVNULL  # noqa: SIM115
         self._process = subprocess.Popen(
             [temporal_binary(), *dev_server_args(self._db_file, port, http_port, metrics_port)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
+        if pid_file is not None:
+            pid_file.write_text(f"{self._process.pid}\n")
         self.address = f"127.0.0.1:{port}"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
