@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from plnt.reconciler.app import start
 from plnt.reconciler.settings import Settings
 

@@ -174,6 +174,6 @@ class Router:
         event = self._drained.setdefault(backend.endpoint, asyncio.Event())
         try:
             await asyncio.wait_for(event.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True

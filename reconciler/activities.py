@@ -12,17 +12,23 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from plnt.runner.recipe import load_golden
 from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
-
-from plnt.runner.recipe import load_golden
 
 from .driver import InstallRequest, ReleaseDriver
 from .errors import GpuClassUnavailable, InvalidSpec, NeedsHuman, PlntError, UnknownBackend
 from .recipes import ExportFromRepo, pull_recipe
 from .saga_io import (
-    InstallInput, PhaseUpdate, PulledRecipeInfo, PullInput, ReleaseRef, SmokeInput, ValidatedSpec, ValidateInput,
+    InstallInput,
+    PhaseUpdate,
+    PulledRecipeInfo,
+    PullInput,
+    ReleaseRef,
+    SmokeInput,
+    ValidatedSpec,
+    ValidateInput,
 )
 from .smoke import SmokeResult, judge, measure, summarise
 from .specs import PlntBackend, WorkflowRun

@@ -9,13 +9,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Worker
-
 from plnt.gateway.app import create_app
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
 from plnt.gateway.server import GatewayServer
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
 
 from .activities import SagaActivities
 from .local_driver import LocalDriver

@@ -157,7 +157,8 @@ def plan(
     format: Annotated[Format, typer.Option("--format", "-f")] = Format.text,
 ) -> None:
     """What would change: against the live state in --state-dir, or between --base and --head (a pull request)."""
-    from .plan import DesiredRun, LiveRun, plan as make_plan, render_markdown, render_text
+    from .plan import DesiredRun, LiveRun, render_markdown, render_text
+    from .plan import plan as make_plan
     from .source import GitSource, SourceError
 
     with tempfile.TemporaryDirectory(prefix="plnt-plan-") as scratch:
@@ -201,28 +202,14 @@ def _load_or_exit(source: Any, commit: str) -> SpecSet:
 
 
 def _live_from_state(state_dir: Path) -> dict[str, Any]:
-    from .plan import LiveRun
+    from .plan import live_from
     from .state import LiveWorkflow, read_json
-    from .status import Phase, WorkflowRunStatus
+    from .status import WorkflowRunStatus
 
-    statuses = {k: WorkflowRunStatus.model_validate(v) for k, v in (read_json(state_dir / "status.json", {}) or {}).items()}
-    live: dict[str, LiveRun] = {}
-    releases = {}
-    for record in sorted((state_dir / "releases").glob("*.json")) if (state_dir / "releases").exists() else []:
-        item = LiveWorkflow.model_validate(read_json(record))
-        releases[item.key] = item
-    for key in set(statuses) | set(releases):
-        status, release = statuses.get(key), releases.get(key)
-        stable = release.stable if release else None
-        failed = status is not None and status.phase in (Phase.ROLLED_BACK, Phase.FAILED)
-        namespace, name = key.split("/", 1)
-        live[key] = LiveRun(
-            namespace=namespace, name=name, version=stable.version if stable else None,
-            fingerprint=stable.spec_fingerprint if stable else None, spec=status.deployed_spec if status else None,
-            failed_fingerprint=status.attempted_fingerprint if failed and status else None,
-            failed_reason=status.last_error if failed and status else None,
-        )
-    return live
+    statuses = [WorkflowRunStatus.model_validate(v) for v in (read_json(state_dir / "status.json", {}) or {}).values()]
+    records = sorted((state_dir / "releases").glob("*.json")) if (state_dir / "releases").exists() else []
+    releases = {item.key: item for item in (LiveWorkflow.model_validate(read_json(r)) for r in records)}
+    return live_from(releases, statuses)
 
 
 @app.command()

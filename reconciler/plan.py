@@ -8,12 +8,14 @@ commits. Every item carries the reason and, for an upgrade, the fields that chan
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from .specs import WorkflowRun, flatten
+from .state import LiveWorkflow
+from .status import Phase, WorkflowRunStatus
 
 
 class Action(str, Enum):
@@ -104,6 +106,33 @@ class PlanItem:
             "changes": [{"field": c.field, "old": c.old, "new": c.new} for c in self.changes],
             "waiting": self.waiting,
         }
+
+
+def live_from(
+    releases: Mapping[str, LiveWorkflow],
+    statuses: Iterable[WorkflowRunStatus],
+    running_sagas: Iterable[str] = (),
+) -> dict[str, LiveRun]:
+    """The live side of a plan: promoted releases from the driver, the newest saga's outcome from status."""
+    by_key = {status.key: status for status in statuses}
+    running = set(running_sagas)
+    runs: dict[str, LiveRun] = {}
+    for key in set(releases) | set(by_key) | running:
+        namespace, name = key.split("/", 1)
+        status = by_key.get(key)
+        stable = releases[key].stable if key in releases else None
+        failed = status is not None and status.phase in (Phase.ROLLED_BACK, Phase.FAILED)
+        runs[key] = LiveRun(
+            namespace=namespace,
+            name=name,
+            version=stable.version if stable else None,
+            fingerprint=stable.spec_fingerprint if stable else None,
+            spec=status.deployed_spec if status else None,
+            failed_fingerprint=status.attempted_fingerprint if failed and status else None,
+            failed_reason=status.last_error if failed and status else None,
+            saga_running=key in running,
+        )
+    return runs
 
 
 def plan(desired: Mapping[str, DesiredRun], live: Mapping[str, LiveRun]) -> list[PlanItem]:

@@ -20,7 +20,7 @@ from temporalio.service import RPCError
 from .driver import ReleaseDriver
 from .errors import PlntError
 from .loader import Problem, SpecSet, load_sources
-from .plan import Action, DesiredRun, LiveRun, PlanItem, plan
+from .plan import Action, DesiredRun, LiveRun, PlanItem, live_from, plan
 from .saga_io import SagaInput, SagaResult, saga_workflow_id
 from .settings import Settings
 from .source import GitSource
@@ -103,24 +103,7 @@ class Reconciler:
         return items
 
     async def live_runs(self) -> dict[str, LiveRun]:
-        live = await self._driver.live()
-        runs: dict[str, LiveRun] = {}
-        for key in set(live) | {status.key for status in self._statuses.all()} | set(self._sagas):
-            namespace, name = key.split("/", 1)
-            status = self._statuses.get(key)
-            stable = live[key].stable if key in live else None
-            failed = status is not None and status.phase in (Phase.ROLLED_BACK, Phase.FAILED)
-            runs[key] = LiveRun(
-                namespace=namespace,
-                name=name,
-                version=stable.version if stable else None,
-                fingerprint=stable.spec_fingerprint if stable else None,
-                spec=status.deployed_spec if status else None,
-                failed_fingerprint=status.attempted_fingerprint if failed and status else None,
-                failed_reason=status.last_error if failed and status else None,
-                saga_running=key in self._sagas,
-            )
-        return runs
+        return live_from(await self._driver.live(), self._statuses.all(), self._sagas)
 
     async def adopt_running_sagas(self) -> None:
         """After a restart, follow the sagas Temporal is still running instead of starting new ones."""

@@ -21,8 +21,18 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 with workflow.unsafe.imports_passed_through():
     from .errors import NON_RETRYABLE_ERROR_TYPES
     from .saga_io import (
-        InstallInput, PhaseUpdate, PulledRecipeInfo, PullInput, Release, ReleaseRef, SagaInput,
-        SagaResult, SmokeInput, SmokeResult, ValidatedSpec, ValidateInput,
+        InstallInput,
+        PhaseUpdate,
+        PulledRecipeInfo,
+        PullInput,
+        Release,
+        ReleaseRef,
+        SagaInput,
+        SagaResult,
+        SmokeInput,
+        SmokeResult,
+        ValidatedSpec,
+        ValidateInput,
     )
     from .settings import RetrySettings
     from .status import Phase

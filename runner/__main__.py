@@ -45,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     import uvicorn
-
     from plnt.runner.adapters import MockBackend
     from plnt.runner.app import create_app
 

@@ -9,7 +9,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
-
 from plnt.runner.adapters import RuntimeAdapter
 from plnt.runner.engine import StepFailed, run_workflow
 from plnt.runner.recipe import Recipe

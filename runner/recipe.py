@@ -26,9 +26,8 @@ from types import ModuleType
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
-
 from plnt.reconciler.specs import Workflow, output_step, step_levels
+from pydantic import ValidationError
 
 WORKFLOW_FILE = "workflow.yaml"
 GOLDEN_FILE = "golden.yaml"

@@ -7,15 +7,13 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from google.protobuf.duration_pb2 import Duration
+from plnt.reconciler.temporal_server import TemporalDevServer
 from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.client import Client
-
-from plnt.reconciler.temporal_server import TemporalDevServer
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "gitops-example"

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, TypeVar
+from typing import Any, TypeVar
 
 import httpx
-
 from plnt.reconciler.app import Plnt, start
 from plnt.reconciler.settings import RetrySettings, Settings
 

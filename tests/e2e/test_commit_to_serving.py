@@ -7,7 +7,6 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 from plnt.reconciler.local_driver import process_start_time
 
 from ..conftest import SpecRepo

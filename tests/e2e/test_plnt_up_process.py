@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from plnt.reconciler.local_driver import free_port, process_start_time
 
 from ..conftest import SpecRepo

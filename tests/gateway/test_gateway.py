@@ -19,7 +19,6 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-
 from plnt.gateway.app import create_app
 from plnt.gateway.routes import Backend, Route, Router, RouteTable, Track
 from plnt.gateway.server import GatewayServer, ServerStartError

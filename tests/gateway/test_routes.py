@@ -7,7 +7,6 @@ import math
 import random
 
 import pytest
-
 from plnt.gateway.routes import AmbiguousRoute, Backend, Route, RouteNotReady, Router, RouteTable
 
 V1 = Backend(endpoint="http://127.0.0.1:9001", version="v1", release_id="r1")

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from typer.testing import CliRunner
-
 from plnt.reconciler.cli import app
 from plnt.reconciler.local_driver import free_port
 from plnt.reconciler.status import Phase, StatusStore
+from typer.testing import CliRunner
 
 from ..conftest import EXAMPLE, SpecRepo
 

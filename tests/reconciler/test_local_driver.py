@@ -10,7 +10,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from plnt.reconciler.driver import InstallRequest
 from plnt.reconciler.errors import InvalidRecipe
 from plnt.reconciler.local_driver import LocalDriver, process_start_time

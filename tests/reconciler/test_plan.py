@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from plnt.reconciler.plan import Action, DesiredRun, LiveRun, plan, render_markdown, render_text
 
 
@@ -88,3 +87,21 @@ def test_markdown_escapes_pipes() -> None:
     weird = DesiredRun("default", "rr", "1.2.0", "B", {**spec(), "note": "a|b"})
     markdown = render_markdown(plan({K: weird}, {K: live()}))
     assert "a\\|b" in markdown
+
+
+def test_live_from_combines_releases_statuses_and_running_sagas() -> None:
+    from plnt.reconciler.plan import live_from
+    from plnt.reconciler.state import LiveWorkflow, Release
+    from plnt.reconciler.status import Phase, WorkflowRunStatus
+
+    stable = Release(release_id="r", namespace="default", name="rr", track="stable", version="1.2.0",
+                     spec_fingerprint="A", recipe_digest="d", recipe_dir="/x", endpoint="http://127.0.0.1:1")
+    releases = {"default/rr": LiveWorkflow(namespace="default", name="rr", stable=stable)}
+    statuses = [
+        WorkflowRunStatus(namespace="default", name="rr", phase=Phase.ROLLED_BACK, attempted_fingerprint="F",
+                          last_error="smoke test failed", deployed_spec=spec()),
+        WorkflowRunStatus(namespace="default", name="new", phase=Phase.READY, attempted_fingerprint="G"),
+    ]
+    live = live_from(releases, statuses, running_sagas=["default/new"])
+    assert live["default/rr"] == LiveRun("default", "rr", "1.2.0", "A", spec(), "F", "smoke test failed", False)
+    assert live["default/new"] == LiveRun("default", "new", saga_running=True)  # Ready holds nothing back

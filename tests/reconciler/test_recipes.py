@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from plnt.reconciler.errors import IntegrityMismatch, InvalidRecipe, InvalidSpec, RecipeNotFound
 from plnt.reconciler.recipes import locate, pull_recipe
 from plnt.reconciler.source import GitSource

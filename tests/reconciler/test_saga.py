@@ -12,21 +12,27 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from plnt.reconciler.activities import SagaActivities
+from plnt.reconciler.saga import DeploySaga
+from plnt.reconciler.saga_io import (
+    PhaseUpdate,
+    PulledRecipeInfo,
+    Release,
+    ReleaseRef,
+    SagaInput,
+    SagaResult,
+    ValidatedSpec,
+    ValidateInput,
+)
+from plnt.reconciler.settings import RetrySettings
+from plnt.reconciler.smoke import SmokeMetrics, SmokeResult
+from plnt.reconciler.status import Phase, StatusStore
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
-
-from plnt.reconciler.activities import SagaActivities
-from plnt.reconciler.saga import DeploySaga
-from plnt.reconciler.saga_io import (
-    PhaseUpdate, PulledRecipeInfo, Release, ReleaseRef, SagaInput, SagaResult, ValidatedSpec, ValidateInput,
-)
-from plnt.reconciler.settings import RetrySettings
-from plnt.reconciler.smoke import SmokeMetrics, SmokeResult
-from plnt.reconciler.status import Phase, StatusStore
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from plnt.reconciler.smoke import Sample, SmokeMetrics, judge, percentile, summarise
 from plnt.reconciler.specs import SmokeTest
 

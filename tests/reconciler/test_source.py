@@ -6,7 +6,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from plnt.reconciler.loader import load_sources
 from plnt.reconciler.source import GitSource, SourceError
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from plnt.runner.adapters import MockBackend
 from plnt.runner.app import create_app
 from plnt.runner.recipe import load_recipe_dir

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from plnt.runner.adapters import MockBackend
 from plnt.runner.engine import StepFailed, run_workflow
 from plnt.runner.recipe import Recipe, RecipeError, directory_digest, load_golden, load_recipe_dir, matches
