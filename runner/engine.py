@@ -115,7 +115,7 @@ async def run_workflow(recipe: Recipe, inputs: dict[str, Any], adapter: RuntimeA
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
-        for step_id, (value, ms) in zip(level, outcomes):
+        for step_id, (value, ms) in zip(level, outcomes, strict=True):
             results[step_id] = value
             timings[step_id] = round(ms, 3)
     return WorkflowResult(
