@@ -175,7 +175,8 @@ def diff_specs(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
 
 
 def _held(have: LiveRun) -> str:
-    return f"this spec already failed ({have.failed_reason or 'see status'}); change the spec to try again"
+    serving = f"; {have.version} keeps serving" if have.version else ""
+    return f"held: this spec already failed ({have.failed_reason or 'see status'}){serving}; commit a change to try again"
 
 
 def _show(value: Any) -> str:

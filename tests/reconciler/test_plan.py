@@ -36,7 +36,7 @@ CASES = [
     ("removed", None, live(), Action.UNINSTALL, "removed from the repository", False),
     ("removed, never deployed", None, live(None, None), None, None, False),
     ("failed spec is held", desired("1.4.0", "F"), live(failed_fingerprint="F", failed_reason="smoke test failed"),
-     Action.UNCHANGED, "this spec already failed (smoke test failed)", False),
+     Action.UNCHANGED, "held: this spec already failed (smoke test failed); 1.2.0 keeps serving", False),
     ("failed install is held", desired("1.4.0", "F"), live(None, None, failed_fingerprint="F"), Action.UNCHANGED, "already failed", False),
     ("a new spec after a failure runs", desired("1.3.0", "G"), live(failed_fingerprint="F"), Action.UPGRADE, "1.3.0", False),
     ("change while a saga runs waits", desired("1.3.0", "B"), live(saga_running=True), Action.UPGRADE, "1.3.0", True),

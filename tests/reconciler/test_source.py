@@ -85,3 +85,21 @@ def test_export_copies_a_directory_of_a_commit(spec_repo: SpecRepo, tmp_path: Pa
     assert (dest / "workflow.yaml").read_bytes() == (spec_repo.path / "registry/review-responder/1.2.0/workflow.yaml").read_bytes()
     assert (dest / "knowledge" / "brand_voice.md").exists()
     assert not source.export(commit, "registry/review-responder/9.9.9", tmp_path / "none")
+
+
+@pytest.mark.parametrize(("given", "expected_absolute"), [
+    ("https://git.example.com/platform/specs.git", False),
+    ("ssh://git@git.example.com/platform/specs.git", False),
+    ("git@git.example.com:platform/specs.git", False),
+    ("file:///srv/git/specs.git", False),
+    ("specs", True),
+    ("./specs", True),
+])
+def test_urls_pass_through_and_paths_become_absolute(given: str, expected_absolute: bool) -> None:
+    from plnt.reconciler.source import normalise_url
+
+    result = normalise_url(given)
+    if expected_absolute:
+        assert Path(result).is_absolute() and result.endswith("specs")
+    else:
+        assert result == given
