@@ -24,7 +24,7 @@ from .settings import Settings
 from .source import GitSource
 from .state import LiveWorkflow, Release, StateDir
 from .status import StatusStore
-from .temporal_server import TemporalDevServer
+from .temporal_server import TemporalDevServer, connect
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ async def start(settings: Settings) -> Plnt:
             server = TemporalDevServer(state.temporal_db, log_file=state.root / "temporal.log")
             address = await server.start()
             cleanups.append(server.stop)
-        client = await Client.connect(address, namespace=settings.temporal_namespace, data_converter=pydantic_data_converter)
+        client = await connect(address, settings.temporal_namespace, data_converter=pydantic_data_converter)
 
         statuses = StatusStore(state.status_file)
         router = Router()

@@ -17,6 +17,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
 
 from .errors import RetryLater
 from .local_driver import free_port
@@ -109,6 +112,8 @@ class TemporalDevServer:
             if self._process.poll() is not None:
                 raise TemporalStartError(f"temporal dev server exited with code {self._process.returncode}; see {self._log_file}")
             if _port_open(port):
+                # Listening is not ready: wait until the frontend answers a client.
+                await connect(self.address, timeout_s=max(1.0, deadline - time.monotonic()))
                 log.info("temporal-started address=%s db=%s", self.address, self._db_file or "memory")
                 return self.address
             await asyncio.sleep(0.05)
@@ -133,3 +138,22 @@ def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.2)
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def connect(address: str, namespace: str = "default", *, timeout_s: float = 60.0, **kwargs: Any) -> Client:
+    """Connect to Temporal, waiting while the server is still starting.
+
+    A dev server listens before its frontend is healthy ("Frontend is not healthy yet"),
+    most often on its first start with a new database.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.1
+    while True:
+        try:
+            return await Client.connect(address, namespace=namespace, **kwargs)
+        except RuntimeError as exc:
+            if time.monotonic() + delay > deadline:
+                raise TemporalStartError(f"Temporal at {address} is not answering: {exc}") from exc
+            log.debug("temporal-not-ready address=%s error=%s", address, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 from google.protobuf.duration_pb2 import Duration
-from plnt.reconciler.temporal_server import TemporalDevServer
+from plnt.reconciler.temporal_server import TemporalDevServer, connect
 from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
-from temporalio.client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "gitops-example"
@@ -80,7 +79,7 @@ async def temporal_address() -> AsyncIterator[str]:
 async def temporal_namespace(temporal_address: str) -> str:
     """A fresh Temporal namespace per test, so saga ids of one test never meet another's."""
     name = f"t-{uuid.uuid4().hex[:12]}"
-    client = await Client.connect(temporal_address)
+    client = await connect(temporal_address)
     await client.workflow_service.register_namespace(
         RegisterNamespaceRequest(namespace=name, workflow_execution_retention_period=Duration(seconds=86400))
     )

@@ -27,8 +27,8 @@ from plnt.reconciler.saga_io import (
 from plnt.reconciler.settings import RetrySettings
 from plnt.reconciler.smoke import SmokeMetrics, SmokeResult
 from plnt.reconciler.status import Phase, StatusStore
+from plnt.reconciler.temporal_server import connect
 from temporalio import activity
-from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -101,7 +101,7 @@ class FakeActivities:
 
 
 async def run_saga(address: str, namespace: str, fakes: FakeActivities, action: str = "deploy") -> SagaResult:
-    client = await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+    client = await connect(address, namespace, data_converter=pydantic_data_converter)
     queue = f"q-{uuid.uuid4().hex}"
     saga = SagaInput(action=action, namespace="default", name="rr", commit="c0ffee", spec=SPEC, backends=BACKENDS,
                      fingerprint="sha256:f", version="1.0.0", retry=FAST_RETRY)
