@@ -20,8 +20,10 @@ demo-repo:
 	@if [ ! -d $(DEMO)/repo/.git ]; then \
 	  mkdir -p $(DEMO) && cp -r gitops-example $(DEMO)/repo && \
 	  git -C $(DEMO)/repo init --quiet --initial-branch=main && \
+	  git -C $(DEMO)/repo config user.name plnt-demo && \
+	  git -C $(DEMO)/repo config user.email demo@plnt.invalid && \
 	  git -C $(DEMO)/repo add -A && \
-	  git -C $(DEMO)/repo -c user.name=plnt-demo -c user.email=demo@plnt.invalid commit --quiet -m "gitops-example" && \
+	  git -C $(DEMO)/repo commit --quiet -m "gitops-example" && \
 	  echo "created $(DEMO)/repo (a git copy of gitops-example)"; \
 	fi
 
