@@ -431,3 +431,25 @@ def test_read_directory_skips_hidden_directories(tmp_path: Path) -> None:
     specs, problems = load_directory(tmp_path)
     assert problems == []
     assert specs.locations["WorkflowRun/default/review-responder"] == ("runs/review.yaml", 1)
+
+
+@pytest.mark.parametrize(("path", "ignored"), [
+    ("registry/review-responder/1.2.0/golden.yaml", True),   # directory pattern
+    ("registry.yaml", False),                                # a file named like the directory is kept
+    ("workflowruns/a.yaml", False),
+    ("drafts/wip.tmp.yaml", True),                           # glob over the whole relative path
+    ("x.tmp.yaml", True),
+])
+def test_plntignore_rules(path: str, ignored: bool) -> None:
+    from plnt.reconciler.loader import IgnoreRules
+
+    rules = IgnoreRules.parse("# recipes are not specs\nregistry/\n\n*.tmp.yaml\n")
+    assert rules.ignores(path) is ignored
+
+
+def test_read_directory_honours_plntignore(tmp_path: Path) -> None:
+    (tmp_path / "registry" / "r" / "1.0.0").mkdir(parents=True)
+    (tmp_path / "registry" / "r" / "1.0.0" / "golden.yaml").write_text("cases: []\n")
+    (tmp_path / "run.yaml").write_text("apiVersion: plnt.work/v1\n")
+    (tmp_path / ".plntignore").write_text("registry/\n")
+    assert [f.path for f in read_directory(tmp_path)] == ["run.yaml"]
