@@ -2,13 +2,18 @@
 
     PlntError
     ├── RetryLater        transient: the same step may succeed if tried again (runner slow to start, port taken)
+    │   ├── DriverError           a release driver failed in a way that may pass
+    │   └── RegistryUnavailable   a registry did not answer or broke the transfer off
     └── NeedsHuman        a dead end: retrying cannot help until someone changes the spec or the recipe
         ├── InvalidSpec           the spec fails validation
         ├── UnknownBackend        spec.backend.cluster names no PlntBackend
         ├── GpuClassUnavailable   the backend does not offer the GPU class asked for
         ├── RecipeNotFound        no such name@version in the registry
         ├── InvalidRecipe         the recipe's workflow.yaml or module does not load
-        └── IntegrityMismatch     the recipe's digest differs from spec.workflow.integrityHash
+        ├── IntegrityMismatch     the recipe's digest differs from spec.workflow.integrityHash
+        ├── DigestMismatch        a registry served bytes whose digest differs from what it announced
+        ├── UnsafeArchive         a recipe archive that safe extraction refuses (traversal, links, bombs)
+        └── VerificationFailed    no valid signature from a trusted signer (fails closed)
 
 Saga activities turn NeedsHuman into a non-retryable Temporal ApplicationError whose `type` is the
 class name, so the retry policy stops at once and the status shows why.
@@ -29,6 +34,10 @@ class RetryLater(PlntError):
 
 class DriverError(RetryLater):
     """A release driver failed in a way that may pass (process start, health check, port)."""
+
+
+class RegistryUnavailable(RetryLater):
+    pass
 
 
 class NeedsHuman(PlntError):
@@ -59,7 +68,25 @@ class IntegrityMismatch(NeedsHuman):
     pass
 
 
+class DigestMismatch(NeedsHuman):
+    pass
+
+
+class UnsafeArchive(NeedsHuman):
+    pass
+
+
+class VerificationFailed(NeedsHuman):
+    """`reason` is one of: unsigned, invalid-bundle, tampered, wrong-identity, wrong-issuer,
+    untrusted-root, no-policy."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 NON_RETRYABLE_ERROR_TYPES = [
     cls.__name__
-    for cls in (InvalidSpec, UnknownBackend, GpuClassUnavailable, RecipeNotFound, InvalidRecipe, IntegrityMismatch)
+    for cls in (InvalidSpec, UnknownBackend, GpuClassUnavailable, RecipeNotFound, InvalidRecipe, IntegrityMismatch,
+                DigestMismatch, UnsafeArchive, VerificationFailed)
 ]
