@@ -19,7 +19,9 @@ from temporalio.exceptions import ApplicationError
 
 from .driver import InstallRequest, ReleaseDriver
 from .errors import GpuClassUnavailable, InvalidSpec, NeedsHuman, PlntError, UnknownBackend
-from .recipes import ExportFromRepo, pull_recipe
+from .archive import ExtractLimits
+from .recipes import ExportFromRepo, ReadFromRepo, RecipeCache, pull_recipe
+from .registries import RegistryOptions
 from .saga_io import (
     InstallInput,
     PhaseUpdate,
@@ -31,7 +33,7 @@ from .saga_io import (
     ValidateInput,
 )
 from .smoke import SmokeResult, judge, measure, summarise
-from .specs import PlntBackend, WorkflowRun
+from .specs import PlntBackend, RecipeTrustPolicy, WorkflowRun
 from .state import Release
 from .status import StatusStore
 
@@ -58,14 +60,20 @@ class SagaActivities:
         driver: ReleaseDriver,
         statuses: StatusStore,
         export_from_repo: ExportFromRepo,
+        read_from_repo: ReadFromRepo,
         recipe_cache: Path,
+        registry_options: RegistryOptions = RegistryOptions(),
+        limits: ExtractLimits = ExtractLimits(),
         smoke_request_timeout_s: float = 30.0,
         supported_backend_types: tuple[str, ...] = ("local",),
     ) -> None:
         self._driver = driver
         self._statuses = statuses
         self._export = export_from_repo
-        self._cache = recipe_cache
+        self._read = read_from_repo
+        self._cache = RecipeCache(recipe_cache)
+        self._registry_options = registry_options
+        self._limits = limits
         self._smoke_timeout_s = smoke_request_timeout_s
         self._backend_types = supported_backend_types
 
@@ -112,11 +120,26 @@ class SagaActivities:
     @_boundary
     async def pull_recipe(self, request: PullInput) -> PulledRecipeInfo:
         run = WorkflowRun.model_validate(request.spec)
-        activity.heartbeat("pulling")
-        pulled = await asyncio.to_thread(
-            pull_recipe, run.spec.workflow, commit=request.commit, cache=self._cache, export_from_repo=self._export
-        )
-        return PulledRecipeInfo(directory=str(pulled.directory), digest=pulled.digest, version=pulled.version)
+        policies = [RecipeTrustPolicy.model_validate(doc) for doc in request.trust_policies.values()]
+        transferred = 0
+
+        def progress(done: int) -> None:  # called from the pulling thread
+            nonlocal transferred
+            transferred = done
+
+        pull = asyncio.create_task(asyncio.to_thread(
+            pull_recipe, run.spec.workflow, commit=request.commit, cache=self._cache, policies=policies,
+            read_from_repo=self._read, export_from_repo=self._export, registry_options=self._registry_options,
+            limits=self._limits, progress=progress,
+        ))
+        # Heartbeats from the activity's own task (the pull runs in a thread), with the bytes so far.
+        while not pull.done():
+            activity.heartbeat(transferred)
+            await asyncio.wait({pull}, timeout=1.0)
+        pulled = pull.result()
+        return PulledRecipeInfo(directory=str(pulled.directory), digest=pulled.digest, version=pulled.version,
+                                signer=f"{pulled.signature.identity} ({pulled.signature.issuer})",
+                                transferred_bytes=pulled.transferred_bytes)
 
     @activity.defn(name="install_release")
     @_boundary

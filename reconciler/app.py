@@ -17,6 +17,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from .activities import SagaActivities
+from .archive import ExtractLimits
+from .registries import RegistryOptions
 from .local_driver import LocalDriver
 from .reconciler import Reconciler
 from .saga import DeploySaga
@@ -108,8 +110,13 @@ async def start(settings: Settings) -> Plnt:
         cleanups.append(driver.shutdown)
         source = GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path)
         activities = SagaActivities(
-            driver=driver, statuses=statuses, export_from_repo=source.export, recipe_cache=state.recipes,
-            smoke_request_timeout_s=settings.smoke_request_timeout_s,
+            driver=driver, statuses=statuses, export_from_repo=source.export, read_from_repo=source.read_file,
+            recipe_cache=state.recipes, smoke_request_timeout_s=settings.smoke_request_timeout_s,
+            registry_options=RegistryOptions(
+                s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region,
+                allow_insecure_http=tuple(settings.oci_insecure_hosts), timeout_s=settings.registry_timeout_s),
+            limits=ExtractLimits(max_total_bytes=settings.max_recipe_bytes, max_files=settings.max_recipe_files,
+                                 max_file_bytes=settings.max_recipe_file_bytes),
         )
         # Phase changes also change routes (a WorkflowRun seen for the first time answers 503, not 404).
         reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses, driver=driver, state=state)

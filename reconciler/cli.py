@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import signal
@@ -143,7 +144,7 @@ def validate(path: Annotated[Path, typer.Argument(help="A spec directory or a si
 
 def _counts(specs: SpecSet) -> str:
     return (f"{len(specs.workflow_runs)} WorkflowRun(s), {len(specs.backends)} PlntBackend(s), "
-            f"{len(specs.recipes)} recipe Workflow(s)")
+            f"{len(specs.trust_policies)} RecipeTrustPolicy(s), {len(specs.recipes)} recipe Workflow(s)")
 
 
 @app.command()
@@ -259,23 +260,164 @@ def status(
                    f"{canary:<14} {(row.get('observedCommit') or '-')[:12]:<13} {row.get('endpoint') or '-':<24} {row.get('message') or ''}")
 
 
-recipe_app = typer.Typer(help="Recipe authors' commands.", no_args_is_help=True)
+recipe_app = typer.Typer(help="Recipe authors' commands: pack, sign, push, verify, digest.", no_args_is_help=True)
 app.add_typer(recipe_app, name="recipe")
 
 
-@recipe_app.command("digest")
-def recipe_digest(directory: Annotated[Path, typer.Argument(help="A recipe directory (holding workflow.yaml).")]) -> None:
-    """Print the canonical directory digest that `spec.workflow.integrityHash` pins."""
-    from plnt.runner.recipe import directory_digest
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
 
-    if not (directory / "workflow.yaml").is_file():
-        typer.echo(f"{directory}: no workflow.yaml here; give a recipe directory (<registry>/<name>/<version>/)", err=True)
-        raise typer.Exit(2)
+
+@recipe_app.command("pack")
+def recipe_pack(
+    directory: Annotated[Path, typer.Argument(help="A recipe directory (holding workflow.yaml).")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Archive to write.")] = Path("recipe.tar.gz"),
+) -> None:
+    """Pack a recipe directory into a deterministic gzip tar (same content, same bytes, same sha256)."""
+    from plnt.runner.recipe import RecipeError, load_recipe_dir
+
+    from .archive import pack_recipe_to
+
     try:
-        typer.echo(directory_digest(directory))
-    except ValueError as exc:
-        typer.echo(f"{directory}: {exc}", err=True)
+        recipe = load_recipe_dir(directory)
+        digest = pack_recipe_to(directory, output)
+    except RecipeError as exc:
+        raise _fail(f"{exc}; fix the recipe before packing it") from exc
+    except (ValueError, OSError) as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(f"{output}: {recipe.name}@{recipe.version} {digest}")
+
+
+@recipe_app.command("sign")
+def recipe_sign(
+    artifact: Annotated[Path, typer.Argument(help="The recipe archive to sign.")],
+    identity_token: Annotated[str | None, typer.Option(
+        help="OIDC identity token (in CI, the workflow's token); default: the ambient CI credential.")] = None,
+    trust_config: Annotated[Path | None, typer.Option(
+        help="Sigstore client trust config JSON (Fulcio, Rekor, trusted root) instead of the public-good instance.")] = None,
+    staging: Annotated[bool, typer.Option(help="Use the Sigstore staging instance.")] = False,
+) -> None:
+    """Sign keylessly with Sigstore: writes ARTIFACT.sigstore.json beside the archive."""
+    from sigstore.errors import Error as SigstoreError
+    from sigstore.hashes import Hashed
+    from sigstore.models import ClientTrustConfig
+    from sigstore.oidc import IdentityError, IdentityToken, detect_credential
+    from sigstore.sign import SigningContext
+    from sigstore_models.common.v1 import HashAlgorithm
+
+    from .archive import archive_digest
+
+    if not artifact.is_file():
+        raise _fail(f"{artifact}: no such file", 2)
+    try:
+        token = identity_token or detect_credential()
+    except IdentityError as exc:
+        raise _fail(f"cannot detect an ambient OIDC credential: {exc}") from exc
+    if not token:
+        raise _fail("no identity token: pass --identity-token (in CI, your workflow's OIDC token); "
+                    "interactive browser sign-in is not supported by plnt", 2)
+    try:
+        trust = (ClientTrustConfig.from_json(trust_config.read_text()) if trust_config
+                 else ClientTrustConfig.staging() if staging else ClientTrustConfig.production())
+        digest = bytes.fromhex(archive_digest(artifact).removeprefix("sha256:"))
+        context = SigningContext.from_trust_config(trust)
+        with context.signer(IdentityToken(token)) as signer:
+            bundle = signer.sign_artifact(Hashed(algorithm=HashAlgorithm.SHA2_256, digest=digest))
+    except IdentityError as exc:
+        raise _fail(f"the identity token was refused: {exc}") from exc
+    except (SigstoreError, OSError, ValueError) as exc:
+        raise _fail(f"signing failed: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - network errors from the signing services
+        raise _fail(f"signing failed ({type(exc).__name__}): {exc}") from exc
+    out = artifact.with_name(artifact.name + ".sigstore.json")
+    out.write_text(bundle.to_json())
+    typer.echo(f"{out}: signed by {IdentityToken(token).identity} ({IdentityToken(token).issuer})")
+
+
+@recipe_app.command("push")
+def recipe_push(
+    artifact: Annotated[Path, typer.Argument(help="The recipe archive.")],
+    to: Annotated[str, typer.Option("--to", help="s3://bucket/prefix, oci://host[:port]/repo or file:///dir")],
+    name: Annotated[str, typer.Option(help="Recipe name.")],
+    version: Annotated[str, typer.Option(help="Recipe version.")],
+    bundle: Annotated[Path | None, typer.Option(help="Sigstore bundle (default: ARTIFACT.sigstore.json).")] = None,
+    s3_endpoint_url: Annotated[str | None, typer.Option(help="S3-compatible endpoint.")] = None,
+    oci_insecure_host: Annotated[list[str] | None, typer.Option(help="OCI host allowed over plain HTTP.")] = None,
+) -> None:
+    """Publish an archive and its bundle to a registry as NAME@VERSION."""
+    from .errors import PlntError
+    from .registries import RegistryOptions, open_registry
+
+    bundle = bundle or artifact.with_name(artifact.name + ".sigstore.json")
+    if not artifact.is_file():
+        raise _fail(f"{artifact}: no such file", 2)
+    if not bundle.is_file():
+        raise _fail(f"{bundle}: no such bundle; sign the archive first (plnt recipe sign {artifact})", 2)
+    options = RegistryOptions(s3_endpoint_url=s3_endpoint_url, allow_insecure_http=tuple(oci_insecure_host or ()))
+    try:
+        where = open_registry(to, options).push(name, version, artifact, bundle)
+    except (PlntError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(f"pushed {name}@{version} to {where}")
+
+
+@recipe_app.command("verify")
+def recipe_verify(
+    artifact: Annotated[Path, typer.Argument(help="The recipe archive.")],
+    bundle: Annotated[Path | None, typer.Option(help="Sigstore bundle (default: ARTIFACT.sigstore.json).")] = None,
+    identity: Annotated[str | None, typer.Option(help="Exact signer identity (email or URI SAN).")] = None,
+    identity_regex: Annotated[str | None, typer.Option(help="Regular expression over the signer's SANs.")] = None,
+    issuer: Annotated[str, typer.Option(help="Exact OIDC issuer.")] = ...,  # type: ignore[assignment]
+    trust_root: Annotated[Path | None, typer.Option(
+        help="Trusted-root JSON; default: the Sigstore public-good root bundled with sigstore-python (offline).")] = None,
+) -> None:
+    """Verify an archive's signature offline, exactly as plnt does before deploying it."""
+    from pydantic import ValidationError
+
+    from .archive import archive_digest
+    from .errors import VerificationFailed
+    from .specs import RecipeTrustPolicy
+    from .trust import verify_recipe
+
+    bundle = bundle or artifact.with_name(artifact.name + ".sigstore.json")
+    if not artifact.is_file():
+        raise _fail(f"{artifact}: no such file", 2)
+    if (identity is None) == (identity_regex is None):
+        raise _fail("give exactly one of --identity or --identity-regex", 2)
+    signer = {"issuer": issuer, **({"identity": identity} if identity else {"identityRegex": identity_regex})}
+    root = {"trustedRootFile": trust_root.name} if trust_root else {"publicGood": True}
+    try:
+        policy = RecipeTrustPolicy.model_validate({
+            "apiVersion": "plnt.work/v1", "kind": "RecipeTrustPolicy", "metadata": {"name": "command-line"},
+            "spec": {"recipes": ["*"], "trustRoot": root, "signers": [signer]}})
+    except ValidationError as exc:
+        raise _fail(f"invalid signer options: {exc.errors()[0]['msg']}", 2) from exc
+    try:
+        verified = verify_recipe(
+            archive_digest(artifact), bundle.read_bytes() if bundle.is_file() else None, recipe="*",
+            policies=[policy], load_trusted_root=lambda _path: trust_root.read_bytes() if trust_root else b"",
+        )
+    except VerificationFailed as exc:
+        typer.echo(f"REJECTED ({exc.reason}): {exc}")
         raise typer.Exit(1) from exc
+    typer.echo(f"OK: {artifact} signed by {verified.identity} ({verified.issuer}); {verified.trust_root}")
+
+
+@recipe_app.command("digest")
+def recipe_digest(path: Annotated[Path, typer.Argument(help="A recipe archive, or a recipe directory.")]) -> None:
+    """Print what `spec.workflow.integrityHash` pins: the archive's sha256 (a directory is packed first)."""
+    from .archive import archive_digest, pack_recipe
+
+    if path.is_file():
+        typer.echo(archive_digest(path))
+        return
+    if not (path / "workflow.yaml").is_file():
+        raise _fail(f"{path}: neither an archive nor a recipe directory (no workflow.yaml)", 2)
+    try:
+        typer.echo("sha256:" + hashlib.sha256(pack_recipe(path)).hexdigest())
+    except ValueError as exc:
+        raise _fail(f"{path}: {exc}") from exc
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ from .specs import (
     REF_PATTERN,
     VERSION_PATTERN,
     PlntBackend,
+    RecipeTrustPolicy,
     Workflow,
     WorkflowRun,
 )
@@ -86,10 +87,18 @@ class SourceFile:
 
 @dataclass
 class SpecSet:
+    """Every valid document, by key; `locations` maps "Kind/key" to (file, first line).
+
+    trust_policies: RecipeTrustPolicy by name. Policies may overlap (two may cover the same
+    recipe name or pattern): a recipe is accepted if ANY policy covering it accepts its
+    signature, and rejected if none covers it (see `plnt.reconciler.trust`).
+    """
+
     workflow_runs: dict[str, WorkflowRun] = field(default_factory=dict)
     backends: dict[str, PlntBackend] = field(default_factory=dict)
     recipes: dict[str, Workflow] = field(default_factory=dict)
     locations: dict[str, tuple[str, int]] = field(default_factory=dict)
+    trust_policies: dict[str, RecipeTrustPolicy] = field(default_factory=dict)
 
 
 class SpecError(Exception):
@@ -601,6 +610,8 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
                 key, label = model.key, "WorkflowRun"
             elif isinstance(model, PlntBackend):
                 key, label = model.metadata.name, "PlntBackend"
+            elif isinstance(model, RecipeTrustPolicy):
+                key, label = model.metadata.name, "RecipeTrustPolicy"
             else:
                 assert isinstance(model, Workflow)
                 key, label = f"{model.metadata.name}@{model.metadata.version}", "Workflow"
@@ -625,6 +636,9 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
                 runs.append((doc, model))
             elif isinstance(model, PlntBackend):
                 specs.backends[key] = model
+            elif isinstance(model, RecipeTrustPolicy):
+                # Overlapping policies are allowed on purpose (any-of), so no cross-check here.
+                specs.trust_policies[key] = model
             else:
                 specs.recipes[key] = model
                 problems += _step_problems(doc, model)
@@ -655,7 +669,7 @@ def load_recipe(path: Path) -> Workflow:
         raise SpecError([Problem(display, 1, "document", f"cannot read recipe: {exc}")]) from exc
     specs, problems = load_sources([SourceFile(display, text)])
     if not problems:
-        other = [*specs.workflow_runs, *specs.backends]
+        other = [*specs.workflow_runs, *specs.backends, *specs.trust_policies]
         if other or len(specs.recipes) != 1:
             problems = [
                 Problem(

@@ -1,88 +1,195 @@
-"""Recipe pull: fetch a recipe from its registry into the content-addressed cache.
+"""Recipe pull: fetch a signed recipe archive, check it, verify it, unpack it into the cache.
 
-Registries by URL scheme. For now `file:` only (s3:// and oci:// arrive with signed recipes):
-  - `file:///abs/dir`: a directory on this machine;
-  - `file:rel/dir` (or `file://./rel/dir`): a directory inside the spec repository, read from the
-    tree of the reconciled commit, so a recipe and the spec naming it travel in one commit.
-Layout: `<registry>/<name>/<version>/` holding `workflow.yaml`, the module, optional golden.yaml
-and knowledge files.
+    registry ─fetch─> archive + bundle ─> integrityHash? ─> Sigstore verify ─> safe extract ─> load
+                                                                                   │
+                                    STATE/recipes/<sha256 of the archive>/ <───────┘ (rename: all or nothing)
 
-A pulled recipe lands in STATE/recipes/<hex>/, where <hex> is its canonical directory digest
-(`plnt.runner.recipe.directory_digest`); `integrityHash: sha256:<hex>` on the WorkflowRun pins it.
-The copy is made in a temporary directory and renamed into place, so an interrupted pull never
-leaves an entry that looks complete.
+Registries by URL scheme (`plnt.reconciler.registries`): `s3://bucket/prefix`, `oci://host/repo`,
+`file:///abs/dir`, and `file:rel/dir`, a directory inside the spec repository read from the tree of
+the reconciled commit (so a recipe and the spec naming it can travel in one commit).
+
+Every step fails closed: nothing is cached, so nothing can run, unless the archive matched its pin,
+carried a valid signature from a signer a RecipeTrustPolicy trusts, extracted safely and loaded.
+A second pull of the same registry/name/version finds the cache entry through a small index and
+transfers nothing; its signature is verified again (cheap, offline), so a tightened policy applies
+to cached recipes too.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from plnt.runner.recipe import RecipeError, directory_digest, load_recipe_dir
+from plnt.runner.recipe import RecipeError, load_recipe_dir
 
-from .errors import IntegrityMismatch, InvalidRecipe, InvalidSpec, RecipeNotFound
-from .specs import WorkflowSource
+from .archive import ExtractLimits, archive_digest, extract_archive
+from .errors import IntegrityMismatch, InvalidRecipe, RecipeNotFound, UnsafeArchive
+from .registries import Fetched, RecipeRegistry, RegistryOptions, open_registry
+from .specs import RecipeTrustPolicy, WorkflowSource
+from .state import atomic_write_json, read_json
+from .trust import VerifiedSignature, verify_recipe
+
+ARCHIVE = "recipe.tar.gz"
+BUNDLE = "recipe.tar.gz.sigstore.json"
 
 # (commit, subdir, dest) -> False if the commit has no such directory
 ExportFromRepo = Callable[[str, str, Path], bool]
+# (commit, path) -> bytes of a file in the spec repository at the commit
+ReadFromRepo = Callable[[str, str], bytes]
 
 
 @dataclass(frozen=True)
 class PulledRecipe:
-    directory: Path
-    digest: str
+    directory: Path          # the unpacked recipe, what a runner serves
+    digest: str              # "sha256:<hex>" of the archive
     name: str
     version: str
+    signature: VerifiedSignature
+    transferred_bytes: int   # 0 when the cache already had it
 
 
-def locate(registry: str) -> tuple[str, str]:
-    """("repo", subdir) for a registry inside the spec repository, ("dir", path) for an absolute one."""
+def repo_subdir(registry: str) -> str | None:
+    """The directory inside the spec repository for `file:rel/dir` registries, else None."""
     if registry.startswith("file://./"):
-        return "repo", registry.removeprefix("file://./")
-    if registry.startswith("file://"):
-        return "dir", registry.removeprefix("file://")
-    if registry.startswith("file:"):
-        rest = registry.removeprefix("file:")
-        return ("dir", rest) if rest.startswith("/") else ("repo", rest.removeprefix("./"))
-    scheme = registry.split("://", 1)[0]
-    raise InvalidSpec(f"registry {registry!r}: the {scheme}:// registry is not supported yet; use a file: registry")
+        return registry.removeprefix("file://./").strip("/")
+    if registry.startswith("file:") and not registry.startswith("file:/"):
+        return registry.removeprefix("file:").removeprefix("./").strip("/")
+    return None
 
 
-def pull_recipe(source: WorkflowSource, *, commit: str, cache: Path, export_from_repo: ExportFromRepo) -> PulledRecipe:
-    kind, where = locate(source.registry)
-    entry = f"{where.rstrip('/')}/{source.name}/{source.version}"
-    cache.mkdir(parents=True, exist_ok=True)
-    staging = cache / f".pull-{uuid.uuid4().hex}"
-    try:
-        if kind == "repo":
-            found = export_from_repo(commit, entry, staging)
-        else:
-            found = Path(entry).is_dir()
-            if found:
-                shutil.copytree(entry, staging, symlinks=False, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        if not found:
-            where_text = f"the spec repository at {commit[:12]}" if kind == "repo" else "this machine"
-            raise RecipeNotFound(f"recipe {source.ref} not found: no directory {entry} in {where_text}")
-        digest = directory_digest(staging)
-        if source.integrity_hash is not None and source.integrity_hash != digest:
-            raise IntegrityMismatch(
-                f"recipe {source.ref}: integrityHash {source.integrity_hash} does not match the recipe's "
-                f"canonical directory digest {digest}"
-            )
+class RepoRegistry:
+    """A `file:` registry inside the spec repository, read at one commit (read-only)."""
+
+    def __init__(self, export_from_repo: ExportFromRepo, commit: str, subdir: str) -> None:
+        self._export = export_from_repo
+        self._commit = commit
+        self._subdir = subdir
+
+    def describe(self) -> str:
+        return f"file:{self._subdir} in the spec repository at {self._commit[:12]}"
+
+    def fetch(self, name: str, version: str, dest_dir: Path, *, progress: Callable[[int], None] | None = None) -> Fetched:
+        scratch = dest_dir / f".export-{uuid.uuid4().hex}"
         try:
-            recipe = load_recipe_dir(staging)
+            if not self._export(self._commit, f"{self._subdir}/{name}/{version}", scratch) or not (scratch / ARCHIVE).is_file():
+                raise RecipeNotFound(f"recipe {name}@{version} not found: no {self._subdir}/{name}/{version}/{ARCHIVE} "
+                                     f"in the spec repository at {self._commit[:12]}")
+            dest_dir.mkdir(parents=True, exist_ok=True)
+            archive = dest_dir / ARCHIVE
+            (scratch / ARCHIVE).rename(archive)
+            bundle: Path | None = dest_dir / BUNDLE
+            if (scratch / BUNDLE).is_file():
+                (scratch / BUNDLE).rename(bundle)  # type: ignore[arg-type]
+            else:
+                bundle = None
+            size = archive.stat().st_size + (bundle.stat().st_size if bundle else 0)
+            if progress is not None:
+                progress(size)
+            return Fetched(archive=archive, bundle=bundle, archive_sha256=archive_digest(archive), transferred_bytes=size)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def push(self, name: str, version: str, archive: Path, bundle: Path | None) -> str:
+        raise NotImplementedError("a registry inside the spec repository is published by committing to it")
+
+
+class RecipeCache:
+    """STATE/recipes: entries by archive digest, and an index from (registry, name, version) to them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "index").mkdir(parents=True, exist_ok=True)
+
+    def entry(self, digest: str) -> Path:
+        return self.root / digest.removeprefix("sha256:")
+
+    def lookup(self, registry: str, name: str, version: str) -> Path | None:
+        record = read_json(self._index_file(registry, name, version))
+        if not record:
+            return None
+        entry = self.entry(record["digest"])
+        return entry if (entry / "recipe" / "workflow.yaml").is_file() else None
+
+    def remember(self, registry: str, name: str, version: str, digest: str) -> None:
+        atomic_write_json(self._index_file(registry, name, version),
+                          {"registry": registry, "name": name, "version": version, "digest": digest})
+
+    def staging(self) -> Path:
+        path = self.root / f".staging-{uuid.uuid4().hex}"
+        path.mkdir(parents=True)
+        return path
+
+    def _index_file(self, registry: str, name: str, version: str) -> Path:
+        key = hashlib.sha256(f"{registry}\n{name}\n{version}".encode()).hexdigest()
+        return self.root / "index" / f"{key}.json"
+
+
+def pull_recipe(
+    source: WorkflowSource,
+    *,
+    commit: str,
+    cache: RecipeCache,
+    policies: Iterable[RecipeTrustPolicy],
+    read_from_repo: ReadFromRepo,
+    export_from_repo: ExportFromRepo,
+    registry_options: RegistryOptions = RegistryOptions(),
+    limits: ExtractLimits = ExtractLimits(),
+    progress: Callable[[int], None] | None = None,
+    registry: RecipeRegistry | None = None,
+) -> PulledRecipe:
+    policies = list(policies)
+
+    def verify(archive_hex: str, bundle: bytes | None) -> VerifiedSignature:
+        return verify_recipe(archive_hex, bundle, recipe=source.name, policies=policies,
+                             load_trusted_root=lambda path: read_from_repo(commit, path))
+
+    cached = cache.lookup(source.registry, source.name, source.version)
+    if cached is not None:
+        digest = f"sha256:{cached.name}"
+        _check_pin(source, digest)
+        bundle_file = cached / BUNDLE
+        signature = verify(cached.name, bundle_file.read_bytes() if bundle_file.exists() else None)
+        return PulledRecipe(cached / "recipe", digest, source.name, source.version, signature, transferred_bytes=0)
+
+    if registry is None:
+        subdir = repo_subdir(source.registry)
+        registry = (RepoRegistry(export_from_repo, commit, subdir) if subdir is not None
+                    else open_registry(source.registry, registry_options))
+    staging = cache.staging()
+    try:
+        fetched = registry.fetch(source.name, source.version, staging, progress=progress)
+        _check_pin(source, fetched.archive_sha256)
+        signature = verify(fetched.archive_sha256.removeprefix("sha256:"),
+                           fetched.bundle.read_bytes() if fetched.bundle is not None else None)
+        try:
+            extract_archive(fetched.archive, staging / "recipe", limits)
+        except UnsafeArchive as exc:  # name the recipe and registry, not our staging path
+            message = str(exc).replace(str(fetched.archive), ARCHIVE)
+            raise UnsafeArchive(f"recipe {source.ref} from {registry.describe()}: {message}") from exc
+        try:
+            recipe = load_recipe_dir(staging / "recipe")
         except RecipeError as exc:
             raise InvalidRecipe(f"recipe {source.ref}: {exc.problem}") from exc
         if (recipe.name, recipe.version) != (source.name, source.version):
-            raise InvalidRecipe(
-                f"registry entry {entry} holds {recipe.name}@{recipe.version}, not {source.ref}"
-            )
-        final = cache / digest.removeprefix("sha256:")
+            raise InvalidRecipe(f"{registry.describe()} serves {recipe.name}@{recipe.version} as {source.ref}")
+        final = cache.entry(fetched.archive_sha256)
         if not final.exists():
-            staging.rename(final)
-        return PulledRecipe(directory=final, digest=digest, name=source.name, version=source.version)
+            staging.rename(final)  # one rename: an entry is complete or absent
+        cache.remember(source.registry, source.name, source.version, fetched.archive_sha256)
+        (final / "signature.json").write_text(json.dumps(signature.__dict__, default=str))
+        return PulledRecipe(final / "recipe", fetched.archive_sha256, source.name, source.version, signature,
+                            transferred_bytes=fetched.transferred_bytes)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _check_pin(source: WorkflowSource, digest: str) -> None:
+    if source.integrity_hash is not None and source.integrity_hash != digest:
+        raise IntegrityMismatch(
+            f"recipe {source.ref}: integrityHash {source.integrity_hash} does not match the archive's sha256 {digest}"
+        )

@@ -136,6 +136,8 @@ class Reconciler:
                 action="deploy", namespace=item.namespace, name=item.name, commit=commit,
                 spec=run.model_dump(mode="json", by_alias=True),
                 backends={name: backend.model_dump(mode="json", by_alias=True) for name, backend in specs.backends.items()},
+                trust_policies={name: policy.model_dump(mode="json", by_alias=True)
+                                for name, policy in specs.trust_policies.items()},
                 fingerprint=run.fingerprint(), version=run.spec.workflow.version, retry=self._settings.retry,
             )
             if self._statuses.get(item.key) is None:

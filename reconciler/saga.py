@@ -89,7 +89,9 @@ class DeploySaga:
             "attempted_fingerprint": saga.fingerprint, "attempted_version": saga.version, "last_error": None,
         })
         await self._call("validate", ValidateInput(spec=saga.spec, backends=saga.backends), ValidatedSpec, saga)
-        pulled = await self._call("pull_recipe", PullInput(spec=saga.spec, commit=saga.commit), PulledRecipeInfo, saga)
+        pulled = await self._call("pull_recipe", PullInput(spec=saga.spec, commit=saga.commit,
+                                                           trust_policies=saga.trust_policies), PulledRecipeInfo, saga)
+        await self._phase(saga, Phase.VERIFYING, f"{saga.version} verified: signed by {pulled.signer}", {})
 
         percent = int(spec.get("canary", {}).get("trafficPercent", 5))
         await self._phase(saga, Phase.DEPLOYING, f"installing canary {saga.version}", {})

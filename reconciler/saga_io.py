@@ -24,6 +24,7 @@ class SagaInput(_Io):
     commit: str
     spec: dict[str, Any] | None = None          # the WorkflowRun document (camelCase JSON)
     backends: dict[str, dict[str, Any]] = {}   # PlntBackend documents by name, at the same commit
+    trust_policies: dict[str, dict[str, Any]] = {}  # RecipeTrustPolicy documents by name, at the same commit
     fingerprint: str | None = None
     version: str | None = None
     retry: RetrySettings = RetrySettings()
@@ -66,12 +67,15 @@ class ValidatedSpec(_Io):
 class PullInput(_Io):
     spec: dict[str, Any]
     commit: str
+    trust_policies: dict[str, dict[str, Any]] = {}
 
 
 class PulledRecipeInfo(_Io):
     directory: str
     digest: str
     version: str
+    signer: str = ""
+    transferred_bytes: int = 0
 
 
 class InstallInput(_Io):

@@ -38,6 +38,15 @@ class Settings(BaseModel):
     runner_start_timeout_s: float = Field(default=30.0, gt=0)
     runner_stop_timeout_s: float = Field(default=10.0, gt=0)
     smoke_request_timeout_s: float = Field(default=30.0, gt=0)
+    # Registries and recipe archives.
+    s3_endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint; None: AWS")
+    s3_region: str | None = None
+    oci_insecure_hosts: tuple[str, ...] = Field(
+        default=(), description="OCI registries allowed over plain HTTP besides loopback (host or host:port)")
+    registry_timeout_s: float = Field(default=60.0, gt=0)
+    max_recipe_bytes: int = Field(default=256 * 2**20, gt=0, description="unpacked size limit of one recipe")
+    max_recipe_files: int = Field(default=10_000, gt=0)
+    max_recipe_file_bytes: int = Field(default=64 * 2**20, gt=0)
 
     @property
     def gateway_url(self) -> str:

@@ -90,6 +90,18 @@ class GitSource:
                 files.append(SourceFile(path=str(relative), text=item.data_stream.read().decode("utf-8", "replace")))
             return sorted(files, key=lambda f: f.path)
 
+    def read_file(self, commit: str, path: str) -> bytes:
+        """One file of the repository at the commit (path relative to the repository root)."""
+        with self._lock:
+            tree = self._open().commit(commit).tree
+            try:
+                blob = tree / path.strip("/")
+            except KeyError:
+                raise FileNotFoundError(f"{path} is not in the spec repository at {commit[:12]}") from None
+            if blob.type != "blob":
+                raise FileNotFoundError(f"{path} in the spec repository at {commit[:12]} is not a file")
+            return bytes(blob.data_stream.read())
+
     def export(self, commit: str, subdir: str, dest: Path) -> bool:
         """Copy the directory `subdir` (relative to the repository root) at the commit into dest.
 

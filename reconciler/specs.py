@@ -1,6 +1,6 @@
 """Spec models: the resources a spec repository holds, and the recipe a registry serves.
 
-`WorkflowRun` and `PlntBackend` (apiVersion plnt.work/v1) live in the spec repository;
+`WorkflowRun`, `PlntBackend` and `RecipeTrustPolicy` (apiVersion plnt.work/v1) live in the spec repository;
 `Workflow` (apiVersion microagents.dev/v1) is a recipe's `workflow.yaml`.
 
 Models are strict: unknown fields and wrong types are errors, never coerced or ignored.
@@ -11,6 +11,7 @@ Cross-document checks (duplicates, backend references, GPU classes, step graphs)
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
@@ -180,7 +181,7 @@ class PlntBackendSpec(SpecModel):
 
 
 class BackendMetadata(SpecModel):
-    """Backends are cluster-wide: a name, no namespace."""
+    """Cluster-wide resources (PlntBackend, RecipeTrustPolicy): a name, no namespace."""
 
     name: str = Field(pattern=NAME_PATTERN)
     labels: dict[str, str] = Field(default_factory=dict)
@@ -192,6 +193,120 @@ class PlntBackend(SpecModel):
     kind: Literal["PlntBackend"]
     metadata: BackendMetadata
     spec: PlntBackendSpec
+
+
+class SignerSpec(SpecModel):
+    """Who may sign a recipe: an exact OIDC issuer plus an exact identity or a full-match regex.
+
+    The identity is matched against the signing certificate's email and URI SANs (a person's
+    email, or a CI workflow identity such as
+    https://github.com/acme/recipes/.github/workflows/release.yml@refs/tags/v1).
+    """
+
+    issuer: str = Field(min_length=1, description="exact OIDC issuer URL")
+    identity: str | None = Field(default=None, min_length=1, description="exact SAN (email or URI)")
+    identity_regex: str | None = Field(
+        default=None, min_length=1, description="regular expression that must match a whole SAN (re.fullmatch)"
+    )
+
+    @field_validator("identity_regex")
+    @classmethod
+    def _regex_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"identityRegex is not a valid regular expression: {exc}; fix or quote it") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _one_identity(self) -> SignerSpec:
+        if (self.identity is None) == (self.identity_regex is None):
+            raise ValueError("a signer needs exactly one of identity (exact) or identityRegex (full match)")
+        return self
+
+    def matches_identity(self, sans: list[str]) -> bool:
+        if self.identity is not None:
+            return self.identity in sans
+        assert self.identity_regex is not None
+        pattern = re.compile(self.identity_regex)
+        return any(pattern.fullmatch(san) for san in sans)
+
+    def describe(self) -> str:
+        who = self.identity if self.identity is not None else f"/{self.identity_regex}/"
+        return f"{who} via {self.issuer}"
+
+
+class TrustRootSpec(SpecModel):
+    """Which Sigstore trust root signatures must chain to: exactly one of the two."""
+
+    public_good: bool | None = Field(
+        default=None, description="the Sigstore public-good root bundled with sigstore-python, used offline"
+    )
+    trusted_root_file: str | None = Field(
+        default=None, min_length=1, description="a trusted-root JSON file, relative to the spec repository root"
+    )
+
+    @field_validator("trusted_root_file")
+    @classmethod
+    def _relative_inside_repo(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = value.replace("\\", "/").split("/")
+            if value.startswith("/") or ".." in parts:
+                raise ValueError(
+                    f"trustedRootFile {value!r} must be a path relative to the spec repository root, without '..'"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TrustRootSpec:
+        if self.public_good is False:
+            raise ValueError("publicGood: false selects nothing; use publicGood: true or trustedRootFile")
+        if (self.public_good is None) == (self.trusted_root_file is None):
+            raise ValueError("trustRoot needs exactly one of publicGood: true or trustedRootFile")
+        return self
+
+    def describe(self) -> str:
+        return "Sigstore public-good root (offline)" if self.public_good else f"trusted root {self.trusted_root_file}"
+
+
+class RecipeTrustPolicySpec(SpecModel):
+    recipes: list[str] = Field(description="fnmatch globs over recipe names (at least one)")
+    trust_root: TrustRootSpec
+    signers: list[SignerSpec] = Field(description="at least one; a signature must match one of them")
+
+    @field_validator("recipes")
+    @classmethod
+    def _globs_not_empty(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError('recipes needs at least one recipe name or glob, e.g. [review-responder, "team-*"]')
+        for pattern in value:
+            if not pattern.strip():
+                raise ValueError("recipes entries must be non-empty name patterns, e.g. review-responder or team-*")
+        return value
+
+    @field_validator("signers")
+    @classmethod
+    def _some_signer(cls, value: list[SignerSpec]) -> list[SignerSpec]:
+        if not value:
+            raise ValueError("signers needs at least one {issuer, identity or identityRegex}; without one nothing is trusted")
+        return value
+
+
+class RecipeTrustPolicy(SpecModel):
+    """Which signers a recipe must be signed by, for the recipes whose names match `spec.recipes`.
+
+    Cluster-wide (no namespace). Several policies may cover the same recipe: a recipe is accepted
+    if ANY policy covering it accepts its signature; a recipe no policy covers is rejected.
+    """
+
+    api_version: Literal["plnt.work/v1"]
+    kind: Literal["RecipeTrustPolicy"]
+    metadata: BackendMetadata
+    spec: RecipeTrustPolicySpec
+
+    def covers(self, recipe_name: str) -> bool:
+        return any(fnmatch.fnmatchcase(recipe_name, pattern) for pattern in self.spec.recipes)
 
 
 # --- microagents.dev/v1 (the recipe) -------------------------------------------------------
@@ -241,6 +356,7 @@ class Workflow(SpecModel):
 KIND_MODELS: dict[tuple[str, str], type[SpecModel]] = {
     (PLNT_API_VERSION, "WorkflowRun"): WorkflowRun,
     (PLNT_API_VERSION, "PlntBackend"): PlntBackend,
+    (PLNT_API_VERSION, "RecipeTrustPolicy"): RecipeTrustPolicy,
     (RECIPE_API_VERSION, "Workflow"): Workflow,
 }
 

@@ -20,7 +20,7 @@ from ..conftest import EXAMPLE
 
 pytestmark = pytest.mark.integration
 
-RECIPES = EXAMPLE / "registry" / "review-responder"
+RECIPES = EXAMPLE / "recipes" / "review-responder"
 
 
 def request(version: str, track: str = "canary", fingerprint: str = "sha256:" + "a" * 64) -> InstallRequest:

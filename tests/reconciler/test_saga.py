@@ -72,7 +72,7 @@ class FakeActivities:
         @activity.defn(name="pull_recipe")
         async def pull_recipe(request: Any) -> PulledRecipeInfo:
             self._enter("pull_recipe")
-            return PulledRecipeInfo(directory="/recipes/x", digest="sha256:x", version="1.0.0")
+            return PulledRecipeInfo(directory="/recipes/x", digest="sha256:x", version="1.0.0", signer="release@test")
 
         @activity.defn(name="install_release")
         async def install_release(request: Any) -> Release:
@@ -113,7 +113,8 @@ async def test_happy_path_walks_every_phase(temporal_address: str, temporal_name
     fakes = FakeActivities()
     result = await run_saga(temporal_address, temporal_namespace, fakes)
     assert result.phase is Phase.READY
-    assert fakes.phases == [Phase.VERIFYING, Phase.DEPLOYING, Phase.CANARY, Phase.READY]
+    # Verifying twice: before the pull, then with who signed the recipe.
+    assert fakes.phases == [Phase.VERIFYING, Phase.VERIFYING, Phase.DEPLOYING, Phase.CANARY, Phase.READY]
     assert fakes.removed == []
 
 
@@ -162,7 +163,7 @@ async def test_uninstall_removes_both_tracks_and_the_status(temporal_address: st
 
 def real_activities(tmp_path: Any) -> SagaActivities:
     return SagaActivities(driver=None, statuses=StatusStore(tmp_path / "status.json"),  # type: ignore[arg-type]
-                          export_from_repo=lambda *a: False, recipe_cache=tmp_path)
+                          export_from_repo=lambda *a: False, read_from_repo=lambda *a: b"", recipe_cache=tmp_path)
 
 
 @pytest.mark.parametrize(("spec_edit", "backends", "error_type", "message"), [

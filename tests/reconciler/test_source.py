@@ -17,7 +17,8 @@ def test_fetch_reads_specs_at_the_newest_commit_and_skips_ignored_paths(spec_rep
     first = source.fetch()
     assert first == spec_repo.git("rev-parse", "HEAD")
     paths = [f.path for f in source.spec_files(first)]
-    assert paths == ["backends/local.yaml", "workflowruns/review-responder.yaml"]  # registry/ is in .plntignore
+    # registry/ and recipes/ are in .plntignore; trust/ holds the demo RecipeTrustPolicy
+    assert paths == ["backends/local.yaml", "trust/policy.yaml", "workflowruns/review-responder.yaml"]
 
     spec_repo.replace("workflowruns/review-responder.yaml", "@1.2.0", "@1.3.0")
     second = spec_repo.commit("bump")
@@ -81,10 +82,20 @@ def test_export_copies_a_directory_of_a_commit(spec_repo: SpecRepo, tmp_path: Pa
     source = GitSource(str(spec_repo.path), tmp_path / "clone")
     commit = source.fetch()
     dest = tmp_path / "out"
-    assert source.export(commit, "registry/review-responder/1.2.0", dest)
-    assert (dest / "workflow.yaml").read_bytes() == (spec_repo.path / "registry/review-responder/1.2.0/workflow.yaml").read_bytes()
+    assert source.export(commit, "recipes/review-responder/1.2.0", dest)
+    assert (dest / "workflow.yaml").read_bytes() == (spec_repo.path / "recipes/review-responder/1.2.0/workflow.yaml").read_bytes()
     assert (dest / "knowledge" / "brand_voice.md").exists()
-    assert not source.export(commit, "registry/review-responder/9.9.9", tmp_path / "none")
+    assert not source.export(commit, "recipes/review-responder/9.9.9", tmp_path / "none")
+
+
+def test_read_file_at_a_commit(spec_repo: SpecRepo, tmp_path: Path) -> None:
+    source = GitSource(str(spec_repo.path), tmp_path / "clone")
+    commit = source.fetch()
+    assert source.read_file(commit, "backends/local.yaml") == (spec_repo.path / "backends/local.yaml").read_bytes()
+    with pytest.raises(FileNotFoundError, match="not in the spec repository"):
+        source.read_file(commit, "nope.json")
+    with pytest.raises(FileNotFoundError, match="is not a file"):
+        source.read_file(commit, "backends")
 
 
 @pytest.mark.parametrize(("given", "expected_absolute"), [

@@ -16,12 +16,12 @@ from plnt.runner.adapters import MockBackend
 from plnt.runner.app import create_app
 from plnt.runner.recipe import load_recipe_dir
 
-REGISTRY = Path(__file__).resolve().parents[2] / "gitops-example" / "registry" / "review-responder"
+RECIPES = Path(__file__).resolve().parents[2] / "gitops-example" / "recipes" / "review-responder"
 REVIEW = {"review": "Great service but slow parking", "brand_voice": "warm, brief"}
 
 
 def client(version: str, release: str | None = "rel-7") -> httpx.AsyncClient:
-    recipe = load_recipe_dir(REGISTRY / version)
+    recipe = load_recipe_dir(RECIPES / version)
     app = create_app(recipe, MockBackend(), release)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://runner")
 
@@ -34,7 +34,7 @@ async def test_healthz_reports_what_is_served() -> None:
         "status": "ok",
         "workflow": "review-responder",
         "version": "1.2.0",
-        "digest": load_recipe_dir(REGISTRY / "1.2.0").digest,
+        "digest": load_recipe_dir(RECIPES / "1.2.0").digest,
         "release": "rel-7",
     }
 
@@ -102,7 +102,7 @@ def wait_healthy(process: subprocess.Popen[bytes], port: int, timeout: float = 2
 def test_runner_process_serves_invokes_and_stops_cleanly_on_sigterm() -> None:
     port = free_port()
     process = subprocess.Popen(
-        runner_command(REGISTRY / "1.2.0", port, "--release-id", "rel-42"),
+        runner_command(RECIPES / "1.2.0", port, "--release-id", "rel-42"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -16,7 +16,7 @@ from plnt.runner.engine import StepFailed, run_workflow
 from plnt.runner.recipe import Recipe, RecipeError, directory_digest, load_golden, load_recipe_dir, matches
 from plnt.runner.tools import Tools
 
-REGISTRY = Path(__file__).resolve().parents[2] / "gitops-example" / "registry" / "review-responder"
+RECIPES = Path(__file__).resolve().parents[2] / "gitops-example" / "recipes" / "review-responder"
 VERSIONS = ["1.2.0", "1.3.0", "1.4.0", "1.5.0"]
 REVIEW = {"review": "Great service but slow parking", "brand_voice": "warm, brief"}
 
@@ -185,7 +185,7 @@ async def test_unknown_template_field_names_the_field(tmp_path: Path) -> None:
 
 def test_workflow_yaml_parses_without_the_reconciler_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "plnt.reconciler.loader", None)  # import fails: the fallback parses
-    assert load_recipe_dir(REGISTRY / "1.2.0").workflow.steps[0].id == "classify_intent"
+    assert load_recipe_dir(RECIPES / "1.2.0").workflow.steps[0].id == "classify_intent"
     with pytest.raises(RecipeError, match=r"workflow.yaml: steps.0.tool: Input should be"):
         load_recipe_dir(write_recipe(tmp_path, "- {id: s, tool: llm.summarize}"))
 
@@ -216,7 +216,7 @@ def test_classify_is_keyword_based_then_hashed(tmp_path: Path) -> None:
 
 
 def test_rag_query_returns_the_relevant_paragraph() -> None:
-    directory = REGISTRY / "1.2.0"
+    directory = RECIPES / "1.2.0"
     tools = Tools(MockBackend(), directory, {"q": "how to answer a complaint: apologise?"}, digest=directory_digest(directory))
     paragraphs = asyncio.run(tools.call("rag.query", query="{q}", k=2))
     assert 1 <= len(paragraphs) <= 2
@@ -277,12 +277,12 @@ def test_digest_is_canonical_stable_and_tracks_content(tmp_path: Path) -> None:
 
 
 def test_each_load_gets_its_own_module() -> None:
-    v12, v13, v12_again = (load_recipe_dir(REGISTRY / v) for v in ("1.2.0", "1.3.0", "1.2.0"))
+    v12, v13, v12_again = (load_recipe_dir(RECIPES / v) for v in ("1.2.0", "1.3.0", "1.2.0"))
     assert v12.module is not v13.module and v12.module is not v12_again.module
     assert len({v12.module.__name__, v13.module.__name__, v12_again.module.__name__}) == 3
     assert v12.module.SIGN_OFF != v13.module.SIGN_OFF
     assert v12.digest == v12_again.digest != v13.digest
-    assert not list(REGISTRY.rglob("__pycache__")), "loading a recipe must not write into the registry"
+    assert not list(RECIPES.rglob("__pycache__")), "loading a recipe must not write into the registry"
 
 
 # --- the example registry ----------------------------------------------------------------------
@@ -290,9 +290,9 @@ def test_each_load_gets_its_own_module() -> None:
 
 @pytest.mark.parametrize("version", VERSIONS)
 async def test_golden_cases_of_example_versions(version: str) -> None:
-    recipe = load_recipe_dir(REGISTRY / version)
+    recipe = load_recipe_dir(RECIPES / version)
     assert recipe.workflow.metadata.version == version
-    cases = load_golden(REGISTRY / version)
+    cases = load_golden(RECIPES / version)
     assert cases, f"{version} has no golden cases"
     for case in cases:
         if version == "1.4.0":  # deliberately broken: safety_check raises
@@ -307,7 +307,7 @@ async def test_golden_cases_of_example_versions(version: str) -> None:
 async def test_versions_differ_by_reply_and_speed() -> None:
     outputs = {}
     for version in ("1.2.0", "1.3.0", "1.5.0"):
-        result = await run_workflow(load_recipe_dir(REGISTRY / version), REVIEW, MockBackend())
+        result = await run_workflow(load_recipe_dir(RECIPES / version), REVIEW, MockBackend())
         outputs[version] = result
         assert result.output["intent"] == "mixed" and result.output["approved"] is True
         assert result.output["version"] == version
@@ -315,7 +315,7 @@ async def test_versions_differ_by_reply_and_speed() -> None:
     assert outputs["1.2.0"].output["reply"] != outputs["1.3.0"].output["reply"]
     assert outputs["1.5.0"].timings_ms["draft_reply"] >= 600
     assert outputs["1.2.0"].timings_ms["draft_reply"] < 100
-    descriptions = {v: load_recipe_dir(REGISTRY / v).workflow.description for v in VERSIONS}
+    descriptions = {v: load_recipe_dir(RECIPES / v).workflow.description for v in VERSIONS}
     assert "DELIBERATELY BROKEN" in descriptions["1.4.0"] and "DELIBERATELY SLOW" in descriptions["1.5.0"]
     assert "DELIBERATELY" not in descriptions["1.2.0"] + descriptions["1.3.0"]
 
