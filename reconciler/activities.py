@@ -17,9 +17,9 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from .archive import ExtractLimits
 from .driver import InstallRequest, ReleaseDriver
 from .errors import GpuClassUnavailable, InvalidSpec, NeedsHuman, PlntError, UnknownBackend
-from .archive import ExtractLimits
 from .recipes import ExportFromRepo, ReadFromRepo, RecipeCache, pull_recipe
 from .registries import RegistryOptions
 from .saga_io import (

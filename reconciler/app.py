@@ -18,9 +18,9 @@ from temporalio.worker import Worker
 
 from .activities import SagaActivities
 from .archive import ExtractLimits
-from .registries import RegistryOptions
 from .local_driver import LocalDriver
 from .reconciler import Reconciler
+from .registries import RegistryOptions
 from .saga import DeploySaga
 from .settings import Settings
 from .source import GitSource

@@ -10,10 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from plnt.reconciler.archive import ExtractLimits, pack_recipe_to
 from plnt.reconciler.errors import (
-    DigestMismatch, IntegrityMismatch, InvalidRecipe, RecipeNotFound, UnsafeArchive, VerificationFailed,
+    DigestMismatch,
+    IntegrityMismatch,
+    InvalidRecipe,
+    RecipeNotFound,
+    UnsafeArchive,
+    VerificationFailed,
 )
 from plnt.reconciler.recipes import RecipeCache, pull_recipe, repo_subdir
 from plnt.reconciler.registries import RegistryOptions, open_registry
