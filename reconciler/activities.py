@@ -48,7 +48,9 @@ def _boundary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
         try:
             return await fn(*args, **kwargs)
         except PlntError as exc:
-            raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=isinstance(exc, NeedsHuman)) from exc
+            reason = getattr(exc, "reason", None)  # e.g. VerificationFailed: which check failed
+            message = f"{reason}: {exc}" if reason else str(exc)
+            raise ApplicationError(message, type=type(exc).__name__, non_retryable=isinstance(exc, NeedsHuman)) from exc
 
     return wrapper
 

@@ -246,3 +246,37 @@ async def test_promotion_under_load_fails_no_request(
         versions = [version for _, version in outcomes]
         assert "1.2.0" in versions and "1.3.0" in versions
         assert versions[-8:] == ["1.3.0"] * 8
+
+
+@pytest.mark.parametrize("how", ["signed-by-another-authority", "unsigned"])
+async def test_wrongly_signed_recipe_never_deploys_and_the_old_version_keeps_serving(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str, how: str,
+) -> None:
+    from plnt.reconciler.archive import pack_recipe_to
+
+    from ..sigstore_ca import TestSigstoreAuthority
+
+    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
+    async with running_plnt(settings) as plnt:
+        await wait_phase(plnt, "Ready", version="1.2.0")
+        stable = plnt.driver.snapshot()["default/review-responder"].stable
+        # A registry entry for 1.3.0 that the demo trust policy must refuse.
+        entry = spec_repo.path / "unofficial" / "review-responder" / "1.3.0"
+        entry.mkdir(parents=True)
+        pack_recipe_to(spec_repo.path / "recipes" / "review-responder" / "1.3.0", entry / "recipe.tar.gz")
+        if how == "signed-by-another-authority":
+            bundle = TestSigstoreAuthority(name="impostor").sign(
+                entry / "recipe.tar.gz", "recipes@demo.plnt.invalid", "https://issuer.demo.plnt.invalid")
+            (entry / "recipe.tar.gz.sigstore.json").write_text(bundle)
+        spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")
+        spec_repo.replace(RUN_FILE, "registry: file:registry", "registry: file:unofficial")
+        spec_repo.commit(f"1.3.0 from an unofficial registry ({how})")
+        await hook(plnt)
+        status = await wait_phase(plnt, "Failed", version="1.2.0")
+        reason = "untrusted-root" if how != "unsigned" else "unsigned"
+        assert status["lastError"].startswith(f"VerificationFailed: {reason}: recipe review-responder"), status
+        assert not list(plnt.state.runner_logs.glob("default.review-responder.1.3.0.*")), "nothing of 1.3.0 ever ran"
+        live = plnt.driver.snapshot()["default/review-responder"]
+        assert live.canary is None and live.stable.pid == stable.pid
+        response = await invoke(plnt)
+        assert response.status_code == 200 and response.json()["version"] == "1.2.0"
