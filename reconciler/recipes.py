@@ -17,6 +17,7 @@ to cached recipes too.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -159,7 +160,7 @@ def pull_recipe(
     if registry is None:
         subdir = repo_subdir(source.registry)
         registry = (RepoRegistry(export_from_repo, commit, subdir) if subdir is not None
-                    else open_registry(source.registry, registry_options))
+                    else _shared_registry(source.registry, registry_options))
     staging = cache.staging()
     try:
         fetched = registry.fetch(source.name, source.version, staging, progress=progress)
@@ -186,6 +187,12 @@ def pull_recipe(
                             transferred_bytes=fetched.transferred_bytes)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@functools.lru_cache(maxsize=32)
+def _shared_registry(url: str, options: RegistryOptions) -> RecipeRegistry:
+    """Registry clients are reused: building a boto3 client costs about 100 ms."""
+    return open_registry(url, options)
 
 
 def _check_pin(source: WorkflowSource, digest: str) -> None:
