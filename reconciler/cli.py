@@ -318,11 +318,15 @@ def recipe_sign(
         raise _fail("no identity token: pass --identity-token (in CI, your workflow's OIDC token); "
                     "interactive browser sign-in is not supported by plnt", 2)
     try:
+        identity = IdentityToken(token)  # checked offline, before any signing service is contacted
+    except IdentityError as exc:
+        raise _fail(f"the identity token was refused: {exc}") from exc
+    try:
         trust = (ClientTrustConfig.from_json(trust_config.read_text()) if trust_config
                  else ClientTrustConfig.staging() if staging else ClientTrustConfig.production())
         digest = bytes.fromhex(archive_digest(artifact).removeprefix("sha256:"))
         context = SigningContext.from_trust_config(trust)
-        with context.signer(IdentityToken(token)) as signer:
+        with context.signer(identity) as signer:
             bundle = signer.sign_artifact(Hashed(algorithm=HashAlgorithm.SHA2_256, digest=digest))
     except IdentityError as exc:
         raise _fail(f"the identity token was refused: {exc}") from exc
@@ -332,7 +336,7 @@ def recipe_sign(
         raise _fail(f"signing failed ({type(exc).__name__}): {exc}") from exc
     out = artifact.with_name(artifact.name + ".sigstore.json")
     out.write_text(bundle.to_json())
-    typer.echo(f"{out}: signed by {IdentityToken(token).identity} ({IdentityToken(token).issuer})")
+    typer.echo(f"{out}: signed by {identity.identity} ({identity.issuer})")
 
 
 @recipe_app.command("push")
