@@ -58,12 +58,19 @@ def up(
     temporal_address: Annotated[
         str | None, typer.Option(help="HOST:PORT of a Temporal server; without it plnt starts the embedded dev server.")
     ] = None,
+    s3_endpoint_url: Annotated[str | None, typer.Option(help="S3-compatible endpoint for s3:// registries.")] = None,
+    s3_region: Annotated[str | None, typer.Option(help="Region for s3:// registries.")] = None,
+    oci_insecure_host: Annotated[list[str] | None, typer.Option(
+        help="OCI registry (host or host:port) allowed over plain HTTP; loopback always is. Repeatable.")] = None,
+    max_recipe_mb: Annotated[int, typer.Option(help="Refuse recipes that unpack to more than this.")] = 256,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run plnt: Temporal, a worker, the reconciler and the gateway; deploy through local runner processes."""
     _setup_logging(verbose)
     settings = Settings(repo=repo, path=path, branch=branch, state_dir=state_dir, host=host, port=port,
-                        interval_s=interval, temporal_address=temporal_address)
+                        interval_s=interval, temporal_address=temporal_address, s3_endpoint_url=s3_endpoint_url,
+                        s3_region=s3_region, oci_insecure_hosts=tuple(oci_insecure_host or ()),
+                        max_recipe_bytes=max_recipe_mb * 2**20)
     problem = _port_problem(host, port)
     if problem:
         typer.echo(f"error: {problem}", err=True)

@@ -280,3 +280,32 @@ async def test_wrongly_signed_recipe_never_deploys_and_the_old_version_keeps_ser
         assert live.canary is None and live.stable.pid == stable.pid
         response = await invoke(plnt)
         assert response.status_code == 200 and response.json()["version"] == "1.2.0"
+
+
+@pytest.mark.parametrize("kind", ["oci", "s3"])
+async def test_deploys_a_signed_recipe_from_an_oci_or_s3_registry(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str, kind: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    from plnt.reconciler.registries import RegistryOptions, open_registry
+
+    if kind == "oci":
+        url, options = f"oci://{request.getfixturevalue('oci_registry').address}/plnt-e2e/{temporal_namespace}", RegistryOptions()
+        overrides = {}
+    else:
+        bucket = request.getfixturevalue("s3_bucket")
+        url, options = bucket.url("recipes"), RegistryOptions(s3_endpoint_url=bucket.endpoint_url)
+        overrides = {"s3_endpoint_url": bucket.endpoint_url}
+    # Publish the demo-signed 1.3.0 (archive and bundle as shipped) to the registry.
+    shipped = spec_repo.path / "registry" / "review-responder" / "1.3.0"
+    open_registry(url, options).push("review-responder", "1.3.0", shipped / "recipe.tar.gz",
+                                     shipped / "recipe.tar.gz.sigstore.json")
+    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace, **overrides)
+    async with running_plnt(settings) as plnt:
+        await wait_phase(plnt, "Ready", version="1.2.0")
+        spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")
+        spec_repo.replace(RUN_FILE, "registry: file:registry", f"registry: {url}")
+        spec_repo.commit(f"1.3.0 from {kind}")
+        await hook(plnt)
+        await wait_phase(plnt, "Ready", version="1.3.0")
+        assert (await invoke(plnt)).json()["version"] == "1.3.0"
