@@ -38,6 +38,7 @@ test-fast: install
 
 bench: install
 	$(PY) bench/commit_to_ready.py
+	$(PY) bench/recipe_pull.py
 
 clean:
 	rm -rf $(DEMO) .pytest_cache
