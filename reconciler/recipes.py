@@ -105,6 +105,9 @@ class RecipeCache:
     def __init__(self, root: Path) -> None:
         self.root = root
         (root / "index").mkdir(parents=True, exist_ok=True)
+        # A pull killed midway leaves its staging directory: never an entry, only litter.
+        for leftover in root.glob(".staging-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
 
     def entry(self, digest: str) -> Path:
         return self.root / digest.removeprefix("sha256:")

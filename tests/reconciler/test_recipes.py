@@ -250,6 +250,25 @@ def test_interrupted_pull_leaves_no_entry_and_the_retry_succeeds(publisher: Publ
     assert pull(url, authority, tmp_path / "cache", registry=registry).transferred_bytes > 0
 
 
+def test_a_pull_killed_midway_leaves_nothing_that_passes_for_an_entry(publisher: Publisher,
+                                                                      authority: TestSigstoreAuthority, tmp_path: Path) -> None:
+    url = f"file://{tmp_path / 'registry'}"
+    archive, bundle, digest = publisher.build()
+    open_registry(url).push("review-responder", "1.2.0", archive, bundle)
+    # What a process killed in the middle of a pull leaves: a staging directory with part of the work.
+    cache_dir = tmp_path / "cache"
+    RecipeCache(cache_dir)
+    leftover = cache_dir / ".staging-killed"
+    (leftover / "recipe").mkdir(parents=True)
+    (leftover / "recipe.tar.gz").write_bytes(archive.read_bytes()[:100])
+    (leftover / "recipe" / "workflow.yaml").write_text("half")
+    cache = RecipeCache(cache_dir)  # the next plnt start
+    assert cache.lookup(url, "review-responder", "1.2.0") is None
+    assert not leftover.exists()
+    pulled = pull(url, authority, cache_dir)
+    assert pulled.digest == digest and pulled.transferred_bytes > 0
+
+
 def test_registry_inside_the_spec_repository(spec_repo: SpecRepo, tmp_path: Path) -> None:
     """The example's own demo registry and trust policy, read from a commit."""
     git = GitSource(str(spec_repo.path), tmp_path / "clone")
