@@ -30,21 +30,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from plnt.reconciler.archive import archive_digest, pack_recipe_to  # noqa: E402
+from plnt.reconciler.local_driver import free_port  # noqa: E402
 from plnt.reconciler.recipes import RecipeCache, pull_recipe  # noqa: E402
 from plnt.reconciler.registries import RegistryOptions, open_registry  # noqa: E402
 from plnt.reconciler.specs import RecipeTrustPolicy, WorkflowSource  # noqa: E402
 from plnt.reconciler.trust import verify_recipe  # noqa: E402
+
 from tests.sigstore_ca import TestSigstoreAuthority  # noqa: E402
 
 IDENTITY, ISSUER = "bench@recipes.test", "https://issuer.test"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start(argv: list[str], ready_url: str, log: Path, cwd: Path) -> subprocess.Popen[bytes]:

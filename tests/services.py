@@ -28,16 +28,13 @@ from typing import Any, NamedTuple
 
 import httpx
 import pytest
+from plnt.reconciler.local_driver import free_port
 
 S3_REGION = "us-east-1"
 S3_ACCESS_KEY = "plnt-test-access-key"
 S3_SECRET_KEY = "plnt-test-secret-key"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class OciServer(NamedTuple):

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from plnt.gateway.app import create_app
 from plnt.gateway.routes import Backend, Route, Router, RouteTable, Track
 from plnt.gateway.server import GatewayServer, ServerStartError
+from plnt.reconciler.local_driver import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -115,11 +116,6 @@ async def make_gateway(start_server: StartServer) -> AsyncIterator[MakeGateway]:
         await client.aclose()
 
 
-def free_port() -> int:
-    """A loopback port with nothing listening on it (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --- routing --------------------------------------------------------------------------------

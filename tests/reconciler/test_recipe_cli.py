@@ -6,9 +6,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from typer.testing import CliRunner
-
 from plnt.reconciler.cli import app
+from typer.testing import CliRunner
 
 from ..conftest import EXAMPLE
 from ..sigstore_ca import TestSigstoreAuthority

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from plnt.reconciler.local_driver import free_port
 from plnt.runner.adapters import MockBackend
 from plnt.runner.app import create_app
 from plnt.runner.recipe import load_recipe_dir
@@ -73,10 +73,6 @@ async def test_failed_step_is_a_500_naming_the_step() -> None:
 # --- the real process ----------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def runner_command(recipe: Path, port: int, *extra: str) -> list[str]:
