@@ -39,6 +39,25 @@ from .status import StatusStore
 
 T = TypeVar("T")
 
+HEARTBEAT_EVERY_S = 1.0
+
+
+async def _with_heartbeats(work: Awaitable[T], details: Callable[[], object] = lambda: None) -> T:
+    """Run `work` while heartbeating from the activity's own task.
+
+    Heartbeats let Temporal notice a dead worker within the heartbeat timeout (instead of the
+    whole start-to-close timeout) and deliver cancellation to a running activity.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            activity.heartbeat(details())
+            await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    return task.result()
+
 
 def _boundary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     """Map plnt errors to Temporal's: the exception type decides whether Temporal retries."""
@@ -129,16 +148,11 @@ class SagaActivities:
             nonlocal transferred
             transferred = done
 
-        pull = asyncio.create_task(asyncio.to_thread(
+        pulled = await _with_heartbeats(asyncio.to_thread(
             pull_recipe, run.spec.workflow, commit=request.commit, cache=self._cache, policies=policies,
             read_from_repo=self._read, export_from_repo=self._export, registry_options=self._registry_options,
             limits=self._limits, progress=progress,
-        ))
-        # Heartbeats from the activity's own task (the pull runs in a thread), with the bytes so far.
-        while not pull.done():
-            activity.heartbeat(transferred)
-            await asyncio.wait({pull}, timeout=1.0)
-        pulled = pull.result()
+        ), details=lambda: transferred)
         return PulledRecipeInfo(directory=str(pulled.directory), digest=pulled.digest, version=pulled.version,
                                 signer=f"{pulled.signature.identity} ({pulled.signature.issuer})",
                                 transferred_bytes=pulled.transferred_bytes)
@@ -146,11 +160,11 @@ class SagaActivities:
     @activity.defn(name="install_release")
     @_boundary
     async def install_release(self, request: InstallInput) -> Release:
-        return await self._driver.install(InstallRequest(
+        return await _with_heartbeats(self._driver.install(InstallRequest(
             namespace=request.namespace, name=request.name, track=request.track, version=request.version,
             spec_fingerprint=request.fingerprint, recipe_digest=request.recipe_digest,
             recipe_dir=request.recipe_dir, traffic_percent=request.traffic_percent,
-        ))
+        )))
 
     @activity.defn(name="smoke_test")
     @_boundary
@@ -158,18 +172,18 @@ class SagaActivities:
         run = WorkflowRun.model_validate(request.spec)
         budget = run.spec.canary.smoke_test
         cases = await asyncio.to_thread(load_golden, Path(request.recipe_dir))
-        samples = await measure(
+        samples = await _with_heartbeats(measure(
             request.endpoint, [case.input for case in cases],
             invocations=budget.invocations, concurrency=budget.concurrency, timeout_s=self._smoke_timeout_s,
-        )
+        ))
         return judge(summarise(samples), budget)
 
     @activity.defn(name="promote_release")
     @_boundary
     async def promote_release(self, request: ReleaseRef) -> Release:
-        return await self._driver.promote(request.namespace, request.name)
+        return await _with_heartbeats(self._driver.promote(request.namespace, request.name))
 
     @activity.defn(name="remove_release")
     @_boundary
     async def remove_release(self, request: ReleaseRef) -> None:
-        await self._driver.remove(request.namespace, request.name, request.track)
+        await _with_heartbeats(self._driver.remove(request.namespace, request.name, request.track))

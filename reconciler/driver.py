@@ -48,3 +48,11 @@ class ReleaseDriver(Protocol):
     async def live(self) -> dict[str, LiveWorkflow]:
         """Every WorkflowRun with a release, by key namespace/name."""
         ...
+
+    async def drift(self) -> dict[str, list[Release]]:
+        """Recorded releases that are not running as recorded (changed or removed out of band)."""
+        ...
+
+    async def repair(self, namespace: str, name: str) -> list[Release]:
+        """Restore one WorkflowRun's drifted releases to their records; returns what was restored."""
+        ...

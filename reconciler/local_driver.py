@@ -139,23 +139,40 @@ class LocalDriver:
 
     # --- lifecycle of `plnt up` --------------------------------------------------------------
 
-    async def resume(self) -> list[Release]:
-        """Restart the runner of every recorded release whose process is gone."""
+    async def drift(self) -> dict[str, list[Release]]:
+        """Recorded releases whose runner is not running (died, killed by hand)."""
+        drifted: dict[str, list[Release]] = {}
+        for key, live in self.snapshot().items():
+            gone = [r for r in (live.stable, live.canary) if r is not None and not self.is_running(r)]
+            if gone:
+                drifted[key] = gone
+        return drifted
+
+    async def repair(self, namespace: str, name: str) -> list[Release]:
+        """Restart the runner of each recorded release of one WorkflowRun that is not running:
+        the same release (recipe, version, id), on its old port if free."""
         restarted: list[Release] = []
-        for live in (await self.live()).values():
-            async with self._lock(live.namespace, live.name):
-                for track in ("stable", "canary"):
-                    release: Release | None = getattr(live, track)
-                    if release is None or self.is_running(release):
-                        continue
-                    try:
-                        new = await self._start(release, preferred_port=release.port)
-                    except DriverError as exc:
-                        log.error("resume-failed release=%s error=%s", release.release_id, exc)
-                        continue
-                    live = live.model_copy(update={track: new})
-                    self._write(live)
-                    restarted.append(new)
+        async with self._lock(namespace, name):
+            live = self._read(namespace, name)
+            for track in ("stable", "canary"):
+                release: Release | None = getattr(live, track)
+                if release is None or self.is_running(release):
+                    continue
+                try:
+                    new = await self._start(release, preferred_port=release.port)
+                except DriverError as exc:
+                    log.error("restart-failed release=%s error=%s", release.release_id, exc)
+                    continue
+                live = live.model_copy(update={track: new})
+                self._write(live)
+                restarted.append(new)
+        return restarted
+
+    async def resume(self) -> list[Release]:
+        """At start: restart the runner of every recorded release whose process is gone."""
+        restarted: list[Release] = []
+        for live in self.snapshot().values():
+            restarted += await self.repair(live.namespace, live.name)
         return restarted
 
     async def shutdown(self) -> None:

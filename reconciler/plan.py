@@ -60,6 +60,8 @@ class LiveRun:
     failed_fingerprint: str | None = None
     failed_reason: str | None = None
     saga_running: bool = False
+    # What the running saga deploys: its spec fingerprint, or None for an uninstall saga.
+    saga_fingerprint: str | None = None
 
     @property
     def key(self) -> str:
@@ -86,6 +88,7 @@ class PlanItem:
     to_version: str | None = None
     changes: tuple[Change, ...] = field(default_factory=tuple)
     waiting: bool = False  # a saga for this WorkflowRun is running; act when it ends
+    supersedes: bool = False  # ...and it deploys something else than the newest spec: cancel it
 
     @property
     def key(self) -> str:
@@ -105,19 +108,21 @@ class PlanItem:
             "toVersion": self.to_version,
             "changes": [{"field": c.field, "old": c.old, "new": c.new} for c in self.changes],
             "waiting": self.waiting,
+            "supersedes": self.supersedes,
         }
 
 
 def live_from(
     releases: Mapping[str, LiveWorkflow],
     statuses: Iterable[WorkflowRunStatus],
-    running_sagas: Iterable[str] = (),
+    running_sagas: Mapping[str, str | None] | Iterable[str] = (),
 ) -> dict[str, LiveRun]:
-    """The live side of a plan: promoted releases from the driver, the newest saga's outcome from status."""
+    """The live side of a plan: promoted releases from the driver, the newest saga's outcome from
+    status, and the running sagas (key -> the fingerprint each deploys, None for an uninstall)."""
     by_key = {status.key: status for status in statuses}
-    running = set(running_sagas)
+    running = dict(running_sagas) if isinstance(running_sagas, Mapping) else dict.fromkeys(running_sagas)
     runs: dict[str, LiveRun] = {}
-    for key in set(releases) | set(by_key) | running:
+    for key in set(releases) | set(by_key) | set(running):
         namespace, name = key.split("/", 1)
         status = by_key.get(key)
         stable = releases[key].stable if key in releases else None
@@ -131,6 +136,7 @@ def live_from(
             failed_fingerprint=status.attempted_fingerprint if failed and status else None,
             failed_reason=status.last_error if failed and status else None,
             saga_running=key in running,
+            saga_fingerprint=running.get(key),
         )
     return runs
 
@@ -142,20 +148,26 @@ def plan(desired: Mapping[str, DesiredRun], live: Mapping[str, LiveRun]) -> list
 
 def _decide(want: DesiredRun | None, have: LiveRun | None) -> PlanItem | None:
     waiting = have is not None and have.saga_running
+    # The newest spec wins: a running saga for anything else is cancelled (it compensates).
+    supersedes = waiting and have is not None and have.saga_fingerprint != (want.fingerprint if want else None)
     if want is None:
         assert have is not None
         if have.version is None and not have.saga_running:
             return None  # never deployed, now gone from the repo: nothing to remove
         return PlanItem(have.namespace, have.name, Action.UNINSTALL, "removed from the repository",
-                        from_version=have.version, waiting=waiting)
+                        from_version=have.version, waiting=waiting, supersedes=supersedes)
 
-    base = dict(namespace=want.namespace, name=want.name, to_version=want.version, waiting=waiting)
+    base = dict(namespace=want.namespace, name=want.name, to_version=want.version, waiting=waiting,
+                supersedes=supersedes)
     if have is None or have.version is None:
         if have is not None and have.failed_fingerprint == want.fingerprint:
             return PlanItem(action=Action.UNCHANGED, reason=_held(have), **base)
         return PlanItem(action=Action.INSTALL, reason="new WorkflowRun", **base)
 
     if have.fingerprint == want.fingerprint:
+        if supersedes:  # back to what runs: stop the saga that would replace it
+            return PlanItem(action=Action.UNCHANGED, reason="in sync; the running saga is superseded",
+                            from_version=have.version, **base)
         return PlanItem(action=Action.UNCHANGED, reason="in sync", from_version=have.version, **base)
     if have.failed_fingerprint == want.fingerprint:
         return PlanItem(action=Action.UNCHANGED, reason=_held(have), from_version=have.version, **base)
@@ -194,7 +206,8 @@ def render_text(items: list[PlanItem]) -> str:
     lines = []
     for item in items:
         versions = _versions(item)
-        wait = " (waiting for the running saga)" if item.waiting else ""
+        wait = (" (supersedes the running saga)" if item.supersedes
+                else " (waiting for the running saga)" if item.waiting else "")
         lines.append(f"{_SYMBOL[item.action]} {item.key:<40} {item.action.value:<9} {versions}{wait}")
         if item.action is Action.UPGRADE and item.changes:
             lines.extend(f"    {change}" for change in item.changes)

@@ -49,6 +49,8 @@ class Reconciler:
         self._state = state
         self._wake = asyncio.Event()
         self._sagas: dict[str, asyncio.Task[None]] = {}
+        self._saga_fingerprints: dict[str, str | None] = {}  # what each running saga deploys (None: uninstall)
+        self._cancelled: set[str] = set()
         self._loaded: tuple[str, SpecSet, list[Problem]] | None = None
         self.source_status: dict[str, Any] = read_json(state.source_file, default={}) or {}
 
@@ -94,16 +96,19 @@ class Reconciler:
         items = plan(desired, await self.live_runs())
         budget = self._settings.max_concurrent_sagas - len(self._sagas)
         for item in items:
-            if item.needs_saga and budget > 0:
+            if item.supersedes:
+                await self._cancel_saga(item)
+            elif item.needs_saga and budget > 0:
                 await self._start_saga(item, specs, commit)
                 budget -= 1
             elif item.action is Action.UNCHANGED and not item.waiting:
                 self._observe(item, commit)
+        await self._heal_drift(specs)
         self._record_source(commit=commit, reconciled=True)
         return items
 
     async def live_runs(self) -> dict[str, LiveRun]:
-        return live_from(await self._driver.live(), self._statuses.all(), self._sagas)
+        return live_from(await self._driver.live(), self._statuses.all(), self._saga_fingerprints)
 
     async def adopt_running_sagas(self) -> None:
         """After a restart, follow the sagas Temporal is still running instead of starting new ones."""
@@ -115,7 +120,8 @@ class Reconciler:
                 continue
             if description.status == WorkflowExecutionStatus.RUNNING:
                 log.info("saga-adopted workflowrun=%s saga=%s", status.key, handle.id)
-                self._follow(status.key, handle)
+                deploys = None if status.phase is Phase.DELETING else status.attempted_fingerprint
+                self._follow(status.key, handle, deploys)
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -155,9 +161,44 @@ class Reconciler:
         except WorkflowAlreadyStartedError:
             # A saga for this WorkflowRun is still running: follow it, act on the newest spec when it ends.
             handle = self._client.get_workflow_handle(saga.workflow_id, result_type=SagaResult)
-        self._follow(item.key, handle)
+        self._follow(item.key, handle, saga.fingerprint)
 
-    def _follow(self, key: str, handle: WorkflowHandle[Any, SagaResult]) -> None:
+    async def _cancel_saga(self, item: PlanItem) -> None:
+        """The newest spec wins: cancel the running saga (it removes its canary); when it has
+        ended, the next pass starts a saga for the newest spec."""
+        if item.key in self._cancelled:
+            return
+        self._cancelled.add(item.key)
+        log.info("saga-superseded workflowrun=%s (a newer commit changed it; cancelling the running saga)", item.key)
+        try:
+            await self._client.get_workflow_handle(saga_workflow_id(item.namespace, item.name)).cancel()
+        except RPCError as exc:
+            log.warning("saga-cancel-failed workflowrun=%s error=%s", item.key, exc)
+            self._cancelled.discard(item.key)
+
+    async def _heal_drift(self, specs: SpecSet) -> None:
+        """Releases that stopped running out of band are restored (selfHeal, the default) or reported."""
+        for key, releases in (await self._driver.drift()).items():
+            run = specs.workflow_runs.get(key)
+            if run is None or key in self._sagas:
+                continue  # being removed, or a saga owns it right now
+            what = ", ".join(f"{r.track} {r.version}" for r in releases)
+            if run.spec.self_heal:
+                healed = await self._driver.repair(run.metadata.namespace, run.metadata.name)
+                log.warning("drift-healed workflowrun=%s restored=%s", key, ", ".join(r.release_id for r in healed))
+                status = self._statuses.get(key)
+                if status is not None:
+                    self._statuses.update(run.metadata.namespace, run.metadata.name,
+                                          message=f"drift healed: {what} was not running and was restarted",
+                                          endpoint=next((r.endpoint for r in healed if r.track == "stable"), status.endpoint))
+            else:
+                message = f"drift: {what} is not running (selfHeal: false, so plnt only reports it)"
+                status = self._statuses.get(key)
+                if status is not None and status.message != message:
+                    log.warning("drift-detected workflowrun=%s releases=%s selfHeal=false", key, what)
+                    self._statuses.update(run.metadata.namespace, run.metadata.name, message=message)
+
+    def _follow(self, key: str, handle: WorkflowHandle[Any, SagaResult], deploys: str | None) -> None:
         async def wait() -> None:
             try:
                 result = await handle.result()
@@ -168,8 +209,11 @@ class Reconciler:
                 log.error("saga-error workflowrun=%s error=%s", key, exc)
             finally:
                 self._sagas.pop(key, None)
+                self._saga_fingerprints.pop(key, None)
+                self._cancelled.discard(key)
                 self._wake.set()
 
+        self._saga_fingerprints[key] = deploys
         self._sagas[key] = asyncio.create_task(wait(), name=f"saga-{key}")
 
     def _observe(self, item: PlanItem, commit: str) -> None:
@@ -179,6 +223,9 @@ class Reconciler:
         fields: dict[str, Any] = {"observed_commit": commit}
         if status.phase is Phase.READY:
             fields.update(message=f"{status.version} in sync", last_error=None)
+        elif item.reason.startswith("in sync") and status.version is not None:
+            # What failed is no longer asked for (e.g. the commit was reverted): the stable release is the spec.
+            fields.update(phase=Phase.READY, message=f"{status.version} in sync", last_error=None)
         else:  # RolledBack or Failed, and held until the spec changes
             fields.update(message=item.reason)
         if any(getattr(status, field) != value for field, value in fields.items()):

@@ -47,6 +47,9 @@ STEP_TIMEOUTS = {
 }
 
 
+HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+
+
 def retry_policy(settings: RetrySettings) -> RetryPolicy:
     return RetryPolicy(
         initial_interval=timedelta(seconds=settings.initial_interval_s),
@@ -152,7 +155,8 @@ class DeploySaga:
         return await workflow.execute_activity(
             activity, arg,
             start_to_close_timeout=STEP_TIMEOUTS[activity],
-            heartbeat_timeout=timedelta(seconds=60) if activity == "pull_recipe" else None,
+            # Every long activity heartbeats each second: a dead worker is noticed in 10 s.
+            heartbeat_timeout=None if activity == "validate" else HEARTBEAT_TIMEOUT,
             retry_policy=retry_policy(saga.retry),
             **kwargs,
         )
@@ -168,8 +172,10 @@ class DeploySaga:
 
 def failure_reason(exc: BaseException) -> str:
     """The innermost message of an activity failure, with its error type: what a human needs."""
-    if isinstance(exc, (CancelledError, asyncio.CancelledError)):
-        return "saga cancelled"
+    if isinstance(exc, (CancelledError, asyncio.CancelledError)) or (
+        isinstance(exc, ActivityError) and isinstance(exc.cause, CancelledError)
+    ):
+        return "superseded: a newer commit changed this WorkflowRun before the saga finished"
     cause: BaseException | None = exc
     while isinstance(cause, ActivityError) and cause.cause is not None:
         cause = cause.cause

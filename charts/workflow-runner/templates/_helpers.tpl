@@ -1,0 +1,48 @@
+{{/*
+Every object is named after the release: plnt installs `<workflow>` (stable) and
+`<workflow>-canary` (canary), so both tracks of one workflow coexist in one namespace.
+*/}}
+{{- define "workflow-runner.fullname" -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" .Release.Name) -}}
+{{- fail (printf "release name %q must be a DNS-1035 label (it names a Service)" .Release.Name) -}}
+{{- end -}}
+{{- if gt (len .Release.Name) 53 -}}
+{{- fail (printf "release name %q is longer than 53 characters" .Release.Name) -}}
+{{- end -}}
+{{- .Release.Name -}}
+{{- end -}}
+
+{{/* A recipe version as a label value: `+` is not allowed there, and values end alphanumeric. */}}
+{{- define "workflow-runner.versionLabel" -}}
+{{- $v := .Values.workflow.version | replace "+" "_" | trunc 63 -}}
+{{- regexReplaceAll "[^A-Za-z0-9]+$" $v "" -}}
+{{- end -}}
+
+{{/* The selector: never changes for a release (Deployment selectors are immutable). */}}
+{{- define "workflow-runner.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+plnt.work/workflow: {{ .Values.workflow.name }}
+plnt.work/track: {{ .Values.track }}
+{{- end -}}
+
+{{- define "workflow-runner.labels" -}}
+{{ include "workflow-runner.selectorLabels" . }}
+app.kubernetes.io/version: {{ include "workflow-runner.versionLabel" . | quote }}
+app.kubernetes.io/component: runner
+app.kubernetes.io/part-of: plnt
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+plnt.work/workflow-namespace: {{ .Values.workflow.namespace }}
+{{- end -}}
+
+{{/* "true" when an HPA owns the replica count. */}}
+{{- define "workflow-runner.autoscaled" -}}
+{{- if (.Values.autoscaling | default dict).targetInvocationsPerSecond -}}true{{- end -}}
+{{- end -}}
+
+{{- define "workflow-runner.checkReplicas" -}}
+{{- if lt (int .Values.replicas.max) (int .Values.replicas.min) -}}
+{{- fail (printf "replicas.max (%v) must be >= replicas.min (%v)" .Values.replicas.max .Values.replicas.min) -}}
+{{- end -}}
+{{- end -}}
