@@ -43,6 +43,24 @@ CASES = [
     ("removal while a saga runs waits", None, live(saga_running=True), Action.UNINSTALL, "removed", True),
 ]
 
+SUPERSEDE_CASES = [
+    # (name, desired fingerprint or None, running saga deploys, supersedes)
+    ("the saga deploys the newest spec", "B", "B", False),
+    ("a newer commit changed the spec", "C", "B", True),
+    ("the commit was reverted to what runs", "A", "B", True),
+    ("removed while a deploy saga runs", None, "B", True),
+    ("removed while an uninstall saga runs", None, None, False),
+    ("re-added while an uninstall saga runs", "A", None, True),
+]
+
+
+@pytest.mark.parametrize(("want_fp", "saga_fp", "supersedes"), [c[1:] for c in SUPERSEDE_CASES],
+                         ids=[c[0] for c in SUPERSEDE_CASES])
+def test_the_newest_spec_supersedes_a_running_saga(want_fp: str | None, saga_fp: str | None, supersedes: bool) -> None:
+    desired_runs = {K: desired("1.3.0", want_fp)} if want_fp else {}
+    [item] = plan(desired_runs, {K: live(saga_running=True, saga_fingerprint=saga_fp)})
+    assert item.supersedes is supersedes and item.waiting and not item.needs_saga
+
 
 @pytest.mark.parametrize(("desired_run", "live_run", "action", "reason", "waiting"),
                          [case[1:] for case in CASES], ids=[case[0] for case in CASES])

@@ -1,0 +1,113 @@
+"""The saga under a stream of commits and out-of-band changes: real Temporal, git, runners."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from ..conftest import SpecRepo
+from .harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
+from .test_commit_to_serving import RUN_FILE, _alive, runner_pids
+
+pytestmark = pytest.mark.integration
+
+
+async def test_three_quick_commits_only_the_newest_ends_ready(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
+    async with running_plnt(settings) as plnt:
+        await wait_phase(plnt, "Ready", version="1.2.0")
+        for version in ("1.5.0", "1.4.0", "1.3.0"):  # slow, broken, good: each supersedes the last
+            spec_repo.replace(RUN_FILE, _current_ref(spec_repo), f"review-responder@{version}")
+            spec_repo.commit(f"review-responder {version}")
+            await hook(plnt)
+            await asyncio.sleep(0.3)
+        await wait_phase(plnt, "Ready", version="1.3.0", timeout=60)
+        await wait_for(lambda: plnt.reconciler.running_sagas == set(), what="no saga running")
+        live = plnt.driver.snapshot()["default/review-responder"]
+        assert live.canary is None and live.stable.version == "1.3.0"
+        for version in ("1.5.0", "1.4.0"):
+            assert not [p for p in _runner_pids_of_version(version)], f"a {version} runner was left behind"
+        assert (await invoke(plnt)).json()["version"] == "1.3.0"
+
+
+def _current_ref(repo: SpecRepo) -> str:
+    text = (repo.path / RUN_FILE).read_text()
+    start = text.index("review-responder@")
+    return text[start:text.index("\n", start)]
+
+
+def _runner_pids_of_version(version: str) -> list[int]:
+    return runner_pids(f"default.review-responder.{version}.")  # prefix of the release id
+
+
+async def test_reverting_a_commit_mid_saga_keeps_the_stable_release(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
+    async with running_plnt(settings) as plnt:
+        await wait_phase(plnt, "Ready", version="1.2.0")
+        stable_pid = plnt.driver.snapshot()["default/review-responder"].stable.pid
+        spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.5.0")
+        spec_repo.commit("1.5.0")
+        await hook(plnt)
+        await wait_phase(plnt, "Canary", version="1.2.0")
+        spec_repo.git("revert", "--no-edit", "HEAD")
+        await hook(plnt)
+        status = await wait_for(lambda: (s := status_of(plnt)) and s["phase"] == "Ready" and s["canaryVersion"] is None
+                                and plnt.reconciler.running_sagas == set() and s, what="back to Ready 1.2.0")
+        assert status["version"] == "1.2.0"
+        live = plnt.driver.snapshot()["default/review-responder"]
+        assert live.canary is None and live.stable.pid == stable_pid
+        assert not _runner_pids_of_version("1.5.0")
+
+
+@pytest.mark.parametrize("self_heal", [True, False], ids=["self-heal", "report-only"])
+async def test_a_runner_killed_by_hand_is_restored_or_reported(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str, self_heal: bool
+) -> None:
+    if not self_heal:
+        spec_repo.replace(RUN_FILE, "  replicas:", "  selfHeal: false\n  replicas:")
+        spec_repo.commit("report drift only")
+    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
+    async with running_plnt(settings) as plnt:
+        await wait_phase(plnt, "Ready", version="1.2.0")
+        release = plnt.driver.snapshot()["default/review-responder"].stable
+        saga_id = status_of(plnt)["sagaId"]
+        os.kill(release.pid, signal.SIGKILL)
+        await wait_for(lambda: not _alive(release.pid), what="runner to die")
+        if self_heal:
+            healed = await wait_for(
+                lambda: (r := plnt.driver.snapshot()["default/review-responder"].stable).pid != release.pid and _alive(r.pid) and r,
+                timeout=15, what="runner restarted")
+            assert healed.release_id == release.release_id and healed.version == "1.2.0"
+            assert "drift healed" in status_of(plnt)["message"]
+            assert (await invoke(plnt)).json()["version"] == "1.2.0"
+        else:
+            await wait_for(lambda: "drift:" in status_of(plnt)["message"], timeout=15, what="drift reported")
+            assert "selfHeal: false" in status_of(plnt)["message"]
+            assert plnt.driver.snapshot()["default/review-responder"].stable.pid == release.pid, "left alone"
+            assert (await invoke(plnt)).status_code == 502
+        assert status_of(plnt)["sagaId"] == saga_id, "healing is not a redeploy"
+
+
+async def test_gpu_class_the_backend_lacks_fails_validation_and_installs_nothing(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
+    async with running_plnt(settings) as plnt:
+        await wait_phase(plnt, "Ready", version="1.2.0")
+        before = plnt.driver.snapshot()
+        spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")
+        spec_repo.replace(RUN_FILE, "    cluster: local", "    cluster: local\n    gpuClass: nvidia.com/h100\n    gpuCount: 1")
+        bad = spec_repo.commit("1.3.0 on an H100")
+        await hook(plnt)
+        status = await wait_for(lambda: (s := status_of(plnt)) and bad[:12] in s["message"] and s, what="rejection")
+        assert "spec.backend.gpuClass" in status["lastError"] and "offers no GPU classes" in status["lastError"]
+        assert plnt.driver.snapshot() == before and plnt.reconciler.running_sagas == set()
+        assert not list(plnt.state.runner_logs.glob("default.review-responder.1.3.0.*"))
