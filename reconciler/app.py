@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastapi.responses import JSONResponse
 from plnt.gateway.app import create_app
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
 from plnt.gateway.server import GatewayServer
@@ -18,6 +19,7 @@ from temporalio.worker import Worker
 
 from .activities import SagaActivities
 from .archive import ExtractLimits
+from .history import NoSaga, saga_history
 from .local_driver import LocalDriver
 from .reconciler import Reconciler
 from .registries import RegistryOptions
@@ -132,6 +134,13 @@ async def start(settings: Settings) -> Plnt:
         @gateway_app.get("/source")
         async def source_status() -> dict[str, Any]:
             return reconciler.source_status
+
+        @gateway_app.get("/workflows/{name}/history")
+        async def history(name: str, namespace: str = "default") -> Any:
+            try:
+                return (await saga_history(client, namespace, name)).model_dump(mode="json")
+            except NoSaga as exc:
+                return JSONResponse({"error": {"type": "not_found", "message": str(exc)}}, status_code=404)
 
         gateway = GatewayServer(gateway_app, host=settings.host, port=settings.port)
         stop_event = asyncio.Event()

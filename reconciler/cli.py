@@ -267,6 +267,36 @@ def status(
                    f"{canary:<14} {(row.get('observedCommit') or '-')[:12]:<13} {row.get('endpoint') or '-':<24} {row.get('message') or ''}")
 
 
+@app.command()
+def history(
+    name: Annotated[str, typer.Argument(help="WorkflowRun name.")],
+    namespace: Annotated[str, typer.Option(help="WorkflowRun namespace.")] = "default",
+    url: Annotated[str, typer.Option(help="Gateway of a running plnt up.")] = "http://127.0.0.1:8000",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The newest saga's steps for a WorkflowRun: start, duration, attempts, outcome (from Temporal's history)."""
+    try:
+        with httpx.Client(trust_env=False, timeout=10) as client:
+            response = client.get(f"{url}/workflows/{name}/history", params={"namespace": namespace})
+    except httpx.HTTPError as exc:
+        raise _fail(f"no plnt answers at {url} ({exc}); is plnt up running?", 2) from exc
+    if response.status_code == 404:
+        raise _fail(response.json().get("error", {}).get("message", f"no saga for {namespace}/{name}"), 1)
+    response.raise_for_status()
+    data = response.json()
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    result = data.get("result") or {}
+    typer.echo(f"saga {data['workflow_id']} run {data['run_id']}: {data['status']}"
+               + (f" -> {result.get('phase')}: {result.get('reason')}" if result else ""))
+    typer.echo(f"{'STEP':<18} {'STARTED':<26} {'DURATION':>10} {'ATTEMPTS':>8}  OUTCOME")
+    for step in data["steps"]:
+        duration = f"{step['duration_ms']:.0f} ms" if step["duration_ms"] is not None else "-"
+        line = f"{step['step']:<18} {str(step['started_at'] or '-')[:26]:<26} {duration:>10} {step['attempts']:>8}  {step['outcome']}"
+        typer.echo(line + (f": {step['error']}" if step.get("error") else ""))
+
+
 recipe_app = typer.Typer(help="Recipe authors' commands: pack, sign, push, verify, digest.", no_args_is_help=True)
 app.add_typer(recipe_app, name="recipe")
 

@@ -111,3 +111,36 @@ async def test_gpu_class_the_backend_lacks_fails_validation_and_installs_nothing
         assert "spec.backend.gpuClass" in status["lastError"] and "offers no GPU classes" in status["lastError"]
         assert plnt.driver.snapshot() == before and plnt.reconciler.running_sagas == set()
         assert not list(plnt.state.runner_logs.glob("default.review-responder.1.3.0.*"))
+
+
+async def test_history_shows_each_step_of_the_newest_saga(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from plnt.reconciler.cli import app
+
+    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
+    async with running_plnt(settings) as plnt:
+        await wait_phase(plnt, "Ready", version="1.2.0")
+        spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.4.0")
+        spec_repo.commit("broken 1.4.0")
+        await hook(plnt)
+        await wait_phase(plnt, "RolledBack", version="1.2.0")
+        await wait_for(lambda: plnt.reconciler.running_sagas == set(), what="saga over")
+        runner = CliRunner()
+        # The CLI is synchronous and plnt serves from this event loop: run the CLI in a thread.
+        shown = await asyncio.to_thread(runner.invoke, app, ["history", "review-responder", "--url", plnt.url, "--json"])
+        assert shown.exit_code == 0, shown.output
+        import json
+
+        data = json.loads(shown.output)
+        steps = [(s["step"], s["outcome"]) for s in data["steps"]]
+        assert steps == [("validate", "completed"), ("pull_recipe", "completed"), ("install_release", "completed"),
+                         ("smoke_test", "completed"), ("remove_release", "completed")]
+        assert all(s["attempts"] == 1 and s["duration_ms"] >= 0 for s in data["steps"])
+        assert data["result"]["phase"] == "RolledBack" and "error rate 100%" in data["result"]["reason"]
+        table = await asyncio.to_thread(runner.invoke, app, ["history", "review-responder", "--url", plnt.url])
+        assert "smoke_test" in table.output and "RolledBack" in table.output
+        missing = await asyncio.to_thread(runner.invoke, app, ["history", "nope", "--url", plnt.url])
+        assert missing.exit_code == 1 and "no saga has run for default/nope" in missing.output
