@@ -198,3 +198,52 @@ def test_plnt_up_serves_stops_cleanly_and_restarts_without_redeploying(
     second.record_descendants()
 
     second.stop_and_check(signal.SIGTERM)
+
+
+def _runner_processes() -> dict[int, str]:
+    return {int(p.name): cmdline(int(p.name)) for p in Path("/proc").iterdir()
+            if p.name.isdigit() and _stat(int(p.name)) is not None and "plnt.runner" in cmdline(int(p.name))}
+
+
+def test_plnt_killed_mid_saga_resumes_the_saga_where_it_was(
+    spec_repo: SpecRepo, tmp_path: Path, started: list[PlntUp]
+) -> None:
+    """Durability: SIGKILL (no clean-up at all) during the smoke test; a new plnt on the same state
+    dir finishes the same saga, installs nothing twice and leaves exactly one runner per track."""
+    state_dir = tmp_path / "state"
+    port = free_port()
+    first = PlntUp(spec_repo.path, state_dir, port, tmp_path / "plnt-1.log")
+    started.append(first)
+    ready = first.wait_ready()
+    run_file = spec_repo.path / "workflowruns" / "review-responder.yaml"
+    # 1.5.0 answers in 0.6 s: 20 smoke invocations two at a time keep the saga in Canary for ~6 s.
+    run_file.write_text(run_file.read_text().replace("review-responder@1.2.0", "review-responder@1.5.0")
+                        .replace("invocations: 10", "invocations: 20"))
+    spec_repo.commit("1.5.0")
+    httpx.post(f"{first.url}/hooks/git", trust_env=False)
+    deadline = time.monotonic() + 60
+    while not any(r["phase"] == "Canary" for r in first.workflows() or []):
+        assert time.monotonic() < deadline, first.why("never reached Canary")
+        time.sleep(0.1)
+    before = _runner_processes()
+    assert len(before) == 2, first.why(f"expected the stable and the canary runner: {before}")
+    canary_pid = next(pid for pid, line in before.items() if "review-responder.1.5.0" in line)
+    first.record_descendants()
+    first.process.kill()  # SIGKILL: plnt gets no chance to clean up
+    first.process.wait()
+
+    second = PlntUp(spec_repo.path, state_dir, port, tmp_path / "plnt-2.log")
+    started.append(second)
+    row = second.wait_ready(timeout=90)
+    while row["version"] != "1.5.0":
+        assert time.monotonic() < deadline + 90, second.why(f"saga did not finish: {row}")
+        time.sleep(0.2)
+        row = next(r for r in second.workflows() or [] if r["name"] == "review-responder")
+    assert "saga-adopted" in second.log(), second.why("the running saga was not adopted")
+    assert "saga-started" not in second.log(), second.why("a second saga was started instead of resuming")
+    assert row["sagaId"] != ready["sagaId"] and row["canaryPercent"] == 0
+    after = _runner_processes()
+    assert list(after) == [canary_pid], second.why(f"exactly one runner, the promoted canary, must be left: {after}")
+    response = httpx.post(f"{second.url}/workflows/review-responder/invoke", json=REVIEW, timeout=30, trust_env=False)
+    assert response.json()["version"] == "1.5.0", second.why(response.text)
+    second.stop_and_check(signal.SIGTERM)

@@ -1,0 +1,597 @@
+"""Helm driver: each release is a Helm release of charts/workflow-runner on a Kubernetes backend.
+
+One HelmDriver serves one PlntBackend of type kubernetes (its context, kubeconfig and namespace).
+
+Mapping. Every WorkflowRun on a backend lands in the backend's Kubernetes namespace. The release
+is named after the WorkflowRun: `<name>` (stable) and `<name>-canary` (canary); the Kubernetes
+objects take the release's name. plnt's own namespace is kept in the values
+(`workflow.namespace`) and in the label `plnt.work/workflow-namespace`. Two WorkflowRuns of the same
+name in different plnt namespaces on one backend would share a release name: the second one gets
+HelmConfigError naming the owner, and the first one's release is never touched. Release names must
+be DNS-1035 labels of at most 53 characters, for both tracks (so `name` is at most 46).
+
+Values seam. `InstallRequest` is shared by both drivers and carries no spec, so the driver asks a
+`SpecLookup` for the WorkflowRun spec by (namespace, name, spec fingerprint) and checks the
+fingerprint: the values come from exactly the spec the saga deploys. `render_values` is the pure
+function from (request, spec, backend, image) to values; tests render the chart with it.
+
+Waiting and recovery. Installs run `helm upgrade --install --wait` WITHOUT --atomic
+(--rollback-on-failure in helm 4): a canary that does not become ready stays as it is (pods,
+events) until the saga removes it, and a retried install upgrades over a `failed` release. A release
+left `pending-*` by a helm process that died (activity timeout, worker crash) is recovered by
+`recover_stuck`: rolled back to its last good revision, or uninstalled if it never had one. A
+pending release younger than the helm timeout may be a live operation and is left alone (retry).
+
+Errors. Transient cluster problems and locks are DriverError (retryable); a chart or values the
+chart rejects is HelmChartError; a backend that cannot work as configured (no such context, no
+kubeconfig, RBAC, a name owned by someone else, no helm binary) is HelmConfigError. Both are
+NeedsHuman. Anything unrecognised is DriverError: the saga's retry policy bounds it.
+
+Works with helm >= 3.13 (release labels, uninstall --ignore-not-found) and helm 4.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .driver import InstallRequest
+from .errors import DriverError, InvalidSpec, NeedsHuman, PlntError, UnknownBackend
+from .specs import PlntBackend, WorkflowRun, WorkflowRunSpec, spec_fingerprint
+from .state import LiveWorkflow, Release, Track
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHART = str(Path(__file__).resolve().parent.parent / "charts" / "workflow-runner")
+RELEASE_NAME_MAX = 53  # Helm's limit (release names end up in labels with suffixes)
+CANARY_SUFFIX = "-canary"
+RECIPE_DIR_IN_POD = "/recipe"  # where the runner reads its recipe (the chart's emptyDir)
+MANAGED_LABEL = ("plnt.work/managed-by", "plnt")  # Helm release label: which releases are plnt's
+LIST_MAX = 4096
+PENDING = ("pending-install", "pending-upgrade", "pending-rollback")
+GOOD = ("deployed", "superseded")  # revisions a stuck release can roll back to
+
+# Service names are DNS-1035 labels: a letter first.
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# A Kubernetes qualified name (label key): optional DNS-subdomain prefix, then a name.
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+
+class HelmChartError(NeedsHuman):
+    """The chart or its values were rejected (schema, template, invalid manifest): fix the spec or chart."""
+
+
+class HelmConfigError(NeedsHuman):
+    """The backend cannot work as configured (context, kubeconfig, RBAC, helm binary, a name owned by
+    another WorkflowRun): someone must change the backend or the cluster."""
+
+
+class _InProgress(DriverError):
+    """Helm's lock: another install/upgrade/rollback holds the release."""
+
+
+class _NotFound(DriverError):
+    """The release does not exist."""
+
+
+# --- names and values ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunnerImage:
+    repository: str = "plnt"
+    tag: str = ""  # empty: the chart's appVersion
+    pull_policy: str = "IfNotPresent"
+
+
+def release_name(name: str, track: Track) -> str:
+    """`name` (stable) or `name-canary`; raises InvalidSpec unless BOTH tracks' names are valid."""
+    canary = f"{name}{CANARY_SUFFIX}"
+    problem = None
+    if not _DNS1035.match(name):
+        problem = f"{name!r} is not a DNS-1035 label (lowercase letters, digits, '-'; a letter first)"
+    elif len(canary) > RELEASE_NAME_MAX:
+        problem = (f"release name {canary!r} is {len(canary)} characters; Helm allows {RELEASE_NAME_MAX}, "
+                   f"so a WorkflowRun on a Kubernetes backend needs a name of at most "
+                   f"{RELEASE_NAME_MAX - len(CANARY_SUFFIX)} characters")
+    if problem:
+        raise InvalidSpec(f"metadata.name: {problem}")
+    return canary if track == "canary" else name
+
+
+def render_values(
+    request: InstallRequest,
+    spec: WorkflowRunSpec,
+    backend: PlntBackend,
+    image: RunnerImage,
+    *,
+    resources: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The workflow-runner values for one release: pure, and exactly what `install` passes to helm."""
+    placement = spec.backend
+    gpu_class = placement.gpu_class or ""
+    if gpu_class and not _LABEL_KEY.match(gpu_class):
+        raise InvalidSpec(
+            f"spec.backend.gpuClass: {gpu_class!r} must be a Kubernetes label key (the GPU pool's nodes "
+            f"carry it as `{gpu_class}: \"true\"`), e.g. nvidia.com/h100"
+        )
+    # Backend defaults first, the WorkflowRun's own choices win; the GPU class label is the chart's.
+    node_selector = {**backend.spec.node_selector, **placement.node_selector}
+    tolerations: list[dict[str, Any]] = []
+    for toleration in [*backend.spec.tolerations, *placement.tolerations]:
+        entry = toleration.model_dump(mode="json", exclude_none=True)
+        if entry not in tolerations:
+            tolerations.append(entry)
+    autoscaling: dict[str, Any] = {}
+    if spec.autoscaling is not None:
+        autoscaling["targetInvocationsPerSecond"] = spec.autoscaling.target_invocations_per_second
+    return {
+        "workflow": {
+            "name": request.name,
+            "namespace": request.namespace,
+            "ref": spec.workflow.ref,
+            "version": request.version,
+            "registry": spec.workflow.registry,
+            "digest": request.recipe_digest,
+            "specFingerprint": request.spec_fingerprint,
+            "releaseId": request.release_id,
+            "trafficPercent": request.traffic_percent,
+        },
+        "track": request.track,
+        "image": {"repository": image.repository, "tag": image.tag, "pullPolicy": image.pull_policy},
+        "runner": {"port": 8080},
+        "gpu": {"class": gpu_class, "count": placement.gpu_count},
+        "nodeSelector": node_selector,
+        "tolerations": tolerations,
+        "replicas": {"min": spec.replicas.min, "max": spec.replicas.max or spec.replicas.min},
+        "autoscaling": autoscaling,
+        "resources": resources or {},
+        "service": {"port": 80},
+    }
+
+
+# --- running helm ------------------------------------------------------------------------------
+
+HelmRunner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+
+
+def run_helm(args: Sequence[str], *, helm: str = "helm", timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `helm ARGS`: the driver's only subprocess call (tests pass their own runner instead)."""
+    try:
+        return subprocess.run([helm, *args], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              timeout=timeout_s, check=False)
+    except FileNotFoundError as exc:
+        raise HelmConfigError(f"no helm binary at {helm!r}: install helm 3.13+ (tools/install_helm.sh in this repo)") from exc
+    except subprocess.TimeoutExpired as exc:
+        # subprocess.run killed helm; the release may be left pending-*, which the next install recovers.
+        raise DriverError(f"helm {args[0] if args else ''} did not finish within {timeout_s:.0f}s") from exc
+
+
+def error_line(stderr: str) -> str:
+    """Helm's own error line (`Error: ...`), else the last non-empty line: never whole logs."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("Error:"):
+            return line[len("Error:"):].strip()
+    return lines[-1] if lines else "(no output)"
+
+
+def classify(command: str, release: str, stderr: str) -> PlntError:
+    """Map a failed helm command to the error whose type says what happens next."""
+    message = error_line(stderr)
+    text = stderr.lower()
+    where = f"helm {command} {release}: {message}"
+    if "another operation (install/upgrade/rollback) is in progress" in text:
+        return _InProgress(where)
+    if "values don't meet the specifications of the schema" in text:
+        # The schema error spans several lines; keep them (they name the offending key).
+        detail = " ".join(line.strip() for line in stderr.strip().splitlines() if line.strip().startswith("- at"))
+        return HelmChartError(f"{where} {detail}".strip())
+    if re.search(r"execution error at|template: |parse error|error converting yaml to json|unable to build kubernetes "
+                 r"objects|field is immutable| is invalid: |error validating data", text):
+        return HelmChartError(where)
+    if "release: not found" in text or re.search(r"release \S+ not found|release not loaded", text):
+        return _NotFound(where)
+    if re.search(r'context "[^"]*" does not exist|stat .*: no such file or directory|invalid configuration'
+                 r'|no configuration has been provided', text):
+        return HelmConfigError(where)
+    if re.search(r"\bforbidden\b|invalid ownership metadata|cannot be imported into the current release"
+                 r'|namespaces "[^"]+" not found', text):
+        return HelmConfigError(where)
+    # Connection refused, cluster unreachable, TLS/i-o timeouts, wait timeouts, throttling, etcd
+    # hiccups, and anything unknown: may pass on a later attempt.
+    return DriverError(where)
+
+
+# --- parsing helm's JSON ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HelmStatus:
+    """The parts of `helm status -o json` (a release record) the driver uses."""
+
+    name: str
+    namespace: str
+    revision: int
+    status: str
+    config: dict[str, Any]
+    last_deployed: datetime | None
+
+    @property
+    def pending(self) -> bool:
+        return self.status in PENDING
+
+
+@dataclass(frozen=True)
+class HelmListEntry:
+    name: str
+    namespace: str
+    revision: int
+    status: str
+    chart: str
+    app_version: str
+
+
+@dataclass(frozen=True)
+class HelmRevision:
+    revision: int
+    status: str
+    chart: str
+    description: str
+
+
+def parse_time(value: Any) -> datetime | None:
+    """Go's RFC 3339 time with nanoseconds (`2025-11-29T21:52:30.285454174Z`) as an aware datetime."""
+    if not isinstance(value, str) or not value:
+        return None
+    match = re.match(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(\.\d+)?(Z|[+-]\d{2}:\d{2})$", value)
+    if not match:
+        return None
+    fraction = (match.group(2) or ".0")[:7]  # Python keeps microseconds
+    zone = "+00:00" if match.group(3) == "Z" else match.group(3)
+    return datetime.fromisoformat(f"{match.group(1)}{fraction}{zone}")
+
+
+def parse_status(stdout: str) -> HelmStatus:
+    data = json.loads(stdout)
+    info = data.get("info") or {}
+    return HelmStatus(
+        name=data["name"],
+        namespace=data.get("namespace", ""),
+        revision=int(data.get("version", 0)),
+        status=str(info.get("status", "unknown")),
+        config=data.get("config") or {},
+        last_deployed=parse_time(info.get("last_deployed")) or parse_time(info.get("first_deployed")),
+    )
+
+
+def parse_list(stdout: str) -> list[HelmListEntry]:
+    # `helm list -o json` prints revision as a string; an empty list is `[]`.
+    return [
+        HelmListEntry(name=item["name"], namespace=item.get("namespace", ""), revision=int(item.get("revision", 0)),
+                      status=item.get("status", "unknown"), chart=item.get("chart", ""),
+                      app_version=item.get("app_version", ""))
+        for item in (json.loads(stdout or "[]") or [])
+    ]
+
+
+def parse_history(stdout: str) -> list[HelmRevision]:
+    return [
+        HelmRevision(revision=int(item["revision"]), status=item.get("status", "unknown"), chart=item.get("chart", ""),
+                     description=item.get("description", ""))
+        for item in (json.loads(stdout or "[]") or [])
+    ]
+
+
+def parse_values(stdout: str) -> dict[str, Any]:
+    # `helm get values -o json` prints `null` for a release installed without values.
+    return json.loads(stdout or "null") or {}
+
+
+def chart_version(chart: str) -> str | None:
+    """`name-version` of a chart directory (as `helm list` prints it), or None for a remote chart."""
+    path = Path(chart) / "Chart.yaml"
+    if not path.is_file():
+        return None
+    meta = yaml.safe_load(path.read_text())
+    return f"{meta['name']}-{meta['version']}"
+
+
+# --- the spec seam ---------------------------------------------------------------------------
+
+# (namespace, name, spec fingerprint) -> the WorkflowRun spec with that fingerprint, or None.
+SpecLookup = Callable[[str, str, str], "WorkflowRunSpec | None"]
+
+
+@dataclass
+class SpecCache:
+    """A SpecLookup the reconciler fills with every WorkflowRun it starts a saga for."""
+
+    _specs: dict[tuple[str, str, str], WorkflowRunSpec] = field(default_factory=dict)
+
+    def remember(self, run: WorkflowRun) -> None:
+        self._specs[(run.metadata.namespace, run.metadata.name, run.fingerprint())] = run.spec
+
+    def __call__(self, namespace: str, name: str, fingerprint: str) -> WorkflowRunSpec | None:
+        return self._specs.get((namespace, name, fingerprint))
+
+
+# --- the driver ------------------------------------------------------------------------------
+
+
+class HelmDriver:
+    def __init__(
+        self,
+        backend: PlntBackend,
+        specs: SpecLookup,
+        *,
+        chart: str = DEFAULT_CHART,
+        image: RunnerImage | None = None,
+        resources: dict[str, Any] | None = None,
+        helm: str = "helm",
+        timeout_s: float = 300.0,
+        stuck_after_s: float | None = None,
+        runner: HelmRunner | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        if backend.spec.type != "kubernetes" or backend.spec.kubernetes is None:
+            raise UnknownBackend(f"backend {backend.metadata.name!r} is of type {backend.spec.type}; "
+                                 "the Helm driver needs type: kubernetes")
+        self._backend = backend
+        self._target = backend.spec.kubernetes
+        self._specs = specs
+        self._chart = chart
+        self._chart_version = chart_version(chart)
+        self._image = image or RunnerImage()
+        self._resources = resources
+        self._timeout_s = timeout_s
+        # A pending release younger than this may belong to a helm that is still running.
+        self._stuck_after_s = stuck_after_s if stuck_after_s is not None else timeout_s + 120.0
+        # helm enforces --timeout itself; the margin covers its own exit.
+        self._run = runner or partial(run_helm, helm=helm, timeout_s=timeout_s + 60.0)
+        self._clock = clock
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @property
+    def namespace(self) -> str:
+        return self._target.namespace
+
+    def endpoint(self, release: str) -> str:
+        return f"http://{release}.{self.namespace}.svc.cluster.local"
+
+    # --- the driver interface ---------------------------------------------------------------
+
+    async def install(self, request: InstallRequest) -> Release:
+        release = release_name(request.name, request.track)
+        values = render_values(request, self._spec_for(request), self._backend, self._image, resources=self._resources)
+        async with self._lock(request.namespace, request.name):
+            current = await self.status(release)
+            if current is not None:
+                self._check_owner(release, current.config, request.namespace, request.name, request.track)
+                if current.status == "deployed" and current.config == values and await self._same_chart(release):
+                    log.info("helm-install-skipped release=%s (deployed with identical values)", release)
+                    return self._release(release, values)
+                if current.pending:
+                    await self.recover_stuck(release, current)
+            await self._upgrade(release, values)
+            return self._release(release, values)
+
+    async def promote(self, namespace: str, name: str) -> Release:
+        stable, canary = release_name(name, "stable"), release_name(name, "canary")
+        async with self._lock(namespace, name):
+            canary_status = await self.status(canary)
+            if canary_status is None:
+                stable_status = await self.status(stable)
+                if stable_status is not None and stable_status.status == "deployed":
+                    self._check_owner(stable, stable_status.config, namespace, name, "stable")
+                    return self._release(stable, stable_status.config)  # promoted already: a retry finds its work
+                raise DriverError(f"{namespace}/{name}: no canary to promote")
+            self._check_owner(canary, canary_status.config, namespace, name, "canary")
+            if canary_status.status != "deployed":
+                raise DriverError(f"{namespace}/{name}: canary {canary} is {canary_status.status}, not deployed")
+            # The exact values the canary was verified with, as the stable track.
+            values = json.loads(json.dumps(canary_status.config))
+            values["track"] = "stable"
+            values["workflow"]["trafficPercent"] = 0
+            stable_status = await self.status(stable)
+            if stable_status is not None:
+                self._check_owner(stable, stable_status.config, namespace, name, "stable")
+                if stable_status.pending:
+                    await self.recover_stuck(stable, stable_status)
+            if not (stable_status is not None and stable_status.status == "deployed" and stable_status.config == values
+                    and await self._same_chart(stable)):
+                await self._upgrade(stable, values)
+            await self._uninstall(canary)
+            return self._release(stable, values)
+
+    async def remove(self, namespace: str, name: str, track: Track) -> None:
+        release = release_name(name, track)
+        async with self._lock(namespace, name):
+            current = await self.status(release)
+            if current is None:
+                return
+            self._check_owner(release, current.config, namespace, name, track)
+            await self._uninstall(release)
+
+    async def live(self) -> dict[str, LiveWorkflow]:
+        """plnt's deployed releases in the backend's namespace (found by their Helm release label)."""
+        result = await self._helm(
+            ["list", *self._target_flags(), "--selector", "=".join(MANAGED_LABEL), "--max", str(LIST_MAX),
+             "-o", "json"], release="")
+        found: dict[str, LiveWorkflow] = {}
+        for entry in parse_list(result.stdout):
+            if entry.status != "deployed":
+                # pending-*: an install in flight or stuck (the next install recovers it); failed: the
+                # next install upgrades over it, and remove() uninstalls it whatever its status.
+                log.warning("helm-release-not-live release=%s status=%s", entry.name, entry.status)
+                continue
+            values = await self.values(entry.name)
+            try:
+                release = self._release(entry.name, values)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("helm-release-unreadable release=%s error=%s", entry.name, exc)
+                continue
+            key = f"{release.namespace}/{release.name}"
+            live = found.get(key) or LiveWorkflow(namespace=release.namespace, name=release.name)
+            found[key] = live.model_copy(update={release.track: release})
+        return found
+
+    # --- helm operations ---------------------------------------------------------------------
+
+    async def status(self, release: str) -> HelmStatus | None:
+        try:
+            result = await self._helm(["status", release, *self._target_flags(), "-o", "json"], release=release)
+        except _NotFound:
+            return None
+        return parse_status(result.stdout)
+
+    async def values(self, release: str) -> dict[str, Any]:
+        result = await self._helm(["get", "values", release, *self._target_flags(), "-o", "json"], release=release)
+        return parse_values(result.stdout)
+
+    async def recover_stuck(self, release: str, status: HelmStatus | None = None) -> None:
+        """Unstick a release a dead helm left pending-*: roll back to its last good revision, or
+        uninstall it if it never had one. A young pending release is a live operation: DriverError."""
+        status = status or await self.status(release)
+        if status is None or not status.pending:
+            return
+        if status.last_deployed is not None:
+            age = (self._clock() - status.last_deployed).total_seconds()
+            if age < self._stuck_after_s:
+                raise DriverError(f"helm release {release} is {status.status} since {age:.0f}s ago; "
+                                  f"treated as stuck after {self._stuck_after_s:.0f}s")
+        result = await self._helm(["history", release, *self._target_flags(), "--max", "256", "-o", "json"],
+                                  release=release)
+        good = [rev.revision for rev in parse_history(result.stdout)
+                if rev.status in GOOD and rev.revision != status.revision]
+        if good:
+            target = max(good)
+            log.warning("helm-recover release=%s status=%s action=rollback to_revision=%s", release, status.status, target)
+            await self._helm(["rollback", release, str(target), *self._target_flags(), "--wait",
+                              "--timeout", self._timeout(), "--history-max", "10"], release=release)
+        else:
+            log.warning("helm-recover release=%s status=%s action=uninstall (no good revision)", release, status.status)
+            await self._uninstall(release)
+
+    async def _upgrade(self, release: str, values: dict[str, Any]) -> None:
+        try:
+            await self._upgrade_once(release, values)
+        except _InProgress:
+            status = await self.status(release)
+            if status is None or not status.pending:
+                raise
+            await self.recover_stuck(release, status)
+            await self._upgrade_once(release, values)
+
+    async def _upgrade_once(self, release: str, values: dict[str, Any]) -> None:
+        workflow = values["workflow"]
+        labels = ",".join([
+            "=".join(MANAGED_LABEL),
+            f"plnt.work/workflow={workflow['name']}",
+            f"plnt.work/workflow-namespace={workflow['namespace']}",
+            f"plnt.work/track={values['track']}",
+        ])
+        fd, path = tempfile.mkstemp(prefix=f"plnt-values-{release}-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(values, handle, sort_keys=True)
+            await self._helm(
+                ["upgrade", "--install", release, self._chart, *self._target_flags(),
+                 "--values", path, "--reset-values", "--labels", labels,
+                 "--wait", "--timeout", self._timeout(), "--history-max", "10", "-o", "json"],
+                release=release,
+            )
+        finally:
+            Path(path).unlink(missing_ok=True)
+
+    async def _uninstall(self, release: str) -> None:
+        try:
+            await self._helm(["uninstall", release, *self._target_flags(), "--wait", "--timeout", self._timeout(),
+                              "--ignore-not-found"], release=release)
+        except _NotFound:
+            pass  # gone already: what remove() wants
+
+    async def _same_chart(self, release: str) -> bool:
+        """Whether the release runs this driver's chart version (unknown for a remote chart: no)."""
+        if self._chart_version is None:
+            return False
+        result = await self._helm(["list", *self._target_flags(), "--filter", f"^{re.escape(release)}$", "-o", "json"],
+                                  release=release)
+        return any(entry.name == release and entry.chart == self._chart_version for entry in parse_list(result.stdout))
+
+    async def _helm(self, args: list[str], *, release: str) -> subprocess.CompletedProcess[str]:
+        result = await asyncio.to_thread(self._run, args)
+        if result.returncode != 0:
+            raise classify(args[0], release, result.stderr or "")
+        return result
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _target_flags(self) -> list[str]:
+        flags = ["--namespace", self._target.namespace]
+        if self._target.context:
+            flags += ["--kube-context", self._target.context]
+        if self._target.kubeconfig:
+            flags += ["--kubeconfig", self._target.kubeconfig]
+        return flags
+
+    def _timeout(self) -> str:
+        return f"{int(self._timeout_s)}s"
+
+    def _spec_for(self, request: InstallRequest) -> WorkflowRunSpec:
+        spec = self._specs(request.namespace, request.name, request.spec_fingerprint)
+        if spec is None:
+            raise DriverError(f"{request.namespace}/{request.name}: no spec with fingerprint "
+                              f"{request.spec_fingerprint[:19]} is known to the Helm driver (yet)")
+        if spec_fingerprint(spec) != request.spec_fingerprint:
+            raise DriverError(f"{request.namespace}/{request.name}: the spec lookup returned a spec with another "
+                              "fingerprint than the install request's")
+        if spec.backend.cluster != self._backend.metadata.name:
+            raise UnknownBackend(f"{request.namespace}/{request.name} runs on backend {spec.backend.cluster!r}; this "
+                                 f"Helm driver serves {self._backend.metadata.name!r}")
+        return spec
+
+    def _check_owner(self, release: str, config: dict[str, Any], namespace: str, name: str, track: Track) -> None:
+        workflow = config.get("workflow") if isinstance(config.get("workflow"), dict) else {}
+        owner = (workflow.get("namespace"), workflow.get("name"), config.get("track"))
+        if owner != (namespace, name, track):
+            who = f"{owner[0]}/{owner[1]} ({owner[2]})" if workflow else "something that is not a plnt runner"
+            raise HelmConfigError(
+                f"helm release {release} in namespace {self.namespace} belongs to {who}, not {namespace}/{name} "
+                f"({track}); WorkflowRun names must be unique per Kubernetes backend"
+            )
+
+    def _release(self, release: str, values: dict[str, Any]) -> Release:
+        workflow = values["workflow"]
+        port = int(values.get("service", {}).get("port", 80))
+        endpoint = self.endpoint(release) + ("" if port == 80 else f":{port}")
+        return Release(
+            release_id=workflow["releaseId"],
+            namespace=workflow["namespace"],
+            name=workflow["name"],
+            track=values["track"],
+            version=workflow["version"],
+            spec_fingerprint=workflow["specFingerprint"],
+            recipe_digest=workflow["digest"],
+            recipe_dir=RECIPE_DIR_IN_POD,
+            endpoint=endpoint,
+            traffic_percent=int(workflow.get("trafficPercent", 0)),
+        )
+
+    def _lock(self, namespace: str, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(f"{namespace}/{name}", asyncio.Lock())

@@ -1,0 +1,567 @@
+"""HelmDriver command lines, output parsing, error mapping and recovery, against a FAKE helm.
+
+`FakeHelm` replaces `run_helm`: it records every argv (and the values file the driver wrote) and
+answers with canned outputs shaped as helm 4.1 prints them (`status -o json` is the release record
+without the chart, `list -o json` prints revision as a string, `history -o json` an int, `get
+values -o json` prints `null` for a release without values; errors are one `Error: ...` line on
+stderr, exit code 1). The error texts are helm's own strings (checked against the helm 4.1.4 binary);
+the schema/template errors are also produced by the real binary in test_helm_chart.py. Nothing here
+talks to a Kubernetes API server: there is none on these machines.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from plnt.reconciler.driver import InstallRequest
+from plnt.reconciler.errors import DriverError, InvalidSpec, NeedsHuman, UnknownBackend
+from plnt.reconciler.helm_driver import (
+    DEFAULT_CHART,
+    HelmChartError,
+    HelmConfigError,
+    HelmDriver,
+    RunnerImage,
+    SpecCache,
+    parse_history,
+    parse_list,
+    parse_status,
+    parse_time,
+    parse_values,
+    release_name,
+    render_values,
+    run_helm,
+)
+from plnt.reconciler.specs import PlntBackend, WorkflowRun
+
+NOW = datetime(2025, 11, 29, 22, 0, 0, tzinfo=UTC)
+LONG_AGO = "2025-11-29T21:40:02.118372913Z"   # 20 minutes before NOW: a dead helm's pending release
+JUST_NOW = "2025-11-29T21:59:30.004812345Z"   # 30 s before NOW: maybe a live operation
+TARGET = ["--namespace", "agents", "--kube-context", "prod", "--kubeconfig", "/etc/plnt/kubeconfig"]
+IMAGE = RunnerImage(repository="ghcr.io/acme/plnt", tag="0.1.0")
+
+BACKEND = PlntBackend.model_validate({
+    "apiVersion": "plnt.work/v1", "kind": "PlntBackend", "metadata": {"name": "gpu-cluster-01"},
+    "spec": {"type": "kubernetes", "gpuClasses": ["nvidia.com/h100"],
+             "kubernetes": {"context": "prod", "namespace": "agents", "kubeconfig": "/etc/plnt/kubeconfig"}},
+})
+
+
+def run(name: str = "review-responder", namespace: str = "team-a", version: str = "1.2.0", **spec: Any) -> WorkflowRun:
+    return WorkflowRun.model_validate({
+        "apiVersion": "plnt.work/v1", "kind": "WorkflowRun", "metadata": {"name": name, "namespace": namespace},
+        "spec": {"workflow": {"ref": f"{name}@{version}", "registry": "s3://microagents"},
+                 "backend": {"cluster": "gpu-cluster-01", "gpuClass": "nvidia.com/h100", "gpuCount": 1},
+                 "replicas": {"min": 1, "max": 4}, "autoscaling": {"targetInvocationsPerSecond": 25}, **spec},
+    })
+
+
+RUN = run()
+RUN_OLD = run(version="1.1.0")
+
+
+def request(workflow: WorkflowRun = RUN, track: str = "canary") -> InstallRequest:
+    return InstallRequest(namespace=workflow.metadata.namespace, name=workflow.metadata.name, track=track,
+                          version=workflow.spec.workflow.version, spec_fingerprint=workflow.fingerprint(),
+                          recipe_digest="sha256:" + "9a" * 32, recipe_dir="/var/lib/plnt/recipes/9a",
+                          traffic_percent=5 if track == "canary" else 0)
+
+
+def values(workflow: WorkflowRun = RUN, track: str = "canary") -> dict[str, Any]:
+    return render_values(request(workflow, track), workflow.spec, BACKEND, IMAGE)
+
+
+# --- canned helm outputs ---------------------------------------------------------------------
+
+
+def status_json(name: str, status: str, revision: int, config: dict[str, Any] | None,
+                last_deployed: str = LONG_AGO, description: str = "Upgrade complete") -> str:
+    """`helm status NAME -o json` as helm 4 prints it: the release record, chart stripped."""
+    record: dict[str, Any] = {
+        "name": name,
+        "info": {"first_deployed": "2025-11-28T09:12:44.901233117Z", "last_deployed": last_deployed,
+                 "description": description, "status": status,
+                 "notes": f"In the cluster: http://{name}.agents.svc.cluster.local\n"},
+        "manifest": "---\n# Source: workflow-runner/templates/configmap.yaml\napiVersion: v1\nkind: ConfigMap\n...",
+        "version": revision,
+        "namespace": "agents",
+        "apply_method": "ssa",
+    }
+    if config is not None:
+        record["config"] = config  # omitted when a release has no user-supplied values
+    return json.dumps(record, separators=(",", ":")) + "\n"
+
+
+def list_json(*entries: tuple[str, int, str, str]) -> str:
+    """`helm list -o json`: revision is a string, updated is Go's time.String()."""
+    return json.dumps([
+        {"name": name, "namespace": "agents", "revision": str(revision),
+         "updated": "2025-11-29 21:40:02.118372913 +0000 UTC", "status": status, "chart": chart, "app_version": "0.1.0"}
+        for name, revision, status, chart in entries
+    ], separators=(",", ":")) + "\n"
+
+
+def history_json(*revisions: tuple[int, str, str]) -> str:
+    """`helm history NAME -o json`: oldest first, revision an int."""
+    return json.dumps([
+        {"revision": revision, "updated": "2025-11-29T21:40:02.118372913Z", "status": status,
+         "chart": "workflow-runner-0.1.0", "app_version": "0.1.0", "description": description}
+        for revision, status, description in revisions
+    ], separators=(",", ":")) + "\n"
+
+
+NOT_FOUND = "Error: release: not found\n"
+UNINSTALL_NOT_FOUND = "Error: uninstall: Release not loaded: review-responder-canary: release: not found\n"
+IN_PROGRESS = "Error: UPGRADE FAILED: another operation (install/upgrade/rollback) is in progress\n"
+UNREACHABLE = ('Error: kubernetes cluster unreachable: Get "https://10.0.0.1:6443/version": dial tcp 10.0.0.1:6443: '
+               "connect: connection refused\n")
+NO_CONTEXT = 'Error: kubernetes cluster unreachable: context "prod" does not exist\n'
+NO_KUBECONFIG = "Error: kubernetes cluster unreachable: stat /etc/plnt/kubeconfig: no such file or directory\n"
+SCHEMA = ("Error: values don't meet the specifications of the schema(s) in the following chart(s):\n"
+          "workflow-runner:\n- at '/gpu/count': got string, want integer\n")
+TEMPLATE = ("Error: UPGRADE FAILED: execution error at (workflow-runner/templates/deployment.yaml:1:4): "
+            "replicas.max (1) must be >= replicas.min (3)\n")
+WAIT_TIMEOUT = ("Error: UPGRADE FAILED: resource Deployment/agents/review-responder-canary not ready. status: InProgress, "
+                "message: Deployment does not have minimum availability.\ncontext deadline exceeded\n")
+FORBIDDEN = ('Error: UPGRADE FAILED: deployments.apps "review-responder-canary" is forbidden: User '
+             '"system:serviceaccount:plnt:plnt" cannot patch resource "deployments" in API group "apps" in the '
+             'namespace "agents"\n')
+OWNED = ('Error: Unable to continue with install: Service "review-responder-canary" in namespace "agents" exists and '
+         "cannot be imported into the current release: invalid ownership metadata; label validation error: missing key "
+         '"app.kubernetes.io/managed-by": must be set to "Helm"\n')
+THROTTLED = "Error: UPGRADE FAILED: the server has received too many requests and has asked us to try again later\n"
+
+
+class FakeHelm:
+    """A FAKE helm for command-line and parsing tests: scripted answers, every argv recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.values_files: list[dict[str, Any]] = []
+        self.values_paths: list[str] = []
+        self._script: list[tuple[tuple[str, ...], int, str, str]] = []
+
+    def expect(self, *prefix: str, rc: int = 0, stdout: str = "", stderr: str = "") -> FakeHelm:
+        self._script.append((prefix, rc, stdout, stderr))
+        return self
+
+    def __call__(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        args = list(args)
+        self.calls.append(args)
+        if "--values" in args:
+            path = args[args.index("--values") + 1]
+            self.values_paths.append(path)
+            self.values_files.append(json.loads(Path(path).read_text()))
+        assert self._script, f"unexpected helm call: {args}"
+        prefix, rc, stdout, stderr = self._script.pop(0)
+        assert tuple(args[: len(prefix)]) == prefix, f"expected helm {' '.join(prefix)} ..., got {args}"
+        return subprocess.CompletedProcess(["helm", *args], rc, stdout, stderr)
+
+    def done(self) -> None:
+        assert not self._script, f"helm calls expected but not made: {[p for p, *_ in self._script]}"
+
+    def commands(self) -> list[str]:
+        return [" ".join(call[:2]) if call[0] != "upgrade" else f"upgrade {call[2]}" for call in self.calls]
+
+
+def driver(fake: FakeHelm, backend: PlntBackend = BACKEND, *runs: WorkflowRun) -> HelmDriver:
+    specs = SpecCache()
+    for workflow in runs or (RUN, RUN_OLD):
+        specs.remember(workflow)
+    return HelmDriver(backend, specs, image=IMAGE, runner=fake, clock=lambda: NOW)
+
+
+def upgrade_argv(release: str, track: str, path: str) -> list[str]:
+    return ["upgrade", "--install", release, DEFAULT_CHART, *TARGET, "--values", path, "--reset-values",
+            "--labels", f"plnt.work/managed-by=plnt,plnt.work/workflow=review-responder,"
+                        f"plnt.work/workflow-namespace=team-a,plnt.work/track={track}",
+            "--wait", "--timeout", "300s", "--history-max", "10", "-o", "json"]
+
+
+CANARY = "review-responder-canary"
+STABLE = "review-responder"
+
+
+# --- install ---------------------------------------------------------------------------------
+
+
+async def test_install_runs_upgrade_install_with_the_rendered_values() -> None:
+    fake = FakeHelm().expect("status", CANARY, rc=1, stderr=NOT_FOUND).expect("upgrade", stdout="{}")
+    release = await driver(fake).install(request())
+    fake.done()
+    assert fake.calls == [
+        ["status", CANARY, *TARGET, "-o", "json"],
+        upgrade_argv(CANARY, "canary", fake.values_paths[0]),
+    ]
+    assert fake.values_files == [values()]
+    assert not Path(fake.values_paths[0]).exists(), "the values file is removed after the call"
+    assert release.model_dump() == {
+        "release_id": request().release_id, "namespace": "team-a", "name": "review-responder", "track": "canary",
+        "version": "1.2.0", "spec_fingerprint": RUN.fingerprint(), "recipe_digest": "sha256:" + "9a" * 32,
+        "recipe_dir": "/recipe", "endpoint": "http://review-responder-canary.agents.svc.cluster.local",
+        "traffic_percent": 5, "pid": None, "pid_start": None, "port": None,
+    }
+
+
+async def test_target_flags_follow_the_backend() -> None:
+    bare = PlntBackend.model_validate({
+        "apiVersion": "plnt.work/v1", "kind": "PlntBackend", "metadata": {"name": "gpu-cluster-01"},
+        "spec": {"type": "kubernetes", "gpuClasses": ["nvidia.com/h100"], "kubernetes": {"namespace": "agents"}},
+    })
+    fake = FakeHelm().expect("status", rc=1, stderr=NOT_FOUND).expect("upgrade")
+    await driver(fake, bare).install(request(track="stable"))
+    assert fake.calls[0] == ["status", STABLE, "--namespace", "agents", "-o", "json"]
+    assert fake.calls[1][4:6] == ["--namespace", "agents"] and "--kube-context" not in fake.calls[1]
+
+
+async def test_install_of_an_identical_deployed_release_is_a_no_op() -> None:
+    # Decision: deployed + same values + same chart version -> no new revision, no wait.
+    fake = (FakeHelm()
+            .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+            .expect("list", stdout=list_json((CANARY, 1, "deployed", "workflow-runner-0.1.0"))))
+    release = await driver(fake).install(request())
+    fake.done()
+    assert fake.calls[1] == ["list", *TARGET, "--filter", "^review\\-responder\\-canary$", "-o", "json"]
+    assert release.release_id == request().release_id and release.track == "canary"
+
+
+@pytest.mark.parametrize(("deployed", "chart"), [
+    ("other-values", "workflow-runner-0.1.0"),   # another version or spec
+    ("same-values", "workflow-runner-0.0.9"),    # a newer chart
+])
+async def test_install_upgrades_when_values_or_chart_differ(deployed: str, chart: str) -> None:
+    config = values(RUN_OLD) if deployed == "other-values" else values()
+    fake = FakeHelm().expect("status", CANARY, stdout=status_json(CANARY, "deployed", 4, config))
+    if deployed == "same-values":
+        fake.expect("list", stdout=list_json((CANARY, 4, "deployed", chart)))
+    fake.expect("upgrade", stdout="{}")
+    await driver(fake).install(request())
+    fake.done()
+    assert fake.values_files == [values()]
+
+
+async def test_install_upgrades_over_a_failed_release() -> None:
+    fake = (FakeHelm().expect("status", CANARY, stdout=status_json(CANARY, "failed", 2, values()))
+            .expect("upgrade", stdout="{}"))
+    await driver(fake).install(request())
+    fake.done()
+
+
+async def test_install_refuses_a_release_owned_by_another_workflow_run() -> None:
+    other = values(run(namespace="team-b"))
+    fake = FakeHelm().expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, other))
+    with pytest.raises(HelmConfigError, match="belongs to team-b/review-responder"):
+        await driver(fake).install(request())
+    assert fake.commands() == ["status review-responder-canary"], "never upgraded over someone else's release"
+
+
+async def test_install_refuses_a_foreign_release_without_plnt_values() -> None:
+    fake = FakeHelm().expect("status", STABLE, stdout=status_json(STABLE, "deployed", 1, None))
+    with pytest.raises(HelmConfigError, match="not a plnt runner"):
+        await driver(fake).install(request(track="stable"))
+
+
+async def test_install_needs_the_spec_with_the_request_fingerprint() -> None:
+    with pytest.raises(DriverError, match="no spec with fingerprint"):
+        await driver(FakeHelm(), BACKEND, RUN_OLD).install(request())
+    elsewhere = run(backend={"cluster": "other-cluster"})
+    with pytest.raises(UnknownBackend, match="other-cluster"):
+        await driver(FakeHelm(), BACKEND, elsewhere).install(request(elsewhere))
+
+
+# --- error mapping ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("stderr", "error"), [
+    (UNREACHABLE, DriverError),
+    (WAIT_TIMEOUT, DriverError),
+    (THROTTLED, DriverError),
+    ("Error: UPGRADE FAILED: something nobody has seen before\n", DriverError),
+    (SCHEMA, HelmChartError),
+    (TEMPLATE, HelmChartError),
+    (NO_CONTEXT, HelmConfigError),
+    (NO_KUBECONFIG, HelmConfigError),
+    (FORBIDDEN, HelmConfigError),
+    (OWNED, HelmConfigError),
+])
+async def test_upgrade_errors_map_to_what_happens_next(stderr: str, error: type[Exception]) -> None:
+    fake = FakeHelm().expect("status", rc=1, stderr=NOT_FOUND).expect("upgrade", rc=1, stderr=stderr)
+    with pytest.raises(error) as caught:
+        await driver(fake).install(request())
+    assert type(caught.value) is error
+    assert isinstance(caught.value, NeedsHuman) == (error is not DriverError)
+    assert "helm upgrade review-responder-canary:" in str(caught.value)
+    assert "\n" not in str(caught.value).strip()
+
+
+async def test_in_progress_with_a_live_lock_is_retryable() -> None:
+    # Another operation holds the release and it is not pending-* by now: just try again later.
+    fake = (FakeHelm().expect("status", rc=1, stderr=NOT_FOUND).expect("upgrade", rc=1, stderr=IN_PROGRESS)
+            .expect("status", stdout=status_json(CANARY, "deployed", 1, values())))
+    with pytest.raises(DriverError, match="another operation"):
+        await driver(fake).install(request())
+    fake.done()
+
+
+async def test_status_errors_other_than_not_found_propagate() -> None:
+    fake = FakeHelm().expect("status", rc=1, stderr=UNREACHABLE)
+    with pytest.raises(DriverError, match="connection refused"):
+        await driver(fake).install(request())
+
+
+# --- stuck releases --------------------------------------------------------------------------
+
+
+async def test_in_progress_on_a_pending_upgrade_rolls_back_then_upgrades() -> None:
+    fake = (FakeHelm()
+            .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 2, values(RUN_OLD)))
+            .expect("upgrade", rc=1, stderr=IN_PROGRESS)
+            .expect("status", CANARY, stdout=status_json(CANARY, "pending-upgrade", 3, values(), description="Preparing upgrade"))
+            .expect("history", CANARY, stdout=history_json((1, "superseded", "Install complete"),
+                                                           (2, "deployed", "Upgrade complete"),
+                                                           (3, "pending-upgrade", "Preparing upgrade")))
+            .expect("rollback", CANARY)
+            .expect("upgrade"))
+    await driver(fake).install(request())
+    fake.done()
+    assert fake.calls[3] == ["history", CANARY, *TARGET, "--max", "256", "-o", "json"]
+    assert fake.calls[4] == ["rollback", CANARY, "2", *TARGET, "--wait", "--timeout", "300s", "--history-max", "10"]
+
+
+async def test_in_progress_on_a_pending_install_that_never_deployed_uninstalls_then_installs() -> None:
+    fake = (FakeHelm()
+            .expect("status", CANARY, rc=1, stderr=NOT_FOUND)
+            .expect("upgrade", rc=1, stderr=IN_PROGRESS)
+            .expect("status", CANARY, stdout=status_json(CANARY, "pending-install", 1, values(), description="Initial install underway"))
+            .expect("history", CANARY, stdout=history_json((1, "pending-install", "Initial install underway")))
+            .expect("uninstall", CANARY)
+            .expect("upgrade"))
+    await driver(fake).install(request())
+    fake.done()
+    assert fake.calls[4] == ["uninstall", CANARY, *TARGET, "--wait", "--timeout", "300s", "--ignore-not-found"]
+
+
+async def test_install_finding_a_pending_release_recovers_it_first() -> None:
+    fake = (FakeHelm()
+            .expect("status", STABLE, stdout=status_json(STABLE, "pending-rollback", 5, values(track="stable")))
+            .expect("history", STABLE, stdout=history_json((3, "superseded", "Upgrade complete"),
+                                                          (4, "failed", "Upgrade failed: context deadline exceeded"),
+                                                          (5, "pending-rollback", "Rollback to 3")))
+            .expect("rollback", STABLE, "3")
+            .expect("upgrade"))
+    await driver(fake).install(request(track="stable"))
+    fake.done()
+
+
+async def test_a_young_pending_release_is_left_alone() -> None:
+    fake = FakeHelm().expect("status", stdout=status_json(CANARY, "pending-upgrade", 3, values(), last_deployed=JUST_NOW))
+    with pytest.raises(DriverError, match="pending-upgrade since 30s ago"):
+        await driver(fake).install(request())
+    assert fake.commands() == ["status review-responder-canary"], "no rollback of a maybe-live operation"
+
+
+async def test_recover_stuck_on_a_deployed_release_does_nothing() -> None:
+    fake = FakeHelm().expect("status", stdout=status_json(CANARY, "deployed", 3, values()))
+    await driver(fake).recover_stuck(CANARY)
+    fake.done()
+    assert fake.commands() == ["status review-responder-canary"]
+
+
+# --- promote ---------------------------------------------------------------------------------
+
+
+async def test_promote_upgrades_stable_to_the_canary_values_then_uninstalls_the_canary() -> None:
+    fake = (FakeHelm()
+            .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+            .expect("status", STABLE, stdout=status_json(STABLE, "deployed", 7, values(RUN_OLD, "stable")))
+            .expect("upgrade", stdout="{}")
+            .expect("uninstall", CANARY))
+    stable = await driver(fake).promote("team-a", "review-responder")
+    fake.done()
+    expected = values()
+    expected["track"] = "stable"
+    expected["workflow"]["trafficPercent"] = 0
+    assert fake.values_files == [expected]
+    assert fake.calls[2] == upgrade_argv(STABLE, "stable", fake.values_paths[0])
+    assert fake.calls[3] == ["uninstall", CANARY, *TARGET, "--wait", "--timeout", "300s", "--ignore-not-found"]
+    assert stable.track == "stable" and stable.version == "1.2.0" and stable.traffic_percent == 0
+    assert stable.release_id == request().release_id, "a promoted canary keeps its release id"
+    assert stable.endpoint == "http://review-responder.agents.svc.cluster.local"
+
+
+async def test_promote_retried_after_success_finds_the_stable_release() -> None:
+    promoted = values()
+    promoted["track"] = "stable"
+    promoted["workflow"]["trafficPercent"] = 0
+    fake = (FakeHelm().expect("status", CANARY, rc=1, stderr=NOT_FOUND)
+            .expect("status", STABLE, stdout=status_json(STABLE, "deployed", 8, promoted)))
+    stable = await driver(fake).promote("team-a", "review-responder")
+    fake.done()
+    assert stable.version == "1.2.0" and stable.track == "stable"
+
+
+async def test_promote_retried_between_upgrade_and_uninstall_only_uninstalls() -> None:
+    promoted = values()
+    promoted["track"] = "stable"
+    promoted["workflow"]["trafficPercent"] = 0
+    fake = (FakeHelm()
+            .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+            .expect("status", STABLE, stdout=status_json(STABLE, "deployed", 8, promoted))
+            .expect("list", stdout=list_json((STABLE, 8, "deployed", "workflow-runner-0.1.0")))
+            .expect("uninstall", CANARY, rc=1, stderr=UNINSTALL_NOT_FOUND))
+    await driver(fake).promote("team-a", "review-responder")
+    fake.done()
+
+
+async def test_promote_without_a_canary_is_retryable() -> None:
+    fake = FakeHelm().expect("status", CANARY, rc=1, stderr=NOT_FOUND).expect("status", STABLE, rc=1, stderr=NOT_FOUND)
+    with pytest.raises(DriverError, match="no canary to promote"):
+        await driver(fake).promote("team-a", "review-responder")
+
+
+async def test_promote_refuses_a_failed_canary() -> None:
+    fake = FakeHelm().expect("status", CANARY, stdout=status_json(CANARY, "failed", 1, values()))
+    with pytest.raises(DriverError, match="is failed, not deployed"):
+        await driver(fake).promote("team-a", "review-responder")
+
+
+# --- remove ----------------------------------------------------------------------------------
+
+
+async def test_remove_uninstalls_and_waits() -> None:
+    fake = FakeHelm().expect("status", CANARY, stdout=status_json(CANARY, "failed", 1, values())).expect("uninstall")
+    await driver(fake).remove("team-a", "review-responder", "canary")
+    fake.done()
+    assert fake.calls[1] == ["uninstall", CANARY, *TARGET, "--wait", "--timeout", "300s", "--ignore-not-found"]
+
+
+async def test_remove_of_nothing_is_success() -> None:
+    fake = FakeHelm().expect("status", STABLE, rc=1, stderr=NOT_FOUND)
+    await driver(fake).remove("team-a", "review-responder", "stable")
+    fake.done()
+    assert fake.commands() == ["status review-responder"]
+
+
+async def test_remove_when_uninstall_says_not_found_is_success() -> None:
+    fake = (FakeHelm().expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+            .expect("uninstall", rc=1, stderr=UNINSTALL_NOT_FOUND))
+    await driver(fake).remove("team-a", "review-responder", "canary")
+    fake.done()
+
+
+async def test_remove_never_uninstalls_another_workflow_runs_release() -> None:
+    fake = FakeHelm().expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values(run(namespace="team-b"))))
+    with pytest.raises(HelmConfigError):
+        await driver(fake).remove("team-a", "review-responder", "canary")
+    assert fake.commands() == ["status review-responder-canary"]
+
+
+# --- live ------------------------------------------------------------------------------------
+
+
+async def test_live_parses_list_and_values_into_live_workflows() -> None:
+    other = run(name="summariser", namespace="team-b")
+    stable = values(RUN_OLD, "stable")
+    fake = (FakeHelm()
+            .expect("list", stdout=list_json((STABLE, 7, "deployed", "workflow-runner-0.1.0"),
+                                             (CANARY, 1, "deployed", "workflow-runner-0.1.0"),
+                                             ("summariser", 3, "pending-upgrade", "workflow-runner-0.1.0"),
+                                             ("summariser-canary", 1, "failed", "workflow-runner-0.1.0"),
+                                             ("stray", 1, "deployed", "workflow-runner-0.1.0")))
+            .expect("get", "values", STABLE, stdout=json.dumps(stable, separators=(",", ":")) + "\n")
+            .expect("get", "values", CANARY, stdout=json.dumps(values(), separators=(",", ":")) + "\n")
+            .expect("get", "values", "stray", stdout="null\n"))
+    live = await driver(fake, BACKEND, RUN, RUN_OLD, other).live()
+    fake.done()
+    assert fake.calls[0] == ["list", *TARGET, "--selector", "plnt.work/managed-by=plnt", "--max", "4096", "-o", "json"]
+    assert fake.calls[1] == ["get", "values", STABLE, *TARGET, "-o", "json"]
+    assert list(live) == ["team-a/review-responder"], "pending, failed and unreadable releases are not live"
+    workflow = live["team-a/review-responder"]
+    assert workflow.stable is not None and workflow.canary is not None
+    assert (workflow.stable.version, workflow.stable.track, workflow.stable.traffic_percent) == ("1.1.0", "stable", 0)
+    assert workflow.stable.release_id == request(RUN_OLD, "stable").release_id
+    assert workflow.stable.endpoint == "http://review-responder.agents.svc.cluster.local"
+    assert (workflow.canary.version, workflow.canary.traffic_percent) == ("1.2.0", 5)
+    assert workflow.canary.spec_fingerprint == RUN.fingerprint()
+    assert workflow.canary.endpoint == "http://review-responder-canary.agents.svc.cluster.local"
+
+
+async def test_live_with_no_releases() -> None:
+    fake = FakeHelm().expect("list", stdout="[]\n")
+    assert await driver(fake).live() == {}
+
+
+# --- names, values, parsing --------------------------------------------------------------------
+
+
+def test_release_names_are_checked_for_both_tracks() -> None:
+    assert release_name("review-responder", "stable") == "review-responder"
+    assert release_name("review-responder", "canary") == "review-responder-canary"
+    assert release_name("a" * 46, "canary") == "a" * 46 + "-canary"
+    with pytest.raises(InvalidSpec, match="53"):
+        release_name("a" * 47, "stable")  # its canary would be 54 characters
+    with pytest.raises(InvalidSpec, match="DNS-1035"):
+        release_name("9lives", "stable")  # names a Service: a letter first
+
+
+def test_render_values_merges_backend_and_spec_placement() -> None:
+    document = BACKEND.model_dump(mode="json", by_alias=True)
+    document["spec"].update(nodeSelector={"pool": "general", "zone": "a"},
+                            tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+    backend = PlntBackend.model_validate(document)
+    workflow = run(backend={"cluster": "gpu-cluster-01", "nodeSelector": {"pool": "agents"},
+                            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+                   replicas={"min": 2}, autoscaling=None)
+    rendered = render_values(request(workflow, "stable"), workflow.spec, backend, IMAGE, resources={"requests": {"cpu": "250m"}})
+    assert rendered["nodeSelector"] == {"pool": "agents", "zone": "a"}, "the WorkflowRun's choice wins"
+    assert rendered["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert rendered["replicas"] == {"min": 2, "max": 2} and rendered["autoscaling"] == {}
+    assert rendered["gpu"] == {"class": "", "count": 0}
+    assert rendered["resources"] == {"requests": {"cpu": "250m"}}
+    assert rendered["image"] == {"repository": "ghcr.io/acme/plnt", "tag": "0.1.0", "pullPolicy": "IfNotPresent"}
+
+
+def test_render_values_rejects_a_gpu_class_that_is_no_label_key() -> None:
+    workflow = run(backend={"cluster": "gpu-cluster-01", "gpuClass": "NVIDIA H100", "gpuCount": 1})
+    with pytest.raises(InvalidSpec, match="label key"):
+        render_values(request(workflow), workflow.spec, BACKEND, IMAGE)
+
+
+def test_parsers_read_helm_json() -> None:
+    assert parse_time("2025-11-29T21:40:02.118372913Z") == datetime(2025, 11, 29, 21, 40, 2, 118372, tzinfo=UTC)
+    assert parse_time("2025-11-29T22:40:02+01:00") == datetime(2025, 11, 29, 21, 40, 2, tzinfo=UTC)
+    assert parse_time("") is None and parse_time(None) is None
+    status = parse_status(status_json(CANARY, "pending-install", 1, None, description="Initial install underway"))
+    assert (status.name, status.revision, status.status, status.config, status.pending) == (CANARY, 1, "pending-install", {}, True)
+    assert status.last_deployed == NOW - timedelta(minutes=19, seconds=57, microseconds=881628)
+    [entry] = parse_list(list_json((STABLE, 12, "deployed", "workflow-runner-0.1.0")))
+    assert (entry.revision, entry.chart, entry.status) == (12, "workflow-runner-0.1.0", "deployed")
+    assert [rev.revision for rev in parse_history(history_json((1, "superseded", "x"), (2, "deployed", "y")))] == [1, 2]
+    assert parse_values("null\n") == {} and parse_values('{"track":"stable"}\n') == {"track": "stable"}
+
+
+def test_run_helm_without_a_binary_needs_a_human(tmp_path: Path) -> None:
+    with pytest.raises(HelmConfigError, match="install helm"):
+        run_helm(["version"], helm=str(tmp_path / "no-helm"))
+
+
+def test_run_helm_runs_the_real_binary() -> None:
+    import sys
+
+    helm = Path(sys.executable).parent / "helm"
+    if not helm.is_file():
+        pytest.fail(f"no helm at {helm}: run tools/install_helm.sh")
+    result = run_helm(["version", "--short"], helm=str(helm))
+    assert result.returncode == 0 and result.stdout.startswith("v"), result.stderr
+    # A real failure to reach a cluster, mapped as the driver maps it.
+    result = run_helm(["status", "x", "--kube-apiserver", "https://127.0.0.1:1", "-o", "json"], helm=str(helm))
+    assert result.returncode == 1 and "connection refused" in result.stderr
+    from plnt.reconciler.helm_driver import classify
+
+    error = classify("status", "x", result.stderr)
+    assert type(error) is DriverError and error.retryable
