@@ -13,6 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	PYTHON=$(PY) bash tools/install_helm.sh $(VENV)/bin   # the real helm CLI, for the chart tests
 	touch $@
 
 # A scratch git repository holding a copy of gitops-example: the walkthrough commits to it.

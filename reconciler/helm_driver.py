@@ -202,7 +202,7 @@ def classify(command: str, release: str, stderr: str) -> PlntError:
         # The schema error spans several lines; keep them (they name the offending key).
         detail = " ".join(line.strip() for line in stderr.strip().splitlines() if line.strip().startswith("- at"))
         return HelmChartError(f"{where} {detail}".strip())
-    if re.search(r"execution error at|template: |parse error|error converting yaml to json|unable to build kubernetes "
+    if re.search(r"execution error at|template: \S+:\d+|parse error|error converting yaml to json|unable to build kubernetes "
                  r"objects|field is immutable| is invalid: |error validating data", text):
         return HelmChartError(where)
     if "release: not found" in text or re.search(r"release \S+ not found|release not loaded", text):
@@ -211,7 +211,7 @@ def classify(command: str, release: str, stderr: str) -> PlntError:
                  r'|no configuration has been provided', text):
         return HelmConfigError(where)
     if re.search(r"\bforbidden\b|invalid ownership metadata|cannot be imported into the current release"
-                 r'|namespaces "[^"]+" not found', text):
+                 r'|namespaces "[^"]+" not found|^error: path "[^"]*" not found', text, re.MULTILINE):
         return HelmConfigError(where)
     # Connection refused, cluster unreachable, TLS/i-o timeouts, wait timeouts, throttling, etcd
     # hiccups, and anything unknown: may pass on a later attempt.
@@ -440,7 +440,10 @@ class HelmDriver:
                 # next install upgrades over it, and remove() uninstalls it whatever its status.
                 log.warning("helm-release-not-live release=%s status=%s", entry.name, entry.status)
                 continue
-            values = await self.values(entry.name)
+            try:
+                values = await self.values(entry.name)
+            except _NotFound:
+                continue  # uninstalled between list and get
             try:
                 release = self._release(entry.name, values)
             except (KeyError, TypeError, ValueError) as exc:

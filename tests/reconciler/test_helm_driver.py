@@ -288,6 +288,7 @@ async def test_install_needs_the_spec_with_the_request_fingerprint() -> None:
     (NO_KUBECONFIG, HelmConfigError),
     (FORBIDDEN, HelmConfigError),
     (OWNED, HelmConfigError),
+    ('Error: path "/opt/plnt/charts/workflow-runner" not found\n', HelmConfigError),  # no chart where configured
 ])
 async def test_upgrade_errors_map_to_what_happens_next(stderr: str, error: type[Exception]) -> None:
     fake = FakeHelm().expect("status", rc=1, stderr=NOT_FOUND).expect("upgrade", rc=1, stderr=stderr)
@@ -472,15 +473,17 @@ async def test_live_parses_list_and_values_into_live_workflows() -> None:
                                              (CANARY, 1, "deployed", "workflow-runner-0.1.0"),
                                              ("summariser", 3, "pending-upgrade", "workflow-runner-0.1.0"),
                                              ("summariser-canary", 1, "failed", "workflow-runner-0.1.0"),
-                                             ("stray", 1, "deployed", "workflow-runner-0.1.0")))
+                                             ("stray", 1, "deployed", "workflow-runner-0.1.0"),
+                                             ("gone", 2, "deployed", "workflow-runner-0.1.0")))
             .expect("get", "values", STABLE, stdout=json.dumps(stable, separators=(",", ":")) + "\n")
             .expect("get", "values", CANARY, stdout=json.dumps(values(), separators=(",", ":")) + "\n")
-            .expect("get", "values", "stray", stdout="null\n"))
+            .expect("get", "values", "stray", stdout="null\n")
+            .expect("get", "values", "gone", rc=1, stderr=NOT_FOUND))
     live = await driver(fake, BACKEND, RUN, RUN_OLD, other).live()
     fake.done()
     assert fake.calls[0] == ["list", *TARGET, "--selector", "plnt.work/managed-by=plnt", "--max", "4096", "-o", "json"]
     assert fake.calls[1] == ["get", "values", STABLE, *TARGET, "-o", "json"]
-    assert list(live) == ["team-a/review-responder"], "pending, failed and unreadable releases are not live"
+    assert list(live) == ["team-a/review-responder"], "pending, failed, unreadable and vanished releases are not live"
     workflow = live["team-a/review-responder"]
     assert workflow.stable is not None and workflow.canary is not None
     assert (workflow.stable.version, workflow.stable.track, workflow.stable.traffic_percent) == ("1.1.0", "stable", 0)
