@@ -182,13 +182,19 @@ def run_helm(args: Sequence[str], *, helm: str = "helm", timeout_s: float | None
         raise DriverError(f"helm {args[0] if args else ''} did not finish within {timeout_s:.0f}s") from exc
 
 
-def error_line(stderr: str) -> str:
-    """Helm's own error line (`Error: ...`), else the last non-empty line: never whole logs."""
+def error_line(stderr: str, limit: int = 600) -> str:
+    """Helm's error (from the last `Error:` line on; helm 4 spreads template and schema errors over
+    several lines) on one line, else the last non-empty line: never whole logs."""
     lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
-    for line in reversed(lines):
-        if line.startswith("Error:"):
-            return line[len("Error:"):].strip()
-    return lines[-1] if lines else "(no output)"
+    starts = [index for index, line in enumerate(lines) if line.startswith("Error:")]
+    if starts:
+        lines = lines[starts[-1]:]
+        lines[0] = lines[0][len("Error:"):].strip()
+        lines = [line for line in lines if not line.startswith("Use --debug flag")]
+    elif lines:
+        lines = lines[-1:]
+    message = " ".join(lines) or "(no output)"
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def classify(command: str, release: str, stderr: str) -> PlntError:
@@ -198,12 +204,11 @@ def classify(command: str, release: str, stderr: str) -> PlntError:
     where = f"helm {command} {release}: {message}"
     if "another operation (install/upgrade/rollback) is in progress" in text:
         return _InProgress(where)
-    if "values don't meet the specifications of the schema" in text:
-        # The schema error spans several lines; keep them (they name the offending key).
-        detail = " ".join(line.strip() for line in stderr.strip().splitlines() if line.strip().startswith("- at"))
-        return HelmChartError(f"{where} {detail}".strip())
-    if re.search(r"execution error at|template: \S+:\d+|parse error|error converting yaml to json|unable to build kubernetes "
-                 r"objects|field is immutable| is invalid: |error validating data", text):
+    # Schema violations, template failures (helm 3: `template: F:L:C: executing`, helm 4: `F:L:C
+    # executing "F" at <...>`), and manifests the API server refuses as invalid.
+    if re.search(r"values don't meet the specifications of the schema|execution error at|executing \"|template: \S+:\d+"
+                 r"|parse error|error converting yaml to json|unable to build kubernetes objects|field is immutable"
+                 r"| is invalid: |error validating data", text):
         return HelmChartError(where)
     if "release: not found" in text or re.search(r"release \S+ not found|release not loaded", text):
         return _NotFound(where)
@@ -344,7 +349,7 @@ class HelmDriver:
         image: RunnerImage | None = None,
         resources: dict[str, Any] | None = None,
         helm: str = "helm",
-        timeout_s: float = 300.0,
+        timeout_s: float = 150.0,  # under the saga's 3-minute install/promote/remove activity timeouts
         stuck_after_s: float | None = None,
         runner: HelmRunner | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -363,7 +368,7 @@ class HelmDriver:
         # A pending release younger than this may belong to a helm that is still running.
         self._stuck_after_s = stuck_after_s if stuck_after_s is not None else timeout_s + 120.0
         # helm enforces --timeout itself; the margin covers its own exit.
-        self._run = runner or partial(run_helm, helm=helm, timeout_s=timeout_s + 60.0)
+        self._run = runner or partial(run_helm, helm=helm, timeout_s=timeout_s + 20.0)
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
 

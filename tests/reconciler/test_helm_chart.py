@@ -340,3 +340,18 @@ def test_template_guards_fail_as_chart_errors(helm: str) -> None:
     result = helm_template(helm, "9-lives", str(CHART), "agents", values)
     assert result.returncode != 0 and "DNS-1035" in result.stderr
     assert isinstance(classify("upgrade", "9-lives", result.stderr), HelmChartError)
+
+
+def test_a_broken_template_is_a_chart_error(helm: str, tmp_path: Path) -> None:
+    # helm 4 prints template failures as `Error: FILE:LINE:COL` + `executing "FILE" at <...>` lines.
+    import shutil
+
+    chart = tmp_path / "workflow-runner"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "broken.yaml").write_text("{{ .Values.nope.x }}\n")
+    run, track = CASES["cpu-fixed-stable"]
+    result = helm_template(helm, "review-responder", str(chart), "agents",
+                           render_values(install_request(run, track), run.spec, BACKEND, IMAGE))
+    assert result.returncode != 0 and "nil pointer evaluating" in result.stderr, result.stderr
+    error = classify("upgrade", "review-responder", result.stderr)
+    assert isinstance(error, HelmChartError) and "broken.yaml" in str(error) and "nil pointer" in str(error)

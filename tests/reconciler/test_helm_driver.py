@@ -126,6 +126,9 @@ SCHEMA = ("Error: values don't meet the specifications of the schema(s) in the f
           "workflow-runner:\n- at '/gpu/count': got string, want integer\n")
 TEMPLATE = ("Error: UPGRADE FAILED: execution error at (workflow-runner/templates/deployment.yaml:1:4): "
             "replicas.max (1) must be >= replicas.min (3)\n")
+HELM4_TEMPLATE = ('Error: UPGRADE FAILED: workflow-runner/templates/deployment.yaml:3:12\n'
+                  '  executing "workflow-runner/templates/deployment.yaml" at <.Values.resources.limits>:\n'
+                  "    nil pointer evaluating interface {}.limits\n")
 WAIT_TIMEOUT = ("Error: UPGRADE FAILED: resource Deployment/agents/review-responder-canary not ready. status: InProgress, "
                 "message: Deployment does not have minimum availability.\ncontext deadline exceeded\n")
 FORBIDDEN = ('Error: UPGRADE FAILED: deployments.apps "review-responder-canary" is forbidden: User '
@@ -180,7 +183,7 @@ def upgrade_argv(release: str, track: str, path: str) -> list[str]:
     return ["upgrade", "--install", release, DEFAULT_CHART, *TARGET, "--values", path, "--reset-values",
             "--labels", f"plnt.work/managed-by=plnt,plnt.work/workflow=review-responder,"
                         f"plnt.work/workflow-namespace=team-a,plnt.work/track={track}",
-            "--wait", "--timeout", "300s", "--history-max", "10", "-o", "json"]
+            "--wait", "--timeout", "150s", "--history-max", "10", "-o", "json"]
 
 
 CANARY = "review-responder-canary"
@@ -284,6 +287,7 @@ async def test_install_needs_the_spec_with_the_request_fingerprint() -> None:
     ("Error: UPGRADE FAILED: something nobody has seen before\n", DriverError),
     (SCHEMA, HelmChartError),
     (TEMPLATE, HelmChartError),
+    (HELM4_TEMPLATE, HelmChartError),
     (NO_CONTEXT, HelmConfigError),
     (NO_KUBECONFIG, HelmConfigError),
     (FORBIDDEN, HelmConfigError),
@@ -296,8 +300,8 @@ async def test_upgrade_errors_map_to_what_happens_next(stderr: str, error: type[
         await driver(fake).install(request())
     assert type(caught.value) is error
     assert isinstance(caught.value, NeedsHuman) == (error is not DriverError)
-    assert "helm upgrade review-responder-canary:" in str(caught.value)
-    assert "\n" not in str(caught.value).strip()
+    assert str(caught.value).startswith("helm upgrade review-responder-canary: ")
+    assert "\n" not in str(caught.value) and "Error:" not in str(caught.value)
 
 
 async def test_in_progress_with_a_live_lock_is_retryable() -> None:
@@ -331,7 +335,7 @@ async def test_in_progress_on_a_pending_upgrade_rolls_back_then_upgrades() -> No
     await driver(fake).install(request())
     fake.done()
     assert fake.calls[3] == ["history", CANARY, *TARGET, "--max", "256", "-o", "json"]
-    assert fake.calls[4] == ["rollback", CANARY, "2", *TARGET, "--wait", "--timeout", "300s", "--history-max", "10"]
+    assert fake.calls[4] == ["rollback", CANARY, "2", *TARGET, "--wait", "--timeout", "150s", "--history-max", "10"]
 
 
 async def test_in_progress_on_a_pending_install_that_never_deployed_uninstalls_then_installs() -> None:
@@ -344,7 +348,7 @@ async def test_in_progress_on_a_pending_install_that_never_deployed_uninstalls_t
             .expect("upgrade"))
     await driver(fake).install(request())
     fake.done()
-    assert fake.calls[4] == ["uninstall", CANARY, *TARGET, "--wait", "--timeout", "300s", "--ignore-not-found"]
+    assert fake.calls[4] == ["uninstall", CANARY, *TARGET, "--wait", "--timeout", "150s", "--ignore-not-found"]
 
 
 async def test_install_finding_a_pending_release_recovers_it_first() -> None:
@@ -389,7 +393,7 @@ async def test_promote_upgrades_stable_to_the_canary_values_then_uninstalls_the_
     expected["workflow"]["trafficPercent"] = 0
     assert fake.values_files == [expected]
     assert fake.calls[2] == upgrade_argv(STABLE, "stable", fake.values_paths[0])
-    assert fake.calls[3] == ["uninstall", CANARY, *TARGET, "--wait", "--timeout", "300s", "--ignore-not-found"]
+    assert fake.calls[3] == ["uninstall", CANARY, *TARGET, "--wait", "--timeout", "150s", "--ignore-not-found"]
     assert stable.track == "stable" and stable.version == "1.2.0" and stable.traffic_percent == 0
     assert stable.release_id == request().release_id, "a promoted canary keeps its release id"
     assert stable.endpoint == "http://review-responder.agents.svc.cluster.local"
@@ -438,7 +442,7 @@ async def test_remove_uninstalls_and_waits() -> None:
     fake = FakeHelm().expect("status", CANARY, stdout=status_json(CANARY, "failed", 1, values())).expect("uninstall")
     await driver(fake).remove("team-a", "review-responder", "canary")
     fake.done()
-    assert fake.calls[1] == ["uninstall", CANARY, *TARGET, "--wait", "--timeout", "300s", "--ignore-not-found"]
+    assert fake.calls[1] == ["uninstall", CANARY, *TARGET, "--wait", "--timeout", "150s", "--ignore-not-found"]
 
 
 async def test_remove_of_nothing_is_success() -> None:
