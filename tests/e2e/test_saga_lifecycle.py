@@ -116,9 +116,8 @@ async def test_gpu_class_the_backend_lacks_fails_validation_and_installs_nothing
 async def test_history_shows_each_step_of_the_newest_saga(
     spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
 ) -> None:
-    from typer.testing import CliRunner
-
     from plnt.reconciler.cli import app
+    from typer.testing import CliRunner
 
     settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
     async with running_plnt(settings) as plnt:
