@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from plnt.runner.recipe import load_golden
+from plnt.runner.recipe import load_golden, load_recipe_dir
 from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -33,7 +33,7 @@ from .saga_io import (
     ValidateInput,
 )
 from .smoke import SmokeResult, judge, measure, summarise
-from .specs import PlntBackend, RecipeTrustPolicy, WorkflowRun
+from .specs import BackendPlacement, PlntBackend, RecipeTrustPolicy, Requirements, WorkflowRun
 from .state import Release
 from .status import StatusStore
 
@@ -72,6 +72,20 @@ def _boundary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             raise ApplicationError(message, type=type(exc).__name__, non_retryable=isinstance(exc, NeedsHuman)) from exc
 
     return wrapper
+
+
+def check_requirements(needs: Requirements, placement: BackendPlacement, *, recipe: str) -> None:
+    """What the recipe says it needs against what the WorkflowRun asks its backend for.
+
+    (The backend's offer was checked at validation: the WorkflowRun's gpuClass is one it has.)
+    """
+    if needs.gpu_class is not None and placement.gpu_class != needs.gpu_class:
+        asked = placement.gpu_class or "no GPU"
+        raise GpuClassUnavailable(f"recipe {recipe} needs {needs.gpu_count or 1} x {needs.gpu_class}; the WorkflowRun "
+                                  f"asks for {asked}: set spec.backend.gpuClass: {needs.gpu_class}")
+    if needs.gpu_count > placement.gpu_count:
+        raise GpuClassUnavailable(f"recipe {recipe} needs {needs.gpu_count} GPUs; the WorkflowRun asks for "
+                                  f"{placement.gpu_count}: raise spec.backend.gpuCount")
 
 
 class SagaActivities:
@@ -153,6 +167,8 @@ class SagaActivities:
             read_from_repo=self._read, export_from_repo=self._export, registry_options=self._registry_options,
             limits=self._limits, progress=progress,
         ), details=lambda: transferred)
+        recipe = await asyncio.to_thread(load_recipe_dir, pulled.directory)
+        check_requirements(recipe.workflow.requirements, run.spec.backend, recipe=run.spec.workflow.ref)
         return PulledRecipeInfo(directory=str(pulled.directory), digest=pulled.digest, version=pulled.version,
                                 signer=f"{pulled.signature.identity} ({pulled.signature.issuer})",
                                 transferred_bytes=pulled.transferred_bytes)

@@ -18,7 +18,7 @@ import httpx
 import typer
 
 from .loader import Problem, SourceFile, SpecSet, load_sources, read_tree
-from .settings import Settings
+from .settings import RetrySettings, Settings
 
 app = typer.Typer(
     name="plnt",
@@ -63,6 +63,9 @@ def up(
     oci_insecure_host: Annotated[list[str] | None, typer.Option(
         help="OCI registry (host or host:port) allowed over plain HTTP; loopback always is. Repeatable.")] = None,
     max_recipe_mb: Annotated[int, typer.Option(help="Refuse recipes that unpack to more than this.")] = 256,
+    max_sagas: Annotated[int, typer.Option(help="Sagas (deploys) running at once, across WorkflowRuns.")] = 8,
+    retry_attempts: Annotated[int, typer.Option(help="Attempts per saga step, the first included.")] = 3,
+    retry_initial_s: Annotated[float, typer.Option(help="Seconds before a step's first retry (doubling after).")] = 2.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run plnt: Temporal, a worker, the reconciler and the gateway; deploy through local runner processes."""
@@ -70,7 +73,8 @@ def up(
     settings = Settings(repo=repo, path=path, branch=branch, state_dir=state_dir, host=host, port=port,
                         interval_s=interval, temporal_address=temporal_address, s3_endpoint_url=s3_endpoint_url,
                         s3_region=s3_region, oci_insecure_hosts=tuple(oci_insecure_host or ()),
-                        max_recipe_bytes=max_recipe_mb * 2**20)
+                        max_recipe_bytes=max_recipe_mb * 2**20, max_concurrent_sagas=max_sagas,
+                        retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s))
     problem = _port_problem(host, port)
     if problem:
         typer.echo(f"error: {problem}", err=True)

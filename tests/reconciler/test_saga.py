@@ -184,3 +184,26 @@ async def test_validate_dead_ends_are_non_retryable(tmp_path: Any, spec_edit: di
 async def test_validate_accepts_a_good_spec(tmp_path: Any) -> None:
     result = await ActivityEnvironment().run(real_activities(tmp_path).validate, ValidateInput(spec=SPEC, backends=BACKENDS))
     assert result == ValidatedSpec(backend_type="local", version="1.0.0")
+
+
+@pytest.mark.parametrize(("needs", "placement", "message"), [
+    ({"gpuClass": "nvidia.com/h100", "gpuCount": 2}, {"cluster": "c"}, "needs 2 x nvidia.com/h100; the WorkflowRun asks for no GPU"),
+    ({"gpuClass": "nvidia.com/h100", "gpuCount": 2}, {"cluster": "c", "gpuClass": "nvidia.com/a10g", "gpuCount": 2},
+     "asks for nvidia.com/a10g"),
+    ({"gpuClass": "nvidia.com/h100", "gpuCount": 2}, {"cluster": "c", "gpuClass": "nvidia.com/h100", "gpuCount": 1},
+     "needs 2 GPUs"),
+    ({}, {"cluster": "c"}, None),
+    ({"gpuClass": "nvidia.com/h100", "gpuCount": 1}, {"cluster": "c", "gpuClass": "nvidia.com/h100", "gpuCount": 1}, None),
+])
+def test_recipe_requirements_against_the_workflowrun(needs: dict[str, Any], placement: dict[str, Any],
+                                                      message: str | None) -> None:
+    from plnt.reconciler.activities import check_requirements
+    from plnt.reconciler.errors import GpuClassUnavailable
+    from plnt.reconciler.specs import BackendPlacement, Requirements
+
+    requirements, asked = Requirements.model_validate(needs), BackendPlacement.model_validate(placement)
+    if message is None:
+        check_requirements(requirements, asked, recipe="r@1.0.0")
+        return
+    with pytest.raises(GpuClassUnavailable, match=message):
+        check_requirements(requirements, asked, recipe="r@1.0.0")
