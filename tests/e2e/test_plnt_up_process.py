@@ -200,9 +200,11 @@ def test_plnt_up_serves_stops_cleanly_and_restarts_without_redeploying(
     second.stop_and_check(signal.SIGTERM)
 
 
-def _runner_processes() -> dict[int, str]:
-    return {int(p.name): cmdline(int(p.name)) for p in Path("/proc").iterdir()
-            if p.name.isdigit() and _stat(int(p.name)) is not None and "plnt.runner" in cmdline(int(p.name))}
+def _runner_processes(state_dir: Path) -> dict[int, str]:
+    """Live runner processes of this plnt (their recipes are in its state dir)."""
+    return {int(p.name): line for p in Path("/proc").iterdir()
+            if p.name.isdigit() and _stat(int(p.name)) is not None
+            and "plnt.runner" in (line := cmdline(int(p.name))) and str(state_dir) in line}
 
 
 def test_plnt_killed_mid_saga_resumes_the_saga_where_it_was(
@@ -225,7 +227,7 @@ def test_plnt_killed_mid_saga_resumes_the_saga_where_it_was(
     while not any(r["phase"] == "Canary" for r in first.workflows() or []):
         assert time.monotonic() < deadline, first.why("never reached Canary")
         time.sleep(0.1)
-    before = _runner_processes()
+    before = _runner_processes(state_dir)
     assert len(before) == 2, first.why(f"expected the stable and the canary runner: {before}")
     canary_pid = next(pid for pid, line in before.items() if "review-responder.1.5.0" in line)
     first.record_descendants()
@@ -242,7 +244,7 @@ def test_plnt_killed_mid_saga_resumes_the_saga_where_it_was(
     assert "saga-adopted" in second.log(), second.why("the running saga was not adopted")
     assert "saga-started" not in second.log(), second.why("a second saga was started instead of resuming")
     assert row["sagaId"] != ready["sagaId"] and row["canaryPercent"] == 0
-    after = _runner_processes()
+    after = _runner_processes(state_dir)
     assert list(after) == [canary_pid], second.why(f"exactly one runner, the promoted canary, must be left: {after}")
     response = httpx.post(f"{second.url}/workflows/review-responder/invoke", json=REVIEW, timeout=30, trust_env=False)
     assert response.json()["version"] == "1.5.0", second.why(response.text)
