@@ -19,6 +19,8 @@ from temporalio.worker import Worker
 
 from .activities import SagaActivities
 from .archive import ExtractLimits
+from .drivers import DriverSet
+from .helm_driver import DEFAULT_CHART, HelmDriver, RunnerImage, SpecLookup
 from .history import NoSaga, saga_history
 from .local_driver import LocalDriver
 from .reconciler import Reconciler
@@ -26,6 +28,7 @@ from .registries import RegistryOptions
 from .saga import DeploySaga
 from .settings import Settings
 from .source import GitSource
+from .specs import PlntBackend
 from .state import LiveWorkflow, Release, StateDir
 from .status import StatusStore
 from .temporal_server import TemporalDevServer, connect
@@ -110,9 +113,16 @@ async def start(settings: Settings) -> Plnt:
                                                timeout_s=settings.runner_stop_timeout_s),
         )
         cleanups.append(driver.shutdown)
+
+        def make_helm(backend: PlntBackend, specs: SpecLookup) -> HelmDriver:
+            return HelmDriver(backend, specs, helm=settings.helm_binary, chart=settings.helm_chart or DEFAULT_CHART,
+                              image=RunnerImage(repository=settings.runner_image, tag=settings.runner_image_tag))
+
+        drivers = DriverSet(driver, state, make_helm)
         source = GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path)
         activities = SagaActivities(
-            driver=driver, statuses=statuses, export_from_repo=source.export, read_from_repo=source.read_file,
+            driver=drivers, statuses=statuses, export_from_repo=source.export, read_from_repo=source.read_file,
+            supported_backend_types=("local", "kubernetes"),
             recipe_cache=state.recipes, smoke_request_timeout_s=settings.smoke_request_timeout_s,
             registry_options=RegistryOptions(
                 s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region,
@@ -121,7 +131,8 @@ async def start(settings: Settings) -> Plnt:
                                  max_file_bytes=settings.max_recipe_file_bytes),
         )
         # Phase changes also change routes (a WorkflowRun seen for the first time answers 503, not 404).
-        reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses, driver=driver, state=state)
+        reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses, driver=drivers,
+                                state=state)
 
         def list_workflows() -> list[dict[str, Any]]:
             return [status.public() for status in statuses.all()]

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from .loader import SpecSet
 from .state import LiveWorkflow, Release, Track
 
 
@@ -33,6 +34,10 @@ class InstallRequest(BaseModel):
 
 
 class ReleaseDriver(Protocol):
+    def assign(self, specs: SpecSet) -> None:
+        """Called with every valid spec set before a plan: which backend each WorkflowRun uses."""
+        ...
+
     async def install(self, request: InstallRequest) -> Release:
         """Install (or find) the release; returns once it is healthy."""
         ...

@@ -74,6 +74,9 @@ class LocalDriver:
 
     # --- the driver interface ---------------------------------------------------------------
 
+    def assign(self, specs: object) -> None:
+        """Every WorkflowRun the local driver sees runs here: nothing to map."""
+
     async def install(self, request: InstallRequest) -> Release:
         async with self._lock(request.namespace, request.name):
             live = self._read(request.namespace, request.name)

@@ -92,6 +92,7 @@ class Reconciler:
         if problems:
             self._reject_commit(commit, problems)
             return []
+        self._driver.assign(specs)
         desired = {key: DesiredRun.from_spec(run) for key, run in specs.workflow_runs.items()}
         items = plan(desired, await self.live_runs())
         budget = self._settings.max_concurrent_sagas - len(self._sagas)

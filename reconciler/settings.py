@@ -47,6 +47,11 @@ class Settings(BaseModel):
     max_recipe_bytes: int = Field(default=256 * 2**20, gt=0, description="unpacked size limit of one recipe")
     max_recipe_files: int = Field(default=10_000, gt=0)
     max_recipe_file_bytes: int = Field(default=64 * 2**20, gt=0)
+    # Kubernetes backends (the Helm driver).
+    helm_binary: str = "helm"
+    helm_chart: str | None = Field(default=None, description="workflow-runner chart; None: the one in this checkout")
+    runner_image: str = Field(default="plnt", description="runner image repository for Kubernetes backends")
+    runner_image_tag: str = ""
 
     @property
     def gateway_url(self) -> str:

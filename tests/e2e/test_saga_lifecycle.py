@@ -143,3 +143,34 @@ async def test_history_shows_each_step_of_the_newest_saga(
         assert "smoke_test" in table.output and "RolledBack" in table.output
         missing = await asyncio.to_thread(runner.invoke, app, ["history", "nope", "--url", plnt.url])
         assert missing.exit_code == 1 and "no saga has run for default/nope" in missing.output
+
+
+async def test_a_kubernetes_backend_goes_through_the_helm_driver(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    """The real helm binary, the real chart, a kube context that does not exist (no cluster can run
+    here): the saga reaches helm, the error is a dead end named in the status, and the WorkflowRun on
+    the local backend is untouched."""
+    import shutil
+
+    from plnt.reconciler.helm_driver import DEFAULT_CHART
+
+    helm = shutil.which("helm") or str(Path(__import__("sys").executable).parent / "helm")
+    spec_repo.write("backends/gpu.yaml", (
+        "apiVersion: plnt.work/v1\nkind: PlntBackend\nmetadata: {name: gpu-cluster-01}\n"
+        "spec:\n  type: kubernetes\n  gpuClasses: [nvidia.com/h100]\n"
+        f"  kubernetes: {{context: plnt-test-no-such-context, namespace: agents, kubeconfig: {tmp_path / 'kubeconfig'}}}\n"))
+    (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    text = (spec_repo.path / RUN_FILE).read_text()
+    spec_repo.write("workflowruns/on-gpu.yaml", text.replace("name: review-responder\n", "name: rr-gpu\n")
+                    .replace("    cluster: local", "    cluster: gpu-cluster-01\n    gpuClass: nvidia.com/h100\n    gpuCount: 1"))
+    spec_repo.commit("a WorkflowRun on a kubernetes backend")
+    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
+                            helm_binary=helm, helm_chart=DEFAULT_CHART)
+    async with running_plnt(settings) as plnt:
+        await wait_phase(plnt, "Ready", version="1.2.0")
+        status = await wait_phase(plnt, "Failed", name="rr-gpu", timeout=60)
+        assert status["lastError"].startswith("HelmConfigError"), status
+        assert "plnt-test-no-such-context" in status["lastError"]
+        assert set(plnt.driver.snapshot()) == {"default/review-responder"}, "nothing of rr-gpu ran locally"
+        assert (await invoke(plnt)).json()["version"] == "1.2.0"

@@ -572,3 +572,35 @@ def test_run_helm_runs_the_real_binary() -> None:
 
     error = classify("status", "x", result.stderr)
     assert type(error) is DriverError and error.retryable
+
+
+def test_driver_set_routes_kubernetes_runs_to_helm_and_remembers_backends(tmp_path: Path) -> None:
+    """DriverSet with a FAKE helm (canned output) and a real LocalDriver that is never started."""
+    from plnt.reconciler.drivers import DriverSet
+    from plnt.reconciler.loader import SpecSet
+    from plnt.reconciler.local_driver import LocalDriver
+    from plnt.reconciler.state import StateDir
+
+    state = StateDir(tmp_path / "state").ensure()
+    local_backend = PlntBackend.model_validate({"apiVersion": "plnt.work/v1", "kind": "PlntBackend",
+                                                "metadata": {"name": "local"}, "spec": {"type": "local"}})
+    on_local = run(name="on-local", backend={"cluster": "local"})
+    specs = SpecSet(workflow_runs={RUN.key: RUN, on_local.key: on_local},
+                    backends={BACKEND.metadata.name: BACKEND, "local": local_backend})
+    fake = FakeHelm()
+    made: list[str] = []
+
+    def make_helm(backend: PlntBackend, lookup: Any) -> HelmDriver:
+        made.append(backend.metadata.name)
+        return HelmDriver(backend, lookup, runner=fake)
+
+    local = LocalDriver(state)
+    drivers = DriverSet(local, state, make_helm)
+    drivers.assign(specs)
+    assert isinstance(drivers.driver_for(RUN.metadata.namespace, RUN.metadata.name), HelmDriver)
+    assert drivers.driver_for("team-a", "on-local") is local
+    assert drivers.driver_for("default", "never-seen") is local
+    # After a restart the mapping is still known, e.g. to uninstall a WorkflowRun removed from the repo.
+    again = DriverSet(local, state, make_helm)
+    assert isinstance(again.driver_for(RUN.metadata.namespace, RUN.metadata.name), HelmDriver)
+    assert made == [BACKEND.metadata.name, BACKEND.metadata.name]
