@@ -191,6 +191,8 @@ class SagaActivities:
         samples = await _with_heartbeats(measure(
             request.endpoint, [case.input for case in cases],
             invocations=budget.invocations, concurrency=budget.concurrency, timeout_s=self._smoke_timeout_s,
+            # Streamed when a TTFT or TPOT budget is set, so the tokens can be timed.
+            stream=budget.ttft_budget_ms is not None or budget.tpot_budget_ms is not None,
         ))
         return judge(summarise(samples), budget)
 

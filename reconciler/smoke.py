@@ -24,6 +24,8 @@ class Sample(BaseModel):
     latency_ms: float
     ok: bool
     error: str | None = None
+    ttft_ms: float | None = None   # streamed: time to the first token (or to the result if none came)
+    tpot_ms: float | None = None   # streamed: mean time per output token after the first
 
 
 class SmokeMetrics(BaseModel):
@@ -36,6 +38,8 @@ class SmokeMetrics(BaseModel):
     p95_ms: float
     max_ms: float
     first_error: str | None = None
+    ttft_p95_ms: float | None = None
+    tpot_p95_ms: float | None = None
 
 
 class SmokeResult(BaseModel):
@@ -58,6 +62,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 def summarise(samples: Sequence[Sample]) -> SmokeMetrics:
     latencies = [s.latency_ms for s in samples]
     errors = [s for s in samples if not s.ok]
+    ttfts = [s.ttft_ms for s in samples if s.ok and s.ttft_ms is not None]
+    tpots = [s.tpot_ms for s in samples if s.ok and s.tpot_ms is not None]
     return SmokeMetrics(
         invocations=len(samples),
         errors=len(errors),
@@ -66,6 +72,8 @@ def summarise(samples: Sequence[Sample]) -> SmokeMetrics:
         p95_ms=round(percentile(latencies, 95), 2),
         max_ms=round(max(latencies, default=0.0), 2),
         first_error=errors[0].error if errors else None,
+        ttft_p95_ms=round(percentile(ttfts, 95), 2) if ttfts else None,
+        tpot_p95_ms=round(percentile(tpots, 95), 2) if tpots else None,
     )
 
 
@@ -80,6 +88,10 @@ def judge(metrics: SmokeMetrics, budget: SmokeTest) -> SmokeResult:
         )
     if metrics.p95_ms > budget.p95_budget_ms:
         failures.append(f"p95 latency {metrics.p95_ms:g} ms over budget {budget.p95_budget_ms:g} ms")
+    if budget.ttft_budget_ms is not None and metrics.ttft_p95_ms is not None and metrics.ttft_p95_ms > budget.ttft_budget_ms:
+        failures.append(f"TTFT p95 {metrics.ttft_p95_ms:g} ms over budget {budget.ttft_budget_ms:g} ms")
+    if budget.tpot_budget_ms is not None and metrics.tpot_p95_ms is not None and metrics.tpot_p95_ms > budget.tpot_budget_ms:
+        failures.append(f"TPOT p95 {metrics.tpot_p95_ms:g} ms over budget {budget.tpot_budget_ms:g} ms")
     if failures:
         return SmokeResult(passed=False, reason="smoke test failed: " + "; ".join(failures), metrics=metrics)
     return SmokeResult(
@@ -97,6 +109,7 @@ async def measure(
     invocations: int,
     concurrency: int,
     timeout_s: float,
+    stream: bool = False,
 ) -> list[Sample]:
     payloads = list(inputs) or [{}]
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -107,7 +120,8 @@ async def measure(
     async def worker(client: httpx.AsyncClient) -> None:
         while not queue.empty():
             index = queue.get_nowait()
-            samples.append(await _invoke(client, endpoint, payloads[index % len(payloads)]))
+            payload = payloads[index % len(payloads)]
+            samples.append(await (_invoke_streaming if stream else _invoke)(client, endpoint, payload))
 
     async with httpx.AsyncClient(trust_env=False, timeout=timeout_s) as client:
         await asyncio.gather(*(worker(client) for _ in range(min(concurrency, invocations))))
@@ -128,3 +142,37 @@ async def _invoke(client: httpx.AsyncClient, endpoint: str, payload: dict[str, A
             message = response.text[:200]
         return Sample(latency_ms=latency, ok=False, error=f"HTTP {response.status_code}: {message}"[:300])
     return Sample(latency_ms=latency, ok=True)
+
+
+async def _invoke_streaming(client: httpx.AsyncClient, endpoint: str, payload: dict[str, Any]) -> Sample:
+    """One invocation as SSE (`event: token` ... `event: result` | `event: error`), timing the tokens."""
+    started = time.perf_counter()
+    token_times: list[float] = []
+    event, outcome, error = "", None, None
+    try:
+        async with client.stream("POST", f"{endpoint}/invoke", json=payload,
+                                 headers={"accept": "text/event-stream"}) as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")[:200]
+                return Sample(latency_ms=(time.perf_counter() - started) * 1000, ok=False,
+                              error=f"HTTP {response.status_code}: {body}")
+            async for line in response.aiter_lines():
+                if line.startswith("event:"):
+                    event = line.removeprefix("event:").strip()
+                elif line.startswith("data:"):
+                    if event == "token":
+                        token_times.append(time.perf_counter())
+                    elif event in ("result", "error"):
+                        outcome = event
+                        if event == "error":
+                            error = line.removeprefix("data:").strip()[:300]
+                        if not token_times:
+                            token_times.append(time.perf_counter())  # no tokens: the result is the first byte
+    except httpx.HTTPError as exc:
+        return Sample(latency_ms=(time.perf_counter() - started) * 1000, ok=False, error=f"{type(exc).__name__}: {exc}")
+    latency = (time.perf_counter() - started) * 1000
+    if outcome != "result":
+        return Sample(latency_ms=latency, ok=False, error=f"stream error: {error or 'ended without a result'}")
+    ttft = (token_times[0] - started) * 1000 if token_times else None
+    tpot = ((token_times[-1] - token_times[0]) * 1000 / (len(token_times) - 1)) if len(token_times) > 1 else None
+    return Sample(latency_ms=latency, ok=True, ttft_ms=ttft, tpot_ms=tpot)

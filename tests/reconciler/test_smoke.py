@@ -15,6 +15,14 @@ def test_percentile_is_nearest_rank(values: list[float], q: float, expected: flo
     assert percentile(values, q) == expected
 
 
+def test_summarise_streaming_percentiles_ignore_failed_samples() -> None:
+    samples = [Sample(latency_ms=100, ok=True, ttft_ms=float(i), tpot_ms=10.0) for i in range(1, 21)]
+    samples.append(Sample(latency_ms=5, ok=False, ttft_ms=9999.0, error="boom"))
+    metrics = summarise(samples)
+    assert metrics.ttft_p95_ms == 19 and metrics.tpot_p95_ms == 10
+    assert summarise([Sample(latency_ms=1, ok=True)]).ttft_p95_ms is None
+
+
 def test_summarise_counts_errors_and_keeps_the_first() -> None:
     samples = [Sample(latency_ms=10, ok=True)] * 8 + [Sample(latency_ms=50, ok=False, error="HTTP 500: boom"),
                                                        Sample(latency_ms=70, ok=False, error="later")]
@@ -35,7 +43,12 @@ def metrics(p95: float = 100, errors: int = 0, n: int = 100) -> SmokeMetrics:
     (metrics(errors=2), SmokeTest(), False, ["error rate 2% over budget 1%", "2/100 failed"]),
     (metrics(errors=1), SmokeTest(error_budget_percent=0), False, ["error rate 1% over budget 0%"]),
     (metrics(p95=900, errors=50), SmokeTest(p95_budget_ms=300), False, ["error rate", "p95 latency"]),
-], ids=["fast", "at-budget", "slow", "errors-within", "errors-over", "zero-budget", "both"])
+    (metrics().model_copy(update={"ttft_p95_ms": 900.0}), SmokeTest(ttft_budget_ms=300), False, ["TTFT p95 900 ms over budget 300 ms"]),
+    (metrics().model_copy(update={"ttft_p95_ms": 200.0}), SmokeTest(ttft_budget_ms=300), True, ["passed"]),
+    (metrics().model_copy(update={"tpot_p95_ms": 80.0}), SmokeTest(tpot_budget_ms=50), False, ["TPOT p95 80 ms over budget 50 ms"]),
+    (metrics(), SmokeTest(ttft_budget_ms=1), True, ["passed"]),  # nothing streamed: no TTFT to judge
+], ids=["fast", "at-budget", "slow", "errors-within", "errors-over", "zero-budget", "both",
+        "ttft-over", "ttft-within", "tpot-over", "not-streamed"])
 def test_judge_names_every_budget_missed(m: SmokeMetrics, budget: SmokeTest, passed: bool, reason_parts: list[str]) -> None:
     result = judge(m, budget)
     assert result.passed is passed
