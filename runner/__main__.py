@@ -1,13 +1,20 @@
-"""`python -m plnt.runner --recipe DIR --host 127.0.0.1 --port PORT [--release-id ID]`
+"""`python -m plnt.runner --recipe DIR --host 127.0.0.1 --port PORT [--release-id ID] [options]`
 
 Serves one recipe directory until SIGTERM/SIGINT (then exits 0). Exits 2, with one line on
-stderr naming the file and the problem, if the recipe does not load.
+stderr naming the file and the problem, if the recipe does not load or the options are bad.
+
+Backends: `--backend mock` (default; offline, deterministic, `--token-delay` per token) or
+`--backend http --upstream-url URL --model NAME [--api-key-env VAR] [--upstream-timeout S]`
+for any OpenAI-compatible server. The API key is read from the environment variable NAMED by
+`--api-key-env` (never given on the command line, where `ps` would show it).
+`--step-cache-size N` bounds the step cache (0 disables it).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -21,7 +28,37 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--release-id", default=None, help="reported by /healthz and /invoke")
     parser.add_argument("--token-delay", type=float, default=0.0, help="MockBackend delay per token, seconds")
+    parser.add_argument("--backend", choices=["mock", "http"], default="mock", help="runtime adapter (default: mock)")
+    parser.add_argument("--upstream-url", default=None, help="http backend: OpenAI-compatible server root, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", default=None, help="http backend: the model name sent upstream")
+    parser.add_argument("--api-key-env", default=None, metavar="NAME", help="http backend: environment variable holding the API key")
+    parser.add_argument("--upstream-timeout", type=float, default=60.0, help="http backend: seconds to wait for the upstream")
+    parser.add_argument("--step-cache-size", type=int, default=1024, help="step cache entries (0 disables the cache)")
     return parser.parse_args(argv)
+
+
+def _adapter(args: argparse.Namespace) -> object:
+    """The runtime adapter the options ask for; ValueError says what is wrong with them."""
+    if args.backend == "mock":
+        from plnt.runner.adapters import MockBackend
+
+        return MockBackend(token_delay=args.token_delay)
+    missing = [flag for flag, value in (("--upstream-url", args.upstream_url), ("--model", args.model)) if not value]
+    if missing:
+        raise ValueError(f"--backend http needs {' and '.join(missing)}")
+    if not args.upstream_url.startswith(("http://", "https://")):
+        raise ValueError(f"--upstream-url must start with http:// or https://, got {args.upstream_url!r}")
+    if args.upstream_timeout <= 0:
+        raise ValueError("--upstream-timeout must be > 0")
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise ValueError(f"--api-key-env {args.api_key_env}: that environment variable is not set")
+    from plnt.runner.adapters import HTTPBackend
+
+    return HTTPBackend(args.upstream_url, args.model, api_key=api_key, timeout_s=args.upstream_timeout,
+                       connect_timeout_s=min(5.0, args.upstream_timeout))
 
 
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
@@ -44,11 +81,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plnt.runner: cannot load recipe: {exc}".replace("\n", " "), file=sys.stderr)
         return 2
 
+    if args.step_cache_size < 0:
+        print("plnt.runner: --step-cache-size must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        adapter = _adapter(args)
+    except ValueError as exc:
+        print(f"plnt.runner: {exc}", file=sys.stderr)
+        return 2
+
     import uvicorn
-    from plnt.runner.adapters import MockBackend
     from plnt.runner.app import create_app
 
-    app = create_app(recipe, MockBackend(token_delay=args.token_delay), args.release_id)
+    app = create_app(recipe, adapter, args.release_id, step_cache_size=args.step_cache_size)  # type: ignore[arg-type]
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     uvicorn.Server(config).run()
     return 0

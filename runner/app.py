@@ -1,28 +1,191 @@
-"""The runner's HTTP API: `POST /invoke` runs the recipe once, `GET /healthz` says what is served."""
+"""The runner's HTTP API: one recipe, served.
+
+Endpoints
+=========
+
+``GET /healthz``
+    ``{"status": "ok", "workflow", "version", "digest", "release"}``.
+
+``GET /stats``
+    ``{"stepCache": {"hits", "misses", "hitRate", "size", "capacity"}, "invocations": N}``;
+    `invocations` counts every invocation that started running (JSON or SSE, /invoke or
+    /chat, successful or not).
+
+``POST /invoke``
+    Body: a JSON object, the workflow's inputs. JSON answer (200)::
+
+        {"workflow": NAME, "version": V, "output": <output step's result>,
+         "steps": {STEP_ID: {"ms": float, "cached": bool}, ...},   # in execution order
+         "release": ID|null, "cache": {"hits": h, "misses": m}}
+
+    With ``Accept: text/event-stream`` the answer is a stream (below).
+
+``POST /chat``
+    Body: ``{"messages": [{"role", "content"}, ...], "stream"?: bool, "max_tokens"?: int}``
+    (OpenAI chat shape; other fields, e.g. ``model``, are ignored). The messages become the
+    workflow's inputs: ``chat_inputs(messages) -> dict`` of the recipe module if it defines
+    one, else ``{"message": <last user message's content>, "messages": messages}`` (content
+    given as a list of parts is joined from its ``text`` parts). ``max_tokens`` caps the
+    output step's ``llm.generate`` calls. The answer is exactly /invoke's: JSON, or the stream
+    below when ``stream`` is true or ``Accept`` includes ``text/event-stream``.
+
+Streams (``Content-Type: text/event-stream``, status 200, sent unbuffered)
+--------------------------------------------------------------------------
+Each event is ``event: <name>\\ndata: <one-line JSON>\\n\\n``::
+
+    event: token    data: {"step": STEP_ID, "text": TOKEN}   # each token of the output step, as produced
+    event: result   data: <the JSON object /invoke answers>   # once, last
+    event: error    data: {"error": {"type", "message", "step"}}  # instead of result, last
+
+Tokens come only from the output step, when it is `llm.generate` or a module function that
+streams (see `plnt.runner.engine`); the steps before it run first, without events. The
+concatenated tokens preview the text; `result` is authoritative. ``: ping`` comment lines
+(``: ping\\n\\n``) are sent after every 15 s without an event. Request errors found before the
+stream starts (bad JSON, bad messages) are JSON answers with their status, never streams.
+
+Errors
+------
+JSON: ``{"error": {"type", "message", "step"}}`` (`step` is null when no step is to blame;
+/chat validation errors add ``"field"``). Types and statuses (a stream's ``error`` event
+carries the same object; its status would have been):
+
+======================  ======  =====================================================
+type                    status  when
+======================  ======  =====================================================
+invalid_request         422     body is not a JSON object; bad /chat messages/fields
+step_failed             500     a step raised (`step` names it)
+upstream_unavailable    502     the model server refused the connection / DNS failed
+upstream_bad_status     502     the model server answered non-2xx (its message included)
+upstream_bad_response   502     the model server's answer was malformed
+upstream_timeout        504     the model server did not answer in time
+internal                500     the output is not JSON-serialisable; an engine bug
+======================  ======  =====================================================
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse
-from plnt.runner.adapters import RuntimeAdapter
-from plnt.runner.engine import StepFailed, run_workflow
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from plnt.runner.adapters import RuntimeAdapter, UpstreamError
+from plnt.runner.cache import DEFAULT_CAPACITY, StepCache
+from plnt.runner.engine import StepFailed, WorkflowResult, run_workflow
 from plnt.runner.recipe import Recipe
 
 log = logging.getLogger("plnt.runner")
 
+PING_INTERVAL_S = 15.0
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+UPSTREAM_STATUS = {"unavailable": 502, "bad_status": 502, "bad_response": 502, "timeout": 504}
 
-def _error(status: int, type_: str, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": {"type": type_, "message": message, **extra}}, status_code=status)
+
+class RequestError(Exception):
+    """A request the runner refuses before running anything (422)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
 
 
-def create_app(recipe: Recipe, adapter: RuntimeAdapter, release_id: str | None) -> FastAPI:
+def _error_body(type_: str, message: str, step: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"error": {"type": type_, "message": message, "step": step, **extra}}
+
+
+def _failure(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """(status, error body) for an invocation that failed."""
+    if isinstance(exc, StepFailed):
+        if isinstance(exc.cause, UpstreamError):
+            cause = exc.cause
+            return UPSTREAM_STATUS.get(cause.kind, 502), _error_body(f"upstream_{cause.kind}", cause.message, exc.step)
+        return 500, _error_body("step_failed", exc.message, exc.step)
+    return 500, _error_body("internal", f"{type(exc).__name__}: {exc}")
+
+
+def _last_user_content(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return message_text(message.get("content"))
+    raise RequestError("messages has no message with role 'user'", "messages")
+
+
+def message_text(content: Any) -> str:
+    """The text of an OpenAI message `content`: a string, or a list of parts (`text` ones joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"] for part in content
+            if isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str)
+        )
+    raise RequestError("message content must be a string or a list of content parts", "messages")
+
+
+def _parse_chat(body: Any) -> tuple[list[dict[str, Any]], bool, int | None]:
+    if not isinstance(body, dict):
+        raise RequestError(f"body must be a JSON object, got {type(body).__name__}")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list of {role, content} objects", "messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RequestError(f"messages[{index}] must be an object with a string role", f"messages[{index}]")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise RequestError("stream must be a boolean", "stream")
+    max_tokens = body.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise RequestError("max_tokens must be a positive integer", "max_tokens")
+    return messages, stream, max_tokens
+
+
+def _sse(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+
+
+def wants_event_stream(request: Request) -> bool:
+    return "text/event-stream" in request.headers.get("accept", "").lower()
+
+
+def create_app(
+    recipe: Recipe,
+    adapter: RuntimeAdapter,
+    release_id: str | None,
+    *,
+    step_cache_size: int = DEFAULT_CAPACITY,
+    ping_interval_s: float = PING_INTERVAL_S,
+) -> FastAPI:
     workflow = recipe.workflow.metadata
-    app = FastAPI(title=f"plnt runner: {workflow.name}@{workflow.version}", docs_url=None, redoc_url=None, openapi_url=None)
+    cache = StepCache(step_cache_size)
+    chat_inputs = getattr(recipe.module, "chat_inputs", None) if recipe.module is not None else None
+    counters = {"invocations": 0}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            close = getattr(adapter, "aclose", None)
+            if close is not None:
+                await close()
+
+    app = FastAPI(
+        title=f"plnt runner: {workflow.name}@{workflow.version}", docs_url=None, redoc_url=None, openapi_url=None,
+        lifespan=lifespan,
+    )
+    app.state.step_cache = cache
+    app.state.adapter = adapter
 
     health = {
         "status": "ok",
@@ -32,39 +195,133 @@ def create_app(recipe: Recipe, adapter: RuntimeAdapter, release_id: str | None) 
         "release": release_id,
     }
 
-    # Handlers return JSONResponse (no response models): nothing to build at startup.
+    def result_body(result: WorkflowResult) -> dict[str, Any]:
+        return {
+            "workflow": workflow.name,
+            "version": workflow.version,
+            "output": jsonable_encoder(result.output),  # TypeError/ValueError if it cannot be
+            "steps": {step_id: {"ms": ms, "cached": step_id in result.cached} for step_id, ms in result.timings_ms.items()},
+            "release": release_id,
+            "cache": {"hits": result.cache_hits, "misses": result.cache_misses},
+        }
+
+    async def run(inputs: dict[str, Any], max_tokens: int | None, sink: Any = None) -> dict[str, Any]:
+        """Run once; returns the result body. Raises StepFailed, or anything for `internal`."""
+        counters["invocations"] += 1
+        result = await run_workflow(recipe, inputs, adapter, sink=sink, cache=cache, max_tokens=max_tokens)
+        try:
+            return result_body(result)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"output of the workflow is not JSON-serialisable: {exc}") from exc
+
+    def log_failure(exc: BaseException) -> None:
+        if isinstance(exc, StepFailed):
+            log.warning("%s@%s: %s", workflow.name, workflow.version, exc)
+        else:
+            log.error("%s@%s: invocation failed", workflow.name, workflow.version, exc_info=exc)
+
+    async def answer_json(inputs: dict[str, Any], max_tokens: int | None) -> Response:
+        try:
+            body = await run(inputs, max_tokens)
+        except Exception as exc:
+            log_failure(exc)
+            status, error = _failure(exc)
+            return JSONResponse(error, status_code=status)
+        return JSONResponse(body)
+
+    def answer_stream(inputs: dict[str, Any], max_tokens: int | None) -> Response:
+        async def events() -> AsyncIterator[bytes]:
+            queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+            def on_token(step_id: str, text: str) -> None:
+                queue.put_nowait(("token", {"step": step_id, "text": text}))
+
+            async def work() -> None:
+                try:
+                    body = await run(inputs, max_tokens, sink=on_token)
+                except Exception as exc:
+                    log_failure(exc)
+                    queue.put_nowait(("error", _failure(exc)[1]))
+                else:
+                    queue.put_nowait(("result", body))
+
+            task = asyncio.create_task(work())
+            try:
+                while True:
+                    if queue.empty():
+                        try:
+                            event, data = await asyncio.wait_for(queue.get(), ping_interval_s)
+                        except TimeoutError:
+                            yield b": ping\n\n"
+                            continue
+                    else:
+                        event, data = queue.get_nowait()
+                    yield _sse(event, data)
+                    if event != "token":
+                        return
+            finally:
+                if not task.done():  # the client went away: stop the invocation (and its upstream calls)
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def read_json(request: Request) -> Any:
+        try:
+            return json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RequestError(f"body is not valid JSON: {exc}") from exc
+
+    def refuse(exc: RequestError) -> JSONResponse:
+        extra = {"field": exc.field} if exc.field else {}
+        return JSONResponse(_error_body("invalid_request", exc.message, **extra), status_code=422)
+
+    # Handlers return responses directly (no response models): nothing to build at startup.
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
         return JSONResponse(health)
 
+    @app.get("/stats")
+    async def stats() -> JSONResponse:
+        return JSONResponse({"stepCache": cache.stats(), "invocations": counters["invocations"]})
+
     @app.post("/invoke")
-    async def invoke(request: Request) -> JSONResponse:
+    async def invoke(request: Request) -> Response:
         try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as exc:
-            return _error(422, "invalid_request", f"body is not valid JSON: {exc}")
-        if not isinstance(body, dict):
-            return _error(422, "invalid_request", f"body must be a JSON object, got {type(body).__name__}")
+            body = await read_json(request)
+            if not isinstance(body, dict):
+                raise RequestError(f"body must be a JSON object, got {type(body).__name__}")
+        except RequestError as exc:
+            return refuse(exc)
+        if wants_event_stream(request):
+            return answer_stream(body, None)
+        return await answer_json(body, None)
+
+    @app.post("/chat")
+    async def chat(request: Request) -> Response:
         try:
-            result = await run_workflow(recipe, body, adapter)
-        except StepFailed as exc:
-            log.warning("%s@%s: %s", workflow.name, workflow.version, exc)
-            return _error(500, "step_failed", exc.message, step=exc.step)
-        except Exception as exc:  # an engine bug, not a recipe error: still answer in the same shape
-            log.exception("%s@%s: invocation failed", workflow.name, workflow.version)
-            return _error(500, "internal", f"{type(exc).__name__}: {exc}")
-        try:
-            output = jsonable_encoder(result.output)
-        except (TypeError, ValueError) as exc:
-            return _error(500, "internal", f"output of the workflow is not JSON-serialisable: {exc}")
-        return JSONResponse(
-            {
-                "workflow": workflow.name,
-                "version": workflow.version,
-                "output": output,
-                "steps": {step_id: {"ms": ms} for step_id, ms in result.timings_ms.items()},
-                "release": release_id,
-            }
-        )
+            messages, stream, max_tokens = _parse_chat(await read_json(request))
+            if callable(chat_inputs):
+                try:
+                    inputs = chat_inputs(messages)
+                except (ValueError, TypeError, LookupError) as exc:
+                    raise RequestError(f"chat_inputs of the recipe rejected the messages: {type(exc).__name__}: {exc}",
+                                       "messages") from exc
+                except Exception as exc:
+                    log.exception("%s@%s: chat_inputs failed", workflow.name, workflow.version)
+                    return JSONResponse(_error_body("internal", f"chat_inputs failed: {type(exc).__name__}: {exc}"),
+                                        status_code=500)
+                if not isinstance(inputs, dict):
+                    return JSONResponse(
+                        _error_body("internal", f"chat_inputs of the recipe returned {type(inputs).__name__}, not a dict"),
+                        status_code=500,
+                    )
+            else:
+                inputs = {"message": _last_user_content(messages), "messages": messages}
+        except RequestError as exc:
+            return refuse(exc)
+        if stream or wants_event_stream(request):
+            return answer_stream(inputs, max_tokens)
+        return await answer_json(inputs, max_tokens)
 
     return app

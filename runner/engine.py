@@ -4,15 +4,43 @@ Steps run level by level (`step_levels`); the steps of one level run concurrentl
 is implemented by the recipe module's function named after the step id, if there is one
 (sync or async, called with a `StepContext`; sync functions run in a worker thread),
 otherwise by the default binding of its `tool`. The first step that raises fails the
-invocation with `StepFailed`; its siblings still running are cancelled.
+invocation with `StepFailed`; its siblings still running are cancelled. Every step's
+wall-clock time is in `WorkflowResult.timings_ms`.
+
+Streaming (one mechanism: a per-invocation token sink)
+------------------------------------------------------
+`run_workflow(..., sink=callback)` streams the tokens of the workflow's OUTPUT step:
+`callback(step_id, text)` is called once per token, in order, as it is produced. Only the
+output step gets the sink (`ctx.sink`, `ctx.streaming`); other steps run as usual. Tokens
+come from exactly three places:
+
+1. the output step has no module function and its tool is `llm.generate`: the engine
+   streams the adapter's tokens (its result is their concatenation, as without streaming);
+2. a module function iterates ``async for token in ctx.stream("llm.generate", prompt=...)``:
+   every token it receives is also sent to the sink (`ctx.stream` takes the step's params,
+   overridden by keyword arguments, like `ctx.tools.call`). The function may return
+   anything (a dict with the text and more): the sink only previews the text;
+3. a module function returns an async iterator (or is an async generator function): the
+   engine sends each item (as str) to the sink and the step's result is their concatenation.
+
+`ctx.emit(text)` sends a piece of text of its own to the sink (safe from a sync step's worker
+thread). Without a sink (a JSON invocation) the same code runs: `ctx.stream` still yields
+tokens, `ctx.emit` does nothing. `ctx.tools.call("llm.generate", ...)` never streams.
+
+Step cache
+----------
+`run_workflow(..., cache=StepCache)` looks every cacheable step up before running it (see
+`plnt.runner.cache`); the per-invocation hits and misses and the cached step ids are in the
+result. The output step of a streaming invocation is never looked up nor stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -20,8 +48,12 @@ from typing import Any
 
 from plnt.reconciler.specs import Step, Workflow, output_step, step_levels
 from plnt.runner.adapters import RuntimeAdapter
+from plnt.runner.cache import MISSING, StepCache, cache_key, is_cacheable
 from plnt.runner.recipe import Recipe
 from plnt.runner.tools import Tools
+
+TokenCallback = Callable[[str, str], None]
+"""`callback(step_id, text)`: receives the output step's tokens of a streaming invocation."""
 
 
 class StepFailed(Exception):
@@ -34,10 +66,33 @@ class StepFailed(Exception):
         super().__init__(f"step {step!r} failed: {self.message}")
 
 
+class TokenSink:
+    """Sends one step's tokens to the invocation's callback; callable from any thread.
+
+    Created on the event loop; a call from another thread (a sync step in its worker thread)
+    is handed to the loop, so the callback always runs on the loop thread and in order."""
+
+    def __init__(self, step_id: str, callback: TokenCallback) -> None:
+        self.step_id = step_id
+        self._callback = callback
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+
+    def __call__(self, text: str) -> None:
+        if not text:
+            return
+        if threading.get_ident() == self._thread:
+            self._callback(self.step_id, text)
+        else:
+            self._loop.call_soon_threadsafe(self._callback, self.step_id, text)
+
+
 @dataclass(frozen=True)
 class StepContext:
     """What a step sees: the invocation inputs, the results of all finished steps (by id),
-    its own params, the tool bindings, the adapter, and the recipe (workflow, directory)."""
+    its own params, the tool bindings, the adapter, and the recipe (workflow, directory).
+
+    `sink` is set only for the output step of a streaming invocation (see the module doc)."""
 
     step_id: str
     inputs: Mapping[str, Any]
@@ -47,10 +102,25 @@ class StepContext:
     adapter: RuntimeAdapter
     directory: Path
     workflow: Workflow
+    sink: TokenSink | None = None
+
+    @property
+    def streaming(self) -> bool:
+        """True when a client receives this step's tokens as they are produced."""
+        return self.sink is not None
 
     def render(self, template: str) -> str:
         """Fill `{placeholders}` from the inputs and finished results (as the tools do)."""
         return self.tools.render(template)
+
+    def stream(self, tool: str = "llm.generate", **params: Any) -> AsyncIterator[str]:
+        """Yield the tool's completion token by token, sending each to the sink too."""
+        return self.tools.stream(tool, **params)
+
+    def emit(self, text: str) -> None:
+        """Send `text` to the streaming client (nothing without one)."""
+        if self.sink is not None:
+            self.sink(text)
 
 
 @dataclass
@@ -59,55 +129,120 @@ class WorkflowResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     results: dict[str, Any] = field(default_factory=dict)
     total_ms: float = 0.0
+    cached: set[str] = field(default_factory=set)  # steps answered from the step cache
+    cache_hits: int = 0
+    cache_misses: int = 0
 
 
-async def _run_step(
-    recipe: Recipe, step: Step, inputs: Mapping[str, Any], results: Mapping[str, Any], adapter: RuntimeAdapter
-) -> tuple[Any, float]:
+@dataclass
+class _Invocation:
+    recipe: Recipe
+    inputs: Mapping[str, Any]
+    adapter: RuntimeAdapter
+    output_id: str
+    callback: TokenCallback | None
+    cache: StepCache | None
+    max_tokens: int | None
+    hits: int = 0
+    misses: int = 0
+
+
+async def _drain(iterator: Any, sink: TokenSink | None) -> str:
+    """Consume an async iterator a step returned: each item to the sink, the result is the text."""
+    parts: list[str] = []
+    async for item in iterator:
+        text = "" if item is None else str(item)
+        if text:
+            parts.append(text)
+            if sink is not None:
+                sink(text)
+    return "".join(parts)
+
+
+async def _execute(step: Step, ctx: StepContext, function: Any) -> Any:
+    if callable(function):
+        if inspect.isasyncgenfunction(function):
+            value = function(ctx)
+        elif inspect.iscoroutinefunction(function):
+            value = await function(ctx)
+        else:
+            value = await asyncio.to_thread(function, ctx)
+        if inspect.isawaitable(value):
+            value = await value
+        if hasattr(value, "__anext__"):
+            value = await _drain(value, ctx.sink)
+        return value
+    if step.tool == "python":
+        raise LookupError(f"tool python needs a function {step.id}(ctx) in the recipe module")
+    if ctx.sink is not None and step.tool == "llm.generate":
+        return "".join([token async for token in ctx.tools.stream(step.tool)])
+    return await ctx.tools.call(step.tool)
+
+
+async def _run_step(run: _Invocation, step: Step, results: Mapping[str, Any]) -> tuple[Any, float, bool]:
+    """(result, milliseconds, answered from the cache)."""
     started = time.perf_counter()
+    recipe = run.recipe
+    is_output = step.id == run.output_id
+    sink = TokenSink(step.id, run.callback) if (is_output and run.callback is not None) else None
+    key = None
+    if run.cache is not None and run.cache.enabled and sink is None and is_cacheable(step):
+        deps = {dep: results[dep] for dep in step.deps if dep in results}
+        key = cache_key(recipe.digest, step.id, run.inputs, deps, run.max_tokens if is_output else None)
+        if key is not None:
+            value = run.cache.get(key)
+            if value is not MISSING:
+                run.hits += 1
+                return value, (time.perf_counter() - started) * 1000, True
+            run.misses += 1
     tools = Tools(
-        adapter,
+        run.adapter,
         recipe.directory,
-        MappingProxyType({**inputs, **results}),
+        MappingProxyType({**run.inputs, **results}),
         digest=recipe.digest,
         step_tool=step.tool,
         step_params=step.params,
         deps=step.deps,
+        sink=sink,
+        max_tokens_cap=run.max_tokens if is_output else None,
     )
     ctx = StepContext(
-        step.id, inputs, results, MappingProxyType(dict(step.params)), tools, adapter, recipe.directory, recipe.workflow
+        step.id, run.inputs, results, MappingProxyType(dict(step.params)), tools, run.adapter, recipe.directory,
+        recipe.workflow, sink,
     )
     function = getattr(recipe.module, step.id, None) if recipe.module is not None else None
     try:
-        if callable(function):
-            if inspect.iscoroutinefunction(function):
-                value = await function(ctx)
-            else:
-                value = await asyncio.to_thread(function, ctx)
-                if inspect.isawaitable(value):
-                    value = await value
-        elif step.tool == "python":
-            raise LookupError(f"tool python needs a function {step.id}(ctx) in the recipe module")
-        else:
-            value = await tools.call(step.tool)
+        value = await _execute(step, ctx, function)
     except Exception as exc:  # not CancelledError: a cancelled sibling is not a failure
         raise StepFailed(step.id, exc) from exc
-    return value, (time.perf_counter() - started) * 1000
+    if key is not None and run.cache is not None:
+        run.cache.put(key, value)
+    return value, (time.perf_counter() - started) * 1000, False
 
 
-async def run_workflow(recipe: Recipe, inputs: dict[str, Any], adapter: RuntimeAdapter) -> WorkflowResult:
-    """Run every step of `recipe` on `inputs`; returns the output step's result and timings."""
+async def run_workflow(
+    recipe: Recipe,
+    inputs: dict[str, Any],
+    adapter: RuntimeAdapter,
+    *,
+    sink: TokenCallback | None = None,
+    cache: StepCache | None = None,
+    max_tokens: int | None = None,
+) -> WorkflowResult:
+    """Run every step of `recipe` on `inputs`; returns the output step's result and timings.
+
+    `sink(step_id, text)` receives the output step's tokens (a streaming invocation);
+    `cache` is the runner's step cache; `max_tokens` caps the output step's `llm.generate`
+    calls (a chat client's max_tokens)."""
     started = time.perf_counter()
     steps = {step.id: step for step in recipe.workflow.steps}
-    frozen_inputs = MappingProxyType(dict(inputs))
+    run = _Invocation(recipe, MappingProxyType(dict(inputs)), adapter, output_step(recipe.workflow), sink, cache, max_tokens)
     results: dict[str, Any] = {}
     timings: dict[str, float] = {}
+    cached: set[str] = set()
     for level in step_levels(recipe.workflow.steps):
         finished = MappingProxyType(dict(results))
-        tasks = [
-            asyncio.ensure_future(_run_step(recipe, steps[step_id], frozen_inputs, finished, adapter))
-            for step_id in level
-        ]
+        tasks = [asyncio.ensure_future(_run_step(run, steps[step_id], finished)) for step_id in level]
         try:
             outcomes = await asyncio.gather(*tasks)
         except BaseException:
@@ -115,12 +250,17 @@ async def run_workflow(recipe: Recipe, inputs: dict[str, Any], adapter: RuntimeA
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
-        for step_id, (value, ms) in zip(level, outcomes, strict=True):
+        for step_id, (value, ms, hit) in zip(level, outcomes, strict=True):
             results[step_id] = value
             timings[step_id] = round(ms, 3)
+            if hit:
+                cached.add(step_id)
     return WorkflowResult(
-        output=results[output_step(recipe.workflow)],
+        output=results[run.output_id],
         timings_ms=timings,
         results=results,
         total_ms=round((time.perf_counter() - started) * 1000, 3),
+        cached=cached,
+        cache_hits=run.hits,
+        cache_misses=run.misses,
     )

@@ -38,7 +38,7 @@ kind: RecipeTrustPolicy
 metadata:
   name: demo-recipes
 spec:
-  recipes: ["review-responder"]
+  recipes: ["review-responder", "post-generator", "booking-triage", "trend-monitor"]
   trustRoot:
     trustedRootFile: {TRUSTED_ROOT}
   signers:

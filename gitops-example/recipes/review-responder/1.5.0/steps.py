@@ -26,6 +26,11 @@ DRAFTS = {
 STOPWORDS = {"a", "an", "and", "the", "was", "were", "is", "but", "with", "of", "to", "our", "my"}
 
 
+def _literal(text):
+    """`text` as a literal inside a prompt template (the tool renders the prompt once)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 def _phrase(review: str, keywords: list[str]) -> str | None:
     """'the slow parking' for keyword 'slow' in 'Great service but slow parking'."""
     words = re.findall(r"[A-Za-z']+", review)
@@ -47,7 +52,7 @@ async def draft_reply(ctx):
     draft = first.format(good=good, bad=bad)
     if "brief" not in str(ctx.inputs.get("brand_voice", "")).lower():
         draft = f"{draft} {follow_up}"
-    prompt = ctx.render(ctx.params["prompt"]) + "\n" + draft
+    prompt = ctx.params["prompt"] + "\n" + _literal(draft)
     polished = await ctx.tools.call("llm.generate", prompt=prompt)
     return f"{polished.strip()} {SIGN_OFF}"
 
@@ -62,3 +67,17 @@ async def safety_check(ctx):
         "reasons": verdict["reasons"],
         "version": ctx.workflow.metadata.version,
     }
+
+
+def chat_inputs(messages):
+    """Inputs for a chat call (the runner's /chat): the last user message is the review,
+    answered in the default brand voice "warm, brief"."""
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):  # OpenAI content parts
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+            if not isinstance(content, str) or not content.strip():
+                raise ValueError("the last user message has no text (it is the review to answer)")
+            return {"review": content, "brand_voice": "warm, brief"}
+    raise ValueError("no user message (it is the review to answer)")
