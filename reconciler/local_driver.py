@@ -60,6 +60,7 @@ class LocalDriver:
         stop_timeout_s: float = 10.0,
         on_change: Callable[[], None] | None = None,
         drain: Callable[[Release], Awaitable[object]] | None = None,
+        runner_args: tuple[str, ...] = (),
     ) -> None:
         self._state = state.ensure()
         self._python = python
@@ -69,6 +70,8 @@ class LocalDriver:
         self._on_change = on_change or (lambda: None)
         # Waits until the gateway has no request in flight to a release it no longer routes to.
         self._drain = drain
+        # Extra runner options for every release, e.g. the model backend (--backend http --upstream-url ...).
+        self._runner_args = runner_args
         self._locks: dict[str, asyncio.Lock] = {}
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -226,6 +229,7 @@ class LocalDriver:
                         "--host", self._host,
                         "--port", str(port),
                         "--release-id", release.release_id,
+                        *self._runner_args,
                     ],
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
