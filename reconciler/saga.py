@@ -37,14 +37,6 @@ with workflow.unsafe.imports_passed_through():
     from .settings import RetrySettings
     from .status import Phase
 
-STEP_TIMEOUTS = {
-    "validate": timedelta(seconds=30),
-    "pull_recipe": timedelta(minutes=5),
-    "install_release": timedelta(minutes=3),
-    "smoke_test": timedelta(minutes=15),
-    "promote_release": timedelta(minutes=3),
-    "remove_release": timedelta(minutes=3),
-}
 
 
 HEARTBEAT_TIMEOUT = timedelta(seconds=10)
@@ -154,7 +146,7 @@ class DeploySaga:
             kwargs["result_type"] = result_type
         return await workflow.execute_activity(
             activity, arg,
-            start_to_close_timeout=STEP_TIMEOUTS[activity],
+            start_to_close_timeout=timedelta(seconds=saga.retry.step_timeouts.of(activity)),
             # Every long activity heartbeats each second: a dead worker is noticed in 10 s.
             heartbeat_timeout=None if activity == "validate" else HEARTBEAT_TIMEOUT,
             retry_policy=retry_policy(saga.retry),

@@ -4,7 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+
+class StepTimeouts(BaseModel):
+    """Start-to-close timeout of each attempt of each saga step, in seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    validate_: float = Field(default=30, gt=0, alias="validate")
+    pull_recipe: float = Field(default=300, gt=0)
+    install_release: float = Field(default=180, gt=0)
+    smoke_test: float = Field(default=900, gt=0)
+    promote_release: float = Field(default=180, gt=0)
+    remove_release: float = Field(default=180, gt=0)
+
+    def of(self, step: str) -> float:
+        return float(getattr(self, "validate_" if step == "validate" else step))
 
 
 class RetrySettings(BaseModel):
@@ -16,6 +32,7 @@ class RetrySettings(BaseModel):
     backoff: float = Field(default=2.0, ge=1, description="each retry waits this factor longer")
     maximum_interval_s: float = Field(default=30.0, gt=0)
     maximum_attempts: int = Field(default=3, ge=1, description="attempts in all, the first included")
+    step_timeouts: StepTimeouts = Field(default_factory=StepTimeouts)
 
 
 class Settings(BaseModel):
@@ -47,6 +64,16 @@ class Settings(BaseModel):
     max_recipe_bytes: int = Field(default=256 * 2**20, gt=0, description="unpacked size limit of one recipe")
     max_recipe_files: int = Field(default=10_000, gt=0)
     max_recipe_file_bytes: int = Field(default=64 * 2**20, gt=0)
+    # Gateway (see plnt.gateway.auth and plnt.gateway.app).
+    gateway_tokens: tuple[SecretStr, ...] = Field(
+        default=(), description="bearer tokens allowed to use every workflow (the CLI reads PLNT_GATEWAY_TOKENS)")
+    gateway_tokens_file: Path | None = Field(
+        default=None, description="token file: one `TOKEN [workflow1,workflow2]` per line, # comments")
+    insecure_no_auth: bool = Field(
+        default=False, description="allow an open gateway (no tokens) on a non-loopback address")
+    gateway_max_body_bytes: int = Field(default=2**20, gt=0, description="larger request bodies get 413")
+    gateway_request_timeout_s: float = Field(
+        default=60.0, gt=0, description="504 when a runner sends nothing for this long (streams: between chunks)")
     # Kubernetes backends (the Helm driver).
     helm_binary: str = "helm"
     helm_chart: str | None = Field(default=None, description="workflow-runner chart; None: the one in this checkout")

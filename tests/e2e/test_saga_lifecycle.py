@@ -221,3 +221,25 @@ async def test_a_slow_first_token_rolls_back_on_the_ttft_budget(
         status = await wait_phase(plnt, "RolledBack", version="1.0.0", name="post-generator", timeout=60)
         assert "TTFT p95" in status["lastError"] and "over budget 300 ms" in status["lastError"], status
         assert plnt.driver.snapshot()["default/post-generator"].canary is None
+
+
+async def test_removing_every_workflowrun_of_a_backend_in_one_commit(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    text = (spec_repo.path / RUN_FILE).read_text()
+    for name in ("rr-two", "rr-three"):
+        spec_repo.write(f"workflowruns/{name}.yaml", text.replace("name: review-responder\n", f"name: {name}\n"))
+    spec_repo.commit("three WorkflowRuns on the local backend")
+    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
+    async with running_plnt(settings) as plnt:
+        for name in ("review-responder", "rr-two", "rr-three"):
+            await wait_phase(plnt, "Ready", version="1.2.0", name=name)
+        pids = [live.stable.pid for live in plnt.driver.snapshot().values()]
+        assert len(pids) == 3
+        spec_repo.git("rm", "-q", "-r", "workflowruns", "backends")  # the backend and all its WorkflowRuns
+        spec_repo.commit("retire the local backend")
+        await hook(plnt)
+        await wait_for(lambda: plnt.statuses.all() == [] and plnt.driver.snapshot() == {}, timeout=60,
+                       what="all three uninstalled")
+        assert all(not _alive(pid) for pid in pids)
+        assert (await invoke(plnt, name="rr-two")).status_code == 404
