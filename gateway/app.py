@@ -1,21 +1,55 @@
 """The gateway's HTTP API: one front door for every workflow's runners.
 
-`POST /workflows/{name}/invoke` is proxied to the runner chosen by the `Router`; the
-reconciler swaps the router's table live, so this module never caches routes.
+Hot paths, served by plain ASGI handlers in front of FastAPI (measured: FastAPI's routing,
+dependency solving and Request/Response objects cost ~130 us of CPU per request on this
+project's machine, more than the whole proxy hop; see bench/gateway_overhead.py):
+
+- `POST /workflows/{name}/invoke[?namespace=NS]`: JSON in, JSON out, body passed to the
+  runner's `POST /invoke` byte for byte. With `Accept: text/event-stream` the runner's SSE
+  stream is passed through chunk by chunk as it arrives (no buffering, `X-Accel-Buffering: no`).
+- `POST /v1/chat/completions`: OpenAI chat completions (model = workflow name), translated to
+  the runner's `POST /chat`; see openai_compat.py.
+
+FastAPI serves the rest: `GET /v1/models`, `GET /workflows`, `GET /workflows/{name}/stats`,
+`POST /hooks/git`, `GET /metrics`, `GET /healthz` (and whatever `plnt up` adds).
+
+Errors (gateway-made; runner errors pass through with the runner's status and body):
+  401 missing/unknown bearer token (`WWW-Authenticate: Bearer`), 403 token not allowed for the
+  workflow, 404 unknown workflow, 409 name in several namespaces (invoke), 413 body over
+  `max_body_bytes`, 422 malformed JSON naming line/column (invoke; chat answers 400 as OpenAI
+  does), 502 runner unreachable or broke mid-exchange, 503 nothing promoted yet, 504 runner
+  silent for `request_timeout_s`. Invoke errors are `{"error": {"type", "message"}}`; /v1
+  errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+
+Retries: a refused connect (nothing reached the runner) is retried once: on the new route
+table if it was swapped since the request looked (a promotion replaced the runner), else on
+another stable replica. Any other failure is not retried: the runner may have done the work.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import parse_qs
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from . import openai_compat as oai
+from .auth import ALL, Grant, TokenSet
+from .metrics import GatewayMetrics
 from .routes import AmbiguousRoute, Backend, Route, RouteNotReady, Router, RouteTable, Track
+from .sse import COMMENT, SSEParser
+from .upstream import UpstreamClient, UpstreamConnectError, UpstreamError, UpstreamResponse, UpstreamTimeout
 
+log = logging.getLogger("plnt.gateway")
+
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 # Close idle connections to runners before uvicorn does (its keep-alive timeout is 5 s):
 # reusing a connection the server is closing at that very moment fails the request.
 _KEEPALIVE_EXPIRY_S = 2.0
@@ -23,9 +57,670 @@ _KEEPALIVE_EXPIRY_S = 2.0
 # delays the 502.
 _MAX_CONNECT_TIMEOUT_S = 5.0
 
+ASGIScope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_JSON = b"application/json"
+_SSE = b"text/event-stream"
+_NO_LABELS = ("", "", "", "")
+
 
 def _error(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"type": kind, "message": message}}, status_code=status, headers=headers)
+
+
+class _BodyTooLarge(Exception):
+    def __init__(self, declared: int | None = None) -> None:
+        self.declared = declared
+
+    def headers(self, limit: int) -> list[tuple[bytes, bytes]]:
+        # Answered before the body is read: uvicorn reads and discards the rest of it after
+        # the response (closing with unread data would reset the connection, and the client
+        # could lose the 413). Only an absurd declared size gets the connection closed.
+        if self.declared is not None and self.declared > 8 * limit:
+            return [(b"connection", b"close")]
+        return []
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _Reply(Exception):
+    """Raised inside a handler to answer with an error right away."""
+
+    def __init__(self, status: int, body: bytes, error_type: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        self.status = status
+        self.body = body
+        self.error_type = error_type
+        self.headers = headers or []
+
+
+class _Outcome:
+    """What the metrics record about one request."""
+
+    __slots__ = ("code", "error_type", "labels", "started", "ttft")
+
+    def __init__(self) -> None:
+        self.labels: tuple[str, str, str, str] = _NO_LABELS
+        self.code = 500
+        self.error_type: str | None = None
+        self.ttft: float | None = None
+        self.started = False  # response headers sent
+
+
+async def _read_body(receive: Receive, content_length: bytes | None, limit: int) -> bytes:
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError:
+            declared = 0  # uvicorn already rejects a malformed Content-Length
+        if declared > limit:
+            raise _BodyTooLarge(declared)
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise _ClientGone
+    body = message.get("body", b"")
+    if not message.get("more_body"):
+        if len(body) > limit:
+            raise _BodyTooLarge
+        return body
+    parts = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def _respond(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]], content_type: bytes = _JSON) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type), (b"content-length", b"%d" % len(body)), *headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _plnt_error(status: int, kind: str, message: str, headers: list[tuple[bytes, bytes]] | None = None, **extra: Any) -> _Reply:
+    return _Reply(status, oai.dumps({"error": {"type": kind, "message": message, **extra}}), kind, headers)
+
+
+def _openai_error(
+    status: int, message: str, type_: str, param: str | None = None, code: str | None = None,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> _Reply:
+    return _Reply(status, oai.error_body(message, type_, param, code), code or type_, headers)
+
+
+def _json_position(exc: json.JSONDecodeError) -> str:
+    return f"{exc.msg} at line {exc.lineno} column {exc.colno} (char {exc.pos})"
+
+
+def _runner_error_type(body: bytes) -> str:
+    try:
+        error = json.loads(body).get("error")
+        kind = error.get("type") if isinstance(error, dict) else None
+    except (ValueError, AttributeError):
+        kind = None
+    return kind if isinstance(kind, str) and kind else "runner_error"
+
+
+def _at_event_boundary(chunk: bytes) -> bool:
+    return chunk.endswith((b"\n\n", b"\r\n\r\n", b"\r\r"))
+
+
+class Gateway:
+    """State and hot-path handlers of one gateway app."""
+
+    def __init__(
+        self,
+        router: Router,
+        *,
+        tokens: TokenSet,
+        metrics: GatewayMetrics,
+        request_timeout_s: float,
+        connect_timeout_s: float,
+        max_body_bytes: int,
+        max_connections_per_runner: int,
+    ) -> None:
+        self.router = router
+        self.tokens = tokens
+        self.metrics = metrics
+        self.request_timeout_s = request_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.max_body_bytes = max_body_bytes
+        self.max_connections_per_runner = max_connections_per_runner
+        self.client: UpstreamClient | None = None  # created in the app's lifespan (needs the loop)
+
+    # --- shared steps -----------------------------------------------------------------------
+
+    def _unauthorized(self, presented: bool, openai: bool) -> _Reply:
+        challenge = b'Bearer realm="plnt"' + (b', error="invalid_token"' if presented else b"")
+        headers = [(b"www-authenticate", challenge)]
+        message = "invalid bearer token" if presented else "missing bearer token: send 'Authorization: Bearer TOKEN'"
+        if openai:
+            return _openai_error(401, message, "invalid_request_error", None, "invalid_api_key", headers)
+        return _plnt_error(401, "unauthorized", message, headers)
+
+    def _open(
+        self, table: RouteTable, route: Route, name: str, backend: Backend, failed: Backend
+    ) -> tuple[Backend, Track] | None:
+        """Where to retry after `failed` refused the connection, or None."""
+        router = self.router
+        current = router.table
+        if current is not table:
+            # A promotion or rollback swapped the table since this request looked: the new
+            # table has the runner that replaced the refusing one.
+            try:
+                fresh = current.lookup(name, route.namespace)
+                if fresh is None:
+                    return None
+                candidate, track = router.choose(fresh)
+            except (AmbiguousRoute, RouteNotReady):
+                return None
+            if candidate.endpoint != failed.endpoint:
+                return candidate, track
+            other = router.fallback(fresh, failed)
+            return (other, "stable") if other is not None else None
+        other = router.fallback(route, failed)
+        return (other, "stable") if other is not None else None
+
+    async def _exchange(
+        self,
+        table: RouteTable,
+        route: Route,
+        name: str,
+        backend: Backend,
+        track: Track,
+        path: str,
+        body: bytes,
+        headers: list[tuple[str, str]],
+        stream: bool,
+        openai: bool,
+    ) -> tuple[UpstreamResponse, Backend, Track]:
+        """Send to the runner, retrying a refused connect once. On return `backend` is counted
+        in flight (the caller must `router.leave` it); on error it is not."""
+        client = self.client
+        assert client is not None
+        router = self.router
+        router.enter(backend)
+        try:
+            response = await client.request(backend.endpoint, "POST", path, body=body, headers=headers, stream=stream)
+        except UpstreamConnectError as exc:
+            router.leave(backend)
+            retry = self._open(table, route, name, backend, backend)
+            if retry is None:
+                raise self._upstream_reply(exc, route, name, backend, openai) from None
+            self.metrics.retried(route.namespace, name)
+            log.info("retry-on-replica workflow=%s/%s from=%s to=%s", route.namespace, name, backend.endpoint,
+                     retry[0].endpoint)
+            backend, track = retry
+            router.enter(backend)
+            try:
+                response = await client.request(backend.endpoint, "POST", path, body=body, headers=headers, stream=stream)
+            except UpstreamError as exc2:
+                router.leave(backend)
+                raise self._upstream_reply(exc2, route, name, backend, openai) from None
+            except BaseException:
+                router.leave(backend)
+                raise
+        except UpstreamError as exc:
+            router.leave(backend)
+            raise self._upstream_reply(exc, route, name, backend, openai) from None
+        except BaseException:
+            router.leave(backend)
+            raise
+        return response, backend, track
+
+    def _upstream_reply(self, exc: UpstreamError, route: Route, name: str, backend: Backend, openai: bool) -> _Reply:
+        who = f"runner {backend.version} of workflow {route.namespace}/{name}"
+        if isinstance(exc, UpstreamConnectError):
+            status, kind, message = 502, "upstream_unavailable", f"{who} is unreachable at {backend.endpoint}"
+        elif isinstance(exc, UpstreamTimeout):
+            status, kind, message = 504, "upstream_timeout", f"{who} did not answer within {self.request_timeout_s:g}s"
+        else:
+            status, kind, message = 502, "upstream_error", f"{who} failed: {exc}"
+        log.debug("upstream-failed %s: %s", who, exc)
+        if openai:
+            return _openai_error(status, message, "server_error", None, kind)
+        return _plnt_error(status, kind, message)
+
+    @staticmethod
+    async def _watch_disconnect(receive: Receive, response: UpstreamResponse, gone: list[bool]) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone.append(True)
+                response.close()  # the runner sees the hang-up and can stop working
+                return
+
+    # --- POST /workflows/{name}/invoke --------------------------------------------------------
+
+    async def invoke(self, scope: ASGIScope, receive: Receive, send: Send, name: str) -> None:
+        t0 = time.perf_counter()
+        self.metrics.started("invoke")
+        outcome = _Outcome()
+        try:
+            await self._invoke(scope, receive, send, name, t0, outcome)
+        except _Reply as reply:
+            outcome.code, outcome.error_type = reply.status, reply.error_type
+            if not outcome.started:
+                await _respond(send, reply.status, reply.body, reply.headers)
+        except _ClientGone:
+            outcome.code, outcome.error_type = 499, "client_disconnected"
+        except Exception:
+            log.exception("invoke-failed workflow=%s", name)
+            outcome.code, outcome.error_type = 500, "internal"
+            if not outcome.started:
+                await _respond(send, 500, oai.dumps({"error": {"type": "internal", "message": "gateway error"}}), [])
+        finally:
+            self.metrics.finished("invoke", outcome.labels, outcome.code, time.perf_counter() - t0,
+                                  outcome.error_type, outcome.ttft)
+
+    async def _invoke(self, scope: ASGIScope, receive: Receive, send: Send, name: str, t0: float, outcome: _Outcome) -> None:
+        authorization = accept = content_type = content_length = session = None
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                authorization = value
+            elif key == b"accept":
+                accept = value
+            elif key == b"content-type":
+                content_type = value
+            elif key == b"content-length":
+                content_length = value
+            elif key == b"x-session-id":
+                session = value
+        grant: Grant = ALL
+        if self.tokens.enabled:
+            found = self.tokens.check_header(authorization)
+            if found is None:
+                raise self._unauthorized(authorization is not None, openai=False)
+            grant = found
+            if not grant.allows_name(name):
+                raise _plnt_error(403, "forbidden", f"this token may not invoke workflow {name}")
+        try:
+            body = await _read_body(receive, content_length, self.max_body_bytes)
+        except _BodyTooLarge as exc:
+            raise _plnt_error(413, "body_too_large", f"request body is over the {self.max_body_bytes} byte limit",
+                              exc.headers(self.max_body_bytes)) from None
+        try:
+            parsed = json.loads(body)
+        except json.JSONDecodeError as exc:
+            raise _plnt_error(422, "invalid_json", f"body is not valid JSON: {_json_position(exc)}",
+                              line=exc.lineno, column=exc.colno) from None
+        except UnicodeDecodeError as exc:
+            raise _plnt_error(422, "invalid_json", f"body is not UTF-8 at byte {exc.start}") from None
+        if not isinstance(parsed, dict):
+            raise _plnt_error(422, "invalid_request", f"body must be a JSON object, got {type(parsed).__name__}")
+
+        namespace = None
+        if scope["query_string"]:
+            values = parse_qs(scope["query_string"].decode("latin-1")).get("namespace")
+            namespace = values[0] if values else None
+        table = self.router.table  # one snapshot for the whole request
+        try:
+            route = table.lookup(name, namespace)
+        except AmbiguousRoute as exc:
+            raise _plnt_error(
+                409, "ambiguous",
+                f"workflow {name!r} exists in namespaces {', '.join(exc.namespaces)}; add ?namespace=<one of them>",
+            ) from None
+        if route is None:
+            where = f" in namespace {namespace}" if namespace is not None else ""
+            raise _plnt_error(404, "not_found", f"no workflow named {name}{where}; GET /workflows lists them")
+        if not grant.allows(route.namespace, name):
+            raise _plnt_error(403, "forbidden", f"this token may not invoke workflow {route.namespace}/{name}")
+        try:
+            backend, track = self.router.choose(route, session=session.decode("latin-1") if session else None)
+        except RouteNotReady:
+            raise _plnt_error(503, "not_ready", f"workflow {route.namespace}/{name} has no promoted release yet",
+                              [(b"retry-after", b"5")]) from None
+        outcome.labels = (route.namespace, name, backend.version, track)
+
+        stream = accept is not None and _SSE in accept
+        headers = [("content-type", content_type.decode("latin-1") if content_type else "application/json")]
+        if stream:
+            headers.append(("accept", "text/event-stream"))
+        response, backend, track = await self._exchange(
+            table, route, name, backend, track, "/invoke", body, headers, stream, openai=False
+        )
+        outcome.labels = (route.namespace, name, backend.version, track)
+        plnt_headers = [(b"x-plnt-version", backend.version.encode()), (b"x-plnt-track", track.encode())]
+        try:
+            if not stream:
+                outcome.code = response.status
+                if response.status >= 400:
+                    outcome.error_type = _runner_error_type(response.body)
+                await _respond(send, response.status, response.body, plnt_headers,
+                               response.header(b"content-type", _JSON))  # type: ignore[arg-type]
+                return
+            await self._pass_stream(receive, send, response, plnt_headers, t0, outcome)
+        finally:
+            self.router.leave(backend)
+
+    async def _pass_stream(
+        self, receive: Receive, send: Send, response: UpstreamResponse, plnt_headers: list[tuple[bytes, bytes]],
+        t0: float, outcome: _Outcome,
+    ) -> None:
+        content_type = response.header(b"content-type", _JSON) or _JSON
+        if response.status != 200 or not content_type.startswith(_SSE):
+            # An error (or a runner that does not stream): pass it through as one body.
+            try:
+                body = b"".join([chunk async for chunk in response.chunks()])
+            except UpstreamError as exc:
+                raise _plnt_error(502, "upstream_error", f"runner failed: {exc}") from None
+            outcome.code = response.status
+            if response.status >= 400:
+                outcome.error_type = _runner_error_type(body)
+            await _respond(send, response.status, body, plnt_headers, content_type)
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", content_type),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"),
+                    *plnt_headers,
+                ],
+            }
+        )
+        outcome.started = True
+        outcome.code = 200
+        gone: list[bool] = []
+        watcher = asyncio.create_task(self._watch_disconnect(receive, response, gone))
+        last = b"\n\n"
+        try:
+            async for chunk in response.chunks():
+                if outcome.ttft is None and not chunk.startswith(b":"):
+                    outcome.ttft = time.perf_counter() - t0
+                if b"event: error" in chunk:
+                    outcome.error_type = "stream_error"
+                last = chunk
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UpstreamError as exc:
+            if gone:
+                outcome.code, outcome.error_type = 499, "client_disconnected"
+                return
+            outcome.error_type = "upstream_timeout" if isinstance(exc, UpstreamTimeout) else "upstream_error"
+            if _at_event_boundary(last):
+                # A partial event cannot be cancelled in SSE; only after a complete one can an
+                # error event follow. Otherwise the stream just ends without a `result`.
+                error = {"error": {"type": outcome.error_type, "message": f"runner stream failed: {exc}", "step": None}}
+                await send({"type": "http.response.body", "body": b"event: error\ndata: " + oai.dumps(error) + b"\n\n",
+                            "more_body": True})
+        finally:
+            watcher.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    # --- POST /v1/chat/completions ------------------------------------------------------------
+
+    async def chat(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
+        t0 = time.perf_counter()
+        self.metrics.started("chat")
+        outcome = _Outcome()
+        try:
+            await self._chat(scope, receive, send, t0, outcome)
+        except _Reply as reply:
+            outcome.code, outcome.error_type = reply.status, reply.error_type
+            if not outcome.started:
+                await _respond(send, reply.status, reply.body, reply.headers)
+        except _ClientGone:
+            outcome.code, outcome.error_type = 499, "client_disconnected"
+        except Exception:
+            log.exception("chat-failed")
+            outcome.code, outcome.error_type = 500, "internal"
+            if not outcome.started:
+                await _respond(send, 500, oai.error_body("gateway error", "server_error", None, "internal"), [])
+        finally:
+            self.metrics.finished("chat", outcome.labels, outcome.code, time.perf_counter() - t0,
+                                  outcome.error_type, outcome.ttft)
+
+    async def _chat(self, scope: ASGIScope, receive: Receive, send: Send, t0: float, outcome: _Outcome) -> None:
+        authorization = content_length = session = None
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                authorization = value
+            elif key == b"content-length":
+                content_length = value
+            elif key == b"x-session-id":
+                session = value
+        grant: Grant = ALL
+        if self.tokens.enabled:
+            found = self.tokens.check_header(authorization)
+            if found is None:
+                raise self._unauthorized(authorization is not None, openai=True)
+            grant = found
+        try:
+            body = await _read_body(receive, content_length, self.max_body_bytes)
+        except _BodyTooLarge as exc:
+            raise _openai_error(413, f"request body is over the {self.max_body_bytes} byte limit",
+                                "invalid_request_error", None, "request_too_large", exc.headers(self.max_body_bytes)) from None
+        try:
+            request = oai.parse_chat_request(json.loads(body))
+        except json.JSONDecodeError as exc:
+            raise _openai_error(400, f"could not parse the JSON body: {_json_position(exc)}",
+                                "invalid_request_error", None, "invalid_json") from None
+        except UnicodeDecodeError as exc:
+            raise _openai_error(400, f"the body is not UTF-8 at byte {exc.start}", "invalid_request_error",
+                                None, "invalid_json") from None
+        except oai.InvalidRequest as exc:
+            raise _openai_error(400, exc.message, "invalid_request_error", exc.param, "invalid_request") from None
+
+        model = request.model
+        namespace, _, name = model.rpartition("/")
+        namespace_or_none = namespace or None
+        if not (grant.allows(namespace, name) if namespace else grant.allows_name(name)):
+            raise _openai_error(403, f"this API key may not use model {model}", "permission_error", "model", "model_not_allowed")
+        table = self.router.table
+        try:
+            route = table.lookup(name, namespace_or_none)
+        except AmbiguousRoute as exc:
+            choices = ", ".join(f"{ns}/{name}" for ns in exc.namespaces)
+            raise _openai_error(400, f"model {name!r} is ambiguous; use one of {choices}", "invalid_request_error",
+                                "model", "model_ambiguous") from None
+        if route is None:
+            raise _openai_error(404, f"The model `{model}` does not exist (GET /v1/models lists the workflows)",
+                                "invalid_request_error", "model", "model_not_found")
+        if not grant.allows(route.namespace, name):
+            raise _openai_error(403, f"this API key may not use model {model}", "permission_error", "model", "model_not_allowed")
+        try:
+            backend, track = self.router.choose(route, session=session.decode("latin-1") if session else None)
+        except RouteNotReady:
+            raise _openai_error(503, f"model {model} has no promoted release yet", "server_error", None,
+                                "model_not_ready", [(b"retry-after", b"5")]) from None
+        outcome.labels = (route.namespace, name, backend.version, track)
+
+        headers = [("content-type", "application/json")]
+        if request.stream:
+            headers.append(("accept", "text/event-stream"))
+        response, backend, track = await self._exchange(
+            table, route, name, backend, track, "/chat", oai.runner_chat_body(request), headers, request.stream, openai=True
+        )
+        outcome.labels = (route.namespace, name, backend.version, track)
+        plnt_headers = [(b"x-plnt-version", backend.version.encode()), (b"x-plnt-track", track.encode())]
+        try:
+            if not request.stream:
+                result = self._chat_result(response.status, response.body)
+                outcome.code = 200
+                await _respond(send, 200, oai.completion_body(oai.new_id(), model, result, request), plnt_headers)
+                return
+            await self._chat_stream(receive, send, response, request, model, backend.version, plnt_headers, t0, outcome)
+        finally:
+            self.router.leave(backend)
+
+    @staticmethod
+    def _chat_result(status: int, body: bytes) -> dict[str, Any]:
+        """The runner's result JSON, or a _Reply in OpenAI's error shape."""
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if status == 200 and isinstance(data, dict):
+            return data
+        if status == 200:
+            raise _openai_error(502, "the runner answered something that is not a JSON result", "server_error",
+                                None, "bad_upstream_response")
+        error = data.get("error") if isinstance(data, dict) else None
+        error = error if isinstance(error, dict) else {}
+        message = error.get("message") if isinstance(error.get("message"), str) else f"runner answered {status}"
+        code = error.get("type") if isinstance(error.get("type"), str) else "runner_error"
+        if status < 500:
+            return_status = 400 if status == 422 else status
+            raise _openai_error(return_status, message, "invalid_request_error", None, code)
+        raise _openai_error(status, message, "server_error", None, code)
+
+    async def _chat_stream(
+        self, receive: Receive, send: Send, response: UpstreamResponse, request: oai.ChatRequest, model: str, version: str,
+        plnt_headers: list[tuple[bytes, bytes]], t0: float, outcome: _Outcome,
+    ) -> None:
+        content_type = response.header(b"content-type", b"") or b""
+        if response.status != 200 or not content_type.startswith(_SSE):
+            try:
+                body = b"".join([chunk async for chunk in response.chunks()])
+            except UpstreamError as exc:
+                raise _openai_error(502, f"runner failed: {exc}", "server_error", None, "upstream_error") from None
+            self._chat_result(response.status, body)  # raises for errors
+            raise _openai_error(502, "the runner did not stream although asked to", "server_error", None,
+                                "bad_upstream_response")
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"),
+                    *plnt_headers,
+                ],
+            }
+        )
+        outcome.started = True
+        outcome.code = 200
+        writer = oai.ChunkWriter(oai.new_id(), model, f"plnt-{version}")
+        await send({"type": "http.response.body", "body": writer.first(), "more_body": True})
+        parser = SSEParser()
+        streamed: list[str] = []
+        tokens = 0
+        finished = False
+        gone: list[bool] = []
+        watcher = asyncio.create_task(self._watch_disconnect(receive, response, gone))
+        try:
+            async for chunk in response.chunks():
+                out: list[bytes] = []
+                for event in parser.feed(chunk):
+                    if event.event == "token":
+                        try:
+                            text = json.loads(event.data).get("text")
+                        except (ValueError, AttributeError):
+                            text = None
+                        if isinstance(text, str) and text:
+                            streamed.append(text)
+                            tokens += 1
+                            out.append(writer.content(text))
+                    elif event.event == "result":
+                        try:
+                            result = json.loads(event.data)
+                        except ValueError:
+                            result = {}
+                        result = result if isinstance(result, dict) else {}
+                        reply = oai.reply_text(result.get("output"))
+                        sent = "".join(streamed)
+                        if reply.startswith(sent) and len(reply) > len(sent):
+                            # Nothing (or only part) was streamed as tokens: send the rest now.
+                            out.append(writer.content(reply[len(sent):]))
+                        out.append(writer.stop())
+                        if request.include_usage:
+                            out.append(writer.usage(oai.usage(result, request, reply, tokens or None)))
+                        out.append(writer.DONE)
+                        finished = True
+                    elif event.event == "error":
+                        try:
+                            error = json.loads(event.data).get("error") or {}
+                        except (ValueError, AttributeError):
+                            error = {}
+                        message = error.get("message") if isinstance(error, dict) else None
+                        code = error.get("type") if isinstance(error, dict) else None
+                        out.append(writer.error(message or "the workflow failed", "server_error", code or "runner_error"))
+                        outcome.error_type = "stream_error"
+                        finished = True
+                    elif event.event == COMMENT:
+                        out.append(b": ping\n\n")
+                    if finished:
+                        break
+                if out:
+                    if outcome.ttft is None and streamed:
+                        outcome.ttft = time.perf_counter() - t0
+                    await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                if finished:
+                    break
+            if not finished:
+                outcome.error_type = "stream_error"
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": writer.error("the runner ended the stream without a result", "server_error",
+                                                 "upstream_error")})
+        except UpstreamError as exc:
+            if gone:
+                outcome.code, outcome.error_type = 499, "client_disconnected"
+                return
+            kind = "upstream_timeout" if isinstance(exc, UpstreamTimeout) else "upstream_error"
+            outcome.error_type = kind
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": writer.error(f"runner stream failed: {exc}", "server_error", kind)})
+        finally:
+            watcher.cancel()
+            response.close()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class GatewayApp(FastAPI):
+    """FastAPI with the two hot paths answered before FastAPI's routing (see module docstring),
+    and bearer-token checks in front of every route but `/healthz`."""
+
+    gateway: Gateway
+
+    async def __call__(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            gateway = self.gateway
+            path: str = scope["path"]
+            if scope["method"] == "POST":
+                if path.startswith("/workflows/") and path.endswith("/invoke"):
+                    name = path[11:-7]
+                    if name and "/" not in name:
+                        await gateway.invoke(scope, receive, send, name)
+                        return
+                elif path == "/v1/chat/completions":
+                    await gateway.chat(scope, receive, send)
+                    return
+            if gateway.tokens.enabled and path != "/healthz":
+                authorization = None
+                for key, value in scope["headers"]:
+                    if key == b"authorization":
+                        authorization = value
+                        break
+                grant = gateway.tokens.check_header(authorization)
+                if grant is None:
+                    reply = gateway._unauthorized(authorization is not None, openai=path.startswith("/v1/"))
+                    await _respond(send, reply.status, reply.body, reply.headers)
+                    return
+                scope["plnt.grant"] = grant
+        await super().__call__(scope, receive, send)
+
+
+def _grant(request: Request) -> Grant:
+    return request.scope.get("plnt.grant", ALL)
 
 
 def create_app(
@@ -34,107 +729,80 @@ def create_app(
     list_workflows: Callable[[], list[dict[str, Any]]],
     on_git_hook: Callable[[], Awaitable[None]] | None = None,
     request_timeout_s: float = 60.0,
-) -> FastAPI:
-    """Build the gateway app. The shared httpx client lives in the app lifespan."""
+    tokens: TokenSet | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    connect_timeout_s: float = _MAX_CONNECT_TIMEOUT_S,
+    max_connections_per_runner: int = 256,
+) -> GatewayApp:
+    """Build the gateway app. The runner client lives in the app lifespan.
+
+    `tokens`: None or empty runs the gateway open (callers decide whether that is allowed,
+    see auth.exposure_problem). `request_timeout_s`: longest silence from a runner (no byte)
+    before 504; for streams, between two chunks.
+    """
+    gateway = Gateway(
+        router,
+        tokens=tokens or TokenSet(),
+        metrics=GatewayMetrics(),
+        request_timeout_s=request_timeout_s,
+        connect_timeout_s=min(request_timeout_s, connect_timeout_s),
+        max_body_bytes=max_body_bytes,
+        max_connections_per_runner=max_connections_per_runner,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        timeout = httpx.Timeout(request_timeout_s, connect=min(request_timeout_s, _MAX_CONNECT_TIMEOUT_S))
-        # trust_env=False: runners are on 127.0.0.1; an HTTP(S)_PROXY from the environment
-        # must never capture that traffic.
-        async with httpx.AsyncClient(
-            timeout=timeout,
-            trust_env=False,
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=_KEEPALIVE_EXPIRY_S),
-        ) as client:
-            app.state.http = client
-            yield
-
-    app = FastAPI(title="plnt gateway", lifespan=lifespan)
-
-    @app.post("/workflows/{name}/invoke")
-    async def invoke(name: str, request: Request, namespace: str | None = None) -> Response:
-        # Raw bytes both ways: the gateway neither re-parses nor re-serialises the payload,
-        # so runner bodies (including their error bodies) arrive exactly as sent.
-        # Read before routing, so no await separates choosing a runner from counting it.
-        body = await request.body()
-        content_type = request.headers.get("content-type", "application/json")
-        client: httpx.AsyncClient = request.app.state.http
-
-        async def send(backend: Backend) -> httpx.Response:
-            # Counted from the choice on, so Router.drain never misses this request.
-            with router.in_flight(backend):
-                return await client.post(
-                    f"{backend.endpoint}/invoke", content=body, headers={"content-type": content_type}
-                )
-
-        table = router.table  # one snapshot for the whole request
-        try:
-            route = table.lookup(name, namespace)
-        except AmbiguousRoute as exc:
-            return _error(
-                409,
-                "ambiguous",
-                f"workflow {name!r} exists in namespaces {', '.join(exc.namespaces)}; "
-                f"add ?namespace=<one of them>",
-            )
-        if route is None:
-            where = f" in namespace {namespace}" if namespace is not None else ""
-            return _error(404, "not_found", f"no workflow named {name}{where}; GET /workflows lists them")
-        try:
-            backend, track = router.choose(route)
-        except RouteNotReady:
-            return _error(
-                503,
-                "not_ready",
-                f"workflow {route.namespace}/{name} has no promoted release yet",
-                headers={"Retry-After": "5"},
-            )
-
-        try:
-            try:
-                upstream = await send(backend)
-            except httpx.ConnectError:
-                # Refused connect: nothing reached the runner, so retrying cannot run the
-                # workflow twice. Typical cause: a promotion or rollback replaced this runner
-                # between our lookup and the connect; the new table has the new one.
-                retry = _rechoose(router, table, route, name, backend)
-                if retry is None:
-                    raise
-                backend, track = retry
-                upstream = await send(backend)
-        except httpx.ConnectError:
-            return _error(
-                502,
-                "upstream_unavailable",
-                f"runner {backend.version} of workflow {route.namespace}/{name} is unreachable at {backend.endpoint}",
-            )
-        except httpx.TimeoutException:
-            return _error(
-                504,
-                "upstream_timeout",
-                f"runner {backend.version} of workflow {route.namespace}/{name} did not answer "
-                f"within {request_timeout_s:g}s",
-            )
-        except httpx.TransportError as exc:
-            # The connection broke mid-exchange; the runner may have done the work, so no retry.
-            return _error(
-                502,
-                "upstream_error",
-                f"runner {backend.version} of workflow {route.namespace}/{name} failed: {type(exc).__name__}",
-            )
-
-        headers = {"x-plnt-version": backend.version, "x-plnt-track": track}
-        return Response(
-            content=upstream.content,
-            status_code=upstream.status_code,
-            headers=headers,
-            media_type=upstream.headers.get("content-type", "application/json"),
+        client = UpstreamClient(
+            read_timeout_s=request_timeout_s,
+            connect_timeout_s=gateway.connect_timeout_s,
+            max_connections=max_connections_per_runner,
+            keepalive_expiry_s=_KEEPALIVE_EXPIRY_S,
         )
+        gateway.client = client
+        app.state.http = client
+        try:
+            yield
+        finally:
+            gateway.client = None
+            await client.aclose()
+
+    app = GatewayApp(title="plnt gateway", lifespan=lifespan)
+    app.gateway = gateway
+    app.state.metrics = gateway.metrics
 
     @app.get("/workflows")
     async def workflows() -> JSONResponse:
         return JSONResponse(list_workflows())
+
+    @app.get("/workflows/{name}/stats")
+    async def workflow_stats(name: str, request: Request, namespace: str | None = None) -> JSONResponse:
+        """The runners' own `GET /stats` (step cache and the like), per backend."""
+        try:
+            route = router.table.lookup(name, namespace)
+        except AmbiguousRoute as exc:
+            return _error(409, "ambiguous", f"{exc}")
+        if route is None:
+            return _error(404, "not_found", f"no workflow named {name}")
+        if not _grant(request).allows(route.namespace, name):
+            return _error(403, "forbidden", f"this token may not read workflow {route.namespace}/{name}")
+        backends: list[tuple[Backend, str]] = [(b, "stable") for b in route.stable_replicas]
+        if route.canary is not None:
+            backends.append((route.canary, "canary"))
+        assert gateway.client is not None
+
+        async def one(backend: Backend, track: str) -> dict[str, Any]:
+            item: dict[str, Any] = {"endpoint": backend.endpoint, "version": backend.version, "track": track}
+            try:
+                response = await gateway.client.request(backend.endpoint, "GET", "/stats")  # type: ignore[union-attr]
+                item["status"] = response.status
+                item["stats"] = json.loads(response.body) if response.status == 200 else None
+            except (UpstreamError, ValueError) as exc:
+                item["status"] = None
+                item["error"] = str(exc) or type(exc).__name__
+            return item
+
+        items = await asyncio.gather(*(one(b, t) for b, t in backends))
+        return JSONResponse({"namespace": route.namespace, "name": name, "backends": items})
 
     @app.post("/hooks/git", status_code=202)
     async def git_hook() -> JSONResponse:
@@ -147,27 +815,32 @@ def create_app(
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(gateway.metrics.render(), media_type=gateway.metrics.content_type)
+
+    def visible_models(grant: Grant) -> list[tuple[str, str]]:
+        routes = [r for r in router.table if r.stable is not None and grant.allows(r.namespace, r.name)]
+        counts: dict[str, int] = {}
+        for r in router.table:
+            counts[r.name] = counts.get(r.name, 0) + 1
+        return sorted((r.name if counts[r.name] == 1 else f"{r.namespace}/{r.name}", r.namespace) for r in routes)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        return Response(oai.models_body(visible_models(_grant(request))), media_type="application/json")
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str, request: Request) -> Response:
+        for model_id, owner in visible_models(_grant(request)):
+            if model_id == model or f"{owner}/{model_id}" == model:
+                return Response(oai.dumps(oai.model_obj(model_id, owner)), media_type="application/json")
+        return Response(
+            oai.error_body(f"The model `{model}` does not exist", "invalid_request_error", "model", "model_not_found"),
+            status_code=404, media_type="application/json",
+        )
+
     return app
 
 
-def _rechoose(
-    router: Router, used: RouteTable, route: Route, name: str, failed: Backend
-) -> tuple[Backend, Track] | None:
-    """Backend to retry on after a refused connect, or None if nothing changed.
-
-    Only a table swap since the request started justifies a retry; a dead runner in an
-    unchanged table is reported (502) rather than hidden.
-    """
-    current = router.table
-    if current is used:
-        return None
-    try:
-        fresh = current.lookup(name, route.namespace)
-        if fresh is None:
-            return None
-        backend, track = router.choose(fresh)
-    except (AmbiguousRoute, RouteNotReady):
-        return None
-    if backend == failed:
-        return None
-    return backend, track
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "Gateway", "GatewayApp", "create_app"]

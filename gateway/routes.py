@@ -4,11 +4,26 @@ The reconciler builds a new `RouteTable` whenever a saga installs a canary, prom
 rolls back, and hands it to `Router.replace`. Tables are immutable snapshots, so a request
 that already looked up its route keeps a consistent view (stable, canary and percentage
 from the same moment) even if the table is swapped while it is in flight.
+
+Weighted routing: a request goes to the canary with probability `canary_percent / 100`.
+Requests that carry a session id (`X-Session-Id`) are routed deterministically instead, so
+one conversation stays on one version while the canary percentage is unchanged:
+
+    bucket = int.from_bytes(sha256(f"{namespace}/{name}\n{session_id}").digest()[:8]) % 10_000
+    canary  iff  bucket < canary_percent * 100          (buckets of 0.01 %)
+
+The workflow is part of the hash so that one unlucky session is not on every workflow's
+canary at once. Raising the percentage only moves sessions from stable to canary (a
+session on the canary stays there while the canary grows); promotion or rollback moves
+everyone to the one remaining version. Among several stable replicas a session also
+keeps its replica (bucket modulo the replica count); other requests take them in turn.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import itertools
 import random
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -49,17 +64,45 @@ class Backend:
 
 @dataclass(frozen=True)
 class Route:
+    """How to reach one workflow.
+
+    `stable_replicas` are interchangeable runners of the promoted release (plnt's local
+    driver runs one; other drivers may run several). `stable` is the first of them, kept for
+    callers that know only one: give either, the other is filled in.
+    """
+
     namespace: str
     name: str
     stable: Backend | None  # None: known workflow, nothing promoted yet -> 503
     canary: Backend | None = None
     canary_percent: int = 0  # share of requests sent to the canary, 0..100
+    stable_replicas: tuple[Backend, ...] = ()
 
     def __post_init__(self) -> None:
         # Reject bad percentages here, where the reconciler builds the route, rather than
         # silently clamping them on every request.
         if not 0 <= self.canary_percent <= 100:
             raise ValueError(f"canary_percent must be within 0..100, got {self.canary_percent}")
+        replicas = tuple(self.stable_replicas)
+        if self.stable is not None and not replicas:
+            replicas = (self.stable,)
+        elif replicas and self.stable is None:
+            object.__setattr__(self, "stable", replicas[0])
+        elif replicas and self.stable != replicas[0]:
+            raise ValueError("stable must be the first of stable_replicas")
+        object.__setattr__(self, "stable_replicas", replicas)
+        if len({b.endpoint for b in replicas}) != len(replicas):
+            raise ValueError(f"duplicate endpoint among the stable replicas of {self.namespace}/{self.name}")
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def session_bucket(route: Route, session_id: str) -> int:
+    """Deterministic bucket in [0, 10000) for a session of one workflow (see module docstring)."""
+    digest = hashlib.sha256(f"{route.namespace}/{route.name}\n{session_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 10_000
 
 
 class RouteTable:
@@ -120,6 +163,7 @@ class Router:
         self._table = table if table is not None else RouteTable()
         # Injectable so tests (and benchmarks) can make the canary split reproducible.
         self._rng = rng if rng is not None else random.Random()
+        self._turn = itertools.count()  # round robin over stable replicas
         self._in_flight: dict[str, int] = {}  # endpoint -> requests using it right now
         self._drained: dict[str, asyncio.Event] = {}  # endpoint -> set when it reaches 0
 
@@ -130,35 +174,61 @@ class Router:
     def replace(self, table: RouteTable) -> None:
         self._table = table
 
-    def choose(self, route: Route, rng: random.Random | None = None) -> tuple[Backend, Track]:
-        """Pick the backend for one request: the canary with probability canary_percent/100.
+    def choose(
+        self, route: Route, rng: random.Random | None = None, *, session: str | None = None
+    ) -> tuple[Backend, Track]:
+        """Pick the backend for one request: the canary with probability canary_percent/100,
+        or, with a `session` id, by the session's bucket (same session, same version).
 
         Raises RouteNotReady when nothing is promoted, even if a canary exists: a canary
         alone must never take all the traffic.
         """
-        if route.stable is None:
+        replicas = route.stable_replicas
+        if not replicas:
             raise RouteNotReady(route)
+        bucket = session_bucket(route, session) if session else None
         if route.canary is not None and route.canary_percent > 0:
-            draw = (rng or self._rng).random()  # uniform in [0, 1)
-            if draw * 100 < route.canary_percent:
+            if bucket is not None:
+                if bucket < route.canary_percent * 100:
+                    return route.canary, "canary"
+            elif (rng or self._rng).random() * 100 < route.canary_percent:  # uniform in [0, 1)
                 return route.canary, "canary"
-        return route.stable, "stable"
+        if len(replicas) == 1:
+            return replicas[0], "stable"
+        index = bucket if bucket is not None else next(self._turn)
+        return replicas[index % len(replicas)], "stable"
+
+    def fallback(self, route: Route, failed: Backend) -> Backend | None:
+        """Another stable replica to retry on after `failed` refused the connection, or None."""
+        replicas = [b for b in route.stable_replicas if b.endpoint != failed.endpoint]
+        if not replicas:
+            return None
+        return replicas[next(self._turn) % len(replicas)]
 
     @contextmanager
     def in_flight(self, backend: Backend) -> Iterator[None]:
         """Count a request against `backend` for `drain`. Enter it right after `choose`,
         with no await in between, so `drain` can never miss a request."""
-        endpoint = backend.endpoint
-        self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
+        self.enter(backend)
         try:
             yield
         finally:
-            self._in_flight[endpoint] -= 1
-            if self._in_flight[endpoint] == 0:
-                del self._in_flight[endpoint]
-                event = self._drained.pop(endpoint, None)
-                if event is not None:
-                    event.set()
+            self.leave(backend)
+
+    def enter(self, backend: Backend) -> None:
+        """`in_flight` without a block (for a stream that outlives the handler's frame);
+        every `enter` needs exactly one `leave`."""
+        endpoint = backend.endpoint
+        self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
+
+    def leave(self, backend: Backend) -> None:
+        endpoint = backend.endpoint
+        self._in_flight[endpoint] -= 1
+        if self._in_flight[endpoint] == 0:
+            del self._in_flight[endpoint]
+            event = self._drained.pop(endpoint, None)
+            if event is not None:
+                event.set()
 
     def in_flight_count(self, backend: Backend) -> int:
         return self._in_flight.get(backend.endpoint, 0)

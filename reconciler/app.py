@@ -11,8 +11,10 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 from plnt.gateway.app import create_app
+from plnt.gateway.auth import exposure_problem, load_tokens
+from plnt.gateway.auth import is_loopback_host as _loopback
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
-from plnt.gateway.server import GatewayServer
+from plnt.gateway.server import GatewayServer, ServerStartError
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
@@ -92,6 +94,10 @@ class Plnt:
 
 
 async def start(settings: Settings) -> Plnt:
+    tokens = load_tokens(settings.gateway_tokens_file, [t.get_secret_value() for t in settings.gateway_tokens])
+    problem = exposure_problem(settings.host, tokens, insecure_no_auth=settings.insecure_no_auth)
+    if problem:
+        raise ServerStartError(problem)
     state = StateDir(settings.state_dir).ensure()
     cleanups: list[Callable[[], Awaitable[None]]] = []
     try:
@@ -140,7 +146,9 @@ async def start(settings: Settings) -> Plnt:
         async def on_git_hook() -> None:
             reconciler.wake()
 
-        gateway_app = create_app(router, list_workflows=list_workflows, on_git_hook=on_git_hook)
+        gateway_app = create_app(router, list_workflows=list_workflows, on_git_hook=on_git_hook, tokens=tokens,
+                                 max_body_bytes=settings.gateway_max_body_bytes,
+                                 request_timeout_s=settings.gateway_request_timeout_s)
 
         @gateway_app.get("/source")
         async def source_status() -> dict[str, Any]:
@@ -180,6 +188,12 @@ async def start(settings: Settings) -> Plnt:
         plnt._cleanups = cleanups
         log.info("plnt-up gateway=%s repo=%s branch=%s path=%s state=%s temporal=%s",
                  gateway.url, source.url, settings.branch, settings.path or "/", state.root, address)
+        if tokens.enabled:
+            log.info("gateway-auth bearer tokens=%d (GET /healthz is open; everything else needs a token)", len(tokens))
+        else:
+            log.warning("gateway-open-no-auth host=%s: no tokens configured, anyone who can reach %s can invoke "
+                        "every workflow%s", settings.host, gateway.url,
+                        "" if settings.insecure_no_auth and not _loopback(settings.host) else " (loopback only)")
         return plnt
     except BaseException:
         for cleanup in reversed(cleanups):

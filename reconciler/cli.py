@@ -66,21 +66,58 @@ def up(
     max_sagas: Annotated[int, typer.Option(help="Sagas (deploys) running at once, across WorkflowRuns.")] = 8,
     retry_attempts: Annotated[int, typer.Option(help="Attempts per saga step, the first included.")] = 3,
     retry_initial_s: Annotated[float, typer.Option(help="Seconds before a step's first retry (doubling after).")] = 2.0,
+    tokens_file: Annotated[Path | None, typer.Option(
+        help="Gateway bearer tokens: one 'TOKEN' or 'TOKEN workflow1,workflow2' per line, # comments. "
+             "PLNT_GATEWAY_TOKENS (comma-separated) adds unrestricted tokens.")] = None,
+    insecure_no_auth: Annotated[bool, typer.Option(
+        "--insecure-no-auth", help="Serve the gateway without tokens on a non-loopback --host (refused otherwise).")] = False,
+    max_body_bytes: Annotated[int, typer.Option(help="Gateway: larger request bodies get 413.")] = 2**20,
+    gateway_timeout: Annotated[float, typer.Option(
+        help="Gateway: 504 when a runner sends nothing for this many seconds (streams: between two chunks).")] = 60.0,
+    loop: Annotated[str, typer.Option(
+        help="Event loop: uvloop (default when installed; ~1.5x less gateway CPU per request, "
+             "see bench/gateway_overhead.py) or asyncio.")] = "auto",
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run plnt: Temporal, a worker, the reconciler and the gateway; deploy through local runner processes."""
+    import os
+
+    from plnt.gateway.auth import exposure_problem, load_tokens
+
     _setup_logging(verbose)
+    env_tokens = tuple(t.strip() for t in os.environ.get("PLNT_GATEWAY_TOKENS", "").split(",") if t.strip())
     settings = Settings(repo=repo, path=path, branch=branch, state_dir=state_dir, host=host, port=port,
                         interval_s=interval, temporal_address=temporal_address, s3_endpoint_url=s3_endpoint_url,
                         s3_region=s3_region, oci_insecure_hosts=tuple(oci_insecure_host or ()),
                         max_recipe_bytes=max_recipe_mb * 2**20, max_concurrent_sagas=max_sagas,
-                        retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s))
-    problem = _port_problem(host, port)
+                        retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
+                        gateway_tokens=env_tokens, gateway_tokens_file=tokens_file, insecure_no_auth=insecure_no_auth,
+                        gateway_max_body_bytes=max_body_bytes, gateway_request_timeout_s=gateway_timeout)
+    try:
+        tokens = load_tokens(tokens_file, env_tokens)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"error: cannot read gateway tokens: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    problem = exposure_problem(host, tokens, insecure_no_auth=insecure_no_auth) or _port_problem(host, port)
     if problem:
         typer.echo(f"error: {problem}", err=True)
         raise typer.Exit(2)
+    if loop not in ("auto", "uvloop", "asyncio"):
+        typer.echo(f"error: --loop must be auto, uvloop or asyncio, not {loop!r}", err=True)
+        raise typer.Exit(2)
+    loop_factory = None
+    if loop != "asyncio":
+        try:
+            import uvloop
+
+            loop_factory = uvloop.new_event_loop
+        except ImportError:
+            if loop == "uvloop":
+                typer.echo("error: --loop uvloop: uvloop is not installed", err=True)
+                raise typer.Exit(2) from None
     try:
-        asyncio.run(_up(settings))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(_up(settings))
     except KeyboardInterrupt:
         pass
     except Exception as exc:  # noqa: BLE001 - one clear line, not a traceback, for start-up failures
@@ -299,6 +336,83 @@ def history(
         duration = f"{step['duration_ms']:.0f} ms" if step["duration_ms"] is not None else "-"
         line = f"{step['step']:<18} {str(step['started_at'] or '-')[:26]:<26} {duration:>10} {step['attempts']:>8}  {step['outcome']}"
         typer.echo(line + (f": {step['error']}" if step.get("error") else ""))
+
+
+@app.command()
+def bench(
+    name: Annotated[str, typer.Argument(help="Workflow (WorkflowRun) name, as deployed.")],
+    requests: Annotated[int, typer.Option("--requests", "-n", help="Invocations to send.", min=1)] = 200,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", help="Invocations in flight at once.", min=1)] = 8,
+    stream: Annotated[bool, typer.Option("--stream", help="Ask for SSE; also reports TTFT and TPOT.")] = False,
+    url: Annotated[str, typer.Option(help="Gateway of a running plnt up (http://).")] = "http://127.0.0.1:8000",
+    namespace: Annotated[str | None, typer.Option(help="Namespace, if the name exists in several.")] = None,
+    input_json: Annotated[str, typer.Option("--input", help="The invocation body (JSON object: the workflow's inputs).")] = "{}",
+    input_file: Annotated[Path | None, typer.Option(help="Read the invocation body from this file instead.")] = None,
+    token: Annotated[str | None, typer.Option(help="Gateway bearer token.", envvar="PLNT_TOKEN")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each answer.")] = 60.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+) -> None:
+    """Load a deployed workflow through the gateway: latency p50/p95/p99, error rate, throughput,
+    step-cache hit rate, and with --stream TTFT and TPOT."""
+    from urllib.parse import quote
+
+    from plnt.gateway.bench import format_summary, run_load, stats_cache_counts, summarize
+
+    try:
+        body = input_file.read_bytes() if input_file else input_json.encode()
+        if not isinstance(json.loads(body), dict):
+            raise ValueError("the invocation body must be a JSON object")
+    except (OSError, ValueError) as exc:
+        raise _fail(f"bad --input/--input-file: {exc}", 2) from exc
+    base = url.rstrip("/")
+    if not base.startswith("http://"):
+        raise _fail("--url must be an http:// address (the load generator speaks plain HTTP/1.1)", 2)
+    query = f"?namespace={quote(namespace)}" if namespace else ""
+    headers = [("authorization", f"Bearer {token}")] if token else []
+    auth = {"authorization": f"Bearer {token}"} if token else {}
+
+    def runner_stats() -> Any:
+        try:
+            with httpx.Client(trust_env=False, timeout=10) as client:
+                response = client.get(f"{base}/workflows/{quote(name)}/stats{query}", headers=auth)
+        except httpx.HTTPError as exc:
+            raise _fail(f"no plnt answers at {base} ({exc}); is plnt up running?", 2) from exc
+        if response.status_code in (401, 403):
+            raise _fail(f"the gateway refused the token ({response.status_code}); pass --token or set PLNT_TOKEN", 2)
+        if response.status_code == 404:
+            raise _fail(f"no workflow named {name} at {base} (plnt status lists them)", 1)
+        return response.json() if response.status_code == 200 else None
+
+    before = stats_cache_counts(runner_stats())
+
+    async def load() -> Any:
+        return await run_load(base, f"/workflows/{quote(name)}/invoke{query}", body, requests=requests,
+                              concurrency=concurrency, stream=stream, headers=headers, timeout_s=timeout)
+
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        result = runner.run(load())
+    summary = summarize(result)
+    after = stats_cache_counts(runner_stats())
+    if before is not None and after is not None:
+        hits, misses = after[0] - before[0], after[1] - before[1]
+        summary["runner_step_cache"] = {"hits": hits, "lookups": hits + misses,
+                                        "hit_rate": hits / (hits + misses) if hits + misses else None}
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    title = (f"plnt bench {name}: {requests} requests, concurrency {concurrency}{', SSE' if stream else ''}, "
+             f"through {base}")
+    typer.echo(format_summary(summary, title))
+    cache = summary.get("runner_step_cache")
+    if cache:
+        rate = "n/a (no lookups)" if cache["hit_rate"] is None else f"{cache['hit_rate']:.1%}"
+        typer.echo(f"step cache hit rate {rate} ({cache['hits']} of {cache['lookups']} lookups, from the runners' /stats)")
 
 
 recipe_app = typer.Typer(help="Recipe authors' commands: pack, sign, push, verify, digest.", no_args_is_help=True)

@@ -12,17 +12,17 @@ import math
 import random
 import signal
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from plnt.gateway.app import create_app
 from plnt.gateway.routes import Backend, Route, Router, RouteTable, Track
 from plnt.gateway.server import GatewayServer, ServerStartError
 from plnt.reconciler.local_driver import free_port
+
+from .conftest import MakeGateway, StartServer, backend, route
 
 pytestmark = pytest.mark.integration
 
@@ -57,65 +57,6 @@ def make_failing_test_runner() -> FastAPI:
         return JSONResponse({"error": {"type": "step_failed", "message": "tool exploded"}}, status_code=500)
 
     return app
-
-
-# --- fixtures -------------------------------------------------------------------------------
-
-StartServer = Callable[..., Awaitable[GatewayServer]]
-
-
-@pytest.fixture
-async def start_server() -> AsyncIterator[StartServer]:
-    """Start an ASGI app on a free loopback port; every server is stopped at teardown."""
-    servers: list[GatewayServer] = []
-
-    async def start(app: Any, *, graceful_timeout_s: float | None = 5.0) -> GatewayServer:
-        server = GatewayServer(app, "127.0.0.1", 0, graceful_timeout_s=graceful_timeout_s)
-        await server.start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in reversed(servers):
-        await server.stop()  # no-op for servers a test already stopped
-
-
-def backend(server: GatewayServer, version: str) -> Backend:
-    return Backend(endpoint=server.url, version=version, release_id=f"rel-{version}")
-
-
-def route(name: str, stable: Backend | None, canary: Backend | None = None, percent: int = 0, ns: str = "default") -> Route:
-    return Route(namespace=ns, name=name, stable=stable, canary=canary, canary_percent=percent)
-
-
-MakeGateway = Callable[..., Awaitable[httpx.AsyncClient]]
-
-
-@pytest.fixture
-async def make_gateway(start_server: StartServer) -> AsyncIterator[MakeGateway]:
-    """Serve a gateway for `router` and return an httpx client pointed at it."""
-    clients: list[httpx.AsyncClient] = []
-
-    async def make(
-        router: Router,
-        *,
-        list_workflows: Callable[[], list[dict[str, Any]]] = list,
-        on_git_hook: Callable[[], Awaitable[None]] | None = None,
-        request_timeout_s: float = 30.0,
-    ) -> httpx.AsyncClient:
-        app = create_app(
-            router, list_workflows=list_workflows, on_git_hook=on_git_hook, request_timeout_s=request_timeout_s
-        )
-        server = await start_server(app)
-        client = httpx.AsyncClient(base_url=server.url, trust_env=False, timeout=30.0)
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        await client.aclose()
-
-
 
 
 # --- routing --------------------------------------------------------------------------------
@@ -373,8 +314,8 @@ class PromoteAfterChoose(Router):
         super().__init__(table)
         self._then: RouteTable | None = then
 
-    def choose(self, route: Route, rng: random.Random | None = None) -> tuple[Backend, Track]:
-        chosen = super().choose(route, rng)
+    def choose(self, route: Route, rng: random.Random | None = None, *, session: str | None = None) -> tuple[Backend, Track]:
+        chosen = super().choose(route, rng, session=session)
         if self._then is not None:
             self.replace(self._then)
             self._then = None
