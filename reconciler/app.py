@@ -115,6 +115,7 @@ async def start(settings: Settings) -> Plnt:
             state, host="127.0.0.1", start_timeout_s=settings.runner_start_timeout_s,
             stop_timeout_s=settings.runner_stop_timeout_s,
             on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None,
+            runner_args=settings.runner_args(),
             drain=lambda release: router.drain(Backend(release.endpoint, release.version, release.release_id),
                                                timeout_s=settings.runner_stop_timeout_s),
         )

@@ -77,6 +77,12 @@ def up(
     loop: Annotated[str, typer.Option(
         help="Event loop: uvloop (default when installed; ~1.5x less gateway CPU per request, "
              "see bench/gateway_overhead.py) or asyncio.")] = "auto",
+    llm_url: Annotated[str | None, typer.Option(
+        help="OpenAI-compatible model server for the local runners (vLLM, TGI, SGLang, llama.cpp); "
+             "default: the offline mock backend.")] = None,
+    llm_model: Annotated[str | None, typer.Option(help="Model name to ask the model server for.")] = None,
+    llm_api_key_env: Annotated[str | None, typer.Option(
+        help="NAME of the environment variable holding the model server's API key (the key is never logged).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run plnt: Temporal, a worker, the reconciler and the gateway; deploy through local runner processes."""
@@ -92,7 +98,11 @@ def up(
                         max_recipe_bytes=max_recipe_mb * 2**20, max_concurrent_sagas=max_sagas,
                         retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
                         gateway_tokens=env_tokens, gateway_tokens_file=tokens_file, insecure_no_auth=insecure_no_auth,
-                        gateway_max_body_bytes=max_body_bytes, gateway_request_timeout_s=gateway_timeout)
+                        gateway_max_body_bytes=max_body_bytes, gateway_request_timeout_s=gateway_timeout,
+                        llm_url=llm_url, llm_model=llm_model, llm_api_key_env=llm_api_key_env)
+    if llm_url and not llm_model:
+        typer.echo("error: --llm-url needs --llm-model (the model the server should use)", err=True)
+        raise typer.Exit(2)
     try:
         tokens = load_tokens(tokens_file, env_tokens)
     except (OSError, ValueError) as exc:
@@ -266,11 +276,13 @@ def status(
     url: Annotated[str, typer.Option(help="Gateway of a running plnt up.")] = "http://127.0.0.1:8000",
     state_dir: Annotated[Path, typer.Option(help="Read this state directory if the gateway does not answer.")] = Path(".plnt"),
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (the shape of GET /workflows).")] = False,
+    token: Annotated[str | None, typer.Option(
+        envvar="PLNT_TOKEN", help="Gateway bearer token, when the gateway requires one (or PLNT_TOKEN).")] = None,
 ) -> None:
     """Each WorkflowRun's phase, version, canary share, endpoint, commit and message."""
     source: dict[str, Any] = {}
     try:
-        with httpx.Client(trust_env=False, timeout=5) as client:
+        with httpx.Client(trust_env=False, timeout=5, headers=_auth(token)) as client:
             rows = client.get(f"{url}/workflows").raise_for_status().json()
             if not isinstance(rows, list):
                 raise ValueError(f"GET {url}/workflows did not answer a list")
@@ -314,10 +326,12 @@ def history(
     namespace: Annotated[str, typer.Option(help="WorkflowRun namespace.")] = "default",
     url: Annotated[str, typer.Option(help="Gateway of a running plnt up.")] = "http://127.0.0.1:8000",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    token: Annotated[str | None, typer.Option(
+        envvar="PLNT_TOKEN", help="Gateway bearer token, when the gateway requires one (or PLNT_TOKEN).")] = None,
 ) -> None:
     """The newest saga's steps for a WorkflowRun: start, duration, attempts, outcome (from Temporal's history)."""
     try:
-        with httpx.Client(trust_env=False, timeout=10) as client:
+        with httpx.Client(trust_env=False, timeout=10, headers=_auth(token)) as client:
             response = client.get(f"{url}/workflows/{name}/history", params={"namespace": namespace})
     except httpx.HTTPError as exc:
         raise _fail(f"no plnt answers at {url} ({exc}); is plnt up running?", 2) from exc
@@ -417,6 +431,10 @@ def bench(
 
 recipe_app = typer.Typer(help="Recipe authors' commands: pack, sign, push, verify, digest.", no_args_is_help=True)
 app.add_typer(recipe_app, name="recipe")
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"} if token else {}
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:

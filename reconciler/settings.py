@@ -74,11 +74,22 @@ class Settings(BaseModel):
     gateway_max_body_bytes: int = Field(default=2**20, gt=0, description="larger request bodies get 413")
     gateway_request_timeout_s: float = Field(
         default=60.0, gt=0, description="504 when a runner sends nothing for this long (streams: between chunks)")
+    # The model backend of local runners: None runs the offline mock backend.
+    llm_url: str | None = Field(default=None, description="OpenAI-compatible model server for the runners")
+    llm_model: str | None = None
+    llm_api_key_env: str | None = Field(default=None, description="NAME of the env var with the API key")
     # Kubernetes backends (the Helm driver).
     helm_binary: str = "helm"
     helm_chart: str | None = Field(default=None, description="workflow-runner chart; None: the one in this checkout")
     runner_image: str = Field(default="plnt", description="runner image repository for Kubernetes backends")
     runner_image_tag: str = ""
+
+    def runner_args(self) -> tuple[str, ...]:
+        """Options every local runner gets for its model backend."""
+        if self.llm_url is None:
+            return ()
+        args = ("--backend", "http", "--upstream-url", self.llm_url, "--model", self.llm_model or "")
+        return args + (("--api-key-env", self.llm_api_key_env) if self.llm_api_key_env else ())
 
     @property
     def gateway_url(self) -> str:

@@ -309,3 +309,27 @@ async def test_deploys_a_signed_recipe_from_an_oci_or_s3_registry(
         await hook(plnt)
         await wait_phase(plnt, "Ready", version="1.3.0")
         assert (await invoke(plnt)).json()["version"] == "1.3.0"
+
+
+async def test_runners_use_an_openai_compatible_model_server(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`plnt up --llm-url/--llm-model/--llm-api-key-env`: the runners call a real peer speaking the
+    OpenAI wire format (the test server in tests/openai_peer.py), with the key from the environment."""
+    from ..openai_peer import OpenAIPeer
+
+    monkeypatch.setenv("PLNT_TEST_LLM_KEY", "sk-test-123")
+    with OpenAIPeer() as peer:
+        peer.configure(api_key="sk-test-123")
+        settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
+                                llm_url=peer.url, llm_model="test-model", llm_api_key_env="PLNT_TEST_LLM_KEY")
+        async with running_plnt(settings) as plnt:
+            await wait_phase(plnt, "Ready", version="1.2.0")
+            peer.configure(reply="Thanks a lot, see you soon!")
+            response = await invoke(plnt)
+            assert response.status_code == 200, response.text
+            assert response.json()["output"]["reply"].startswith("Thanks a lot, see you soon!")
+            assert any((r.json or {}).get("model") == "test-model" for r in peer.requests), peer.requests[-1:]
+        log_text = "".join(p.read_text() for p in (tmp_path / "state" / "runners").glob("*.log"))
+        assert "sk-test-123" not in log_text
