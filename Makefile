@@ -40,6 +40,7 @@ test-fast: install
 bench: install
 	$(PY) bench/commit_to_ready.py
 	$(PY) bench/recipe_pull.py
+	$(PY) bench/gateway_overhead.py
 
 clean:
 	rm -rf $(DEMO) .pytest_cache
