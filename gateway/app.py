@@ -328,25 +328,21 @@ class Gateway:
             self.metrics.finished("invoke", outcome.labels, outcome.code, time.perf_counter() - t0,
                                   outcome.error_type, outcome.ttft)
 
+    def _grant(self, authorization: bytes | None, *, openai: bool) -> Grant:
+        """What the request's bearer token may use (everything when no tokens are configured)."""
+        if not self.tokens.enabled:
+            return ALL
+        found = self.tokens.check_header(authorization)
+        if found is None:
+            raise self._unauthorized(authorization is not None, openai=openai)
+        return found
+
     async def _invoke(self, scope: ASGIScope, receive: Receive, send: Send, name: str, t0: float, outcome: _Outcome) -> None:
-        authorization = accept = content_type = content_length = session = None
-        for key, value in scope["headers"]:
-            if key == b"authorization":
-                authorization = value
-            elif key == b"accept":
-                accept = value
-            elif key == b"content-type":
-                content_type = value
-            elif key == b"content-length":
-                content_length = value
-            elif key == b"x-session-id":
-                session = value
-        grant: Grant = ALL
+        headers = _pick_headers(scope)
+        authorization, accept, content_type = headers.get(b"authorization"), headers.get(b"accept"), headers.get(b"content-type")
+        content_length, session = headers.get(b"content-length"), headers.get(b"x-session-id")
+        grant = self._grant(authorization, openai=False)
         if self.tokens.enabled:
-            found = self.tokens.check_header(authorization)
-            if found is None:
-                raise self._unauthorized(authorization is not None, openai=False)
-            grant = found
             if not grant.allows_name(name):
                 raise _plnt_error(403, "forbidden", f"this token may not invoke workflow {name}")
         try:
@@ -489,20 +485,9 @@ class Gateway:
                                   outcome.error_type, outcome.ttft)
 
     async def _chat(self, scope: ASGIScope, receive: Receive, send: Send, t0: float, outcome: _Outcome) -> None:
-        authorization = content_length = session = None
-        for key, value in scope["headers"]:
-            if key == b"authorization":
-                authorization = value
-            elif key == b"content-length":
-                content_length = value
-            elif key == b"x-session-id":
-                session = value
-        grant: Grant = ALL
-        if self.tokens.enabled:
-            found = self.tokens.check_header(authorization)
-            if found is None:
-                raise self._unauthorized(authorization is not None, openai=True)
-            grant = found
+        headers = _pick_headers(scope)
+        content_length, session = headers.get(b"content-length"), headers.get(b"x-session-id")
+        grant = self._grant(headers.get(b"authorization"), openai=True)
         try:
             body = await _read_body(receive, content_length, self.max_body_bytes)
         except _BodyTooLarge as exc:
@@ -844,3 +829,11 @@ def create_app(
 
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "Gateway", "GatewayApp", "create_app"]
+
+
+_WANTED_HEADERS = frozenset({b"authorization", b"accept", b"content-type", b"content-length", b"x-session-id"})
+
+
+def _pick_headers(scope: ASGIScope) -> dict[bytes, bytes]:
+    """The few request headers the fast paths read (ASGI header names are lower-case bytes)."""
+    return {key: value for key, value in scope["headers"] if key in _WANTED_HEADERS}
