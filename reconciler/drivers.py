@@ -31,6 +31,7 @@ class DriverSet:
         self._make_helm = make_helm
         self._file = state.root / "backends.json"
         saved = read_json(self._file, default={}) or {}
+        self._saved: dict[str, object] = saved
         self._assigned: dict[str, str] = saved.get("workflowRuns", {})  # namespace/name -> backend name
         self._backends = {name: PlntBackend.model_validate(doc) for name, doc in saved.get("backends", {}).items()}
         self._specs = SpecCache()
@@ -41,10 +42,13 @@ class DriverSet:
             self._specs.remember(run)
             self._assigned[run.key] = run.spec.backend.cluster
         self._backends.update(specs.backends)
-        atomic_write_json(self._file, {
-            "workflowRuns": self._assigned,
+        record = {
+            "workflowRuns": dict(self._assigned),
             "backends": {name: b.model_dump(mode="json", by_alias=True) for name, b in self._backends.items()},
-        })
+        }
+        if record != self._saved:  # every poll assigns; write only what changed
+            atomic_write_json(self._file, record)
+            self._saved = record
 
     def driver_for(self, namespace: str, name: str) -> LocalDriver | HelmDriver:
         backend = self._backends.get(self._assigned.get(run_key(namespace, name), ""))
