@@ -32,6 +32,7 @@ class DesiredRun:
     version: str
     fingerprint: str
     spec: Mapping[str, Any]  # spec as camelCase JSON, for naming what changed
+    self_heal: bool = True
 
     @property
     def key(self) -> str:
@@ -45,6 +46,7 @@ class DesiredRun:
             version=run.spec.workflow.version,
             fingerprint=run.fingerprint(),
             spec=run.spec.model_dump(mode="json", by_alias=True),
+            self_heal=run.spec.self_heal,
         )
 
 
@@ -62,6 +64,8 @@ class LiveRun:
     saga_running: bool = False
     # What the running saga deploys: its spec fingerprint, or None for an uninstall saga.
     saga_fingerprint: str | None = None
+    # What plnt last promoted: when the live release no longer matches it, it drifted out of band.
+    deployed_fingerprint: str | None = None
 
     @property
     def key(self) -> str:
@@ -137,6 +141,7 @@ def live_from(
             failed_reason=status.last_error if failed and status else None,
             saga_running=key in running,
             saga_fingerprint=running.get(key),
+            deployed_fingerprint=status.deployed_fingerprint if status else None,
         )
     return runs
 
@@ -159,6 +164,19 @@ def _decide(want: DesiredRun | None, have: LiveRun | None) -> PlanItem | None:
 
     base = dict(namespace=want.namespace, name=want.name, to_version=want.version, waiting=waiting,
                 supersedes=supersedes)
+    # Drift: the spec is what plnt last deployed, but the live release is gone or changed out of band
+    # (e.g. a Helm release removed or upgraded by hand). Restored by the saga below, or only reported.
+    drifted = (have is not None and not waiting and have.deployed_fingerprint == want.fingerprint
+               and have.fingerprint != want.fingerprint)
+    if drifted:
+        assert have is not None
+        what = "is gone" if have.version is None else f"runs {have.version} with another spec"
+        if not want.self_heal:
+            return PlanItem(action=Action.UNCHANGED, from_version=have.version,
+                            reason=f"drift: the release plnt deployed {what} (selfHeal: false, so only reported)", **base)
+        action = Action.INSTALL if have.version is None else Action.UPGRADE
+        return PlanItem(action=action, from_version=have.version,
+                        reason=f"drift: the release plnt deployed {what}; restoring it (selfHeal)", **base)
     if have is None or have.version is None:
         if have is not None and have.failed_fingerprint == want.fingerprint:
             return PlanItem(action=Action.UNCHANGED, reason=_held(have), **base)

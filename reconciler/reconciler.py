@@ -222,7 +222,9 @@ class Reconciler:
         if status is None or status.phase not in FINAL_PHASES:
             return
         fields: dict[str, Any] = {"observed_commit": commit}
-        if status.phase is Phase.READY:
+        if item.reason.startswith("drift:"):
+            fields.update(message=item.reason)
+        elif status.phase is Phase.READY:
             fields.update(message=f"{status.version} in sync", last_error=None)
         elif item.reason.startswith("in sync") and status.version is not None:
             # What failed is no longer asked for (e.g. the commit was reverted): the stable release is the spec.

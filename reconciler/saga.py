@@ -114,6 +114,7 @@ class DeploySaga:
         await self._phase(saga, Phase.READY, message, {
             "version": saga.version, "endpoint": stable.endpoint, "canary_version": None, "canary_percent": 0,
             "smoke_test": smoke_record, "last_error": None, "deployed_spec": spec,
+            "deployed_fingerprint": saga.fingerprint,
         })
         return SagaResult(phase=Phase.READY, reason=message, version=saga.version)
 

@@ -55,6 +55,7 @@ class WorkflowRunStatus(BaseModel):
     smoke_test: dict[str, Any] | None = None
     # The spec of the promoted release, so a plan can name what a new commit changes.
     deployed_spec: dict[str, Any] | None = None
+    deployed_fingerprint: str | None = None
     updated_at: float = 0.0
 
     @property

@@ -123,3 +123,29 @@ def test_live_from_combines_releases_statuses_and_running_sagas() -> None:
     live = live_from(releases, statuses, running_sagas=["default/new"])
     assert live["default/rr"] == LiveRun("default", "rr", "1.2.0", "A", spec(), "F", "smoke test failed", False)
     assert live["default/new"] == LiveRun("default", "new", saga_running=True)  # Ready holds nothing back
+
+
+DRIFT_CASES = [
+    # (name, live stable fingerprint (None: gone), self_heal, action, reason part)
+    ("release removed by hand, self-heal", None, True, Action.INSTALL, "drift: the release plnt deployed is gone; restoring"),
+    ("release removed by hand, report only", None, False, Action.UNCHANGED, "selfHeal: false, so only reported"),
+    ("release changed by hand, self-heal", "X", True, Action.UPGRADE, "runs 1.2.0 with another spec; restoring"),
+    ("release changed by hand, report only", "X", False, Action.UNCHANGED, "drift: the release plnt deployed runs 1.2.0"),
+    ("in sync", "A", False, Action.UNCHANGED, "in sync"),
+]
+
+
+@pytest.mark.parametrize(("live_fp", "self_heal", "action", "reason"), [c[1:] for c in DRIFT_CASES],
+                         ids=[c[0] for c in DRIFT_CASES])
+def test_drift_of_a_deployed_release(live_fp: str | None, self_heal: bool, action: Action, reason: str) -> None:
+    want = DesiredRun("default", "rr", "1.2.0", "A", spec(), self_heal=self_heal)
+    have = LiveRun("default", "rr", version="1.2.0" if live_fp else None, fingerprint=live_fp, spec=spec(),
+                   deployed_fingerprint="A")
+    [item] = plan({K: want}, {K: have})
+    assert item.action is action and reason in item.reason
+
+
+def test_a_new_spec_is_not_drift() -> None:
+    want = DesiredRun("default", "rr", "1.3.0", "B", spec("1.3.0"), self_heal=False)
+    [item] = plan({K: want}, {K: LiveRun("default", "rr", "1.2.0", "A", spec(), deployed_fingerprint="A")})
+    assert item.action is Action.UPGRADE and "workflow.ref" in item.reason
