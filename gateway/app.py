@@ -308,11 +308,18 @@ class Gateway:
     # --- POST /workflows/{name}/invoke --------------------------------------------------------
 
     async def invoke(self, scope: ASGIScope, receive: Receive, send: Send, name: str) -> None:
+        internal = oai.dumps({"error": {"type": "internal", "message": "gateway error"}})
+        await self._measured("invoke", send, internal, lambda t0, outcome: self._invoke(scope, receive, send, name, t0, outcome))
+
+    async def _measured(self, api: str, send: Send, internal_error: bytes,
+                        handle: Callable[[float, _Outcome], Awaitable[None]]) -> None:
+        """One fast-path request: errors become answers (unless the answer already started), and
+        every request ends in the metrics with its outcome."""
         t0 = time.perf_counter()
-        self.metrics.started("invoke")
+        self.metrics.started(api)
         outcome = _Outcome()
         try:
-            await self._invoke(scope, receive, send, name, t0, outcome)
+            await handle(t0, outcome)
         except _Reply as reply:
             outcome.code, outcome.error_type = reply.status, reply.error_type
             if not outcome.started:
@@ -320,12 +327,12 @@ class Gateway:
         except _ClientGone:
             outcome.code, outcome.error_type = 499, "client_disconnected"
         except Exception:
-            log.exception("invoke-failed workflow=%s", name)
+            log.exception("%s-failed", api)
             outcome.code, outcome.error_type = 500, "internal"
             if not outcome.started:
-                await _respond(send, 500, oai.dumps({"error": {"type": "internal", "message": "gateway error"}}), [])
+                await _respond(send, 500, internal_error, [])
         finally:
-            self.metrics.finished("invoke", outcome.labels, outcome.code, time.perf_counter() - t0,
+            self.metrics.finished(api, outcome.labels, outcome.code, time.perf_counter() - t0,
                                   outcome.error_type, outcome.ttft)
 
     def _grant(self, authorization: bytes | None, *, openai: bool) -> Grant:
@@ -464,25 +471,8 @@ class Gateway:
     # --- POST /v1/chat/completions ------------------------------------------------------------
 
     async def chat(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
-        t0 = time.perf_counter()
-        self.metrics.started("chat")
-        outcome = _Outcome()
-        try:
-            await self._chat(scope, receive, send, t0, outcome)
-        except _Reply as reply:
-            outcome.code, outcome.error_type = reply.status, reply.error_type
-            if not outcome.started:
-                await _respond(send, reply.status, reply.body, reply.headers)
-        except _ClientGone:
-            outcome.code, outcome.error_type = 499, "client_disconnected"
-        except Exception:
-            log.exception("chat-failed")
-            outcome.code, outcome.error_type = 500, "internal"
-            if not outcome.started:
-                await _respond(send, 500, oai.error_body("gateway error", "server_error", None, "internal"), [])
-        finally:
-            self.metrics.finished("chat", outcome.labels, outcome.code, time.perf_counter() - t0,
-                                  outcome.error_type, outcome.ttft)
+        internal = oai.error_body("gateway error", "server_error", None, "internal")
+        await self._measured("chat", send, internal, lambda t0, outcome: self._chat(scope, receive, send, t0, outcome))
 
     async def _chat(self, scope: ASGIScope, receive: Receive, send: Send, t0: float, outcome: _Outcome) -> None:
         headers = _pick_headers(scope)

@@ -26,6 +26,10 @@ class InstallRequest(BaseModel):
     recipe_dir: str
     traffic_percent: int = 0
 
+    def release(self, endpoint: str = "") -> Release:
+        """The release this request makes, before a driver gives it an endpoint (and a process)."""
+        return Release(release_id=self.release_id, endpoint=endpoint, **self.model_dump())
+
     @property
     def release_id(self) -> str:
         # Same spec, same id: a retried install finds the release it made before. The track is not

@@ -90,20 +90,7 @@ class LocalDriver:
             if current is not None:
                 self._write(live.model_copy(update={request.track: None}))
                 await self._stop(current)
-            release = await self._start(
-                Release(
-                    release_id=request.release_id,
-                    namespace=request.namespace,
-                    name=request.name,
-                    track=request.track,
-                    version=request.version,
-                    spec_fingerprint=request.spec_fingerprint,
-                    recipe_digest=request.recipe_digest,
-                    recipe_dir=request.recipe_dir,
-                    endpoint="",
-                    traffic_percent=request.traffic_percent,
-                )
-            )
+            release = await self._start(request.release())
             live = self._read(request.namespace, request.name)
             self._write(live.model_copy(update={request.track: release}))
             return release
