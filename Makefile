@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 DEMO   ?= .plnt-demo
 PORT   ?= 8000
 
-.PHONY: install up demo-repo test test-fast bench clean
+.PHONY: install install-test-services up demo-repo test test-fast bench clean
 
 install: $(VENV)/.installed
 
@@ -31,10 +31,14 @@ demo-repo:
 up: install demo-repo
 	$(VENV)/bin/plnt up --repo $(DEMO)/repo --state-dir $(DEMO)/state --port $(PORT)
 
-test: install
+# System packages the tests start for real (the OCI registry); see tools/install_test_services.sh.
+install-test-services:
+	bash tools/install_test_services.sh
+
+test: install install-test-services
 	$(PY) -m pytest
 
-test-fast: install
+test-fast: install install-test-services
 	$(PY) -m pytest -m "not integration"
 
 bench: install

@@ -1,0 +1,1 @@
+from .live import attack_repo  # noqa: F401

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install the system packages the test suite starts for real, when they are missing:
+#   docker-registry   the CNCF distribution OCI registry (Debian's package), for the OCI tests
+# Run by `make test` (through `make install-test-services`); root or passwordless sudo installs with
+# apt-get, anyone else gets the exact command to run. Nothing here is needed by `make up`.
+set -euo pipefail
+
+missing=()
+command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -eq 0 ]; then
+  SUDO=()
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+  SUDO=(sudo -n)
+else
+  echo "the tests need: ${missing[*]}; install with: sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "the tests need: ${missing[*]} (Debian/Ubuntu package names); install them with your package manager" >&2
+  exit 1
+fi
+echo "installing ${missing[*]} (apt-get) for the test suite"
+"${SUDO[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+command -v docker-registry >/dev/null
