@@ -15,7 +15,7 @@ from plnt.reconciler.local_driver import free_port
 from .conftest import StartGateway, StartServer, backend, route
 from .fakes import FakeRunner
 
-pytestmark = pytest.mark.integration
+# No module-wide mark: tests that request a server fixture are marked integration by tests/hygiene.py.
 
 
 async def post_many(url: str, path: str, n: int, concurrency: int, headers: list[tuple[str, str]] | None = None,

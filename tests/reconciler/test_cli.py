@@ -383,7 +383,9 @@ def serve(body: bytes, content_type: str) -> Iterator[str]:
         thread.join()
 
 
+@pytest.mark.integration
 def test_status_asks_the_gateway_first(saved_state: tuple[Path, dict]) -> None:
+    """`serve` (an http.server thread on 127.0.0.1) stands in for a running plnt's gateway."""
     state, public = saved_state
     live = {**public, "phase": "Canary", "canaryVersion": "1.3.0", "canaryPercent": 5, "message": "smoke test"}
     with serve(json.dumps([live]).encode(), "application/json") as url:
@@ -394,12 +396,14 @@ def test_status_asks_the_gateway_first(saved_state: tuple[Path, dict]) -> None:
     assert row[:5] == ["default/review-responder", "Canary", "1.2.0", "1.3.0", "5%"], result.stdout
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("body", "content_type"), [(b"<html>not plnt</html>", "text/html"),
                                                     (b'{"detail": "Not Found"}', "application/json")],
                          ids=["html", "other-json"])
 def test_status_falls_back_to_the_state_dir_when_something_else_answers(
     saved_state: tuple[Path, dict], body: bytes, content_type: str
 ) -> None:
+    """`serve` (an http.server thread on 127.0.0.1) stands in for some other HTTP service on plnt's port."""
     state, _ = saved_state
     with serve(body, content_type) as url:
         result = plnt("status", "--url", url, "--state-dir", state)

@@ -30,6 +30,8 @@ from plnt.reconciler.helm_driver import (
 )
 from plnt.reconciler.specs import PlntBackend, WorkflowRun
 
+pytestmark = pytest.mark.integration  # every test runs the real helm binary
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "workflow-runner"
 K8S_VERSION = "1.33"

@@ -557,7 +557,9 @@ def test_run_helm_without_a_binary_needs_a_human(tmp_path: Path) -> None:
         run_helm(["version"], helm=str(tmp_path / "no-helm"))
 
 
+@pytest.mark.integration
 def test_run_helm_runs_the_real_binary() -> None:
+    """The real helm binary (no FakeHelm), pointed at an API server address where nothing listens."""
     import sys
 
     helm = Path(sys.executable).parent / "helm"

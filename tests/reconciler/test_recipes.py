@@ -78,7 +78,8 @@ def pull(url: str, authority: TestSigstoreAuthority, cache: Path, *, ref: str = 
         export_from_repo=lambda *a: pytest.fail("not a repository registry"), **kwargs)
 
 
-@pytest.fixture(params=["file", "s3", "oci"])
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.integration),
+                        pytest.param("oci", marks=pytest.mark.integration)])
 def registry(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, RegistryOptions]:
     """A real registry of each kind: its URL and the options that reach it."""
     if request.param == "file":
@@ -90,7 +91,6 @@ def registry(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Regis
     return f"oci://{server.address}/plnt-tests/{uuid.uuid4().hex[:12]}", RegistryOptions()
 
 
-@pytest.mark.integration
 def test_good_recipe_from_each_registry(registry: tuple[str, RegistryOptions], publisher: Publisher,
                                         authority: TestSigstoreAuthority, tmp_path: Path) -> None:
     url, options = registry

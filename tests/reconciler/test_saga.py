@@ -34,7 +34,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
-pytestmark = pytest.mark.integration
+# No module-wide mark: tests that request a server fixture are marked integration by tests/hygiene.py.
 
 SPEC = {
     "apiVersion": "plnt.work/v1", "kind": "WorkflowRun", "metadata": {"name": "rr", "namespace": "default"},

@@ -12,7 +12,7 @@ from plnt.runner.adapters import HTTPBackend, RuntimeAdapter, UpstreamError
 
 from ..openai_peer import OpenAIPeer
 
-pytestmark = pytest.mark.integration
+# No module-wide mark: tests that request a server fixture are marked integration by tests/hygiene.py.
 
 KEY = "sk-test-7f3a9c-do-not-log"
 
