@@ -1,4 +1,5 @@
-"""A TEST PEER: an OpenAI-compatible chat-completions server written for the tests.
+"""A TEST PEER: an OpenAI-compatible chat-completions server written for the tests, a STAND-IN
+for a model server (OpenAI, vLLM, ...).
 
 It is a real peer speaking the wire format (a FastAPI app served by uvicorn on 127.0.0.1, on a
 free port, in a background thread with its own event loop), so it works from sync and async

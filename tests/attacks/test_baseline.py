@@ -1,5 +1,8 @@
 """The attack suite's ground truth: the re-signed example deploys and serves, and an attack that
-changes nothing is seen to change nothing (so the checks in live.py can fail)."""
+changes nothing is seen to change nothing (so the checks in live.py can fail).
+
+The recipes are signed by a test authority (tests/sigstore_ca.py), a STAND-IN for Sigstore's
+public services; the runners' model is MockBackend, a stand-in for a model server."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Helpers for end-to-end tests: a real `plnt` (Temporal worker, reconciler, gateway, runner
-processes) started in the test's event loop against a real git repository."""
+processes) started in the test's event loop against a real git repository. The runners' model is
+MockBackend (`--backend mock`), a stand-in for a model server, unless the settings name one."""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """From a git commit to a served invocation, on the embedded default: real Temporal server, real
-git repositories, real runner processes, real gateway."""
+git repositories, real runner processes, real gateway.
+
+The runners' model is MockBackend (`--backend mock`, the default), a STAND-IN for a model server
+unless a test says otherwise; recipes are signed by test authorities (tests/sigstore_ca.py),
+STAND-INS for Sigstore's public services."""
 
 from __future__ import annotations
 
@@ -316,7 +320,8 @@ async def test_runners_use_an_openai_compatible_model_server(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`plnt up --llm-url/--llm-model/--llm-api-key-env`: the runners call a real peer speaking the
-    OpenAI wire format (the test server in tests/openai_peer.py), with the key from the environment."""
+    OpenAI wire format (the test server in tests/openai_peer.py, a STAND-IN for a model server),
+    with the key from the environment."""
     from ..openai_peer import OpenAIPeer
 
     monkeypatch.setenv("PLNT_TEST_LLM_KEY", "sk-test-123")

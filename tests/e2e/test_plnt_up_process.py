@@ -1,6 +1,10 @@
 """`plnt up` as a user runs it: the installed console script in its own process, with its own
 embedded Temporal dev server, stopped with Ctrl-C (SIGINT) or SIGTERM, and started again on the
-same state directory."""
+same state directory.
+
+The runners' model is MockBackend (`--backend mock`, the default), a STAND-IN for a model server
+unless a test says otherwise; recipes are signed by test authorities (tests/sigstore_ca.py),
+STAND-INS for Sigstore's public services."""
 
 from __future__ import annotations
 

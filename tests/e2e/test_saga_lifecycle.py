@@ -1,4 +1,8 @@
-"""The saga under a stream of commits and out-of-band changes: real Temporal, git, runners."""
+"""The saga under a stream of commits and out-of-band changes: real Temporal, git, runners.
+
+The runners' model is MockBackend (`--backend mock`, the default), a STAND-IN for a model server
+unless a test says otherwise; recipes are signed by test authorities (tests/sigstore_ca.py),
+STAND-INS for Sigstore's public services."""
 
 from __future__ import annotations
 

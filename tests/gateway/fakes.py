@@ -1,4 +1,5 @@
-"""Test runners for the gateway tests: small FastAPI apps speaking the runner's HTTP protocol.
+"""STAND-INS for runner processes in the gateway tests: small FastAPI apps speaking the runner's
+HTTP protocol (no recipe, no model, no `plnt.runner` code).
 
 They mimic `plnt.runner` (see runner/app.py for the real contract) closely enough for the
 gateway: `POST /invoke` and `POST /chat` answering JSON, or SSE (`event: token` per token,
@@ -25,7 +26,8 @@ def sse(event: str, data: Any) -> bytes:
 
 @dataclass
 class FakeRunner:
-    """One fake runner release. Mutate the knobs between requests as needed."""
+    """One fake runner release, standing in for a `plnt.runner` process. Mutate the knobs between
+    requests as needed."""
 
     version: str
     workflow: str = "assistant"

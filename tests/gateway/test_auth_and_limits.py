@@ -56,6 +56,7 @@ def test_token_set_from_file_and_plain_tokens() -> None:
 
 
 def test_every_configured_token_is_compared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hmac.compare_digest is replaced (monkeypatch) by a wrapper that counts calls, then compares."""
     tokens = TokenSet.parse(TOKEN_FILE)
     calls: list[bytes] = []
     real = hmac.compare_digest
@@ -90,6 +91,8 @@ def test_exposure_rules() -> None:
 
 @pytest.mark.integration
 async def test_auth_statuses(start_server: StartServer, start_gateway: StartGateway) -> None:
+    """The runner is a fake runner (FakeRunner, tests/gateway/fakes.py), standing in for plnt.runner.
+    `on_git_hook` is a recording function standing in for the reconciler."""
     server = await start_server(FakeRunner("v1").app())
     table = RouteTable([route("summarize", backend(server, "v1")), route("review", backend(server, "v1"))])
     hooks: list[str] = []
@@ -137,6 +140,7 @@ async def test_auth_statuses(start_server: StartServer, start_gateway: StartGate
 
 @pytest.mark.integration
 async def test_body_limit_and_malformed_json(start_server: StartServer, start_gateway: StartGateway) -> None:
+    """The runner is a fake runner (FakeRunner, tests/gateway/fakes.py), standing in for plnt.runner."""
     runner = FakeRunner("v1")
     server = await start_server(runner.app())
     gw = await start_gateway(Router(RouteTable([route("summarize", backend(server, "v1"))])), max_body_bytes=1000)
@@ -175,6 +179,7 @@ async def test_body_limit_and_malformed_json(start_server: StartServer, start_ga
 
 @pytest.mark.integration
 async def test_default_limit_is_one_mebibyte(start_server: StartServer, start_gateway: StartGateway) -> None:
+    """The runner is a fake runner (FakeRunner, tests/gateway/fakes.py), standing in for plnt.runner."""
     server = await start_server(FakeRunner("v1").app())
     gw = await start_gateway(Router(RouteTable([route("summarize", backend(server, "v1"))])))
     just_under = b'{"t": "' + b"x" * (2**20 - 10) + b'"}'

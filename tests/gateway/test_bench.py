@@ -51,6 +51,8 @@ def test_stats_cache_counts_sums_backends() -> None:
 
 @pytest.mark.integration
 def test_plnt_bench_command() -> None:
+    """`plnt bench` against a real gateway whose runner is a fake runner (FakeRunner,
+    tests/gateway/fakes.py) standing in for plnt.runner; both served by uvicorn in threads."""
     runner = FakeRunner("1.0.0", tokens=("a", " b", " c"))
     with UvicornThread(runner.app()) as runner_server:
         table = RouteTable([Route("default", "assistant", stable=Backend(runner_server.url, "1.0.0", "rel-1"))])

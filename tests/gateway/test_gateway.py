@@ -2,7 +2,9 @@
 
 The "runners" here are small FastAPI apps written for these tests (`make_test_runner` and
 friends), not `plnt.runner`: they only mimic its HTTP contract (`POST /invoke`, `GET /healthz`)
-so the gateway can be tested without recipes, models or Temporal.
+so the gateway can be tested without recipes, models or Temporal. They are STAND-INS for runner
+processes; so are the plain functions given as the reconciler's `list_workflows` and `on_git_hook`,
+and `PromoteAfterChoose`, a Router that swaps its table at a chosen moment.
 """
 
 from __future__ import annotations

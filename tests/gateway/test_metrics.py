@@ -1,4 +1,6 @@
-"""`GET /metrics` after some traffic: Prometheus text, one registry per gateway app."""
+"""`GET /metrics` after some traffic: Prometheus text, one registry per gateway app.
+
+The runners are fake runners (FakeRunner, tests/gateway/fakes.py), standing in for plnt.runner."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""The official `openai` client, sync and async, streaming and not, against the gateway."""
+"""The official `openai` client, sync and async, streaming and not, against the gateway.
+
+The runners behind the gateway are fake runners (FakeRunner, tests/gateway/fakes.py) standing in
+for plnt.runner, except in test_against_the_real_runner (plnt.runner itself, with MockBackend
+standing in for the model server)."""
 
 from __future__ import annotations
 
@@ -231,7 +235,8 @@ def test_models_body_shape() -> None:
 
 
 async def test_against_the_real_runner(start_server: StartServer, start_gateway: StartGateway, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """plnt.runner itself behind the gateway (MockBackend: the reply echoes the prompt's last line)."""
+    """plnt.runner itself behind the gateway; MockBackend stands in for the model server (the reply
+    echoes the prompt's last line)."""
     from plnt.runner.adapters import MockBackend
     from plnt.runner.app import create_app as create_runner
     from plnt.runner.recipe import load_recipe_dir

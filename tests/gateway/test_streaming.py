@@ -1,4 +1,6 @@
-"""`POST /workflows/{name}/invoke` with `Accept: text/event-stream`: the runner's SSE, unbuffered."""
+"""`POST /workflows/{name}/invoke` with `Accept: text/event-stream`: the runner's SSE, unbuffered.
+
+The runners are fake runners (FakeRunner, tests/gateway/fakes.py), standing in for plnt.runner."""
 
 from __future__ import annotations
 

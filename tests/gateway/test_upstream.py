@@ -1,4 +1,5 @@
-"""The gateway's HTTP/1.1 client to runners, against raw asyncio servers that misbehave on cue."""
+"""The gateway's HTTP/1.1 client to runners, against raw asyncio servers that misbehave on cue
+(`RawServer`: STAND-INS for runners, answering with hand-written HTTP bytes)."""
 
 from __future__ import annotations
 

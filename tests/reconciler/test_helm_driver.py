@@ -6,7 +6,8 @@ without the chart, `list -o json` prints revision as a string, `history -o json`
 values -o json` prints `null` for a release without values; errors are one `Error: ...` line on
 stderr, exit code 1). The error texts are helm's own strings (checked against the helm 4.1.4 binary);
 the schema/template errors are also produced by the real binary in test_helm_chart.py. Nothing here
-talks to a Kubernetes API server: there is none on these machines.
+talks to a Kubernetes API server: there is none on these machines. The driver's clock is a fixed
+`NOW` (a stand-in clock). test_run_helm_runs_the_real_binary is the exception: the real helm.
 """
 
 from __future__ import annotations

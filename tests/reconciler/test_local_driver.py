@@ -1,4 +1,6 @@
-"""Local driver with real runner processes on 127.0.0.1."""
+"""Local driver with real runner processes on 127.0.0.1.
+
+The runners serve with `--backend mock` (their default): MockBackend stands in for the model server."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """`plnt recipe ...`: the recipe authors' commands, against real files, a real file registry and
-real Sigstore verification with a test authority."""
+real Sigstore verification with a test authority (TestSigstoreAuthority, tests/sigstore_ca.py: a
+STAND-IN for Sigstore's public services)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The recipe pull pipeline with real registries (file, S3 on moto, OCI on distribution), real
-Sigstore verification against test trust roots generated at test start, and real archives."""
+Sigstore verification against test trust roots generated at test start, and real archives.
+
+The signatures come from TestSigstoreAuthority (tests/sigstore_ca.py), a STAND-IN for Sigstore's
+public services (Fulcio, Rekor) and an OIDC issuer; moto_server stands in for S3."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Recipe registries (file:, s3://, oci://) against real local services: round trips, missing
+"""Recipe registries (file:, s3://, oci://) against real local services (moto_server standing in
+for S3, CNCF distribution for an OCI registry): round trips, missing
 recipes, digest checks, unreachable registries, plain-HTTP refusal, progress and interrupted fetches."""
 
 from __future__ import annotations
@@ -244,6 +245,7 @@ def test_s3_missing_bucket_is_recipe_not_found(s3_bucket: S3Bucket, tmp_path: Pa
 @pytest.mark.integration
 def test_s3_fetch_broken_off_midway_leaves_no_archive_and_the_next_fetch_succeeds(
         s3_bucket: S3Bucket, published: Published, tmp_path: Path) -> None:
+    """TruncatingProxy (tests/services.py) stands in for a network that drops the connection midway."""
     seeding = S3Registry(s3_bucket.url(), RegistryOptions(s3_endpoint_url=s3_bucket.endpoint_url, s3_region=s3_bucket.region))
     seeding.push(NAME, "1.2.0", published.archive, published.bundle)
     upstream = s3_bucket.endpoint_url.removeprefix("http://")

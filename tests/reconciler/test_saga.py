@@ -3,6 +3,9 @@
 The activities here are FAKES registered under the real activity names (the pattern of Temporal's
 samples): they let these tests drive the saga's control flow (retries, dead ends, compensation)
 without runner processes. The real activities are exercised end to end in tests/e2e.
+
+The last tests run the real `validate` activity in Temporal's ActivityEnvironment (no server), with
+stand-ins for what it does not use: no driver, repository readers that return nothing.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Recipe signature verification: real Sigstore bundles from a test authority, verified offline."""
+"""Recipe signature verification: real Sigstore bundles from a test authority, verified offline.
+
+The test authority (TestSigstoreAuthority, tests/sigstore_ca.py) is a STAND-IN for Sigstore's
+public services (Fulcio, Rekor) and an OIDC issuer; the verifier is sigstore-python's own."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The runner's HTTP API, in process and as the real `python -m plnt.runner` process."""
+"""The runner's HTTP API, in process and as the real `python -m plnt.runner` process.
+
+The model is MockBackend everywhere (in process, and `--backend mock`, the default, in the
+process): a STAND-IN for a model server whose reply is the prompt's last line."""
 
 from __future__ import annotations
 

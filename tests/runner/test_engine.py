@@ -1,4 +1,7 @@
-"""The runner's engine, tools, recipe loading and digest, and the example registry's golden cases."""
+"""The runner's engine, tools, recipe loading and digest, and the example registry's golden cases.
+
+Every model call here goes to MockBackend (plnt.runner.adapters: the reply is the prompt's last
+line), a STAND-IN for a model server."""
 
 from __future__ import annotations
 
@@ -169,6 +172,7 @@ async def test_unknown_template_field_names_the_field(tmp_path: Path) -> None:
 
 
 def test_workflow_yaml_parses_without_the_reconciler_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sys.modules is patched so that importing plnt.reconciler.loader fails (a runner without it)."""
     monkeypatch.setitem(sys.modules, "plnt.reconciler.loader", None)  # import fails: the fallback parses
     assert load_recipe_dir(RECIPES / "1.2.0").workflow.steps[0].id == "classify_intent"
     with pytest.raises(RecipeError, match=r"workflow.yaml: steps.0.tool: Input should be"):

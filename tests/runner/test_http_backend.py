@@ -1,4 +1,7 @@
-"""HTTPBackend against the OpenAI-compatible test peer (tests/openai_peer.py), over real HTTP."""
+"""HTTPBackend against the OpenAI-compatible test peer (tests/openai_peer.py), over real HTTP.
+
+The peer is a STAND-IN for a model server (vLLM, OpenAI, ...): it speaks the wire format, and its
+reply is deterministic."""
 
 from __future__ import annotations
 

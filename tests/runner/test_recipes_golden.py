@@ -1,4 +1,5 @@
-"""Every example recipe's golden cases, run against the MockBackend (as `plnt` smoke tests do).
+"""Every example recipe's golden cases, run against the MockBackend (as `plnt` smoke tests do):
+MockBackend is a STAND-IN for a model server (the reply is the prompt's last line).
 
 review-responder 1.4.0 is deliberately broken: its cases must fail at safety_check.
 """

@@ -1,5 +1,6 @@
 """The runner over real HTTP (uvicorn on 127.0.0.1): unbuffered SSE, upstream failures, the
-process with `--backend http`, against the MockBackend and the OpenAI-compatible test peer."""
+process with `--backend http`, against the MockBackend and the OpenAI-compatible test peer
+(tests/openai_peer.py): both are STAND-INS for a model server."""
 
 from __future__ import annotations
 
