@@ -111,6 +111,7 @@ def test_good_recipe_from_each_registry(registry: tuple[str, RegistryOptions], p
 @pytest.mark.integration
 def test_second_pull_does_not_touch_the_registry(s3_bucket: S3Bucket, publisher: Publisher,
                                                  authority: TestSigstoreAuthority, tmp_path: Path) -> None:
+    """`Counting` wraps the real S3 registry (a stand-in that counts fetches, then delegates)."""
     registry = open_registry(s3_bucket.url(), RegistryOptions(s3_endpoint_url=s3_bucket.endpoint_url))
     registry.push("review-responder", "1.2.0", *publisher.build()[:2])
     fetches: list[str] = []
@@ -235,6 +236,7 @@ def test_missing_version_and_mislabelled_archive(publisher: Publisher, authority
 
 def test_interrupted_pull_leaves_no_entry_and_the_retry_succeeds(publisher: Publisher, authority: TestSigstoreAuthority,
                                                                  tmp_path: Path) -> None:
+    """`DiesMidway` is a stand-in registry whose transfer breaks off after writing half a file."""
     url = f"file://{tmp_path / 'registry'}"
     open_registry(url).push("review-responder", "1.2.0", *publisher.build()[:2])
     registry = open_registry(url)
