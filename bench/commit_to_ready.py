@@ -80,13 +80,14 @@ async def main() -> None:
               f"{(first - t0) * 1000:.0f} ms from start")
         results: dict[str, tuple[list[float], list[float]]] = {}
         version = "1.2.0"
+        jitter = random.Random(20251130)  # seeded: the same commit moments every run
         async with httpx.AsyncClient(trust_env=False) as client:
             for trigger in ("webhook", "poll"):
                 starts, readies = [], []
                 for _ in range(max(args.commits, 5)):
                     # Let the reconcile that follows the previous saga pass, then commit at a random
                     # moment of the poll cycle, as a merge would land.
-                    await asyncio.sleep(random.uniform(0.5, 0.5 + args.interval))
+                    await asyncio.sleep(jitter.uniform(0.5, 0.5 + args.interval))
                     new = "1.3.0" if version == "1.2.0" else "1.2.0"
                     text = (repo / RUN_FILE).read_text().replace(f"review-responder@{version}", f"review-responder@{new}")
                     (repo / RUN_FILE).write_text(text)

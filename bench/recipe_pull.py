@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -95,7 +96,8 @@ def main() -> None:
         for size_mb in (1, 20):
             source = work / f"src-{size_mb}"
             shutil.copytree(ROOT / "gitops-example" / "recipes" / "review-responder" / "1.2.0", source)
-            (source / "knowledge" / "blob.bin").write_bytes(os.urandom(size_mb * 2**20))
+            # Incompressible, and the same bytes every run (seeded).
+            (source / "knowledge" / "blob.bin").write_bytes(random.Random(size_mb).randbytes(size_mb * 2**20))
             version = f"1.2.{size_mb}"
             text = (source / "workflow.yaml").read_text().replace("version: 1.2.0", f"version: {version}")
             (source / "workflow.yaml").write_text(text)
