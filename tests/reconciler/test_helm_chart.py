@@ -1,8 +1,8 @@
 """charts/workflow-runner with the REAL helm binary (`helm lint`, `helm template`): no cluster.
 
 The manifests checked here are exactly the ones the Helm driver would apply: the driver runs its
-`install` against `RecordingHelm`, a stand-in for helm's cluster side that records the `helm upgrade --install` command line and the values
-file it wrote, and the test renders that chart with those values, release name and namespace
+`install` against `RecordingHelm`, a stand-in for helm's cluster side that records the
+`helm upgrade --install` command line and the values file it wrote, and the test renders that chart with those values, release name and namespace
 through `helm template`. Every rendered object passes kubernetes-validate's strict schemas
 (Kubernetes 1.33). Nothing is applied to a cluster: there is none on these machines.
 """
