@@ -236,6 +236,9 @@ class Refusals:
 
     def __post_init__(self) -> None:
         self.stable_pid = self.plnt.driver.snapshot()[f"default/{NAME}"].stable.pid
+        initial = status_of(self.plnt)
+        assert initial is not None
+        self.sagas.add(initial["sagaId"])  # the saga that deployed 1.2.0
 
     async def attack(self, slug: str, version: str, prefix: str, expect: str, untouched: tuple[str, ...] = ()) -> None:
         """Deploy NAME@version from the registry attacks/<slug> (already in the work tree): the
@@ -252,17 +255,18 @@ class Refusals:
         outside = OutsideWrites([self.tmp_path], ignore=[state.root])
         await hook(self.plnt)
 
-        def failed() -> dict[str, Any] | None:
+        def ended() -> dict[str, Any] | None:
             status = status_of(self.plnt)
-            if (status and status["phase"] == "Failed" and status["observedCommit"] == commit
+            if (status and status["phase"] in ("Failed", "Ready", "RolledBack") and status["observedCommit"] == commit
                     and status["sagaId"] not in self.sagas):
                 return status
             return None
 
-        status = await wait_for(failed, timeout=60, what=f"{slug}: a Failed saga for commit {commit[:12]}")
+        status = await wait_for(ended, timeout=60, what=f"{slug}: the end of a saga for commit {commit[:12]}")
         self.sagas.add(status["sagaId"])
         error = status["lastError"]
-        self.table.append((slug, f"Failed: {error}"))
+        self.table.append((slug, f"{status['phase']}: {error or status['message']}"))
+        assert status["phase"] == "Failed", f"{slug}: not refused: {status}"
         assert error.startswith(prefix), f"{slug}: {error}"
         assert expect in error, f"{slug}: {expect!r} not in {error!r}"
         assert status["version"] == "1.2.0" and status["canaryVersion"] is None, f"{slug}: {status}"
