@@ -24,11 +24,13 @@ import shutil
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from plnt.reconciler.app import Plnt
+from plnt.reconciler.archive import pack_recipe
 
 from ..conftest import EXAMPLE
 from ..e2e.harness import hook, status_of, wait_for, wait_phase
@@ -202,6 +204,19 @@ ARCHIVE_ATTACKS = [
     ArchiveAttack("nul-in-name", _plain(pax(path="steps.py\x00.md"), file("placeholder")), "a NUL byte in its name"),
     ArchiveAttack("newline-in-name", _plain(file("knowledge/a\nb.md")), "a control character in its name"),
     ArchiveAttack("non-utf8-name", _plain(file(b"knowledge/\xff\xfe.md")), "a name that is not valid UTF-8"),
+    ArchiveAttack("dot-as-file", _plain(file("./")), "member './': a file named like the destination directory itself"),
+    ArchiveAttack("unknown-type", _plain(header("volume", kind=b"V")), "member 'volume': is of tar type b'V'"),
+    ArchiveAttack("gnu-longname-bomb",  # a 1 GiB GNU long-name record
+                  lambda tmp: gz(benign() + header("././@LongLink", size=GIB, kind=tarfile.GNUTYPE_LONGNAME), Zeros(GIB), END),
+                  "decompression bomb"),
+    ArchiveAttack("hidden-after-end",  # a second tar after the end marker, as `tar --ignore-zeros` would unpack it
+                  lambda tmp: gz(benign() + END + file("../../../../escaped", b"pwned\n") + END),
+                  "non-zero data after the end-of-archive marker", ("escaped",)),
+    ArchiveAttack("no-end-marker", lambda tmp: gz(benign()), "ends without an end-of-archive marker"),
+    ArchiveAttack("member-cut-short", lambda tmp: gz(benign() + header("knowledge/more.md", size=4096) + bytes(512)),
+                  "is not a valid gzip tar"),
+    ArchiveAttack("truncated-gzip", lambda tmp: gz(benign() + END)[:-40], "is not a valid gzip tar: EOFError"),
+    ArchiveAttack("not-gzip", lambda tmp: b"#!/bin/sh\necho this is no archive\n" * 8, "is not a valid gzip tar: BadGzipFile"),
 ]
 
 
@@ -307,8 +322,8 @@ def publish_raw(repo: AttackRepo, registry: str, version: str, archive: bytes, *
     authority: TestSigstoreAuthority = sign.pop("authority", repo.authority)
     identity = sign.pop("identity", "recipes@attack.plnt.invalid")
     issuer = sign.pop("issuer", ISSUER)
-    assert not sign
-    (entry / "recipe.tar.gz.sigstore.json").write_text(authority.sign(entry / "recipe.tar.gz", identity, issuer))
+    bundle = authority.sign(entry / "recipe.tar.gz", identity, issuer, **sign)
+    (entry / "recipe.tar.gz.sigstore.json").write_text(bundle)
     return entry
 
 
@@ -399,10 +414,35 @@ async def test_signatures_and_policies_that_must_not_let_a_recipe_through(
                      "does not match the archive's sha256")
         set_pin(repo, None)
 
+        # A signature made before the trust root's CA existed (a backdated or stolen-key signature)
+        publish_raw(repo, "attacks/signed-before-the-root", "1.3.0", archive,
+                    at=datetime.now(UTC) - timedelta(days=2))
+        await attack("signed-before-the-root", "1.3.0", rejected("untrusted-root"), "at signing time")
+
+        # A correctly signed archive of another recipe, served under this recipe's name
+        publish_raw(repo, "attacks/another-recipe", "1.3.0", pack_recipe(EXAMPLE / "recipes" / "booking-triage" / "1.0.0"))
+        await attack("another-recipe", "1.3.0", "InvalidRecipe: ", f"booking-triage@1.0.0 as {NAME}@1.3.0")
+
+        # No policy covers the recipe: unsigned-by-policy is refused, whoever signed it
+        policy_file = repo.path / "trust" / "policy.yaml"
+        policy = policy_file.read_text()
+        policy_file.write_text(policy.replace(f'recipes: ["{NAME}"]', 'recipes: ["booking-*"]'))
+        publish_raw(repo, "attacks/no-covering-policy", "1.3.0", archive)
+        await attack("no-covering-policy", "1.3.0", f"VerificationFailed: no-policy: no RecipeTrustPolicy covers recipe {NAME}",
+                     "add one naming the signers you trust")
+
+        # A signer trusted for another recipe only (its own policy) signs this one
+        policy_file.write_text(policy)
+        (repo.path / "trust" / "booking-policy.yaml").write_text(
+            policy.replace("name: attack-recipes", "name: booking-signers")
+            .replace(f'recipes: ["{NAME}"]', 'recipes: ["booking-triage"]')
+            .replace("identity: recipes@attack.plnt.invalid", "identity: booking@attack.plnt.invalid"))
+        publish_raw(repo, "attacks/signer-of-another-recipe", "1.3.0", archive, identity="booking@attack.plnt.invalid")
+        await attack("signer-of-another-recipe", "1.3.0", rejected("wrong-identity"), "signed by booking@attack.plnt.invalid")
+
         # An identity regex written carelessly (unescaped dots). It is a full match (re.fullmatch):
         # a longer identity around it is refused...
-        policy = (repo.path / "trust" / "policy.yaml").read_text()
-        (repo.path / "trust" / "policy.yaml").write_text(
+        policy_file.write_text(
             policy.replace("identity: recipes@attack.plnt.invalid", "identityRegex: recipes@attack.plnt.invalid"))
         for slug, identity in (("regex-prefix", "evil-recipes@attack.plnt.invalid"),
                                ("regex-suffix", "recipes@attack.plnt.invalid.evil.example"),
