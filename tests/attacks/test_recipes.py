@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import shutil
+import subprocess
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,8 +33,10 @@ from typing import Any
 import pytest
 from plnt.reconciler.app import Plnt
 from plnt.reconciler.archive import pack_recipe
+from plnt.reconciler.errors import PlntError
+from plnt.reconciler.source import GitSource
 
-from ..conftest import EXAMPLE
+from ..conftest import EXAMPLE, GIT_ENV, SpecRepo
 from ..e2e.harness import hook, status_of, wait_for, wait_phase
 from ..sigstore_ca import TestSigstoreAuthority
 from .live import ISSUER, RUN_FILE, AttackRepo, OutsideWrites, assert_still_serving, live_plnt
@@ -460,3 +464,43 @@ async def test_signatures_and_policies_that_must_not_let_a_recipe_through(
         run.table.append(("regex-dot", f"Ready 1.3.0: accepted ({status['message']})"))
         await assert_still_serving(plnt, "1.3.0")
         print_table(run.table)
+
+
+def test_a_file_registry_tree_with_dotdot_entries_cannot_lead_the_export_outside(spec_repo: SpecRepo, tmp_path: Path) -> None:
+    """A `file:` registry is copied out of the commit's git tree (`GitSource.export`, the first step of
+    a pull, before any signature check). A tree entry named `..` (`git mktree` makes one; no checkout
+    does) must not take the copy outside its destination. Run without a live plnt: with such a
+    commit the reconcile pass itself fails today (issue 8, "a tree that cannot be read"), so no saga
+    would get this far. GitPython >= 3.2 refuses to parse the tree (ValueError); GitPython 3.1.x,
+    which pyproject still allows, parses it and the export writes where the `..` chain points."""
+
+    def git(*args: str, stdin: str | None = None) -> str:
+        done = subprocess.run(["git", *args], cwd=spec_repo.path, input=stdin, env={**os.environ, **GIT_ENV},
+                              capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    # attacks/dotdot-tree/NAME/1.3.0/{recipe.tar.gz, ../../../../escaped}: from the export's destination
+    # STATE/recipes/.staging-*/.export-*, four `..` lead to tmp_path
+    chain = git("mktree", stdin=f"100644 blob {git('hash-object', '-w', '--stdin', stdin='pwned')}\tescaped\n")
+    for _ in range(3):
+        chain = git("mktree", stdin=f"040000 tree {chain}\t..\n")
+    archive = git("hash-object", "-w", str(EXAMPLE / "registry" / NAME / "1.3.0" / "recipe.tar.gz"))
+    tree = git("mktree", stdin=f"040000 tree {chain}\t..\n100644 blob {archive}\trecipe.tar.gz\n")
+    for name in ("1.3.0", NAME, "dotdot-tree", "attacks"):
+        tree = git("mktree", stdin=f"040000 tree {tree}\t{name}\n")
+    attacks = git("ls-tree", tree, "attacks")
+    root = git("mktree", stdin=git("ls-tree", "HEAD") + "\n" + attacks + "\n")
+    commit = git("commit-tree", root, "-p", "HEAD", "-m", "a registry tree with '..' entries")
+    git("update-ref", "refs/heads/main", commit)
+
+    state = tmp_path / "state"
+    source = GitSource(str(spec_repo.path), state / "source")
+    assert source.fetch() == commit
+    outside = OutsideWrites([tmp_path], ignore=[state])
+    dest = state / "recipes" / ".staging-0" / ".export-0"
+    try:
+        source.export(commit, f"attacks/dotdot-tree/{NAME}/1.3.0", dest)
+    except (ValueError, PlntError):
+        pass  # refused (how is up to the source); what matters is where nothing was written
+    assert not (tmp_path / "escaped").exists()
+    outside.assert_none()
