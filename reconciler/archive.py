@@ -333,12 +333,11 @@ class _CappedStream:
             self._tail_start += excess
         return data
 
-    def block_at(self, offset: int) -> bytes | None:
-        """The (up to) 512 bytes read at stream offset `offset`, if still kept."""
+    def read_since(self, offset: int) -> bytes | None:
+        """Every byte read from stream offset `offset` on (tarfile's read-ahead included), if still kept."""
         if offset < self._tail_start:
             return None
-        start = offset - self._tail_start
-        return bytes(self._tail[start:start + tarfile.BLOCKSIZE])
+        return bytes(self._tail[offset - self._tail_start:])
 
 
 def _open_output(path: Path) -> BinaryIO:
@@ -514,13 +513,16 @@ def _extract(raw: BinaryIO, archive: Path, dest: Path, limits: ExtractLimits) ->
             while (member := tar.next()) is not None:
                 job.member(member)
             # tarfile stops quietly at a damaged or missing header after the first member: insist
-            # on a real end-of-archive block where it stopped, and only zeros after it
-            block = stream.block_at(tar.offset)
-            if block is None or len(block) < tarfile.BLOCKSIZE:
+            # on a real end-of-archive block where it stopped, and only zeros after it, both in
+            # what tarfile already read ahead (up to a 10 KiB record) and in the rest of the stream
+            read_ahead = stream.read_since(tar.offset)
+            if read_ahead is None or len(read_ahead) < tarfile.BLOCKSIZE:
                 raise _invalid(archive, f"it ends without an end-of-archive marker after member {stream.last_member!r} "
                                         "(truncated?)")
-            if block.strip(b"\0"):
+            if read_ahead[:tarfile.BLOCKSIZE].strip(b"\0"):
                 raise _invalid(archive, f"damaged header after member {stream.last_member!r}")
+            if read_ahead.strip(b"\0"):
+                raise _invalid(archive, "non-zero data after the end-of-archive marker")
             # read to the end: the gzip CRC and length are only checked there
             while chunk := stream.read(CHUNK):
                 if chunk.strip(b"\0"):

@@ -486,6 +486,18 @@ def test_zeros_after_the_end_marker_are_capped_too(tmp_path: Path, zeros_100mb_g
     assert not (tmp_path / "dest").exists()
 
 
+@pytest.mark.parametrize("gap", [0, 4096, 9 * 1024, 64 * 1024])
+def test_a_member_hidden_after_the_end_marker_is_refused(tmp_path: Path, gap: int) -> None:
+    """A second tar after the end-of-archive blocks (what `tar --ignore-zeros` would unpack) is
+    refused, also when it sits in the record tarfile has already read ahead (gap < 10 KiB)."""
+    first = tar_bytes(member("workflow.yaml", b"kind: Workflow\n"), format=tarfile.USTAR_FORMAT)
+    raw = first[:2048] + bytes(gap) + tar_bytes(member("../escaped", b"pwned\n"), format=tarfile.USTAR_FORMAT)
+    tgz = write_tgz(tmp_path / "hidden.tar.gz", raw)
+    with pytest.raises(UnsafeArchive, match="non-zero data after the end-of-archive marker"):
+        extract_archive(tgz, tmp_path / "sub" / "dest")
+    assert not (tmp_path / "sub" / "dest").exists() and not (tmp_path / "sub" / "escaped").exists()
+
+
 def test_a_reader_yielding_more_than_the_header_is_stopped_before_writing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: dict[str, int]) -> None:
     """A stand-in `TarFile.extractfile` (monkeypatched) hands out 50 MB for a 10-byte member, a
