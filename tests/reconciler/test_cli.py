@@ -174,8 +174,9 @@ def test_validate_single_file_that_is_not_utf8_is_a_problem_not_a_crash(tmp_path
     latin1.write_bytes(textwrap.dedent(BACKEND).replace("name: local", "name: caf\xe9").encode("latin-1"))
     result = plnt("validate", latin1)
     assert result.exit_code == 1, result.output
-    assert result.stdout.startswith(f"{latin1}:1: document: cannot read file:"), result.stdout
-    assert "save it as UTF-8 text" in result.stdout
+    # The line and column of the first byte that is not UTF-8: "  name: caf\xe9" is line 4.
+    assert result.stdout.startswith(f"{latin1}:4: document: not UTF-8 text: byte 0xe9 at column 12 "), result.stdout
+    assert "save the file as UTF-8" in result.stdout
 
 
 # --- plan -------------------------------------------------------------------------------------
