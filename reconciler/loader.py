@@ -336,7 +336,12 @@ class _Document:
         self._loader = loader
         self._budget = budget
         self._active: set[int] = set()
-        self.data = self._build(node, ())
+        self._entry_line = 0  # line of the top-level entry being built: where a runaway alias is referenced
+        try:
+            self.data = self._build(node, ())
+        except _TooCostly as exc:
+            exc.line = self._entry_line or exc.line  # an alias node's own mark is its anchor's, not the reference
+            raise
 
     def _scalar(self, node: yaml.ScalarNode) -> Any:
         try:
@@ -365,6 +370,8 @@ class _Document:
                 items = []
                 for index, item in enumerate(node.value):
                     self.lines[path + (index,)] = item.start_mark.line + 1
+                    if not path:
+                        self._entry_line = item.start_mark.line + 1
                     items.append(self._build(item, path + (index,)))
                 return items
             assert isinstance(node, yaml.MappingNode)
@@ -412,6 +419,8 @@ class _Document:
                 continue
             merged.discard(key)  # an own key overriding a merged one, as YAML intends
             self.lines[path + (key,)] = key_node.start_mark.line + 1
+            if not path:
+                self._entry_line = key_node.start_mark.line + 1
             mapping[key] = self._build(value_node, path + (key,))
         return mapping
 
