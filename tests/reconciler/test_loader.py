@@ -545,14 +545,12 @@ def test_commit_wide_node_budget() -> None:
 
 
 def test_merge_keys_first_mapping_wins_and_own_keys_override() -> None:
-    """YAML's merge rule (and PyYAML's): earlier mappings in `<<: [...]` win, the mapping's own keys win over all."""
-    import yaml
-
+    """The merge-key spec (yaml.org/type/merge.html): earlier mappings in `<<: [...]` win, the mapping's
+    own keys win over all. (PyYAML 6.0.4's own flatten_mapping lets the later one win here.)"""
     text = BACKEND.replace("spec: {type: local}", "spec: {<<: [{type: local, gpuClasses: [a100]}, "
                                                    "{type: kubernetes, gpuClasses: [h100]}], gpuClasses: [l4]}")
     specs, problems = load_sources([SourceFile("b.yaml", text)])
     assert problems == []
-    assert yaml.safe_load(text)["spec"] == {"type": "local", "gpuClasses": ["l4"]}
     assert specs.backends["local"].spec.type == "local" and specs.backends["local"].spec.gpu_classes == ["l4"]
 
 
