@@ -36,7 +36,8 @@ class UnreadableTree(InvalidSpec):
     empty name, a name with '/'): plnt reads nothing of such a commit."""
 
     def __init__(self, path: str, what: str) -> None:
-        super().__init__(f"the commit's tree holds an entry named {what} ({path!r}), which git refuses to check out; "
+        where = "" if repr(path) == what else f" (at {path!r})"
+        super().__init__(f"the commit's tree holds an entry named {what}{where}, which git refuses to check out; "
                          "plnt reads nothing of this commit: remove the entry in a new commit")
         self.path = path
 
@@ -59,7 +60,7 @@ def refused_name(path: str) -> str | None:
         if part in ("", ".", ".."):
             return repr(part)
         if part.rstrip(". ").lower() in (".git", "git~1"):  # .git and its NTFS/HFS aliases
-            return "'.git'"
+            return repr(part)
     return None
 
 
@@ -170,7 +171,7 @@ class GitSource:
                 raise UnreadableTree(subdir, what)
             if self._object_type(repo, f"{commit}:{subdir}") != "tree":
                 return False
-            entries = list(self._entries(repo, f"{commit}:{subdir}"))
+            entries = list(self._entries(repo, f"{commit}:{subdir}", prefix=f"{subdir}/" if subdir else ""))
             dest.mkdir(parents=True, exist_ok=True)
             for entry in entries:
                 target = dest.joinpath(*entry.path.split("/"))
@@ -196,9 +197,10 @@ class GitSource:
         return result.stdout.strip() if result.returncode == 0 else None
 
     @staticmethod
-    def _entries(repo: git.Repo, tree: str) -> Iterator[TreeEntry]:
+    def _entries(repo: git.Repo, tree: str, prefix: str = "") -> Iterator[TreeEntry]:
         """Every entry under `tree` (recursive, trees included), streamed from `git ls-tree`: a caller
-        that stops early stops git. Raises UnreadableTree at the first name git would refuse."""
+        that stops early stops git. Raises UnreadableTree at the first name git would refuse (its
+        path shown with `prefix`)."""
         command = ["git", f"--git-dir={repo.git_dir}", "ls-tree", "-r", "-t", "-l", "-z", tree]
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as process:
             assert process.stdout is not None
@@ -212,7 +214,7 @@ class GitSource:
                         path = os.fsdecode(raw_path)
                         what = refused_name(path)
                         if what is not None:
-                            raise UnreadableTree(path, what)
+                            raise UnreadableTree(prefix + path, what)
                         yield TreeEntry(int(mode, 8), kind.decode(), sha.decode(),
                                         int(size) if size.isdigit() else 0, path)
             finally:

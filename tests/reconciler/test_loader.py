@@ -477,8 +477,8 @@ def merged_mappings(levels: int, fanout: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_hostile(text: str, name: str = "hostile.yaml", limits: SpecLimits = SpecLimits()) -> list[Problem]:
-    _, problems = load_sources([SourceFile(name, text)], limits=limits)
+def load_hostile(text: str, name: str = "hostile.yaml") -> list[Problem]:
+    _, problems = load_sources([SourceFile(name, text)])
     return problems
 
 
