@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import itertools
 import os
 import re
 import types
@@ -170,26 +171,26 @@ SpecEntry = tuple[str, int, Callable[[], bytes]]
 
 
 def read_specs(entries: Iterable[SpecEntry], limits: SpecLimits = DEFAULT_LIMITS) -> list[SourceFile]:
-    """The files of `entries` (in path order), reading only what the limits admit: a file over
-    max_file_bytes is a problem without being read; past max_files or max_total_bytes one problem
-    ends the reading, so a hostile tree costs at most the limits."""
-    files: list[SourceFile] = []
+    """The files of `entries` (in path order), reading only what the limits admit. Too many files,
+    or too many bytes in all, is one problem and nothing is read (callers list at most max_files + 1
+    entries); a file over max_file_bytes is a problem without being read."""
+    listed = list(itertools.islice(entries, limits.max_files + 1))
+    if len(listed) > limits.max_files:
+        return [unreadable(listed[-1][0], 1, f"more than {limits.max_files} spec files (limit max_files); nothing "
+                                             "of this commit was read: move what is not a spec out of the spec "
+                                             f"path or name it in {IGNORE_FILE}")]
     total = 0
-    for count, (path, size, read) in enumerate(entries, 1):
-        if count > limits.max_files:
-            files.append(unreadable(path, 1, f"more than {limits.max_files} spec files (limit max_files); this file "
-                                             "and those after it were not read: move what is not a spec out of the "
-                                             f"spec path or name it in {IGNORE_FILE}"))
-            break
+    for path, size, _ in listed:
+        total += min(size, limits.max_file_bytes + 1)  # a file too large is refused on its own below
+        if total > limits.max_total_bytes:
+            return [unreadable(path, 1, f"spec files add up to more than {limits.max_total_bytes} bytes at this file "
+                                        "(limit max_total_bytes); nothing of this commit was read")]
+    files: list[SourceFile] = []
+    for path, size, read in listed:
         if size > limits.max_file_bytes:
             files.append(unreadable(path, 1, f"file is {size} bytes, over the limit of {limits.max_file_bytes} for "
                                              "one spec file (max_file_bytes); split it into smaller files"))
             continue
-        total += size
-        if total > limits.max_total_bytes:
-            files.append(unreadable(path, 1, f"spec files add up to more than {limits.max_total_bytes} bytes (limit "
-                                             "max_total_bytes); this file and those after it were not read"))
-            break
         try:
             data = read()
         except OSError as exc:

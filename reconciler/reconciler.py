@@ -29,6 +29,10 @@ from .status import FINAL_PHASES, Phase, StatusStore
 
 log = logging.getLogger(__name__)
 
+# Problems kept in status and GET /source for one invalid commit (10,000 bad files would make every
+# status write megabytes); `plnt validate` lists them all.
+MAX_SHOWN_PROBLEMS = 100
+
 
 class Reconciler:
     def __init__(
@@ -242,11 +246,11 @@ class Reconciler:
             self._statuses.update(item.namespace, item.name, **fields)
 
     def _reject_commit(self, commit: str, problems: list[Problem], warnings: list[Problem]) -> None:
-        lines = [str(problem) for problem in problems]
+        lines = [str(problem) for problem in problems[:MAX_SHOWN_PROBLEMS]]
         if self.source_status.get("newestCommit") != commit or self.source_status.get("problems") != lines:
-            log.error("commit-invalid commit=%s problems=%d first=%r (nothing running was changed)", commit[:12], len(lines), lines[0])
+            log.error("commit-invalid commit=%s problems=%d first=%r (nothing running was changed)", commit[:12], len(problems), lines[0])
         self._record_source(commit=commit, problems=lines, warnings=[str(w) for w in warnings])
-        summary = f"commit {commit[:12]} is invalid ({len(lines)} problem{'s' if len(lines) != 1 else ''}): {lines[0]}"
+        summary = f"commit {commit[:12]} is invalid ({len(problems)} problem{'s' if len(problems) != 1 else ''}): {lines[0]}"
         for status in self._statuses.all():
             if status.message != summary:
                 self._statuses.update(status.namespace, status.name, message=summary, last_error="\n".join(lines))

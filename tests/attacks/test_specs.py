@@ -91,7 +91,7 @@ CASES = {
                            f"{HOSTILE}:5: document: aliases or merge keys expand this file to more than"),
     "2MiB-file": Case(write_bytes(b"# " + b"x" * 2 * 2**20 + b"\n"),
                       f"{HOSTILE}:1: document: file is 2097155 bytes, over the limit of 1048576"),
-    "20000-files": Case(many_files(20_000), "bulk/f10000.yaml:1: document: more than 10000 spec files (limit max_files)"),
+    "20000-files": Case(many_files(20_000), "bulk/f09999.yaml:1: document: more than 10000 spec files (limit max_files); nothing of this commit was read"),
     "duplicate-keys": Case(write_bytes(BACKEND_WITH_DUPLICATE),
                            f"{HOSTILE}:5: spec: duplicate key 'spec'; first given at line 4"),
     "dotdot-tree": Case(dotdot_tree, "..:1: tree: the commit's tree holds an entry named '..', which git refuses"),
@@ -177,6 +177,17 @@ async def refused(plnt: Plnt, commit: str, timeout: float = 120.0) -> dict[str, 
     return await wait_for(check, timeout=timeout, what=f"GET /source to show commit {commit[:12]} refused")
 
 
+async def reconciled(plnt: Plnt, commit: str, timeout: float = 60.0) -> None:
+    await wait_for(lambda: plnt.reconciler.source_status.get("lastReconciledCommit") == commit,
+                   timeout=timeout, what=f"commit {commit[:12]} reconciled")
+
+
+async def more_passes(parses: ParseWindow, count: int = 3) -> None:
+    """Wait until the reconciler has made `count` more passes (the commit seen again each time)."""
+    target = parses.passes + count
+    await wait_for(lambda: parses.passes >= target, what=f"{count} more reconcile passes")
+
+
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
 async def test_hostile_spec_commit_is_refused_and_changes_nothing(
     case: Case, attack_repo: AttackRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str,
@@ -191,16 +202,14 @@ async def test_hostile_spec_commit_is_refused_and_changes_nothing(
         with HealthProbe(plnt.url) as health:
             commit = await asyncio.to_thread(case.make, attack_repo)
             source = await refused(plnt, commit)
-            passes = parses.passes
-            await wait_for(lambda: parses.passes >= passes + 3, what="three more reconcile passes")
+            await more_passes(parses)
             await health.stop()
 
         first = source["problems"][0]
         assert first.startswith(case.problem), source["problems"]
         assert all(PROBLEM_LINE.match(line) for line in source["problems"]), source["problems"]
         assert source["lastReconciledCommit"] != commit
-        status = (await source_of(plnt)) | {}
-        assert status["problems"] == source["problems"]
+        assert (await source_of(plnt))["problems"] == source["problems"]  # and it stays so
         message = plnt.statuses.get("default/review-responder").message  # type: ignore[union-attr]
         assert message.startswith(f"commit {commit[:12]} is invalid") and case.problem in message
 
@@ -208,7 +217,7 @@ async def test_hostile_spec_commit_is_refused_and_changes_nothing(
         invalid = [r for r in caplog.records if r.getMessage().startswith(f"commit-invalid commit={commit[:12]}")]
         assert len(invalid) == 1, [r.getMessage() for r in invalid]
         assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
-        assert len([w for w in parses.windows]) >= 1
+        assert len(parses.windows) == 1  # read and parsed once, however many passes saw it
 
         assert vm_hwm_mib() - memory_before < RSS_BOUND_MIB
         assert health.failures == [] and health.answers, health.failures[:3]
@@ -230,8 +239,7 @@ async def test_gateway_answers_while_a_large_legal_commit_is_parsed(
         parses = ParseWindow(plnt)
         with HealthProbe(plnt.url) as health:
             commit = await asyncio.to_thread(write_bytes(recipes.encode(), "bulk/recipes.yaml"), attack_repo)
-            await wait_for(lambda: plnt.reconciler.source_status.get("lastReconciledCommit") == commit,
-                           timeout=120, what="the large commit reconciled")
+            await reconciled(plnt, commit, timeout=120)
             await health.stop()
         assert plnt.reconciler.source_status["problems"] == []
         start, end = max(parses.windows, key=lambda w: w[1] - w[0])  # the large commit
@@ -241,3 +249,33 @@ async def test_gateway_answers_while_a_large_legal_commit_is_parsed(
         assert len(during) >= 5, (len(during), end - start)
         assert max(gaps) < (end - start) / 3, (max(gaps), end - start)
         await assert_still_serving(plnt)
+
+
+async def test_loose_identity_regex_is_a_warning_in_source_logged_once_and_the_commit_applies(
+    attack_repo: AttackRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An identityRegex with unescaped dots (it accepts recipes@attackXplnt.invalid too) deploys as
+    before (trust.py applies it with re.fullmatch; the real signer matches) but is shown and logged."""
+    caplog.set_level(logging.INFO, logger="plnt.reconciler.reconciler")
+    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
+        parses = ParseWindow(plnt)
+        policy = attack_repo.path / "trust" / "policy.yaml"
+        policy.write_text(policy.read_text().replace("identity: recipes@", "identityRegex: recipes@"))
+        commit = await asyncio.to_thread(attack_repo.repo.commit, "identityRegex with unescaped dots")
+        await reconciled(plnt, commit)
+        await more_passes(parses)
+        source = await source_of(plnt)
+        assert source["problems"] == []
+        assert source["warnings"] == [
+            "trust/policy.yaml:11: spec.signers[0].identityRegex: warning: an unescaped '.' in "
+            "'recipes@attack.plnt.invalid' matches any character, not only a dot ('recipes@attackXplnt.invalid' is "
+            "accepted too); write '\\.' for a literal dot"]
+        logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("commit-warning")]
+        assert logged == [f"commit-warning commit={commit[:12]} {source['warnings'][0]}"]
+        await assert_still_serving(plnt)
+        # Escaped, the warning goes away with the next commit.
+        policy.write_text(policy.read_text().replace("recipes@attack.plnt.invalid", "recipes@attack\\.plnt\\.invalid"))
+        fixed = await asyncio.to_thread(attack_repo.repo.commit, "dots escaped")
+        await reconciled(plnt, fixed)
+        assert (await source_of(plnt))["warnings"] == []

@@ -590,12 +590,14 @@ def test_too_many_files_and_too_many_bytes_stop_reading() -> None:
         return [(f"f{i:03}.yaml", size, lambda i=i: reads.append(i) or b"a: 1\n") for i in range(count)]
 
     files = read_specs(entries(50, 5), SpecLimits(max_files=10))
-    assert len(reads) == 10 and len(files) == 11
-    assert str(files[-1].problem).startswith("f010.yaml:1: document: more than 10 spec files (limit max_files)")
-    reads.clear()
+    assert reads == [] and [str(f.problem) for f in files] == [
+        "f010.yaml:1: document: more than 10 spec files (limit max_files); nothing of this commit was read: move "
+        "what is not a spec out of the spec path or name it in .plntignore"]
     files = read_specs(entries(50, 40), SpecLimits(max_total_bytes=100))
-    assert len(reads) == 2 and str(files[-1].problem).startswith(
-        "f002.yaml:1: document: spec files add up to more than 100 bytes (limit max_total_bytes)")
+    assert reads == [] and [str(f.problem) for f in files] == [
+        "f002.yaml:1: document: spec files add up to more than 100 bytes at this file (limit max_total_bytes); "
+        "nothing of this commit was read"]
+    assert len(read_specs(entries(10, 10), SpecLimits(max_files=10, max_total_bytes=100))) == 10 == len(reads)
 
 
 def test_read_tree_applies_the_limits(tmp_path: Path) -> None:
@@ -606,7 +608,7 @@ def test_read_tree_applies_the_limits(tmp_path: Path) -> None:
     files, problems = read_tree(tmp_path, SpecLimits(max_file_bytes=1000, max_files=100))
     assert [p.file for p in problems] == ["huge.yaml"] and len(files) == 6
     files, problems = read_tree(tmp_path, SpecLimits(max_files=3))
-    assert len(files) == 3 and len(problems) == 1 and "more than 3 spec files" in problems[0].message
+    assert files == [] and len(problems) == 1 and "more than 3 spec files" in problems[0].message
 
 
 def test_duplicate_keys_are_still_reported_with_both_lines() -> None:
