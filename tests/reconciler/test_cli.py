@@ -20,6 +20,7 @@ from plnt.reconciler.status import Phase, StatusStore
 from typer.testing import CliRunner
 
 from ..conftest import EXAMPLE, SpecRepo
+from .test_loader import LOOSE_POLICY
 
 RUN_FILE = "workflowruns/review-responder.yaml"
 PROBLEM_LINE = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): (?P<field>[^:]+): (?P<message>.+)$")
@@ -220,21 +221,12 @@ def test_validate_spec_limits_can_be_raised(tmp_path: Path) -> None:
 
 def test_validate_warns_about_a_loose_identity_regex_without_failing(tmp_path: Path) -> None:
     policy = tmp_path / "trust.yaml"
-    policy.write_text(textwrap.dedent("""\
-        apiVersion: plnt.work/v1
-        kind: RecipeTrustPolicy
-        metadata: {name: demo}
-        spec:
-          recipes: ["review-responder"]
-          trustRoot: {publicGood: true}
-          signers:
-            - {issuer: https://issuer.example, identityRegex: recipes@demo.plnt.invalid}
-        """))
+    policy.write_text(LOOSE_POLICY)
     result = plnt("validate", policy)
     assert result.exit_code == 0, result.output
     warning, summary = result.stdout.splitlines()
     match = PROBLEM_LINE.match(warning)
-    assert match and (match["file"], match["line"], match["field"]) == (str(policy), "8", "spec.signers[0].identityRegex")
+    assert match and (match["file"], match["line"], match["field"]) == (str(policy), "9", "spec.signers[0].identityRegex")
     assert match["message"].startswith("warning: an unescaped '.' in 'recipes@demo.plnt.invalid'")
     assert "'recipes@demoXplnt.invalid' is accepted too" in warning
     assert summary.startswith(f"{policy}: valid: ")

@@ -617,23 +617,26 @@ def test_duplicate_keys_are_still_reported_with_both_lines() -> None:
         "hostile.yaml:5: metadata: duplicate key 'metadata'; first given at line 3, remove one of them"]
 
 
+# Signers: a regex with unescaped dots (line 9), one with dots escaped, one without anchors.
+LOOSE_POLICY = """\
+apiVersion: plnt.work/v1
+kind: RecipeTrustPolicy
+metadata: {name: demo}
+spec:
+  recipes: ["review-responder"]
+  trustRoot: {publicGood: true}
+  signers:
+    - issuer: https://issuer.example
+      identityRegex: recipes@demo.plnt.invalid
+    - issuer: https://issuer.example
+      identityRegex: ^https://github\\.com/acme/.*$
+    - issuer: https://issuer.example
+      identityRegex: release@acme\\.example
+"""
+
+
 def test_identity_regex_with_unescaped_dots_is_a_warning_not_a_problem() -> None:
-    policy = """\
-    apiVersion: plnt.work/v1
-    kind: RecipeTrustPolicy
-    metadata: {name: demo}
-    spec:
-      recipes: ["review-responder"]
-      trustRoot: {publicGood: true}
-      signers:
-        - issuer: https://issuer.example
-          identityRegex: recipes@demo.plnt.invalid
-        - issuer: https://issuer.example
-          identityRegex: ^https://github\\.com/acme/.*$
-        - issuer: https://issuer.example
-          identityRegex: release@acme\\.example
-    """
-    specs, problems = load_sources([SourceFile("trust.yaml", textwrap.dedent(policy))])
+    specs, problems = load_sources([SourceFile("trust.yaml", LOOSE_POLICY)])
     assert problems == [] and set(specs.trust_policies) == {"demo"}
     # re.fullmatch applies the regex (anchored both ends), so the unanchored third signer is no warning.
     assert [str(w) for w in specs.warnings] == [
