@@ -6,21 +6,26 @@ Times, in one run, the median of --repeat loads of:
   - bombs (when the loader bounds them): a 292-byte alias bomb (9^7 references) and a 5,000-deep nesting, each
     refused; time and peak-memory growth (VmHWM) of the refusal.
 
-    python bench/spec_load.py [--repeat 5] [--runs 1000]
+    python bench/spec_load.py [--repeat 5] [--runs 1000] [--no-bombs] [--before OTHER_CHECKOUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import resource
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+from plnt.reconciler import loader, source
 from plnt.reconciler.loader import SourceFile, load_sources
-from plnt.reconciler.source import GitSource
 
 ROOT = Path(__file__).resolve().parent.parent
 GIT = ["git", "-c", "user.name=plnt-bench", "-c", "user.email=bench@plnt.invalid"]
@@ -59,23 +64,61 @@ def commit_repo(files: dict[str, str], where: Path) -> Path:
     return where
 
 
-def time_load(repo: Path, scratch: Path, repeat: int) -> tuple[float, int]:
-    source = GitSource(str(repo), scratch / f"clone-{repo.name}")
-    commit = source.fetch()
-    times, count = [], 0
+def cpu_s() -> float:
+    """CPU seconds of this process and its reaped children (git ls-tree and friends)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def time_load(impls: dict[str, Any], repo: Path, scratch: Path, repeat: int) -> tuple[list[str], int]:
+    """Per implementation (interleaved, same files): median wall and CPU ms of reading the commit's
+    spec files (git), and median CPU ms of parsing + validating them."""
+    figures: dict[str, dict[str, list[float]]] = {name: {"read": [], "read_cpu": [], "parse_cpu": []} for name in impls}
+    sources = {name: mods.source.GitSource(str(repo), scratch / f"clone-{repo.name}-{name}") for name, mods in impls.items()}
+    count = 0
     for _ in range(repeat):
-        start = time.perf_counter()
-        specs, problems = load_sources(source.spec_files(commit))
-        times.append(time.perf_counter() - start)
-        assert not problems, problems[:3]
-        count = len(specs.workflow_runs)
-    return statistics.median(times), count
+        for name, mods in impls.items():
+            source = sources[name]
+            commit = source.fetch()
+            wall, cpu = time.perf_counter(), cpu_s()
+            files = source.spec_files(commit)
+            figures[name]["read"].append(time.perf_counter() - wall)
+            figures[name]["read_cpu"].append(cpu_s() - cpu)
+            cpu = time.process_time()
+            specs, problems = mods.loader.load_sources(files)
+            figures[name]["parse_cpu"].append(time.process_time() - cpu)
+            assert not problems, problems[:3]
+            count = len(specs.workflow_runs)
+
+    def ms(values: list[float]) -> str:
+        return f"{statistics.median(values) * 1000:.1f}"
+
+    return [f"  {name}: read {ms(f['read'])} ms wall / {ms(f['read_cpu'])} ms CPU, parse+validate "
+            f"{ms(f['parse_cpu'])} ms CPU" for name, f in figures.items()], count
+
+
+def implementations(before: Path | None, scratch: Path) -> dict[str, Any]:
+    """This checkout's loader and source, and (--before) those of another checkout, imported as
+    the package `plnt_before` so both run in this process on the same files."""
+    impls: dict[str, Any] = {"this checkout": SimpleNamespace(loader=loader, source=source)}
+    if before is not None:
+        package = scratch / "before" / "plnt_before"
+        package.mkdir(parents=True)
+        for name in ("reconciler", "gateway", "runner"):
+            (package / name).symlink_to(before.resolve() / name)
+        sys.path.insert(0, str(package.parent))
+        impls[f"before ({before})"] = SimpleNamespace(loader=importlib.import_module("plnt_before.reconciler.loader"),
+                                                      source=importlib.import_module("plnt_before.reconciler.source"))
+    return impls
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--no-bombs", action="store_true", help="skip the bombs (an unbounded loader takes GiBs)")
+    parser.add_argument("--before", type=Path, help="another checkout (e.g. `git worktree add /tmp/main main`) "
+                                                    "to compare with, in the same run")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="plnt-bench-specs-"))
     try:
@@ -87,11 +130,12 @@ def main() -> None:
         files = {f"workflowruns/run-{i}.yaml": RUN.format(i=i) for i in range(args.runs)}
         files["backends/local.yaml"] = "apiVersion: plnt.work/v1\nkind: PlntBackend\nmetadata: {name: local}\nspec: {type: local}\n"
         many = commit_repo(files, scratch / "many")
-        seconds, count = time_load(example, scratch, args.repeat)
-        print(f"example repo ({count} WorkflowRun): median {seconds * 1000:.1f} ms over {args.repeat} loads")
-        seconds, count = time_load(many, scratch, args.repeat)
-        print(f"{count} WorkflowRuns: median {seconds * 1000:.1f} ms over {args.repeat} loads")
-        for name, text in (("alias bomb", ALIAS_BOMB), ("5,000-deep nesting", "a: " + "[" * 5000 + "]" * 5000)):
+        impls = implementations(args.before, scratch)
+        for repo in (example, many):
+            lines, count = time_load(impls, repo, scratch, args.repeat)
+            print(f"{repo.name} repo ({count} WorkflowRuns), median of {args.repeat}:", *lines, sep="\n")
+        bombs = () if args.no_bombs else (("alias bomb", ALIAS_BOMB), ("5,000-deep nesting", "a: " + "[" * 5000 + "]" * 5000))
+        for name, text in bombs:
             before = vm_hwm_kib()
             start = time.perf_counter()
             try:

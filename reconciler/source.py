@@ -114,12 +114,12 @@ class GitSource:
         with self._lock:
             repo = self._open()
             prefix = f"{self.path}/" if self.path else ""
-            if self._object_type(repo, f"{commit}:{self.path}") != "tree":
+            if (self._object(repo, f"{commit}:{self.path}") or ("", ""))[1] != "tree":
                 raise SourceError(f"commit {commit[:12]} has no directory {self.path!r}")
             rules = IgnoreRules()
-            ignore_sha = self._object_sha(repo, f"{commit}:{prefix}{IGNORE_FILE}")
-            if ignore_sha is not None:  # patterns only: a bounded read, odd bytes replaced
-                data = repo.odb.stream(bytes.fromhex(ignore_sha)).read(limits.max_file_bytes)
+            ignore = self._object(repo, f"{commit}:{prefix}{IGNORE_FILE}")
+            if ignore is not None and ignore[1] == "blob":  # patterns only: a bounded read, odd bytes replaced
+                data = repo.odb.stream(bytes.fromhex(ignore[0])).read(limits.max_file_bytes)
                 rules = IgnoreRules.parse(data.decode("utf-8", "replace"))
             found: list[TreeEntry] = []
             try:
@@ -148,14 +148,12 @@ class GitSource:
             what = refused_name(path)
             if what is not None:
                 raise UnreadableTree(path, what)
-            kind = self._object_type(repo, f"{commit}:{path}")
-            if kind is None:
+            found = self._object(repo, f"{commit}:{path}")
+            if found is None:
                 raise FileNotFoundError(f"{path} is not in the spec repository at {commit[:12]}")
-            if kind != "blob":
+            if found[1] != "blob":
                 raise FileNotFoundError(f"{path} in the spec repository at {commit[:12]} is not a file")
-            sha = self._object_sha(repo, f"{commit}:{path}")
-            assert sha is not None
-            return bytes(repo.odb.stream(bytes.fromhex(sha)).read())
+            return bytes(repo.odb.stream(bytes.fromhex(found[0])).read())
 
     def export(self, commit: str, subdir: str, dest: Path) -> bool:
         """Copy the directory `subdir` (relative to the repository root) at the commit into dest.
@@ -169,7 +167,7 @@ class GitSource:
             what = refused_name(subdir) if subdir else None
             if what is not None:
                 raise UnreadableTree(subdir, what)
-            if self._object_type(repo, f"{commit}:{subdir}") != "tree":
+            if (self._object(repo, f"{commit}:{subdir}") or ("", ""))[1] != "tree":
                 return False
             entries = list(self._entries(repo, f"{commit}:{subdir}", prefix=f"{subdir}/" if subdir else ""))
             dest.mkdir(parents=True, exist_ok=True)
@@ -185,16 +183,15 @@ class GitSource:
     # --- reading trees with git itself (GitPython raises a bare ValueError at a refused name) ---
 
     @staticmethod
-    def _object_type(repo: git.Repo, spec: str) -> str | None:
-        result = subprocess.run(["git", f"--git-dir={repo.git_dir}", "cat-file", "-t", spec],
-                                capture_output=True, text=True, check=False)
-        return result.stdout.strip() if result.returncode == 0 else None
-
-    @staticmethod
-    def _object_sha(repo: git.Repo, spec: str) -> str | None:
-        result = subprocess.run(["git", f"--git-dir={repo.git_dir}", "rev-parse", "--verify", "--quiet", spec],
-                                capture_output=True, text=True, check=False)
-        return result.stdout.strip() if result.returncode == 0 else None
+    def _object(repo: git.Repo, spec: str) -> tuple[str, str] | None:
+        """(sha, type) of `commit:path`, or None; asked of GitPython's long-lived `cat-file --batch-check`."""
+        if "\n" in spec or "\0" in spec:  # one query per line: a name holding one would desynchronise it
+            return None
+        try:
+            sha, kind, _ = repo.git.get_object_header(spec)
+        except ValueError:  # missing
+            return None
+        return os.fsdecode(sha), os.fsdecode(kind)
 
     @staticmethod
     def _entries(repo: git.Repo, tree: str, prefix: str = "") -> Iterator[TreeEntry]:
