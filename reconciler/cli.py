@@ -17,8 +17,8 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from .loader import Problem, SourceFile, SpecSet, load_sources, read_tree
-from .settings import RetrySettings, Settings
+from .loader import Problem, SourceFile, SpecSet, load_sources, read_file_spec, read_tree
+from .settings import RetrySettings, Settings, SpecLimits
 
 app = typer.Typer(
     name="plnt",
@@ -27,6 +27,15 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+# Spec limits a user may need to raise (a large monorepo); the rest have defaults in SpecLimits.
+MaxSpecFiles = Annotated[int, typer.Option(help="Refuse a commit with more spec files than this.", min=1)]
+MaxSpecFileKb = Annotated[int, typer.Option(help="Refuse a spec file larger than this many KiB.", min=1)]
+
+
+def _spec_limits(max_spec_files: int, max_spec_file_kb: int) -> SpecLimits:
+    return SpecLimits(max_files=max_spec_files, max_file_bytes=max_spec_file_kb * 1024)
 
 
 class Format(str, Enum):
@@ -64,6 +73,8 @@ def up(
         help="OCI registry (host or host:port) allowed over plain HTTP; loopback always is. Repeatable.")] = None,
     max_recipe_mb: Annotated[int, typer.Option(help="Refuse recipes that unpack to more than this.")] = 256,
     max_sagas: Annotated[int, typer.Option(help="Sagas (deploys) running at once, across WorkflowRuns.")] = 8,
+    max_spec_files: MaxSpecFiles = 10_000,
+    max_spec_file_kb: MaxSpecFileKb = 1024,
     retry_attempts: Annotated[int, typer.Option(help="Attempts per saga step, the first included.")] = 3,
     retry_initial_s: Annotated[float, typer.Option(help="Seconds before a step's first retry (doubling after).")] = 2.0,
     tokens_file: Annotated[Path | None, typer.Option(
@@ -96,6 +107,7 @@ def up(
                         interval_s=interval, temporal_address=temporal_address, s3_endpoint_url=s3_endpoint_url,
                         s3_region=s3_region, oci_insecure_hosts=tuple(oci_insecure_host or ()),
                         max_recipe_bytes=max_recipe_mb * 2**20, max_concurrent_sagas=max_sagas,
+                        spec_limits=_spec_limits(max_spec_files, max_spec_file_kb),
                         retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
                         gateway_tokens=env_tokens, gateway_tokens_file=tokens_file, insecure_no_auth=insecure_no_auth,
                         gateway_max_body_bytes=max_body_bytes, gateway_request_timeout_s=gateway_timeout,
@@ -171,27 +183,30 @@ async def _up(settings: Settings) -> None:
 
 
 @app.command()
-def validate(path: Annotated[Path, typer.Argument(help="A spec directory or a single YAML file.")]) -> None:
-    """Check specs: exit 0 with a summary, or one FILE:LINE: field: message line per problem and exit 1."""
+def validate(
+    path: Annotated[Path, typer.Argument(help="A spec directory or a single YAML file.")],
+    max_spec_files: MaxSpecFiles = 10_000,
+    max_spec_file_kb: MaxSpecFileKb = 1024,
+) -> None:
+    """Check specs: exit 0 with a summary, or one FILE:LINE: field: message line per problem and exit 1.
+    Warnings (FILE:LINE: field: warning: ...) do not change the exit code."""
     if not path.exists():
         typer.echo(f"{path}: no such file or directory", err=True)
         raise typer.Exit(2)
+    limits = _spec_limits(max_spec_files, max_spec_file_kb)
     note = ""
     if path.is_file():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:  # as a directory reports an unreadable file
-            specs, problems = SpecSet(), [Problem(str(path), 1, "document", f"cannot read file: {exc}; save it as UTF-8 text")]
-        else:
-            specs, problems = load_sources([SourceFile(path=str(path), text=text)], check_references=None)
-            if specs.workflow_runs and not specs.backends:
-                note = " (backend references not checked: the file declares no PlntBackend; validate the directory)"
+        specs, problems = load_sources([read_file_spec(path, str(path), limits)], check_references=None, limits=limits)
+        if specs.workflow_runs and not specs.backends:
+            note = " (backend references not checked: the file declares no PlntBackend; validate the directory)"
     else:
         # Display paths include PATH, in problem lines and in messages pointing at another file.
-        files, read_problems = read_tree(path)
-        specs, problems = load_sources([SourceFile(path=str(path / f.path), text=f.text) for f in files])
+        files, read_problems = read_tree(path, limits)
+        specs, problems = load_sources([SourceFile(path=str(path / f.path), text=f.text) for f in files], limits=limits)
         problems = sorted([Problem(str(path / p.file), p.line, p.field, p.message) for p in read_problems] + problems,
                           key=lambda p: (p.file, p.line))
+    for warning in specs.warnings:
+        typer.echo(str(warning))
     if problems:
         for problem in problems:
             typer.echo(str(problem))

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import itertools
 import os
 import re
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from .settings import SpecLimits
 from .specs import (
     INTEGRITY_PATTERN,
     KIND_MODELS,
@@ -42,6 +44,10 @@ from .specs import (
 
 # A path into a YAML document: mapping keys and sequence indices, as pydantic's `loc`.
 DocPath = tuple[Any, ...]
+
+DEFAULT_LIMITS = SpecLimits()
+# Every file may build this many nodes besides `alias_factor` per byte (small files with a few aliases).
+NODE_ALLOWANCE = 10_000
 
 KNOWN_KINDS = ", ".join(f"{api} {kind}" for api, kind in KIND_MODELS)
 
@@ -81,13 +87,21 @@ class Problem:
 
 @dataclass(frozen=True)
 class SourceFile:
+    """One spec file; `problem` set (and text empty) when it could not be read as a spec."""
+
     path: str
     text: str
+    problem: Problem | None = None
+
+
+def unreadable(path: str, line: int, message: str) -> SourceFile:
+    return SourceFile(path, "", Problem(path, line, "document", message))
 
 
 @dataclass
 class SpecSet:
-    """Every valid document, by key; `locations` maps "Kind/key" to (file, first line).
+    """Every valid document, by key; `locations` maps "Kind/key" to (file, first line);
+    `warnings` are FILE:LINE notes that do not make the specs invalid (e.g. a loose identityRegex).
 
     trust_policies: RecipeTrustPolicy by name. Policies may overlap (two may cover the same
     recipe name or pattern): a recipe is accepted if ANY policy covering it accepts its
@@ -99,6 +113,7 @@ class SpecSet:
     recipes: dict[str, Workflow] = field(default_factory=dict)
     locations: dict[str, tuple[str, int]] = field(default_factory=dict)
     trust_policies: dict[str, RecipeTrustPolicy] = field(default_factory=dict)
+    warnings: list[Problem] = field(default_factory=list)
 
 
 class SpecError(Exception):
@@ -140,11 +155,63 @@ class IgnoreRules:
         return False
 
 
-def read_tree(root: Path) -> tuple[list[SourceFile], list[Problem]]:
+def decode_spec(path: str, data: bytes) -> SourceFile:
+    """A spec file's bytes as text; one that is not UTF-8 carries a problem at its first bad byte."""
+    try:
+        return SourceFile(path, data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - data.rfind(b"\n", 0, exc.start)
+        return unreadable(path, line, f"not UTF-8 text: byte 0x{data[exc.start]:02x} at column {column} "
+                                      f"({exc.reason}); save the file as UTF-8")
+
+
+# (path, size in bytes, read the bytes): what a spec reader knows of a file before reading it.
+SpecEntry = tuple[str, int, Callable[[], bytes]]
+
+
+def read_specs(entries: Iterable[SpecEntry], limits: SpecLimits = DEFAULT_LIMITS) -> list[SourceFile]:
+    """The files of `entries` (in path order), reading only what the limits admit. Too many files,
+    or too many bytes in all, is one problem and nothing is read (callers list at most max_files + 1
+    entries); a file over max_file_bytes is a problem without being read."""
+    listed = list(itertools.islice(entries, limits.max_files + 1))
+    if len(listed) > limits.max_files:
+        return [unreadable(listed[-1][0], 1, f"more than {limits.max_files} spec files (limit max_files); nothing "
+                                             "of this commit was read: move what is not a spec out of the spec "
+                                             f"path or name it in {IGNORE_FILE}")]
+    total = 0
+    for path, size, _ in listed:
+        total += min(size, limits.max_file_bytes + 1)  # a file too large is refused on its own below
+        if total > limits.max_total_bytes:
+            return [unreadable(path, 1, f"spec files add up to more than {limits.max_total_bytes} bytes at this file "
+                                        "(limit max_total_bytes); nothing of this commit was read")]
+    files: list[SourceFile] = []
+    for path, size, read in listed:
+        if size > limits.max_file_bytes:
+            files.append(unreadable(path, 1, f"file is {size} bytes, over the limit of {limits.max_file_bytes} for "
+                                             "one spec file (max_file_bytes); split it into smaller files"))
+            continue
+        try:
+            data = read()
+        except OSError as exc:
+            files.append(unreadable(path, 1, f"cannot read file: {exc}"))
+            continue
+        if len(data) > limits.max_file_bytes:  # grew since its size was taken
+            files.append(unreadable(path, 1, f"file is over the limit of {limits.max_file_bytes} bytes for one "
+                                             "spec file (max_file_bytes); split it into smaller files"))
+            continue
+        files.append(decode_spec(path, data))
+    return files
+
+
+def read_tree(root: Path, limits: SpecLimits = DEFAULT_LIMITS) -> tuple[list[SourceFile], list[Problem]]:
     """Every *.yaml/*.yml under root, skipping hidden dirs and files (.git, .plnt, .gitlab-ci.yml)
-    and whatever `.plntignore` names."""
+    and whatever `.plntignore` names: the files read, and the problems of those that could not be."""
     ignore_file = root / IGNORE_FILE
-    rules = IgnoreRules.parse(ignore_file.read_text(encoding="utf-8")) if ignore_file.is_file() else IgnoreRules()
+    rules = IgnoreRules()
+    if ignore_file.is_file():
+        with ignore_file.open("rb") as stream:  # patterns only: a bounded read, odd bytes replaced
+            rules = IgnoreRules.parse(stream.read(limits.max_file_bytes).decode("utf-8", "replace"))
     found: list[tuple[str, Path]] = []
     for dirpath, dirnames, filenames in os.walk(root):
         # Prune in place so os.walk never descends into .git and friends.
@@ -156,14 +223,27 @@ def read_tree(root: Path) -> tuple[list[SourceFile], list[Problem]]:
             rel = full.relative_to(root).as_posix()
             if not rules.ignores(rel):
                 found.append((rel, full))
-    files: list[SourceFile] = []
-    problems: list[Problem] = []
-    for rel, full in sorted(found):
+        if len(found) > limits.max_files:
+            break  # read_specs reports it; walking the rest of a huge tree would only cost time
+
+    def entry(rel: str, full: Path) -> SpecEntry:
         try:
-            files.append(SourceFile(rel, full.read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError) as exc:
-            problems.append(Problem(rel, 1, "document", f"cannot read file: {exc}; save it as UTF-8 text"))
-    return files, problems
+            size = full.stat().st_size
+        except OSError:
+            size = 0  # read() reports why
+        return rel, size, full.read_bytes
+
+    files = read_specs((entry(rel, full) for rel, full in sorted(found)), limits)
+    return [f for f in files if f.problem is None], [f.problem for f in files if f.problem is not None]
+
+
+def read_file_spec(path: Path, display: str, limits: SpecLimits = DEFAULT_LIMITS) -> SourceFile:
+    """One spec file named on its own (`plnt validate FILE`, a recipe's workflow.yaml)."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        return unreadable(display, 1, f"cannot read file: {exc}")
+    return read_specs([(display, size, path.read_bytes)], limits)[0]
 
 
 def read_directory(root: Path) -> list[SourceFile]:
@@ -179,26 +259,108 @@ def read_directory(root: Path) -> list[SourceFile]:
 
 _SEQ_TAG = "tag:yaml.org,2002:seq"
 _MAP_TAG = "tag:yaml.org,2002:map"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+# What PyYAML's reader refuses (NUL and other control characters); it would raise before any line is known.
+_NON_PRINTABLE = yaml.reader.Reader.NON_PRINTABLE
+
+
+class _TooCostly(Exception):
+    """A file would cost more than the limits allow to read (nesting, alias expansion): it is refused."""
+
+    def __init__(self, mark: yaml.Mark, message: str) -> None:
+        super().__init__(message)
+        self.line = mark.line + 1
+        self.message = message
+
+
+class _Budget:
+    """Nodes the documents of one load may still build, aliases and merge keys counted at every use
+    (so a small file whose aliases expand a billion-fold is refused after a bounded amount of work)."""
+
+    def __init__(self, limits: SpecLimits) -> None:
+        self.limits = limits
+        self.left = limits.max_nodes
+        self.file_allowed = self.file_left = 0
+
+    def start_file(self, size: int) -> None:
+        self.file_allowed = self.file_left = NODE_ALLOWANCE + self.limits.alias_factor * size
+
+    def spend(self, node: yaml.Node) -> None:
+        self.left -= 1
+        self.file_left -= 1
+        if self.file_left < 0:
+            raise _TooCostly(node.start_mark, f"aliases or merge keys expand this file to more than "
+                             f"{self.file_allowed} values ({self.limits.alias_factor} per byte + {NODE_ALLOWANCE}, "
+                             "alias_factor); an alias bomb? write the values out or use fewer nested aliases")
+        if self.left < 0:
+            raise _TooCostly(node.start_mark, f"the spec files hold more than {self.limits.max_nodes} values in all, "
+                             "aliases expanded (max_nodes); split the repository or raise the limit")
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader whose composer (recursive, one Python frame per level) stops at max_depth levels,
+    before a deep document can exhaust the stack."""
+
+    def __init__(self, text: str, max_depth: int) -> None:
+        super().__init__(text)
+        self.max_depth = max_depth
+        self._depth = 0
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 - PyYAML's name
+        # The scanner reads ahead of the composer, and each open '[' or '{' costs it a scan of every
+        # open one before it: stop JSON-style nesting here, where it is cheap.
+        if self.flow_level >= self.max_depth:
+            raise _TooCostly(self.get_mark(), f"nested more than {self.max_depth} levels deep (max_depth); "
+                             "specs are shallow: flatten this document")
+        super().fetch_flow_collection_start(TokenClass)
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self._depth >= self.max_depth:
+            raise _TooCostly(self.peek_event().start_mark, f"nested more than {self.max_depth} levels deep "
+                             "(max_depth); specs are shallow: flatten this document")
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1
 
 
 class _Document:
     """One YAML document as plain data, plus the 1-based line of every path in it."""
 
-    def __init__(self, loader: yaml.SafeLoader, node: yaml.Node, file: str) -> None:
+    def __init__(self, loader: _SpecLoader, node: yaml.Node, file: str, budget: _Budget) -> None:
         self.file = file
         self.start: int = node.start_mark.line + 1
         self.lines: dict[DocPath, int] = {(): self.start}
         self.scalars: dict[DocPath, str] = {}
         self.problems: list[Problem] = []
         self._loader = loader
+        self._budget = budget
         self._active: set[int] = set()
-        self.data = self._build(node, ())
+        self._entry_line = 0  # line of the top-level entry being built: where a runaway alias is referenced
+        try:
+            self.data = self._build(node, ())
+        except _TooCostly as exc:
+            exc.line = self._entry_line or exc.line  # an alias node's own mark is its anchor's, not the reference
+            raise
 
-    def _build(self, node: yaml.Node, path: DocPath) -> Any:
-        if isinstance(node, yaml.ScalarNode):
-            self.scalars[path] = node.value  # the text as written, for "quote it" advice
+    def _scalar(self, node: yaml.ScalarNode) -> Any:
+        try:
             # The SafeLoader resolves scalar tags (int, float, bool, null, timestamps...).
             return self._loader.construct_object(node, deep=True)
+        except (ValueError, OverflowError) as exc:  # `2024-13-45`, an int of 5,000 digits
+            self.problems.append(Problem(self.file, node.start_mark.line + 1, "document",
+                                         f"cannot read {_short(node.value)}: {exc}; quote it to keep it text"))
+            return node.value
+
+    def _build(self, node: yaml.Node, path: DocPath) -> Any:
+        self._budget.spend(node)
+        if len(path) > self._loader.max_depth:  # aliases can nest what the composer saw as shallow
+            raise _TooCostly(node.start_mark, f"nested more than {self._loader.max_depth} levels deep through "
+                             "aliases (max_depth); flatten this document")
+        if isinstance(node, yaml.ScalarNode):
+            self.scalars[path] = node.value  # the text as written, for "quote it" advice
+            return self._scalar(node)
         if id(node) in self._active:  # an alias inside its own anchor: `&a [*a]`
             raise yaml.constructor.ConstructorError(None, None, "recursive alias", node.start_mark)
         if node.tag not in (_SEQ_TAG, _MAP_TAG):  # e.g. `!Ref {...}`: not plain data
@@ -209,42 +371,59 @@ class _Document:
                 items = []
                 for index, item in enumerate(node.value):
                     self.lines[path + (index,)] = item.start_mark.line + 1
+                    if not path:
+                        self._entry_line = item.start_mark.line + 1
                     items.append(self._build(item, path + (index,)))
                 return items
             assert isinstance(node, yaml.MappingNode)
-            own = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
-            self._loader.flatten_mapping(node)  # applies `<<: *anchor` merge keys
-            mapping: dict[Any, Any] = {}
-            merged: set[Any] = set()  # keys that came from a merge; the mapping's own keys override them
-            for key_node, value_node in node.value:
-                if not isinstance(key_node, yaml.ScalarNode):
-                    raise yaml.constructor.ConstructorError(
-                        None, None, "a mapping key must be a plain value", key_node.start_mark
-                    )
-                key = self._loader.construct_object(key_node, deep=True)
-                if key in mapping:
-                    if id(key_node) not in own:
-                        continue  # two merged mappings share a key: the first one wins
-                    if key not in merged:
-                        # PyYAML would silently keep the last value; that hides editing mistakes.
-                        first = self.lines[path + (key,)]
-                        self.problems.append(
-                            Problem(
-                                self.file,
-                                key_node.start_mark.line + 1,
-                                _render(path + (key,)),
-                                f"duplicate key {key!r}; first given at line {first}, remove one of them",
-                            )
-                        )
-                        continue
-                    merged.discard(key)  # an own key overriding a merged one, as YAML intends
-                if id(key_node) not in own:
-                    merged.add(key)
-                self.lines[path + (key,)] = key_node.start_mark.line + 1
-                mapping[key] = self._build(value_node, path + (key,))
-            return mapping
+            return self._mapping(node, path)
         finally:
             self._active.discard(id(node))
+
+    def _mapping(self, node: yaml.MappingNode, path: DocPath) -> dict[Any, Any]:
+        mapping: dict[Any, Any] = {}
+        merged: set[Any] = set()  # keys that came from a merge; the mapping's own keys override them
+        # `<<: *a` or `<<: [*a, *b]`: built here (not by PyYAML's flatten_mapping, which copies every
+        # merged key list unbounded), each key from the first mapping that has it, as YAML says.
+        for key_node, value_node in node.value:
+            if key_node.tag != _MERGE_TAG:
+                continue
+            sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for source in sources:
+                if not isinstance(source, yaml.MappingNode):
+                    raise yaml.constructor.ConstructorError(
+                        None, None, "a merge key (<<) takes a mapping or a list of mappings", source.start_mark)
+                for key, value in self._build(source, path).items():
+                    if key not in mapping:
+                        mapping[key] = value
+                        merged.add(key)
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a mapping key must be a plain value", key_node.start_mark
+                )
+            self._budget.spend(key_node)
+            key = self._scalar(key_node)
+            if key in mapping and key not in merged:
+                # PyYAML would silently keep the last value; that hides editing mistakes.
+                first = self.lines[path + (key,)]
+                self.problems.append(
+                    Problem(
+                        self.file,
+                        key_node.start_mark.line + 1,
+                        _render(path + (key,)),
+                        f"duplicate key {key!r}; first given at line {first}, remove one of them",
+                    )
+                )
+                continue
+            merged.discard(key)  # an own key overriding a merged one, as YAML intends
+            self.lines[path + (key,)] = key_node.start_mark.line + 1
+            if not path:
+                self._entry_line = key_node.start_mark.line + 1
+            mapping[key] = self._build(value_node, path + (key,))
+        return mapping
 
     def line(self, path: DocPath) -> int:
         """Line of the longest prefix of path that exists in the document."""
@@ -267,18 +446,30 @@ def _render(path: Iterable[Any]) -> str:
     return out or "document"
 
 
-def _parse(source: SourceFile) -> tuple[list[_Document], list[Problem]]:
+def _parse(source: SourceFile, budget: _Budget) -> tuple[list[_Document], list[Problem]]:
     """Documents of one file, in order; a syntax error ends the file but keeps earlier documents."""
+    if source.problem is not None:
+        return [], [source.problem]
+    text, limits = source.text, budget.limits
+    if len(text) > limits.max_file_bytes:  # text handed over directly, not through read_specs
+        return [], [Problem(source.path, 1, "document", f"file is over the limit of {limits.max_file_bytes} bytes "
+                                                         "for one spec file (max_file_bytes); split it")]
+    bad = _NON_PRINTABLE.search(text)
+    if bad is not None:
+        line, column = text.count("\n", 0, bad.start()) + 1, bad.start() - text.rfind("\n", 0, bad.start())
+        return [], [Problem(source.path, line, "document", f"character U+{ord(bad.group()):04X} at column {column} "
+                                                             "is not allowed in YAML; remove it")]
+    budget.start_file(len(text))
     documents: list[_Document] = []
     problems: list[Problem] = []
-    loader = yaml.SafeLoader(source.text)
+    loader = _SpecLoader(text, limits.max_depth)
     try:
         while loader.check_node():
             node = loader.get_node()
             if node is None:
                 continue
             try:
-                document = _Document(loader, node, source.path)
+                document = _Document(loader, node, source.path, budget)
                 if document.data is not None:  # `---` followed by nothing (or only comments)
                     documents.append(document)
             except yaml.YAMLError as exc:  # bad tag, recursive alias: this document only
@@ -287,6 +478,8 @@ def _parse(source: SourceFile) -> tuple[list[_Document], list[Problem]]:
                         source, exc, "unsupported YAML", "specs must be plain data: no tags or recursive aliases"
                     )
                 )
+    except _TooCostly as exc:  # the rest of the file is not read
+        problems.append(Problem(source.path, exc.line, "document", exc.message))
     except yaml.YAMLError as exc:
         problems.append(
             _yaml_problem(source, exc, "malformed YAML", "fix the syntax here (indentation, quotes, brackets)")
@@ -586,8 +779,9 @@ def _backend_problems(doc: _Document, run: WorkflowRun, backends: dict[str, Plnt
 # --- loading -------------------------------------------------------------------------------
 
 
-def load_sources(files: Iterable[SourceFile], *, check_references: bool | None = True) -> tuple[SpecSet, list[Problem]]:
-    """Parse, validate and cross-check all files; never raises for bad input.
+def load_sources(files: Iterable[SourceFile], *, check_references: bool | None = True,
+                 limits: SpecLimits = DEFAULT_LIMITS) -> tuple[SpecSet, list[Problem]]:
+    """Parse, validate and cross-check all files; never raises for bad input, and bounded by limits.
 
     check_references=None checks WorkflowRuns' backend references only if the files declare any
     PlntBackend: validating one WorkflowRun file alone should not claim its backend is unknown.
@@ -596,9 +790,10 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
     problems: list[Problem] = []
     docs: dict[str, _Document] = {}  # location key -> its document, for cross-document lines
     runs: list[tuple[_Document, WorkflowRun]] = []
+    budget = _Budget(limits)
 
     for source in files:
-        documents, parse_problems = _parse(source)
+        documents, parse_problems = _parse(source, budget)
         problems += parse_problems
         for doc in documents:
             problems += doc.problems
@@ -639,6 +834,7 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
             elif isinstance(model, RecipeTrustPolicy):
                 # Overlapping policies are allowed on purpose (any-of), so no cross-check here.
                 specs.trust_policies[key] = model
+                specs.warnings += _signer_warnings(doc, model)
             else:
                 specs.recipes[key] = model
                 problems += _step_problems(doc, model)
@@ -649,7 +845,17 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
             problems += _backend_problems(doc, run, specs.backends)
 
     problems.sort(key=lambda p: (p.file, p.line))
+    specs.warnings.sort(key=lambda p: (p.file, p.line))
     return specs, problems
+
+
+def _signer_warnings(doc: _Document, policy: RecipeTrustPolicy) -> list[Problem]:
+    warnings = []
+    for i, signer in enumerate(policy.spec.signers):
+        for message in signer.regex_warnings():
+            path = ("spec", "signers", i, "identityRegex")
+            warnings.append(Problem(doc.file, doc.line(path), _render(path), f"warning: {message}"))
+    return warnings
 
 
 def load_directory(root: Path) -> tuple[SpecSet, list[Problem]]:
@@ -663,11 +869,7 @@ def load_recipe(path: Path) -> Workflow:
     """A recipe's workflow.yaml: exactly one valid Workflow document, or SpecError."""
     path = Path(path)
     display = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError([Problem(display, 1, "document", f"cannot read recipe: {exc}")]) from exc
-    specs, problems = load_sources([SourceFile(display, text)])
+    specs, problems = load_sources([read_file_spec(path, display)])
     if not problems:
         other = [*specs.workflow_runs, *specs.backends, *specs.trust_policies]
         if other or len(specs.recipes) != 1:

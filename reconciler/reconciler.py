@@ -29,6 +29,10 @@ from .status import FINAL_PHASES, Phase, StatusStore
 
 log = logging.getLogger(__name__)
 
+# Problems kept in status and GET /source for one invalid commit (10,000 bad files would make every
+# status write megabytes); `plnt validate` lists them all.
+MAX_SHOWN_PROBLEMS = 100
+
 
 class Reconciler:
     def __init__(
@@ -90,7 +94,7 @@ class Reconciler:
         commit = await asyncio.to_thread(self._source.fetch)
         specs, problems = await self._load(commit)
         if problems:
-            self._reject_commit(commit, problems)
+            self._reject_commit(commit, problems, specs.warnings)
             return []
         self._driver.assign(specs)
         desired = {key: DesiredRun.from_spec(run) for key, run in specs.workflow_runs.items()}
@@ -105,7 +109,7 @@ class Reconciler:
             elif item.action is Action.UNCHANGED and not item.waiting:
                 self._observe(item, commit)
         await self._heal_drift(specs)
-        self._record_source(commit=commit, reconciled=True)
+        self._record_source(commit=commit, reconciled=True, warnings=[str(w) for w in specs.warnings])
         return items
 
     async def live_runs(self) -> dict[str, LiveRun]:
@@ -128,10 +132,17 @@ class Reconciler:
 
     async def _load(self, commit: str) -> tuple[SpecSet, list[Problem]]:
         if self._loaded is None or self._loaded[0] != commit:
-            files = await asyncio.to_thread(self._source.spec_files, commit)
-            specs, problems = load_sources(files)
+            # Reading and parsing in a thread: a large (or hostile, see SpecLimits) commit must not
+            # stall the gateway, which serves from this loop.
+            specs, problems = await asyncio.to_thread(self._read_specs, commit)
+            for warning in specs.warnings:  # once per commit, as the commit is loaded once
+                log.warning("commit-warning commit=%s %s", commit[:12], warning)
             self._loaded = (commit, specs, problems)
         return self._loaded[1], self._loaded[2]
+
+    def _read_specs(self, commit: str) -> tuple[SpecSet, list[Problem]]:
+        limits = self._settings.spec_limits
+        return load_sources(self._source.spec_files(commit, limits), limits=limits)
 
     async def _start_saga(self, item: PlanItem, specs: SpecSet, commit: str) -> None:
         run = specs.workflow_runs.get(item.key)
@@ -234,23 +245,24 @@ class Reconciler:
         if any(getattr(status, field) != value for field, value in fields.items()):
             self._statuses.update(item.namespace, item.name, **fields)
 
-    def _reject_commit(self, commit: str, problems: list[Problem]) -> None:
-        lines = [str(problem) for problem in problems]
+    def _reject_commit(self, commit: str, problems: list[Problem], warnings: list[Problem]) -> None:
+        lines = [str(problem) for problem in problems[:MAX_SHOWN_PROBLEMS]]
         if self.source_status.get("newestCommit") != commit or self.source_status.get("problems") != lines:
-            log.error("commit-invalid commit=%s problems=%d first=%r (nothing running was changed)", commit[:12], len(lines), lines[0])
-        self._record_source(commit=commit, problems=lines)
-        summary = f"commit {commit[:12]} is invalid ({len(lines)} problem{'s' if len(lines) != 1 else ''}): {lines[0]}"
+            log.error("commit-invalid commit=%s problems=%d first=%r (nothing running was changed)", commit[:12], len(problems), lines[0])
+        self._record_source(commit=commit, problems=lines, warnings=[str(w) for w in warnings])
+        summary = f"commit {commit[:12]} is invalid ({len(problems)} problem{'s' if len(problems) != 1 else ''}): {lines[0]}"
         for status in self._statuses.all():
             if status.message != summary:
                 self._statuses.update(status.namespace, status.name, message=summary, last_error="\n".join(lines))
 
     def _record_source(self, *, commit: str | None = None, problems: list[str] | None = None,
-                       reconciled: bool = False, error: str | None = None) -> None:
+                       reconciled: bool = False, error: str | None = None, warnings: list[str] | None = None) -> None:
         new = dict(self.source_status)
         new.update({"repo": self._source.url, "branch": self._source.branch, "path": self._source.path})
         if commit is not None:
             new["newestCommit"] = commit
             new["problems"] = problems or []
+            new["warnings"] = warnings or []
         if reconciled:
             new["lastReconciledCommit"] = commit
         new["fetchError"] = error

@@ -8,14 +8,19 @@ older, still running saga reads.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import subprocess
 import threading
-from pathlib import Path, PurePosixPath
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import git
 
-from .errors import RetryLater
-from .loader import IGNORE_FILE, IgnoreRules, SourceFile
+from .errors import InvalidSpec, RetryLater
+from .loader import DEFAULT_LIMITS, IGNORE_FILE, IgnoreRules, Problem, SourceFile, read_specs
+from .settings import SpecLimits
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +29,39 @@ SPEC_SUFFIXES = (".yaml", ".yml")
 
 class SourceError(RetryLater):
     """The repository could not be fetched (unreachable, no such branch): try again next poll."""
+
+
+class UnreadableTree(InvalidSpec):
+    """The commit's tree holds an entry git itself refuses to check out (`..`, `.`, `.git`, an
+    empty name, a name with '/'): plnt reads nothing of such a commit."""
+
+    def __init__(self, path: str, what: str) -> None:
+        where = "" if repr(path) == what else f" (at {path!r})"
+        super().__init__(f"the commit's tree holds an entry named {what}{where}, which git refuses to check out; "
+                         "plnt reads nothing of this commit: remove the entry in a new commit")
+        self.path = path
+
+
+@dataclass(frozen=True)
+class TreeEntry:
+    """One line of `git ls-tree -r -t -l -z`: path relative to the listed tree, raw (bytes as os.fsdecode)."""
+
+    mode: int
+    type: str  # blob, tree or commit (a submodule)
+    sha: str
+    size: int  # 0 for trees and submodules
+    path: str
+
+
+def refused_name(path: str) -> str | None:
+    """What git would refuse in a tree path (cf. git's verify_path), or None. A name holding '/'
+    shows as extra components, so '../x' or '/x' inside one name is caught the same way."""
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            return repr(part)
+        if part.rstrip(". ").lower() in (".git", "git~1"):  # .git and its NTFS/HFS aliases
+            return repr(part)
+    return None
 
 
 def normalise_url(repo: str) -> str:
@@ -67,62 +105,117 @@ class GitSource:
                     continue
             raise SourceError(f"no revision {rev!r} in {self.url}")
 
-    def spec_files(self, commit: str) -> list[SourceFile]:
-        """Every *.yaml / *.yml under the spec path at the commit, paths relative to the spec path."""
+    def spec_files(self, commit: str, limits: SpecLimits = DEFAULT_LIMITS) -> list[SourceFile]:
+        """Every *.yaml / *.yml under the spec path at the commit, paths relative to the spec path.
+
+        Within `limits` (see `loader.read_specs`): a blob's size is known before it is read. A
+        commit whose tree git would refuse is one unreadable file naming the entry.
+        """
         with self._lock:
-            tree = self._open().commit(commit).tree
-            if self.path:
-                try:
-                    tree = tree / self.path
-                except KeyError as exc:
-                    raise SourceError(f"commit {commit[:12]} has no directory {self.path!r}") from exc
+            repo = self._open()
+            prefix = f"{self.path}/" if self.path else ""
+            if (self._object(repo, f"{commit}:{self.path}") or ("", ""))[1] != "tree":
+                raise SourceError(f"commit {commit[:12]} has no directory {self.path!r}")
+            rules = IgnoreRules()
+            ignore = self._object(repo, f"{commit}:{prefix}{IGNORE_FILE}")
+            if ignore is not None and ignore[1] == "blob":  # patterns only: a bounded read, odd bytes replaced
+                data = repo.odb.stream(bytes.fromhex(ignore[0])).read(limits.max_file_bytes)
+                rules = IgnoreRules.parse(data.decode("utf-8", "replace"))
+            found: list[TreeEntry] = []
             try:
-                rules = IgnoreRules.parse((tree / IGNORE_FILE).data_stream.read().decode("utf-8", "replace"))
-            except KeyError:
-                rules = IgnoreRules()
-            files: list[SourceFile] = []
-            for item in tree.traverse():
-                if item.type != "blob" or not item.path.endswith(SPEC_SUFFIXES):
-                    continue
-                relative = PurePosixPath(item.path).relative_to(self.path) if self.path else PurePosixPath(item.path)
-                if any(part.startswith(".") for part in relative.parts) or rules.ignores(str(relative)):
-                    continue
-                files.append(SourceFile(path=str(relative), text=item.data_stream.read().decode("utf-8", "replace")))
-            return sorted(files, key=lambda f: f.path)
+                for entry in self._entries(repo, f"{commit}:{self.path}"):
+                    if entry.type != "blob" or not entry.path.endswith(SPEC_SUFFIXES):
+                        continue
+                    if any(part.startswith(".") for part in entry.path.split("/")) or rules.ignores(entry.path):
+                        continue
+                    found.append(entry)
+                    if len(found) > limits.max_files:
+                        break  # read_specs reports it; listing the rest of a huge tree would only cost time
+            except UnreadableTree as exc:
+                return [SourceFile(_display(exc.path), "", Problem(_display(exc.path), 1, "tree", str(exc)))]
+            found.sort(key=lambda e: e.path)
+
+            def reader(sha: str) -> bytes:
+                return bytes(repo.odb.stream(bytes.fromhex(sha)).read())
+
+            return read_specs(((_display(e.path), e.size, lambda sha=e.sha: reader(sha)) for e in found), limits)
 
     def read_file(self, commit: str, path: str) -> bytes:
         """One file of the repository at the commit (path relative to the repository root)."""
         with self._lock:
-            tree = self._open().commit(commit).tree
-            try:
-                blob = tree / path.strip("/")
-            except KeyError:
-                raise FileNotFoundError(f"{path} is not in the spec repository at {commit[:12]}") from None
-            if blob.type != "blob":
+            repo = self._open()
+            path = path.strip("/")
+            what = refused_name(path)
+            if what is not None:
+                raise UnreadableTree(path, what)
+            found = self._object(repo, f"{commit}:{path}")
+            if found is None:
+                raise FileNotFoundError(f"{path} is not in the spec repository at {commit[:12]}")
+            if found[1] != "blob":
                 raise FileNotFoundError(f"{path} in the spec repository at {commit[:12]} is not a file")
-            return bytes(blob.data_stream.read())
+            return bytes(repo.odb.stream(bytes.fromhex(found[0])).read())
 
     def export(self, commit: str, subdir: str, dest: Path) -> bool:
         """Copy the directory `subdir` (relative to the repository root) at the commit into dest.
 
-        Returns False when the commit has no such directory.
+        Returns False when the commit has no such directory. Every name is checked before anything
+        is written (UnreadableTree), so no entry can lead outside dest.
         """
         with self._lock:
-            tree = self._open().commit(commit).tree
-            try:
-                tree = tree / subdir.strip("/")
-            except KeyError:
+            repo = self._open()
+            subdir = subdir.strip("/")
+            what = refused_name(subdir) if subdir else None
+            if what is not None:
+                raise UnreadableTree(subdir, what)
+            if (self._object(repo, f"{commit}:{subdir}") or ("", ""))[1] != "tree":
                 return False
-            if tree.type != "tree":
-                return False
-            for item in tree.traverse():
-                target = dest / PurePosixPath(item.path).relative_to(tree.path)
-                if item.type == "tree":
+            entries = list(self._entries(repo, f"{commit}:{subdir}", prefix=f"{subdir}/" if subdir else ""))
+            dest.mkdir(parents=True, exist_ok=True)
+            for entry in entries:
+                target = dest.joinpath(*entry.path.split("/"))
+                if entry.type == "tree":
                     target.mkdir(parents=True, exist_ok=True)
-                elif item.type == "blob" and item.mode & 0o170000 == 0o100000:  # regular files only: no links
+                elif entry.type == "blob" and entry.mode & 0o170000 == 0o100000:  # regular files only: no links
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(item.data_stream.read())
+                    target.write_bytes(repo.odb.stream(bytes.fromhex(entry.sha)).read())
             return True
+
+    # --- reading trees with git itself (GitPython raises a bare ValueError at a refused name) ---
+
+    @staticmethod
+    def _object(repo: git.Repo, spec: str) -> tuple[str, str] | None:
+        """(sha, type) of `commit:path`, or None; asked of GitPython's long-lived `cat-file --batch-check`."""
+        if "\n" in spec or "\0" in spec:  # one query per line: a name holding one would desynchronise it
+            return None
+        try:
+            sha, kind, _ = repo.git.get_object_header(spec)
+        except ValueError:  # missing
+            return None
+        return os.fsdecode(sha), os.fsdecode(kind)
+
+    @staticmethod
+    def _entries(repo: git.Repo, tree: str, prefix: str = "") -> Iterator[TreeEntry]:
+        """Every entry under `tree` (recursive, trees included), streamed from `git ls-tree`: a caller
+        that stops early stops git. Raises UnreadableTree at the first name git would refuse (its
+        path shown with `prefix`)."""
+        command = ["git", f"--git-dir={repo.git_dir}", "ls-tree", "-r", "-t", "-l", "-z", tree]
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as process:
+            assert process.stdout is not None
+            pending = b""
+            try:
+                while chunk := process.stdout.read(1 << 16):
+                    *records, pending = (pending + chunk).split(b"\0")
+                    for record in records:
+                        meta, _, raw_path = record.partition(b"\t")
+                        mode, kind, sha, size = meta.split()
+                        path = os.fsdecode(raw_path)
+                        what = refused_name(path)
+                        if what is not None:
+                            raise UnreadableTree(prefix + path, what)
+                        yield TreeEntry(int(mode, 8), kind.decode(), sha.decode(),
+                                        int(size) if size.isdigit() else 0, path)
+            finally:
+                process.kill()  # no-op when git has finished; stops it when the caller stopped early
 
     def _open(self) -> git.Repo:
         if self._repo is not None:
@@ -142,6 +235,11 @@ class GitSource:
                 raise SourceError(f"cannot clone {self.url}: {_git_reason(exc)}") from exc
         self._repo = repo
         return repo
+
+
+def _display(path: str) -> str:
+    """A tree path for messages and status (JSON): undecodable bytes shown as U+FFFD."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _git_reason(exc: git.GitCommandError) -> str:

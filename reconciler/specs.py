@@ -195,6 +195,30 @@ class PlntBackend(SpecModel):
     spec: PlntBackendSpec
 
 
+def loose_dots(pattern: str) -> list[int]:
+    """Offsets of each '.' in a regex that matches any one character where a literal dot was likely
+    meant: not escaped, not inside [...], not followed by a quantifier (`.*`, `.+` are wildcards on purpose)."""
+    found: list[int] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+            i += 1
+            i += pattern.startswith("^", i)
+            i += pattern.startswith("]", i)  # a ']' first in a class is a literal
+            continue
+        elif char == "." and pattern[i + 1 : i + 2] not in ("*", "+", "?", "{"):
+            found.append(i)
+        i += 1
+    return found
+
+
 class SignerSpec(SpecModel):
     """Who may sign a recipe: an exact OIDC issuer plus an exact identity or a full-match regex.
 
@@ -231,6 +255,21 @@ class SignerSpec(SpecModel):
         assert self.identity_regex is not None
         pattern = re.compile(self.identity_regex)
         return any(pattern.fullmatch(san) for san in sans)
+
+    def regex_warnings(self) -> list[str]:
+        """Loose spots in identityRegex. It is applied with re.fullmatch (see matches_identity), so it
+        is anchored at both ends already and a missing ^ or $ is no risk; an unescaped '.' is."""
+        if self.identity_regex is None:
+            return []
+        dots = loose_dots(self.identity_regex)
+        if not dots:
+            return []
+        pattern = self.identity_regex
+        # A SAN that differs from the intended one only at the first dot, if the regex accepts it.
+        other = re.sub(r"\\(.)", r"\1", pattern[: dots[0]] + "X" + pattern[dots[0] + 1 :]).strip("^$")
+        example = f" ({other!r} is accepted too)" if re.fullmatch(pattern, other) else ""
+        return [f"an unescaped '.' in {pattern!r} matches any character, not only a dot{example}; "
+                "write '\\.' for a literal dot"]
 
     def describe(self) -> str:
         who = self.identity if self.identity is not None else f"/{self.identity_regex}/"

@@ -20,6 +20,7 @@ from plnt.reconciler.status import Phase, StatusStore
 from typer.testing import CliRunner
 
 from ..conftest import EXAMPLE, SpecRepo
+from .test_loader import LOOSE_POLICY
 
 RUN_FILE = "workflowruns/review-responder.yaml"
 PROBLEM_LINE = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): (?P<field>[^:]+): (?P<message>.+)$")
@@ -174,8 +175,65 @@ def test_validate_single_file_that_is_not_utf8_is_a_problem_not_a_crash(tmp_path
     latin1.write_bytes(textwrap.dedent(BACKEND).replace("name: local", "name: caf\xe9").encode("latin-1"))
     result = plnt("validate", latin1)
     assert result.exit_code == 1, result.output
-    assert result.stdout.startswith(f"{latin1}:1: document: cannot read file:"), result.stdout
-    assert "save it as UTF-8 text" in result.stdout
+    # The line and column of the first byte that is not UTF-8: "  name: caf\xe9" is line 4.
+    assert result.stdout.startswith(f"{latin1}:4: document: not UTF-8 text: byte 0xe9 at column 12 "), result.stdout
+    assert "save the file as UTF-8" in result.stdout
+
+
+ALIAS_BOMB = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10))  # 9**10 values once expanded
+
+
+def vm_hwm_mib() -> float:
+    """Peak resident memory of this process (the CLI runs in it)."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"apiVersion: plnt.work/v1\nkind: Plnt\0Backend\n", ":2: document: character U+0000 at column 11 is not allowed"),
+    (b"apiVersion: plnt.work/v1\nkind: caf\xe9\n", ":2: document: not UTF-8 text: byte 0xe9 at column 10"),
+    (b"a: " + b"[" * 5000 + b"]" * 5000, ":1: document: nested more than 64 levels deep (max_depth)"),
+    (ALIAS_BOMB.encode(), ":5: document: aliases or merge keys expand this file to more than"),
+    (b"# " + b"x" * (2 * 2**20) + b"\n", ":1: document: file is 2097155 bytes, over the limit of 1048576"),
+], ids=["nul", "latin1", "deep", "alias-bomb", "2MiB"])
+def test_validate_refuses_hostile_files_with_one_problem_line(tmp_path: Path, content: bytes, expected: str) -> None:
+    hostile = tmp_path / "hostile.yaml"
+    hostile.write_bytes(content)
+    before = vm_hwm_mib()
+    for target in (hostile, tmp_path):  # a file, and the directory holding it
+        result = plnt("validate", target)
+        assert result.exit_code == 1, result.output
+        assert result.stdout.startswith(f"{hostile}{expected}"), result.stdout
+        assert PROBLEM_LINE.match(result.stdout.splitlines()[0])
+    assert vm_hwm_mib() - before < 200  # the 537-byte bomb of the issue took the PR check out of memory
+
+
+def test_validate_spec_limits_can_be_raised(tmp_path: Path) -> None:
+    for i in range(3):
+        write(tmp_path, f"backends/b{i}.yaml", BACKEND.replace("name: local", f"name: b{i}"))
+    result = plnt("validate", tmp_path, "--max-spec-files", "2")
+    assert result.exit_code == 1 and "more than 2 spec files (limit max_files)" in result.stdout, result.output
+    assert plnt("validate", tmp_path, "--max-spec-files", "3").exit_code == 0
+    result = plnt("validate", tmp_path / "backends" / "b0.yaml", "--max-spec-file-kb", "1")
+    assert result.exit_code == 0, result.output
+
+
+def test_validate_warns_about_a_loose_identity_regex_without_failing(tmp_path: Path) -> None:
+    policy = tmp_path / "trust.yaml"
+    policy.write_text(LOOSE_POLICY)
+    result = plnt("validate", policy)
+    assert result.exit_code == 0, result.output
+    warning, summary = result.stdout.splitlines()
+    match = PROBLEM_LINE.match(warning)
+    assert match and (match["file"], match["line"], match["field"]) == (str(policy), "9", "spec.signers[0].identityRegex")
+    assert match["message"].startswith("warning: an unescaped '.' in 'recipes@demo.plnt.invalid'")
+    assert "'recipes@demoXplnt.invalid' is accepted too" in warning
+    assert summary.startswith(f"{policy}: valid: ")
+    # With a problem in another document, the exit code is the problem's; the warning is still printed.
+    policy.write_text(policy.read_text() + "---\n" + textwrap.dedent(BACKEND) + "  colour: blue\n")
+    result = plnt("validate", policy)
+    assert result.exit_code == 1 and "warning: an unescaped '.'" in result.stdout and "spec.colour" in result.stdout
 
 
 # --- plan -------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,11 +11,15 @@ from plnt.reconciler.loader import (
     Problem,
     SourceFile,
     SpecError,
+    decode_spec,
     load_directory,
     load_recipe,
     load_sources,
     read_directory,
+    read_specs,
+    read_tree,
 )
+from plnt.reconciler.settings import SpecLimits
 
 RUN = """\
 apiVersion: plnt.work/v1
@@ -453,3 +458,191 @@ def test_read_directory_honours_plntignore(tmp_path: Path) -> None:
     (tmp_path / "run.yaml").write_text("apiVersion: plnt.work/v1\n")
     (tmp_path / ".plntignore").write_text("registry/\n")
     assert [f.path for f in read_directory(tmp_path)] == ["run.yaml"]
+
+
+# --- hostile input: each a FILE:LINE problem within bounded work, never a traceback ---------
+
+
+def nested_aliases(levels: int, fanout: int = 9) -> str:
+    """The classic alias bomb: each anchor lists the previous one `fanout` times (fanout**levels values)."""
+    lines = [f"a0: &a0 [{', '.join(['x'] * fanout)}]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * fanout)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+def merged_mappings(levels: int, fanout: int = 9) -> str:
+    """The merge-key bomb: each mapping merges the previous one `fanout` times."""
+    lines = ["m0: &m0 {k0: 1, k1: 2, k2: 3}"]
+    lines += [f"m{i}: &m{i} {{<<: [{', '.join([f'*m{i - 1}'] * fanout)}], own{i}: 1}}" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+def load_hostile(text: str, name: str = "hostile.yaml") -> list[Problem]:
+    _, problems = load_sources([SourceFile(name, text)])
+    return problems
+
+
+def test_nul_byte_is_a_problem_at_its_line() -> None:
+    problems = load_hostile(BACKEND.replace("spec: {type: local}", "spec: {type: lo\0cal}"))
+    assert [str(p) for p in problems] == ["hostile.yaml:4: document: character U+0000 at column 16 is not allowed in YAML; remove it"]
+
+
+def test_invalid_utf8_names_the_line_and_column_of_the_first_bad_byte() -> None:
+    source = decode_spec("latin1.yaml", BACKEND.replace("name: local", "name: caf\xe9").encode("latin-1"))
+    assert source.text == ""
+    _, problems = load_sources([source])
+    assert [str(p) for p in problems] == [
+        "latin1.yaml:3: document: not UTF-8 text: byte 0xe9 at column 21 (invalid continuation byte); save the file as UTF-8"]
+
+
+@pytest.mark.parametrize("text", [
+    "a: " + "[" * 5000 + "]" * 5000,  # JSON-style flow nesting
+    "a: " + '{"a": ' * 5000 + "1" + "}" * 5000,
+    "- " * 5000 + "x\n",  # block sequences on one line
+    "".join(" " * i + "a:\n" for i in range(200)) + " " * 200 + "a: 1\n",  # block mappings
+], ids=["flow-sequences", "flow-mappings", "block-sequences", "block-mappings"])
+def test_deep_nesting_is_refused_before_it_is_composed(text: str) -> None:
+    problems = load_hostile(text)
+    assert len(problems) == 1 and problems[0].field == "document", problems
+    assert "nested more than 64 levels deep (max_depth)" in problems[0].message
+
+
+def test_nesting_through_aliases_is_bounded_too() -> None:
+    # Each anchor is shallow, but referencing the previous one nests 2 levels more each time.
+    text = "a0: &a0 [[1]]\n" + "".join(f"a{i}: &a{i} [[*a{i - 1}]]\n" for i in range(1, 40))
+    problems = load_hostile(text)
+    assert len(problems) == 1 and "levels deep through aliases (max_depth)" in problems[0].message, problems
+
+
+def test_nesting_up_to_the_limit_loads() -> None:
+    text = "a: " + "[" * 60 + "]" * 60 + "\n"
+    assert [p.message for p in load_hostile(text) if "deep" in p.message] == []
+
+
+@pytest.mark.parametrize("bomb", [nested_aliases(7), merged_mappings(9)], ids=["aliases", "merge-keys"])
+def test_alias_and_merge_bombs_are_refused_after_bounded_work(bomb: str) -> None:
+    problems = load_hostile(bomb)
+    assert len(bomb) < 1000
+    allowed = 10_000 + 10 * len(bomb)
+    assert [(p.field, p.message.split(" (")[0]) for p in problems] == [
+        ("document", f"aliases or merge keys expand this file to more than {allowed} values")]
+    # The line of the entry whose references ran out (a4/m4: 9**4-fold), not of the anchor at line 1.
+    assert problems[0].line == 5
+
+
+def test_expansion_budget_counts_values_built_not_bytes() -> None:
+    """The same bomb one level shallower (a3: 7,381 values) fits the budget: only expansion is refused."""
+    assert [p for p in load_hostile(nested_aliases(3)) if "expand" in p.message] == []
+    assert [p for p in load_hostile(nested_aliases(4)) if "expand" in p.message] != []
+
+
+def test_commit_wide_node_budget() -> None:
+    limits = SpecLimits(max_nodes=200)
+    files = [SourceFile(f"run-{i}.yaml", RUN.replace("review-responder,", f"run-{i},")) for i in range(20)]
+    _, problems = load_sources(files, limits=limits)
+    refused = [p for p in problems if "max_nodes" in p.message]
+    assert refused and refused[0].file == "run-10.yaml", refused  # ~19 values a file: the 11th runs out
+
+
+def test_merge_keys_first_mapping_wins_and_own_keys_override() -> None:
+    """The merge-key spec (yaml.org/type/merge.html): earlier mappings in `<<: [...]` win, the mapping's
+    own keys win over all. (PyYAML 6.0.4's own flatten_mapping lets the later one win here.)"""
+    text = BACKEND.replace("spec: {type: local}", "spec: {<<: [{type: local, gpuClasses: [a100]}, "
+                                                   "{type: kubernetes, gpuClasses: [h100]}], gpuClasses: [l4]}")
+    specs, problems = load_sources([SourceFile("b.yaml", text)])
+    assert problems == []
+    assert specs.backends["local"].spec.type == "local" and specs.backends["local"].spec.gpu_classes == ["l4"]
+
+
+def test_merge_of_a_scalar_is_a_problem() -> None:
+    problems = load_hostile("a: &a 1\nb: {<<: *a}\n")
+    assert problems[0].line == 1 and "a merge key (<<) takes a mapping or a list of mappings" in problems[0].message
+
+
+@pytest.mark.parametrize("value, message", [
+    ("1" * 5000, "Exceeds the limit (4300 digits)"),
+    ("2024-13-45", "month must be in 1..12"),
+])
+def test_scalars_python_cannot_build_are_problems(value: str, message: str) -> None:
+    problems = load_hostile(BACKEND + f"extra: {value}\n")
+    assert problems[0].line == 5 and message in problems[0].message and "quote it" in problems[0].message, problems
+
+
+def test_file_over_the_byte_limit_is_refused_unread() -> None:
+    reads: list[str] = []
+
+    def read(path: str) -> bytes:
+        reads.append(path)
+        return b"a: 1\n"
+
+    limits = SpecLimits(max_file_bytes=100)
+    files = read_specs([("big.yaml", 101, lambda: read("big.yaml")), ("ok.yaml", 5, lambda: read("ok.yaml"))], limits)
+    assert reads == ["ok.yaml"]
+    assert [str(f.problem) for f in files if f.problem] == [
+        "big.yaml:1: document: file is 101 bytes, over the limit of 100 for one spec file (max_file_bytes); "
+        "split it into smaller files"]
+
+
+def test_too_many_files_and_too_many_bytes_stop_reading() -> None:
+    reads: list[int] = []
+
+    def entries(count: int, size: int) -> list[tuple[str, int, Callable[[], bytes]]]:
+        return [(f"f{i:03}.yaml", size, lambda i=i: reads.append(i) or b"a: 1\n") for i in range(count)]
+
+    files = read_specs(entries(50, 5), SpecLimits(max_files=10))
+    assert reads == [] and [str(f.problem) for f in files] == [
+        "f010.yaml:1: document: more than 10 spec files (limit max_files); nothing of this commit was read: move "
+        "what is not a spec out of the spec path or name it in .plntignore"]
+    files = read_specs(entries(50, 40), SpecLimits(max_total_bytes=100))
+    assert reads == [] and [str(f.problem) for f in files] == [
+        "f002.yaml:1: document: spec files add up to more than 100 bytes at this file (limit max_total_bytes); "
+        "nothing of this commit was read"]
+    assert len(read_specs(entries(10, 10), SpecLimits(max_files=10, max_total_bytes=100))) == 10 == len(reads)
+
+
+def test_read_tree_applies_the_limits(tmp_path: Path) -> None:
+    write(tmp_path, "backend.yaml", BACKEND)
+    (tmp_path / "huge.yaml").write_bytes(b"# " + b"x" * 2000 + b"\n")
+    for i in range(5):
+        write(tmp_path, f"runs/r{i}.yaml", "a: 1\n")
+    files, problems = read_tree(tmp_path, SpecLimits(max_file_bytes=1000, max_files=100))
+    assert [p.file for p in problems] == ["huge.yaml"] and len(files) == 6
+    files, problems = read_tree(tmp_path, SpecLimits(max_files=3))
+    assert files == [] and len(problems) == 1 and "more than 3 spec files" in problems[0].message
+
+
+def test_duplicate_keys_are_still_reported_with_both_lines() -> None:
+    problems = load_hostile(BACKEND + "metadata: {name: other}\n")
+    assert [str(p) for p in problems] == [
+        "hostile.yaml:5: metadata: duplicate key 'metadata'; first given at line 3, remove one of them"]
+
+
+# Signers: a regex with unescaped dots (line 9), one with dots escaped, one without anchors.
+LOOSE_POLICY = """\
+apiVersion: plnt.work/v1
+kind: RecipeTrustPolicy
+metadata: {name: demo}
+spec:
+  recipes: ["review-responder"]
+  trustRoot: {publicGood: true}
+  signers:
+    - issuer: https://issuer.example
+      identityRegex: recipes@demo.plnt.invalid
+    - issuer: https://issuer.example
+      identityRegex: ^https://github\\.com/acme/.*$
+    - issuer: https://issuer.example
+      identityRegex: release@acme\\.example
+"""
+
+
+def test_identity_regex_with_unescaped_dots_is_a_warning_not_a_problem() -> None:
+    specs, problems = load_sources([SourceFile("trust.yaml", LOOSE_POLICY)])
+    assert problems == [] and set(specs.trust_policies) == {"demo"}
+    # re.fullmatch applies the regex (anchored both ends), so the unanchored third signer is no warning.
+    assert [str(w) for w in specs.warnings] == [
+        "trust.yaml:9: spec.signers[0].identityRegex: warning: an unescaped '.' in 'recipes@demo.plnt.invalid' "
+        "matches any character, not only a dot ('recipes@demoXplnt.invalid' is accepted too); write '\\.' for a "
+        "literal dot"]
+    signer = specs.trust_policies["demo"].spec.signers[0]
+    assert signer.matches_identity(["recipes@demoXplnt.invalid"])  # what the warning is about
+    assert not specs.trust_policies["demo"].spec.signers[2].matches_identity(["x-release@acme.example"])

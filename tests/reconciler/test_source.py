@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 from plnt.reconciler.loader import load_sources
-from plnt.reconciler.source import GitSource, SourceError
+from plnt.reconciler.settings import SpecLimits
+from plnt.reconciler.source import GitSource, SourceError, UnreadableTree
 
 from ..conftest import SpecRepo
 
@@ -114,3 +115,74 @@ def test_urls_pass_through_and_paths_become_absolute(given: str, expected_absolu
         assert Path(result).is_absolute() and result.endswith("specs")
     else:
         assert result == given
+
+
+# --- trees git itself would refuse, and the spec limits on the git path ----------------------
+
+
+def commit_with_entry(repo: SpecRepo, name: str, under: str = "") -> str:
+    """Commit HEAD's tree plus a directory entry named `name` (e.g. `..`, made with `git mktree`,
+    as no work tree can hold it) holding `escaped.yaml`; under: a directory of HEAD to put it in.
+    The branch moves to the new commit; the work tree is left as it was."""
+    def mktree(lines: list[str]) -> str:
+        return subprocess.run(["git", "mktree"], cwd=repo.path, input="\n".join(lines) + "\n", text=True,
+                              capture_output=True, check=True).stdout.strip()
+
+    blob = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=repo.path, input="planted: true\n",
+                          text=True, capture_output=True, check=True).stdout.strip()
+    inner = mktree([f"100644 blob {blob}\tescaped.yaml"])
+    target = f"HEAD:{under}" if under else "HEAD^{tree}"
+    tree = mktree(repo.git("ls-tree", target).splitlines() + [f"040000 tree {inner}\t{name}"])
+    if under:  # replace `under` in the root tree with the new subtree
+        root = [line for line in repo.git("ls-tree", "HEAD^{tree}").splitlines() if not line.endswith(f"\t{under}")]
+        tree = mktree(root + [f"040000 tree {tree}\t{under}"])
+    commit = repo.git("commit-tree", tree, "-p", "HEAD", "-m", f"tree with an entry named {name}")
+    repo.git("update-ref", "refs/heads/main", commit)
+    return commit
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".git", ".GIT"])
+def test_a_tree_git_would_refuse_is_one_problem_naming_the_entry(spec_repo: SpecRepo, tmp_path: Path, name: str) -> None:
+    commit = commit_with_entry(spec_repo, name)
+    source = GitSource(str(spec_repo.path), tmp_path / "clone")
+    assert source.fetch() == commit
+    files = source.spec_files(commit)
+    assert [(f.path, f.text) for f in files] == [(name, "")]
+    problem = files[0].problem
+    assert str(problem) == (f"{name}:1: tree: the commit's tree holds an entry named '{name}', which git refuses to "
+                            "check out; plnt reads nothing of this commit: remove the entry in a new commit")
+    _, problems = load_sources(files)
+    assert problems == [problem]
+
+
+def test_export_refuses_such_a_tree_before_writing_anything(spec_repo: SpecRepo, tmp_path: Path) -> None:
+    commit = commit_with_entry(spec_repo, "..", under="registry")
+    source = GitSource(str(spec_repo.path), tmp_path / "clone")
+    source.fetch()
+    dest = tmp_path / "out" / "dest"
+    with pytest.raises(UnreadableTree, match=r"entry named '\.\.' \(at 'registry/\.\.'\)"):
+        source.export(commit, "registry", dest)
+    assert not (tmp_path / "out").exists()  # neither inside dest nor next to it
+    with pytest.raises(UnreadableTree):
+        source.export(commit, "registry/../..", dest)
+    with pytest.raises(UnreadableTree):
+        source.read_file(commit, "registry/../backends/local.yaml")
+    # The rest of the commit, away from the entry, still reads (GitPython alone would raise ValueError).
+    assert source.read_file(commit, "backends/local.yaml") == (spec_repo.path / "backends/local.yaml").read_bytes()
+
+
+def test_git_spec_files_apply_the_limits_before_reading_blobs(spec_repo: SpecRepo, tmp_path: Path) -> None:
+    spec_repo.write("workflowruns/huge.yaml", "# " + "x" * 5000 + "\n")
+    (spec_repo.path / "workflowruns" / "latin1.yaml").write_bytes(b"a: 1\nname: caf\xe9\n")
+    commit = spec_repo.commit("a large file and a Latin-1 file")
+    source = GitSource(str(spec_repo.path), tmp_path / "clone")
+    source.fetch()
+    files = {f.path: f for f in source.spec_files(commit, SpecLimits(max_file_bytes=4096))}
+    assert str(files["workflowruns/huge.yaml"].problem).startswith(
+        "workflowruns/huge.yaml:1: document: file is 5003 bytes, over the limit of 4096")
+    assert str(files["workflowruns/latin1.yaml"].problem) == (
+        "workflowruns/latin1.yaml:2: document: not UTF-8 text: byte 0xe9 at column 10 (invalid continuation byte); "
+        "save the file as UTF-8")
+    count = len(files)
+    limited = source.spec_files(commit, SpecLimits(max_files=count - 1))
+    assert len(limited) == 1 and f"more than {count - 1} spec files" in str(limited[0].problem)
