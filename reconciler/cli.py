@@ -61,8 +61,14 @@ def up(
     s3_endpoint_url: Annotated[str | None, typer.Option(help="S3-compatible endpoint for s3:// registries.")] = None,
     s3_region: Annotated[str | None, typer.Option(help="Region for s3:// registries.")] = None,
     oci_insecure_host: Annotated[list[str] | None, typer.Option(
-        help="OCI registry (host or host:port) allowed over plain HTTP; loopback always is. Repeatable.")] = None,
+        help="OCI registry (host or host:port) allowed over plain HTTP, loopback included (nothing is by "
+             "default). Repeatable.")] = None,
+    allow_file_registry: Annotated[list[Path] | None, typer.Option(
+        help="Directory under which file:/// registries may be read (none by default; file:rel/dir inside "
+             "the spec repository always works). Repeatable.")] = None,
     max_recipe_mb: Annotated[int, typer.Option(help="Refuse recipes that unpack to more than this.")] = 256,
+    max_download_mb: Annotated[int, typer.Option(
+        min=1, help="Stop a recipe download (archive + bundle, any registry) past this many MiB.")] = 256,
     max_sagas: Annotated[int, typer.Option(help="Sagas (deploys) running at once, across WorkflowRuns.")] = 8,
     retry_attempts: Annotated[int, typer.Option(help="Attempts per saga step, the first included.")] = 3,
     retry_initial_s: Annotated[float, typer.Option(help="Seconds before a step's first retry (doubling after).")] = 2.0,
@@ -95,7 +101,8 @@ def up(
     settings = Settings(repo=repo, path=path, branch=branch, state_dir=state_dir, host=host, port=port,
                         interval_s=interval, temporal_address=temporal_address, s3_endpoint_url=s3_endpoint_url,
                         s3_region=s3_region, oci_insecure_hosts=tuple(oci_insecure_host or ()),
-                        max_recipe_bytes=max_recipe_mb * 2**20, max_concurrent_sagas=max_sagas,
+                        file_registry_roots=tuple(p.resolve() for p in allow_file_registry or ()),
+                        max_download_bytes=max_download_mb * 2**20, max_recipe_bytes=max_recipe_mb * 2**20, max_concurrent_sagas=max_sagas,
                         retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
                         gateway_tokens=env_tokens, gateway_tokens_file=tokens_file, insecure_no_auth=insecure_no_auth,
                         gateway_max_body_bytes=max_body_bytes, gateway_request_timeout_s=gateway_timeout,
@@ -531,7 +538,9 @@ def recipe_push(
         raise _fail(f"{artifact}: no such file", 2)
     if not bundle.is_file():
         raise _fail(f"{bundle}: no such bundle; sign the archive first (plnt recipe sign {artifact})", 2)
-    options = RegistryOptions(s3_endpoint_url=s3_endpoint_url, allow_insecure_http=tuple(oci_insecure_host or ()))
+    # file_roots=None: the author names the directory on their own command line (not a spec).
+    options = RegistryOptions(s3_endpoint_url=s3_endpoint_url, allow_insecure_http=tuple(oci_insecure_host or ()),
+                              file_roots=None)
     try:
         where = open_registry(to, options).push(name, version, artifact, bundle)
     except (PlntError, ValueError) as exc:
