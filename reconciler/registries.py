@@ -566,8 +566,27 @@ def _oras_client_class() -> type:
 
         def do_request(self, url: str, method: str = "GET", data: Any = None, headers: dict | None = None,
                        json: dict | None = None, stream: bool = False) -> requests.Response:
+            headers = dict(headers or {})
+            challenge = ""
+            if not getattr(self.auth, "token", None):  # oras answers a Bearer challenge with a token it then keeps
+                response = self.session.request(method, url, data=data, json=json, headers=headers, stream=stream,
+                                                verify=self._tls_verify)
+                if response.status_code not in (401, 403):
+                    return response
+                challenge = response.headers.get("Www-Authenticate", "").strip().lower()
+                basic = getattr(self.auth, "_basic_auth", None)
+                if not challenge.startswith("bearer "):
+                    # Basic (htpasswd) or nothing: oras would fetch the "realm" as a URL. Answer Basic
+                    # with the credentials docker's config holds for this host, else report the refusal.
+                    if not (challenge.startswith("basic") and basic):
+                        return response
+                    response.close()
+                    headers["Authorization"] = f"Basic {basic}"
+                    return self.session.request(method, url, data=data, json=json, headers=headers, stream=stream,
+                                                verify=self._tls_verify)
+                response.close()
             unwrapped = oras.provider.Registry.do_request.__wrapped__
-            return unwrapped(self, url, method, data, dict(headers or {}), json, stream)
+            return unwrapped(self, url, method, data, headers, json, stream)
 
     return OrasClient
 
