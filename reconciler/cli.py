@@ -77,7 +77,10 @@ def _setup_logging(verbose: bool) -> None:
 
 @app.command()
 def up(
-    repo: Annotated[str, typer.Option(help="Spec repository: a path, file://, https:// or ssh URL.")],
+    repo: Annotated[str, typer.Option(envvar="PLNT_REPO", help=(
+        "Spec repository: a path, file://, https:// or ssh URL (or PLNT_REPO). Credentials in an https URL "
+        "are never logged or stored; pass such a URL as PLNT_REPO, not on the command line (ps shows it).")
+    )],
     path: Annotated[str, typer.Option(help="Subdirectory of the repository holding the specs.")] = "",
     branch: Annotated[str, typer.Option(help="Branch to track.")] = "main",
     state_dir: Annotated[Path, typer.Option(help="Where plnt keeps its state.")] = Path(".plnt"),
@@ -243,7 +246,7 @@ def _counts(specs: SpecSet) -> str:
 
 @app.command()
 def plan(
-    repo: Annotated[str, typer.Option(help="Spec repository: a path or URL.")],
+    repo: Annotated[str, typer.Option(envvar="PLNT_REPO", help="Spec repository: a path or URL (or PLNT_REPO).")],
     path: Annotated[str, typer.Option(help="Subdirectory holding the specs.")] = "",
     branch: Annotated[str, typer.Option(help="Branch (when --head is not given).")] = "main",
     base: Annotated[str | None, typer.Option(help="Base revision: plan what --head changes relative to it.")] = None,

@@ -15,6 +15,8 @@ import pytest
 from plnt.reconciler.cli import app
 from typer.testing import CliRunner
 
+from ..conftest import SpecRepo
+
 TOKEN = "gw-token-7f3a"
 
 
@@ -91,3 +93,12 @@ def test_sign_reads_the_identity_token_from_a_file_or_sigstore_id_token(tmp_path
         assert result.exit_code == 1 and "identity token was refused" in result.output, result.output
     missing = CliRunner().invoke(app, ["recipe", "sign", str(archive)])
     assert missing.exit_code == 2 and "SIGSTORE_ID_TOKEN" in missing.output and "--identity-token-file" in missing.output
+
+
+def test_the_repository_url_can_come_from_plnt_repo(spec_repo: SpecRepo, tmp_path: Path) -> None:
+    """A URL with credentials belongs in the environment: `plnt plan`/`plnt up` read PLNT_REPO."""
+    head = spec_repo.git("rev-parse", "HEAD")
+    result = CliRunner().invoke(app, ["plan", "--base", head, "--head", head, "--format", "json"],
+                                env={"PLNT_REPO": str(spec_repo.path)})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["head"] == head
