@@ -23,7 +23,6 @@ from plnt.reconciler.errors import (
     RegistryUnavailable,
 )
 from plnt.reconciler.registries import (
-    ARCHIVE_NAME,
     FileRegistry,
     RegistryOptions,
     _refuse_foreign_redirect,
