@@ -14,11 +14,12 @@ import base64
 import os
 import shutil
 import subprocess
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+
+from .http_thread import ThreadedHttp
 
 
 class GitHttpServer:
@@ -32,25 +33,22 @@ class GitHttpServer:
         if backend is None:
             raise RuntimeError("git-http-backend not found in `git --exec-path`: install git")
         self._backend = backend
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, name="git-http", daemon=True)
+        self._http = ThreadedHttp(self._handler())
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._http.port
 
     def url(self, repo: str, *, with_credentials: bool = True) -> str:
         auth = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}@" if with_credentials else ""
         return f"http://{auth}127.0.0.1:{self.port}/{repo}"
 
     def __enter__(self) -> GitHttpServer:
-        self._thread.start()
+        self._http.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        self._http.__exit__()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self

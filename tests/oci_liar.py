@@ -17,11 +17,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from .http_thread import ThreadedHttp
 
 ARCHIVE_MEDIA_TYPE = "application/vnd.plnt.recipe.v1.tar+gzip"
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -52,22 +53,18 @@ class LyingOci:
         self.basic_auth: str | None = None  # "user:password" every request must carry (Basic challenge)
         self.requests: list[tuple[str, str]] = []
         self.sent: dict[str, int] = {}
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="lying-oci", daemon=True)
+        self._http = ThreadedHttp(self._handler())
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self._server.server_address[1]}"
+        return f"127.0.0.1:{self._http.port}"
 
     def __enter__(self) -> LyingOci:
-        self._thread.start()
+        self._http.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        self._http.__exit__()
 
     def publish(self, repository: str, tag: str, archive: bytes, bundle: bytes | None = None, *,
                 archive_size: int | None = None) -> dict[str, Any]:

@@ -5,10 +5,9 @@ only to the right bearer token: a stand-in for plnt's gateway."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from plnt.reconciler.cli import app
 from typer.testing import CliRunner
 
 from ..conftest import SpecRepo
+from ..http_thread import ThreadedHttp
 
 TOKEN = "gw-token-7f3a"
 
@@ -35,15 +35,8 @@ def gateway_wanting(token: str) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with ThreadedHttp(Handler) as server:
+        yield server.url
 
 
 def status(url: str, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
