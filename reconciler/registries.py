@@ -18,9 +18,9 @@ bundle `recipe.tar.gz.sigstore.json`. One small interface, `RecipeRegistry`, cho
     the same host, never from HTTPS to HTTP. A `+` in a version (semver build metadata) becomes `_` in
     the tag, as Helm does.
 
-Every fetch counts the bytes as they arrive against one cap, `max_download_bytes` (archive, bundle
-and OCI manifest together), and stops past it: nothing a registry announces (Content-Length, an OCI
-layer's size) is trusted for that.
+Every fetch counts the bytes as they arrive against one cap, `max_download_bytes` (archive and
+bundle together; an OCI manifest has its own cap, MAX_MANIFEST_BYTES), and stops past it: what a
+registry announces (Content-Length, an OCI layer's size) only lets plnt refuse before reading.
 
 Every fetch hashes the bytes as they arrive and writes each file to `<final>.partial`; the files are
 renamed into place only when all of them are complete and verified (bundle first, archive last), so
@@ -127,7 +127,7 @@ class RegistryOptions:
     allow_insecure_http: tuple[str, ...] = ()  # OCI hosts ("host" or "host:port") allowed over plain HTTP
     timeout_s: float = 60.0  # connect and read timeout of every request
     s3_max_attempts: int = 3  # boto3 attempts per S3 request, the first included (1: no retries)
-    max_download_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES  # per fetch: archive + bundle (+ OCI manifest)
+    max_download_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES  # per fetch: archive + bundle
     # Directories under which `file:///` registries may be read; None: any (an operator's own command,
     # such as `plnt recipe push --to file:///dir`), never for a URL that comes from a spec.
     file_roots: tuple[str, ...] | None = ()
@@ -422,9 +422,12 @@ class S3Registry:
     @staticmethod
     def _announced(staging: _Staging, response: Any, final_name: str) -> None:
         length = response.get("ContentLength")
-        if isinstance(length, int) and length > staging.cap:
-            response["Body"].close()
-            staging.check_announced(final_name, length)
+        if isinstance(length, int):
+            try:
+                staging.check_announced(final_name, length)
+            except DownloadRefused:
+                response["Body"].close()
+                raise
 
     def _get(self, key: str, *, ref: str, missing_ok: bool) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
