@@ -95,3 +95,19 @@ def test_the_repository_url_can_come_from_plnt_repo(spec_repo: SpecRepo, tmp_pat
                                 env={"PLNT_REPO": str(spec_repo.path)})
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["head"] == head
+
+
+def test_log_lines_and_tracebacks_lose_url_credentials() -> None:
+    import logging
+    import sys
+
+    from plnt.reconciler.cli import _RedactingFormatter
+
+    try:
+        raise RuntimeError("git said: fatal: unable to access 'https://oauth2:tok-123@git.example/s.git/'")
+    except RuntimeError:
+        record = logging.LogRecord("plnt", logging.ERROR, __file__, 1, "fetch %s failed", ("https://u:tok-123@h/r",),
+                                   sys.exc_info())
+    line = _RedactingFormatter("%(message)s").format(record)
+    assert "tok-123" not in line
+    assert "fetch https://***@h/r failed" in line and "https://***@git.example/s.git/" in line
