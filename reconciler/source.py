@@ -40,7 +40,7 @@ _CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/@\s:]*:[^/@\s]*|(?<=
 # first value drops every helper configured elsewhere (a global `store` would write the token down).
 _HELPER = ('!f() { test "$1" = get || return 0; h=; while read -r l && test -n "$l"; do case "$l" in host=*) '
            'h="${l#host=}";; esac; done; test "$h" = "$PLNT_GIT_HOST" || return 0; '
-           'printf "username=%s\npassword=%s\n" "$PLNT_GIT_USERNAME" "$PLNT_GIT_PASSWORD"; }; f')
+           'printf "username=%s\\npassword=%s\\n" "$PLNT_GIT_USERNAME" "$PLNT_GIT_PASSWORD"; }; f')
 
 
 def redact(text: str, *secrets: str) -> str:
