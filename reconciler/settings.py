@@ -40,7 +40,8 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    repo: str = Field(description="spec repository: a path, file://, https:// or ssh URL")
+    # repr=False: an https URL may carry a token (GitSource gives it only to git).
+    repo: str = Field(description="spec repository: a path, file://, https:// or ssh URL", repr=False)
     path: str = Field(default="", description="subdirectory of the repository holding the specs")
     branch: str = "main"
     state_dir: Path = Path(".plnt")
