@@ -84,3 +84,11 @@ def test_a_clone_that_kept_a_token_in_its_config_is_replaced(git_server: GitHttp
     assert files_holding(clone, TOKEN)
     GitSource(git_server.url("specs.git"), clone).fetch()
     assert files_holding(clone, TOKEN) == []
+
+
+def test_settings_do_not_show_the_repository_url() -> None:
+    from plnt.reconciler.settings import Settings
+
+    settings = Settings(repo=f"https://oauth2:{TOKEN}@gitlab.example/specs.git")
+    assert TOKEN not in repr(settings) and TOKEN not in str(settings)
+    assert settings.repo.endswith("@gitlab.example/specs.git")  # GitSource still gets it whole
