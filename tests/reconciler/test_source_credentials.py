@@ -41,6 +41,7 @@ def test_redact_and_split() -> None:
     assert split_credentials("ssh://git@h/x") == ("ssh://git@h/x", None, None)
 
 
+@pytest.mark.integration  # a real git server
 def test_credentials_reach_git_only(git_server: GitHttpServer, spec_repo: SpecRepo, tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # A user-wide `credential.helper store` would write any credential that worked to ~/.git-credentials.
@@ -63,6 +64,7 @@ def test_credentials_reach_git_only(git_server: GitHttpServer, spec_repo: SpecRe
     assert TOKEN not in trace, "the token is on no command line (ps shows those)"
 
 
+@pytest.mark.integration  # a real git server
 def test_a_refused_token_is_a_clear_retryable_error_without_the_token(git_server: GitHttpServer,
                                                                        tmp_path: Path) -> None:
     url = git_server.url("specs.git")
@@ -76,6 +78,7 @@ def test_a_refused_token_is_a_clear_retryable_error_without_the_token(git_server
     assert caught.value.retryable
 
 
+@pytest.mark.integration  # a real git server
 def test_a_clone_that_kept_a_token_in_its_config_is_replaced(git_server: GitHttpServer, tmp_path: Path) -> None:
     """A clone made by an older plnt, with the token in remote.origin.url, is recloned without it."""
     clone = tmp_path / "clone"
