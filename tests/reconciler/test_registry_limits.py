@@ -82,6 +82,7 @@ def liar_registry(liar: LyingOci, **options: object):  # noqa: ANN201
                          RegistryOptions(allow_insecure_http=(liar.address,), timeout_s=10, **options))  # type: ignore[arg-type]
 
 
+@pytest.mark.integration  # a real HTTP server (the lying OCI stand-in)
 def test_oci_layer_announced_over_the_cap_is_refused_before_downloading(liar: LyingOci, tmp_path: Path,
                                                                         archive_bytes: bytes) -> None:
     manifest = liar.publish(f"{REPO}/{NAME}", "1.2.0", archive_bytes)
@@ -91,6 +92,7 @@ def test_oci_layer_announced_over_the_cap_is_refused_before_downloading(liar: Ly
     assert leftovers(tmp_path / "out") == []
 
 
+@pytest.mark.integration  # a real HTTP server (the lying OCI stand-in)
 def test_oci_manifest_lying_small_is_read_no_further_than_it_says(liar: LyingOci, tmp_path: Path,
                                                                   archive_bytes: bytes) -> None:
     """The manifest announces 1000 bytes; the registry streams 64 MiB without a length."""
@@ -102,6 +104,7 @@ def test_oci_manifest_lying_small_is_read_no_further_than_it_says(liar: LyingOci
     assert leftovers(tmp_path / "out") == []
 
 
+@pytest.mark.integration  # a real HTTP server (the lying OCI stand-in)
 def test_oci_blob_streamed_past_the_cap_is_stopped(liar: LyingOci, tmp_path: Path, archive_bytes: bytes) -> None:
     """The manifest's size is within the cap but the blob never ends: the count stops it, not the manifest."""
     manifest = liar.publish(f"{REPO}/{NAME}", "1.2.0", archive_bytes)
@@ -118,6 +121,7 @@ def test_oci_blob_streamed_past_the_cap_is_stopped(liar: LyingOci, tmp_path: Pat
 # --- redirects and plain HTTP ---------------------------------------------------------------------
 
 
+@pytest.mark.integration  # a real HTTP server (the lying OCI stand-in)
 def test_oci_redirect_to_another_host_is_refused_and_not_followed(liar: LyingOci, tmp_path: Path,
                                                                   archive_bytes: bytes) -> None:
     manifest = liar.publish(f"{REPO}/{NAME}", "1.2.0", archive_bytes)
@@ -132,6 +136,7 @@ def test_oci_redirect_to_another_host_is_refused_and_not_followed(liar: LyingOci
     assert leftovers(tmp_path / "out") == []
 
 
+@pytest.mark.integration  # a real HTTP server (the lying OCI stand-in)
 def test_oci_redirect_on_the_same_host_is_followed(liar: LyingOci, tmp_path: Path, archive_bytes: bytes) -> None:
     manifest = liar.publish(f"{REPO}/{NAME}", "1.2.0", archive_bytes)
     digest = manifest["layers"][0]["digest"]
@@ -199,6 +204,7 @@ def test_a_link_out_of_an_allowed_directory_is_refused(tmp_path: Path, archive_b
 # --- 401 / 403 ------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration  # a real HTTP server (the lying OCI stand-in)
 @pytest.mark.parametrize("status", [401, 403])
 def test_oci_401_403_is_a_retryable_credentials_error(liar: LyingOci, tmp_path: Path, status: int) -> None:
     liar.status = status
@@ -246,6 +252,7 @@ def _write(path: Path, data: bytes) -> Path:
 
 
 
+@pytest.mark.integration  # a real HTTP server (the lying OCI stand-in)
 def test_oci_basic_auth_uses_docker_config_and_a_wrong_password_is_retryable(
     liar: LyingOci, tmp_path: Path, archive_bytes: bytes, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
