@@ -80,7 +80,9 @@ def main() -> None:
         import boto3
 
         boto3.client("s3", endpoint_url=f"http://127.0.0.1:{s3_port}").create_bucket(Bucket="bench")
-        options = RegistryOptions(s3_endpoint_url=f"http://127.0.0.1:{s3_port}")
+        # The operator names the local registry (plain HTTP) and the directory of the file registry.
+        options = RegistryOptions(s3_endpoint_url=f"http://127.0.0.1:{s3_port}",
+                                  allow_insecure_http=(f"127.0.0.1:{oci_port}",), file_roots=(str(work),))
         registries = {"file": f"file://{work / 'registry'}", "s3": "s3://bench/recipes",
                       "oci": f"oci://127.0.0.1:{oci_port}/bench"}
 

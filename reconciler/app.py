@@ -133,7 +133,9 @@ async def start(settings: Settings) -> Plnt:
             recipe_cache=state.recipes, smoke_request_timeout_s=settings.smoke_request_timeout_s,
             registry_options=RegistryOptions(
                 s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region,
-                allow_insecure_http=tuple(settings.oci_insecure_hosts), timeout_s=settings.registry_timeout_s),
+                allow_insecure_http=tuple(settings.oci_insecure_hosts), timeout_s=settings.registry_timeout_s,
+                max_download_bytes=settings.max_download_bytes,
+                file_roots=tuple(str(root) for root in settings.file_registry_roots)),
             limits=ExtractLimits(max_total_bytes=settings.max_recipe_bytes, max_files=settings.max_recipe_files,
                                  max_file_bytes=settings.max_recipe_file_bytes),
         )

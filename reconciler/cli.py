@@ -44,6 +44,33 @@ class Format(str, Enum):
     markdown = "markdown"
 
 
+TOKEN_HELP = ("Gateway bearer token, when the gateway requires one. Prefer PLNT_TOKEN or --token-file: "
+              "a value on the command line is visible to other users in `ps`.")
+TOKEN_FILE_HELP = "File holding the gateway bearer token (or PLNT_TOKEN_FILE); wins over --token/PLNT_TOKEN."
+
+
+def _secret(value: str | None, file: Path | None, option: str) -> str | None:
+    """A secret given as a value (an environment variable, ideally) or as a file (first line)."""
+    if file is None:
+        return value
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"cannot read the secret for {option} from {file}: {exc}", 2) from exc
+    if not lines or not lines[0].strip():
+        raise _fail(f"{file} is empty: it should hold the secret for {option} on its first line", 2)
+    return lines[0].strip()
+
+
+class _RedactingFormatter(logging.Formatter):
+    """Log lines (tracebacks included) with URL credentials replaced: a last line of defence."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from .source import redact
+
+        return redact(super().format(record))
+
+
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -51,13 +78,18 @@ def _setup_logging(verbose: bool) -> None:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_RedactingFormatter("%(asctime)s %(levelname)s %(name)s %(message)s", "%H:%M:%S"))
     for noisy in ("temporalio", "httpx", "httpcore", "git", "uvicorn.error"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 @app.command()
 def up(
-    repo: Annotated[str, typer.Option(help="Spec repository: a path, file://, https:// or ssh URL.")],
+    repo: Annotated[str, typer.Option(envvar="PLNT_REPO", help=(
+        "Spec repository: a path, file://, https:// or ssh URL (or PLNT_REPO). Credentials in an https URL "
+        "are never logged or stored; pass such a URL as PLNT_REPO, not on the command line (ps shows it).")
+    )],
     path: Annotated[str, typer.Option(help="Subdirectory of the repository holding the specs.")] = "",
     branch: Annotated[str, typer.Option(help="Branch to track.")] = "main",
     state_dir: Annotated[Path, typer.Option(help="Where plnt keeps its state.")] = Path(".plnt"),
@@ -70,8 +102,14 @@ def up(
     s3_endpoint_url: Annotated[str | None, typer.Option(help="S3-compatible endpoint for s3:// registries.")] = None,
     s3_region: Annotated[str | None, typer.Option(help="Region for s3:// registries.")] = None,
     oci_insecure_host: Annotated[list[str] | None, typer.Option(
-        help="OCI registry (host or host:port) allowed over plain HTTP; loopback always is. Repeatable.")] = None,
+        help="OCI registry (host or host:port) allowed over plain HTTP, loopback included (nothing is by "
+             "default). Repeatable.")] = None,
+    allow_file_registry: Annotated[list[Path] | None, typer.Option(
+        help="Directory under which file:/// registries may be read (none by default; file:rel/dir inside "
+             "the spec repository always works). Repeatable.")] = None,
     max_recipe_mb: Annotated[int, typer.Option(help="Refuse recipes that unpack to more than this.")] = 256,
+    max_download_mb: Annotated[int, typer.Option(
+        min=1, help="Stop a recipe download (archive + bundle, any registry) past this many MiB.")] = 256,
     max_sagas: Annotated[int, typer.Option(help="Sagas (deploys) running at once, across WorkflowRuns.")] = 8,
     max_spec_files: MaxSpecFiles = 10_000,
     max_spec_file_kb: MaxSpecFileKb = 1024,
@@ -106,6 +144,8 @@ def up(
     settings = Settings(repo=repo, path=path, branch=branch, state_dir=state_dir, host=host, port=port,
                         interval_s=interval, temporal_address=temporal_address, s3_endpoint_url=s3_endpoint_url,
                         s3_region=s3_region, oci_insecure_hosts=tuple(oci_insecure_host or ()),
+                        file_registry_roots=tuple(p.resolve() for p in allow_file_registry or ()),
+                        max_download_bytes=max_download_mb * 2**20,
                         max_recipe_bytes=max_recipe_mb * 2**20, max_concurrent_sagas=max_sagas,
                         spec_limits=_spec_limits(max_spec_files, max_spec_file_kb),
                         retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
@@ -222,7 +262,7 @@ def _counts(specs: SpecSet) -> str:
 
 @app.command()
 def plan(
-    repo: Annotated[str, typer.Option(help="Spec repository: a path or URL.")],
+    repo: Annotated[str, typer.Option(envvar="PLNT_REPO", help="Spec repository: a path or URL (or PLNT_REPO).")],
     path: Annotated[str, typer.Option(help="Subdirectory holding the specs.")] = "",
     branch: Annotated[str, typer.Option(help="Branch (when --head is not given).")] = "main",
     base: Annotated[str | None, typer.Option(help="Base revision: plan what --head changes relative to it.")] = None,
@@ -291,10 +331,11 @@ def status(
     url: Annotated[str, typer.Option(help="Gateway of a running plnt up.")] = "http://127.0.0.1:8000",
     state_dir: Annotated[Path, typer.Option(help="Read this state directory if the gateway does not answer.")] = Path(".plnt"),
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (the shape of GET /workflows).")] = False,
-    token: Annotated[str | None, typer.Option(
-        envvar="PLNT_TOKEN", help="Gateway bearer token, when the gateway requires one (or PLNT_TOKEN).")] = None,
+    token: Annotated[str | None, typer.Option(envvar="PLNT_TOKEN", help=TOKEN_HELP)] = None,
+    token_file: Annotated[Path | None, typer.Option(envvar="PLNT_TOKEN_FILE", help=TOKEN_FILE_HELP)] = None,
 ) -> None:
     """Each WorkflowRun's phase, version, canary share, endpoint, commit and message."""
+    token = _secret(token, token_file, "--token")
     source: dict[str, Any] = {}
     try:
         with httpx.Client(trust_env=False, timeout=5, headers=_auth(token)) as client:
@@ -341,10 +382,11 @@ def history(
     namespace: Annotated[str, typer.Option(help="WorkflowRun namespace.")] = "default",
     url: Annotated[str, typer.Option(help="Gateway of a running plnt up.")] = "http://127.0.0.1:8000",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    token: Annotated[str | None, typer.Option(
-        envvar="PLNT_TOKEN", help="Gateway bearer token, when the gateway requires one (or PLNT_TOKEN).")] = None,
+    token: Annotated[str | None, typer.Option(envvar="PLNT_TOKEN", help=TOKEN_HELP)] = None,
+    token_file: Annotated[Path | None, typer.Option(envvar="PLNT_TOKEN_FILE", help=TOKEN_FILE_HELP)] = None,
 ) -> None:
     """The newest saga's steps for a WorkflowRun: start, duration, attempts, outcome (from Temporal's history)."""
+    token = _secret(token, token_file, "--token")
     try:
         with httpx.Client(trust_env=False, timeout=10, headers=_auth(token)) as client:
             response = client.get(f"{url}/workflows/{name}/history", params={"namespace": namespace})
@@ -377,7 +419,8 @@ def bench(
     namespace: Annotated[str | None, typer.Option(help="Namespace, if the name exists in several.")] = None,
     input_json: Annotated[str, typer.Option("--input", help="The invocation body (JSON object: the workflow's inputs).")] = "{}",
     input_file: Annotated[Path | None, typer.Option(help="Read the invocation body from this file instead.")] = None,
-    token: Annotated[str | None, typer.Option(help="Gateway bearer token.", envvar="PLNT_TOKEN")] = None,
+    token: Annotated[str | None, typer.Option(envvar="PLNT_TOKEN", help=TOKEN_HELP)] = None,
+    token_file: Annotated[Path | None, typer.Option(envvar="PLNT_TOKEN_FILE", help=TOKEN_FILE_HELP)] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each answer.")] = 60.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
 ) -> None:
@@ -387,6 +430,7 @@ def bench(
 
     from plnt.gateway.bench import format_summary, run_load, stats_cache_counts, summarize
 
+    token = _secret(token, token_file, "--token")
     try:
         body = input_file.read_bytes() if input_file else input_json.encode()
         if not isinstance(json.loads(body), dict):
@@ -480,8 +524,11 @@ def recipe_pack(
 @recipe_app.command("sign")
 def recipe_sign(
     artifact: Annotated[Path, typer.Argument(help="The recipe archive to sign.")],
-    identity_token: Annotated[str | None, typer.Option(
-        help="OIDC identity token (in CI, the workflow's token); default: the ambient CI credential.")] = None,
+    identity_token: Annotated[str | None, typer.Option(envvar="SIGSTORE_ID_TOKEN", help=(
+        "OIDC identity token (in CI, the workflow's token); default: the ambient CI credential. Prefer "
+        "SIGSTORE_ID_TOKEN or --identity-token-file: a value on the command line is visible in `ps`."))] = None,
+    identity_token_file: Annotated[Path | None, typer.Option(
+        help="File holding the OIDC identity token; wins over --identity-token/SIGSTORE_ID_TOKEN.")] = None,
     trust_config: Annotated[Path | None, typer.Option(
         help="Sigstore client trust config JSON (Fulcio, Rekor, trusted root) instead of the public-good instance.")] = None,
     staging: Annotated[bool, typer.Option(help="Use the Sigstore staging instance.")] = False,
@@ -498,12 +545,13 @@ def recipe_sign(
 
     if not artifact.is_file():
         raise _fail(f"{artifact}: no such file", 2)
+    identity_token = _secret(identity_token, identity_token_file, "--identity-token")
     try:
         token = identity_token or detect_credential()
     except IdentityError as exc:
         raise _fail(f"cannot detect an ambient OIDC credential: {exc}") from exc
     if not token:
-        raise _fail("no identity token: pass --identity-token (in CI, your workflow's OIDC token); "
+        raise _fail("no identity token: set SIGSTORE_ID_TOKEN or pass --identity-token-file (in CI, your workflow's OIDC token); "
                     "interactive browser sign-in is not supported by plnt", 2)
     try:
         identity = IdentityToken(token)  # checked offline, before any signing service is contacted
@@ -546,7 +594,9 @@ def recipe_push(
         raise _fail(f"{artifact}: no such file", 2)
     if not bundle.is_file():
         raise _fail(f"{bundle}: no such bundle; sign the archive first (plnt recipe sign {artifact})", 2)
-    options = RegistryOptions(s3_endpoint_url=s3_endpoint_url, allow_insecure_http=tuple(oci_insecure_host or ()))
+    # file_roots=None: the author names the directory on their own command line (not a spec).
+    options = RegistryOptions(s3_endpoint_url=s3_endpoint_url, allow_insecure_http=tuple(oci_insecure_host or ()),
+                              file_roots=None)
     try:
         where = open_registry(to, options).push(name, version, artifact, bundle)
     except (PlntError, ValueError) as exc:

@@ -5,6 +5,11 @@ The reconciler calls `assign(specs)` with every valid spec set before it plans: 
 WorkflowRuns are mapped to backends and the Helm drivers learn the specs they render. The mapping
 and the backends are kept in STATE/backends.json, so a WorkflowRun removed from the repository is
 still uninstalled from the backend it ran on after a restart.
+
+Unknown is never "gone": when a cluster's live state cannot be read (unreachable, RBAC), `live()`
+answers the last state read from it, updated by plnt's own installs, promotions and removals and
+kept in STATE/helm-live.json, so the plan neither restores nor uninstalls anything there on the
+strength of a failed read.
 """
 
 from __future__ import annotations
@@ -36,6 +41,14 @@ class DriverSet:
         self._backends = {name: PlntBackend.model_validate(doc) for name, doc in saved.get("backends", {}).items()}
         self._specs = SpecCache()
         self._helm: dict[str, tuple[str, HelmDriver]] = {}  # backend -> (its spec fingerprint, driver)
+        # backend -> the live state last read from it (or changed by plnt since), for when it cannot be read
+        self._known_file = state.root / "helm-live.json"
+        known = read_json(self._known_file, default={}) or {}
+        self._known: dict[str, dict[str, LiveWorkflow]] = {
+            backend: {key: LiveWorkflow.model_validate(item) for key, item in items.items()}
+            for backend, items in known.items()
+        }
+        self._unknown: dict[str, str] = {}  # backend -> why its live state could not be read (logged once)
 
     def assign(self, specs: SpecSet) -> None:
         for run in specs.workflow_runs.values():
@@ -59,21 +72,38 @@ class DriverSet:
     # --- the driver interface, dispatched ----------------------------------------------------
 
     async def install(self, request: InstallRequest) -> Release:
-        return await self.driver_for(request.namespace, request.name).install(request)
+        release = await self.driver_for(request.namespace, request.name).install(request)
+        self._note(request.namespace, request.name, {request.track: release})
+        return release
 
     async def promote(self, namespace: str, name: str) -> Release:
-        return await self.driver_for(namespace, name).promote(namespace, name)
+        release = await self.driver_for(namespace, name).promote(namespace, name)
+        self._note(namespace, name, {"stable": release, "canary": None})
+        return release
 
     async def remove(self, namespace: str, name: str, track: Track) -> None:
         await self.driver_for(namespace, name).remove(namespace, name, track)
+        self._note(namespace, name, {track: None})
 
     async def live(self) -> dict[str, LiveWorkflow]:
         live = dict(await self.local.live())
         for backend in self._kubernetes_backends():
+            name = backend.metadata.name
             try:
-                live.update(await self._helm_driver(backend).live())
+                found = await self._helm_driver(backend).live()
             except PlntError as exc:  # an unreachable cluster must not stop reconciling the others
-                log.warning("live-state-unavailable backend=%s error=%s", backend.metadata.name, exc)
+                known = self._known.get(name, {})
+                if self._unknown.get(name) != str(exc):
+                    log.warning("live-state-unknown backend=%s releases_assumed=%d error=%s (the last state read "
+                                "stands: nothing there is restored or uninstalled until it can be read)",
+                                name, len(known), exc)
+                self._unknown[name] = str(exc)
+                live.update(known)
+                continue
+            if self._unknown.pop(name, None) is not None:
+                log.info("live-state-readable backend=%s releases=%d", name, len(found))
+            self._remember(name, found)
+            live.update(found)
         return live
 
     async def drift(self) -> dict[str, list[Release]]:
@@ -85,6 +115,29 @@ class DriverSet:
         return await self.local.repair(namespace, name)
 
     # --- internals ---------------------------------------------------------------------------
+
+    def _note(self, namespace: str, name: str, change: dict[str, Release | None]) -> None:
+        """Keep the last known live state of a Helm backend in step with what plnt itself changed."""
+        backend = self._assigned.get(run_key(namespace, name), "")
+        if self.driver_for(namespace, name) is self.local:
+            return
+        known = dict(self._known.get(backend, {}))
+        key = run_key(namespace, name)
+        item = (known.get(key) or LiveWorkflow(namespace=namespace, name=name)).model_copy(update=change)
+        if item.empty:
+            known.pop(key, None)
+        else:
+            known[key] = item
+        self._remember(backend, known)
+
+    def _remember(self, backend: str, live: dict[str, LiveWorkflow]) -> None:
+        if self._known.get(backend) == live:
+            return
+        self._known[backend] = dict(live)
+        atomic_write_json(self._known_file, {
+            name: {key: item.model_dump(mode="json") for key, item in items.items()}
+            for name, items in self._known.items()
+        })
 
     def _kubernetes_backends(self) -> list[PlntBackend]:
         used = set(self._assigned.values())

@@ -3,7 +3,9 @@
     PlntError
     ├── RetryLater        transient: the same step may succeed if tried again (runner slow to start, port taken)
     │   ├── DriverError           a release driver failed in a way that may pass
-    │   └── RegistryUnavailable   a registry did not answer or broke the transfer off
+    │   ├── RegistryUnavailable   a registry did not answer or broke the transfer off
+    │   ├── RegistryAuthFailed    a registry refused plnt's credentials (401/403): fix them, plnt retries
+    │   └── LiveStateUnknown      a backend's live state could not be read: unknown, never "gone"
     └── NeedsHuman        a dead end: retrying cannot help until someone changes the spec or the recipe
         ├── InvalidSpec           the spec fails validation
         ├── UnknownBackend        spec.backend.cluster names no PlntBackend
@@ -12,6 +14,7 @@
         ├── InvalidRecipe         the recipe's workflow.yaml or module does not load
         ├── IntegrityMismatch     the recipe's digest differs from spec.workflow.integrityHash
         ├── DigestMismatch        a registry served bytes whose digest differs from what it announced
+        ├── DownloadRefused       a registry answered with more bytes than the cap, or a redirect plnt refuses
         ├── UnsafeArchive         a recipe archive that safe extraction refuses (traversal, links, bombs)
         └── VerificationFailed    no valid signature from a trusted signer (fails closed)
 
@@ -38,6 +41,15 @@ class DriverError(RetryLater):
 
 class RegistryUnavailable(RetryLater):
     pass
+
+
+class RegistryAuthFailed(RetryLater):
+    """A registry answered 401/403. Retryable: credentials get fixed or rotated without a new commit."""
+
+
+class LiveStateUnknown(RetryLater):
+    """A backend's live state could not be read (cluster unreachable, RBAC): nothing is known, so
+    nothing may be planned from it (no restore, no uninstall)."""
 
 
 class NeedsHuman(PlntError):
@@ -72,6 +84,11 @@ class DigestMismatch(NeedsHuman):
     pass
 
 
+class DownloadRefused(NeedsHuman):
+    """A download stopped by plnt: more bytes than max_download_bytes, or a redirect to another host
+    or from HTTPS to HTTP."""
+
+
 class UnsafeArchive(NeedsHuman):
     pass
 
@@ -88,5 +105,5 @@ class VerificationFailed(NeedsHuman):
 NON_RETRYABLE_ERROR_TYPES = [
     cls.__name__
     for cls in (InvalidSpec, UnknownBackend, GpuClassUnavailable, RecipeNotFound, InvalidRecipe, IntegrityMismatch,
-                DigestMismatch, UnsafeArchive, VerificationFailed)
+                DigestMismatch, DownloadRefused, UnsafeArchive, VerificationFailed)
 ]

@@ -49,7 +49,7 @@ from typing import Any
 import yaml
 
 from .driver import InstallRequest
-from .errors import DriverError, InvalidSpec, NeedsHuman, PlntError, UnknownBackend
+from .errors import DriverError, InvalidSpec, LiveStateUnknown, NeedsHuman, PlntError, UnknownBackend
 from .specs import PlntBackend, WorkflowRun, WorkflowRunSpec, spec_fingerprint
 from .state import LiveWorkflow, Release, Track
 
@@ -434,7 +434,20 @@ class HelmDriver:
             await self._uninstall(release)
 
     async def live(self) -> dict[str, LiveWorkflow]:
-        """plnt's deployed releases in the backend's namespace (found by their Helm release label)."""
+        """plnt's deployed releases in the backend's namespace (found by their Helm release label).
+
+        Raises LiveStateUnknown when helm cannot read them (cluster unreachable, RBAC, a release whose
+        values cannot be read): an empty answer would read as "every release is gone"."""
+        try:
+            return await self._live()
+        except (PlntError, ValueError) as exc:  # ValueError: helm printed something that is not its JSON
+            raise LiveStateUnknown(
+                f"backend {self._backend.metadata.name!r} (namespace {self.namespace}): Helm's live state cannot be "
+                f"read: {exc}; check the cluster is reachable and the kubeconfig's credentials may list releases "
+                f"and read secrets there"
+            ) from exc
+
+    async def _live(self) -> dict[str, LiveWorkflow]:
         result = await self._helm(
             ["list", *self._target_flags(), "--selector", "=".join(MANAGED_LABEL), "--max", str(LIST_MAX),
              "-o", "json"], release="")

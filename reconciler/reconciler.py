@@ -23,7 +23,7 @@ from .loader import Problem, SpecSet, load_sources
 from .plan import Action, DesiredRun, LiveRun, PlanItem, live_from, plan
 from .saga_io import SagaInput, SagaResult, saga_workflow_id
 from .settings import Settings
-from .source import GitSource
+from .source import GitSource, redact
 from .state import StateDir, atomic_write_json, read_json
 from .status import FINAL_PHASES, Phase, StatusStore
 
@@ -71,7 +71,7 @@ class Reconciler:
             try:
                 await self.reconcile_once()
             except PlntError as exc:
-                log.warning("reconcile-skipped reason=%s", exc)
+                log.warning("reconcile-skipped reason=%s", redact(str(exc)))
                 self._record_source(error=str(exc))
             except Exception:  # noqa: BLE001 - the loop must outlive any one bad reconcile
                 log.exception("reconcile-failed")
@@ -258,14 +258,15 @@ class Reconciler:
     def _record_source(self, *, commit: str | None = None, problems: list[str] | None = None,
                        reconciled: bool = False, error: str | None = None, warnings: list[str] | None = None) -> None:
         new = dict(self.source_status)
-        new.update({"repo": self._source.url, "branch": self._source.branch, "path": self._source.path})
+        # source.url holds no credentials; errors may quote a URL that does (git echoes them).
+        new.update({"repo": redact(self._source.url), "branch": self._source.branch, "path": self._source.path})
         if commit is not None:
             new["newestCommit"] = commit
             new["problems"] = problems or []
             new["warnings"] = warnings or []
         if reconciled:
             new["lastReconciledCommit"] = commit
-        new["fetchError"] = error
+        new["fetchError"] = redact(error) if error is not None else None
         if new != self.source_status:
             self.source_status = new
             atomic_write_json(self._state.source_file, new)

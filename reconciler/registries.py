@@ -3,15 +3,24 @@
 A published recipe is two opaque files: the archive `recipe.tar.gz` and, beside it, its Sigstore
 bundle `recipe.tar.gz.sigstore.json`. One small interface, `RecipeRegistry`, chosen by URL scheme:
 
-  - `file:///abs/dir`, `file:/abs/dir`: a directory; `file:rel/dir` and `file://./rel/dir` are
-    relative to `base_dir`. Layout `<dir>/<name>/<version>/recipe.tar.gz` (+ the bundle).
+  - `file:///abs/dir`, `file:/abs/dir`: a directory, only under one of `file_roots` (the operator's
+    `--allow-file-registry DIR`; none by default), so a spec cannot make plnt read any directory of
+    the host; `file:rel/dir` and `file://./rel/dir` are relative to `base_dir`. Layout
+    `<dir>/<name>/<version>/recipe.tar.gz` (+ the bundle); files reached through a link that leaves
+    the directory are refused.
   - `s3://bucket/prefix`: the same layout under the key prefix, through boto3 (path-style
     addressing; credentials from boto3's standard AWS chain).
   - `oci://host[:port]/repo`: the OCI artifact `<host>/<repo>/<name>:<version>` with one layer of
-    media type ARCHIVE_MEDIA_TYPE and, if signed, one of BUNDLE_MEDIA_TYPE. Plain HTTP for loopback
-    hosts and hosts in `allow_insecure_http`, HTTPS otherwise; `oci+http://` asks for plain HTTP
-    explicitly (refused for any other host before a connection is attempted), `oci+https://` for HTTPS.
-    A `+` in a version (semver build metadata) becomes `_` in the tag, as Helm does.
+    media type ARCHIVE_MEDIA_TYPE and, if signed, one of BUNDLE_MEDIA_TYPE. Plain HTTP only for hosts
+    the operator lists in `allow_insecure_http` (loopback included: a spec must not probe local
+    services), HTTPS otherwise; `oci+http://` asks for plain HTTP explicitly (refused for any other
+    host before a connection is attempted), `oci+https://` for HTTPS. Redirects are followed only to
+    the same host, never from HTTPS to HTTP. A `+` in a version (semver build metadata) becomes `_` in
+    the tag, as Helm does.
+
+Every fetch counts the bytes as they arrive against one cap, `max_download_bytes` (archive and
+bundle together; an OCI manifest has its own cap, MAX_MANIFEST_BYTES), and stops past it: what a
+registry announces (Content-Length, an OCI layer's size) only lets plnt refuse before reading.
 
 Every fetch hashes the bytes as they arrive and writes each file to `<final>.partial`; the files are
 renamed into place only when all of them are complete and verified (bundle first, archive last), so
@@ -20,8 +29,10 @@ earlier `recipe.tar.gz` / bundle from `dest_dir`. OCI blobs are checked against 
 the manifest announces, and the manifest against the `Docker-Content-Digest` the registry sends; S3
 objects against the sha256 recorded in their metadata at push (and botocore's own checksums).
 
-Errors: RecipeNotFound (no such name@version, or access denied), RegistryUnavailable (unreachable,
+Errors: RecipeNotFound (no such name@version), RegistryAuthFailed (401/403, credentials refused or
+missing: retryable, since credentials get fixed without a commit), RegistryUnavailable (unreachable,
 timeouts, 5xx, transfer broken off), DigestMismatch (served bytes differ from what was announced),
+DownloadRefused (more bytes than the cap, a redirect to another host or to plain HTTP),
 InvalidRecipe (an OCI artifact that is not a plnt recipe), InvalidSpec (a registry URL that cannot be
 used, such as plain HTTP to a remote host), PushRejected (a registry refused a push).
 """
@@ -30,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import ipaddress
 import json
 import os
 import re
@@ -40,15 +50,17 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, runtime_checkable
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from .errors import (
     DigestMismatch,
+    DownloadRefused,
     InvalidRecipe,
     InvalidSpec,
     NeedsHuman,
     PlntError,
     RecipeNotFound,
+    RegistryAuthFailed,
     RegistryUnavailable,
 )
 from .specs import NAME_PATTERN, VERSION_PATTERN
@@ -68,6 +80,9 @@ TITLE_ANNOTATION = "org.opencontainers.image.title"
 CHUNK_SIZE = 64 * 1024
 PROGRESS_EVERY = 1024 * 1024
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+# Recipes unpack to at most max_recipe_bytes (256 MiB by default) and gzip never makes data much
+# smaller than incompressible, so a larger download cannot be a valid recipe: refuse it early.
+DEFAULT_MAX_DOWNLOAD_BYTES = 256 * 2**20
 PARTIAL_SUFFIX = ".partial"
 
 _SHA256_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -112,13 +127,20 @@ class RegistryOptions:
     allow_insecure_http: tuple[str, ...] = ()  # OCI hosts ("host" or "host:port") allowed over plain HTTP
     timeout_s: float = 60.0  # connect and read timeout of every request
     s3_max_attempts: int = 3  # boto3 attempts per S3 request, the first included (1: no retries)
+    max_download_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES  # per fetch: archive + bundle
+    # Directories under which `file:///` registries may be read; None: any (an operator's own command,
+    # such as `plnt recipe push --to file:///dir`), never for a URL that comes from a spec.
+    file_roots: tuple[str, ...] | None = ()
 
 
 def open_registry(url: str, options: RegistryOptions = RegistryOptions(), *, base_dir: Path | None = None) -> RecipeRegistry:
     """The registry a URL names. Raises InvalidSpec for a URL that cannot be used, ValueError for a
     relative `file:` URL without `base_dir`."""
     if url.startswith("file:"):
-        return FileRegistry(_file_root(url, base_dir))
+        root = _file_root(url, base_dir)
+        if options.file_roots is not None and not (base_dir is not None and _inside(root, base_dir)):
+            _check_file_root(url, root, options.file_roots)
+        return FileRegistry(root, max_download_bytes=options.max_download_bytes)
     if url.startswith("s3://"):
         return S3Registry(url, options)
     if url.startswith(("oci://", "oci+http://", "oci+https://")):
@@ -147,6 +169,22 @@ def _file_root(url: str, base_dir: Path | None) -> Path:
     return base_dir / rest
 
 
+def _inside(path: Path, root: Path) -> bool:
+    """Whether `path`, links and `..` resolved, is `root` or under it."""
+    return path.resolve().is_relative_to(root.resolve())
+
+
+def _check_file_root(url: str, root: Path, allowed: tuple[str, ...]) -> None:
+    if any(_inside(root, Path(directory)) for directory in allowed):
+        return
+    where = f"allowed: {', '.join(allowed)}" if allowed else "none is allowed"
+    raise InvalidSpec(
+        f"registry {url!r}: plnt reads file:/// registries only under directories the operator allows "
+        f"({where}); start plnt with --allow-file-registry DIR, or keep the recipes in the spec repository "
+        f"(registry: file:registry)"
+    )
+
+
 def _check_ref(name: str, version: str) -> None:
     if not re.match(NAME_PATTERN, name):
         raise ValueError(f"recipe name {name!r} does not match {NAME_PATTERN}")
@@ -162,9 +200,11 @@ class _Staging:
     `commit` renames every partial into place (the archive last). Leaving the `with` block without a
     commit removes the partials."""
 
-    def __init__(self, dest_dir: Path, progress: Progress | None) -> None:
+    def __init__(self, dest_dir: Path, progress: Progress | None, *, cap: int, registry: str) -> None:
         self.dest_dir = dest_dir
         self.transferred = 0
+        self.cap = cap
+        self._registry = registry
         self._progress = progress
         self._next_report = PROGRESS_EVERY
         self._partials: list[tuple[Path, Path]] = []
@@ -191,15 +231,30 @@ class _Staging:
             for chunk in chunks:
                 if not chunk:
                     continue
+                self._count(len(chunk), final_name)
                 out.write(chunk)
                 digest.update(chunk)
                 size += len(chunk)
-                self._count(len(chunk))
                 if limit is not None and size > limit:
                     break
         return "sha256:" + digest.hexdigest(), size
 
-    def _count(self, n: int) -> None:
+    def check_announced(self, final_name: str, size: int) -> None:
+        """Refuse before downloading what the registry itself says is over the cap."""
+        if self.transferred + size > self.cap:
+            raise self._too_large(final_name, f"announces {size} bytes")
+
+    def _too_large(self, final_name: str, what: str) -> DownloadRefused:
+        return DownloadRefused(
+            f"{self._registry}: {final_name} {what}, over the download cap of {self.cap} bytes for one recipe "
+            f"(archive and bundle); nothing was kept. If the recipe really is this large, raise "
+            f"--max-download-mb (max_download_bytes)"
+        )
+
+    def _count(self, n: int, final_name: str) -> None:
+        # Counted before the chunk is written: bytes past the cap never reach the disk.
+        if self.transferred + n > self.cap:
+            raise self._too_large(final_name, f"went past {self.cap} bytes while downloading")
         self.transferred += n
         if self._progress is not None and self.transferred >= self._next_report:
             self._progress(self.transferred)
@@ -242,8 +297,9 @@ def _sha256_file(path: Path) -> tuple[str, int]:
 class FileRegistry:
     """A directory: `<root>/<name>/<version>/recipe.tar.gz` and the bundle beside it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, max_download_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES) -> None:
         self.root = Path(root)
+        self.max_download_bytes = max_download_bytes
 
     def describe(self) -> str:
         return f"file registry {self.root}"
@@ -255,15 +311,21 @@ class FileRegistry:
     def fetch(self, name: str, version: str, dest_dir: Path, *, progress: Progress | None = None) -> Fetched:
         entry = self._entry(name, version)
         source_archive, source_bundle = entry / ARCHIVE_NAME, entry / BUNDLE_NAME
-        with _Staging(dest_dir, progress) as staging:
+        with _Staging(dest_dir, progress, cap=self.max_download_bytes, registry=self.describe()) as staging:
             if not source_archive.is_file():
                 raise RecipeNotFound(f"recipe {name}@{version} not found: no {source_archive} in {self.describe()}")
+            for source in (source_archive, source_bundle):
+                if source.exists() and not _inside(source, self.root):
+                    raise InvalidSpec(f"{self.describe()}: {source} leads out of the registry directory (a link); "
+                                      f"refused")
             try:
                 with open(source_archive, "rb") as handle:
+                    staging.check_announced(ARCHIVE_NAME, os.fstat(handle.fileno()).st_size)
                     archive_sha256, _ = staging.write(ARCHIVE_NAME, _file_chunks(handle))
                 has_bundle = source_bundle.is_file()
                 if has_bundle:
                     with open(source_bundle, "rb") as handle:
+                        staging.check_announced(BUNDLE_NAME, os.fstat(handle.fileno()).st_size)
                         staging.write(BUNDLE_NAME, _file_chunks(handle))
             except FileNotFoundError as exc:
                 raise RecipeNotFound(f"recipe {name}@{version} vanished from {self.describe()} while reading: {exc}") from exc
@@ -344,16 +406,28 @@ class S3Registry:
     def fetch(self, name: str, version: str, dest_dir: Path, *, progress: Progress | None = None) -> Fetched:
         archive_key = self._key(name, version, ARCHIVE_NAME)
         bundle_key = self._key(name, version, BUNDLE_NAME)
-        with _Staging(dest_dir, progress) as staging:
+        with _Staging(dest_dir, progress, cap=self.options.max_download_bytes, registry=self.describe()) as staging:
             response = self._get(archive_key, ref=f"{name}@{version}", missing_ok=False)
+            self._announced(staging, response, ARCHIVE_NAME)
             archive_sha256, size = staging.write(ARCHIVE_NAME, self._chunks(response, archive_key))
             self._check_object(response, archive_key, archive_sha256, size)
             bundle_response = self._get(bundle_key, ref=f"{name}@{version}", missing_ok=True)
             if bundle_response is not None:
+                self._announced(staging, bundle_response, BUNDLE_NAME)
                 bundle_sha256, bundle_size = staging.write(BUNDLE_NAME, self._chunks(bundle_response, bundle_key))
                 self._check_object(bundle_response, bundle_key, bundle_sha256, bundle_size)
             staging.commit()
             return staging.fetched(archive_sha256, bundle_response is not None)
+
+    @staticmethod
+    def _announced(staging: _Staging, response: Any, final_name: str) -> None:
+        length = response.get("ContentLength")
+        if isinstance(length, int):
+            try:
+                staging.check_announced(final_name, length)
+            except DownloadRefused:
+                response["Body"].close()
+                raise
 
     def _get(self, key: str, *, ref: str, missing_ok: bool) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -414,12 +488,12 @@ class S3Registry:
         except ClientError as exc:
             code, status = _s3_error_code(exc)
             failure = self._failure(exc, code, status, f"push of {name}@{version}", self._s3_url(archive_key))
-            if isinstance(failure, RecipeNotFound):
+            if isinstance(failure, RecipeNotFound | RegistryAuthFailed):
                 raise PushRejected(str(failure)) from exc
             raise failure from exc
         except BotoCoreError as exc:
             failure = self._transport_failure(exc, f"pushing {self._s3_url(archive_key)}")
-            raise (PushRejected(str(failure)) if isinstance(failure, RecipeNotFound) else failure) from exc
+            raise (PushRejected(str(failure)) if isinstance(failure, RegistryAuthFailed) else failure) from exc
         return self._s3_url(archive_key)
 
     def _put(self, key: str, path: Path, content_type: str) -> None:
@@ -438,14 +512,18 @@ class S3Registry:
         if code in _S3_TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429)):
             return RegistryUnavailable(f"{self.describe()} failed on {s3_url}: {code}: {exc}")
         if status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            return RecipeNotFound(f"{what}: access to {s3_url} denied ({code}); check the AWS credentials and policy")
+            return RegistryAuthFailed(
+                f"{what}: {self.describe()} denied access to {s3_url} ({code}); check the AWS credentials plnt runs "
+                f"with (AWS_PROFILE / AWS_ACCESS_KEY_ID, or the instance role) and the bucket policy; plnt retries"
+            )
         return RecipeNotFound(f"{what}: {s3_url} cannot be read ({code}): {exc}")
 
     def _transport_failure(self, exc: Exception, doing: str) -> PlntError:
         from botocore.exceptions import NoCredentialsError, PartialCredentialsError
 
         if isinstance(exc, NoCredentialsError | PartialCredentialsError):
-            return RecipeNotFound(f"{self.describe()}: no usable AWS credentials for {doing} ({exc})")
+            return RegistryAuthFailed(f"{self.describe()}: no usable AWS credentials for {doing} ({exc}); give plnt "
+                                      f"credentials through AWS's standard chain (AWS_PROFILE, AWS_ACCESS_KEY_ID, role)")
         return RegistryUnavailable(f"{self.describe()} unreachable while {doing}: {exc}")
 
 
@@ -455,17 +533,6 @@ def _s3_error_code(exc: Any) -> tuple[str, int | None]:
 
 
 # --- oci:// ---------------------------------------------------------------------------------------
-
-
-def is_loopback_host(host: str) -> bool:
-    """127.0.0.0/8, ::1 or localhost, decided from the name alone (no DNS lookup)."""
-    host = host.strip("[]").lower().rstrip(".")
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def oci_tag(version: str) -> str:
@@ -498,13 +565,50 @@ def _oras_client_class() -> type:
             adapter = _TimeoutAdapter(timeout_s)
             self.session.mount("http://", adapter)
             self.session.mount("https://", adapter)
+            self.session.hooks["response"].append(_refuse_foreign_redirect)
 
         def do_request(self, url: str, method: str = "GET", data: Any = None, headers: dict | None = None,
                        json: dict | None = None, stream: bool = False) -> requests.Response:
+            headers = dict(headers or {})
+            challenge = ""
+            if not getattr(self.auth, "token", None):  # oras answers a Bearer challenge with a token it then keeps
+                response = self.session.request(method, url, data=data, json=json, headers=headers, stream=stream,
+                                                verify=self._tls_verify)
+                if response.status_code not in (401, 403):
+                    return response
+                challenge = response.headers.get("Www-Authenticate", "").strip().lower()
+                basic = getattr(self.auth, "_basic_auth", None)
+                if not challenge.startswith("bearer "):
+                    # Basic (htpasswd) or nothing: oras would fetch the "realm" as a URL. Answer Basic
+                    # with the credentials docker's config holds for this host, else report the refusal.
+                    if not (challenge.startswith("basic") and basic):
+                        return response
+                    response.close()
+                    headers["Authorization"] = f"Basic {basic}"
+                    return self.session.request(method, url, data=data, json=json, headers=headers, stream=stream,
+                                                verify=self._tls_verify)
+                response.close()
             unwrapped = oras.provider.Registry.do_request.__wrapped__
-            return unwrapped(self, url, method, data, dict(headers or {}), json, stream)
+            return unwrapped(self, url, method, data, headers, json, stream)
 
     return OrasClient
+
+
+def _refuse_foreign_redirect(response: Any, *args: Any, **kwargs: Any) -> Any:
+    """A session hook, run on every response before requests follows a redirect: only to the same
+    host, never from HTTPS to HTTP (a registry must not send plnt's credentials or requests on)."""
+    if not response.is_redirect:
+        return response
+    here = urlsplit(response.url)
+    there = urlsplit(urljoin(response.url, response.headers.get("location", "")))
+    if (there.hostname or "").lower() != (here.hostname or "").lower() or (here.scheme == "https" and there.scheme != "https"):
+        response.close()
+        raise DownloadRefused(
+            f"OCI registry {here.netloc} redirected {here.path} to {there.scheme}://{there.netloc}{there.path}: plnt "
+            f"follows redirects only to the same host and never from HTTPS to HTTP; refused (nothing was fetched "
+            f"from there)"
+        )
+    return response
 
 
 @dataclass(frozen=True)
@@ -531,15 +635,15 @@ class OciRegistry:
         self.repository = parts.path.strip("/")
         if "@" in self.netloc or not self.host:
             raise InvalidSpec(f"registry {url!r}: expected oci://host[:port]/repository (no credentials in the URL)")
-        insecure_ok = is_loopback_host(self.host) or any(
-            allowed.lower() in (self.host, self.netloc) for allowed in options.allow_insecure_http
-        )
+        # Loopback is not special: a spec must not make plnt talk plain HTTP to local services.
+        insecure_ok = any(allowed.lower() in (self.host, self.netloc) for allowed in options.allow_insecure_http)
         if plain_http is None:
             plain_http = insecure_ok
         elif plain_http and not insecure_ok:
             raise InvalidSpec(
-                f"registry {url!r}: plain HTTP to {self.netloc} refused: only loopback hosts and hosts listed in "
-                f"allow_insecure_http may be reached without TLS (nothing was sent)"
+                f"registry {url!r}: plain HTTP to {self.netloc} refused: only hosts the operator lists "
+                f"(plnt up --oci-insecure-host {self.netloc}; allow_insecure_http) may be reached without TLS "
+                f"(nothing was sent)"
             )
         self.plain_http = plain_http
         self.options = options
@@ -584,11 +688,20 @@ class OciRegistry:
             return self.client.do_request(url, method, **kwargs)
         except requests.exceptions.SSLError as exc:
             raise RegistryUnavailable(
-                f"{self.describe()}: TLS failed while {doing}: {exc} (a registry without TLS must be on loopback "
-                f"or listed in allow_insecure_http)"
+                f"{self.describe()}: TLS failed while {doing}: {exc} (a registry without TLS must be listed by "
+                f"the operator: plnt up --oci-insecure-host {self.netloc})"
             ) from exc
         except (requests.exceptions.RequestException, http.client.HTTPException, OSError) as exc:
             raise RegistryUnavailable(f"{self.describe()} unreachable while {doing}: {exc}") from exc
+        except ValueError as exc:  # oras-py: a 401/403 it could not answer with credentials
+            raise self._auth_failure(f"{doing}", str(exc)) from exc
+
+    def _auth_failure(self, what: str, detail: str, status: int | None = None) -> RegistryAuthFailed:
+        code = f" ({status})" if status else ""
+        return RegistryAuthFailed(
+            f"{self.describe()} refused access{code} while {what}: {detail}; check the registry credentials plnt "
+            f"runs with (`docker login {self.netloc}` / DOCKER_CONFIG of the user running plnt); plnt retries"
+        )
 
     def _status_failure(self, response: Any, what: str) -> PlntError:
         status = response.status_code
@@ -596,7 +709,7 @@ class OciRegistry:
         if status in (408, 429) or status >= 500:
             return RegistryUnavailable(f"{self.describe()} answered {status} for {what}: {detail}")
         if status in (401, 403):
-            return RecipeNotFound(f"{what}: access denied by {self.describe()} ({status}): {detail}")
+            return self._auth_failure(f"reading {what}", detail, status)
         if status == 404:
             return RecipeNotFound(f"{what} not found in {self.describe()}: {detail}")
         return RecipeNotFound(f"{what}: {self.describe()} answered {status}: {detail}")
@@ -606,7 +719,7 @@ class OciRegistry:
     def fetch(self, name: str, version: str, dest_dir: Path, *, progress: Progress | None = None) -> Fetched:
         reference = self.reference(name, version)
         container = self._container(name, version)
-        with _Staging(dest_dir, progress) as staging:
+        with _Staging(dest_dir, progress, cap=self.options.max_download_bytes, registry=self.describe()) as staging:
             self.client.auth.load_configs(container)
             manifest = self._manifest(name, version, reference)
             archive_layer, bundle_layer = self._recipe_layers(manifest, reference)
@@ -681,6 +794,7 @@ class OciRegistry:
     def _download(self, staging: _Staging, name: str, layer: _Layer, filename: str, reference: str) -> str:
         url = self._url(f"{self._repo_path(name)}/blobs/{layer.digest}")
         what = f"blob {layer.digest} ({filename}, {layer.media_type}) of {reference}"
+        staging.check_announced(filename, layer.size)  # and the bytes are counted as they arrive
         with self._request("GET", url, doing=f"getting {what}", stream=True) as response:
             if response.status_code != 200:
                 raise self._status_failure(response, what)

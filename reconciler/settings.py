@@ -54,7 +54,8 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    repo: str = Field(description="spec repository: a path, file://, https:// or ssh URL")
+    # repr=False: an https URL may carry a token (GitSource gives it only to git).
+    repo: str = Field(description="spec repository: a path, file://, https:// or ssh URL", repr=False)
     path: str = Field(default="", description="subdirectory of the repository holding the specs")
     branch: str = "main"
     state_dir: Path = Path(".plnt")
@@ -73,7 +74,11 @@ class Settings(BaseModel):
     s3_endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint; None: AWS")
     s3_region: str | None = None
     oci_insecure_hosts: tuple[str, ...] = Field(
-        default=(), description="OCI registries allowed over plain HTTP besides loopback (host or host:port)")
+        default=(), description="OCI registries allowed over plain HTTP (host or host:port); loopback is not implied")
+    file_registry_roots: tuple[Path, ...] = Field(
+        default=(), description="directories under which file:/// registries may be read; none by default")
+    max_download_bytes: int = Field(
+        default=256 * 2**20, gt=0, description="bytes one recipe fetch may transfer (archive + bundle), any registry")
     registry_timeout_s: float = Field(default=60.0, gt=0)
     max_recipe_bytes: int = Field(default=256 * 2**20, gt=0, description="unpacked size limit of one recipe")
     max_recipe_files: int = Field(default=10_000, gt=0)

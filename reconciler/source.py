@@ -3,18 +3,25 @@
 The clone lives in STATE/source with no work tree: specs (and `file:` registries inside the
 repository) are read straight from the commit's tree, so a newer fetch never changes what an
 older, still running saga reads.
+
+Credentials in the repository URL (`https://user:TOKEN@host/...`, `https://oauth2:TOKEN@...`) never
+leave this module: `GitSource.url` and the clone's remote are the URL without them, and git gets
+them at fetch time from a credential helper that reads this git process's environment (never a
+command line another user can see in `ps`, never the clone's config, only for the URL's own host).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import SplitResult, unquote, urlsplit
 
 import git
 
@@ -62,6 +69,34 @@ def refused_name(path: str) -> str | None:
         if part.rstrip(". ").lower() in (".git", "git~1"):  # .git and its NTFS/HFS aliases
             return repr(part)
     return None
+# scheme://userinfo@ : any user:password, and a lone user name (often a token itself) in http(s) URLs.
+_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/@\s:]*:[^/@\s]*|(?<=https://)[^/@\s:]+|(?<=http://)[^/@\s:]+)@")
+
+# git asks the helper (`get`) for the URL's host only; `store`/`erase` are ignored, and the empty
+# first value drops every helper configured elsewhere (a global `store` would write the token down).
+_HELPER = ('!f() { test "$1" = get || return 0; h=; while read -r l && test -n "$l"; do case "$l" in host=*) '
+           'h="${l#host=}";; esac; done; test "$h" = "$PLNT_GIT_HOST" || return 0; '
+           'printf "username=%s\\npassword=%s\\n" "$PLNT_GIT_USERNAME" "$PLNT_GIT_PASSWORD"; }; f')
+
+
+def redact(text: str, *secrets: str) -> str:
+    """`text` with URL credentials (`scheme://user:pass@`) and each of `secrets` replaced by `***`."""
+    text = _CREDENTIALS.sub(r"\1***@", text)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def split_credentials(url: str) -> tuple[str, str | None, str | None]:
+    """(the URL without user info, user, password) of an http(s) URL; other URLs pass unchanged."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+        return url, None, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    clean = SplitResult(parts.scheme, hostport, parts.path, parts.query, parts.fragment).geturl()
+    return clean, unquote(user), unquote(password) if colon else None
 
 
 def normalise_url(repo: str) -> str:
@@ -73,7 +108,17 @@ def normalise_url(repo: str) -> str:
 
 class GitSource:
     def __init__(self, url: str, clone_dir: Path, *, branch: str = "main", path: str = "") -> None:
-        self.url = normalise_url(url)
+        self.url, user, password = split_credentials(normalise_url(url))  # self.url is safe to show
+        self._secrets = tuple(s for s in (password, user if password is None else None) if s)
+        self._git_env = {"GIT_TERMINAL_PROMPT": "0"}
+        if user is not None:
+            self._git_env.update({
+                "GIT_CONFIG_COUNT": "2",
+                "GIT_CONFIG_KEY_0": "credential.helper", "GIT_CONFIG_VALUE_0": "",
+                "GIT_CONFIG_KEY_1": "credential.helper", "GIT_CONFIG_VALUE_1": _HELPER,
+                "PLNT_GIT_HOST": urlsplit(self.url).netloc,
+                "PLNT_GIT_USERNAME": user, "PLNT_GIT_PASSWORD": password or "",
+            })
         self.branch = branch
         self.path = path.strip("/")
         self._clone_dir = clone_dir
@@ -85,19 +130,21 @@ class GitSource:
         with self._lock:
             repo = self._open()
             try:
-                repo.git.fetch("--prune", "--force", "origin", f"+refs/heads/{self.branch}:refs/remotes/origin/{self.branch}")
+                repo.git.fetch("--prune", "--force", "origin", f"+refs/heads/{self.branch}:refs/remotes/origin/{self.branch}",
+                               env=self._git_env)
                 return repo.commit(f"refs/remotes/origin/{self.branch}").hexsha
             except git.GitCommandError as exc:
-                raise SourceError(f"cannot fetch branch {self.branch!r} of {self.url}: {_git_reason(exc)}") from exc
+                raise SourceError(f"cannot fetch branch {self.branch!r} of {self.url}: {self._reason(exc)}") from exc
 
     def resolve(self, rev: str) -> str:
         """A revision (sha, branch, tag, origin/branch) to a commit sha, fetching first."""
         with self._lock:
             repo = self._open()
             try:
-                repo.git.fetch("--force", "origin", "+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*")
+                repo.git.fetch("--force", "origin", "+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*",
+                               env=self._git_env)
             except git.GitCommandError as exc:
-                raise SourceError(f"cannot fetch {self.url}: {_git_reason(exc)}") from exc
+                raise SourceError(f"cannot fetch {self.url}: {self._reason(exc)}") from exc
             for candidate in (rev, f"refs/remotes/origin/{rev}", f"refs/tags/{rev}"):
                 try:
                     return repo.commit(candidate).hexsha
@@ -222,26 +269,30 @@ class GitSource:
             return self._repo
         if (self._clone_dir / "HEAD").exists():
             repo = git.Repo(self._clone_dir)
-            if repo.remotes.origin.url != self.url:
-                log.warning("source-reclone old=%s new=%s", repo.remotes.origin.url, self.url)
+            if repo.remotes.origin.url != self.url:  # another repository, or a clone that kept a token
+                log.warning("source-reclone old=%s new=%s", redact(repo.remotes.origin.url), self.url)
                 shutil.rmtree(self._clone_dir)
                 return self._open()
         else:
             self._clone_dir.mkdir(parents=True, exist_ok=True)
             try:
-                repo = git.Repo.clone_from(self.url, self._clone_dir, bare=True)
+                repo = git.Repo.clone_from(self.url, self._clone_dir, bare=True, env=self._git_env)
             except git.GitCommandError as exc:
                 shutil.rmtree(self._clone_dir, ignore_errors=True)
-                raise SourceError(f"cannot clone {self.url}: {_git_reason(exc)}") from exc
+                raise SourceError(f"cannot clone {self.url}: {self._reason(exc)}") from exc
         self._repo = repo
         return repo
+
+    def _reason(self, exc: git.GitCommandError) -> str:
+        """git's complaint on one line, credentials removed (git echoes URLs in its errors)."""
+        stderr = (exc.stderr or "").strip().replace("\n", " ")
+        reason = stderr.removeprefix("stderr: ").strip("' ") or str(exc)
+        if re.search(r"Authentication failed|could not read Username|\b40[13]\b", reason):
+            reason += " (check the credentials in the repository URL plnt was started with)"
+        return redact(reason, *self._secrets)
 
 
 def _display(path: str) -> str:
     """A tree path for messages and status (JSON): undecodable bytes shown as U+FFFD."""
     return path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
-
-def _git_reason(exc: git.GitCommandError) -> str:
-    stderr = (exc.stderr or "").strip().replace("\n", " ")
-    return stderr.removeprefix("stderr: ").strip("' ") or str(exc)

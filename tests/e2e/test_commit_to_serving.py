@@ -294,8 +294,9 @@ async def test_deploys_a_signed_recipe_from_an_oci_or_s3_registry(
     from plnt.reconciler.registries import RegistryOptions, open_registry
 
     if kind == "oci":
-        url, options = f"oci://{request.getfixturevalue('oci_registry').address}/plnt-e2e/{temporal_namespace}", RegistryOptions()
-        overrides = {}
+        address = request.getfixturevalue("oci_registry").address
+        url, options = f"oci://{address}/plnt-e2e/{temporal_namespace}", RegistryOptions(allow_insecure_http=(address,))
+        overrides = {"oci_insecure_hosts": (address,)}
     else:
         bucket = request.getfixturevalue("s3_bucket")
         url, options = bucket.url("recipes"), RegistryOptions(s3_endpoint_url=bucket.endpoint_url)

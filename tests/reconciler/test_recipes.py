@@ -72,8 +72,14 @@ def publisher(tmp_path: Path, authority: TestSigstoreAuthority) -> Publisher:
     return Publisher(tmp_path, authority)
 
 
+# The operator's own choice (like `plnt recipe push --to file:///dir`): file:/// anywhere, and the
+# session's loopback OCI registry over plain HTTP is passed per test.
+ANY_DIR = RegistryOptions(file_roots=None)
+
+
 def pull(url: str, authority: TestSigstoreAuthority, cache: Path, *, ref: str = "review-responder@1.2.0",
          pin: str | None = None, policies: list[RecipeTrustPolicy] | None = None, **kwargs: Any):
+    kwargs.setdefault("registry_options", ANY_DIR)
     return pull_recipe(
         WorkflowSource(ref=ref, registry=url, integrity_hash=pin), commit="c0ffee", cache=RecipeCache(cache),
         policies=[policy()] if policies is None else policies,
@@ -86,12 +92,12 @@ def pull(url: str, authority: TestSigstoreAuthority, cache: Path, *, ref: str = 
 def registry(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, RegistryOptions]:
     """A real registry of each kind: its URL and the options that reach it."""
     if request.param == "file":
-        return f"file://{tmp_path / 'registry'}", RegistryOptions()
+        return f"file://{tmp_path / 'registry'}", RegistryOptions(file_roots=(str(tmp_path),))
     if request.param == "s3":
         bucket: S3Bucket = request.getfixturevalue("s3_bucket")
         return bucket.url("recipes"), RegistryOptions(s3_endpoint_url=bucket.endpoint_url)
     server: OciServer = request.getfixturevalue("oci_registry")
-    return f"oci://{server.address}/plnt-tests/{uuid.uuid4().hex[:12]}", RegistryOptions()
+    return f"oci://{server.address}/plnt-tests/{uuid.uuid4().hex[:12]}", RegistryOptions(allow_insecure_http=(server.address,))
 
 
 def test_good_recipe_from_each_registry(registry: tuple[str, RegistryOptions], publisher: Publisher,
@@ -149,7 +155,7 @@ def test_verification_failures_fail_closed(case: str, reason: str, publisher: Pu
         archive, bundle, _ = publisher.build()
     if case == "no policy":
         kwargs["policies"] = [policy(recipes=("someone-else",))]
-    open_registry(f"file://{registry_dir}").push("review-responder", "1.2.0", archive, bundle)
+    open_registry(f"file://{registry_dir}", ANY_DIR).push("review-responder", "1.2.0", archive, bundle)
     if case == "tampered":  # the registry serves other bytes under the signed name
         stored = registry_dir / "review-responder" / "1.2.0" / "recipe.tar.gz"
         other = tmp_path / "other.tar.gz"
@@ -165,7 +171,7 @@ def test_verification_failures_fail_closed(case: str, reason: str, publisher: Pu
 def test_integrity_pin_mismatch_names_both_hashes(publisher: Publisher, authority: TestSigstoreAuthority,
                                                   tmp_path: Path) -> None:
     archive, bundle, digest = publisher.build()
-    open_registry(f"file://{tmp_path / 'registry'}").push("review-responder", "1.2.0", archive, bundle)
+    open_registry(f"file://{tmp_path / 'registry'}", ANY_DIR).push("review-responder", "1.2.0", archive, bundle)
     wrong = "sha256:" + "0" * 64
     with pytest.raises(IntegrityMismatch) as caught:
         pull(f"file://{tmp_path / 'registry'}", authority, tmp_path / "cache", pin=wrong)
@@ -201,7 +207,7 @@ def test_signed_but_unsafe_archives_are_refused(members: dict[str, bytes], link:
     archive.write_bytes(_tar(members, link=link))
     bundle = build / "recipe.tar.gz.sigstore.json"
     bundle.write_text(authority.sign(archive, IDENTITY, ISSUER))
-    open_registry(f"file://{tmp_path / 'registry'}").push("review-responder", "1.2.0", archive, bundle)
+    open_registry(f"file://{tmp_path / 'registry'}", ANY_DIR).push("review-responder", "1.2.0", archive, bundle)
     with pytest.raises(UnsafeArchive) as caught:
         pull(f"file://{tmp_path / 'registry'}", authority, tmp_path / "cache", limits=limits)
     assert message in str(caught.value).lower() and "review-responder@1.2.0" in str(caught.value)
@@ -214,12 +220,13 @@ def test_signed_but_unsafe_archives_are_refused(members: dict[str, bytes], link:
 def test_oci_blob_swapped_in_the_registry_is_refused(oci_registry: OciServer, publisher: Publisher,
                                                      authority: TestSigstoreAuthority, tmp_path: Path) -> None:
     url = f"oci://{oci_registry.address}/plnt-tests/swapped"
+    options = RegistryOptions(allow_insecure_http=(oci_registry.address,))
     archive, bundle, digest = publisher.build()
-    open_registry(url).push("review-responder", "1.2.0", archive, bundle)
+    open_registry(url, options).push("review-responder", "1.2.0", archive, bundle)
     blob = oci_registry.blob_file(digest)
     blob.write_bytes(b"\x00" * blob.stat().st_size)
     with pytest.raises(DigestMismatch, match=digest.removeprefix("sha256:")[:12]):
-        pull(url, authority, tmp_path / "cache")
+        pull(url, authority, tmp_path / "cache", registry_options=options)
     assert _cache_entries(tmp_path / "cache") == []
 
 
@@ -229,7 +236,7 @@ def test_missing_version_and_mislabelled_archive(publisher: Publisher, authority
     with pytest.raises(RecipeNotFound):
         pull(url, authority, tmp_path / "cache", ref="review-responder@9.9.9")
     archive, bundle, _ = publisher.build()
-    open_registry(url).push("review-responder", "2.0.0", archive, bundle)  # 1.2.0's archive pushed as 2.0.0
+    open_registry(url, ANY_DIR).push("review-responder", "2.0.0", archive, bundle)  # 1.2.0's archive pushed as 2.0.0
     with pytest.raises(InvalidRecipe, match="serves review-responder@1.2.0 as review-responder@2.0.0"):
         pull(url, authority, tmp_path / "cache", ref="review-responder@2.0.0")
 
@@ -238,8 +245,8 @@ def test_interrupted_pull_leaves_no_entry_and_the_retry_succeeds(publisher: Publ
                                                                  tmp_path: Path) -> None:
     """`DiesMidway` is a stand-in registry whose transfer breaks off after writing half a file."""
     url = f"file://{tmp_path / 'registry'}"
-    open_registry(url).push("review-responder", "1.2.0", *publisher.build()[:2])
-    registry = open_registry(url)
+    open_registry(url, ANY_DIR).push("review-responder", "1.2.0", *publisher.build()[:2])
+    registry = open_registry(url, ANY_DIR)
 
     class DiesMidway:
         def describe(self) -> str:
@@ -259,7 +266,7 @@ def test_a_pull_killed_midway_leaves_nothing_that_passes_for_an_entry(publisher:
                                                                       authority: TestSigstoreAuthority, tmp_path: Path) -> None:
     url = f"file://{tmp_path / 'registry'}"
     archive, bundle, digest = publisher.build()
-    open_registry(url).push("review-responder", "1.2.0", archive, bundle)
+    open_registry(url, ANY_DIR).push("review-responder", "1.2.0", archive, bundle)
     # What a process killed in the middle of a pull leaves: a staging directory with part of the work.
     cache_dir = tmp_path / "cache"
     RecipeCache(cache_dir)

@@ -27,7 +27,6 @@ from plnt.reconciler.registries import (
     RecipeRegistry,
     RegistryOptions,
     S3Registry,
-    is_loopback_host,
     oci_tag,
     open_registry,
 )
@@ -43,6 +42,7 @@ def seeded(request: pytest.FixtureRequest) -> random.Random:
     in the session's OCI registry, and one test swaps a blob's bytes in its storage)."""
     return random.Random(f"{SEED}:{request.node.nodeid}")
 MiB = 1024 * 1024
+ANY_DIR = RegistryOptions(file_roots=None)  # the operator's own command (plnt recipe push --to file:///dir)
 
 
 @dataclass
@@ -95,7 +95,8 @@ def _s3_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 
 def _oci_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     server: OciServer = request.getfixturevalue("oci_registry")
-    return Backend("oci", f"oci://{server.address}/plnt/t{os.urandom(4).hex()}", RegistryOptions(timeout_s=10))
+    return Backend("oci", f"oci://{server.address}/plnt/t{os.urandom(4).hex()}",
+                   RegistryOptions(timeout_s=10, allow_insecure_http=(server.address,)))
 
 
 BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], Backend]] = {
@@ -183,9 +184,9 @@ def test_a_new_fetch_replaces_an_old_one_in_the_same_directory(backend: Backend,
 
 
 def test_file_urls(tmp_path: Path) -> None:
-    absolute = open_registry(f"file://{tmp_path}/abs")
+    absolute = open_registry(f"file://{tmp_path}/abs", ANY_DIR)
     assert isinstance(absolute, FileRegistry) and absolute.root == tmp_path / "abs"
-    assert open_registry(f"file:{tmp_path}/abs").root == tmp_path / "abs"  # type: ignore[attr-defined]
+    assert open_registry(f"file:{tmp_path}/abs", ANY_DIR).root == tmp_path / "abs"  # type: ignore[attr-defined]
     assert open_registry("file:rel/dir", base_dir=tmp_path).root == tmp_path / "rel" / "dir"  # type: ignore[attr-defined]
     assert open_registry("file://./rel", base_dir=tmp_path).root == tmp_path / "rel"  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="base_dir"):
@@ -197,7 +198,7 @@ def test_file_urls(tmp_path: Path) -> None:
 
 
 def test_file_layout(tmp_path: Path, published: Published) -> None:
-    registry = open_registry(f"file://{tmp_path}/reg")
+    registry = open_registry(f"file://{tmp_path}/reg", ANY_DIR)
     registry.push(NAME, "1.2.0", published.archive, published.bundle)
     entry = tmp_path / "reg" / NAME / "1.2.0"
     assert sorted(p.name for p in entry.iterdir()) == [ARCHIVE_NAME, BUNDLE_NAME]
@@ -284,7 +285,8 @@ def _manifest(server: OciServer, repo_path: str, tag: str) -> tuple[dict, str]:
 
 @pytest.mark.integration
 def test_oci_artifact_layout(oci_registry: OciServer, published: Published) -> None:
-    registry = open_registry(f"oci://{oci_registry.address}/plnt/layout", RegistryOptions(timeout_s=10))
+    registry = open_registry(f"oci://{oci_registry.address}/plnt/layout",
+                             RegistryOptions(timeout_s=10, allow_insecure_http=(oci_registry.address,)))
     location = registry.push(NAME, "1.2.0+build.7", published.archive, published.bundle)
     manifest, digest = _manifest(oci_registry, f"plnt/layout/{NAME}", oci_tag("1.2.0+build.7"))
     assert location == f"{oci_registry.address}/plnt/layout/{NAME}:1.2.0_build.7@{digest}"
@@ -298,7 +300,8 @@ def test_oci_artifact_layout(oci_registry: OciServer, published: Published) -> N
 
 def _push_oci(server: OciServer, published: Published, version: str = "1.2.0") -> tuple[OciRegistry, dict]:
     repo = f"plnt/t{os.urandom(4).hex()}"
-    registry = OciRegistry(f"oci://{server.address}/{repo}", RegistryOptions(timeout_s=10))
+    registry = OciRegistry(f"oci://{server.address}/{repo}",
+                           RegistryOptions(timeout_s=10, allow_insecure_http=(server.address,)))
     registry.push(NAME, version, published.archive, published.bundle)
     manifest, _ = _manifest(server, f"{repo}/{NAME}", version)
     return registry, manifest
@@ -378,7 +381,8 @@ def test_unreachable_registry_is_registry_unavailable(scheme: str, published: Pu
         registry = open_registry("s3://bucket/recipes", RegistryOptions(
             s3_endpoint_url=f"http://127.0.0.1:{port}", s3_region="us-east-1", s3_max_attempts=1, timeout_s=5))
     else:
-        registry = open_registry(f"oci://127.0.0.1:{port}/recipes", RegistryOptions(timeout_s=5))
+        registry = open_registry(f"oci://127.0.0.1:{port}/recipes",
+                                 RegistryOptions(timeout_s=5, allow_insecure_http=(f"127.0.0.1:{port}",)))
     slept: list[float] = []
     monkeypatch.setattr(time, "sleep", slept.append)
     with pytest.raises(RegistryUnavailable, match=f"127.0.0.1:{port}|unreachable"):
@@ -425,14 +429,14 @@ def test_oci_transport_choice(no_network: list[object]) -> None:
         return registry.plain_http
 
     assert transport("oci://registry.example.com/recipes") is False
-    assert transport("oci://127.0.0.1:5000/recipes") is True
-    assert transport("oci://127.3.4.5:5000/recipes") is True
-    assert transport("oci://localhost:5000/recipes") is True
-    assert transport("oci://[::1]:5000/recipes") is True
+    # Loopback is not plain HTTP unless the operator names it: a spec must not probe local services.
+    assert transport("oci://127.0.0.1:5000/recipes") is False
+    assert transport("oci://localhost:5000/recipes") is False
+    assert transport("oci://[::1]:5000/recipes") is False
+    assert transport("oci://127.0.0.1:5000/recipes", allow_insecure_http=("127.0.0.1:5000",)) is True
     assert transport("oci+https://127.0.0.1:5000/recipes") is False
     assert transport("oci://registry.lan:5000/r", allow_insecure_http=("registry.lan",)) is True
     assert transport("oci://registry.lan:5000/r", allow_insecure_http=("registry.lan:5000",)) is True
     assert transport("oci+http://registry.lan:5000/r", allow_insecure_http=("registry.lan",)) is True
     assert transport("oci://registry.lan:5001/r", allow_insecure_http=("registry.lan:5000",)) is False
-    assert not is_loopback_host("127.0.0.1.example.com")
     assert no_network == []
