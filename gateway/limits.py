@@ -70,6 +70,9 @@ class _HeadTooLarge(Exception):
     pass
 
 
+_LINGER_S = 2.0
+
+
 _STATUS_TEXT = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 
@@ -92,6 +95,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._head_problem: str | None = None
         self._awaiting_body = False
+        self._lingering = False
         self._deadline: asyncio.TimerHandle | None = None
         self._arm(self.limits.head_timeout_s)
 
@@ -128,10 +132,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # refused: what the client still sends is dropped unread
         if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
-        if self.transport.is_closing():
+        if self._lingering or self.transport.is_closing():
             return
         # Still in the head after this chunk: the parser holds at most the limit plus one read.
         if self._in_head and self._head_bytes > self.limits.max_head_bytes:
@@ -147,9 +153,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse_head(self, message: str) -> None:
         self._disarm()
-        # Written before closing: the client reads the 431 even if it is still sending.
         self.transport.write(_refusal(431, "headers_too_large", message))
-        self.transport.close()
+        # Closing while the client still sends would reset the connection, and a client
+        # could lose the 431 with it: end our side, drop what still arrives (without
+        # parsing it) for a short while, then close.
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._lingering = True
+        self.loop.call_later(_LINGER_S, self.transport.close)
 
     def on_message_begin(self) -> None:
         self._header_count = 0
