@@ -415,7 +415,11 @@ class Gateway:
                                   exc.headers(self.max_body_bytes)) from None
             if self.webhook_secret is not None:
                 problem = hooks.verify(self.webhook_secret, headers, body)
-                if problem is not None and not (authorization is not None and self._is_admin(authorization)):
+                grant = self.tokens.check_header(authorization) if self.tokens.enabled else None
+                if problem is not None and not (grant is not None and grant.has(ADMIN)):
+                    if grant is not None and not any(name in headers for name in hooks.SIGNATURE_HEADERS):
+                        # A known token without a signature: what it lacks is the scope.
+                        raise _plnt_error(403, "forbidden", missing_scope_message(ADMIN, "POST /hooks/git"))
                     raise _plnt_error(401, "invalid_signature", problem)
             await self.on_git_hook()
             await _respond(send, 202, b'{"accepted":true}', [])
@@ -423,10 +427,6 @@ class Gateway:
             await _respond(send, reply.status, reply.body, reply.headers)
         except _ClientGone:
             pass
-
-    def _is_admin(self, authorization: bytes) -> bool:
-        grant = self.tokens.check_header(authorization) if self.tokens.enabled else None
-        return grant is not None and grant.has(ADMIN)
 
     def _require_admin(self, authorization: bytes | None, what: str) -> None:
         grant = self.tokens.check_header(authorization)

@@ -110,8 +110,10 @@ async def test_signed_hooks_need_no_token(start_server: StartServer, start_gatew
     resp = await gw.client.post("/hooks/git", content=body, headers=github(body, b"guessed"))
     assert resp.status_code == 401 and resp.json()["error"]["type"] == "invalid_signature"
     assert "X-Hub-Signature-256 does not match" in resp.json()["error"]["message"]
-    resp = await gw.client.post("/hooks/git", content=body, headers={"authorization": "Bearer invoker"})
+    resp = await gw.client.post("/hooks/git", content=body)
     assert resp.status_code == 401 and "missing webhook signature" in resp.json()["error"]["message"]
+    resp = await gw.client.post("/hooks/git", content=body, headers={"authorization": "Bearer invoker"})
+    assert resp.status_code == 403 and "lacks the 'admin' scope" in resp.json()["error"]["message"]
     resp = await gw.client.post("/hooks/git", content=body, headers={"x-gitlab-token": "nope"})
     assert resp.status_code == 401 and "X-Gitlab-Token" in resp.json()["error"]["message"]
     # An operator's admin token works without a signature.
