@@ -10,8 +10,12 @@ project's machine, more than the whole proxy hop; see bench/gateway_overhead.py)
 - `POST /v1/chat/completions`: OpenAI chat completions (model = workflow name), translated to
   the runner's `POST /chat`; see openai_compat.py.
 
+- `POST /hooks/git`: needs the raw body for the forge's signature and no bearer token
+  when signed (see `Gateway.git_hook`, hooks.py).
+
 FastAPI serves the rest: `GET /v1/models`, `GET /workflows`, `GET /workflows/{name}/stats`,
-`POST /hooks/git`, `GET /metrics`, `GET /healthz` (and whatever `plnt up` adds).
+`GET /metrics`, `GET /healthz` (and whatever `plnt up` adds), after the token and scope check
+in `GatewayApp.__call__` (auth.required_scope: unlisted paths need `admin`).
 
 Errors (gateway-made; runner errors pass through with the runner's status and body):
   401 missing/unknown bearer token (`WWW-Authenticate: Bearer`), 403 token not allowed for the
