@@ -83,7 +83,10 @@ def _refusal(status: int, kind: str, message: str) -> bytes:
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with head size/count limits and head/body deadlines."""
+    """uvicorn's httptools protocol with head size/count limits and head/body deadlines.
+
+    Hot path: a request that arrives whole in one read costs a few attribute updates; timers
+    are armed only for a new connection and for a head or body still incomplete after a read."""
 
     limits = HttpLimits()
 
@@ -91,12 +94,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._in_head = True
         self._head_bytes = 0  # raw bytes received since this head began
-        self._parsed_bytes = 0  # request line and header fields parsed so far
-        self._header_count = 0
         self._head_problem: str | None = None
-        self._awaiting_body = False
         self._lingering = False
         self._deadline: asyncio.TimerHandle | None = None
+        # uvicorn never times out a connection that sends nothing at all.
         self._arm(self.limits.head_timeout_s)
 
     def _arm(self, seconds: float) -> None:
@@ -104,31 +105,32 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._deadline.cancel()
         self._deadline = self.loop.call_later(seconds, self._too_slow)
 
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
     def _too_slow(self) -> None:
         self._deadline = None
         if self.transport.is_closing():
             return
+        cycle = self.cycle
         if self._in_head:
-            if self._head_bytes:  # an idle keep-alive connection just closes
+            if cycle is not None and not cycle.response_complete:
+                # A next request pipelined during a long answer: judge it once that is done.
+                self._arm(self.limits.head_timeout_s)
+                return
+            if self._head_bytes:  # an idle connection just closes
                 self.transport.write(_refusal(408, "request_timeout",
                                               f"request headers not received within {self.limits.head_timeout_s:g}s"))
+        elif cycle is not None and cycle.more_body and not cycle.response_complete:
+            if not cycle.response_started:
+                self.transport.write(_refusal(408, "request_timeout",
+                                              f"request body not received within {self.limits.body_timeout_s:g}s"))
+            cycle.disconnected = True  # the app's receive() answers http.disconnect
+            cycle.message_event.set()
         else:
-            cycle = self.cycle
-            if cycle is not None and not cycle.response_complete:
-                if not cycle.response_started:
-                    self.transport.write(_refusal(408, "request_timeout",
-                                                  f"request body not received within {self.limits.body_timeout_s:g}s"))
-                cycle.disconnected = True  # the app's receive() answers http.disconnect
-                cycle.message_event.set()
+            return  # the body completed meanwhile
         self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        if self._deadline is not None:
+            self._deadline.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -139,10 +141,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().data_received(data)
         if self._lingering or self.transport.is_closing():
             return
-        # Still in the head after this chunk: the parser holds at most the limit plus one read.
-        if self._in_head and self._head_bytes > self.limits.max_head_bytes:
-            self._refuse_head(f"request headers are over the {self.limits.max_head_bytes} byte limit")
-        elif self._awaiting_body and self._deadline is None:
+        if self._in_head:
+            # Still in a head after this read: the parser holds at most the limit plus one read.
+            if self._head_bytes > self.limits.max_head_bytes:
+                self._refuse_head(f"request headers are over the {self.limits.max_head_bytes} byte limit")
+            elif self._head_bytes and self._deadline is None:
+                self._arm(self.limits.head_timeout_s)
+        elif self._deadline is None and self.cycle is not None and self.cycle.more_body:
             self._arm(self.limits.body_timeout_s)
 
     def send_400_response(self, msg: str) -> None:
@@ -152,7 +157,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().send_400_response(msg)
 
     def _refuse_head(self, message: str) -> None:
-        self._disarm()
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         self.transport.write(_refusal(431, "headers_too_large", message))
         # Closing while the client still sends would reset the connection, and a client
         # could lose the 431 with it: end our side, drop what still arrives (without
@@ -162,49 +169,30 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._lingering = True
         self.loop.call_later(_LINGER_S, self.transport.close)
 
-    def on_message_begin(self) -> None:
-        self._header_count = 0
-        self._parsed_bytes = 0
-        super().on_message_begin()
-
-    def on_url(self, url: bytes) -> None:
-        self._count(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        if self._header_count > self.limits.max_headers:
-            self._head_problem = f"request has more than {self.limits.max_headers} header fields"
-            raise _HeadTooLarge  # httptools makes it a parser error: send_400_response above
-        self._count(len(name) + len(value) + 4)
-        super().on_header(name, value)
-
-    def _count(self, size: int) -> None:
-        # A whole head can arrive in one read; its parsed size is what counts then.
-        self._parsed_bytes += size
-        if self._parsed_bytes > self.limits.max_head_bytes:
-            self._head_problem = f"request headers are over the {self.limits.max_head_bytes} byte limit"
-            raise _HeadTooLarge
-
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._disarm()
-        self._awaiting_body = True  # until on_message_complete (data_received arms the deadline)
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        if len(self.headers) > self.limits.max_headers:
+            self._head_problem = f"request has more than {self.limits.max_headers} header fields"
+            raise _HeadTooLarge  # httptools makes it a parser error: send_400_response above
+        if self._head_bytes > self.limits.max_head_bytes:
+            # The whole head (and maybe a body) came in one read: measure the head itself.
+            size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+            if size > self.limits.max_head_bytes:
+                self._head_problem = f"request headers are over the {self.limits.max_head_bytes} byte limit"
+                raise _HeadTooLarge
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self._awaiting_body = False
-        self._disarm()
+        # What arrives next is the next request's head.
+        self._in_head = True
+        self._head_bytes = 0
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         super().on_message_complete()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing() and not self.pipeline:
-            # The next request's head starts now (uvicorn's keep-alive timeout stops at its
-            # first byte; this deadline runs until the head is complete).
-            self._in_head = True
-            self._head_bytes = 0
-            self._arm(self.limits.head_timeout_s)
 
 
 def http_protocol(limits: HttpLimits) -> type[LimitedHttpToolsProtocol]:
