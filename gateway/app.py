@@ -58,6 +58,7 @@ from .auth import (
     Grant,
     TokenSet,
     host_name,
+    is_json_media,
     is_loopback_host,
     missing_scope_message,
     open_gateway_hosts,
@@ -87,15 +88,6 @@ _JSON = b"application/json"
 _RUNNER_URL = re.compile(r"https?://(?:127(?:\.\d{1,3}){3}|localhost|\[::1\]|[\w.-]+\.svc(?:\.cluster\.local)?)(?::\d+)?")
 _SSE = b"text/event-stream"
 _NO_LABELS = ("", "", "", "")
-
-
-def _is_json(content_type: bytes | None) -> bool:
-    """application/json or any +json type, parameters (charset) allowed. A browser sends a
-    cross-site POST without a preflight only as text/plain, a form or multipart, or no type."""
-    if content_type is None:
-        return False
-    media = content_type.partition(b";")[0].strip().lower()
-    return media == _JSON or (media.startswith(b"application/") and media.endswith(b"+json"))
 
 
 def _unsupported_type(content_type: bytes | None) -> str:
@@ -447,7 +439,7 @@ class Gateway:
         if self.tokens.enabled:
             if not grant.allows_name(name):
                 raise _plnt_error(403, "forbidden", self._not_invocable(grant, f"workflow {name}"))
-        if not _is_json(content_type):
+        if not is_json_media(content_type):
             raise _plnt_error(415, "unsupported_media_type", _unsupported_type(content_type))
         try:
             body = await _read_body(receive, content_length, self.max_body_bytes)
@@ -578,7 +570,7 @@ class Gateway:
         content_length, session = headers.get(b"content-length"), headers.get(b"x-session-id")
         grant = self._grant(headers.get(b"authorization"), openai=True)
         content_type = headers.get(b"content-type")
-        if not _is_json(content_type):
+        if not is_json_media(content_type):
             raise _openai_error(415, _unsupported_type(content_type), "invalid_request_error", None,
                                 "unsupported_media_type")
         try:

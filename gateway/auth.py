@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 class TokenFileError(ValueError):
@@ -283,3 +285,41 @@ def host_name(header: bytes) -> bytes:
     if value.startswith(b"["):
         return value[: value.find(b"]") + 1]
     return value.partition(b":")[0]
+
+
+def is_json_media(content_type: bytes | None) -> bool:
+    """application/json or any application/*+json, parameters (charset) allowed. A browser sends
+    a cross-site POST without a CORS preflight only as text/plain, a form, multipart, or untyped."""
+    if content_type is None:
+        return False
+    media = content_type.partition(b";")[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+
+
+FOREIGN_HOST_MESSAGE = (
+    "this unauthenticated loopback server answers only Host localhost, 127.0.0.1, [::1] or the address it "
+    "listens on (a foreign Host is how DNS rebinding reaches a loopback service)")
+
+
+class LoopbackHostGuard:
+    """ASGI middleware for an unauthenticated server on a loopback address (a runner): 421 for a
+    request whose Host is not a loopback name, i.e. a web page reaching it via DNS rebinding."""
+
+    def __init__(self, app: Any, allowed: frozenset[bytes]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            for key, value in scope["headers"]:
+                if key == b"host":
+                    if host_name(value) not in self.allowed:
+                        body = json.dumps({"error": {"type": "misdirected_request", "message": FOREIGN_HOST_MESSAGE,
+                                                     "step": None}}).encode()
+                        await send({"type": "http.response.start", "status": 421,
+                                    "headers": [(b"content-type", b"application/json"),
+                                                (b"content-length", b"%d" % len(body))]})
+                        await send({"type": "http.response.body", "body": body})
+                        return
+                    break
+        await self.app(scope, receive, send)

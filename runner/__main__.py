@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     from plnt.gateway.server import uvicorn_config
     from plnt.runner.app import create_app
 
-    app = create_app(recipe, adapter, args.release_id, step_cache_size=args.step_cache_size)  # type: ignore[arg-type]
+    app = create_app(recipe, adapter, args.release_id, step_cache_size=args.step_cache_size,  # type: ignore[arg-type]
+                     host=args.host)
     # The gateway's HTTP limits (header size and count, slow-client deadlines) apply here too.
     config = uvicorn_config(app, args.host, args.port, log_level="warning", access_log=False)
     uvicorn.Server(config).run()

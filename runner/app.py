@@ -52,6 +52,8 @@ carries the same object; its status would have been):
 ======================  ======  =====================================================
 type                    status  when
 ======================  ======  =====================================================
+unsupported_media_type  415     /invoke, /chat: body not sent as JSON (Content-Type)
+misdirected_request     421     served on loopback: a Host that is not a loopback name
 invalid_request         422     body is not a JSON object (or nests deeper than 100); bad /chat fields
 invalid_input           422     an input the workflow's templates use is missing (`field` names it)
 step_failed             500     a step raised (`step` names it)
@@ -75,6 +77,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from plnt.gateway.auth import LoopbackHostGuard, TokenSet, is_json_media, open_gateway_hosts
 from plnt.gateway.limits import JSONTooDeep
 from plnt.gateway.limits import loads as bounded_loads
 from plnt.runner.adapters import RuntimeAdapter, UpstreamError
@@ -170,7 +173,10 @@ def create_app(
     *,
     step_cache_size: int = DEFAULT_CAPACITY,
     ping_interval_s: float = PING_INTERVAL_S,
+    host: str | None = None,
 ) -> FastAPI:
+    """`host`: the address served on; on a loopback one, requests must name a loopback Host
+    (the runner has no auth: this keeps web pages using DNS rebinding out)."""
     workflow = recipe.workflow.metadata
     cache = StepCache(step_cache_size)
     chat_inputs = getattr(recipe.module, "chat_inputs", None) if recipe.module is not None else None
@@ -192,6 +198,9 @@ def create_app(
     )
     app.state.step_cache = cache
     app.state.adapter = adapter
+    allowed_hosts = open_gateway_hosts(host, TokenSet()) if host is not None else None
+    if allowed_hosts is not None:
+        app.add_middleware(LoopbackHostGuard, allowed=allowed_hosts)
 
     health = {
         "status": "ok",
@@ -282,6 +291,13 @@ def create_app(
         except (ValueError, UnicodeDecodeError) as exc:
             raise RequestError(f"body is not valid JSON: {exc}") from exc
 
+    def not_json(request: Request) -> JSONResponse | None:
+        content_type = request.headers.get("content-type")
+        if is_json_media(content_type.encode("latin-1") if content_type is not None else None):
+            return None
+        return JSONResponse(_error_body("unsupported_media_type", "send the body as JSON with 'Content-Type: "
+                                        f"application/json' (got {content_type or 'no Content-Type'})"), status_code=415)
+
     def refuse(exc: RequestError | InvalidInput) -> JSONResponse:
         if isinstance(exc, InvalidInput):
             return JSONResponse(_failure(exc)[1], status_code=422)
@@ -299,6 +315,8 @@ def create_app(
 
     @app.post("/invoke")
     async def invoke(request: Request) -> Response:
+        if (refused := not_json(request)) is not None:
+            return refused
         try:
             body = await read_json(request)
             if not isinstance(body, dict):
@@ -312,6 +330,8 @@ def create_app(
 
     @app.post("/chat")
     async def chat(request: Request) -> Response:
+        if (refused := not_json(request)) is not None:
+            return refused
         try:
             messages, stream, max_tokens = _parse_chat(await read_json(request))
             if callable(chat_inputs):

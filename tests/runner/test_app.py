@@ -102,6 +102,19 @@ async def test_a_template_field_missing_at_run_time_is_a_422(tmp_path: Path) -> 
         assert (await http.post("/invoke", json={"who": "you"})).json()["output"] == "hi you"
 
 
+async def test_loopback_runner_refuses_foreign_hosts_and_non_json_bodies() -> None:
+    """The runner has no auth: on loopback a web page must not reach it (DNS rebinding, CSRF)."""
+    app = create_app(load_recipe_dir(RECIPES / "1.2.0"), MockBackend(), None, host="127.0.0.1")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:9") as http:
+        assert (await http.post("/invoke", json=REVIEW)).status_code == 200
+        response = await http.post("/invoke", json=REVIEW, headers={"host": "attacker.example"})
+        assert response.status_code == 421 and response.json()["error"]["type"] == "misdirected_request"
+        for path in ("/invoke", "/chat"):
+            response = await http.post(path, content=b'{"review": "x"}', headers={"content-type": "text/plain"})
+            assert response.status_code == 415 and response.json()["error"]["type"] == "unsupported_media_type"
+        assert (await http.get("/stats")).json()["invocations"] == 1
+
+
 async def test_deeply_nested_json_is_a_422_not_a_500() -> None:
     deep = b'{"a":' * 5000 + b"1" + b"}" * 5000
     async with client("1.2.0") as http:
