@@ -146,6 +146,13 @@ async def test_hostile_http_against_the_open_gateway(
         assert response.status_code == 415
         assert response.json()["error"]["message"] == ("send the body as JSON with 'Content-Type: application/json' "
                                                         "(got text/plain)")
+        # The same straight at the runner's port (it has no auth of its own).
+        response = await request(plnt, "POST", runner_endpoint(plnt) + "/invoke", json=REVIEW,
+                                 headers={"host": "attacker.example"})
+        assert response.status_code == 421 and "DNS rebinding" in response.json()["error"]["message"]
+        response = await request(plnt, "POST", runner_endpoint(plnt) + "/invoke", content=b'{"review": "x"}',
+                                 headers={"content-type": "text/plain"})
+        assert response.status_code == 415 and response.json()["error"]["type"] == "unsupported_media_type"
         assert await runner_invocations(plnt) == invocations
         await assert_still_serving(plnt)
 
