@@ -178,10 +178,12 @@ def _parse_fields(rest: str, where: str) -> Grant:
     # "invoke=a, b" is one field: join list items split by spaces after commas first.
     fields = re.sub(r",\s+", ",", rest).split()
     seen: dict[str, str] = {}
-    for field in fields:
+    for number, field in enumerate(fields, start=2):
         key, sep, value = field.partition("=")
         if not sep or key not in ("scopes", "invoke"):
-            raise TokenFileError(f"{where}: unknown field {field!r}; write TOKEN [scopes=invoke,read,admin] "
+            # Named by position, not echoed: a misplaced secret must not reach the log.
+            what = f"unknown field {key}=" if sep else f"word {number} is not a field"
+            raise TokenFileError(f"{where}: {what}; write TOKEN [scopes=invoke,read,admin] "
                                  "[invoke=workflow1,workflow2] (or TOKEN workflow1,workflow2 for invoke-only)")
         if key in seen:
             raise TokenFileError(f"{where}: {key}= is given twice")

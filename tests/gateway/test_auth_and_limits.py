@@ -64,12 +64,14 @@ def test_token_file_errors_name_the_line() -> None:
         parse_token_file("ok\nbad a/b/c\n", source="tokens.txt")
     for line, message in [("t scopes=write", "unknown scope 'write'; scopes are invoke, read, admin"),
                           ("t invoke=", "expected a list of workflows"),
-                          ("t scope=read", "unknown field 'scope=read'"),
+                          ("t scope=read", "unknown field scope="),
+                          ("t scopes=read s3cret", "word 3 is not a field"),
                           ("t scopes=read scopes=admin", "scopes= is given twice"),
                           ("scopes=read", "a line starts with the token")]:
         with pytest.raises(TokenFileError) as error:
             parse_token_file(f"# c\n{line}\n", source="tokens.txt")
         assert str(error.value).startswith("tokens.txt:2: ") and message in str(error.value), error.value
+        assert "s3cret" not in str(error.value)
 
 
 def test_same_token_twice_gets_both_grants() -> None:
