@@ -53,11 +53,12 @@ from . import openai_compat as oai
 from .auth import (
     ADMIN,
     ALL,
+    FOREIGN_HOST_MESSAGE,
     INVOKE,
     READ,
     Grant,
     TokenSet,
-    host_name,
+    host_allowed,
     is_json_media,
     is_loopback_host,
     missing_scope_message,
@@ -769,7 +770,7 @@ class GatewayApp(FastAPI):
     async def __call__(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             gateway = self.gateway
-            if gateway.allowed_hosts is not None and not self._host_allowed(scope["headers"], gateway.allowed_hosts):
+            if gateway.allowed_hosts is not None and not host_allowed(scope["headers"], gateway.allowed_hosts):
                 await _respond(send, 421, _FOREIGN_HOST, [])
                 return
             path: str = scope["path"]
@@ -804,30 +805,22 @@ class GatewayApp(FastAPI):
                 scope["plnt.grant"] = grant
         await super().__call__(scope, receive, send)
 
-    @staticmethod
-    def _host_allowed(headers: list[tuple[bytes, bytes]], allowed: frozenset[bytes]) -> bool:
-        for key, value in headers:
-            if key == b"host":
-                return host_name(value) in allowed
-        return True  # HTTP/1.0 without Host: not a browser, which always sends one
 
 
 _FOREIGN_HOST = oai.dumps({"error": {"type": "misdirected_request", "message": (
-    "this open gateway answers only Host localhost, 127.0.0.1, [::1] or the address it listens on (a foreign "
-    "Host is how DNS rebinding reaches a loopback service); configure tokens (--tokens-file) to serve other names")}})
+    f"{FOREIGN_HOST_MESSAGE}; configure tokens (--tokens-file) to serve other names")}})
 
 
 def _without_runner_urls(row: dict[str, Any]) -> dict[str, Any]:
     """A status row for callers who do not need runner addresses (they go through the gateway)."""
     endpoint = row.get("endpoint")
     clean = {key: value for key, value in row.items() if key != "endpoint"}
-    if isinstance(endpoint, str) and endpoint:
-        for key in ("message", "lastError"):
-            if isinstance(clean.get(key), str):
-                clean[key] = clean[key].replace(endpoint, "<runner>")
     for key in ("message", "lastError"):
-        if isinstance(clean.get(key), str):
-            clean[key] = _RUNNER_URL.sub("<runner>", clean[key])
+        text = clean.get(key)
+        if isinstance(text, str):
+            if isinstance(endpoint, str) and endpoint:
+                text = text.replace(endpoint, "<runner>")
+            clean[key] = _RUNNER_URL.sub("<runner>", text)
     return clean
 
 

@@ -298,6 +298,15 @@ def is_json_media(content_type: bytes | None) -> bool:
     return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
 
 
+def host_allowed(headers: list[tuple[bytes, bytes]], allowed: frozenset[bytes]) -> bool:
+    """Does the request's Host name one of `allowed`? (ASGI headers; no Host: HTTP/1.0, not a
+    browser, which always sends one.)"""
+    for key, value in headers:
+        if key == b"host":
+            return host_name(value) in allowed
+    return True
+
+
 FOREIGN_HOST_MESSAGE = (
     "this unauthenticated loopback server answers only Host localhost, 127.0.0.1, [::1] or the address it "
     "listens on (a foreign Host is how DNS rebinding reaches a loopback service)")
@@ -312,16 +321,11 @@ class LoopbackHostGuard:
         self.allowed = allowed
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            for key, value in scope["headers"]:
-                if key == b"host":
-                    if host_name(value) not in self.allowed:
-                        body = json.dumps({"error": {"type": "misdirected_request", "message": FOREIGN_HOST_MESSAGE,
-                                                     "step": None}}).encode()
-                        await send({"type": "http.response.start", "status": 421,
-                                    "headers": [(b"content-type", b"application/json"),
-                                                (b"content-length", b"%d" % len(body))]})
-                        await send({"type": "http.response.body", "body": body})
-                        return
-                    break
+        if scope["type"] == "http" and not host_allowed(scope["headers"], self.allowed):
+            body = json.dumps({"error": {"type": "misdirected_request", "message": FOREIGN_HOST_MESSAGE,
+                                         "step": None}}).encode()
+            await send({"type": "http.response.start", "status": 421,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+            await send({"type": "http.response.body", "body": body})
+            return
         await self.app(scope, receive, send)
