@@ -312,6 +312,7 @@ class HealthProbe:
     def __init__(self, url: str) -> None:
         self.ok = self.failures = 0
         self.slowest = 0.0
+        self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(url,), daemon=True)
         self._thread.start()
@@ -322,7 +323,8 @@ class HealthProbe:
                 started = time.monotonic()
                 try:
                     ok = client.get(f"{url}/healthz").status_code == 200
-                except httpx.HTTPError:
+                except httpx.HTTPError as exc:
+                    self.errors.append(f"{type(exc).__name__} after {time.monotonic() - started:.2f}s: {exc}")
                     ok = False
                 self.slowest = max(self.slowest, time.monotonic() - started)
                 self.ok += ok
@@ -335,4 +337,4 @@ class HealthProbe:
         return self
 
     def __repr__(self) -> str:
-        return f"HealthProbe(ok={self.ok}, failures={self.failures}, slowest={self.slowest:.3f}s)"
+        return f"HealthProbe(ok={self.ok}, failures={self.failures}, slowest={self.slowest:.3f}s, errors={self.errors})"
