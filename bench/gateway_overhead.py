@@ -19,6 +19,7 @@ own and its latency is not inflated by the generator competing for its core.
 
     python bench/gateway_overhead.py [--requests 4000] [--concurrency 1,8,32] [--stream-requests 1000]
                                      [--loop uvloop|asyncio] [--http httptools|h11] [--recipe DIR]
+                                     [--baseline-gateway DIR]   # e.g. main's gateway/, measured alongside
 """
 
 from __future__ import annotations
@@ -108,8 +109,23 @@ def serve_runner(args: argparse.Namespace) -> None:
                 loop=args.loop, http=args.http, log_level="warning", access_log=False, lifespan="on")
 
 
+def _import_gateway_from(directory: Path) -> None:
+    """Make `plnt.gateway` the package in `directory` (another version's gateway/, e.g. main's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plnt.gateway", directory / "__init__.py",
+                                                  submodule_search_locations=[str(directory)])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["plnt.gateway"] = module
+    spec.loader.exec_module(module)
+
+
 def serve_gateway(args: argparse.Namespace) -> None:
     import uvicorn
+
+    if args.gateway_src:
+        _import_gateway_from(args.gateway_src)
     from plnt.gateway.app import create_app
     from plnt.gateway.auth import TokenSet
     from plnt.gateway.routes import Backend, Route, Router, RouteTable
@@ -117,9 +133,14 @@ def serve_gateway(args: argparse.Namespace) -> None:
     route = Route("default", "echo", stable=Backend(args.runner, "1.0.0", "rel-bench"))
     tokens = TokenSet.parse(plain_tokens=[args.token]) if args.token else None
     app = create_app(Router(RouteTable([route])), list_workflows=list, tokens=tokens)
-    # As GatewayServer (what `plnt up` uses) configures uvicorn.
-    uvicorn.run(app, host="127.0.0.1", port=args.port, loop=args.loop, http=args.http, log_level="warning",
-                access_log=False, lifespan="on", proxy_headers=False)
+    options = dict(loop=args.loop, log_level="warning", access_log=False, lifespan="on", proxy_headers=False)
+    if args.http == "httptools" and not args.gateway_src:
+        # As GatewayServer (what `plnt up` uses) configures uvicorn: with the HTTP limits.
+        from plnt.gateway.server import uvicorn_config
+
+        uvicorn.Server(uvicorn_config(app, "127.0.0.1", args.port, **options)).run()
+        return
+    uvicorn.run(app, host="127.0.0.1", port=args.port, http=args.http, **options)
 
 
 def spawn(argv: list[str], cpus: set[int] | None) -> subprocess.Popen[bytes]:
@@ -157,38 +178,46 @@ def pcts(values: list[float]) -> dict[int, float]:
 
 
 async def compare(
-    direct_url: str, gateway_url: str, gateway_pid: int, *, requests: int, concurrency: int, stream: bool,
+    direct_url: str, gateways: list[tuple[str, str, int]], *, requests: int, concurrency: int, stream: bool,
     rounds: int, headers: list[tuple[str, str]], invoke_path: str, payload: bytes,
-) -> dict[str, object]:
+) -> list[dict[str, object]]:
+    """Direct vs each gateway (label, url, pid), alternating in every round."""
     per_round = max(1, requests // rounds)
-    direct, via = Load(), Load()
-    gateway_cpu = 0.0
+    direct = Load()
+    via = {label: Load() for label, _, _ in gateways}
+    gateway_cpu = dict.fromkeys(via, 0.0)
     for _ in range(rounds):
         got = await run_load(direct_url, invoke_path, payload, requests=per_round, concurrency=concurrency,
                              stream=stream, parse_results=False, warmup=concurrency * 2)
         direct.samples += got.samples
         direct.wall_s += got.wall_s
-        before = cpu_seconds(gateway_pid)
-        got = await run_load(gateway_url, "/workflows/echo/invoke", payload, requests=per_round, concurrency=concurrency,
-                             stream=stream, parse_results=False, headers=headers, warmup=concurrency * 2)
-        # The warm-up's CPU is included; it is counted in the request total below too.
-        gateway_cpu += cpu_seconds(gateway_pid) - before
-        via.samples += got.samples
-        via.wall_s += got.wall_s
-    errors = sum(not s.ok for s in direct.samples + via.samples)
+        for label, gateway_url, gateway_pid in gateways:
+            before = cpu_seconds(gateway_pid)
+            got = await run_load(gateway_url, "/workflows/echo/invoke", payload, requests=per_round,
+                                 concurrency=concurrency, stream=stream, parse_results=False, headers=headers,
+                                 warmup=concurrency * 2)
+            # The warm-up's CPU is included; it is counted in the request total below too.
+            gateway_cpu[label] += cpu_seconds(gateway_pid) - before
+            via[label].samples += got.samples
+            via[label].wall_s += got.wall_s
     lat_d = pcts([s.latency_s for s in direct.samples if s.ok])
-    lat_g = pcts([s.latency_s for s in via.samples if s.ok])
-    out: dict[str, object] = {
-        "concurrency": concurrency, "stream": stream, "requests_each": len(via.samples), "errors": errors,
-        "direct_ms": lat_d, "gateway_ms": lat_g, "added_ms": {q: lat_g[q] - lat_d[q] for q in lat_d},
-        "direct_rps": len(direct.samples) / direct.wall_s, "gateway_rps": len(via.samples) / via.wall_s,
-        "gateway_cpu_us_per_request": gateway_cpu / (len(via.samples) + rounds * concurrency * 2) * 1e6,
-    }
-    if stream:
-        ttft_d = pcts([s.ttft_s for s in direct.samples if s.ok and s.ttft_s is not None])
-        ttft_g = pcts([s.ttft_s for s in via.samples if s.ok and s.ttft_s is not None])
-        out.update(direct_ttft_ms=ttft_d, gateway_ttft_ms=ttft_g, added_ttft_ms={q: ttft_g[q] - ttft_d[q] for q in ttft_d})
-    return out
+    rows: list[dict[str, object]] = []
+    for label, load in via.items():
+        errors = sum(not s.ok for s in direct.samples + load.samples)
+        lat_g = pcts([s.latency_s for s in load.samples if s.ok])
+        out: dict[str, object] = {
+            "label": label, "concurrency": concurrency, "stream": stream, "requests_each": len(load.samples),
+            "errors": errors, "direct_ms": lat_d, "gateway_ms": lat_g, "added_ms": {q: lat_g[q] - lat_d[q] for q in lat_d},
+            "direct_rps": len(direct.samples) / direct.wall_s, "gateway_rps": len(load.samples) / load.wall_s,
+            "gateway_cpu_us_per_request": gateway_cpu[label] / (len(load.samples) + rounds * concurrency * 2) * 1e6,
+        }
+        if stream:
+            ttft_d = pcts([s.ttft_s for s in direct.samples if s.ok and s.ttft_s is not None])
+            ttft_g = pcts([s.ttft_s for s in load.samples if s.ok and s.ttft_s is not None])
+            out.update(direct_ttft_ms=ttft_d, gateway_ttft_ms=ttft_g,
+                       added_ttft_ms={q: ttft_g[q] - ttft_d[q] for q in ttft_d})
+        rows.append(out)
+    return rows
 
 
 def fmt(block: dict[int, float]) -> str:
@@ -198,7 +227,8 @@ def fmt(block: dict[int, float]) -> str:
 def report(row: dict[str, object]) -> None:
     kind = "SSE " if row["stream"] else "JSON"
     cpu = row["gateway_cpu_us_per_request"]
-    print(f"\n[{kind}] concurrency {row['concurrency']}, {row['requests_each']} requests per path, errors {row['errors']}")
+    print(f"\n[{kind}] {row['label']} gateway, concurrency {row['concurrency']}, {row['requests_each']} requests per "
+          f"path, errors {row['errors']}")
     print(f"  direct   latency ms  {fmt(row['direct_ms'])}   ({row['direct_rps']:.0f} req/s)")  # type: ignore[arg-type]
     print(f"  gateway  latency ms  {fmt(row['gateway_ms'])}   ({row['gateway_rps']:.0f} req/s)")  # type: ignore[arg-type]
     print(f"  ADDED    latency ms  {fmt(row['added_ms'])}")  # type: ignore[arg-type]
@@ -231,22 +261,34 @@ async def measure(args: argparse.Namespace) -> None:
     if args.token:
         gateway_argv += ["--token", args.token]
     procs = [spawn(runner_argv, others), spawn(gateway_argv, gateway_cpus)]
+    gateways = [("this", gateway_url, procs[1].pid)]
+    if args.baseline_gateway:
+        # The same measurement of another version's gateway package (e.g. main's), in the same run.
+        baseline_port = free_port()
+        baseline_argv = [*gateway_argv, "--gateway-src", str(args.baseline_gateway)]
+        baseline_argv[baseline_argv.index("--port") + 1] = str(baseline_port)
+        procs.append(spawn(baseline_argv, gateway_cpus))
+        gateways.insert(0, ("baseline", f"http://127.0.0.1:{baseline_port}", procs[2].pid))
     try:
         await wait_ready(runner_url)
-        await wait_ready(gateway_url)
+        for _, url, _ in gateways:
+            await wait_ready(url)
         runner = f"plnt.runner {args.recipe}" if args.recipe else "stub"
         pinned = f"gateway on cpu {cores[-1]}, runner+load on {sorted(others or [])}" if pin else "no"
         print(f"gateway overhead: loop={args.loop} http={args.http} runner={runner} cores={len(cores)} pinned={pinned}")
         headers = [("authorization", f"Bearer {args.token}")] if args.token else []
         payload = args.input.encode() if args.input else PAYLOAD
         for concurrency in args.concurrency:
-            report(await compare(runner_url, gateway_url, procs[1].pid, requests=args.requests, concurrency=concurrency,
-                                 stream=False, rounds=args.rounds, headers=headers, invoke_path="/invoke", payload=payload))
+            for row in await compare(runner_url, gateways, requests=args.requests, concurrency=concurrency,
+                                     stream=False, rounds=args.rounds, headers=headers, invoke_path="/invoke",
+                                     payload=payload):
+                report(row)
         if args.stream_requests:
             for concurrency in args.stream_concurrency:
-                report(await compare(runner_url, gateway_url, procs[1].pid, requests=args.stream_requests,
-                                     concurrency=concurrency, stream=True, rounds=args.rounds, headers=headers,
-                                     invoke_path="/invoke", payload=payload))
+                for row in await compare(runner_url, gateways, requests=args.stream_requests, concurrency=concurrency,
+                                         stream=True, rounds=args.rounds, headers=headers, invoke_path="/invoke",
+                                         payload=payload):
+                    report(row)
         if args.profile:
             await profile(args, gateway_url, procs[1].pid, headers, payload)
     finally:
@@ -290,6 +332,8 @@ def main() -> None:
     parser.add_argument("--recipe", type=Path, help="serve this recipe with the real plnt runner (with --input)")
     parser.add_argument("--input", help="invocation body (JSON) for --recipe")
     parser.add_argument("--token", help="configure the gateway with this bearer token (auth on the hot path)")
+    parser.add_argument("--baseline-gateway", type=Path, metavar="DIR",
+                        help="also measure this gateway/ package (e.g. main's: git archive main gateway), same run")
     parser.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
     parser.add_argument("--profile", help="py-spy the gateway under load into this file (.svg, .json or .txt)")
     parser.add_argument("--profile-seconds", type=int, default=10)
@@ -298,6 +342,7 @@ def main() -> None:
     parser.add_argument("--serve-gateway", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--runner", help=argparse.SUPPRESS)
+    parser.add_argument("--gateway-src", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_runner:
         serve_runner(args)

@@ -10,14 +10,20 @@ project's machine, more than the whole proxy hop; see bench/gateway_overhead.py)
 - `POST /v1/chat/completions`: OpenAI chat completions (model = workflow name), translated to
   the runner's `POST /chat`; see openai_compat.py.
 
+- `POST /hooks/git`: needs the raw body for the forge's signature and no bearer token
+  when signed (see `Gateway.git_hook`, hooks.py).
+
 FastAPI serves the rest: `GET /v1/models`, `GET /workflows`, `GET /workflows/{name}/stats`,
-`POST /hooks/git`, `GET /metrics`, `GET /healthz` (and whatever `plnt up` adds).
+`GET /metrics`, `GET /healthz` (and whatever `plnt up` adds), after the token and scope check
+in `GatewayApp.__call__` (auth.required_scope: unlisted paths need `admin`).
 
 Errors (gateway-made; runner errors pass through with the runner's status and body):
   401 missing/unknown bearer token (`WWW-Authenticate: Bearer`), 403 token not allowed for the
   workflow, 404 unknown workflow, 409 name in several namespaces (invoke), 413 body over
-  `max_body_bytes`, 422 malformed JSON naming line/column (invoke; chat answers 400 as OpenAI
-  does), 502 runner unreachable or broke mid-exchange, 503 nothing promoted yet, 504 runner
+  `max_body_bytes`, 415 body not sent as JSON (`Content-Type`), 421 foreign Host on an open
+  loopback gateway, 422 malformed or too deeply nested JSON naming line/column (invoke; chat
+  answers 400 as OpenAI does), 502 runner unreachable or broke mid-exchange, 503 nothing
+  promoted yet, 504 runner
   silent for `request_timeout_s`. Invoke errors are `{"error": {"type", "message"}}`; /v1
   errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
 
@@ -31,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -40,8 +47,24 @@ from urllib.parse import parse_qs
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from . import hooks
+from . import limits as json_limits
 from . import openai_compat as oai
-from .auth import ALL, Grant, TokenSet
+from .auth import (
+    ADMIN,
+    ALL,
+    FOREIGN_HOST_MESSAGE,
+    INVOKE,
+    READ,
+    Grant,
+    TokenSet,
+    host_allowed,
+    is_json_media,
+    is_loopback_host,
+    missing_scope_message,
+    open_gateway_hosts,
+    required_scope,
+)
 from .metrics import GatewayMetrics
 from .routes import AmbiguousRoute, Backend, Route, RouteNotReady, Router, RouteTable, Track
 from .sse import COMMENT, SSEParser
@@ -62,8 +85,15 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _JSON = b"application/json"
+# Runner addresses as the drivers make them (loopback processes, Kubernetes services).
+_RUNNER_URL = re.compile(r"https?://(?:127(?:\.\d{1,3}){3}|localhost|\[::1\]|[\w.-]+\.svc(?:\.cluster\.local)?)(?::\d+)?")
 _SSE = b"text/event-stream"
 _NO_LABELS = ("", "", "", "")
+
+
+def _unsupported_type(content_type: bytes | None) -> str:
+    got = content_type.decode("latin-1") if content_type is not None else "no Content-Type"
+    return f"send the body as JSON with 'Content-Type: application/json' (got {got})"
 
 
 def _error(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -171,7 +201,7 @@ def _runner_error_type(body: bytes) -> str:
     try:
         error = json.loads(body).get("error")
         kind = error.get("type") if isinstance(error, dict) else None
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         kind = None
     return kind if isinstance(kind, str) and kind else "runner_error"
 
@@ -193,8 +223,14 @@ class Gateway:
         connect_timeout_s: float,
         max_body_bytes: int,
         max_connections_per_runner: int,
+        on_git_hook: Callable[[], Awaitable[None]] | None = None,
+        webhook_secret: bytes | None = None,
+        allowed_hosts: frozenset[bytes] | None = None,
     ) -> None:
         self.router = router
+        self.on_git_hook = on_git_hook
+        self.webhook_secret = webhook_secret
+        self.allowed_hosts = allowed_hosts  # open loopback mode: the Host names it answers
         self.tokens = tokens
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
@@ -344,6 +380,58 @@ class Gateway:
             raise self._unauthorized(authorization is not None, openai=openai)
         return found
 
+    @staticmethod
+    def _not_invocable(grant: Grant, what: str, credential: str = "token") -> str:
+        if not grant.has(INVOKE):
+            return missing_scope_message(INVOKE, f"invoking {what}").replace("this token", f"this {credential}")
+        return f"this {credential} may not invoke {what}"
+
+    # --- POST /hooks/git ---------------------------------------------------------------------
+
+    async def git_hook(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
+        """Wake the reconciler. With a webhook secret: a forge signature that verifies (or an
+        admin token) and no bearer token needed; without one: loopback callers only, with an
+        admin token when tokens are configured. Hooks only wake: many coalesce into one fetch."""
+        try:
+            headers = {key: value for key, value in scope["headers"]
+                       if key in hooks.SIGNATURE_HEADERS or key in (b"authorization", b"content-length")}
+            authorization = headers.get(b"authorization")
+            if self.on_git_hook is None:
+                raise _plnt_error(404, "not_found", "git hook is not enabled on this gateway")
+            if self.webhook_secret is None:
+                client = scope.get("client")
+                if client is None or not is_loopback_host(client[0]):
+                    raise _plnt_error(403, "forbidden", "POST /hooks/git takes only loopback callers unless plnt up "
+                                      "has --webhook-secret-file (then the forge signs each hook)")
+                if self.tokens.enabled:
+                    self._require_admin(authorization, "POST /hooks/git")
+            try:
+                body = await _read_body(receive, headers.get(b"content-length"), self.max_body_bytes)
+            except _BodyTooLarge as exc:
+                raise _plnt_error(413, "body_too_large", f"request body is over the {self.max_body_bytes} byte limit",
+                                  exc.headers(self.max_body_bytes)) from None
+            if self.webhook_secret is not None:
+                problem = hooks.verify(self.webhook_secret, headers, body)
+                grant = self.tokens.check_header(authorization) if self.tokens.enabled else None
+                if problem is not None and not (grant is not None and grant.has(ADMIN)):
+                    if grant is not None and not any(name in headers for name in hooks.SIGNATURE_HEADERS):
+                        # A known token without a signature: what it lacks is the scope.
+                        raise _plnt_error(403, "forbidden", missing_scope_message(ADMIN, "POST /hooks/git"))
+                    raise _plnt_error(401, "invalid_signature", problem)
+            await self.on_git_hook()
+            await _respond(send, 202, b'{"accepted":true}', [])
+        except _Reply as reply:
+            await _respond(send, reply.status, reply.body, reply.headers)
+        except _ClientGone:
+            pass
+
+    def _require_admin(self, authorization: bytes | None, what: str) -> None:
+        grant = self.tokens.check_header(authorization)
+        if grant is None:
+            raise self._unauthorized(authorization is not None, openai=False)
+        if not grant.has(ADMIN):
+            raise _plnt_error(403, "forbidden", missing_scope_message(ADMIN, what))
+
     async def _invoke(self, scope: ASGIScope, receive: Receive, send: Send, name: str, t0: float, outcome: _Outcome) -> None:
         headers = _pick_headers(scope)
         authorization, accept, content_type = headers.get(b"authorization"), headers.get(b"accept"), headers.get(b"content-type")
@@ -351,14 +439,18 @@ class Gateway:
         grant = self._grant(authorization, openai=False)
         if self.tokens.enabled:
             if not grant.allows_name(name):
-                raise _plnt_error(403, "forbidden", f"this token may not invoke workflow {name}")
+                raise _plnt_error(403, "forbidden", self._not_invocable(grant, f"workflow {name}"))
+        if not is_json_media(content_type):
+            raise _plnt_error(415, "unsupported_media_type", _unsupported_type(content_type))
         try:
             body = await _read_body(receive, content_length, self.max_body_bytes)
         except _BodyTooLarge as exc:
             raise _plnt_error(413, "body_too_large", f"request body is over the {self.max_body_bytes} byte limit",
                               exc.headers(self.max_body_bytes)) from None
         try:
-            parsed = json.loads(body)
+            parsed = json_limits.loads(body)
+        except json_limits.JSONTooDeep as exc:
+            raise _plnt_error(422, "invalid_json", f"body is not accepted: {exc}") from None
         except json.JSONDecodeError as exc:
             raise _plnt_error(422, "invalid_json", f"body is not valid JSON: {_json_position(exc)}",
                               line=exc.lineno, column=exc.colno) from None
@@ -383,7 +475,7 @@ class Gateway:
             where = f" in namespace {namespace}" if namespace is not None else ""
             raise _plnt_error(404, "not_found", f"no workflow named {name}{where}; GET /workflows lists them")
         if not grant.allows(route.namespace, name):
-            raise _plnt_error(403, "forbidden", f"this token may not invoke workflow {route.namespace}/{name}")
+            raise _plnt_error(403, "forbidden", self._not_invocable(grant, f"workflow {route.namespace}/{name}"))
         try:
             backend, track = self.router.choose(route, session=session.decode("latin-1") if session else None)
         except RouteNotReady:
@@ -478,13 +570,20 @@ class Gateway:
         headers = _pick_headers(scope)
         content_length, session = headers.get(b"content-length"), headers.get(b"x-session-id")
         grant = self._grant(headers.get(b"authorization"), openai=True)
+        content_type = headers.get(b"content-type")
+        if not is_json_media(content_type):
+            raise _openai_error(415, _unsupported_type(content_type), "invalid_request_error", None,
+                                "unsupported_media_type")
         try:
             body = await _read_body(receive, content_length, self.max_body_bytes)
         except _BodyTooLarge as exc:
             raise _openai_error(413, f"request body is over the {self.max_body_bytes} byte limit",
                                 "invalid_request_error", None, "request_too_large", exc.headers(self.max_body_bytes)) from None
         try:
-            request = oai.parse_chat_request(json.loads(body))
+            request = oai.parse_chat_request(json_limits.loads(body))
+        except json_limits.JSONTooDeep as exc:
+            raise _openai_error(400, f"could not accept the JSON body: {exc}", "invalid_request_error", None,
+                                "invalid_json") from None
         except json.JSONDecodeError as exc:
             raise _openai_error(400, f"could not parse the JSON body: {_json_position(exc)}",
                                 "invalid_request_error", None, "invalid_json") from None
@@ -498,7 +597,8 @@ class Gateway:
         namespace, _, name = model.rpartition("/")
         namespace_or_none = namespace or None
         if not (grant.allows(namespace, name) if namespace else grant.allows_name(name)):
-            raise _openai_error(403, f"this API key may not use model {model}", "permission_error", "model", "model_not_allowed")
+            raise _openai_error(403, self._not_invocable(grant, f"model {model}", "API key"), "permission_error",
+                                "model", "model_not_allowed")
         table = self.router.table
         try:
             route = table.lookup(name, namespace_or_none)
@@ -541,7 +641,7 @@ class Gateway:
         """The runner's result JSON, or a _Reply in OpenAI's error shape."""
         try:
             data = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             data = None
         if status == 200 and isinstance(data, dict):
             return data
@@ -554,7 +654,8 @@ class Gateway:
         code = error.get("type") if isinstance(error.get("type"), str) else "runner_error"
         if status < 500:
             return_status = 400 if status == 422 else status
-            raise _openai_error(return_status, message, "invalid_request_error", None, code)
+            param = error.get("field") if isinstance(error.get("field"), str) else None
+            raise _openai_error(return_status, message, "invalid_request_error", param, code)
         raise _openai_error(status, message, "server_error", None, code)
 
     async def _chat_stream(
@@ -599,7 +700,7 @@ class Gateway:
                     if event.event == "token":
                         try:
                             text = json.loads(event.data).get("text")
-                        except (ValueError, AttributeError):
+                        except (ValueError, AttributeError, RecursionError):
                             text = None
                         if isinstance(text, str) and text:
                             streamed.append(text)
@@ -608,7 +709,7 @@ class Gateway:
                     elif event.event == "result":
                         try:
                             result = json.loads(event.data)
-                        except ValueError:
+                        except (ValueError, RecursionError):
                             result = {}
                         result = result if isinstance(result, dict) else {}
                         reply = oai.reply_text(result.get("output"))
@@ -624,7 +725,7 @@ class Gateway:
                     elif event.event == "error":
                         try:
                             error = json.loads(event.data).get("error") or {}
-                        except (ValueError, AttributeError):
+                        except (ValueError, AttributeError, RecursionError):
                             error = {}
                         message = error.get("message") if isinstance(error, dict) else None
                         code = error.get("type") if isinstance(error, dict) else None
@@ -669,6 +770,9 @@ class GatewayApp(FastAPI):
     async def __call__(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             gateway = self.gateway
+            if gateway.allowed_hosts is not None and not host_allowed(scope["headers"], gateway.allowed_hosts):
+                await _respond(send, 421, _FOREIGN_HOST, [])
+                return
             path: str = scope["path"]
             if scope["method"] == "POST":
                 if path.startswith("/workflows/") and path.endswith("/invoke"):
@@ -678,6 +782,9 @@ class GatewayApp(FastAPI):
                         return
                 elif path == "/v1/chat/completions":
                     await gateway.chat(scope, receive, send)
+                    return
+                elif path == "/hooks/git":
+                    await gateway.git_hook(scope, receive, send)
                     return
             if gateway.tokens.enabled and path != "/healthz":
                 authorization = None
@@ -690,8 +797,31 @@ class GatewayApp(FastAPI):
                     reply = gateway._unauthorized(authorization is not None, openai=path.startswith("/v1/"))
                     await _respond(send, reply.status, reply.body, reply.headers)
                     return
+                needed = required_scope(path)
+                if needed is not None and not grant.has(needed):
+                    reply = _plnt_error(403, "forbidden", missing_scope_message(needed, f"{scope['method']} {path}"))
+                    await _respond(send, reply.status, reply.body, reply.headers)
+                    return
                 scope["plnt.grant"] = grant
         await super().__call__(scope, receive, send)
+
+
+
+_FOREIGN_HOST = oai.dumps({"error": {"type": "misdirected_request", "message": (
+    f"{FOREIGN_HOST_MESSAGE}; configure tokens (--tokens-file) to serve other names")}})
+
+
+def _without_runner_urls(row: dict[str, Any]) -> dict[str, Any]:
+    """A status row for callers who do not need runner addresses (they go through the gateway)."""
+    endpoint = row.get("endpoint")
+    clean = {key: value for key, value in row.items() if key != "endpoint"}
+    for key in ("message", "lastError"):
+        text = clean.get(key)
+        if isinstance(text, str):
+            if isinstance(endpoint, str) and endpoint:
+                text = text.replace(endpoint, "<runner>")
+            clean[key] = _RUNNER_URL.sub("<runner>", text)
+    return clean
 
 
 def _grant(request: Request) -> Grant:
@@ -708,12 +838,16 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     connect_timeout_s: float = _MAX_CONNECT_TIMEOUT_S,
     max_connections_per_runner: int = 256,
+    webhook_secret: bytes | None = None,
+    host: str = "127.0.0.1",
 ) -> GatewayApp:
     """Build the gateway app. The runner client lives in the app lifespan.
 
     `tokens`: None or empty runs the gateway open (callers decide whether that is allowed,
     see auth.exposure_problem). `request_timeout_s`: longest silence from a runner (no byte)
-    before 504; for streams, between two chunks.
+    before 504; for streams, between two chunks. `webhook_secret`: POST /hooks/git needs a
+    forge signature made with it (see hooks.py). `host`: the address served on; an open
+    gateway on a loopback address answers only loopback Host names (DNS rebinding).
     """
     gateway = Gateway(
         router,
@@ -723,6 +857,9 @@ def create_app(
         connect_timeout_s=min(request_timeout_s, connect_timeout_s),
         max_body_bytes=max_body_bytes,
         max_connections_per_runner=max_connections_per_runner,
+        on_git_hook=on_git_hook,
+        webhook_secret=webhook_secret,
+        allowed_hosts=open_gateway_hosts(host, tokens or TokenSet()),
     )
 
     @asynccontextmanager
@@ -746,8 +883,16 @@ def create_app(
     app.state.metrics = gateway.metrics
 
     @app.get("/workflows")
-    async def workflows() -> JSONResponse:
-        return JSONResponse(list_workflows())
+    async def workflows(request: Request) -> JSONResponse:
+        """Every row for `read`; an invoke-only token sees its workflows. Runner endpoints only
+        for `admin`: everyone else reaches runners through the gateway."""
+        grant = _grant(request)
+        rows = list_workflows()
+        if not grant.has(READ):
+            rows = [row for row in rows if grant.allows(str(row.get("namespace")), str(row.get("name")))]
+        if not grant.has(ADMIN):
+            rows = [_without_runner_urls(row) for row in rows]
+        return JSONResponse(rows)
 
     @app.get("/workflows/{name}/stats")
     async def workflow_stats(name: str, request: Request, namespace: str | None = None) -> JSONResponse:
@@ -758,33 +903,30 @@ def create_app(
             return _error(409, "ambiguous", f"{exc}")
         if route is None:
             return _error(404, "not_found", f"no workflow named {name}")
-        if not _grant(request).allows(route.namespace, name):
-            return _error(403, "forbidden", f"this token may not read workflow {route.namespace}/{name}")
         backends: list[tuple[Backend, str]] = [(b, "stable") for b in route.stable_replicas]
         if route.canary is not None:
             backends.append((route.canary, "canary"))
         assert gateway.client is not None
 
+        admin = _grant(request).has(ADMIN)
+
         async def one(backend: Backend, track: str) -> dict[str, Any]:
-            item: dict[str, Any] = {"endpoint": backend.endpoint, "version": backend.version, "track": track}
+            item: dict[str, Any] = {"version": backend.version, "track": track}
+            if admin:
+                item["endpoint"] = backend.endpoint
             try:
                 response = await gateway.client.request(backend.endpoint, "GET", "/stats")  # type: ignore[union-attr]
                 item["status"] = response.status
                 item["stats"] = json.loads(response.body) if response.status == 200 else None
-            except (UpstreamError, ValueError) as exc:
+            except (UpstreamError, ValueError, RecursionError) as exc:
                 item["status"] = None
                 item["error"] = str(exc) or type(exc).__name__
+                if not admin:
+                    item["error"] = _RUNNER_URL.sub("<runner>", item["error"]).replace(backend.endpoint, "<runner>")
             return item
 
         items = await asyncio.gather(*(one(b, t) for b, t in backends))
         return JSONResponse({"namespace": route.namespace, "name": name, "backends": items})
-
-    @app.post("/hooks/git", status_code=202)
-    async def git_hook() -> JSONResponse:
-        if on_git_hook is None:
-            return _error(404, "not_found", "git hook is not enabled on this gateway")
-        await on_git_hook()
-        return JSONResponse({"accepted": True}, status_code=202)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -1,21 +1,31 @@
-"""Bearer-token authentication of the gateway.
+"""Bearer-token authentication and authorization of the gateway.
 
 Tokens come from a file and/or a list (the CLI reads `PLNT_GATEWAY_TOKENS`; this module never
 reads the environment). File format, one token per line:
 
     # comment lines and blank lines are ignored; so is anything after " #"
-    s3cr3t-token-for-everything
-    token-for-two  summarize,translate          # only these workflows
+    s3cr3t-token-for-everything                 # bare: every scope, every workflow
+    token-for-two  summarize,translate          # invoke only, only these workflows
     token-for-one  team-a/translate             # a namespace/name entry pins the namespace
+    dashboards     scopes=read                  # status, history, metrics, stats
+    ci-deployer    scopes=admin                 # POST /hooks/git, GET /source
+    app-backend    scopes=invoke,read invoke=summarize
 
-Policy (see README "Gateway authentication"):
+Scopes (see README "Gateway authentication"):
+- `invoke`: POST /workflows/{name}/invoke and /v1/chat/completions, optionally limited to
+  workflows (`invoke=wf1,ns/wf2`, or the older bare list); `GET /v1/models` and `GET /workflows`
+  show such a token only its workflows;
+- `read`: `GET /workflows` (every row), `/workflows/{name}/history`, `/workflows/{name}/stats`,
+  `/metrics`;
+- `admin`: `POST /hooks/git`, `GET /source`, runner endpoints in `GET /workflows`, and any
+  endpoint not listed here (fail closed).
+
+Policy:
 - no tokens configured: every request is allowed (the gateway then runs open; `plnt up`
   allows that only on a loopback address unless --insecure-no-auth);
 - `GET /healthz` is always open (liveness probes carry no secrets);
-- every other endpoint, `/metrics`, `/hooks/git` and `/workflows` included, needs a valid
-  token: a missing or unknown token is 401 with `WWW-Authenticate: Bearer`;
-- a token restricted to some workflows gets 403 when invoking any other workflow (invoke
-  and chat completions), and `GET /v1/models` lists only its workflows.
+- every other endpoint needs a valid token: a missing or unknown token is 401 with
+  `WWW-Authenticate: Bearer`; a token without the scope an endpoint needs is 403 naming it.
 
 Every presented token is compared with *every* configured token with `hmac.compare_digest`
 (no early exit), so the time taken does not reveal which token, or how much of one, matched.
@@ -26,31 +36,64 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 class TokenFileError(ValueError):
     """A token file line that cannot be parsed."""
 
 
+INVOKE, READ, ADMIN = "invoke", "read", "admin"
+SCOPES = (INVOKE, READ, ADMIN)
+
+
 @dataclass(frozen=True)
 class Grant:
-    """What one token may invoke: everything (`workflows is None`) or the listed workflows."""
+    """What one token may do: its scopes, and for `invoke` every workflow (`workflows is None`)
+    or the listed ones."""
 
     workflows: frozenset[str] | None = None  # entries "name" or "namespace/name"
+    scopes: frozenset[str] = frozenset(SCOPES)
 
     def allows(self, namespace: str, name: str) -> bool:
+        """May this token invoke namespace/name?"""
+        if INVOKE not in self.scopes:
+            return False
         if self.workflows is None:
             return True
         return name in self.workflows or f"{namespace}/{name}" in self.workflows
 
     def allows_name(self, name: str) -> bool:
-        """Before the namespace is known: could any namespace's `name` be allowed?"""
+        """Before the namespace is known: could any namespace's `name` be invoked?"""
+        if INVOKE not in self.scopes:
+            return False
         if self.workflows is None:
             return True
         return any(entry == name or entry.endswith(f"/{name}") for entry in self.workflows)
+
+    def has(self, scope: str) -> bool:
+        return scope in self.scopes
+
+    def union(self, other: Grant) -> Grant:
+        """Both grants together (one token listed twice)."""
+        if INVOKE not in self.scopes:
+            workflows = other.workflows
+        elif INVOKE not in other.scopes:
+            workflows = self.workflows
+        elif self.workflows is None or other.workflows is None:
+            workflows = None
+        else:
+            workflows = self.workflows | other.workflows
+        return Grant(workflows, self.scopes | other.scopes)
+
+
+def invoke_only(workflows: Iterable[str]) -> Grant:
+    return Grant(frozenset(workflows), frozenset({INVOKE}))
 
 
 ALL = Grant()
@@ -66,12 +109,9 @@ class TokenSet:
                 raise ValueError("empty token")
             key = token.encode()
             previous = entries.get(key)
-            # The same token listed twice: the broader grant wins (union of workflows).
+            # The same token listed twice: the union of both grants.
             if previous is not None:
-                if previous.workflows is None or grant.workflows is None:
-                    grant = ALL
-                else:
-                    grant = Grant(previous.workflows | grant.workflows)
+                grant = previous.union(grant)
             entries[key] = grant
         self._entries = list(entries.items())
 
@@ -123,6 +163,45 @@ def bearer_token(authorization: bytes | None) -> bytes | None:
     return token or None
 
 
+def _workflow_list(value: str, where: str) -> frozenset[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise TokenFileError(f"{where}: expected a list of workflows, e.g. invoke=summarize,team-a/translate")
+    bad = [n for n in names if n.count("/") > 1 or n.startswith("/") or n.endswith("/") or "=" in n]
+    if bad:
+        raise TokenFileError(f"{where}: invalid workflow {bad[0]!r}; write NAME or NAMESPACE/NAME")
+    return frozenset(names)
+
+
+def _parse_fields(rest: str, where: str) -> Grant:
+    """`scopes=read,admin` and/or `invoke=wf1,wf2` (either order, each at most once)."""
+    # "invoke=a, b" is one field: join list items split by spaces after commas first.
+    fields = re.sub(r",\s+", ",", rest).split()
+    seen: dict[str, str] = {}
+    for number, field in enumerate(fields, start=2):
+        key, sep, value = field.partition("=")
+        if not sep or key not in ("scopes", "invoke"):
+            # Named by position, not echoed: a misplaced secret must not reach the log.
+            what = f"unknown field {key}=" if sep else f"word {number} is not a field"
+            raise TokenFileError(f"{where}: {what}; write TOKEN [scopes=invoke,read,admin] "
+                                 "[invoke=workflow1,workflow2] (or TOKEN workflow1,workflow2 for invoke-only)")
+        if key in seen:
+            raise TokenFileError(f"{where}: {key}= is given twice")
+        seen[key] = value
+    scopes: set[str] = set()
+    if "scopes" in seen:
+        scopes = {s.strip() for s in seen["scopes"].split(",") if s.strip()}
+        unknown = sorted(scopes - set(SCOPES))
+        if unknown or not scopes:
+            raise TokenFileError(f"{where}: unknown scope {unknown[0] if unknown else ''!r}; "
+                                 f"scopes are {', '.join(SCOPES)}")
+    workflows = None
+    if "invoke" in seen:
+        workflows = _workflow_list(seen["invoke"], where)
+        scopes.add(INVOKE)
+    return Grant(workflows, frozenset(scopes))
+
+
 def parse_token_file(text: str, *, source: str = "token file") -> list[tuple[str, Grant]]:
     tokens: list[tuple[str, Grant]] = []
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -131,16 +210,15 @@ def parse_token_file(text: str, *, source: str = "token file") -> list[tuple[str
             continue
         parts = line.split(None, 1)
         token = parts[0]
+        where = f"{source}:{number}"
+        if "=" in token:
+            raise TokenFileError(f"{where}: a line starts with the token, then its fields: TOKEN scopes=...")
         if len(parts) == 1:
             tokens.append((token, ALL))
-            continue
-        names = [n.strip() for n in parts[1].replace(" ", ",").split(",") if n.strip()]
-        bad = [n for n in names if n.count("/") > 1 or n.startswith("/") or n.endswith("/")]
-        if bad:
-            raise TokenFileError(f"{source}:{number}: invalid workflow {bad[0]!r}; write NAME or NAMESPACE/NAME")
-        if not names:
-            raise TokenFileError(f"{source}:{number}: expected TOKEN [workflow1,workflow2]")
-        tokens.append((token, Grant(frozenset(names))))
+        elif "=" in parts[1]:
+            tokens.append((token, _parse_fields(parts[1], where)))
+        else:  # the older syntax: TOKEN wf1,wf2 (or "wf1 wf2") is invoke-only for those
+            tokens.append((token, invoke_only(_workflow_list(parts[1].replace(" ", ","), where))))
     return tokens
 
 
@@ -170,3 +248,84 @@ def exposure_problem(host: str, tokens: TokenSet, *, insecure_no_auth: bool) -> 
         "(--tokens-file FILE or PLNT_GATEWAY_TOKENS), bind a loopback address (--host 127.0.0.1), "
         "or pass --insecure-no-auth to run it open anyway"
     )
+
+
+def required_scope(path: str) -> str | None:
+    """The scope a non-invoke endpoint needs; None: any valid token (the handler filters what it
+    shows). Anything not listed needs `admin`, so a new endpoint is closed until it is listed."""
+    if path == "/workflows" or path == "/v1/models" or path.startswith("/v1/models/"):
+        return None
+    if path == "/metrics" or (path.startswith("/workflows/") and path.endswith(("/history", "/stats"))):
+        return READ
+    return ADMIN
+
+
+def missing_scope_message(scope: str, what: str) -> str:
+    return (f"this token lacks the {scope!r} scope that {what} needs; give it `scopes={scope}` "
+            "(with its other scopes) in the token file")
+
+
+# Names a browser on this machine uses for a loopback gateway. Any other Host on an open
+# gateway is a page from elsewhere reaching it through DNS rebinding.
+_LOOPBACK_NAMES = frozenset({b"localhost", b"127.0.0.1", b"[::1]"})
+
+
+def open_gateway_hosts(host: str, tokens: TokenSet) -> frozenset[bytes] | None:
+    """The Host names an open loopback gateway answers; None: no Host check (tokens guard the
+    gateway, or it was opened on a non-loopback address on purpose with --insecure-no-auth)."""
+    if tokens.enabled or not is_loopback_host(host):
+        return None
+    bound = host.lower()
+    if ":" in bound and not bound.startswith("["):
+        bound = f"[{bound}]"
+    return _LOOPBACK_NAMES | {bound.encode()}
+
+
+def host_name(header: bytes) -> bytes:
+    """The Host header without its port, lower-case ("[::1]:8000" -> "[::1]")."""
+    value = header.strip().lower()
+    if value.startswith(b"["):
+        return value[: value.find(b"]") + 1]
+    return value.partition(b":")[0]
+
+
+def is_json_media(content_type: bytes | None) -> bool:
+    """application/json or any application/*+json, parameters (charset) allowed. A browser sends
+    a cross-site POST without a CORS preflight only as text/plain, a form, multipart, or untyped."""
+    if content_type is None:
+        return False
+    media = content_type.partition(b";")[0].strip().lower()
+    return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+
+
+def host_allowed(headers: list[tuple[bytes, bytes]], allowed: frozenset[bytes]) -> bool:
+    """Does the request's Host name one of `allowed`? (ASGI headers; no Host: HTTP/1.0, not a
+    browser, which always sends one.)"""
+    for key, value in headers:
+        if key == b"host":
+            return host_name(value) in allowed
+    return True
+
+
+FOREIGN_HOST_MESSAGE = (
+    "this unauthenticated loopback server answers only Host localhost, 127.0.0.1, [::1] or the address it "
+    "listens on (a foreign Host is how DNS rebinding reaches a loopback service)")
+
+
+class LoopbackHostGuard:
+    """ASGI middleware for an unauthenticated server on a loopback address (a runner): 421 for a
+    request whose Host is not a loopback name, i.e. a web page reaching it via DNS rebinding."""
+
+    def __init__(self, app: Any, allowed: frozenset[bytes]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not host_allowed(scope["headers"], self.allowed):
+            body = json.dumps({"error": {"type": "misdirected_request", "message": FOREIGN_HOST_MESSAGE,
+                                         "step": None}}).encode()
+            await send({"type": "http.response.start", "status": 421,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)

@@ -18,6 +18,8 @@ from typing import Any
 
 import uvicorn
 
+from .limits import HttpLimits, http_protocol
+
 
 class ServerStartError(RuntimeError):
     """uvicorn could not start (port in use, lifespan startup failed, ...)."""
@@ -40,13 +42,21 @@ class _InLoopServer(uvicorn.Server):
             self._ready.set()
 
 
+def uvicorn_config(app: Any, host: str, port: int, limits: HttpLimits | None = None, **options: Any) -> uvicorn.Config:
+    """uvicorn's config with plnt's HTTP limits (head size and count, slow-client deadlines; see
+    limits.py): the gateway and the runners are both served with it."""
+    return uvicorn.Config(app, host=host, port=port, http=http_protocol(limits or HttpLimits()), **options)
+
+
 def _build(
-    app: Any, host: str, port: int, ready: asyncio.Event | None, graceful_timeout_s: float | None
+    app: Any, host: str, port: int, ready: asyncio.Event | None, graceful_timeout_s: float | None,
+    limits: HttpLimits | None = None,
 ) -> _InLoopServer:
-    config = uvicorn.Config(
+    config = uvicorn_config(
         app,
-        host=host,
-        port=port,
+        host,
+        port,
+        limits,
         # "on", not "auto": with "auto" a failing lifespan startup is logged and ignored,
         # and the gateway would serve without its HTTP client.
         lifespan="on",
@@ -83,13 +93,14 @@ async def serve(
     *,
     ready: asyncio.Event | None = None,
     graceful_timeout_s: float | None = 30.0,
+    limits: HttpLimits | None = None,
 ) -> None:
     """Serve `app` on host:port in the running loop until cancelled; set `ready` once listening.
 
     Prefer `GatewayServer` when you need to stop gracefully: cancelling this coroutine closes
     the listener but drops in-flight requests and skips the app's lifespan shutdown.
     """
-    await _run(_build(app, host, port, ready, graceful_timeout_s))
+    await _run(_build(app, host, port, ready, graceful_timeout_s, limits))
 
 
 class GatewayServer:
@@ -99,9 +110,11 @@ class GatewayServer:
     """
 
     def __init__(
-        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, graceful_timeout_s: float | None = 30.0
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, graceful_timeout_s: float | None = 30.0,
+        limits: HttpLimits | None = None,
     ) -> None:
         self.app = app
+        self.limits = limits
         self.host = host
         self._requested_port = port
         self._graceful_timeout_s = graceful_timeout_s
@@ -113,7 +126,7 @@ class GatewayServer:
         if self._task is not None:
             raise RuntimeError("server already started")
         ready = asyncio.Event()
-        self._server = _build(self.app, self.host, self._requested_port, ready, self._graceful_timeout_s)
+        self._server = _build(self.app, self.host, self._requested_port, ready, self._graceful_timeout_s, self.limits)
         self._task = asyncio.create_task(_run(self._server), name=f"uvicorn {self.host}:{self._requested_port}")
         ready_wait = asyncio.create_task(ready.wait())
         # Whichever comes first: listening, or the server task ending (startup failure).

@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse
 from plnt.gateway.app import create_app
 from plnt.gateway.auth import exposure_problem, load_tokens
 from plnt.gateway.auth import is_loopback_host as _loopback
+from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret
+from plnt.gateway.limits import HttpLimits
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
 from plnt.gateway.server import GatewayServer, ServerStartError
 from temporalio.client import Client
@@ -98,6 +100,10 @@ async def start(settings: Settings) -> Plnt:
     problem = exposure_problem(settings.host, tokens, insecure_no_auth=settings.insecure_no_auth)
     if problem:
         raise ServerStartError(problem)
+    try:
+        webhook_secret = load_webhook_secret(settings.webhook_secret_file) if settings.webhook_secret_file else None
+    except WebhookSecretError as exc:
+        raise ServerStartError(f"--webhook-secret-file {exc}") from None
     state = StateDir(settings.state_dir).ensure()
     cleanups: list[Callable[[], Awaitable[None]]] = []
     try:
@@ -151,7 +157,8 @@ async def start(settings: Settings) -> Plnt:
 
         gateway_app = create_app(router, list_workflows=list_workflows, on_git_hook=on_git_hook, tokens=tokens,
                                  max_body_bytes=settings.gateway_max_body_bytes,
-                                 request_timeout_s=settings.gateway_request_timeout_s)
+                                 request_timeout_s=settings.gateway_request_timeout_s,
+                                 webhook_secret=webhook_secret, host=settings.host)
 
         @gateway_app.get("/source")
         async def source_status() -> dict[str, Any]:
@@ -164,7 +171,10 @@ async def start(settings: Settings) -> Plnt:
             except NoSaga as exc:
                 return JSONResponse({"error": {"type": "not_found", "message": str(exc)}}, status_code=404)
 
-        gateway = GatewayServer(gateway_app, host=settings.host, port=settings.port)
+        # Scopes: GET /source needs admin, history needs read (checked in front of every route).
+        gateway = GatewayServer(gateway_app, host=settings.host, port=settings.port,
+                                limits=HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
+                                                  head_timeout_s=settings.gateway_header_timeout_s))
         stop_event = asyncio.Event()
         plnt = Plnt(settings=settings, state=state, client=client, statuses=statuses, driver=driver, router=router,
                     reconciler=reconciler, gateway=gateway, stop_event=stop_event)

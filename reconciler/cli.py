@@ -123,6 +123,12 @@ def up(
     max_body_bytes: Annotated[int, typer.Option(help="Gateway: larger request bodies get 413.")] = 2**20,
     gateway_timeout: Annotated[float, typer.Option(
         help="Gateway: 504 when a runner sends nothing for this many seconds (streams: between two chunks).")] = 60.0,
+    max_header_bytes: Annotated[int, typer.Option(help="Gateway: larger request heads get 431.")] = 64 * 1024,
+    header_timeout: Annotated[float, typer.Option(
+        help="Gateway: close connections whose request headers are not complete within this many seconds.")] = 10.0,
+    webhook_secret_file: Annotated[Path | None, typer.Option(
+        help="POST /hooks/git then needs the forge's signature made with this secret (GitHub X-Hub-Signature-256, "
+             "Gitea X-Gitea-Signature, GitLab X-Gitlab-Token), from any address; without it only loopback callers.")] = None,
     loop: Annotated[str, typer.Option(
         help="Event loop: uvloop (default when installed; ~1.5x less gateway CPU per request, "
              "see bench/gateway_overhead.py) or asyncio.")] = "auto",
@@ -151,7 +157,8 @@ def up(
                         retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
                         gateway_tokens=env_tokens, gateway_tokens_file=tokens_file, insecure_no_auth=insecure_no_auth,
                         gateway_max_body_bytes=max_body_bytes, gateway_request_timeout_s=gateway_timeout,
-                        llm_url=llm_url, llm_model=llm_model, llm_api_key_env=llm_api_key_env)
+                        gateway_max_header_bytes=max_header_bytes, gateway_header_timeout_s=header_timeout,
+                        webhook_secret_file=webhook_secret_file, llm_url=llm_url, llm_model=llm_model, llm_api_key_env=llm_api_key_env)
     if llm_url and not llm_model:
         typer.echo("error: --llm-url needs --llm-model (the model the server should use)", err=True)
         raise typer.Exit(2)
@@ -373,7 +380,14 @@ def status(
     for row in rows:
         canary = f"{row.get('canaryVersion') or ''} {row['canaryPercent']}%" if row.get("canaryVersion") else "-"
         typer.echo(f"{row['namespace'] + '/' + row['name']:<34} {row['phase']:<11} {row.get('version') or '-':<10} "
-                   f"{canary:<14} {(row.get('observedCommit') or '-')[:12]:<13} {row.get('endpoint') or '-':<24} {row.get('message') or ''}")
+                   f"{canary:<14} {(row.get('observedCommit') or '-')[:12]:<13} {_endpoint(row):<24} {row.get('message') or ''}")
+
+
+def _endpoint(row: dict[str, Any]) -> str:
+    # Runner endpoints are shown to admin tokens only; others reach a workflow through the gateway.
+    if row.get("endpoint"):
+        return str(row["endpoint"])
+    return "-" if "endpoint" in row or not row.get("version") else "(via gateway)"
 
 
 @app.command()

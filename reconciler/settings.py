@@ -94,6 +94,11 @@ class Settings(BaseModel):
     gateway_max_body_bytes: int = Field(default=2**20, gt=0, description="larger request bodies get 413")
     gateway_request_timeout_s: float = Field(
         default=60.0, gt=0, description="504 when a runner sends nothing for this long (streams: between chunks)")
+    gateway_max_header_bytes: int = Field(default=64 * 1024, gt=0, description="larger request heads get 431")
+    gateway_header_timeout_s: float = Field(
+        default=10.0, gt=0, description="close connections whose request head is not complete within this")
+    webhook_secret_file: Path | None = Field(
+        default=None, description="POST /hooks/git needs a forge signature made with this secret (any caller)")
     # The model backend of local runners: None runs the offline mock backend.
     llm_url: str | None = Field(default=None, description="OpenAI-compatible model server for the runners")
     llm_model: str | None = None

@@ -91,10 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     import uvicorn
+    from plnt.gateway.server import uvicorn_config
     from plnt.runner.app import create_app
 
-    app = create_app(recipe, adapter, args.release_id, step_cache_size=args.step_cache_size)  # type: ignore[arg-type]
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    app = create_app(recipe, adapter, args.release_id, step_cache_size=args.step_cache_size,  # type: ignore[arg-type]
+                     host=args.host)
+    # The gateway's HTTP limits (header size and count, slow-client deadlines) apply here too.
+    config = uvicorn_config(app, args.host, args.port, log_level="warning", access_log=False)
     uvicorn.Server(config).run()
     return 0
 

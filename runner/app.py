@@ -52,7 +52,10 @@ carries the same object; its status would have been):
 ======================  ======  =====================================================
 type                    status  when
 ======================  ======  =====================================================
-invalid_request         422     body is not a JSON object; bad /chat messages/fields
+unsupported_media_type  415     /invoke, /chat: body not sent as JSON (Content-Type)
+misdirected_request     421     served on loopback: a Host that is not a loopback name
+invalid_request         422     body is not a JSON object (or nests deeper than 100); bad /chat fields
+invalid_input           422     an input the workflow's templates use is missing (`field` names it)
 step_failed             500     a step raised (`step` names it)
 upstream_unavailable    502     the model server refused the connection / DNS failed
 upstream_bad_status     502     the model server answered non-2xx (its message included)
@@ -74,9 +77,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from plnt.gateway.auth import LoopbackHostGuard, TokenSet, is_json_media, open_gateway_hosts
+from plnt.gateway.limits import JSONTooDeep
+from plnt.gateway.limits import loads as bounded_loads
 from plnt.runner.adapters import RuntimeAdapter, UpstreamError
 from plnt.runner.cache import DEFAULT_CAPACITY, StepCache
-from plnt.runner.engine import StepFailed, WorkflowResult, run_workflow
+from plnt.runner.engine import InvalidInput, StepFailed, WorkflowResult, check_inputs, required_inputs, run_workflow
 from plnt.runner.recipe import Recipe
 
 log = logging.getLogger("plnt.runner")
@@ -101,6 +107,8 @@ def _error_body(type_: str, message: str, step: str | None = None, **extra: Any)
 
 def _failure(exc: BaseException) -> tuple[int, dict[str, Any]]:
     """(status, error body) for an invocation that failed."""
+    if isinstance(exc, InvalidInput):
+        return 422, _error_body("invalid_input", exc.message, exc.step, field=exc.field)
     if isinstance(exc, StepFailed):
         if isinstance(exc.cause, UpstreamError):
             cause = exc.cause
@@ -165,11 +173,15 @@ def create_app(
     *,
     step_cache_size: int = DEFAULT_CAPACITY,
     ping_interval_s: float = PING_INTERVAL_S,
+    host: str | None = None,
 ) -> FastAPI:
+    """`host`: the address served on; on a loopback one, requests must name a loopback Host
+    (the runner has no auth: this keeps web pages using DNS rebinding out)."""
     workflow = recipe.workflow.metadata
     cache = StepCache(step_cache_size)
     chat_inputs = getattr(recipe.module, "chat_inputs", None) if recipe.module is not None else None
     counters = {"invocations": 0}
+    required = required_inputs(recipe)  # checked before anything runs: a missing one is a 422
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -186,6 +198,9 @@ def create_app(
     )
     app.state.step_cache = cache
     app.state.adapter = adapter
+    allowed_hosts = open_gateway_hosts(host, TokenSet()) if host is not None else None
+    if allowed_hosts is not None:
+        app.add_middleware(LoopbackHostGuard, allowed=allowed_hosts)
 
     health = {
         "status": "ok",
@@ -215,7 +230,9 @@ def create_app(
             raise ValueError(f"output of the workflow is not JSON-serialisable: {exc}") from exc
 
     def log_failure(exc: BaseException) -> None:
-        if isinstance(exc, StepFailed):
+        if isinstance(exc, InvalidInput):
+            log.info("%s@%s: %s", workflow.name, workflow.version, exc)
+        elif isinstance(exc, StepFailed):
             log.warning("%s@%s: %s", workflow.name, workflow.version, exc)
         else:
             log.error("%s@%s: invocation failed", workflow.name, workflow.version, exc_info=exc)
@@ -268,11 +285,22 @@ def create_app(
 
     async def read_json(request: Request) -> Any:
         try:
-            return json.loads(await request.body())
+            return bounded_loads(await request.body())
+        except JSONTooDeep as exc:
+            raise RequestError(f"body is not accepted: {exc}") from exc
         except (ValueError, UnicodeDecodeError) as exc:
             raise RequestError(f"body is not valid JSON: {exc}") from exc
 
-    def refuse(exc: RequestError) -> JSONResponse:
+    def not_json(request: Request) -> JSONResponse | None:
+        content_type = request.headers.get("content-type")
+        if is_json_media(content_type.encode("latin-1") if content_type is not None else None):
+            return None
+        return JSONResponse(_error_body("unsupported_media_type", "send the body as JSON with 'Content-Type: "
+                                        f"application/json' (got {content_type or 'no Content-Type'})"), status_code=415)
+
+    def refuse(exc: RequestError | InvalidInput) -> JSONResponse:
+        if isinstance(exc, InvalidInput):
+            return JSONResponse(_failure(exc)[1], status_code=422)
         extra = {"field": exc.field} if exc.field else {}
         return JSONResponse(_error_body("invalid_request", exc.message, **extra), status_code=422)
 
@@ -287,11 +315,14 @@ def create_app(
 
     @app.post("/invoke")
     async def invoke(request: Request) -> Response:
+        if (refused := not_json(request)) is not None:
+            return refused
         try:
             body = await read_json(request)
             if not isinstance(body, dict):
                 raise RequestError(f"body must be a JSON object, got {type(body).__name__}")
-        except RequestError as exc:
+            check_inputs(required, body)
+        except (RequestError, InvalidInput) as exc:
             return refuse(exc)
         if wants_event_stream(request):
             return answer_stream(body, None)
@@ -299,6 +330,8 @@ def create_app(
 
     @app.post("/chat")
     async def chat(request: Request) -> Response:
+        if (refused := not_json(request)) is not None:
+            return refused
         try:
             messages, stream, max_tokens = _parse_chat(await read_json(request))
             if callable(chat_inputs):
@@ -318,7 +351,8 @@ def create_app(
                     )
             else:
                 inputs = {"message": _last_user_content(messages), "messages": messages}
-        except RequestError as exc:
+            check_inputs(required, inputs)
+        except (RequestError, InvalidInput) as exc:
             return refuse(exc)
         if stream or wants_event_stream(request):
             return answer_stream(inputs, max_tokens)

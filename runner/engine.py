@@ -50,7 +50,7 @@ from plnt.reconciler.specs import Step, Workflow, output_step, step_levels
 from plnt.runner.adapters import RuntimeAdapter
 from plnt.runner.cache import MISSING, StepCache, cache_key, is_cacheable
 from plnt.runner.recipe import Recipe
-from plnt.runner.tools import Tools
+from plnt.runner.tools import RENDERED_PARAMS, MissingField, Tools, template_fields
 
 TokenCallback = Callable[[str, str], None]
 """`callback(step_id, text)`: receives the output step's tokens of a streaming invocation."""
@@ -64,6 +64,41 @@ class StepFailed(Exception):
         self.cause = cause
         self.message = f"{type(cause).__name__}: {cause}"
         super().__init__(f"step {step!r} failed: {self.message}")
+
+
+class InvalidInput(Exception):
+    """The invocation's inputs do not fit the workflow: `field` is missing (a client mistake, 422)."""
+
+    def __init__(self, field: str, message: str, step: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+        self.step = step
+
+
+def required_inputs(recipe: Recipe) -> tuple[str, ...]:
+    """The inputs the workflow's templates name: every `{placeholder}` in a param that a step's
+    default tool binding renders, other than a step id. Steps implemented by the recipe module
+    are left out: what their code reads is not declared."""
+    step_ids = {step.id for step in recipe.workflow.steps}
+    names: list[str] = []
+    for step in recipe.workflow.steps:
+        if recipe.module is not None and callable(getattr(recipe.module, step.id, None)):
+            continue
+        for key in RENDERED_PARAMS.get(step.tool, ()):
+            template = step.params.get(key)
+            if isinstance(template, str):
+                names.extend(n for n in template_fields(template) if n not in step_ids and n not in names)
+    return tuple(names)
+
+
+def check_inputs(required: tuple[str, ...], inputs: Mapping[str, Any]) -> None:
+    """Raise InvalidInput naming the first required input missing from `inputs` (and all of them)."""
+    missing = [name for name in required if name not in inputs]
+    if missing:
+        more = f" (missing: {', '.join(missing)})" if len(missing) > 1 else ""
+        raise InvalidInput(missing[0], f"missing input {missing[0]!r}: the workflow's steps use {{{missing[0]}}}; "
+                                       f"send it as a field of the JSON body{more}")
 
 
 class TokenSink:
@@ -213,6 +248,13 @@ async def _run_step(run: _Invocation, step: Step, results: Mapping[str, Any]) ->
     function = getattr(recipe.module, step.id, None) if recipe.module is not None else None
     try:
         value = await _execute(step, ctx, function)
+    except MissingField as exc:
+        # A template names something that is neither a step nor among the inputs: the
+        # client's body lacks it (a recipe's own mistakes name step ids and stay step_failed).
+        if any(exc.field == other.id for other in recipe.workflow.steps):
+            raise StepFailed(step.id, exc) from exc
+        raise InvalidInput(exc.field, f"missing input {exc.field!r}: step {step.id!r} uses {{{exc.field}}}; "
+                                      "send it as a field of the JSON body", step.id) from exc
     except Exception as exc:  # not CancelledError: a cancelled sibling is not a failure
         raise StepFailed(step.id, exc) from exc
     if key is not None and run.cache is not None:

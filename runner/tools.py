@@ -52,6 +52,14 @@ class ToolError(Exception):
     """A tool that cannot run: bad params, an unknown template field, an unknown tool."""
 
 
+class MissingField(ToolError):
+    """A template names `field`, which is neither an input nor a finished step."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 _WORD = re.compile(r"[a-z0-9']+")
 STOPWORDS = frozenset(
     "a an and are as at be but by for from has have i in is it its me my of on or our so that the "
@@ -117,13 +125,32 @@ class _Formatter(string.Formatter):
 _FORMATTER = _Formatter()
 
 
+def template_fields(template: str) -> list[str]:
+    """The names a template looks up: "{a} {b[c]} {d.e}" -> ["a", "b", "d"] (positional ones left out)."""
+    names: list[str] = []
+    try:
+        parsed = list(_FORMATTER.parse(template))
+    except ValueError:
+        return names
+    for _, field, _, _ in parsed:
+        root = re.split(r"[.\[]", field, maxsplit=1)[0] if field else ""
+        if root and not root.isdigit() and root not in names:
+            names.append(root)
+    return names
+
+
 def render(template: str, values: Mapping[str, Any]) -> str:
-    """Fill `{placeholders}` in `template` from `values`; unknown fields are a ToolError."""
+    """Fill `{placeholders}` in `template` from `values`; a name missing from `values` is a
+    MissingField, other unknown fields a ToolError."""
     if not isinstance(template, str):
         raise ToolError(f"template must be a string, got {type(template).__name__}")
     try:
         return _FORMATTER.vformat(template, (), values)
     except KeyError as exc:
+        missing = [name for name in template_fields(template) if name not in values]
+        if missing:
+            raise MissingField(missing[0], f"template field {{{missing[0]}}} is neither an input nor a finished step "
+                                           f"(have: {sorted(values)})") from exc
         raise ToolError(
             f"template field {{{exc.args[0]}}} is neither an input nor a finished step (have: {sorted(values)})"
         ) from exc
@@ -312,6 +339,14 @@ async def policy_moderate(tools: Tools, params: Mapping[str, Any]) -> dict[str, 
 
 
 ToolBinding = Callable[[Tools, Mapping[str, Any]], Awaitable[Any]]
+
+# The params each binding renders as a template (what an invocation's inputs must fill).
+RENDERED_PARAMS: dict[str, tuple[str, ...]] = {
+    "llm.classify": ("input",),
+    "llm.generate": ("prompt", "system"),
+    "rag.query": ("query",),
+    "policy.moderate": ("text",),
+}
 
 BINDINGS: dict[str, ToolBinding] = {
     "llm.classify": llm_classify,

@@ -1,11 +1,23 @@
-"""Bearer tokens (401/403, which endpoints are open), body limits (413), malformed JSON (422)."""
+"""Bearer tokens and their scopes (401/403, which endpoints are open), body limits (413), malformed
+JSON (422). The runner behind the gateway is the stand-in of fakes.py (FakeRunner)."""
 
 from __future__ import annotations
 
 import hmac
 
 import pytest
-from plnt.gateway.auth import ALL, Grant, TokenFileError, TokenSet, exposure_problem, is_loopback_host, parse_token_file
+from plnt.gateway.auth import (
+    ALL,
+    INVOKE,
+    READ,
+    Grant,
+    TokenFileError,
+    TokenSet,
+    exposure_problem,
+    invoke_only,
+    is_loopback_host,
+    parse_token_file,
+)
 from plnt.gateway.routes import Router, RouteTable
 
 from .conftest import StartGateway, StartServer, backend, route
@@ -16,7 +28,13 @@ TOKEN_FILE = """\
 admin-token
 two-token   summarize, translate    # two workflows, any namespace
 team-token  team-b/translate
+reader      scopes=read
+hooker      scopes=admin
+app         scopes=read invoke=summarize
 """
+
+
+JSON = {"content-type": "application/json"}
 
 
 # --- token parsing and policy (no servers) ---------------------------------------------------
@@ -26,9 +44,14 @@ def test_parse_token_file() -> None:
     tokens = dict(parse_token_file(TOKEN_FILE))
     assert tokens == {
         "admin-token": ALL,
-        "two-token": Grant(frozenset({"summarize", "translate"})),
-        "team-token": Grant(frozenset({"team-b/translate"})),
+        "two-token": invoke_only({"summarize", "translate"}),  # the older syntax: invoke-only
+        "team-token": invoke_only({"team-b/translate"}),
+        "reader": Grant(None, frozenset({READ})),
+        "hooker": Grant(None, frozenset({"admin"})),
+        "app": Grant(frozenset({"summarize"}), frozenset({READ, INVOKE})),
     }
+    assert not tokens["reader"].allows("default", "summarize") and tokens["reader"].has(READ)
+    assert not tokens["two-token"].has(READ) and not tokens["two-token"].has("admin")
     assert tokens["two-token"].allows("team-a", "translate")
     assert not tokens["two-token"].allows("team-a", "other")
     assert tokens["team-token"].allows("team-b", "translate")
@@ -39,11 +62,27 @@ def test_parse_token_file() -> None:
 def test_token_file_errors_name_the_line() -> None:
     with pytest.raises(TokenFileError, match="tokens.txt:2"):
         parse_token_file("ok\nbad a/b/c\n", source="tokens.txt")
+    for line, message in [("t scopes=write", "unknown scope 'write'; scopes are invoke, read, admin"),
+                          ("t invoke=", "expected a list of workflows"),
+                          ("t scope=read", "unknown field scope="),
+                          ("t scopes=read s3cret", "word 3 is not a field"),
+                          ("t scopes=read scopes=admin", "scopes= is given twice"),
+                          ("scopes=read", "a line starts with the token")]:
+        with pytest.raises(TokenFileError) as error:
+            parse_token_file(f"# c\n{line}\n", source="tokens.txt")
+        assert str(error.value).startswith("tokens.txt:2: ") and message in str(error.value), error.value
+        assert "s3cret" not in str(error.value)
+
+
+def test_same_token_twice_gets_both_grants() -> None:
+    tokens = TokenSet.parse("t scopes=read\nt a\nt b\nu c\nu scopes=invoke")
+    assert tokens.check(b"t") == Grant(frozenset({"a", "b"}), frozenset({READ, INVOKE}))
+    assert tokens.check(b"u") == Grant(None, frozenset({INVOKE}))
 
 
 def test_token_set_from_file_and_plain_tokens() -> None:
     tokens = TokenSet.parse(TOKEN_FILE, ["env-token", " ", "two-token"])
-    assert len(tokens) == 4  # "two-token" from the env as well: unrestricted wins
+    assert len(tokens) == 7  # "two-token" from the env as well: unrestricted wins
     assert tokens.check(b"two-token") == ALL
     assert tokens.check(b"env-token") == ALL
     assert tokens.check(b"nope") is None
@@ -70,7 +109,7 @@ def test_every_configured_token_is_compared(monkeypatch: pytest.MonkeyPatch) -> 
         calls.clear()
         tokens.check(presented)
         # No early exit on a match: the time does not say which token matched.
-        assert len(calls) == 3
+        assert len(calls) == len(tokens) == 6
 
 
 def test_exposure_rules() -> None:
@@ -126,16 +165,59 @@ async def test_auth_statuses(start_server: StartServer, start_gateway: StartGate
     # A namespace-pinned entry: translate exists only in "default" here, not team-b.
     assert (await c.post("/workflows/summarize/invoke", json={}, headers=auth("team-token"))).status_code == 403
 
-    # /healthz is open; everything else needs a token, restricted ones included.
+    # /healthz is open; everything else needs a token.
     assert (await c.get("/healthz")).status_code == 200
-    for method, path in [("GET", "/metrics"), ("GET", "/workflows"), ("POST", "/hooks/git"), ("GET", "/v1/models"),
-                         ("GET", "/workflows/summarize/stats")]:
+    endpoints = [("GET", "/metrics"), ("GET", "/workflows"), ("POST", "/hooks/git"), ("GET", "/v1/models"),
+                 ("GET", "/workflows/summarize/stats"), ("GET", "/source"), ("GET", "/docs")]
+    for method, path in endpoints:
         resp = await c.request(method, path)
         assert resp.status_code == 401, path
         assert resp.headers["www-authenticate"].startswith("Bearer")
-        resp = await c.request(method, path, headers=auth("two-token"))
-        assert resp.status_code in (200, 202), path
+    # Scopes: an invoke-only token lists and invokes, nothing else; read reads; admin hooks.
+    allowed = {
+        "two-token": {"/workflows", "/v1/models"},
+        "reader": {"/workflows", "/v1/models", "/metrics", "/workflows/summarize/stats"},
+        "hooker": {"/workflows", "/v1/models", "/hooks/git", "/source", "/docs"},
+    }
+    for token, paths in allowed.items():
+        for method, path in endpoints:
+            resp = await c.request(method, path, headers=auth(token))
+            if path in paths:
+                assert resp.status_code in (200, 202, 404), (token, path)  # /source: not served by this app
+            else:
+                assert resp.status_code == 403, (token, path, resp.text)
+                scope = "read" if path in allowed["reader"] else "admin"
+                assert resp.json()["error"]["message"].startswith(f"this token lacks the '{scope}' scope that "
+                                                                  f"{method} {path} needs"), resp.text
+    resp = await c.post("/workflows/summarize/invoke", json={}, headers=auth("reader"))
+    assert resp.status_code == 403 and "lacks the 'invoke' scope" in resp.json()["error"]["message"]
+    assert (await c.post("/workflows/summarize/invoke", json={}, headers=auth("app"))).status_code == 200
     assert hooks == ["wake"]
+
+
+@pytest.mark.integration
+async def test_workflow_list_by_scope(start_server: StartServer, start_gateway: StartGateway) -> None:
+    """Runner endpoints only for admin; an invoke-only token sees only its workflows."""
+    server = await start_server(FakeRunner("v1").app())
+    rows = [{"namespace": "default", "name": name, "endpoint": server.url, "version": "v1",
+             "message": f"runner at {server.url} failed its health check", "lastError": None}
+            for name in ("summarize", "review")]
+    table = RouteTable([route("summarize", backend(server, "v1")), route("review", backend(server, "v1"))])
+    gw = await start_gateway(Router(table), tokens=TokenSet.parse(TOKEN_FILE), list_workflows=lambda: rows)
+
+    async def listed(token: str) -> list[dict[str, object]]:
+        resp = await gw.client.get("/workflows", headers={"authorization": f"Bearer {token}"})
+        assert resp.status_code == 200
+        return resp.json()
+
+    assert await listed("admin-token") == rows
+    for token, names in [("two-token", ["summarize"]), ("reader", ["summarize", "review"])]:
+        shown = await listed(token)
+        assert [row["name"] for row in shown] == names
+        assert all("endpoint" not in row and server.url not in str(row) for row in shown), shown
+        assert shown[0]["message"] == "runner at <runner> failed its health check"
+    stats = (await gw.client.get("/workflows/summarize/stats", headers={"authorization": "Bearer reader"})).json()
+    assert stats["backends"][0]["status"] == 200 and "endpoint" not in stats["backends"][0]
 
 
 @pytest.mark.integration
@@ -147,10 +229,10 @@ async def test_body_limit_and_malformed_json(start_server: StartServer, start_ga
     c = gw.client
 
     ok = b'{"text": "' + b"x" * 900 + b'"}'
-    assert (await c.post("/workflows/summarize/invoke", content=ok)).status_code == 200
+    assert (await c.post("/workflows/summarize/invoke", content=ok, headers=JSON)).status_code == 200
 
     too_big = b'{"text": "' + b"x" * 1000 + b'"}'
-    resp = await c.post("/workflows/summarize/invoke", content=too_big)  # with Content-Length
+    resp = await c.post("/workflows/summarize/invoke", content=too_big, headers=JSON)  # with Content-Length
     assert resp.status_code == 413
     assert resp.json()["error"] == {"type": "body_too_large", "message": "request body is over the 1000 byte limit"}
 
@@ -158,21 +240,21 @@ async def test_body_limit_and_malformed_json(start_server: StartServer, start_ga
         for _ in range(20):
             yield b"x" * 100
 
-    resp = await c.post("/workflows/summarize/invoke", content=chunked())  # no Content-Length: counted as read
+    resp = await c.post("/workflows/summarize/invoke", content=chunked(), headers=JSON)  # no Content-Length
     assert resp.status_code == 413
 
-    resp = await c.post("/workflows/summarize/invoke", content=b'{"a": 1,\n "b": }')
+    resp = await c.post("/workflows/summarize/invoke", content=b'{"a": 1,\n "b": }', headers=JSON)
     assert resp.status_code == 422
     error = resp.json()["error"]
     assert error["type"] == "invalid_json"
     assert (error["line"], error["column"]) == (2, 7)
     assert "line 2 column 7" in error["message"]
 
-    resp = await c.post("/workflows/summarize/invoke", content=b"[1, 2]")
+    resp = await c.post("/workflows/summarize/invoke", content=b"[1, 2]", headers=JSON)
     assert resp.status_code == 422
     assert resp.json()["error"]["message"] == "body must be a JSON object, got list"
 
-    resp = await c.post("/workflows/summarize/invoke", content=b"\xff\xfe")
+    resp = await c.post("/workflows/summarize/invoke", content=b"\xff\xfe", headers=JSON)
     assert resp.status_code == 422
     assert len(runner.requests) == 1  # none of the refused bodies reached the runner
 
@@ -183,6 +265,6 @@ async def test_default_limit_is_one_mebibyte(start_server: StartServer, start_ga
     server = await start_server(FakeRunner("v1").app())
     gw = await start_gateway(Router(RouteTable([route("summarize", backend(server, "v1"))])))
     just_under = b'{"t": "' + b"x" * (2**20 - 10) + b'"}'
-    assert (await gw.client.post("/workflows/summarize/invoke", content=just_under)).status_code == 200
+    assert (await gw.client.post("/workflows/summarize/invoke", content=just_under, headers=JSON)).status_code == 200
     over = b'{"t": "' + b"x" * 2**20 + b'"}'
-    assert (await gw.client.post("/workflows/summarize/invoke", content=over)).status_code == 413
+    assert (await gw.client.post("/workflows/summarize/invoke", content=over, headers=JSON)).status_code == 413

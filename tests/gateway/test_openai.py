@@ -206,7 +206,7 @@ async def test_runner_errors_and_bad_json(start_server: StartServer, start_gatew
         assert failed.value.status_code == 500 and failed.value.code == "step_failed"
 
     resp = await gw.client.post("/v1/chat/completions", content=b'{"model": "assistant", "messages": [}',
-                                headers={"authorization": f"Bearer {TOKEN}"})
+                                headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
     assert resp.status_code == 400
     error = resp.json()["error"]
     assert error["code"] == "invalid_json" and "line 1 column 37" in error["message"]

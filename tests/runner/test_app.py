@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -76,6 +77,58 @@ async def test_failed_step_is_a_500_naming_the_step() -> None:
     assert "deliberately broken" in error["message"]
 
 
+async def test_missing_inputs_are_a_422_naming_the_field_before_anything_runs() -> None:
+    async with client("1.2.0") as http:
+        response = await http.post("/invoke", json={"brand_voice": "warm"})
+        assert response.status_code == 422
+        error = response.json()["error"]
+        assert (error["type"], error["field"], error["step"]) == ("invalid_input", "review", None)
+        assert error["message"].startswith("missing input 'review': the workflow's steps use {review}")
+        response = await http.post("/invoke", json={}, headers={"accept": "text/event-stream"})
+        assert response.status_code == 422 and response.headers["content-type"] == "application/json"
+        assert "(missing: review, brand_voice)" in response.json()["error"]["message"]
+        stats = (await http.get("/stats")).json()
+    assert stats["invocations"] == 0  # refused before running
+
+
+async def test_a_template_field_missing_at_run_time_is_a_422(tmp_path: Path) -> None:
+    """A module step rendering a template the body cannot fill: the client's mistake, named."""
+    recipe = write_recipe(tmp_path, "- {id: say, tool: python, params: {text: 'hi {who}'}}",
+                          "def say(ctx):\n    return ctx.render(ctx.params['text'])\n")
+    app = create_app(load_recipe_dir(recipe), MockBackend(), None)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://runner") as http:
+        response = await http.post("/invoke", json={"whom": "x"})
+        assert response.status_code == 422
+        assert response.json()["error"] == {"type": "invalid_input", "field": "who", "step": "say", "message":
+                                            "missing input 'who': step 'say' uses {who}; send it as a field of "
+                                            "the JSON body"}
+        assert (await http.post("/invoke", json={"who": "you"})).json()["output"] == "hi you"
+
+
+async def test_loopback_runner_refuses_foreign_hosts_and_non_json_bodies() -> None:
+    """The runner has no auth: on loopback a web page must not reach it (DNS rebinding, CSRF)."""
+    app = create_app(load_recipe_dir(RECIPES / "1.2.0"), MockBackend(), None, host="127.0.0.1")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1:9") as http:
+        assert (await http.post("/invoke", json=REVIEW)).status_code == 200
+        response = await http.post("/invoke", json=REVIEW, headers={"host": "attacker.example"})
+        assert response.status_code == 421 and response.json()["error"]["type"] == "misdirected_request"
+        for path in ("/invoke", "/chat"):
+            response = await http.post(path, content=b'{"review": "x"}', headers={"content-type": "text/plain"})
+            assert response.status_code == 415 and response.json()["error"]["type"] == "unsupported_media_type"
+        assert (await http.get("/stats")).json()["invocations"] == 1
+
+
+async def test_deeply_nested_json_is_a_422_not_a_500() -> None:
+    deep = b'{"a":' * 5000 + b"1" + b"}" * 5000
+    async with client("1.2.0") as http:
+        response = await http.post("/invoke", content=deep, headers={"content-type": "application/json"})
+        assert response.status_code == 422
+        assert response.json()["error"]["message"] == "body is not accepted: JSON nests deeper than 100 levels"
+        chat = b'{"messages": [{"role": "user", "content": ' + deep + b"}]}"
+        response = await http.post("/chat", content=chat, headers={"content-type": "application/json"})
+        assert response.status_code == 422 and "nests deeper than 100" in response.json()["error"]["message"]
+
+
 # --- the real process ----------------------------------------------------------------------------
 
 
@@ -133,6 +186,26 @@ def test_runner_process_serves_invokes_and_stops_cleanly_on_sigterm() -> None:
     assert process.returncode == 0, stderr.decode()
     assert stdout == b""
     assert b"Traceback" not in stderr
+
+
+@pytest.mark.integration
+def test_runner_process_refuses_oversized_heads_with_431() -> None:
+    """The runner is served with the gateway's HTTP limits (gateway/limits.py)."""
+    port = free_port()
+    process = subprocess.Popen(runner_command(RECIPES / "1.2.0", port), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_healthy(process, port)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            try:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (8 * 2**20) + b"\r\n\r\n")
+            except OSError:
+                pass  # the runner stopped reading after answering
+            answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large"), answer[:100]
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    finally:
+        process.kill()
+        process.wait()
 
 
 @pytest.mark.integration

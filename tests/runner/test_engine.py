@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from plnt.runner.adapters import MockBackend
-from plnt.runner.engine import StepFailed, run_workflow
+from plnt.runner.engine import InvalidInput, StepFailed, check_inputs, required_inputs, run_workflow
 from plnt.runner.recipe import Recipe, RecipeError, directory_digest, load_recipe_dir, matches
 from plnt.runner.tools import Tools
 
@@ -166,9 +166,30 @@ async def test_unknown_tool_is_rejected(tmp_path: Path) -> None:
 
 
 async def test_unknown_template_field_names_the_field(tmp_path: Path) -> None:
+    """A field the body lacks is the client's mistake (InvalidInput naming it); a step id used
+    before that step finished (no dependency declared) is the recipe's (StepFailed)."""
     recipe = write_recipe(tmp_path, "- {id: gen, tool: llm.generate, params: {prompt: 'hi {nobody}'}}")
-    with pytest.raises(StepFailed, match=r"\{nobody\} is neither an input nor a finished step"):
+    with pytest.raises(InvalidInput, match=r"missing input 'nobody': step 'gen' uses \{nobody\}") as missing:
         await run(recipe, {"somebody": 1})
+    assert (missing.value.field, missing.value.step) == ("nobody", "gen")
+    racing = write_recipe(tmp_path / "racing", "- {id: a, tool: llm.generate, params: {prompt: 'x {b}'}}\n"
+                                               "- {id: b, tool: llm.generate, params: {prompt: 'y'}}")
+    with pytest.raises(StepFailed, match=r"\{b\} is neither an input nor a finished step"):
+        await run(racing, {})
+
+
+def test_required_inputs_come_from_the_templates_the_bindings_render(tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path, "- {id: a, tool: llm.classify, params: {input: '{review}', labels: ['{x}']}}\n"
+                                    "- {id: b, tool: llm.generate, deps: [a], params: {prompt: '{a} {voice[tone]}', "
+                                    "system: '{review} {0}'}}")
+    recipe = load_recipe_dir(recipe)
+    assert required_inputs(recipe) == ("review", "voice")  # not labels, not the step id, not positional
+    check_inputs(("review",), {"review": ""})
+    with pytest.raises(InvalidInput, match=r"missing input 'review'.*\(missing: review, voice\)") as missing:
+        check_inputs(required_inputs(recipe), {})
+    assert missing.value.field == "review"
+    example = load_recipe_dir(RECIPES / "1.2.0")  # its module's steps are left out: only classify_intent's
+    assert required_inputs(example) == ("review", "brand_voice")
 
 
 def test_workflow_yaml_parses_without_the_reconciler_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
