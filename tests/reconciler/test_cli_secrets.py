@@ -44,6 +44,7 @@ def status(url: str, tmp_path: Path, *args: str, env: dict[str, str] | None = No
     return result.exit_code, result.output
 
 
+@pytest.mark.integration  # starts a real HTTP server standing in for a plnt gateway
 def test_status_token_from_a_file_or_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PLNT_TOKEN", raising=False)
     monkeypatch.delenv("PLNT_TOKEN_FILE", raising=False)
