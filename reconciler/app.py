@@ -21,6 +21,7 @@ from temporalio.worker import Worker
 
 from .activities import SagaActivities
 from .archive import ExtractLimits
+from .commit_specs import CommitSpecs
 from .drivers import DriverSet
 from .helm_driver import DEFAULT_CHART, HelmDriver, RunnerImage, SpecLookup
 from .history import NoSaga, saga_history
@@ -128,7 +129,8 @@ async def start(settings: Settings) -> Plnt:
         drivers = DriverSet(driver, state, make_helm)
         source = GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path)
         activities = SagaActivities(
-            driver=drivers, statuses=statuses, export_from_repo=source.export, read_from_repo=source.read_file,
+            driver=drivers, statuses=statuses, commit_specs=CommitSpecs(source),
+            export_from_repo=source.export, read_from_repo=source.read_file,
             supported_backend_types=("local", "kubernetes"),
             recipe_cache=state.recipes, smoke_request_timeout_s=settings.smoke_request_timeout_s,
             registry_options=RegistryOptions(
