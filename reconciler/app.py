@@ -34,7 +34,7 @@ from .source import GitSource
 from .specs import PlntBackend
 from .state import LiveWorkflow, Release, StateDir
 from .status import StatusStore
-from .temporal_server import TemporalDevServer, connect
+from .temporal_server import TemporalDevServer, connect, connect_external
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,9 @@ async def start(settings: Settings) -> Plnt:
             server = TemporalDevServer(state.temporal_db, log_file=state.root / "temporal.log")
             address = await server.start()
             cleanups.append(server.stop)
-        client = await connect(address, settings.temporal_namespace, data_converter=pydantic_data_converter)
+            client = await connect(address, settings.temporal_namespace, data_converter=pydantic_data_converter)
+        else:
+            client = await connect_external(settings, data_converter=pydantic_data_converter)
 
         statuses = StatusStore(state.status_file)
         router = Router()
