@@ -199,6 +199,8 @@ async def connect_external(settings: Settings, *, timeout_s: float = 10.0, **kwa
         checks = ["that the address is right and the server is up"]
         if "tls" in options or "api_key" in options:
             checks.append("that it serves TLS on that port")
+        else:
+            checks.append("whether it serves TLS only (--temporal-tls, --temporal-tls-ca)")
         if settings.temporal_tls_ca:
             checks.append(f"that its certificate chains to --temporal-tls-ca {settings.temporal_tls_ca} and names the host")
         if settings.temporal_tls_cert:
