@@ -495,12 +495,12 @@ def recipe_pack(
     output: Annotated[Path, typer.Option("-o", "--output", help="Archive to write.")] = Path("recipe.tar.gz"),
 ) -> None:
     """Pack a recipe directory into a deterministic gzip tar (same content, same bytes, same sha256)."""
-    from plnt.runner.recipe import RecipeError, load_recipe_dir
+    from plnt.runner.recipe import RecipeError, check_recipe_dir
 
     from .archive import pack_recipe_to
 
     try:
-        recipe = load_recipe_dir(directory)
+        recipe = check_recipe_dir(directory)  # as data: packing never runs the recipe's code
         digest = pack_recipe_to(directory, output)
     except RecipeError as exc:
         raise _fail(f"{exc}; fix the recipe before packing it") from exc
