@@ -1,0 +1,91 @@
+"""What checking a saga's input against its commit costs, before and after, in one run.
+
+Before: the saga's input carried the WorkflowRun, the PlntBackends and the RecipeTrustPolicies as
+JSON and each activity validated them (pydantic). After: the input names a commit; each activity
+checks the commit is on the tracked branch (`git merge-base --is-ancestor`) and reads the specs at
+that commit from plnt's own clone, parsed once per commit (`CommitSpecs`).
+
+    python bench/saga_input_check.py [--rounds 50] [--workflowruns 1]
+
+Prints medians: per activity (before / after with the commit's specs cached) and per saga (the
+first activity of a new commit: one parse of the commit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from plnt.reconciler.commit_specs import CommitSpecs
+from plnt.reconciler.loader import load_directory
+from plnt.reconciler.saga_io import SagaRef
+from plnt.reconciler.source import GitSource
+from plnt.reconciler.specs import PlntBackend, RecipeTrustPolicy, WorkflowRun
+
+ROOT = Path(__file__).resolve().parent.parent
+GIT = ["git", "-c", "user.name=bench", "-c", "user.email=bench@plnt.invalid"]
+
+
+def scratch_repo(directory: Path, workflowruns: int) -> Path:
+    repo = directory / "specs"
+    shutil.copytree(ROOT / "gitops-example", repo)
+    text = (repo / "workflowruns" / "review-responder.yaml").read_text()
+    for index in range(1, workflowruns):
+        (repo / "workflowruns" / f"rr-{index}.yaml").write_text(text.replace("name: review-responder\n", f"name: rr-{index}\n", 1))
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    subprocess.run([*GIT, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*GIT, "commit", "-q", "-m", "specs"], cwd=repo, check=True)
+    return repo
+
+
+def median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+async def main(rounds: int, workflowruns: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = scratch_repo(Path(tmp), workflowruns)
+        source = GitSource(str(repo), Path(tmp) / "clone")
+        commit = source.fetch()
+        specs, _ = load_directory(repo)
+        run = specs.workflow_runs["default/review-responder"]
+        ref = SagaRef(action="deploy", namespace="default", name="review-responder", commit=commit,
+                      fingerprint=run.fingerprint(), version=run.spec.workflow.version)
+        # What the old input carried, as JSON.
+        spec = run.model_dump(mode="json", by_alias=True)
+        backends = {n: b.model_dump(mode="json", by_alias=True) for n, b in specs.backends.items()}
+        policies = {n: p.model_dump(mode="json", by_alias=True) for n, p in specs.trust_policies.items()}
+
+        before, cold, warm = [], [], []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            WorkflowRun.model_validate(spec)
+            [PlntBackend.model_validate(doc) for doc in backends.values()]
+            [RecipeTrustPolicy.model_validate(doc) for doc in policies.values()]
+            before.append(time.perf_counter() - start)
+
+            commit_specs = CommitSpecs(source)
+            start = time.perf_counter()
+            await commit_specs.resolve(ref)
+            cold.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            await commit_specs.resolve(ref)
+            warm.append(time.perf_counter() - start)
+        print(f"{workflowruns} WorkflowRun(s), {len(specs.workflow_runs)} loaded, {rounds} rounds (medians):")
+        print(f"  before, per activity (validate the specs carried in the input): {median_ms(before):8.3f} ms")
+        print(f"  after,  per activity (branch check + cached specs of the commit): {median_ms(warm):8.3f} ms")
+        print(f"  after,  per saga     (first activity: branch check + parse of the commit): {median_ms(cold):8.3f} ms")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--workflowruns", type=int, default=1)
+    args = parser.parse_args()
+    asyncio.run(main(args.rounds, args.workflowruns))
