@@ -55,12 +55,8 @@ class GoldenCase:
     expect: Any
 
 
-@dataclass
-class Recipe:
+class _Named:
     workflow: Workflow
-    directory: Path
-    module: ModuleType | None
-    digest: str = ""
 
     @property
     def name(self) -> str:
@@ -69,6 +65,14 @@ class Recipe:
     @property
     def version(self) -> str:
         return self.workflow.metadata.version
+
+
+@dataclass
+class Recipe(_Named):
+    workflow: Workflow
+    directory: Path
+    module: ModuleType | None
+    digest: str = ""
 
 
 # --- digest ----------------------------------------------------------------------------------
@@ -165,21 +169,13 @@ MAX_CHECKED_MODULE_BYTES = 4 * 2**20  # larger modules are not parsed by plnt: t
 
 
 @dataclass(frozen=True)
-class CheckedRecipe:
+class CheckedRecipe(_Named):
     """A recipe directory checked as data: its workflow, its module file (None if it has none), its digest."""
 
     workflow: Workflow
     directory: Path
     entry: Path | None
     digest: str
-
-    @property
-    def name(self) -> str:
-        return self.workflow.metadata.name
-
-    @property
-    def version(self) -> str:
-        return self.workflow.metadata.version
 
 
 def check_recipe_dir(directory: Path, *, parse_module: bool = True) -> CheckedRecipe:
