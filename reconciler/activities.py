@@ -19,14 +19,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from plnt.runner.recipe import load_golden
+from plnt.runner.recipe import RecipeError, load_golden
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from .archive import ExtractLimits
 from .commit_specs import CommitSpecs, TrustedSaga
 from .driver import InstallRequest, ReleaseDriver
-from .errors import GpuClassUnavailable, NeedsHuman, PlntError, UnknownBackend, UntrustedSagaInput
+from .errors import GpuClassUnavailable, InvalidRecipe, NeedsHuman, PlntError, UnknownBackend, UntrustedSagaInput
 from .recipes import ExportFromRepo, ReadFromRepo, RecipeCache, pull_recipe
 from .registries import RegistryOptions
 from .saga_io import (
@@ -230,7 +230,10 @@ class SagaActivities:
         canary = await self._release_of(run, "canary")
         budget = run.spec.canary.smoke_test
         recipe_dir = self._verified_recipe(run, canary.recipe_digest)
-        cases = await asyncio.to_thread(load_golden, recipe_dir)  # data: golden.yaml, parsed as YAML
+        try:
+            cases = await asyncio.to_thread(load_golden, recipe_dir)  # data: golden.yaml, bounded YAML
+        except RecipeError as exc:
+            raise InvalidRecipe(f"recipe {run.spec.workflow.ref}: {exc.problem}") from exc
         samples = await _with_heartbeats(measure(
             canary.endpoint, [case.input for case in cases],
             invocations=budget.invocations, concurrency=budget.concurrency, timeout_s=self._smoke_timeout_s,

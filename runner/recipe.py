@@ -268,15 +268,35 @@ def load_recipe_dir(directory: Path) -> Recipe:
 # --- golden cases ----------------------------------------------------------------------------
 
 
+MAX_GOLDEN_BYTES = 2**20
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """Golden cases are sent as JSON: an alias would be expanded there (a few bytes, gigabytes sent)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.YAMLError(f"line {mark.line + 1}: aliases (*name) are not allowed in {GOLDEN_FILE}")
+        return super().compose_node(parent, index)
+
+
 def load_golden(directory: Path) -> list[GoldenCase]:
-    """Golden cases from the optional `golden.yaml`: `cases: [{name, input: {...}, expect: ...}]`."""
+    """Golden cases from the optional `golden.yaml`: `cases: [{name, input: {...}, expect: ...}]`.
+
+    Read as data, bounded (plnt's smoke test reads it too): at most 1 MiB, no aliases.
+    """
     path = Path(directory) / GOLDEN_FILE
     if not path.is_file():
         return []
+    if path.stat().st_size > MAX_GOLDEN_BYTES:
+        raise RecipeError(path, f"larger than {MAX_GOLDEN_BYTES} bytes")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliasLoader) or {}  # noqa: S506 - a SafeLoader
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise RecipeError(path, f"invalid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise RecipeError(path, "invalid YAML: nested too deeply") from exc
     cases = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(cases, list):
         raise RecipeError(path, "expected a mapping with a list `cases`")

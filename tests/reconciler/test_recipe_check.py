@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from plnt.runner.recipe import RecipeError, check_recipe_dir
+from plnt.runner.recipe import RecipeError, check_recipe_dir, load_golden
 
 from ..conftest import EXAMPLE
 
@@ -82,3 +82,18 @@ def test_a_link_in_the_recipe_is_refused(tmp_path: Path) -> None:
     (directory / "workflow.yaml").symlink_to(directory / "real.yaml")
     with pytest.raises(RecipeError, match="a recipe directory needs a workflow.yaml, a regular file"):
         check_recipe_dir(directory)
+
+
+@pytest.mark.parametrize(("golden", "message"), [
+    ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\ncases: [*b]\n",
+     "line 2: aliases (*name) are not allowed in golden.yaml"),
+    ("cases: " + "[" * 100_000 + "]" * 100_000 + "\n", "invalid YAML: nested too deeply"),
+    ("cases:\n" + "  - {input: {review: " + "x" * 2**20 + "}, expect: {}}\n", "larger than 1048576 bytes"),
+    ("cases: [\udcff]\n", "invalid YAML"),
+])
+def test_hostile_golden_cases_are_refused_as_data(tmp_path: Path, golden: str, message: str) -> None:
+    directory = recipe(tmp_path)
+    (directory / "golden.yaml").write_bytes(golden.encode("utf-8", "surrogateescape"))
+    with pytest.raises(RecipeError) as caught:
+        load_golden(directory)
+    assert message in str(caught.value)
