@@ -8,7 +8,8 @@ that commit from plnt's own clone, parsed once per commit (`CommitSpecs`).
     python bench/saga_input_check.py [--rounds 50] [--workflowruns 1]
 
 Prints medians: per activity (before / after with the commit's specs cached) and per saga (the
-first activity of a new commit: one parse of the commit).
+first activity of a new commit: one parse of the commit); and the recipe check of a fresh pull,
+before (load_recipe_dir: parse and import the module) and after (check_recipe_dir: parse, no import).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from plnt.reconciler.loader import load_directory
 from plnt.reconciler.saga_io import SagaRef
 from plnt.reconciler.source import GitSource
 from plnt.reconciler.specs import PlntBackend, RecipeTrustPolicy, WorkflowRun
+from plnt.runner.recipe import check_recipe_dir, load_recipe_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 GIT = ["git", "-c", "user.name=bench", "-c", "user.email=bench@plnt.invalid"]
@@ -81,6 +83,18 @@ async def main(rounds: int, workflowruns: int) -> None:
         print(f"  before, per activity (validate the specs carried in the input): {median_ms(before):8.3f} ms")
         print(f"  after,  per activity (branch check + cached specs of the commit): {median_ms(warm):8.3f} ms")
         print(f"  after,  per saga     (first activity: branch check + parse of the commit): {median_ms(cold):8.3f} ms")
+
+        recipe = repo / "recipes" / "review-responder" / "1.3.0"
+        imported, checked = [], []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            load_recipe_dir(recipe)
+            imported.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            check_recipe_dir(recipe)
+            checked.append(time.perf_counter() - start)
+        print(f"  recipe check of a fresh pull: before (import) {median_ms(imported):.3f} ms, "
+              f"after (data only) {median_ms(checked):.3f} ms")
 
 
 if __name__ == "__main__":
