@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
-from temporalio.service import TLSConfig
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from .errors import RetryLater
 from .local_driver import free_port
@@ -194,7 +195,7 @@ async def connect_external(settings: Settings, *, timeout_s: float = 10.0, **kwa
     assert address is not None
     options = client_options(settings)
     try:
-        return await connect(address, settings.temporal_namespace, timeout_s=timeout_s, **options, **kwargs)
+        client = await connect(address, settings.temporal_namespace, timeout_s=timeout_s, **options, **kwargs)
     except TemporalStartError as exc:
         checks = ["that the address is right and the server is up"]
         if "tls" in options or "api_key" in options:
@@ -213,3 +214,14 @@ async def connect_external(settings: Settings, *, timeout_s: float = 10.0, **kwa
         raise TemporalConnectError(f"cannot connect to Temporal at {address} (namespace "
                                    f"{settings.temporal_namespace!r}, {'TLS' if options else 'no TLS'}): {cause}. "
                                    f"Check {'; '.join(checks)}") from exc
+    # Connecting does not touch the namespace; a worker on a missing one would only fail later, in a log.
+    try:
+        await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace=settings.temporal_namespace))
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise TemporalConnectError(f"Temporal at {address} has no namespace {settings.temporal_namespace!r}: "
+                                       f"create it, or name another with --temporal-namespace") from exc
+        if exc.status != RPCStatusCode.PERMISSION_DENIED:  # a key may run workflows without describing its namespace
+            raise TemporalConnectError(f"Temporal at {address}: cannot use namespace "
+                                       f"{settings.temporal_namespace!r}: {exc.message}") from exc
+    return client

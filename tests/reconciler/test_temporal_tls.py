@@ -171,6 +171,15 @@ async def test_a_refused_tls_connection_names_the_address_and_what_to_check(
     assert checks in message
 
 
+@pytest.mark.integration
+async def test_a_namespace_the_server_lacks_is_named_at_connect(pki: Pki, temporal_address: str) -> None:
+    async with tls_proxy(pki, temporal_address) as proxied:
+        with pytest.raises(TemporalConnectError) as caught:
+            await connect_external(tls_settings(proxied, "no-such-namespace", pki), timeout_s=5.0)
+    assert str(caught.value) == (f"Temporal at {proxied} has no namespace 'no-such-namespace': create it, "
+                                 f"or name another with --temporal-namespace")
+
+
 def test_connection_options_as_temporal_clients_take_them(pki: Pki, tmp_path: Path) -> None:
     options = client_options(tls_settings("t:7233", "ns", pki, temporal_api_key=SecretStr("k3y")))
     assert options["api_key"] == "k3y"
