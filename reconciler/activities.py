@@ -22,11 +22,20 @@ from typing import Any, TypeVar
 from plnt.runner.recipe import RecipeError, load_golden
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from .archive import ExtractLimits
 from .commit_specs import CommitSpecs, TrustedSaga
 from .driver import InstallRequest, ReleaseDriver
-from .errors import GpuClassUnavailable, InvalidRecipe, NeedsHuman, PlntError, UnknownBackend, UntrustedSagaInput
+from .errors import (
+    GpuClassUnavailable,
+    InvalidRecipe,
+    NeedsHuman,
+    PlntError,
+    RetryLater,
+    UnknownBackend,
+    UntrustedSagaInput,
+)
 from .recipes import ExportFromRepo, ReadFromRepo, RecipeCache, pull_recipe
 from .registries import RegistryOptions
 from .saga_io import (
@@ -39,6 +48,7 @@ from .saga_io import (
     SmokeInput,
     ValidatedSpec,
     ValidateInput,
+    saga_workflow_id,
 )
 from .smoke import SmokeResult, judge, measure, summarise
 from .specs import BackendPlacement, Requirements, WorkflowRun
@@ -110,7 +120,10 @@ class SagaActivities:
         limits: ExtractLimits = ExtractLimits(),
         smoke_request_timeout_s: float = 30.0,
         supported_backend_types: tuple[str, ...] = ("local",),
+        saga_task_queue: str | None,
     ) -> None:
+        """`saga_task_queue`: the queue plnt's DeploySaga runs on; an activity scheduled by any other
+        workflow is refused. None skips that check: only for tests that run an activity outside any workflow."""
         self._driver = driver
         self._statuses = statuses
         self._specs = commit_specs
@@ -121,6 +134,7 @@ class SagaActivities:
         self._limits = limits
         self._smoke_timeout_s = smoke_request_timeout_s
         self._backend_types = supported_backend_types
+        self._saga_task_queue = saga_task_queue
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.record_phase, self.validate, self.pull_recipe, self.install_release,
@@ -143,8 +157,31 @@ class SagaActivities:
             fields["saga_id"] = update.saga_id
         self._statuses.update(update.namespace, update.name, phase=update.phase, message=update.message, **fields)
 
+    async def _check_caller(self, ref: SagaRef) -> None:
+        """Only plnt's own DeploySaga for this WorkflowRun, running on plnt's task queue, may call.
+
+        Temporal lets any workflow in the namespace schedule an activity on any task queue; the
+        workflow type and id come from the server, and its task queue from describing it.
+        """
+        if self._saga_task_queue is None:
+            return
+        info = activity.info()
+        expected = saga_workflow_id(ref.namespace, ref.name)
+        if info.workflow_type != "DeploySaga" or info.workflow_id != expected:
+            raise UntrustedSagaInput(f"{info.activity_type} for {ref.key} runs only in plnt's DeploySaga {expected}, "
+                                     f"not in workflow {info.workflow_type} {info.workflow_id}")
+        try:
+            caller = await activity.client().get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id).describe()
+        except RPCError as exc:
+            raise RetryLater(f"cannot describe the workflow {info.workflow_id} that scheduled {info.activity_type}: "
+                             f"{exc.message}") from exc
+        if caller.task_queue != self._saga_task_queue:
+            raise UntrustedSagaInput(f"{info.activity_type} for {ref.key}: workflow {info.workflow_id} runs on task queue "
+                                     f"{caller.task_queue!r}, not plnt's {self._saga_task_queue!r}")
+
     async def _deploy(self, ref: SagaRef) -> tuple[TrustedSaga, WorkflowRun]:
         """The saga's WorkflowRun as its commit gives it, or UntrustedSagaInput."""
+        await self._check_caller(ref)
         if ref.action != "deploy":
             raise UntrustedSagaInput(f"{activity.info().activity_type} is a deploy step; this saga is an {ref.action}")
         trusted = await self._specs.resolve(ref)
@@ -258,6 +295,7 @@ class SagaActivities:
     @_boundary
     async def remove_release(self, request: ReleaseRef) -> None:
         ref = request.saga
+        await self._check_caller(ref)
         await self._specs.resolve(ref)  # an uninstall needs the WorkflowRun gone at its commit
         if ref.action == "deploy" and request.track != "canary":
             raise UntrustedSagaInput("a deploy saga removes only its canary")

@@ -133,7 +133,7 @@ async def start(settings: Settings) -> Plnt:
         activities = SagaActivities(
             driver=drivers, statuses=statuses, commit_specs=CommitSpecs(source),
             export_from_repo=source.export, read_from_repo=source.read_file,
-            supported_backend_types=("local", "kubernetes"),
+            supported_backend_types=("local", "kubernetes"), saga_task_queue=settings.task_queue,
             recipe_cache=state.recipes, smoke_request_timeout_s=settings.smoke_request_timeout_s,
             registry_options=RegistryOptions(
                 s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region,

@@ -182,17 +182,31 @@ async def test_forged_sagas_are_refused_and_change_nothing(attack_repo: AttackRe
         assert not any(p.name.startswith(".staging") for p in plnt.state.recipes.iterdir())
 
 
+async def schedule_on(args: list[Any]) -> Any:
+    """From inside the attacker's workflow: one of plnt's activities, on plnt's task queue."""
+    activity_name, payload, queue = args
+    return await workflow.execute_activity(
+        activity_name, payload, task_queue=queue, start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_attempts=1))
+
+
 @workflow.defn(name="Forger", sandboxed=False)
 class Forger:
-    """The attacker's own workflow, on the attacker's own worker and task queue, scheduling one of
-    plnt's activities on plnt's task queue with an input of its choosing."""
+    """The attacker's own workflow, on the attacker's own worker and task queue."""
 
     @workflow.run
     async def run(self, args: list[Any]) -> Any:
-        activity_name, payload, queue = args
-        return await workflow.execute_activity(
-            activity_name, payload, task_queue=queue, start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=RetryPolicy(maximum_attempts=1))
+        return await schedule_on(args)
+
+
+@workflow.defn(name="DeploySaga", sandboxed=False)
+class Impostor:
+    """The same, named DeploySaga and started under plnt's workflow id, but on the attacker's queue:
+    e.g. to install a canary and promote it without plnt's smoke test."""
+
+    @workflow.run
+    async def run(self, args: list[Any]) -> Any:
+        return await schedule_on(args)
 
 
 async def test_forged_activities_on_plnt_s_task_queue_are_refused(attack_repo: AttackRepo, tmp_path: Path,
@@ -203,33 +217,39 @@ async def test_forged_activities_on_plnt_s_task_queue_are_refused(attack_repo: A
         main = attack_repo.repo.git("rev-parse", "main")
         status = plnt.statuses.get(RUN)
         assert status is not None
+        # A reference plnt itself would make: the branch's commit, its fingerprint and version.
         ref = {"action": "deploy", "namespace": "default", "name": "review-responder", "commit": main,
                "fingerprint": status.deployed_fingerprint, "version": "1.2.0"}
         stable_digest = plnt.driver.snapshot()[RUN].stable.recipe_digest  # type: ignore[union-attr]
-        forged = {
-            # status says whatever the attacker likes
-            "record_phase": ({"namespace": "default", "name": "review-responder", "phase": "Ready",
-                              "fields": {"version": "6.6.6", "endpoint": "http://evil.invalid"}},
-                             "record_phase runs only as a local activity of plnt's own DeploySaga"),
-            # the serving release removed by a "deploy" saga's step
-            "remove_release": ({"saga": ref, "track": "stable"}, "a deploy saga removes only its canary"),
-            # ... or by an "uninstall" of a WorkflowRun the commit still has
-            "remove_release ": ({"saga": {**ref, "action": "uninstall", "fingerprint": None, "version": None},
-                                 "track": "stable"}, f"WorkflowRun {RUN} is still in commit {main[:12]}"),
-            # a stable release installed straight from the cache
-            "install_release": ({"saga": ref, "track": "stable", "recipe_digest": stable_digest},
-                                "a saga installs a canary; only promote_release makes a stable release"),
-            # traffic sent by plnt to an endpoint of the attacker's choosing (it takes the driver's canary record)
-            "smoke_test": ({"saga": ref}, f"{RUN} has no canary release of fingerprint"),
-        }
+        plnt_saga = saga_workflow_id("default", "review-responder")
         queue = f"mallory-{uuid.uuid4().hex[:8]}"
-        async with Worker(client, task_queue=queue, workflows=[Forger], activities=[],
+        forged = [
+            # status that says whatever the attacker likes
+            (Forger, "record_phase", {"namespace": "default", "name": "review-responder", "phase": "Ready",
+                                      "fields": {"version": "6.6.6", "endpoint": "http://evil.invalid"}},
+             "record_phase runs only as a local activity of plnt's own DeploySaga"),
+            # the serving release removed, by a step of a deploy or of an uninstall
+            (Forger, "remove_release", {"saga": ref, "track": "stable"},
+             f"remove_release for {RUN} runs only in plnt's DeploySaga {plnt_saga}, not in workflow Forger forger-"),
+            (Forger, "remove_release", {"saga": {**ref, "action": "uninstall", "fingerprint": None, "version": None},
+                                        "track": "stable"}, "runs only in plnt's DeploySaga"),
+            # a canary installed, then promoted without the smoke test, by an impostor of plnt's saga
+            (Impostor, "install_release", {"saga": ref, "track": "canary", "recipe_digest": stable_digest},
+             f"install_release for {RUN}: workflow {plnt_saga} runs on task queue {queue!r}, not plnt's "
+             f"{plnt.settings.task_queue!r}"),
+            (Impostor, "promote_release", {"saga": ref, "track": "canary"}, f"runs on task queue {queue!r}"),
+            # traffic sent by plnt to an endpoint of the attacker's choosing
+            (Impostor, "smoke_test", {"saga": ref}, f"runs on task queue {queue!r}"),
+        ]
+        async with Worker(client, task_queue=queue, workflows=[Forger, Impostor], activities=[],
                           workflow_runner=UnsandboxedWorkflowRunner()):
-            for name, (payload, expected) in forged.items():
+            for workflow_class, name, payload, expected in forged:
+                workflow_id = plnt_saga if workflow_class is Impostor else f"forger-{uuid.uuid4().hex[:8]}"
                 with pytest.raises(WorkflowFailureError) as caught:
-                    await client.execute_workflow("Forger", [name.strip(), payload, plnt.settings.task_queue],
-                                                  id=f"forger-{uuid.uuid4().hex[:8]}", task_queue=queue)
+                    await client.execute_workflow(workflow_class.run, [name, payload, plnt.settings.task_queue],
+                                                  id=workflow_id, task_queue=queue)
                 cause = caught.value.cause
                 assert isinstance(cause, ActivityError) and isinstance(cause.cause, ApplicationError), name
-                assert cause.cause.type == "UntrustedSagaInput" and expected in cause.cause.message, cause.cause.message
+                assert cause.cause.type == "UntrustedSagaInput", cause.cause
+                assert expected in cause.cause.message, cause.cause.message
         await attack.assert_nothing_changed()

@@ -228,11 +228,13 @@ def clone(spec_repo: SpecRepo, tmp_path: Path) -> GitSource:
 
 
 def real_activities(tmp_path: Path, source: GitSource, backend_types: tuple[str, ...] = ("local",)) -> SagaActivities:
+    """The real activities, without the check of which workflow calls them (there is none here:
+    tests/attacks/test_saga.py proves that check through a live plnt)."""
     state = StateDir(tmp_path / "state").ensure()
     return SagaActivities(driver=LocalDriver(state), statuses=StatusStore(state.status_file),
                           commit_specs=CommitSpecs(source), export_from_repo=source.export,
                           read_from_repo=source.read_file, recipe_cache=state.recipes,
-                          supported_backend_types=backend_types)
+                          supported_backend_types=backend_types, saga_task_queue=None)
 
 
 def ref_at(repo: SpecRepo, **changes: Any) -> SagaRef:
