@@ -8,8 +8,9 @@ that commit from plnt's own clone, parsed once per commit (`CommitSpecs`).
     python bench/saga_input_check.py [--rounds 50] [--workflowruns 1]
 
 Prints medians: per activity (before / after with the commit's specs cached) and per saga (the
-first activity of a new commit: one parse of the commit); and the recipe check of a fresh pull,
-before (load_recipe_dir: parse and import the module) and after (check_recipe_dir: parse, no import).
+first activity of a new commit: one parse of the commit); the check of which workflow scheduled an
+activity (one DescribeWorkflowExecution on the embedded dev server); and the recipe check of a fresh
+pull, before (load_recipe_dir: parse and import the module) and after (check_recipe_dir: no import).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from plnt.reconciler.loader import load_directory
 from plnt.reconciler.saga_io import SagaRef
 from plnt.reconciler.source import GitSource
 from plnt.reconciler.specs import PlntBackend, RecipeTrustPolicy, WorkflowRun
+from plnt.reconciler.temporal_server import TemporalDevServer, connect
 from plnt.runner.recipe import check_recipe_dir, load_recipe_dir
+from temporalio import workflow
+from temporalio.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 GIT = ["git", "-c", "user.name=bench", "-c", "user.email=bench@plnt.invalid"]
@@ -44,6 +48,31 @@ def scratch_repo(directory: Path, workflowruns: int) -> Path:
     subprocess.run([*GIT, "add", "-A"], cwd=repo, check=True)
     subprocess.run([*GIT, "commit", "-q", "-m", "specs"], cwd=repo, check=True)
     return repo
+
+
+@workflow.defn(name="Idle", sandboxed=False)
+class Idle:
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: False)
+
+
+async def describe_ms(rounds: int) -> float:
+    """What SagaActivities._check_caller adds per activity: describing the calling workflow."""
+    server = TemporalDevServer(None)
+    client = await connect(await server.start())
+    try:
+        async with Worker(client, task_queue="bench", workflows=[Idle]):
+            handle = await client.start_workflow("Idle", id="bench-idle", task_queue="bench")
+            samples = []
+            for _ in range(rounds):
+                start = time.perf_counter()
+                await client.get_workflow_handle(handle.id, run_id=handle.result_run_id).describe()
+                samples.append(time.perf_counter() - start)
+            await handle.terminate()
+        return median_ms(samples)
+    finally:
+        await server.stop()
 
 
 def median_ms(samples: list[float]) -> float:
@@ -83,6 +112,8 @@ async def main(rounds: int, workflowruns: int) -> None:
         print(f"  before, per activity (validate the specs carried in the input): {median_ms(before):8.3f} ms")
         print(f"  after,  per activity (branch check + cached specs of the commit): {median_ms(warm):8.3f} ms")
         print(f"  after,  per saga     (first activity: branch check + parse of the commit): {median_ms(cold):8.3f} ms")
+
+        print(f"  after,  per activity (which workflow called: describe it on Temporal): {await describe_ms(rounds):8.3f} ms")
 
         recipe = repo / "recipes" / "review-responder" / "1.3.0"
         imported, checked = [], []
