@@ -51,17 +51,19 @@ def marker_pids(markers: Path) -> set[int]:
     return {int(line) for line in markers.read_text().split()} if markers.exists() else set()
 
 
-def recipe_modules(plnt: Plnt) -> list[str]:
-    """Modules imported in this (plnt's) process from a recipe: by name, or by file under the cache."""
+def recipe_modules(plnt: Plnt, before: set[str]) -> list[str]:
+    """Modules imported in this (plnt's) process since `before` from a recipe: by the name the
+    runner's loader gives them, or by a file under plnt's recipe cache."""
     recipes = str(plnt.state.recipes)
-    return [name for name, module in list(sys.modules.items())
-            if name.startswith("plnt_recipe_") or str(getattr(module, "__file__", "") or "").startswith(recipes)]
+    return [name for name, module in list(sys.modules.items()) if name not in before
+            and (name.startswith("plnt_recipe_") or str(getattr(module, "__file__", "") or "").startswith(recipes))]
 
 
 async def test_recipe_code_runs_only_in_runner_processes(attack_repo: AttackRepo, tmp_path: Path,
                                                          temporal_address: str, temporal_namespace: str) -> None:
     markers = tmp_path / "markers" / "imported-by.pids"
     markers.parent.mkdir()
+    modules_before = set(sys.modules)
     async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
         attack_repo.publish("review-responder", "1.3.0", recipe_with_marker(tmp_path, "1.3.0", markers))
         attack_repo.deploy("review-responder@1.3.0")
@@ -74,7 +76,7 @@ async def test_recipe_code_runs_only_in_runner_processes(attack_repo: AttackRepo
         # Imported by the runner serving 1.3.0 (the canary, promoted as it is), never by plnt.
         assert pids == {stable.pid}, f"imported by {pids}; runner {stable.pid}; plnt {os.getpid()}"
         assert os.getpid() not in pids
-        assert recipe_modules(plnt) == []
+        assert recipe_modules(plnt, modules_before) == []
         await assert_still_serving(plnt, "1.3.0")
         outside.assert_none()
 

@@ -202,9 +202,11 @@ def test_connection_options_as_temporal_clients_take_them(pki: Pki, tmp_path: Pa
     (["--temporal-address", "t:1", "--temporal-api-key-env", "K", "--temporal-api-key-file", "/k"], {"K": "v"},
      "give --temporal-api-key-env or --temporal-api-key-file, not both"),
 ])
-def test_cli_temporal_options_fail_with_one_clear_line(args: list[str], env: dict[str, str], message: str) -> None:
-    from plnt.reconciler.cli import app
+def test_cli_temporal_options_fail_with_one_clear_line(args: list[str], env: dict[str, str], message: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from plnt.reconciler import cli
 
-    result = CliRunner().invoke(app, ["up", "--repo", "/nonexistent", *args], env=env)
+    monkeypatch.setattr(cli, "_setup_logging", lambda verbose: None)  # `up` sets process-wide log levels
+    result = CliRunner().invoke(cli.app, ["up", "--repo", "/nonexistent", *args], env=env)
     assert result.exit_code == 2
     assert f"error: {message}" in result.output
