@@ -296,7 +296,11 @@ class SagaActivities:
     async def remove_release(self, request: ReleaseRef) -> None:
         ref = request.saga
         await self._check_caller(ref)
-        await self._specs.resolve(ref)  # an uninstall needs the WorkflowRun gone at its commit
-        if ref.action == "deploy" and request.track != "canary":
-            raise UntrustedSagaInput("a deploy saga removes only its canary")
+        if ref.action == "deploy":
+            # Compensation: plnt's own saga removing its canary needs no commit check (its commit
+            # may have left the branch by a force-push mid-saga; the canary must go all the same).
+            if request.track != "canary":
+                raise UntrustedSagaInput("a deploy saga removes only its canary")
+        else:
+            await self._specs.resolve(ref)  # an uninstall needs the WorkflowRun gone at its commit
         await _with_heartbeats(self._driver.remove(ref.namespace, ref.name, request.track))

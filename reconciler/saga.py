@@ -61,6 +61,7 @@ def retry_policy(settings: RetrySettings) -> RetryPolicy:
 class DeploySaga:
     def __init__(self) -> None:
         self._step = "starting"
+        self._validated = False  # until then a refusal writes no status: the input may be forged
 
     @workflow.query
     def step(self) -> str:
@@ -83,8 +84,10 @@ class DeploySaga:
             return await self._deploy(saga)
         except (ActivityError, ApplicationError, CancelledError, asyncio.CancelledError) as exc:
             reason = failure_reason(exc)
-            if _untrusted(exc):
+            if _untrusted(exc) and not self._validated:
                 raise _refusal(reason.removeprefix(f"{UntrustedSagaInput.__name__}: ")) from None
+        # (Refused after validate, e.g. its commit force-pushed away mid-saga: a saga of plnt's own, so it
+        # is compensated and fails like any other.)
         # Compensation runs even when the saga was cancelled: shield it from the cancellation.
         # Removing a canary that was never installed is a no-op, so no bookkeeping is needed.
         await asyncio.shield(asyncio.ensure_future(self._remove_canary(saga)))
@@ -97,6 +100,7 @@ class DeploySaga:
         ref = saga.ref()
         # Checked against the commit before the first status write: a refused saga writes nothing.
         valid = await self._call("validate", ValidateInput(saga=ref), ValidatedSpec, saga)
+        self._validated = True
         await self._phase(saga, Phase.VERIFYING, f"verifying {saga.version}", {
             "attempted_fingerprint": saga.fingerprint, "attempted_version": saga.version, "last_error": None,
         })

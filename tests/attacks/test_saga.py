@@ -28,7 +28,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from ..conftest import EXAMPLE
-from ..e2e.harness import wait_phase
+from ..e2e.harness import wait_for, wait_phase
 from ..sigstore_ca import TestSigstoreAuthority
 from .live import AttackRepo, OutsideWrites, assert_still_serving, live_plnt
 
@@ -79,6 +79,13 @@ async def test_recipe_code_runs_only_in_runner_processes(attack_repo: AttackRepo
         assert recipe_modules(plnt, modules_before) == []
         await assert_still_serving(plnt, "1.3.0")
         outside.assert_none()
+
+
+async def in_sync(plnt: Plnt) -> None:
+    """After Ready, the reconciler's next pass says "in sync": wait for it, so that the status
+    compared before and after an attack is one the reconciler itself leaves alone."""
+    await wait_for(lambda: plnt.statuses.get(RUN).message == "1.2.0 in sync",  # type: ignore[union-attr]
+                   what="review-responder 1.2.0 in sync")
 
 
 class Attack:
@@ -153,6 +160,7 @@ async def test_forged_sagas_are_refused_and_change_nothing(attack_repo: AttackRe
         main = attack_repo.repo.git("rev-parse", "main")
         # The attacker's commit is even in plnt's clone (as after a fetch of every branch): still not the branch.
         assert plnt.reconciler._source.resolve("mallory") == evil_commit
+        await in_sync(plnt)
         attack = Attack(plnt, await connect(temporal_address, temporal_namespace), tmp_path)
         base = {"action": "deploy", "namespace": "default", "name": "review-responder",
                 "fingerprint": evil["fingerprint"], "version": "1.3.0"}
@@ -215,6 +223,7 @@ async def test_forged_activities_on_plnt_s_task_queue_are_refused(attack_repo: A
                                                                   temporal_address: str, temporal_namespace: str) -> None:
     async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
         client = await connect(temporal_address, temporal_namespace)
+        await in_sync(plnt)
         attack = Attack(plnt, client, tmp_path)
         main = attack_repo.repo.git("rev-parse", "main")
         status = plnt.statuses.get(RUN)

@@ -187,6 +187,15 @@ async def test_a_refused_saga_writes_no_status_and_compensates_nothing(temporal_
     assert fakes.phases == [] and fakes.removed == [] and fakes.calls["pull_recipe"] == 0
 
 
+async def test_a_refusal_after_validate_compensates_and_fails_like_any_other(temporal_address: str,
+                                                                              temporal_namespace: str) -> None:
+    fakes = FakeActivities(fail={"smoke_test": ApplicationError("commit c0ffeec0ffee is not on branch 'main'",
+                                                                type="UntrustedSagaInput", non_retryable=True)})
+    result = await run_saga(temporal_address, temporal_namespace, fakes)
+    assert result.phase is Phase.FAILED and result.reason == "UntrustedSagaInput: commit c0ffeec0ffee is not on branch 'main'"
+    assert fakes.removed == ["canary"] and fakes.phases[-1] is Phase.FAILED
+
+
 async def test_a_refused_uninstall_writes_no_status(temporal_address: str, temporal_namespace: str) -> None:
     fakes = FakeActivities(fail={"remove_release": ApplicationError("WorkflowRun default/rr is still in commit x",
                                                                     type="UntrustedSagaInput", non_retryable=True)})
@@ -312,6 +321,9 @@ async def test_later_steps_act_only_on_what_plnt_verified_and_installed(spec_rep
     assert "has no canary release of fingerprint" in await refused(activities.smoke_test, SmokeInput(saga=ref))
     assert "has no canary release of fingerprint" in await refused(activities.promote_release, ReleaseRef(saga=ref))
     assert "removes only its canary" in await refused(activities.remove_release, ReleaseRef(saga=ref, track="stable"))
+    # Compensation works whatever became of the commit (nothing to remove here: a no-op).
+    gone = ref.model_copy(update={"commit": "0123456789" * 4})
+    assert await ActivityEnvironment().run(activities.remove_release, ReleaseRef(saga=gone, track="canary")) is None
     uninstall = ref.model_copy(update={"action": "uninstall", "fingerprint": None, "version": None})
     assert "is still in commit" in await refused(activities.remove_release, ReleaseRef(saga=uninstall, track="stable"))
 
