@@ -2,6 +2,13 @@
 
 Each is idempotent (a retried activity finds its own earlier work) and maps plnt's errors at the
 boundary: NeedsHuman becomes a non-retryable ApplicationError named after the error class.
+
+Their inputs are not trusted: anyone who reaches the Temporal namespace can start a DeploySaga or
+schedule an activity on plnt's task queue. Each activity takes a SagaRef (a WorkflowRun at a commit)
+and reads what decides trust from plnt's own clone (`CommitSpecs`): the spec, its backend and the
+trust policies at that commit; the recipe directory from plnt's verified cache; the smoke-test
+endpoint from the driver's own canary record. Recipe code is never imported here: a recipe is
+checked as data, and only its runner process imports it.
 """
 
 from __future__ import annotations
@@ -12,14 +19,23 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from plnt.runner.recipe import load_golden, load_recipe_dir
-from pydantic import ValidationError
+from plnt.runner.recipe import RecipeError, load_golden
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from .archive import ExtractLimits
+from .commit_specs import CommitSpecs, TrustedSaga
 from .driver import InstallRequest, ReleaseDriver
-from .errors import GpuClassUnavailable, InvalidSpec, NeedsHuman, PlntError, UnknownBackend
+from .errors import (
+    GpuClassUnavailable,
+    InvalidRecipe,
+    NeedsHuman,
+    PlntError,
+    RetryLater,
+    UnknownBackend,
+    UntrustedSagaInput,
+)
 from .recipes import ExportFromRepo, ReadFromRepo, RecipeCache, pull_recipe
 from .registries import RegistryOptions
 from .saga_io import (
@@ -28,12 +44,14 @@ from .saga_io import (
     PulledRecipeInfo,
     PullInput,
     ReleaseRef,
+    SagaRef,
     SmokeInput,
     ValidatedSpec,
     ValidateInput,
+    saga_workflow_id,
 )
 from .smoke import SmokeResult, judge, measure, summarise
-from .specs import BackendPlacement, PlntBackend, RecipeTrustPolicy, Requirements, WorkflowRun
+from .specs import BackendPlacement, Requirements, WorkflowRun
 from .state import Release
 from .status import StatusStore
 
@@ -94,6 +112,7 @@ class SagaActivities:
         *,
         driver: ReleaseDriver,
         statuses: StatusStore,
+        commit_specs: CommitSpecs,
         export_from_repo: ExportFromRepo,
         read_from_repo: ReadFromRepo,
         recipe_cache: Path,
@@ -101,9 +120,13 @@ class SagaActivities:
         limits: ExtractLimits = ExtractLimits(),
         smoke_request_timeout_s: float = 30.0,
         supported_backend_types: tuple[str, ...] = ("local",),
+        saga_task_queue: str | None,
     ) -> None:
+        """`saga_task_queue`: the queue plnt's DeploySaga runs on; an activity scheduled by any other
+        workflow is refused. None skips that check: only for tests that run an activity outside any workflow."""
         self._driver = driver
         self._statuses = statuses
+        self._specs = commit_specs
         self._export = export_from_repo
         self._read = read_from_repo
         self._cache = RecipeCache(recipe_cache)
@@ -111,13 +134,19 @@ class SagaActivities:
         self._limits = limits
         self._smoke_timeout_s = smoke_request_timeout_s
         self._backend_types = supported_backend_types
+        self._saga_task_queue = saga_task_queue
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.record_phase, self.validate, self.pull_recipe, self.install_release,
                 self.smoke_test, self.promote_release, self.remove_release]
 
     @activity.defn(name="record_phase")
+    @_boundary
     async def record_phase(self, update: PhaseUpdate) -> None:
+        # Only DeploySaga's own code (running on plnt's worker) may write status: it calls this as a
+        # local activity, which nobody else can schedule on plnt's worker.
+        if not activity.info().is_local:
+            raise UntrustedSagaInput("record_phase runs only as a local activity of plnt's own DeploySaga")
         if update.phase is None:
             self._statuses.remove(update.namespace, update.name)
             return
@@ -128,18 +157,45 @@ class SagaActivities:
             fields["saga_id"] = update.saga_id
         self._statuses.update(update.namespace, update.name, phase=update.phase, message=update.message, **fields)
 
+    async def _check_caller(self, ref: SagaRef) -> None:
+        """Only plnt's own DeploySaga for this WorkflowRun, running on plnt's task queue, may call.
+
+        Temporal lets any workflow in the namespace schedule an activity on any task queue; the
+        workflow type and id come from the server, and its task queue from describing it.
+        """
+        if self._saga_task_queue is None:
+            return
+        info = activity.info()
+        expected = saga_workflow_id(ref.namespace, ref.name)
+        if info.workflow_type != "DeploySaga" or info.workflow_id != expected:
+            raise UntrustedSagaInput(f"{info.activity_type} for {ref.key} runs only in plnt's DeploySaga {expected}, "
+                                     f"not in workflow {info.workflow_type} {info.workflow_id}")
+        try:
+            caller = await activity.client().get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id).describe()
+        except RPCError as exc:
+            raise RetryLater(f"cannot describe the workflow {info.workflow_id} that scheduled {info.activity_type}: "
+                             f"{exc.message}") from exc
+        if caller.task_queue != self._saga_task_queue:
+            raise UntrustedSagaInput(f"{info.activity_type} for {ref.key}: workflow {info.workflow_id} runs on task queue "
+                                     f"{caller.task_queue!r}, not plnt's {self._saga_task_queue!r}")
+
+    async def _deploy(self, ref: SagaRef) -> tuple[TrustedSaga, WorkflowRun]:
+        """The saga's WorkflowRun as its commit gives it, or UntrustedSagaInput."""
+        await self._check_caller(ref)
+        if ref.action != "deploy":
+            raise UntrustedSagaInput(f"{activity.info().activity_type} is a deploy step; this saga is an {ref.action}")
+        trusted = await self._specs.resolve(ref)
+        assert trusted.run is not None
+        return trusted, trusted.run
+
     @activity.defn(name="validate")
     @_boundary
     async def validate(self, request: ValidateInput) -> ValidatedSpec:
-        try:
-            run = WorkflowRun.model_validate(request.spec)
-        except ValidationError as exc:
-            raise InvalidSpec(f"WorkflowRun is invalid: {exc}") from exc
+        trusted, run = await self._deploy(request.saga)
         cluster = run.spec.backend.cluster
-        if cluster not in request.backends:
-            known = ", ".join(sorted(request.backends)) or "none"
-            raise UnknownBackend(f"spec.backend.cluster: no PlntBackend named {cluster!r} (known: {known})")
-        backend = PlntBackend.model_validate(request.backends[cluster])
+        backend = trusted.backend
+        if backend is None:  # the loader refuses such a commit; kept for a spec set loaded without references
+            raise UnknownBackend(f"spec.backend.cluster: no PlntBackend named {cluster!r}")
         gpu_class = run.spec.backend.gpu_class
         if gpu_class is not None and gpu_class not in backend.spec.gpu_classes:
             offered = ", ".join(backend.spec.gpu_classes) or "no GPU classes"
@@ -149,13 +205,14 @@ class SagaActivities:
                 f"backend {cluster!r} is of type {backend.spec.type}; this plnt deploys to "
                 f"{', '.join(self._backend_types)} backends"
             )
-        return ValidatedSpec(backend_type=backend.spec.type, version=run.spec.workflow.version)
+        return ValidatedSpec(backend_type=backend.spec.type, version=run.spec.workflow.version,
+                             traffic_percent=run.spec.canary.traffic_percent,
+                             spec=run.spec.model_dump(mode="json", by_alias=True))
 
     @activity.defn(name="pull_recipe")
     @_boundary
     async def pull_recipe(self, request: PullInput) -> PulledRecipeInfo:
-        run = WorkflowRun.model_validate(request.spec)
-        policies = [RecipeTrustPolicy.model_validate(doc) for doc in request.trust_policies.values()]
+        trusted, run = await self._deploy(request.saga)
         transferred = 0
 
         def progress(done: int) -> None:  # called from the pulling thread
@@ -163,33 +220,59 @@ class SagaActivities:
             transferred = done
 
         pulled = await _with_heartbeats(asyncio.to_thread(
-            pull_recipe, run.spec.workflow, commit=request.commit, cache=self._cache, policies=policies,
+            pull_recipe, run.spec.workflow, commit=request.saga.commit, cache=self._cache, policies=trusted.policies,
             read_from_repo=self._read, export_from_repo=self._export, registry_options=self._registry_options,
             limits=self._limits, progress=progress,
         ), details=lambda: transferred)
-        recipe = await asyncio.to_thread(load_recipe_dir, pulled.directory)
-        check_requirements(recipe.workflow.requirements, run.spec.backend, recipe=run.spec.workflow.ref)
-        return PulledRecipeInfo(directory=str(pulled.directory), digest=pulled.digest, version=pulled.version,
+        check_requirements(pulled.workflow.requirements, run.spec.backend, recipe=run.spec.workflow.ref)
+        return PulledRecipeInfo(digest=pulled.digest, version=pulled.version,
                                 signer=f"{pulled.signature.identity} ({pulled.signature.issuer})",
                                 transferred_bytes=pulled.transferred_bytes)
+
+    def _verified_recipe(self, run: WorkflowRun, digest: str) -> Path:
+        """The recipe directory of plnt's own verified cache entry for what the run names."""
+        source = run.spec.workflow
+        entry = self._cache.lookup(source.registry, source.name, source.version)
+        if entry is None or f"sha256:{entry.name}" != digest:
+            raise UntrustedSagaInput(f"recipe {digest} is not plnt's verified copy of {source.ref} from "
+                                     f"{source.registry}: pull_recipe must verify it first")
+        return entry / "recipe"
 
     @activity.defn(name="install_release")
     @_boundary
     async def install_release(self, request: InstallInput) -> Release:
+        _, run = await self._deploy(request.saga)
+        if request.track != "canary":
+            raise UntrustedSagaInput("a saga installs a canary; only promote_release makes a stable release")
+        recipe_dir = self._verified_recipe(run, request.recipe_digest)
         return await _with_heartbeats(self._driver.install(InstallRequest(
-            namespace=request.namespace, name=request.name, track=request.track, version=request.version,
-            spec_fingerprint=request.fingerprint, recipe_digest=request.recipe_digest,
-            recipe_dir=request.recipe_dir, traffic_percent=request.traffic_percent,
+            namespace=run.metadata.namespace, name=run.metadata.name, track="canary",
+            version=run.spec.workflow.version, spec_fingerprint=run.fingerprint(), recipe_digest=request.recipe_digest,
+            recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.traffic_percent,
         )))
+
+    async def _release_of(self, run: WorkflowRun, track: str) -> Release:
+        """The driver's own record of this run's release on `track`, made for this very spec."""
+        live = (await self._driver.live()).get(run.key)
+        release: Release | None = getattr(live, track) if live is not None else None
+        if release is None or release.spec_fingerprint != run.fingerprint():
+            raise UntrustedSagaInput(f"{run.key} has no {track} release of fingerprint {run.fingerprint()} "
+                                     f"(version {run.spec.workflow.version}): nothing this saga installed")
+        return release
 
     @activity.defn(name="smoke_test")
     @_boundary
     async def smoke_test(self, request: SmokeInput) -> SmokeResult:
-        run = WorkflowRun.model_validate(request.spec)
+        _, run = await self._deploy(request.saga)
+        canary = await self._release_of(run, "canary")
         budget = run.spec.canary.smoke_test
-        cases = await asyncio.to_thread(load_golden, Path(request.recipe_dir))
+        recipe_dir = self._verified_recipe(run, canary.recipe_digest)
+        try:
+            cases = await asyncio.to_thread(load_golden, recipe_dir)  # data: golden.yaml, bounded YAML
+        except RecipeError as exc:
+            raise InvalidRecipe(f"recipe {run.spec.workflow.ref}: {exc.problem}") from exc
         samples = await _with_heartbeats(measure(
-            request.endpoint, [case.input for case in cases],
+            canary.endpoint, [case.input for case in cases],
             invocations=budget.invocations, concurrency=budget.concurrency, timeout_s=self._smoke_timeout_s,
             # Streamed when a TTFT or TPOT budget is set, so the tokens can be timed.
             stream=budget.ttft_budget_ms is not None or budget.tpot_budget_ms is not None,
@@ -199,9 +282,25 @@ class SagaActivities:
     @activity.defn(name="promote_release")
     @_boundary
     async def promote_release(self, request: ReleaseRef) -> Release:
-        return await _with_heartbeats(self._driver.promote(request.namespace, request.name))
+        _, run = await self._deploy(request.saga)
+        live = (await self._driver.live()).get(run.key)
+        # A retried promote finds its own work: the stable release is already the one this saga made.
+        promoted = live is not None and live.canary is None and live.stable is not None \
+            and live.stable.spec_fingerprint == run.fingerprint()
+        if not promoted:
+            await self._release_of(run, "canary")
+        return await _with_heartbeats(self._driver.promote(run.metadata.namespace, run.metadata.name))
 
     @activity.defn(name="remove_release")
     @_boundary
     async def remove_release(self, request: ReleaseRef) -> None:
-        await _with_heartbeats(self._driver.remove(request.namespace, request.name, request.track))
+        ref = request.saga
+        await self._check_caller(ref)
+        if ref.action == "deploy":
+            # Compensation: plnt's own saga removing its canary needs no commit check (its commit
+            # may have left the branch by a force-push mid-saga; the canary must go all the same).
+            if request.track != "canary":
+                raise UntrustedSagaInput("a deploy saga removes only its canary")
+        else:
+            await self._specs.resolve(ref)  # an uninstall needs the WorkflowRun gone at its commit
+        await _with_heartbeats(self._driver.remove(ref.namespace, ref.name, request.track))

@@ -23,6 +23,7 @@ from temporalio.worker import Worker
 
 from .activities import SagaActivities
 from .archive import ExtractLimits
+from .commit_specs import CommitSpecs
 from .drivers import DriverSet
 from .helm_driver import DEFAULT_CHART, HelmDriver, RunnerImage, SpecLookup
 from .history import NoSaga, saga_history
@@ -35,7 +36,7 @@ from .source import GitSource
 from .specs import PlntBackend
 from .state import LiveWorkflow, Release, StateDir
 from .status import StatusStore
-from .temporal_server import TemporalDevServer, connect
+from .temporal_server import TemporalDevServer, connect, connect_external
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,9 @@ async def start(settings: Settings) -> Plnt:
             server = TemporalDevServer(state.temporal_db, log_file=state.root / "temporal.log")
             address = await server.start()
             cleanups.append(server.stop)
-        client = await connect(address, settings.temporal_namespace, data_converter=pydantic_data_converter)
+            client = await connect(address, settings.temporal_namespace, data_converter=pydantic_data_converter)
+        else:
+            client = await connect_external(settings, data_converter=pydantic_data_converter)
 
         statuses = StatusStore(state.status_file)
         router = Router()
@@ -134,8 +137,9 @@ async def start(settings: Settings) -> Plnt:
         drivers = DriverSet(driver, state, make_helm)
         source = GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path)
         activities = SagaActivities(
-            driver=drivers, statuses=statuses, export_from_repo=source.export, read_from_repo=source.read_file,
-            supported_backend_types=("local", "kubernetes"),
+            driver=drivers, statuses=statuses, commit_specs=CommitSpecs(source),
+            export_from_repo=source.export, read_from_repo=source.read_file,
+            supported_backend_types=("local", "kubernetes"), saga_task_queue=settings.task_queue,
             recipe_cache=state.recipes, smoke_request_timeout_s=settings.smoke_request_timeout_s,
             registry_options=RegistryOptions(
                 s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region,

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import httpx
 import typer
+from pydantic import ValidationError
 
 from .loader import Problem, SourceFile, SpecSet, load_sources, read_file_spec, read_tree
 from .settings import RetrySettings, Settings, SpecLimits
@@ -99,6 +100,18 @@ def up(
     temporal_address: Annotated[
         str | None, typer.Option(help="HOST:PORT of a Temporal server; without it plnt starts the embedded dev server.")
     ] = None,
+    temporal_namespace: Annotated[str, typer.Option(help="Temporal namespace of plnt's sagas.")] = "default",
+    task_queue: Annotated[str, typer.Option(help="Temporal task queue of plnt's sagas and activities.")] = "plnt-sagas",
+    temporal_tls: Annotated[bool, typer.Option(
+        "--temporal-tls", help="Connect to --temporal-address over TLS with the system's CAs.")] = False,
+    temporal_tls_cert: Annotated[Path | None, typer.Option(help="Client certificate (PEM) for mutual TLS.")] = None,
+    temporal_tls_key: Annotated[Path | None, typer.Option(help="Private key (PEM) of --temporal-tls-cert.")] = None,
+    temporal_tls_ca: Annotated[Path | None, typer.Option(
+        help="CA certificate (PEM) the Temporal server's certificate must chain to (default: the system's).")] = None,
+    temporal_api_key_env: Annotated[str | None, typer.Option(
+        help="NAME of the environment variable holding a Temporal API key (implies TLS).")] = None,
+    temporal_api_key_file: Annotated[Path | None, typer.Option(
+        help="File holding a Temporal API key (implies TLS).")] = None,
     s3_endpoint_url: Annotated[str | None, typer.Option(help="S3-compatible endpoint for s3:// registries.")] = None,
     s3_region: Annotated[str | None, typer.Option(help="Region for s3:// registries.")] = None,
     oci_insecure_host: Annotated[list[str] | None, typer.Option(
@@ -147,18 +160,31 @@ def up(
 
     _setup_logging(verbose)
     env_tokens = tuple(t.strip() for t in os.environ.get("PLNT_GATEWAY_TOKENS", "").split(",") if t.strip())
-    settings = Settings(repo=repo, path=path, branch=branch, state_dir=state_dir, host=host, port=port,
-                        interval_s=interval, temporal_address=temporal_address, s3_endpoint_url=s3_endpoint_url,
-                        s3_region=s3_region, oci_insecure_hosts=tuple(oci_insecure_host or ()),
-                        file_registry_roots=tuple(p.resolve() for p in allow_file_registry or ()),
-                        max_download_bytes=max_download_mb * 2**20,
-                        max_recipe_bytes=max_recipe_mb * 2**20, max_concurrent_sagas=max_sagas,
-                        spec_limits=_spec_limits(max_spec_files, max_spec_file_kb),
-                        retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
-                        gateway_tokens=env_tokens, gateway_tokens_file=tokens_file, insecure_no_auth=insecure_no_auth,
-                        gateway_max_body_bytes=max_body_bytes, gateway_request_timeout_s=gateway_timeout,
-                        gateway_max_header_bytes=max_header_bytes, gateway_header_timeout_s=header_timeout,
-                        webhook_secret_file=webhook_secret_file, llm_url=llm_url, llm_model=llm_model, llm_api_key_env=llm_api_key_env)
+    try:
+        temporal_api_key = _secret_from(temporal_api_key_env, temporal_api_key_file, "--temporal-api-key")
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    try:
+        settings = Settings(repo=repo, path=path, branch=branch, state_dir=state_dir, host=host, port=port,
+                            interval_s=interval, temporal_address=temporal_address, s3_endpoint_url=s3_endpoint_url,
+                            s3_region=s3_region, oci_insecure_hosts=tuple(oci_insecure_host or ()),
+                            file_registry_roots=tuple(p.resolve() for p in allow_file_registry or ()),
+                            max_download_bytes=max_download_mb * 2**20,
+                            max_recipe_bytes=max_recipe_mb * 2**20, max_concurrent_sagas=max_sagas,
+                            spec_limits=_spec_limits(max_spec_files, max_spec_file_kb),
+                            retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
+                            gateway_tokens=env_tokens, gateway_tokens_file=tokens_file, insecure_no_auth=insecure_no_auth,
+                            gateway_max_body_bytes=max_body_bytes, gateway_request_timeout_s=gateway_timeout,
+                            gateway_max_header_bytes=max_header_bytes, gateway_header_timeout_s=header_timeout,
+                            webhook_secret_file=webhook_secret_file,
+                            llm_url=llm_url, llm_model=llm_model, llm_api_key_env=llm_api_key_env,
+                            temporal_namespace=temporal_namespace, task_queue=task_queue, temporal_tls=temporal_tls,
+                            temporal_tls_cert=temporal_tls_cert, temporal_tls_key=temporal_tls_key,
+                            temporal_tls_ca=temporal_tls_ca, temporal_api_key=temporal_api_key)
+    except ValidationError as exc:
+        typer.echo("error: " + "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()), err=True)
+        raise typer.Exit(2) from exc
     if llm_url and not llm_model:
         typer.echo("error: --llm-url needs --llm-model (the model the server should use)", err=True)
         raise typer.Exit(2)
@@ -198,6 +224,28 @@ def up(
             raise
         typer.echo(f"error: plnt could not start: {exc}", err=True)
         raise typer.Exit(2) from exc
+
+
+def _secret_from(env_name: str | None, file: Path | None, option: str) -> str | None:
+    """A secret from the environment variable named, or from a file (never from the command line)."""
+    import os
+
+    if env_name and file:
+        raise ValueError(f"give {option}-env or {option}-file, not both")
+    if env_name:
+        value = os.environ.get(env_name, "").strip()
+        if not value:
+            raise ValueError(f"{option}-env {env_name}: the environment variable is not set or empty")
+        return value
+    if file:
+        try:
+            value = file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{option}-file {file}: cannot read it ({exc})") from exc
+        if not value:
+            raise ValueError(f"{option}-file {file} is empty")
+        return value
+    return None
 
 
 def _port_problem(host: str, port: int) -> str | None:
@@ -521,12 +569,12 @@ def recipe_pack(
     output: Annotated[Path, typer.Option("-o", "--output", help="Archive to write.")] = Path("recipe.tar.gz"),
 ) -> None:
     """Pack a recipe directory into a deterministic gzip tar (same content, same bytes, same sha256)."""
-    from plnt.runner.recipe import RecipeError, load_recipe_dir
+    from plnt.runner.recipe import RecipeError, check_recipe_dir
 
     from .archive import pack_recipe_to
 
     try:
-        recipe = load_recipe_dir(directory)
+        recipe = check_recipe_dir(directory)  # as data: packing never runs the recipe's code
         digest = pack_recipe_to(directory, output)
     except RecipeError as exc:
         raise _fail(f"{exc}; fix the recipe before packing it") from exc

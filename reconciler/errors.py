@@ -16,7 +16,8 @@
         ├── DigestMismatch        a registry served bytes whose digest differs from what it announced
         ├── DownloadRefused       a registry answered with more bytes than the cap, or a redirect plnt refuses
         ├── UnsafeArchive         a recipe archive that safe extraction refuses (traversal, links, bombs)
-        └── VerificationFailed    no valid signature from a trusted signer (fails closed)
+        ├── VerificationFailed    no valid signature from a trusted signer (fails closed)
+        └── UntrustedSagaInput    a saga's input disagrees with the commit it names (forged or stale)
 
 Saga activities turn NeedsHuman into a non-retryable Temporal ApplicationError whose `type` is the
 class name, so the retry policy stops at once and the status shows why.
@@ -102,8 +103,13 @@ class VerificationFailed(NeedsHuman):
         self.reason = reason
 
 
+class UntrustedSagaInput(NeedsHuman):
+    """A saga (or activity) input that plnt's own clone does not confirm: a commit not on the tracked
+    branch, a fingerprint or version the commit does not give, a release it did not make. Nothing installs."""
+
+
 NON_RETRYABLE_ERROR_TYPES = [
     cls.__name__
     for cls in (InvalidSpec, UnknownBackend, GpuClassUnavailable, RecipeNotFound, InvalidRecipe, IntegrityMismatch,
-                DigestMismatch, DownloadRefused, UnsafeArchive, VerificationFailed)
+                DigestMismatch, DownloadRefused, UnsafeArchive, VerificationFailed, UntrustedSagaInput)
 ]

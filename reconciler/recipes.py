@@ -1,6 +1,6 @@
 """Recipe pull: fetch a signed recipe archive, check it, verify it, unpack it into the cache.
 
-    registry ─fetch─> archive + bundle ─> integrityHash? ─> Sigstore verify ─> safe extract ─> load
+    registry ─fetch─> archive + bundle ─> integrityHash? ─> Sigstore verify ─> safe extract ─> check as data
                                                                                    │
                                     STATE/recipes/<sha256 of the archive>/ <───────┘ (rename: all or nothing)
 
@@ -9,7 +9,9 @@ Registries by URL scheme (`plnt.reconciler.registries`): `s3://bucket/prefix`, `
 the reconciled commit (so a recipe and the spec naming it can travel in one commit).
 
 Every step fails closed: nothing is cached, so nothing can run, unless the archive matched its pin,
-carried a valid signature from a signer a RecipeTrustPolicy trusts, extracted safely and loaded.
+carried a valid signature from a signer a RecipeTrustPolicy trusts, extracted safely and passed
+the data-only check (`check_recipe_dir`: workflow.yaml, step graph, entrypoint, module syntax).
+plnt never imports a recipe's module: only the runner process serving it does.
 A second pull of the same registry/name/version finds the cache entry through a small index and
 transfers nothing; its signature is verified again (cheap, offline), so a tightened policy applies
 to cached recipes too.
@@ -26,12 +28,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from plnt.runner.recipe import RecipeError, load_recipe_dir
+from plnt.runner.recipe import RecipeError, check_recipe_dir
 
 from .archive import ExtractLimits, archive_digest, extract_archive
 from .errors import IntegrityMismatch, InvalidRecipe, RecipeNotFound, UnsafeArchive
+from .loader import SpecError, load_recipe
 from .registries import Fetched, RecipeRegistry, RegistryOptions, open_registry
-from .specs import RecipeTrustPolicy, WorkflowSource
+from .specs import RecipeTrustPolicy, Workflow, WorkflowSource
 from .state import atomic_write_json, read_json
 from .trust import VerifiedSignature, verify_recipe
 
@@ -52,6 +55,7 @@ class PulledRecipe:
     version: str
     signature: VerifiedSignature
     transferred_bytes: int   # 0 when the cache already had it
+    workflow: Workflow       # its workflow.yaml, read as data
 
 
 def repo_subdir(registry: str) -> str | None:
@@ -158,7 +162,12 @@ def pull_recipe(
         _check_pin(source, digest)
         bundle_file = cached / BUNDLE
         signature = verify(cached.name, bundle_file.read_bytes() if bundle_file.exists() else None)
-        return PulledRecipe(cached / "recipe", digest, source.name, source.version, signature, transferred_bytes=0)
+        try:
+            workflow = load_recipe(cached / "recipe" / "workflow.yaml")
+        except SpecError as exc:  # an entry is checked before it is cached: only a damaged cache gets here
+            raise InvalidRecipe(f"recipe {source.ref} in the cache: {exc}") from exc
+        return PulledRecipe(cached / "recipe", digest, source.name, source.version, signature, transferred_bytes=0,
+                            workflow=workflow)
 
     if registry is None:
         subdir = repo_subdir(source.registry)
@@ -176,7 +185,7 @@ def pull_recipe(
             message = str(exc).replace(str(fetched.archive), ARCHIVE)
             raise UnsafeArchive(f"recipe {source.ref} from {registry.describe()}: {message}") from exc
         try:
-            recipe = load_recipe_dir(staging / "recipe")
+            recipe = check_recipe_dir(staging / "recipe")
         except RecipeError as exc:
             raise InvalidRecipe(f"recipe {source.ref}: {exc.problem}") from exc
         if (recipe.name, recipe.version) != (source.name, source.version):
@@ -187,7 +196,7 @@ def pull_recipe(
         cache.remember(source.registry, source.name, source.version, fetched.archive_sha256)
         (final / "signature.json").write_text(json.dumps(signature.__dict__, default=str))
         return PulledRecipe(final / "recipe", fetched.archive_sha256, source.name, source.version, signature,
-                            transferred_bytes=fetched.transferred_bytes)
+                            transferred_bytes=fetched.transferred_bytes, workflow=recipe.workflow)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -150,14 +150,11 @@ class Reconciler:
             saga = SagaInput(action="uninstall", namespace=item.namespace, name=item.name, commit=commit,
                              retry=self._settings.retry)
         else:
-            saga = SagaInput(
-                action="deploy", namespace=item.namespace, name=item.name, commit=commit,
-                spec=run.model_dump(mode="json", by_alias=True),
-                backends={name: backend.model_dump(mode="json", by_alias=True) for name, backend in specs.backends.items()},
-                trust_policies={name: policy.model_dump(mode="json", by_alias=True)
-                                for name, policy in specs.trust_policies.items()},
-                fingerprint=run.fingerprint(), version=run.spec.workflow.version, retry=self._settings.retry,
-            )
+            # The input names the commit; the saga's activities read the spec, its backend and the
+            # trust policies from plnt's own clone at that commit (it carries none of them).
+            saga = SagaInput(action="deploy", namespace=item.namespace, name=item.name, commit=commit,
+                             fingerprint=run.fingerprint(), version=run.spec.workflow.version,
+                             retry=self._settings.retry)
             if self._statuses.get(item.key) is None:
                 self._statuses.update(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
                                       attempted_version=saga.version, message=f"{item.action.value}: {item.reason}")

@@ -6,6 +6,11 @@
 happens the saga ends with a status (Ready, RolledBack or Failed) and a reason: compensation
 removes the canary and never raises. Workflow id: `plnt-<namespace>-<name>`, so Temporal itself
 refuses a second saga beside a running one.
+
+The input is not trusted (see saga_io): it names a commit, and the activities check it against
+plnt's own clone before anything else. A saga they refuse (UntrustedSagaInput), or whose input does
+not even decode, or that runs under another workflow id, fails at once: no status is written, no
+canary is touched, nothing installs.
 """
 
 from __future__ import annotations
@@ -15,11 +20,11 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
-    from .errors import NON_RETRYABLE_ERROR_TYPES
+    from .errors import NON_RETRYABLE_ERROR_TYPES, UntrustedSagaInput
     from .saga_io import (
         InstallInput,
         PhaseUpdate,
@@ -56,19 +61,33 @@ def retry_policy(settings: RetrySettings) -> RetryPolicy:
 class DeploySaga:
     def __init__(self) -> None:
         self._step = "starting"
+        self._validated = False  # until then a refusal writes no status: the input may be forged
 
     @workflow.query
     def step(self) -> str:
         return self._step
 
     @workflow.run
-    async def run(self, saga: SagaInput) -> SagaResult:
+    async def run(self, raw: RawValue) -> SagaResult:
+        # Decoded here, not by the SDK: an input that does not fit SagaInput (a forged one carrying a
+        # spec or a trust policy, say) fails the saga with a reason instead of retrying its task forever.
+        try:
+            saga = workflow.payload_converter().from_payload(raw.payload, SagaInput)
+        except Exception as exc:  # noqa: BLE001 - any decoding error is the same refusal
+            raise _refusal(f"the saga input is not a plnt SagaInput (it names a commit; it carries no spec, "
+                           f"backend or trust policy): {_first_line(exc)}") from None
+        if workflow.info().workflow_id != saga.workflow_id:
+            raise _refusal(f"a saga for {saga.key} runs as workflow {saga.workflow_id}, not {workflow.info().workflow_id}")
         if saga.action == "uninstall":
             return await self._uninstall(saga)
         try:
             return await self._deploy(saga)
         except (ActivityError, ApplicationError, CancelledError, asyncio.CancelledError) as exc:
             reason = failure_reason(exc)
+            if _untrusted(exc) and not self._validated:
+                raise _refusal(reason.removeprefix(f"{UntrustedSagaInput.__name__}: ")) from None
+        # (Refused after validate, e.g. its commit force-pushed away mid-saga: a saga of plnt's own, so it
+        # is compensated and fails like any other.)
         # Compensation runs even when the saga was cancelled: shield it from the cancellation.
         # Removing a canary that was never installed is a no-op, so no bookkeeping is needed.
         await asyncio.shield(asyncio.ensure_future(self._remove_canary(saga)))
@@ -78,29 +97,24 @@ class DeploySaga:
         return SagaResult(phase=Phase.FAILED, reason=reason, version=saga.version)
 
     async def _deploy(self, saga: SagaInput) -> SagaResult:
-        assert saga.spec is not None and saga.version is not None and saga.fingerprint is not None
-        spec = saga.spec["spec"]
+        ref = saga.ref()
+        # Checked against the commit before the first status write: a refused saga writes nothing.
+        valid = await self._call("validate", ValidateInput(saga=ref), ValidatedSpec, saga)
+        self._validated = True
         await self._phase(saga, Phase.VERIFYING, f"verifying {saga.version}", {
             "attempted_fingerprint": saga.fingerprint, "attempted_version": saga.version, "last_error": None,
         })
-        await self._call("validate", ValidateInput(spec=saga.spec, backends=saga.backends), ValidatedSpec, saga)
-        pulled = await self._call("pull_recipe", PullInput(spec=saga.spec, commit=saga.commit,
-                                                           trust_policies=saga.trust_policies), PulledRecipeInfo, saga)
+        pulled = await self._call("pull_recipe", PullInput(saga=ref), PulledRecipeInfo, saga)
         await self._phase(saga, Phase.VERIFYING, f"{saga.version} verified: signed by {pulled.signer}", {})
 
-        percent = int(spec.get("canary", {}).get("trafficPercent", 5))
+        percent = valid.traffic_percent
         await self._phase(saga, Phase.DEPLOYING, f"installing canary {saga.version}", {})
-        canary = await self._call("install_release", InstallInput(
-            namespace=saga.namespace, name=saga.name, track="canary", version=saga.version,
-            fingerprint=saga.fingerprint, recipe_digest=pulled.digest, recipe_dir=pulled.directory,
-            traffic_percent=percent,
-        ), Release, saga)
+        await self._call("install_release", InstallInput(saga=ref, track="canary", recipe_digest=pulled.digest),
+                         Release, saga)
         await self._phase(saga, Phase.CANARY, f"smoke-testing canary {saga.version} with {percent}% of traffic", {
             "canary_version": saga.version, "canary_percent": percent,
         })
-        smoke = await self._call("smoke_test", SmokeInput(
-            endpoint=canary.endpoint, recipe_dir=pulled.directory, spec=saga.spec,
-        ), SmokeResult, saga)
+        smoke = await self._call("smoke_test", SmokeInput(saga=ref), SmokeResult, saga)
         smoke_record = smoke.model_dump(mode="json")
         if not smoke.passed:
             await self._remove_canary(saga)
@@ -109,20 +123,29 @@ class DeploySaga:
             })
             return SagaResult(phase=Phase.ROLLED_BACK, reason=smoke.reason, version=saga.version)
 
-        stable = await self._call("promote_release", ReleaseRef(namespace=saga.namespace, name=saga.name), Release, saga)
+        stable = await self._call("promote_release", ReleaseRef(saga=ref), Release, saga)
         message = f"{saga.version} promoted; {smoke.reason}"
         await self._phase(saga, Phase.READY, message, {
             "version": saga.version, "endpoint": stable.endpoint, "canary_version": None, "canary_percent": 0,
-            "smoke_test": smoke_record, "last_error": None, "deployed_spec": spec,
+            "smoke_test": smoke_record, "last_error": None, "deployed_spec": valid.spec,
             "deployed_fingerprint": saga.fingerprint,
         })
         return SagaResult(phase=Phase.READY, reason=message, version=saga.version)
 
     async def _uninstall(self, saga: SagaInput) -> SagaResult:
+        ref = saga.ref()
+        try:
+            # The canary first: its activity checks the commit before the first status write.
+            await self._call("remove_release", ReleaseRef(saga=ref, track="canary"), None, saga)
+        except (ActivityError, ApplicationError) as exc:
+            if _untrusted(exc):
+                raise _refusal(failure_reason(exc).removeprefix(f"{UntrustedSagaInput.__name__}: ")) from None
+            reason = failure_reason(exc)
+            await self._phase(saga, Phase.FAILED, f"uninstall failed: {reason}", {"last_error": reason})
+            return SagaResult(phase=Phase.FAILED, reason=reason)
         await self._phase(saga, Phase.DELETING, "removed from the repository; uninstalling", {})
         try:
-            for track in ("canary", "stable"):
-                await self._call("remove_release", ReleaseRef(namespace=saga.namespace, name=saga.name, track=track), None, saga)
+            await self._call("remove_release", ReleaseRef(saga=ref, track="stable"), None, saga)
         except (ActivityError, ApplicationError) as exc:
             reason = failure_reason(exc)
             await self._phase(saga, Phase.FAILED, f"uninstall failed: {reason}", {"last_error": reason})
@@ -136,7 +159,7 @@ class DeploySaga:
     async def _remove_canary(self, saga: SagaInput) -> None:
         """Compensation: best effort, never raises."""
         try:
-            await self._call("remove_release", ReleaseRef(namespace=saga.namespace, name=saga.name, track="canary"), None, saga)
+            await self._call("remove_release", ReleaseRef(saga=saga.ref(), track="canary"), None, saga)
         except Exception as exc:  # noqa: BLE001 - compensation must not fail the saga
             workflow.logger.warning("compensation failed for %s/%s: %s", saga.namespace, saga.name, exc)
 
@@ -161,6 +184,23 @@ class DeploySaga:
                         message=message, saga_id=workflow.info().run_id, fields=fields),
             start_to_close_timeout=timedelta(seconds=10),
         )
+
+
+def _untrusted(exc: BaseException) -> bool:
+    cause: BaseException | None = exc
+    while isinstance(cause, ActivityError) and cause.cause is not None:
+        cause = cause.cause
+    return isinstance(cause, ApplicationError) and cause.type == UntrustedSagaInput.__name__
+
+
+def _refusal(message: str) -> ApplicationError:
+    """Fails the workflow (not its task): the saga ends refused, and says why."""
+    return ApplicationError(f"refused: {message}", type=UntrustedSagaInput.__name__, non_retryable=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc
+    return " ".join(str(cause).split())[:500]
 
 
 def failure_reason(exc: BaseException) -> str:

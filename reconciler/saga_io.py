@@ -1,37 +1,57 @@
 """Inputs and results of the deploy saga and its activities: one model per activity, so fields can
-be added without breaking histories already recorded."""
+be added without breaking histories already recorded.
+
+A saga's input is not trusted (anyone who reaches the Temporal namespace can start one, or schedule
+an activity on plnt's task queue): it only NAMES a commit and what plnt computed from it. Every
+activity reads the spec, its backend and the trust policies again from plnt's own clone at that
+commit (`plnt.reconciler.commit_specs`) and refuses an input that disagrees (UntrustedSagaInput).
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .settings import RetrySettings
 from .smoke import SmokeResult
+from .specs import NAME_PATTERN, VERSION_PATTERN
 from .state import Release, Track
 from .status import Phase
+
+COMMIT_PATTERN = r"^[0-9a-f]{40}$"
+FINGERPRINT_PATTERN = r"^sha256:[0-9a-f]{64}$"
 
 
 class _Io(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class SagaInput(_Io):
+class SagaRef(_Io):
+    """What a saga names: a WorkflowRun at a commit, and the fingerprint and version plnt computed
+    from that commit (None for an uninstall). Nothing in it is believed until checked."""
+
     action: Literal["deploy", "uninstall"]
-    namespace: str
-    name: str
-    commit: str
-    spec: dict[str, Any] | None = None          # the WorkflowRun document (camelCase JSON)
-    backends: dict[str, dict[str, Any]] = {}   # PlntBackend documents by name, at the same commit
-    trust_policies: dict[str, dict[str, Any]] = {}  # RecipeTrustPolicy documents by name, at the same commit
-    fingerprint: str | None = None
-    version: str | None = None
+    namespace: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN)
+    commit: str = Field(pattern=COMMIT_PATTERN, description="full sha of a commit of the tracked branch")
+    fingerprint: str | None = Field(default=None, pattern=FINGERPRINT_PATTERN)
+    version: str | None = Field(default=None, pattern=VERSION_PATTERN)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class SagaInput(SagaRef):
     retry: RetrySettings = RetrySettings()
 
     @property
     def workflow_id(self) -> str:
         return saga_workflow_id(self.namespace, self.name)
+
+    def ref(self) -> SagaRef:
+        return SagaRef.model_validate(self.model_dump(exclude={"retry"}))
 
 
 def saga_workflow_id(namespace: str, name: str) -> str:
@@ -55,23 +75,23 @@ class PhaseUpdate(_Io):
 
 
 class ValidateInput(_Io):
-    spec: dict[str, Any]
-    backends: dict[str, dict[str, Any]]
+    saga: SagaRef
 
 
 class ValidatedSpec(_Io):
+    """What the validate activity read at the commit (and so may be shown and recorded)."""
+
     backend_type: str
     version: str
+    traffic_percent: int
+    spec: dict[str, Any]   # the WorkflowRun's spec (camelCase JSON), recorded as deployed_spec
 
 
 class PullInput(_Io):
-    spec: dict[str, Any]
-    commit: str
-    trust_policies: dict[str, dict[str, Any]] = {}
+    saga: SagaRef
 
 
 class PulledRecipeInfo(_Io):
-    directory: str
     digest: str
     version: str
     signer: str = ""
@@ -79,30 +99,21 @@ class PulledRecipeInfo(_Io):
 
 
 class InstallInput(_Io):
-    namespace: str
-    name: str
+    saga: SagaRef
     track: Track
-    version: str
-    fingerprint: str
-    recipe_digest: str
-    recipe_dir: str
-    traffic_percent: int
+    recipe_digest: str   # must be the verified cache entry of the recipe the commit names
 
 
 class SmokeInput(_Io):
-    endpoint: str
-    recipe_dir: str
-    spec: dict[str, Any]
+    saga: SagaRef
 
 
 class ReleaseRef(_Io):
-    namespace: str
-    name: str
+    saga: SagaRef
     track: Track = "canary"
 
 
 __all__ = [
-    "InstallInput", "PhaseUpdate", "PullInput", "PulledRecipeInfo", "Release", "ReleaseRef",
-    "SagaInput", "SagaResult", "SmokeInput", "SmokeResult", "ValidateInput", "ValidatedSpec",
-    "saga_workflow_id",
+    "InstallInput", "PhaseUpdate", "PullInput", "PulledRecipeInfo", "Release", "ReleaseRef", "SagaInput",
+    "SagaRef", "SagaResult", "SmokeInput", "SmokeResult", "ValidateInput", "ValidatedSpec", "saga_workflow_id",
 ]

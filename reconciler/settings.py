@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 
 class StepTimeouts(BaseModel):
@@ -63,8 +63,15 @@ class Settings(BaseModel):
     port: int = Field(default=8000, ge=0, le=65535)
     interval_s: float = Field(default=5.0, gt=0, description="seconds between polls of the repository")
     temporal_address: str | None = Field(default=None, description="HOST:PORT; None starts the dev server")
-    temporal_namespace: str = "default"
-    task_queue: str = "plnt-sagas"
+    temporal_namespace: str = Field(default="default", min_length=1)
+    task_queue: str = Field(default="plnt-sagas", min_length=1, description="plnt's saga task queue on Temporal")
+    # An external Temporal (--temporal-address): TLS, client certificate, API key, as Temporal's own clients.
+    temporal_tls: bool = Field(default=False, description="TLS with the system's CAs (implied by the options below)")
+    temporal_tls_cert: Path | None = Field(default=None, description="client certificate (PEM) for mutual TLS")
+    temporal_tls_key: Path | None = Field(default=None, description="its private key (PEM)")
+    temporal_tls_ca: Path | None = Field(default=None, description="CA (PEM) the server's certificate must chain to")
+    temporal_api_key: SecretStr | None = Field(
+        default=None, description="sent as a bearer token (implies TLS); the CLI reads it from a file or an env var")
     max_concurrent_sagas: int = Field(default=8, ge=1)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     runner_start_timeout_s: float = Field(default=30.0, gt=0)
@@ -108,6 +115,15 @@ class Settings(BaseModel):
     helm_chart: str | None = Field(default=None, description="workflow-runner chart; None: the one in this checkout")
     runner_image: str = Field(default="plnt", description="runner image repository for Kubernetes backends")
     runner_image_tag: str = ""
+
+    @model_validator(mode="after")
+    def _temporal_connection(self) -> Settings:
+        if (self.temporal_tls_cert is None) != (self.temporal_tls_key is None):
+            raise ValueError("--temporal-tls-cert and --temporal-tls-key go together (a client certificate and its key)")
+        external = (self.temporal_tls, self.temporal_tls_cert, self.temporal_tls_ca, self.temporal_api_key)
+        if self.temporal_address is None and any(external):
+            raise ValueError("TLS and API key options are for an external Temporal: add --temporal-address HOST:PORT")
+        return self
 
     def runner_args(self) -> tuple[str, ...]:
         """Options every local runner gets for its model backend."""

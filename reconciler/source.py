@@ -264,6 +264,14 @@ class GitSource:
             finally:
                 process.kill()  # no-op when git has finished; stops it when the caller stopped early
 
+    def is_on_branch(self, commit: str) -> bool:
+        """Whether `commit` (a full sha) is the tracked branch's newest fetched commit or an ancestor of it."""
+        with self._lock:
+            try:
+                return bool(self._open().is_ancestor(commit, f"refs/remotes/origin/{self.branch}"))
+            except (git.GitCommandError, ValueError):  # unknown object, or not a commit
+                return False
+
     def _open(self) -> git.Repo:
         if self._repo is not None:
             return self._repo

@@ -14,6 +14,7 @@ the recipe directory is not put on sys.path).
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import itertools
@@ -54,12 +55,8 @@ class GoldenCase:
     expect: Any
 
 
-@dataclass
-class Recipe:
+class _Named:
     workflow: Workflow
-    directory: Path
-    module: ModuleType | None
-    digest: str = ""
 
     @property
     def name(self) -> str:
@@ -68,6 +65,14 @@ class Recipe:
     @property
     def version(self) -> str:
         return self.workflow.metadata.version
+
+
+@dataclass
+class Recipe(_Named):
+    workflow: Workflow
+    directory: Path
+    module: ModuleType | None
+    digest: str = ""
 
 
 # --- digest ----------------------------------------------------------------------------------
@@ -160,12 +165,31 @@ def _import_module(path: Path, workflow: Workflow, digest: str) -> ModuleType:
     return module
 
 
-def load_recipe_dir(directory: Path) -> Recipe:
-    """Load a recipe directory; raises RecipeError naming the file and the problem."""
+MAX_CHECKED_MODULE_BYTES = 4 * 2**20  # larger modules are not parsed by plnt: the runner reports their errors
+
+
+@dataclass(frozen=True)
+class CheckedRecipe(_Named):
+    """A recipe directory checked as data: its workflow, its module file (None if it has none), its digest."""
+
+    workflow: Workflow
+    directory: Path
+    entry: Path | None
+    digest: str
+
+
+def check_recipe_dir(directory: Path, *, parse_module: bool = True) -> CheckedRecipe:
+    """Check a recipe directory without running any of its code; raises RecipeError.
+
+    plnt's own processes use this (they hold credentials and never import recipe code): the
+    workflow.yaml through the reconciler's loader, the step graph, a self-contained directory (no
+    links), an entrypoint that is a regular file inside it and, with `parse_module`, the module's
+    syntax and a top-level definition for each `python` step, from its syntax tree only.
+    """
     directory = Path(directory).resolve()
     workflow_path = directory / WORKFLOW_FILE
-    if not workflow_path.is_file():
-        raise RecipeError(workflow_path, "not found (a recipe directory needs a workflow.yaml)")
+    if workflow_path.is_symlink() or not workflow_path.is_file():
+        raise RecipeError(workflow_path, "not found (a recipe directory needs a workflow.yaml, a regular file)")
     workflow = _load_workflow(workflow_path)
     try:
         step_levels(workflow.steps)
@@ -181,34 +205,98 @@ def load_recipe_dir(directory: Path) -> Recipe:
     except (OSError, ValueError) as exc:
         raise RecipeError(directory, str(exc)) from exc
 
-    entry = (directory / workflow.runtime.entrypoint).resolve()
+    entry: Path | None = (directory / workflow.runtime.entrypoint).resolve()
+    assert entry is not None
     if not entry.is_relative_to(directory):
         raise RecipeError(workflow_path, f"runtime.entrypoint {workflow.runtime.entrypoint!r} is outside the recipe")
-    module: ModuleType | None = None
-    if entry.is_file():
-        module = _import_module(entry, workflow, digest)
-    elif "entrypoint" in workflow.runtime.model_fields_set:
-        raise RecipeError(entry, "runtime.entrypoint not found")
+    if entry.exists() and not entry.is_file():
+        raise RecipeError(entry, "runtime.entrypoint is not a regular file")
+    if not entry.is_file():
+        if "entrypoint" in workflow.runtime.model_fields_set:
+            raise RecipeError(entry, "runtime.entrypoint not found")
+        entry = None
+    python_steps = [step.id for step in workflow.steps if step.tool == "python"]
+    if python_steps and entry is None:
+        raise RecipeError(workflow_path, f"step {python_steps[0]} uses tool python but the recipe has no "
+                                         f"{workflow.runtime.entrypoint} (missing)")
+    if parse_module and entry is not None:
+        _check_module_source(entry, python_steps, workflow_path)
+    return CheckedRecipe(workflow=workflow, directory=directory, entry=entry, digest=digest)
 
+
+def _check_module_source(entry: Path, python_steps: list[str], workflow_path: Path) -> None:
+    """Syntax, and a top-level name per python step, from the syntax tree: nothing is executed."""
+    if entry.stat().st_size > MAX_CHECKED_MODULE_BYTES:
+        return  # not worth the memory here; the runner still refuses a broken module at its start
+    try:
+        tree = ast.parse(entry.read_bytes(), filename=entry.name)
+    except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes
+        raise RecipeError(entry, f"not valid Python: {exc}") from exc
+    except (RecursionError, MemoryError) as exc:
+        raise RecipeError(entry, f"not valid Python: too deeply nested ({type(exc).__name__})") from exc
+    defined: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return  # names only known when run: the runner checks them
+            defined.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        else:  # assignments, and defs inside if/try at the top level
+            defined.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+            defined.update(n.name for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    for step_id in python_steps:
+        if step_id not in defined:
+            raise RecipeError(workflow_path, f"step {step_id} uses tool python but {entry.name} defines no "
+                                             f"function {step_id}()")
+
+
+def load_recipe_dir(directory: Path) -> Recipe:
+    """Load a recipe directory, importing its module: only a runner process does this (it runs the
+    recipe's code). Raises RecipeError naming the file and the problem."""
+    checked = check_recipe_dir(directory, parse_module=False)
+    workflow, entry = checked.workflow, checked.entry
+    module = _import_module(entry, workflow, checked.digest) if entry is not None else None
     for step in workflow.steps:
         if step.tool == "python" and not callable(getattr(module, step.id, None)):
-            where = entry.name if module is not None else f"{entry.name} (missing)"
-            raise RecipeError(workflow_path, f"step {step.id} uses tool python but {where} defines no function {step.id}()")
-    return Recipe(workflow=workflow, directory=directory, module=module, digest=digest)
+            name = entry.name if entry is not None else workflow.runtime.entrypoint
+            raise RecipeError(checked.directory / WORKFLOW_FILE,
+                              f"step {step.id} uses tool python but {name} defines no function {step.id}()")
+    return Recipe(workflow=workflow, directory=checked.directory, module=module, digest=checked.digest)
 
 
 # --- golden cases ----------------------------------------------------------------------------
 
 
+MAX_GOLDEN_BYTES = 2**20
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """Golden cases are sent as JSON: an alias would be expanded there (a few bytes, gigabytes sent)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.YAMLError(f"line {mark.line + 1}: aliases (*name) are not allowed in {GOLDEN_FILE}")
+        return super().compose_node(parent, index)
+
+
 def load_golden(directory: Path) -> list[GoldenCase]:
-    """Golden cases from the optional `golden.yaml`: `cases: [{name, input: {...}, expect: ...}]`."""
+    """Golden cases from the optional `golden.yaml`: `cases: [{name, input: {...}, expect: ...}]`.
+
+    Read as data, bounded (plnt's smoke test reads it too): at most 1 MiB, no aliases.
+    """
     path = Path(directory) / GOLDEN_FILE
     if not path.is_file():
         return []
+    if path.stat().st_size > MAX_GOLDEN_BYTES:
+        raise RecipeError(path, f"larger than {MAX_GOLDEN_BYTES} bytes")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliasLoader) or {}  # noqa: S506 - a SafeLoader
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise RecipeError(path, f"invalid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise RecipeError(path, "invalid YAML: nested too deeply") from exc
     cases = data.get("cases") if isinstance(data, dict) else None
     if not isinstance(cases, list):
         raise RecipeError(path, "expected a mapping with a list `cases`")

@@ -1,49 +1,58 @@
 """The deploy saga on a real Temporal server.
 
-The activities here are FAKES registered under the real activity names (the pattern of Temporal's
-samples): they let these tests drive the saga's control flow (retries, dead ends, compensation)
-without runner processes. The real activities are exercised end to end in tests/e2e.
-
-The last tests run the real `validate` activity in Temporal's ActivityEnvironment (no server), with
-stand-ins for what it does not use: no driver, repository readers that return nothing.
+The activities in the first half are FAKES registered under the real activity names (the pattern of
+Temporal's samples): they let these tests drive the saga's control flow (retries, dead ends,
+compensation, refusals) without runner processes. The second half runs the REAL activities (with
+Temporal's ActivityEnvironment, a real git repository and plnt's own clone of it); they are also
+exercised end to end in tests/e2e and tests/attacks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 from plnt.reconciler.activities import SagaActivities
+from plnt.reconciler.commit_specs import CommitSpecs
+from plnt.reconciler.loader import load_directory
+from plnt.reconciler.local_driver import LocalDriver
 from plnt.reconciler.saga import DeploySaga
 from plnt.reconciler.saga_io import (
+    InstallInput,
     PhaseUpdate,
     PulledRecipeInfo,
     Release,
     ReleaseRef,
     SagaInput,
+    SagaRef,
     SagaResult,
+    SmokeInput,
     ValidatedSpec,
     ValidateInput,
 )
 from plnt.reconciler.settings import RetrySettings
 from plnt.reconciler.smoke import SmokeMetrics, SmokeResult
+from plnt.reconciler.source import GitSource
+from plnt.reconciler.state import StateDir
 from plnt.reconciler.status import Phase, StatusStore
 from plnt.reconciler.temporal_server import connect
 from temporalio import activity
+from temporalio.client import WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
-# No module-wide mark: tests that request a server fixture are marked integration by tests/hygiene.py.
+from ..conftest import SpecRepo
 
-SPEC = {
-    "apiVersion": "plnt.work/v1", "kind": "WorkflowRun", "metadata": {"name": "rr", "namespace": "default"},
-    "spec": {"workflow": {"ref": "rr@1.0.0", "registry": "file:registry"}, "backend": {"cluster": "local"}},
-}
-BACKENDS = {"local": {"apiVersion": "plnt.work/v1", "kind": "PlntBackend", "metadata": {"name": "local"}, "spec": {"type": "local"}}}
+pytestmark = pytest.mark.integration
+
+COMMIT = "c0ffee" * 6 + "c0ff"
+FINGERPRINT = "sha256:" + "f" * 64
 FAST_RETRY = RetrySettings(initial_interval_s=0.05, maximum_interval_s=0.1, maximum_attempts=3)
 
 
@@ -70,12 +79,12 @@ class FakeActivities:
         @activity.defn(name="validate")
         async def validate(request: ValidateInput) -> ValidatedSpec:
             self._enter("validate")
-            return ValidatedSpec(backend_type="local", version="1.0.0")
+            return ValidatedSpec(backend_type="local", version="1.0.0", traffic_percent=5, spec={})
 
         @activity.defn(name="pull_recipe")
         async def pull_recipe(request: Any) -> PulledRecipeInfo:
             self._enter("pull_recipe")
-            return PulledRecipeInfo(directory="/recipes/x", digest="sha256:x", version="1.0.0", signer="release@test")
+            return PulledRecipeInfo(digest="sha256:x", version="1.0.0", signer="release@test")
 
         @activity.defn(name="install_release")
         async def install_release(request: Any) -> Release:
@@ -103,13 +112,18 @@ class FakeActivities:
         return [record_phase, validate, pull_recipe, install_release, smoke_test, promote_release, remove_release]
 
 
-async def run_saga(address: str, namespace: str, fakes: FakeActivities, action: str = "deploy") -> SagaResult:
+async def run_saga(address: str, namespace: str, fakes: FakeActivities, action: str = "deploy",
+                   raw: dict[str, Any] | None = None, workflow_id: str | None = None) -> SagaResult:
+    """Runs DeploySaga on a fresh task queue; `raw` replaces the input with any JSON (a forged one)."""
     client = await connect(address, namespace, data_converter=pydantic_data_converter)
     queue = f"q-{uuid.uuid4().hex}"
-    saga = SagaInput(action=action, namespace="default", name="rr", commit="c0ffee", spec=SPEC, backends=BACKENDS,
-                     fingerprint="sha256:f", version="1.0.0", retry=FAST_RETRY)
+    saga = SagaInput(action=action, namespace="default", name="rr", commit=COMMIT,
+                     fingerprint=FINGERPRINT if action == "deploy" else None,
+                     version="1.0.0" if action == "deploy" else None, retry=FAST_RETRY)
     async with Worker(client, task_queue=queue, workflows=[DeploySaga], activities=fakes.all()):
-        return await client.execute_workflow("DeploySaga", saga, id=saga.workflow_id, task_queue=queue, result_type=SagaResult)
+        return await client.execute_workflow("DeploySaga", saga if raw is None else raw,
+                                             id=workflow_id or saga.workflow_id,
+                                             task_queue=queue, result_type=SagaResult)
 
 
 async def test_happy_path_walks_every_phase(temporal_address: str, temporal_namespace: str) -> None:
@@ -161,32 +175,168 @@ async def test_uninstall_removes_both_tracks_and_the_status(temporal_address: st
     assert result.reason == "uninstalled"
 
 
-# --- the real validate activity, unit-tested with Temporal's ActivityEnvironment ---------------
+async def test_a_refused_saga_writes_no_status_and_compensates_nothing(temporal_address: str,
+                                                                      temporal_namespace: str) -> None:
+    fakes = FakeActivities(fail={"validate": ApplicationError("commit c0ffeec0ffee is not on branch 'main'",
+                                                              type="UntrustedSagaInput", non_retryable=True)})
+    with pytest.raises(WorkflowFailureError) as caught:
+        await run_saga(temporal_address, temporal_namespace, fakes)
+    cause = caught.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "UntrustedSagaInput"
+    assert cause.message == "refused: commit c0ffeec0ffee is not on branch 'main'"
+    assert fakes.phases == [] and fakes.removed == [] and fakes.calls["pull_recipe"] == 0
 
 
-def real_activities(tmp_path: Any) -> SagaActivities:
-    return SagaActivities(driver=None, statuses=StatusStore(tmp_path / "status.json"),  # type: ignore[arg-type]
-                          export_from_repo=lambda *a: False, read_from_repo=lambda *a: b"", recipe_cache=tmp_path)
+async def test_a_refusal_after_validate_compensates_and_fails_like_any_other(temporal_address: str,
+                                                                              temporal_namespace: str) -> None:
+    fakes = FakeActivities(fail={"smoke_test": ApplicationError("commit c0ffeec0ffee is not on branch 'main'",
+                                                                type="UntrustedSagaInput", non_retryable=True)})
+    result = await run_saga(temporal_address, temporal_namespace, fakes)
+    assert result.phase is Phase.FAILED and result.reason == "UntrustedSagaInput: commit c0ffeec0ffee is not on branch 'main'"
+    assert fakes.removed == ["canary"] and fakes.phases[-1] is Phase.FAILED
 
 
-@pytest.mark.parametrize(("spec_edit", "backends", "error_type", "message"), [
-    ({"backend": {"cluster": "gpu-east"}}, BACKENDS, "UnknownBackend", "no PlntBackend named 'gpu-east' (known: local)"),
-    ({"backend": {"cluster": "local", "gpuClass": "nvidia.com/h100", "gpuCount": 1}}, BACKENDS, "GpuClassUnavailable",
-     "offers no GPU classes, not 'nvidia.com/h100'"),
-    ({"replicas": {"min": 0}}, BACKENDS, "InvalidSpec", "WorkflowRun is invalid"),
+async def test_a_refused_uninstall_writes_no_status(temporal_address: str, temporal_namespace: str) -> None:
+    fakes = FakeActivities(fail={"remove_release": ApplicationError("WorkflowRun default/rr is still in commit x",
+                                                                    type="UntrustedSagaInput", non_retryable=True)})
+    with pytest.raises(WorkflowFailureError) as caught:
+        await run_saga(temporal_address, temporal_namespace, fakes, action="uninstall")
+    assert "refused: WorkflowRun default/rr is still in commit x" in str(caught.value.cause)
+    assert fakes.phases == [] and fakes.removed == ["canary"]
+
+
+@pytest.mark.parametrize(("raw", "workflow_id", "message"), [
+    ({"action": "deploy", "namespace": "default", "name": "rr", "commit": COMMIT, "fingerprint": FINGERPRINT,
+      "version": "1.0.0", "trust_policies": {"mine": {"spec": {"signers": []}}}},
+     None, "Extra inputs are not permitted"),
+    ({"action": "deploy", "namespace": "default", "name": "rr", "commit": "HEAD~1", "fingerprint": FINGERPRINT,
+      "version": "1.0.0"}, None, "String should match pattern"),
+    ({"action": "deploy", "namespace": "default", "name": "rr", "commit": COMMIT, "fingerprint": FINGERPRINT,
+      "version": "1.0.0"}, "plnt-default-rr-2", "runs as workflow plnt-default-rr, not plnt-default-rr-2"),
 ])
-async def test_validate_dead_ends_are_non_retryable(tmp_path: Any, spec_edit: dict[str, Any], backends: dict[str, Any],
-                                                   error_type: str, message: str) -> None:
-    spec = {**SPEC, "spec": {**SPEC["spec"], **spec_edit}}
+async def test_a_forged_input_fails_the_saga_before_any_activity(temporal_address: str, temporal_namespace: str,
+                                                                 raw: dict[str, Any], workflow_id: str | None,
+                                                                 message: str) -> None:
+    fakes = FakeActivities()
+    with pytest.raises(WorkflowFailureError) as caught:
+        await run_saga(temporal_address, temporal_namespace, fakes, raw=raw, workflow_id=workflow_id)
+    cause = caught.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "UntrustedSagaInput" and cause.non_retryable
+    assert cause.message.startswith("refused: ") and message in cause.message
+    assert sum(fakes.calls.values()) == 0 and fakes.phases == []
+
+
+# --- the real activities, with Temporal's ActivityEnvironment and a real clone ----------------
+
+
+@pytest.fixture
+def clone(spec_repo: SpecRepo, tmp_path: Path) -> GitSource:
+    source = GitSource(str(spec_repo.path), tmp_path / "clone")
+    source.fetch()
+    return source
+
+
+def real_activities(tmp_path: Path, source: GitSource, backend_types: tuple[str, ...] = ("local",)) -> SagaActivities:
+    """The real activities, without the check of which workflow calls them (there is none here:
+    tests/attacks/test_saga.py proves that check through a live plnt)."""
+    state = StateDir(tmp_path / "state").ensure()
+    return SagaActivities(driver=LocalDriver(state), statuses=StatusStore(state.status_file),
+                          commit_specs=CommitSpecs(source), export_from_repo=source.export,
+                          read_from_repo=source.read_file, recipe_cache=state.recipes,
+                          supported_backend_types=backend_types, saga_task_queue=None)
+
+
+def ref_at(repo: SpecRepo, **changes: Any) -> SagaRef:
+    """What plnt's reconciler would name for review-responder at the repository's HEAD."""
+    specs, problems = load_directory(repo.path)
+    assert problems == []
+    run = specs.workflow_runs["default/review-responder"]
+    values: dict[str, Any] = dict(action="deploy", namespace="default", name="review-responder",
+                                  commit=repo.git("rev-parse", "HEAD"), fingerprint=run.fingerprint(),
+                                  version=run.spec.workflow.version)
+    return SagaRef(**{**values, **changes})
+
+
+async def refused(call: Any, request: Any) -> str:
     with pytest.raises(ApplicationError) as caught:
-        await ActivityEnvironment().run(real_activities(tmp_path).validate, ValidateInput(spec=spec, backends=backends))
-    assert caught.value.type == error_type and caught.value.non_retryable
-    assert message in caught.value.message
+        await ActivityEnvironment().run(call, request)
+    assert caught.value.type == "UntrustedSagaInput" and caught.value.non_retryable
+    return caught.value.message
 
 
-async def test_validate_accepts_a_good_spec(tmp_path: Any) -> None:
-    result = await ActivityEnvironment().run(real_activities(tmp_path).validate, ValidateInput(spec=SPEC, backends=BACKENDS))
-    assert result == ValidatedSpec(backend_type="local", version="1.0.0")
+async def test_validate_reads_the_spec_from_the_commit(spec_repo: SpecRepo, clone: GitSource, tmp_path: Path) -> None:
+    result = await ActivityEnvironment().run(real_activities(tmp_path, clone).validate, ValidateInput(saga=ref_at(spec_repo)))
+    assert (result.backend_type, result.version, result.traffic_percent) == ("local", "1.2.0", 5)
+    assert result.spec["workflow"]["registry"] == "file:registry"
+
+
+async def test_validate_refuses_what_the_commit_does_not_say(spec_repo: SpecRepo, clone: GitSource,
+                                                             tmp_path: Path) -> None:
+    activities = real_activities(tmp_path, clone)
+    good = ref_at(spec_repo)
+    # A commit that exists in the repository but on another branch, and one that does not exist.
+    spec_repo.git("checkout", "-q", "-b", "attacker")
+    spec_repo.replace("workflowruns/review-responder.yaml", "review-responder@1.2.0", "review-responder@1.3.0")
+    side = ref_at(spec_repo, commit=spec_repo.commit("on another branch"))
+    spec_repo.git("checkout", "-q", "main")
+    clone.resolve("attacker")  # plnt's clone has the object, yet it is not on the tracked branch
+    cases = {
+        "off-branch": (side, f"commit {side.commit[:12]} is not on branch 'main'"),
+        "made-up": (good.model_copy(update={"commit": "0123456789" * 4}), "commit 012345678901 is not on branch 'main'"),
+        "fingerprint": (good.model_copy(update={"fingerprint": FINGERPRINT}),
+                        f"with fingerprint {FINGERPRINT}; commit {good.commit[:12]} gives version 1.2.0 with fingerprint "
+                        f"{good.fingerprint}"),
+        "version": (good.model_copy(update={"version": "1.3.0"}), "asks for default/review-responder version 1.3.0"),
+        "other run": (good.model_copy(update={"name": "payroll"}), f"commit {good.commit[:12]} has no WorkflowRun default/payroll"),
+        "uninstall": (good.model_copy(update={"action": "uninstall", "fingerprint": None, "version": None}),
+                      "is a deploy step; this saga is an uninstall"),
+    }
+    for case, (ref, message) in cases.items():
+        assert message in await refused(activities.validate, ValidateInput(saga=ref)), case
+
+
+async def test_an_invalid_commit_and_an_unsupported_backend(spec_repo: SpecRepo, clone: GitSource,
+                                                            tmp_path: Path) -> None:
+    good = ref_at(spec_repo)
+    helm_only = real_activities(tmp_path, clone, backend_types=("kubernetes",))
+    with pytest.raises(ApplicationError) as caught:
+        await ActivityEnvironment().run(helm_only.validate, ValidateInput(saga=good))
+    assert caught.value.type == "UnknownBackend" and "this plnt deploys to kubernetes backends" in caught.value.message
+    spec_repo.replace("workflowruns/review-responder.yaml", "cluster: local", "cluster: nowhere")
+    bad = good.model_copy(update={"commit": spec_repo.commit("unknown backend")})
+    clone.fetch()
+    message = await refused(real_activities(tmp_path, clone).validate, ValidateInput(saga=bad))
+    assert f"commit {bad.commit[:12]} has 1 spec problem(s) and plnt starts no saga for it" in message
+
+
+async def test_later_steps_act_only_on_what_plnt_verified_and_installed(spec_repo: SpecRepo, clone: GitSource,
+                                                                        tmp_path: Path) -> None:
+    activities = real_activities(tmp_path, clone)
+    ref = ref_at(spec_repo)
+    message = await refused(activities.install_release,
+                            InstallInput(saga=ref, track="canary", recipe_digest="sha256:" + "a" * 64))
+    assert "is not plnt's verified copy of review-responder@1.2.0 from file:registry" in message
+    assert "a saga installs a canary" in await refused(
+        activities.install_release, InstallInput(saga=ref, track="stable", recipe_digest="sha256:" + "a" * 64))
+    assert "has no canary release of fingerprint" in await refused(activities.smoke_test, SmokeInput(saga=ref))
+    assert "has no canary release of fingerprint" in await refused(activities.promote_release, ReleaseRef(saga=ref))
+    assert "removes only its canary" in await refused(activities.remove_release, ReleaseRef(saga=ref, track="stable"))
+    # Compensation works whatever became of the commit (nothing to remove here: a no-op).
+    gone = ref.model_copy(update={"commit": "0123456789" * 4})
+    assert await ActivityEnvironment().run(activities.remove_release, ReleaseRef(saga=gone, track="canary")) is None
+    uninstall = ref.model_copy(update={"action": "uninstall", "fingerprint": None, "version": None})
+    assert "is still in commit" in await refused(activities.remove_release, ReleaseRef(saga=uninstall, track="stable"))
+
+
+async def test_status_is_written_only_from_plnt_s_own_saga(clone: GitSource, tmp_path: Path) -> None:
+    activities = real_activities(tmp_path, clone)
+    update = PhaseUpdate(namespace="default", name="rr", phase=Phase.READY, fields={"version": "9.9.9"})
+    message = await refused(activities.record_phase, update)
+    assert "only as a local activity of plnt's own DeploySaga" in message
+    local = ActivityEnvironment()
+    local.info = dataclasses.replace(local.info, is_local=True)
+    await local.run(activities.record_phase, update)
+    assert activities._statuses.get("default/rr").version == "9.9.9"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(("needs", "placement", "message"), [

@@ -1,0 +1,82 @@
+"""What decides trust in a saga, read from plnt's own clone at the commit the saga names.
+
+A saga's input names (action, namespace, name, commit, fingerprint, version); it carries no spec,
+backend or trust policy. Each activity asks `CommitSpecs.resolve` for the WorkflowRun, its
+PlntBackend and the RecipeTrustPolicies at that commit, through GitSource and the loader (never the
+reconciler's memory, so a separate worker with its own clone does the same), and gets
+UntrustedSagaInput when the input disagrees: a commit not on the tracked branch, an invalid commit,
+a fingerprint or version the commit does not give.
+
+The parsed spec set is cached per commit (a saga's activities all name one commit), so a saga
+parses its commit once; the branch check is a `git merge-base --is-ancestor` per activity, so a
+force-push that drops a commit stops the sagas that name it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .errors import UntrustedSagaInput
+from .loader import Problem, SpecSet, load_sources
+from .saga_io import SagaRef
+from .source import GitSource
+from .specs import PlntBackend, RecipeTrustPolicy, WorkflowRun, run_key
+
+
+@dataclass(frozen=True)
+class TrustedSaga:
+    """A saga's input as confirmed by the commit: what activities act on."""
+
+    ref: SagaRef
+    run: WorkflowRun | None          # None for an uninstall (the commit no longer has the WorkflowRun)
+    backend: PlntBackend | None
+    policies: tuple[RecipeTrustPolicy, ...]
+
+
+class CommitSpecs:
+    def __init__(self, source: GitSource, *, keep: int = 8) -> None:
+        self._source = source
+        self._keep = keep
+        self._cache: OrderedDict[str, tuple[SpecSet, list[Problem]]] = OrderedDict()
+        self._lock = asyncio.Lock()  # one parse per commit, even when activities ask at once
+
+    async def resolve(self, ref: SagaRef) -> TrustedSaga:
+        commit = ref.commit[:12]
+        if not await asyncio.to_thread(self._source.is_on_branch, ref.commit):
+            raise UntrustedSagaInput(f"commit {commit} is not on branch {self._source.branch!r} of the spec "
+                                     f"repository (as plnt last fetched it): plnt deploys only commits of the "
+                                     f"branch it tracks")
+        specs, problems = await self._load(ref.commit)
+        if problems:
+            raise UntrustedSagaInput(f"commit {commit} has {len(problems)} spec problem(s) and plnt starts no "
+                                     f"saga for it: {problems[0]}")
+        key = run_key(ref.namespace, ref.name)
+        run = specs.workflow_runs.get(key)
+        if ref.action == "uninstall":
+            if run is not None:
+                raise UntrustedSagaInput(f"WorkflowRun {key} is still in commit {commit}: nothing to uninstall")
+            return TrustedSaga(ref, None, None, ())
+        if run is None:
+            raise UntrustedSagaInput(f"commit {commit} has no WorkflowRun {key}")
+        if ref.fingerprint != run.fingerprint() or ref.version != run.spec.workflow.version:
+            raise UntrustedSagaInput(
+                f"the saga asks for {key} version {ref.version} with fingerprint {ref.fingerprint}; commit {commit} "
+                f"gives version {run.spec.workflow.version} with fingerprint {run.fingerprint()}")
+        return TrustedSaga(ref, run, specs.backends.get(run.spec.backend.cluster),
+                           tuple(specs.trust_policies.values()))
+
+    async def _load(self, commit: str) -> tuple[SpecSet, list[Problem]]:
+        async with self._lock:
+            cached = self._cache.get(commit)
+            if cached is None:
+                cached = await asyncio.to_thread(self._parse, commit)
+                self._cache[commit] = cached
+                while len(self._cache) > self._keep:
+                    self._cache.popitem(last=False)
+            self._cache.move_to_end(commit)
+            return cached
+
+    def _parse(self, commit: str) -> tuple[SpecSet, list[Problem]]:
+        return load_sources(self._source.spec_files(commit))
