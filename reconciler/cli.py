@@ -89,6 +89,7 @@ def up(
     import os
 
     from plnt.gateway.auth import exposure_problem, load_tokens
+    from plnt.reconciler.local_driver import allowlisted_env
 
     _setup_logging(verbose)
     env_tokens = tuple(t.strip() for t in os.environ.get("PLNT_GATEWAY_TOKENS", "").split(",") if t.strip())
@@ -99,9 +100,14 @@ def up(
                         retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
                         gateway_tokens=env_tokens, gateway_tokens_file=tokens_file, insecure_no_auth=insecure_no_auth,
                         gateway_max_body_bytes=max_body_bytes, gateway_request_timeout_s=gateway_timeout,
-                        llm_url=llm_url, llm_model=llm_model, llm_api_key_env=llm_api_key_env)
+                        llm_url=llm_url, llm_model=llm_model, llm_api_key_env=llm_api_key_env,
+                        llm_api_key=(os.environ.get(llm_api_key_env) or None) if llm_api_key_env else None,
+                        runner_env=allowlisted_env(os.environ))
     if llm_url and not llm_model:
         typer.echo("error: --llm-url needs --llm-model (the model the server should use)", err=True)
+        raise typer.Exit(2)
+    if llm_api_key_env and settings.llm_api_key is None:
+        typer.echo(f"error: --llm-api-key-env {llm_api_key_env}: that environment variable is not set", err=True)
         raise typer.Exit(2)
     try:
         tokens = load_tokens(tokens_file, env_tokens)
