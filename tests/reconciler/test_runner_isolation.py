@@ -1,5 +1,6 @@
 """runnerLimits on a PlntBackend: the spec field (strict, camelCase, bounded, local backends only),
-`plnt validate` naming FILE:LINE, and the DriverSet lookup the local driver asks for each release."""
+`plnt validate` naming FILE:LINE, and the DriverSet lookup the local driver asks for each release;
+`plnt up` refusing an LLM key variable that is not set (runners would get no key)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,13 @@ def test_driver_set_looks_up_the_limits_of_the_assigned_backend(tmp_path: Path) 
     assert drivers.runner_limits(ns, name) == small.spec.runner_limits
     assert DriverSet(LocalDriver(state), state, no_helm).runner_limits(ns, name) == small.spec.runner_limits
     assert drivers.runner_limits("default", "never-seen") == RunnerLimits()
+
+
+def test_up_refuses_an_llm_key_variable_that_is_not_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PLNT_NO_SUCH_KEY", raising=False)
+    result = CliRunner().invoke(app, ["up", "--repo", str(EXAMPLE), "--state-dir", str(tmp_path / "state"),
+                                      "--llm-url", "http://127.0.0.1:9", "--llm-model", "m",
+                                      "--llm-api-key-env", "PLNT_NO_SUCH_KEY"], catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert "--llm-api-key-env PLNT_NO_SUCH_KEY: that environment variable is not set" in result.stderr
+    assert not (tmp_path / "state").exists(), "nothing started"
