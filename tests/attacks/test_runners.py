@@ -5,6 +5,7 @@ written outside the state directory, and that the version already serving keeps 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import textwrap
@@ -198,4 +199,62 @@ async def test_memory_and_open_files_limits_hold_and_a_release_that_hits_them_fa
         await assert_still_serving(plnt, "1.3.0")
         async with httpx.AsyncClient(trust_env=False) as client:
             assert (await client.get(f"{plnt.url}/healthz")).status_code == 200
+        outside.assert_none()
+
+
+def hanging_recipe(tmp_path: Path, version: str) -> Path:
+    """1.3.0's sources as `version`, whose module never finishes importing in a runner, so the runner
+    never answers. (Only in a runner: whether plnt itself imports recipes is not this test's subject.)"""
+    target = tmp_path / f"hang-{version}"
+    shutil.copytree(EXAMPLE / "recipes" / "review-responder" / "1.3.0", target)
+    workflow = target / "workflow.yaml"
+    workflow.write_text(workflow.read_text().replace("version: 1.3.0", f"version: {version}"))
+    steps = target / "steps.py"
+    steps.write_text("import sys\nimport time\n\nif sys.argv[0].endswith('runner/__main__.py'):\n"
+                     "    time.sleep(3600)\n" + steps.read_text())
+    return target
+
+
+def runner_pids_of(plnt: Any, version: str) -> list[int]:
+    """Live runner processes of this plnt serving `version` (their --release-id names it)."""
+    marker = f"default.review-responder.{version}.".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] if argv else "X"
+        except OSError:
+            continue
+        if b"plnt.runner" in argv[:3] and any(a.startswith(marker) for a in argv) and state not in ("Z", "X") \
+                and str(plnt.state.root).encode() in b" ".join(argv):
+            found.append(int(entry.name))
+    return found
+
+
+async def test_a_runner_that_never_answers_is_stopped_when_a_newer_commit_supersedes_its_install(
+    attack_repo: AttackRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str,
+) -> None:
+    """The install activity is cancelled mid health check (the saga is superseded): its runner is
+    stopped at once, not left running unrecorded, and the newer commit deploys."""
+    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
+        attack_repo.publish("review-responder", "1.6.0", source=hanging_recipe(tmp_path / "src", "1.6.0"))
+        attack_repo.deploy("review-responder@1.6.0")
+        outside = OutsideWrites([tmp_path], ignore=[plnt.state.root])
+        await hook(plnt)
+        for _ in range(600):  # the hanging runner has started (and is recorded in STATE/runner-pids)
+            if runner_pids_of(plnt, "1.6.0"):
+                break
+            await asyncio.sleep(0.05)
+        [hanging] = runner_pids_of(plnt, "1.6.0")
+        assert (plnt.state.root / "runner-pids" / f"{hanging}.json").exists()
+        await assert_still_serving(plnt)
+
+        attack_repo.deploy("review-responder@1.3.0")  # a newer commit: the 1.6.0 saga is superseded
+        outside = OutsideWrites([tmp_path], ignore=[plnt.state.root])
+        await hook(plnt)
+        await wait_phase(plnt, "Ready", version="1.3.0", timeout=90)
+        assert runner_pids_of(plnt, "1.6.0") == [], "the superseded install's runner is still running"
+        assert not (plnt.state.root / "runner-pids" / f"{hanging}.json").exists()
+        assert len(runner_pids_of(plnt, "1.3.0")) == 1 and runner_pids_of(plnt, "1.2.0") == []
+        await assert_still_serving(plnt, "1.3.0")
         outside.assert_none()
