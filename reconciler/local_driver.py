@@ -231,9 +231,16 @@ class LocalDriver:
                     for r in (live.stable, live.canary) if r is not None}
         stopped: list[int] = []
         for path in sorted(self._pids.glob("*.json")):
-            entry = read_json(path) or {}
-            pid, start = entry.get("pid"), entry.get("pid_start")
-            if not isinstance(pid, int) or (pid, start) in recorded:
+            try:
+                entry = read_json(path)
+            except (OSError, ValueError):
+                entry = None
+            if not isinstance(entry, dict) or not isinstance(entry.get("pid"), int):
+                log.warning("runner-pid-file-unreadable path=%s (removed)", path)  # plnt writes them whole
+                path.unlink(missing_ok=True)
+                continue
+            pid, start = entry["pid"], entry.get("pid_start")
+            if (pid, start) in recorded:
                 continue
             if process_start_time(pid) == start and _is_runner(pid):
                 log.warning("runner-unrecorded-stop release=%s pid=%s", entry.get("release_id"), pid)

@@ -284,15 +284,19 @@ async def wait_for_pid_file_of(state_dir: Path, release_id: str) -> dict[str, ob
 
 
 async def test_a_forged_pid_file_does_not_make_plnt_kill_another_process(tmp_path: Path) -> None:
-    """STATE/runner-pids is checked against the process: only a plnt runner is ever signalled."""
+    """STATE/runner-pids is checked against the process: only a plnt runner is ever signalled, and a
+    file that is not what plnt writes does not stop plnt from starting."""
     state_dir = tmp_path / "state"
     bystander = subprocess.Popen(["sleep", "300"])
     try:
         driver = LocalDriver(StateDir(state_dir))
         (state_dir / "runner-pids" / f"{bystander.pid}.json").write_text(json.dumps(
             {"pid": bystander.pid, "pid_start": process_start_time(bystander.pid), "release_id": "forged"}))
+        (state_dir / "runner-pids" / "1.json").write_text("{not json")
+        (state_dir / "runner-pids" / "2.json").write_text("[2]")
         assert await driver.stop_unrecorded() == []
         assert bystander.poll() is None
+        assert list((state_dir / "runner-pids").iterdir()) == [], "unreadable and stale pid files are dropped"
     finally:
         bystander.kill()
         bystander.wait()
