@@ -124,7 +124,10 @@ async def start(settings: Settings) -> Plnt:
             state, host="127.0.0.1", start_timeout_s=settings.runner_start_timeout_s,
             stop_timeout_s=settings.runner_stop_timeout_s,
             on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None,
-            runner_args=settings.runner_args(),
+            runner_args=settings.runner_args(), env=settings.runner_env,
+            secret_env={settings.llm_api_key_env: settings.llm_api_key.get_secret_value()}
+            if settings.llm_api_key_env and settings.llm_api_key else None,
+            limits_for=lambda namespace, name: drivers.runner_limits(namespace, name),
             drain=lambda release: router.drain(Backend(release.endpoint, release.version, release.release_id),
                                                timeout_s=settings.runner_stop_timeout_s),
         )

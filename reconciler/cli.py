@@ -157,6 +157,7 @@ def up(
     import os
 
     from plnt.gateway.auth import exposure_problem, load_tokens
+    from plnt.reconciler.local_driver import allowlisted_env
 
     _setup_logging(verbose)
     env_tokens = tuple(t.strip() for t in os.environ.get("PLNT_GATEWAY_TOKENS", "").split(",") if t.strip())
@@ -181,12 +182,17 @@ def up(
                             llm_url=llm_url, llm_model=llm_model, llm_api_key_env=llm_api_key_env,
                             temporal_namespace=temporal_namespace, task_queue=task_queue, temporal_tls=temporal_tls,
                             temporal_tls_cert=temporal_tls_cert, temporal_tls_key=temporal_tls_key,
-                            temporal_tls_ca=temporal_tls_ca, temporal_api_key=temporal_api_key)
+                            temporal_tls_ca=temporal_tls_ca, temporal_api_key=temporal_api_key,
+                            llm_api_key=(os.environ.get(llm_api_key_env) or None) if llm_api_key_env else None,
+                            runner_env=allowlisted_env(os.environ))
     except ValidationError as exc:
         typer.echo("error: " + "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()), err=True)
         raise typer.Exit(2) from exc
     if llm_url and not llm_model:
         typer.echo("error: --llm-url needs --llm-model (the model the server should use)", err=True)
+        raise typer.Exit(2)
+    if llm_api_key_env and settings.llm_api_key is None:
+        typer.echo(f"error: --llm-api-key-env {llm_api_key_env}: that environment variable is not set", err=True)
         raise typer.Exit(2)
     try:
         tokens = load_tokens(tokens_file, env_tokens)

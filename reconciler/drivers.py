@@ -22,7 +22,7 @@ from .errors import PlntError
 from .helm_driver import HelmDriver, SpecCache, SpecLookup
 from .loader import SpecSet
 from .local_driver import LocalDriver
-from .specs import PlntBackend, run_key, spec_fingerprint
+from .specs import PlntBackend, RunnerLimits, run_key, spec_fingerprint
 from .state import LiveWorkflow, Release, StateDir, Track, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,12 @@ class DriverSet:
         if backend is None or backend.spec.type == "local":
             return self.local
         return self._helm_driver(backend)
+
+    def runner_limits(self, namespace: str, name: str) -> RunnerLimits:
+        """Limits of a local runner of this WorkflowRun: its backend's runnerLimits (the local
+        driver's lookup, so limits come from the assigned backend, not from a saga's input)."""
+        backend = self._backends.get(self._assigned.get(run_key(namespace, name), ""))
+        return backend.spec.runner_limits if backend is not None else RunnerLimits()
 
     # --- the driver interface, dispatched ----------------------------------------------------
 

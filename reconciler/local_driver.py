@@ -5,6 +5,16 @@ live in STATE/releases so a restarted `plnt up` knows what is live: `resume()` r
 processes of recorded releases (the same release, not a redeploy) and no saga runs for them.
 Order matters for serving without errors: records (and so the gateway's routes) change first,
 then the old process is stopped; the runner drains in-flight requests on SIGTERM.
+
+Isolation of a runner (it runs recipe code): its environment is built from an allowlist (see
+`allowlisted_env`; plnt's own credentials never reach it), its cwd, HOME and TMPDIR are its own
+directory STATE/runners/RELEASE_ID/, and it sets the resource limits of its backend (runnerLimits)
+before it imports the recipe. It runs as plnt's user, so it is not a filesystem sandbox.
+
+No runner is lost: each process is written to STATE/runner-pids/PID.json (pid + start time) right
+after it starts, before its health check, and that entry goes only when the process is gone. A
+runner that no release record names (failed or cancelled install, plnt killed mid-install or
+mid-promote) is stopped at once when that can be done, and otherwise at the next start.
 """
 
 from __future__ import annotations
@@ -17,18 +27,40 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import httpx
 
 from .driver import InstallRequest
 from .errors import DriverError, InvalidRecipe
+from .specs import RunnerLimits
 from .state import LiveWorkflow, Release, StateDir, Track, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 
 RECIPE_LOAD_FAILED_EXIT = 2  # the runner's exit code when its recipe does not load
+
+# What of plnt's own environment a runner may see: nothing secret. PYTHONPATH only matters when plnt
+# itself is imported through it; SSL_CERT_* let an https model server with a private CA work.
+RUNNER_ENV_NAMES = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "SSL_CERT_FILE", "SSL_CERT_DIR"})
+RUNNER_ENV_PREFIXES = ("LC_",)
+
+LimitsLookup = Callable[[str, str], RunnerLimits]  # (namespace, name) -> limits of its backend
+
+
+def allowlisted_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `environ` every runner may inherit (the CLI passes os.environ)."""
+    return {k: v for k, v in environ.items() if k in RUNNER_ENV_NAMES or k.startswith(RUNNER_ENV_PREFIXES)}
+
+
+def runner_env(base: Mapping[str, str], runner_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:
+    """A runner's whole environment: the allowlisted base, its own directory as HOME and TMPDIR,
+    no user site-packages from that HOME, and `extra` (the one LLM key the operator names)."""
+    env = {"PATH": os.defpath, **allowlisted_env(base)}
+    env.update(HOME=str(runner_dir), TMPDIR=str(runner_dir), PYTHONNOUSERSITE="1")
+    env.update(extra)
+    return env
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -61,6 +93,9 @@ class LocalDriver:
         on_change: Callable[[], None] | None = None,
         drain: Callable[[Release], Awaitable[object]] | None = None,
         runner_args: tuple[str, ...] = (),
+        env: Mapping[str, str] | None = None,
+        secret_env: Mapping[str, str] | None = None,
+        limits_for: LimitsLookup | None = None,
     ) -> None:
         self._state = state.ensure()
         self._python = python
@@ -72,6 +107,12 @@ class LocalDriver:
         self._drain = drain
         # Extra runner options for every release, e.g. the model backend (--backend http --upstream-url ...).
         self._runner_args = runner_args
+        # The allowlisted part of plnt's environment, and the LLM key (name -> value) runners get.
+        self._env = allowlisted_env(env or {})
+        self._secret_env = dict(secret_env or {})
+        self._limits_for = limits_for or (lambda namespace, name: RunnerLimits())
+        self._pids = self._state.root / "runner-pids"
+        self._pids.mkdir(exist_ok=True)
         self._locks: dict[str, asyncio.Lock] = {}
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -91,8 +132,12 @@ class LocalDriver:
                 self._write(live.model_copy(update={request.track: None}))
                 await self._stop(current)
             release = await self._start(request.release())
-            live = self._read(request.namespace, request.name)
-            self._write(live.model_copy(update={request.track: release}))
+            try:
+                live = self._read(request.namespace, request.name)
+                self._write(live.model_copy(update={request.track: release}))
+            except BaseException:
+                self._kill_unrecorded(release)
+                raise
             return release
 
     async def promote(self, namespace: str, name: str) -> Release:
@@ -162,7 +207,9 @@ class LocalDriver:
         return restarted
 
     async def resume(self) -> list[Release]:
-        """At start: restart the runner of every recorded release whose process is gone."""
+        """At start: stop runners no record names (left by a plnt that was killed), then restart
+        the runner of every recorded release whose process is gone."""
+        await self.stop_unrecorded()
         restarted: list[Release] = []
         for live in self.snapshot().values():
             restarted += await self.repair(live.namespace, live.name)
@@ -174,14 +221,36 @@ class LocalDriver:
             for release in (live.stable, live.canary):
                 if release is not None:
                     await self._stop(release)
+        await self.stop_unrecorded()
+
+    async def stop_unrecorded(self) -> list[int]:
+        """Stop every runner in STATE/runner-pids that no release record names; returns their pids.
+        Only when no install runs (at start and at shutdown): an install's runner is unrecorded
+        until it is healthy."""
+        recorded = {(r.pid, r.pid_start) for live in self.snapshot().values()
+                    for r in (live.stable, live.canary) if r is not None}
+        stopped: list[int] = []
+        for path in sorted(self._pids.glob("*.json")):
+            try:
+                entry = read_json(path)
+            except (OSError, ValueError):
+                entry = None
+            if not isinstance(entry, dict) or not isinstance(entry.get("pid"), int):
+                log.warning("runner-pid-file-unreadable path=%s (removed)", path)  # plnt writes them whole
+                path.unlink(missing_ok=True)
+                continue
+            pid, start = entry["pid"], entry.get("pid_start")
+            if (pid, start) in recorded:
+                continue
+            if process_start_time(pid) == start and _is_runner(pid):
+                log.warning("runner-unrecorded-stop release=%s pid=%s", entry.get("release_id"), pid)
+                await self._terminate(pid, start, str(entry.get("release_id")))
+                stopped.append(pid)
+            path.unlink(missing_ok=True)
+        return stopped
 
     def is_running(self, release: Release) -> bool:
-        if release.pid is None:
-            return False
-        child = self._children.get(release.pid)
-        if child is not None and child.poll() is not None:
-            return False
-        return process_start_time(release.pid) == release.pid_start
+        return release.pid is not None and self._alive(release.pid, release.pid_start)
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -204,6 +273,10 @@ class LocalDriver:
         self._on_change()
 
     async def _start(self, release: Release, preferred_port: int | None = None) -> Release:
+        runner_dir = self._state.runner_logs / release.release_id  # cwd, HOME and TMPDIR of the runner
+        runner_dir.mkdir(parents=True, exist_ok=True)
+        limits = self._limits_for(release.namespace, release.name)
+        env = runner_env(self._env, runner_dir, self._secret_env)
         last_error = ""
         for attempt in range(3):
             port = preferred_port if (attempt == 0 and preferred_port) else free_port(self._host)
@@ -212,15 +285,20 @@ class LocalDriver:
                 child = subprocess.Popen(
                     [
                         self._python, "-m", "plnt.runner",
-                        "--recipe", release.recipe_dir,
+                        "--recipe", str(Path(release.recipe_dir).resolve()),
                         "--host", self._host,
                         "--port", str(port),
                         "--release-id", release.release_id,
+                        "--limit-memory-mib", str(limits.memory_mi_b),
+                        "--limit-open-files", str(limits.open_files),
+                        "--limit-processes", str(limits.processes),
                         *self._runner_args,
                     ],
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
+                    cwd=runner_dir,
+                    env=env,
                     start_new_session=True,  # Ctrl-C in the terminal reaches plnt, which stops runners in order
                 )
             self._children[child.pid] = child
@@ -232,7 +310,13 @@ class LocalDriver:
                     "endpoint": f"http://{self._host}:{port}",
                 }
             )
-            if await self._wait_healthy(started, child):
+            try:
+                self._remember(started)  # before the health check: a plnt killed from here on finds it
+                healthy = await self._wait_healthy(started, child)
+            except BaseException:  # cancelled (a newer commit superseded the saga) or failed: it never served
+                self._kill_unrecorded(started)
+                raise
+            if healthy:
                 log.info("runner-started release=%s endpoint=%s pid=%s", release.release_id, started.endpoint, child.pid)
                 return started
             code = child.poll()
@@ -271,34 +355,74 @@ class LocalDriver:
         if release.pid is None or not self.is_running(release):
             self._reap(release.pid)
             return
-        if self._drain is not None:
-            # Records (so routes) changed first; let requests that chose this runner finish on it.
-            await self._drain(release)
         try:
-            os.kill(release.pid, signal.SIGTERM)
+            if self._drain is not None:
+                # Records (so routes) changed first; let requests that chose this runner finish on it.
+                await self._drain(release)
+        finally:  # also when cancelled while draining: its record is gone already, so must it be
+            await self._terminate(release.pid, release.pid_start, release.release_id)
+
+    async def _terminate(self, pid: int, start: str | None, release_id: str) -> None:
+        """SIGTERM (the runner drains and exits), SIGKILL after the stop timeout; forget the pid."""
+        try:
+            os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
-            self._reap(release.pid)
-            return
+            pass
         deadline = time.monotonic() + self._stop_timeout_s
-        while time.monotonic() < deadline and self.is_running(release):
+        while time.monotonic() < deadline and self._alive(pid, start):
             await asyncio.sleep(0.05)
-        if self.is_running(release):
-            log.warning("runner-kill release=%s pid=%s (no exit %.0fs after SIGTERM)", release.release_id, release.pid, self._stop_timeout_s)
+        if self._alive(pid, start):
+            log.warning("runner-kill release=%s pid=%s (no exit %.0fs after SIGTERM)", release_id, pid, self._stop_timeout_s)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._reap(pid)
+        log.info("runner-stopped release=%s pid=%s", release_id, pid)
+
+    def _kill_unrecorded(self, release: Release) -> None:
+        """SIGKILL a runner that never served (no record, no route): nothing to drain, and no await,
+        so it also works while the install is being cancelled."""
+        if release.pid is not None and self._alive(release.pid, release.pid_start):
+            log.warning("runner-abandoned release=%s pid=%s: install did not complete", release.release_id, release.pid)
             try:
                 os.kill(release.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         self._reap(release.pid)
-        log.info("runner-stopped release=%s pid=%s", release.release_id, release.pid)
+
+    def _alive(self, pid: int, start: str | None) -> bool:
+        child = self._children.get(pid)
+        if child is not None and child.poll() is not None:
+            return False
+        return process_start_time(pid) == start
+
+    def _remember(self, release: Release) -> None:
+        atomic_write_json(self._pids / f"{release.pid}.json",
+                          {"pid": release.pid, "pid_start": release.pid_start, "release_id": release.release_id})
 
     def _reap(self, pid: int | None) -> None:
-        child = self._children.pop(pid, None) if pid is not None else None
+        """Collect a stopped child's exit status and drop its STATE/runner-pids entry."""
+        if pid is None:
+            return
+        child = self._children.pop(pid, None)
         if child is not None:
             try:
                 child.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+        if not self._alive(pid, read_json(self._pids / f"{pid}.json", default={}).get("pid_start")):
+            (self._pids / f"{pid}.json").unlink(missing_ok=True)
+
+
+def _is_runner(pid: int) -> bool:
+    """A pid file names a runner only if that process is one (a pid file is not trusted alone)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"plnt.runner" in argv[:3]
 
 
 def _tail(path: Path, lines: int = 5) -> str:

@@ -110,6 +110,10 @@ class Settings(BaseModel):
     llm_url: str | None = Field(default=None, description="OpenAI-compatible model server for the runners")
     llm_model: str | None = None
     llm_api_key_env: str | None = Field(default=None, description="NAME of the env var with the API key")
+    llm_api_key: SecretStr | None = Field(default=None, description="its value (the CLI reads it); runners get it")
+    runner_env: dict[str, str] = Field(
+        default_factory=dict, description="plnt's environment as the CLI found it, filtered by an allowlist "
+        "(local_driver.allowlisted_env) before any runner sees it")
     # Kubernetes backends (the Helm driver).
     helm_binary: str = "helm"
     helm_chart: str | None = Field(default=None, description="workflow-runner chart; None: the one in this checkout")

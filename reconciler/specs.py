@@ -164,12 +164,25 @@ class KubernetesTarget(SpecModel):
     kubeconfig: str | None = None
 
 
+class RunnerLimits(SpecModel):
+    """Resource limits of each runner process on a `type: local` backend, set (soft and hard) by the
+    runner before it imports any recipe code. memoryMiB caps the address space (RLIMIT_AS: virtual
+    memory, so leave room above the resident size; a runner starts at ~160 MiB); processes is
+    RLIMIT_NPROC, which Linux counts per user (every process and thread of plnt's user), and root
+    is not held by it."""
+
+    memory_mi_b: int = Field(default=2048, ge=256, le=2**22, alias="memoryMiB")
+    open_files: int = Field(default=1024, ge=64, le=2**20)
+    processes: int = Field(default=4096, ge=64, le=2**22)
+
+
 class PlntBackendSpec(SpecModel):
     type: Literal["local", "kubernetes"]
     gpu_classes: list[str] = Field(default_factory=list)
     kubernetes: KubernetesTarget | None = None
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
+    runner_limits: RunnerLimits = Field(default_factory=RunnerLimits)
 
     @model_validator(mode="after")
     def _kubernetes_needs_target(self) -> PlntBackendSpec:
@@ -177,6 +190,10 @@ class PlntBackendSpec(SpecModel):
             raise ValueError("type: kubernetes needs a kubernetes: {context, namespace} block")
         if self.type == "local" and self.kubernetes is not None:
             raise ValueError("kubernetes: is only allowed with type: kubernetes")
+        if self.type == "kubernetes" and self.runner_limits != RunnerLimits():
+            # Not silently ignored: pods get their limits from the chart's resources. (Compared with the
+            # defaults, not "was it set": dumped and re-read backends carry the defaults.)
+            raise ValueError("runnerLimits: is only allowed with type: local (Kubernetes runners: chart resources)")
         return self
 
 

@@ -8,6 +8,12 @@ Backends: `--backend mock` (default; offline, deterministic, `--token-delay` per
 for any OpenAI-compatible server. The API key is read from the environment variable NAMED by
 `--api-key-env` (never given on the command line, where `ps` would show it).
 `--step-cache-size N` bounds the step cache (0 disables it).
+
+`--limit-memory-mib N`, `--limit-open-files N`, `--limit-processes N` set RLIMIT_AS, RLIMIT_NOFILE
+and RLIMIT_NPROC (soft and hard, so recipe code cannot raise them unless it runs as root) first
+thing, before the recipe is imported. The runner sets them itself rather than plnt through
+Popen's preexec_fn, which is unsafe in a parent with threads (plnt has several). A limit that
+cannot be set is exit 3: the recipe never runs without the limits asked for.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -34,7 +41,29 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--api-key-env", default=None, metavar="NAME", help="http backend: environment variable holding the API key")
     parser.add_argument("--upstream-timeout", type=float, default=60.0, help="http backend: seconds to wait for the upstream")
     parser.add_argument("--step-cache-size", type=int, default=1024, help="step cache entries (0 disables the cache)")
+    parser.add_argument("--limit-memory-mib", type=int, default=None, help="address-space limit (RLIMIT_AS), MiB")
+    parser.add_argument("--limit-open-files", type=int, default=None, help="open file limit (RLIMIT_NOFILE)")
+    parser.add_argument("--limit-processes", type=int, default=None, help="RLIMIT_NPROC (counted per user by Linux)")
     return parser.parse_args(argv)
+
+
+def apply_limits(args: argparse.Namespace) -> None:
+    """Set each limit asked for, soft and hard; never above a hard limit already in place."""
+    for value, which, name in ((args.limit_memory_mib, resource.RLIMIT_AS, "--limit-memory-mib"),
+                               (args.limit_open_files, resource.RLIMIT_NOFILE, "--limit-open-files"),
+                               (args.limit_processes, resource.RLIMIT_NPROC, "--limit-processes")):
+        if value is None:
+            continue
+        if value <= 0:
+            raise ValueError(f"{name} must be > 0")
+        limit = value * 2**20 if which == resource.RLIMIT_AS else value
+        _, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        try:
+            resource.setrlimit(which, (limit, limit))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{name} {value}: {exc}") from exc
 
 
 def _adapter(args: argparse.Namespace) -> object:
@@ -71,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, _exit_on_signal)
     args = _parse(argv)
+    try:
+        apply_limits(args)  # before anything of the recipe is imported
+    except ValueError as exc:
+        print(f"plnt.runner: cannot apply limits: {exc}", file=sys.stderr)
+        return 3
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from plnt.runner.recipe import RecipeError, load_recipe_dir

@@ -318,18 +318,20 @@ async def test_deploys_a_signed_recipe_from_an_oci_or_s3_registry(
 
 async def test_runners_use_an_openai_compatible_model_server(
     spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`plnt up --llm-url/--llm-model/--llm-api-key-env`: the runners call a real peer speaking the
-    OpenAI wire format (the test server in tests/openai_peer.py, a STAND-IN for a model server),
-    with the key from the environment."""
+    OpenAI wire format (the test server in tests/openai_peer.py, a STAND-IN for a model server), with
+    the key plnt was given (the CLI reads it from the variable --llm-api-key-env names, and runners get
+    that one variable)."""
+    from pydantic import SecretStr
+
     from ..openai_peer import OpenAIPeer
 
-    monkeypatch.setenv("PLNT_TEST_LLM_KEY", "sk-test-123")
     with OpenAIPeer() as peer:
         peer.configure(api_key="sk-test-123")
         settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
-                                llm_url=peer.url, llm_model="test-model", llm_api_key_env="PLNT_TEST_LLM_KEY")
+                                llm_url=peer.url, llm_model="test-model", llm_api_key_env="PLNT_TEST_LLM_KEY",
+                                llm_api_key=SecretStr("sk-test-123"))
         async with running_plnt(settings) as plnt:
             await wait_phase(plnt, "Ready", version="1.2.0")
             peer.configure(reply="Thanks a lot, see you soon!")

@@ -5,16 +5,19 @@ The runners serve with `--backend mock` (their default): MockBackend stands in f
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 from plnt.reconciler.driver import InstallRequest
-from plnt.reconciler.errors import InvalidRecipe
-from plnt.reconciler.local_driver import LocalDriver, process_start_time
+from plnt.reconciler.errors import DriverError, InvalidRecipe
+from plnt.reconciler.local_driver import LocalDriver, allowlisted_env, process_start_time
+from plnt.reconciler.specs import RunnerLimits
 from plnt.reconciler.state import StateDir
 from plnt.runner.recipe import directory_digest
 
@@ -119,3 +122,183 @@ async def test_recipe_that_does_not_load_is_a_dead_end(tmp_path: Path, driver: L
     with pytest.raises(InvalidRecipe, match="could not load its recipe"):
         await driver.install(bad)
     assert await driver.live() == {}
+
+
+# --- isolation: environment, directory, limits ------------------------------------------------------
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def limits_of(pid: int) -> dict[str, str]:
+    """/proc/PID/limits: name -> 'soft hard'."""
+    rows = Path(f"/proc/{pid}/limits").read_text().splitlines()[1:]
+    return {row[:26].strip(): " ".join(row[26:].split()[:2]) for row in rows}
+
+
+async def test_runner_gets_an_allowlisted_environment_its_own_directory_and_limits(tmp_path: Path) -> None:
+    parent_env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC",
+                  "PLNT_GATEWAY_TOKENS": "gw-secret", "AWS_SECRET_ACCESS_KEY": "aws-secret",
+                  "OPENAI_API_KEY": "other-llm-key", "GIT_ASKPASS": "/bin/echo", "HOME": "/root",
+                  "MY_LLM_KEY": "named-llm-key"}
+    limits = RunnerLimits(memory_mi_b=700, open_files=100, processes=5000)
+    state = StateDir(tmp_path / "state")
+    driver = LocalDriver(state, env=parent_env, secret_env={"MY_LLM_KEY": parent_env["MY_LLM_KEY"]},
+                         limits_for=lambda namespace, name: limits)
+    try:
+        release = await driver.install(request("1.2.0"))
+        assert release.pid is not None
+        env = environ_of(release.pid)
+        runner_dir = state.runner_logs / release.release_id
+        assert env["HOME"] == env["TMPDIR"] == str(runner_dir)
+        assert Path(f"/proc/{release.pid}/cwd").resolve() == runner_dir.resolve()
+        assert env["MY_LLM_KEY"] == "named-llm-key", "the one LLM key the operator names reaches the runner"
+        assert {"PLNT_GATEWAY_TOKENS", "AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY", "GIT_ASKPASS"}.isdisjoint(env)
+        assert set(env) <= {"PATH", "LANG", "LC_ALL", "TZ", "HOME", "TMPDIR", "PYTHONNOUSERSITE", "MY_LLM_KEY"}, env
+        got = limits_of(release.pid)
+        assert got["Max address space"] == f"{700 * 2**20} {700 * 2**20}"
+        assert got["Max open files"] == "100 100"
+        assert got["Max processes"] == "5000 5000"
+    finally:
+        await driver.shutdown()
+
+
+def test_allowlist_drops_everything_not_named() -> None:
+    env = allowlisted_env({"PATH": "/bin", "LC_TIME": "C", "LANG": "C", "AWS_ACCESS_KEY_ID": "x",
+                           "PLNT_GATEWAY_TOKENS": "t", "ANTHROPIC_API_KEY": "k", "SSH_AUTH_SOCK": "/s",
+                           "PYTHONSTARTUP": "/evil.py", "LD_PRELOAD": "/evil.so"})
+    assert env == {"PATH": "/bin", "LC_TIME": "C", "LANG": "C"}
+
+
+async def test_limits_hold_from_the_start_and_a_runner_they_stop_is_a_start_failure(tmp_path: Path) -> None:
+    """The limits are in force before plnt.runner imports its own modules: with 3 open files (below
+    runnerLimits' floor of 64, so built past validation) the runner cannot even import them. That is
+    a start failure (retryable DriverError naming the log), not an invalid recipe."""
+    too_low = RunnerLimits.model_construct(memory_mi_b=2048, open_files=3, processes=4096)
+    driver = LocalDriver(StateDir(tmp_path / "state"), start_timeout_s=5,
+                         limits_for=lambda namespace, name: too_low)
+    try:
+        with pytest.raises(DriverError, match="Too many open files") as caught:
+            await driver.install(request("1.2.0"))
+        assert not isinstance(caught.value, InvalidRecipe)
+        assert runners_of(tmp_path / "state") == {}
+    finally:
+        await driver.shutdown()
+
+
+# --- every runner is recorded before its health check, and stopped if the install does not complete --
+
+
+def slow_recipe(tmp_path: Path) -> Path:
+    """1.2.0 whose module sleeps at import: its runner runs but never answers /healthz in time."""
+    slow = tmp_path / "slow"
+    shutil.copytree(RECIPES / "1.2.0", slow)
+    steps = slow / "steps.py"
+    steps.write_text("import time\ntime.sleep(600)\n" + steps.read_text())
+    return slow
+
+
+def runners_of(state_dir: Path) -> dict[int, str]:
+    """Live runner processes started for this state dir (their cwd is under STATE/runners)."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or process_start_time(int(entry.name)) is None:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            cwd = (entry / "cwd").resolve()
+        except OSError:
+            continue
+        if b"plnt.runner" in argv[:3] and str(cwd).startswith(str((state_dir / "runners").resolve())):
+            found[int(entry.name)] = b" ".join(argv).decode()
+    return found
+
+
+async def wait_for_pid_file(state_dir: Path) -> dict[str, object]:
+    for _ in range(400):
+        files = list((state_dir / "runner-pids").glob("*.json"))
+        if files:
+            return json.loads(files[0].read_text())
+        await asyncio.sleep(0.05)
+    raise AssertionError("no runner was recorded in STATE/runner-pids")
+
+
+async def test_a_cancelled_install_stops_its_runner(tmp_path: Path) -> None:
+    """A newer commit supersedes the saga: Temporal cancels the install activity mid health check."""
+    state_dir = tmp_path / "state"
+    driver = LocalDriver(StateDir(state_dir), start_timeout_s=300)
+    slow = request("1.2.0").model_copy(update={"recipe_dir": str(slow_recipe(tmp_path))})
+    task = asyncio.create_task(driver.install(slow))
+    entry = await wait_for_pid_file(state_dir)
+    assert process_start_time(int(entry["pid"])) == entry["pid_start"], "recorded while it runs, before healthy"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert process_start_time(int(entry["pid"])) is None
+    assert runners_of(state_dir) == {} and list((state_dir / "runner-pids").iterdir()) == []
+    assert await driver.live() == {}
+
+
+async def test_a_runner_that_never_gets_healthy_is_stopped_each_attempt(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    driver = LocalDriver(StateDir(state_dir), start_timeout_s=1.5)
+    slow = request("1.2.0").model_copy(update={"recipe_dir": str(slow_recipe(tmp_path))})
+    with pytest.raises(DriverError, match="not healthy within"):
+        await driver.install(slow)
+    assert runners_of(state_dir) == {} and list((state_dir / "runner-pids").iterdir()) == []
+
+
+async def test_a_runner_left_by_a_killed_plnt_is_stopped_at_the_next_start(tmp_path: Path) -> None:
+    """The first driver stands for a plnt SIGKILLed mid-install: its install never finishes or cleans
+    up. A fresh driver on the same state dir (the next `plnt up`) stops that runner and keeps the
+    recorded release running."""
+    state_dir = tmp_path / "state"
+    first = LocalDriver(StateDir(state_dir), start_timeout_s=300)
+    stable = await first.install(request("1.2.0"))
+    await first.promote("default", "rr")
+    canary = request("1.2.0", fingerprint="sha256:" + "d" * 64).model_copy(
+        update={"recipe_dir": str(slow_recipe(tmp_path))})
+    task = asyncio.create_task(first.install(canary))
+    try:
+        entry = await wait_for_pid_file_of(state_dir, canary.release_id)
+        second = LocalDriver(StateDir(state_dir))
+        assert await second.resume() == [], "the recorded stable release still runs: nothing to restart"
+        assert process_start_time(int(entry["pid"])) is None, "the unrecorded runner was stopped"
+        assert list(runners_of(state_dir)) == [stable.pid]
+        assert sorted(p.name for p in (state_dir / "runner-pids").iterdir()) == [f"{stable.pid}.json"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await first.shutdown()
+    assert runners_of(state_dir) == {}
+
+
+async def wait_for_pid_file_of(state_dir: Path, release_id: str) -> dict[str, object]:
+    for _ in range(400):
+        for path in (state_dir / "runner-pids").glob("*.json"):
+            entry = json.loads(path.read_text())
+            if entry["release_id"] == release_id:
+                return entry
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{release_id} was not recorded in STATE/runner-pids")
+
+
+async def test_a_forged_pid_file_does_not_make_plnt_kill_another_process(tmp_path: Path) -> None:
+    """STATE/runner-pids is checked against the process: only a plnt runner is ever signalled, and a
+    file that is not what plnt writes does not stop plnt from starting."""
+    state_dir = tmp_path / "state"
+    bystander = subprocess.Popen(["sleep", "300"])
+    try:
+        driver = LocalDriver(StateDir(state_dir))
+        (state_dir / "runner-pids" / f"{bystander.pid}.json").write_text(json.dumps(
+            {"pid": bystander.pid, "pid_start": process_start_time(bystander.pid), "release_id": "forged"}))
+        (state_dir / "runner-pids" / "1.json").write_text("{not json")
+        (state_dir / "runner-pids" / "2.json").write_text("[2]")
+        assert await driver.stop_unrecorded() == []
+        assert bystander.poll() is None
+        assert list((state_dir / "runner-pids").iterdir()) == [], "unreadable and stale pid files are dropped"
+    finally:
+        bystander.kill()
+        bystander.wait()
