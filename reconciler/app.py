@@ -140,7 +140,7 @@ async def start(settings: Settings) -> Plnt:
         drivers = DriverSet(driver, state, make_helm)
         source = GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path)
         activities = SagaActivities(
-            driver=drivers, statuses=statuses, commit_specs=CommitSpecs(source),
+            driver=drivers, statuses=statuses, commit_specs=CommitSpecs(source, limits=settings.spec_limits),
             export_from_repo=source.export, read_from_repo=source.read_file,
             supported_backend_types=("local", "kubernetes"), saga_task_queue=settings.task_queue,
             recipe_cache=state.recipes, smoke_request_timeout_s=settings.smoke_request_timeout_s,

@@ -19,6 +19,7 @@ import typer
 from pydantic import ValidationError
 
 from .loader import Problem, SourceFile, SpecSet, load_sources, read_file_spec, read_tree
+from .redact import redact
 from .settings import RetrySettings, Settings, SpecLimits
 
 app = typer.Typer(
@@ -67,8 +68,6 @@ class _RedactingFormatter(logging.Formatter):
     """Log lines (tracebacks included) with URL credentials replaced: a last line of defence."""
 
     def format(self, record: logging.LogRecord) -> str:
-        from .source import redact
-
         return redact(super().format(record))
 
 

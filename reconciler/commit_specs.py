@@ -19,8 +19,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .errors import UntrustedSagaInput
-from .loader import Problem, SpecSet, load_sources
+from .loader import DEFAULT_LIMITS, Problem, SpecSet, load_sources
 from .saga_io import SagaRef
+from .settings import SpecLimits
 from .source import GitSource
 from .specs import PlntBackend, RecipeTrustPolicy, WorkflowRun, run_key
 
@@ -36,8 +37,9 @@ class TrustedSaga:
 
 
 class CommitSpecs:
-    def __init__(self, source: GitSource, *, keep: int = 8) -> None:
+    def __init__(self, source: GitSource, *, keep: int = 8, limits: SpecLimits = DEFAULT_LIMITS) -> None:
         self._source = source
+        self._limits = limits  # the reconciler's: a commit it accepted must not be refused here
         self._keep = keep
         self._cache: OrderedDict[str, tuple[SpecSet, list[Problem]]] = OrderedDict()
         self._lock = asyncio.Lock()  # one parse per commit, even when activities ask at once
@@ -79,4 +81,4 @@ class CommitSpecs:
             return cached
 
     def _parse(self, commit: str) -> tuple[SpecSet, list[Problem]]:
-        return load_sources(self._source.spec_files(commit))
+        return load_sources(self._source.spec_files(commit, self._limits), limits=self._limits)

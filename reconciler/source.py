@@ -27,6 +27,7 @@ import git
 
 from .errors import InvalidSpec, RetryLater
 from .loader import DEFAULT_LIMITS, IGNORE_FILE, IgnoreRules, Problem, SourceFile, read_specs
+from .redact import redact
 from .settings import SpecLimits
 
 log = logging.getLogger(__name__)
@@ -69,23 +70,13 @@ def refused_name(path: str) -> str | None:
         if part.rstrip(". ").lower() in (".git", "git~1"):  # .git and its NTFS/HFS aliases
             return repr(part)
     return None
-# scheme://userinfo@ : any user:password, and a lone user name (often a token itself) in http(s) URLs.
-_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/@\s:]*:[^/@\s]*|(?<=https://)[^/@\s:]+|(?<=http://)[^/@\s:]+)@")
+
 
 # git asks the helper (`get`) for the URL's host only; `store`/`erase` are ignored, and the empty
 # first value drops every helper configured elsewhere (a global `store` would write the token down).
 _HELPER = ('!f() { test "$1" = get || return 0; h=; while read -r l && test -n "$l"; do case "$l" in host=*) '
            'h="${l#host=}";; esac; done; test "$h" = "$PLNT_GIT_HOST" || return 0; '
            'printf "username=%s\\npassword=%s\\n" "$PLNT_GIT_USERNAME" "$PLNT_GIT_PASSWORD"; }; f')
-
-
-def redact(text: str, *secrets: str) -> str:
-    """`text` with URL credentials (`scheme://user:pass@`) and each of `secrets` replaced by `***`."""
-    text = _CREDENTIALS.sub(r"\1***@", text)
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
 
 
 def split_credentials(url: str) -> tuple[str, str | None, str | None]:

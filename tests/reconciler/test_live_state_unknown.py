@@ -28,6 +28,8 @@ from plnt.reconciler.status import Phase, WorkflowRunStatus
 
 from .test_helm_driver import RUN, STABLE, FakeHelm, list_json, values
 
+pytestmark = pytest.mark.integration  # runs the real helm binary
+
 HELM = Path(sys.executable).parent / "helm"
 
 

@@ -266,6 +266,10 @@ async def test_a_runner_left_by_a_killed_plnt_is_stopped_at_the_next_start(tmp_p
         second = LocalDriver(StateDir(state_dir))
         assert await second.resume() == [], "the recorded stable release still runs: nothing to restart"
         assert process_start_time(int(entry["pid"])) is None, "the unrecorded runner was stopped"
+        # A killed plnt's install does nothing more; this one is alive (same process) and would retry
+        # the start it saw fail: end it the way the kill did, then only the recorded release is left.
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         assert list(runners_of(state_dir)) == [stable.pid]
         assert sorted(p.name for p in (state_dir / "runner-pids").iterdir()) == [f"{stable.pid}.json"]
     finally:

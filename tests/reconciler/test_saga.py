@@ -167,6 +167,34 @@ async def test_compensation_that_fails_never_fails_the_saga(temporal_address: st
     assert fakes.phases[-1] is Phase.FAILED
 
 
+
+async def test_plnt_up_log_formatter_does_not_break_a_saga_that_logs(temporal_address: str, temporal_namespace: str) -> None:
+    """`plnt up` puts its redacting formatter on the root handlers; the saga's compensation warning
+    (logged inside Temporal's workflow sandbox) must format without importing anything there, or the
+    workflow task fails and the saga never ends (the formatter once imported git lazily)."""
+    import logging
+
+    from plnt.reconciler.cli import _RedactingFormatter
+
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(self.format(record))
+
+    handler = Collect()
+    handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        fakes = FakeActivities(fail={"smoke_test": ApplicationError("boom", type="Boom", non_retryable=True),
+                                     "remove_release": ApplicationError("cannot remove", type="DriverError")})
+        result = await run_saga(temporal_address, temporal_namespace, fakes)
+    finally:
+        root.removeHandler(handler)
+    assert result.phase is Phase.FAILED and "Boom: boom" in result.reason
+    assert any("compensation failed" in line for line in records), records[-5:]
+
 async def test_uninstall_removes_both_tracks_and_the_status(temporal_address: str, temporal_namespace: str) -> None:
     fakes = FakeActivities()
     result = await run_saga(temporal_address, temporal_namespace, fakes, action="uninstall")

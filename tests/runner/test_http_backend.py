@@ -152,6 +152,8 @@ async def test_a_malformed_answer_is_bad_response(peer: OpenAIPeer, malformed: s
 
 async def test_the_api_key_is_sent_as_bearer_and_never_logged(peer: OpenAIPeer, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)  # httpx and httpcore log requests at DEBUG
+    for name in ("httpx", "httpcore"):  # `plnt up` (CLI tests in the same session) quiets them
+        caplog.set_level(logging.DEBUG, logger=name)
     backend = HTTPBackend(peer.url, "m", api_key=KEY, timeout_s=0.3)
     errors: list[str] = []
     try:

@@ -7,7 +7,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from ..conftest import EXAMPLE
+
+pytestmark = pytest.mark.integration  # each case runs a real Python process
 
 RECIPE = EXAMPLE / "recipes" / "review-responder" / "1.2.0"
 
