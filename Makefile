@@ -38,7 +38,7 @@ install-test-services:
 test: install install-test-services
 	$(PY) -m pytest
 
-test-fast: install install-test-services
+test-fast: install
 	$(PY) -m pytest -m "not integration"
 
 bench: install
