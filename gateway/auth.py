@@ -230,13 +230,16 @@ def load_tokens(tokens_file: Path | None, plain_tokens: Iterable[str] = ()) -> T
 
 
 def is_loopback_host(host: str) -> bool:
-    """True for addresses only this machine can reach: 127.0.0.0/8, ::1, "localhost"."""
+    """True for addresses only this machine can reach: 127.0.0.0/8, ::1, "localhost", and 127.x
+    written as IPv4-mapped IPv6 (::ffff:127.0.0.1, how a dual-stack socket reports an IPv4 peer)."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
 
 
 def exposure_problem(host: str, tokens: TokenSet, *, insecure_no_auth: bool) -> str | None:

@@ -114,10 +114,10 @@ def test_every_configured_token_is_compared(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_exposure_rules() -> None:
     none, some = TokenSet(), TokenSet.parse(None, ["t"])
-    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost", "::ffff:127.0.0.1", "[::ffff:127.0.0.9]"):
         assert is_loopback_host(host)
         assert exposure_problem(host, none, insecure_no_auth=False) is None
-    for host in ("0.0.0.0", "::", "192.168.1.10", "example.org"):
+    for host in ("0.0.0.0", "::", "192.168.1.10", "example.org", "::ffff:192.168.1.10"):
         assert not is_loopback_host(host)
         problem = exposure_problem(host, none, insecure_no_auth=False)
         assert problem is not None and "--insecure-no-auth" in problem
