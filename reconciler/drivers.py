@@ -112,6 +112,16 @@ class DriverSet:
             live.update(found)
         return live
 
+    def live_unknown(self, key: str) -> str | None:
+        """Why plnt cannot tell what runs for this WorkflowRun, or None: its backend's live state
+        could not be read at the last `live()` and no earlier read (STATE/helm-live.json) holds it.
+        The reconciler plans nothing for it then: absent from an unread cluster is not "gone"."""
+        backend = self._assigned.get(key, "")
+        why = self._unknown.get(backend)
+        if why is None or key in self._known.get(backend, {}):
+            return None
+        return f"the live state of backend {backend!r} cannot be read ({why})"
+
     async def drift(self) -> dict[str, list[Release]]:
         # Helm is its own record: a release removed or changed by hand shows in live() and the
         # plan installs or upgrades it back. Runner processes are tracked by plnt, so only they drift.

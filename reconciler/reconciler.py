@@ -100,8 +100,12 @@ class Reconciler:
         desired = {key: DesiredRun.from_spec(run) for key, run in specs.workflow_runs.items()}
         items = plan(desired, await self.live_runs())
         budget = self._settings.max_concurrent_sagas - len(self._sagas)
+        live_unknown = getattr(self._driver, "live_unknown", lambda key: None)
         for item in items:
-            if item.supersedes:
+            unknown = live_unknown(item.key)
+            if unknown is not None and item.key not in self._sagas:
+                self._hold_unknown(item, unknown)
+            elif item.supersedes:
                 await self._cancel_saga(item)
             elif item.needs_saga and budget > 0:
                 await self._start_saga(item, specs, commit)
@@ -224,6 +228,14 @@ class Reconciler:
 
         self._saga_fingerprints[key] = deploys
         self._sagas[key] = asyncio.create_task(wait(), name=f"saga-{key}")
+
+    def _hold_unknown(self, item: PlanItem, why: str) -> None:
+        """Nothing is planned for a WorkflowRun whose live state cannot be read: it is not gone."""
+        message = f"{why}; nothing is planned for it until the backend can be read"
+        status = self._statuses.get(item.key)
+        if status is not None and status.message != message:
+            log.warning("plan-held workflowrun=%s reason=%r", item.key, why)
+            self._statuses.update(item.namespace, item.name, message=message)
 
     def _observe(self, item: PlanItem, commit: str) -> None:
         status = self._statuses.get(item.key)

@@ -26,6 +26,7 @@ from plnt.reconciler.specs import PlntBackend
 from plnt.reconciler.state import StateDir
 from plnt.reconciler.status import Phase, WorkflowRunStatus
 
+from ..conftest import SpecRepo
 from .test_helm_driver import RUN, STABLE, FakeHelm, list_json, values
 
 pytestmark = pytest.mark.integration  # runs the real helm binary
@@ -116,3 +117,43 @@ async def test_without_a_last_state_an_unreadable_cluster_adds_nothing(
     drivers = DriverSet(LocalDriver(state), state, real_helm)
     drivers.assign(SpecSet(workflow_runs={RUN.key: RUN}, backends={"gpu-cluster-01": unreachable_backend}))
     assert await drivers.live() == {}
+
+
+async def test_without_a_last_state_a_deployed_release_on_an_unreadable_cluster_is_held_not_restored(
+    tmp_path: Path, unreachable_backend: PlntBackend, spec_repo: SpecRepo,
+) -> None:
+    """STATE/helm-live.json lost, status says Ready, the cluster cannot be read: the plan would call the
+    release gone; the reconciler holds it instead (no saga), and says why in the status. The Temporal
+    client is a STAND-IN that fails the test if a saga is started; git, the specs and helm are real."""
+    import yaml
+    from plnt.reconciler.reconciler import Reconciler
+    from plnt.reconciler.settings import Settings
+    from plnt.reconciler.source import GitSource
+    from plnt.reconciler.status import StatusStore
+
+    for path in ("workflowruns/review-responder.yaml", "backends/local.yaml"):
+        spec_repo.remove(path)
+    spec_repo.write("backends/gpu.yaml", yaml.safe_dump(unreachable_backend.model_dump(mode="json", by_alias=True)))
+    spec_repo.write("workflowruns/rr.yaml", yaml.safe_dump(RUN.model_dump(mode="json", by_alias=True)))
+    spec_repo.commit("a WorkflowRun on a kubernetes backend")
+
+    class NoSagas:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the reconciler used Temporal ({name}) for a WorkflowRun it cannot see")
+
+    state = StateDir(tmp_path / "state").ensure()
+    statuses = StatusStore(state.status_file)
+    ready = deployed_status()
+    statuses.update(ready.namespace, ready.name, phase=ready.phase, version=ready.version,
+                    deployed_fingerprint=ready.deployed_fingerprint, deployed_spec=ready.deployed_spec)
+    drivers = DriverSet(LocalDriver(state), state, real_helm)
+    settings = Settings(repo=str(spec_repo.path), state_dir=state.root)
+    reconciler = Reconciler(settings=settings, source=GitSource(settings.repo, state.source_clone), client=NoSagas(),
+                            statuses=statuses, driver=drivers, state=state)
+    items = await reconciler.reconcile_once()
+    assert [(i.key, i.action) for i in items] == [(RUN.key, Action.INSTALL)], "what the plan alone would do"
+    assert drivers.live_unknown(RUN.key) is not None
+    status = statuses.get(RUN.key)
+    assert status is not None and status.phase is Phase.READY
+    assert "cannot be read" in status.message and "nothing is planned" in status.message, status.message
+    assert reconciler.running_sagas == set()
