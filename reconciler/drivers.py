@@ -115,7 +115,7 @@ class DriverSet:
     def live_unknown(self, key: str) -> str | None:
         """Why plnt cannot tell what runs for this WorkflowRun, or None: its backend's live state
         could not be read at the last `live()` and no earlier read (STATE/helm-live.json) holds it.
-        The reconciler plans nothing for it then: absent from an unread cluster is not "gone"."""
+        The reconciler then plans nothing for one it deployed: absent from an unread cluster is not "gone"."""
         backend = self._assigned.get(key, "")
         why = self._unknown.get(backend)
         if why is None or key in self._known.get(backend, {}):

@@ -103,7 +103,7 @@ class Reconciler:
         live_unknown = getattr(self._driver, "live_unknown", lambda key: None)
         for item in items:
             unknown = live_unknown(item.key)
-            if unknown is not None and item.key not in self._sagas:
+            if unknown is not None and item.key not in self._sagas and self._was_deployed(item.key):
                 self._hold_unknown(item, unknown)
             elif item.supersedes:
                 await self._cancel_saga(item)
@@ -228,6 +228,12 @@ class Reconciler:
 
         self._saga_fingerprints[key] = deploys
         self._sagas[key] = asyncio.create_task(wait(), name=f"saga-{key}")
+
+    def _was_deployed(self, key: str) -> bool:
+        """Status says plnt deployed it: then "not seen" on an unreadable backend is not "gone". (A
+        WorkflowRun never deployed goes ahead: its saga's first helm call says what is wrong.)"""
+        status = self._statuses.get(key)
+        return status is not None and status.deployed_fingerprint is not None
 
     def _hold_unknown(self, item: PlanItem, why: str) -> None:
         """Nothing is planned for a WorkflowRun whose live state cannot be read: it is not gone."""
