@@ -555,7 +555,8 @@ def bench(
         typer.echo(f"step cache hit rate {rate} ({cache['hits']} of {cache['lookups']} lookups, from the runners' /stats)")
 
 
-recipe_app = typer.Typer(help="Recipe authors' commands: pack, sign, push, verify, digest.", no_args_is_help=True)
+recipe_app = typer.Typer(help="Recipe commands: pack, sign, push, verify, digest, and fetch (for runner pods).",
+                         no_args_is_help=True)
 app.add_typer(recipe_app, name="recipe")
 
 
@@ -669,6 +670,86 @@ def recipe_push(
     except (PlntError, ValueError) as exc:
         raise _fail(str(exc)) from exc
     typer.echo(f"pushed {name}@{version} to {where}")
+
+
+@recipe_app.command("fetch")
+def recipe_fetch(
+    registry: Annotated[str, typer.Option(help="s3://bucket/prefix, oci://host[:port]/repo or file:///dir")],
+    ref: Annotated[str, typer.Option(help="Recipe NAME@VERSION.")],
+    digest: Annotated[str, typer.Option(help="sha256:HEX of the archive: the pin (what the saga verified).")],
+    policy: Annotated[Path, typer.Option(help="A RecipeTrustPolicy YAML file (one or more policies).")],
+    into: Annotated[Path, typer.Option(help="Directory to unpack the recipe into (absent or empty).")],
+    trust_root: Annotated[Path | None, typer.Option(help=(
+        "Trusted-root JSON for the policy's trustedRootFile; default: that path, relative to the policy "
+        "file's directory, then to the current directory."))] = None,
+    s3_endpoint_url: Annotated[str | None, typer.Option(help="S3-compatible endpoint.")] = None,
+    oci_insecure_host: Annotated[list[str] | None, typer.Option(help="OCI host allowed over plain HTTP.")] = None,
+    max_download_mb: Annotated[int, typer.Option(help="Refuse a download larger than this.", min=1)] = 256,
+) -> None:
+    """Fetch, pin-check, verify and safely unpack one recipe into DIR: the saga's pull, for a runner
+    pod's init container. Exit 0 with the recipe in DIR, 1 when it cannot be trusted or fetched (the
+    reason on stderr; DIR left as it was), 2 for bad options."""
+    import shutil
+    import tempfile
+
+    from pydantic import ValidationError
+
+    from .errors import PlntError
+    from .recipes import RecipeCache, pull_recipe, repo_subdir
+    from .registries import RegistryOptions
+    from .specs import WorkflowSource
+
+    try:
+        source = WorkflowSource.model_validate({"ref": ref, "registry": registry, "integrityHash": digest})
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        option = {"ref": "--ref", "registry": "--registry", "integrityHash": "--digest"}.get(str(problem["loc"][0]), "")
+        raise _fail(f"{option}: {problem['msg']} (got {problem.get('input')!r})", 2) from exc
+    if repo_subdir(source.registry) is not None:
+        raise _fail(f"--registry {registry}: a path inside a spec repository; give file:///ABSOLUTE/DIR", 2)
+    try:
+        text = policy.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"--policy {policy}: {exc}", 2) from exc
+    specs, problems = load_sources([SourceFile(str(policy), text)], check_references=False)
+    if problems:
+        raise _fail("\n".join(str(p) for p in problems), 2)
+    if not specs.trust_policies:
+        raise _fail(f"--policy {policy}: no RecipeTrustPolicy in it", 2)
+    if into.exists() and (not into.is_dir() or any(into.iterdir())):
+        raise _fail(f"--into {into}: must be absent or an empty directory", 2)
+
+    def read_trust_root(_commit: str, path: str) -> bytes:
+        if trust_root is not None:
+            return trust_root.read_bytes()
+        for candidate in (policy.parent / path, Path(path)):
+            if candidate.is_file():
+                return candidate.read_bytes()
+        raise FileNotFoundError(f"{path} (relative to {policy.parent} or the current directory); pass --trust-root FILE")
+
+    def no_repo(*_args: object) -> bool:
+        return False
+
+    into.parent.mkdir(parents=True, exist_ok=True)
+    # The cache and staging sit beside DIR, so the result is moved in with renames on one filesystem.
+    work = Path(tempfile.mkdtemp(prefix=".plnt-fetch-", dir=into.parent))
+    try:
+        pulled = pull_recipe(
+            source, commit="", cache=RecipeCache(work / "cache"), policies=specs.trust_policies.values(),
+            read_from_repo=read_trust_root, export_from_repo=no_repo,
+            registry_options=RegistryOptions(  # the operator's own command line: any file:/// directory
+                s3_endpoint_url=s3_endpoint_url, allow_insecure_http=tuple(oci_insecure_host or ()),
+                max_download_bytes=max_download_mb * 2**20, file_roots=None))
+        into.mkdir(exist_ok=True)
+        for item in pulled.directory.iterdir():
+            item.rename(into / item.name)
+    except PlntError as exc:
+        reason = getattr(exc, "reason", None)
+        raise _fail(f"{type(exc).__name__}: {reason + ': ' if reason else ''}{exc}", 1) from exc
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    typer.echo(f"fetched {source.ref} ({pulled.digest}) signed by {pulled.signature.identity} "
+               f"({pulled.signature.issuer}) into {into}")
 
 
 @recipe_app.command("verify")
