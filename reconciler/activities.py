@@ -106,39 +106,12 @@ def check_requirements(needs: Requirements, placement: BackendPlacement, *, reci
                                   f"{placement.gpu_count}: raise spec.backend.gpuCount")
 
 
-class SagaActivities:
-    def __init__(
-        self,
-        *,
-        driver: ReleaseDriver,
-        statuses: StatusStore,
-        commit_specs: CommitSpecs,
-        export_from_repo: ExportFromRepo,
-        read_from_repo: ReadFromRepo,
-        recipe_cache: Path,
-        registry_options: RegistryOptions = RegistryOptions(),
-        limits: ExtractLimits = ExtractLimits(),
-        smoke_request_timeout_s: float = 30.0,
-        supported_backend_types: tuple[str, ...] = ("local",),
-        saga_task_queue: str | None,
-    ) -> None:
-        """`saga_task_queue`: the queue plnt's DeploySaga runs on; an activity scheduled by any other
-        workflow is refused. None skips that check: only for tests that run an activity outside any workflow."""
-        self._driver = driver
-        self._statuses = statuses
-        self._specs = commit_specs
-        self._export = export_from_repo
-        self._read = read_from_repo
-        self._cache = RecipeCache(recipe_cache)
-        self._registry_options = registry_options
-        self._limits = limits
-        self._smoke_timeout_s = smoke_request_timeout_s
-        self._backend_types = supported_backend_types
-        self._saga_task_queue = saga_task_queue
+class PhaseRecorder:
+    """The saga's status writes. Runs where the status lives: beside the DeploySaga workflow (in
+    `plnt up`, or in `plnt reconcile` when the roles run apart), never on a worker."""
 
-    def all(self) -> list[Callable[..., Any]]:
-        return [self.record_phase, self.validate, self.pull_recipe, self.install_release,
-                self.smoke_test, self.promote_release, self.remove_release]
+    def __init__(self, statuses: StatusStore) -> None:
+        self._statuses = statuses
 
     @activity.defn(name="record_phase")
     @_boundary
@@ -156,6 +129,55 @@ class SagaActivities:
         if update.saga_id is not None:
             fields["saga_id"] = update.saga_id
         self._statuses.update(update.namespace, update.name, phase=update.phase, message=update.message, **fields)
+
+
+class SagaActivities:
+    def __init__(
+        self,
+        *,
+        driver: ReleaseDriver,
+        statuses: StatusStore | None,
+        commit_specs: CommitSpecs,
+        export_from_repo: ExportFromRepo,
+        read_from_repo: ReadFromRepo,
+        recipe_cache: Path,
+        registry_options: RegistryOptions = RegistryOptions(),
+        limits: ExtractLimits = ExtractLimits(),
+        smoke_request_timeout_s: float = 30.0,
+        supported_backend_types: tuple[str, ...] = ("local",),
+        saga_task_queue: str | None,
+    ) -> None:
+        """`saga_task_queue`: the queue plnt's DeploySaga runs on; an activity scheduled by any other
+        workflow is refused. None skips that check: only for tests that run an activity outside any workflow."""
+        self._driver = driver
+        # None on a worker of split roles: the reconciler records phases (PhaseRecorder).
+        self._recorder = PhaseRecorder(statuses) if statuses is not None else None
+        self._specs = commit_specs
+        self._export = export_from_repo
+        self._read = read_from_repo
+        self._cache = RecipeCache(recipe_cache)
+        self._registry_options = registry_options
+        self._limits = limits
+        self._smoke_timeout_s = smoke_request_timeout_s
+        self._backend_types = supported_backend_types
+        self._saga_task_queue = saga_task_queue
+
+    def all(self) -> list[Callable[..., Any]]:
+        """Every activity of the saga, for `plnt up` (one worker runs the saga and all its steps)."""
+        if self._recorder is None:
+            raise ValueError("SagaActivities without a status store has no record_phase: use remote()")
+        return [self._recorder.record_phase, *self.remote()]
+
+    def remote(self) -> list[Callable[..., Any]]:
+        """The steps a `plnt worker` runs: all but record_phase (a local activity of the saga)."""
+        return [self.validate, self.pull_recipe, self.install_release, self.smoke_test, self.promote_release,
+                self.remove_release]
+
+    @property
+    def record_phase(self) -> Callable[[PhaseUpdate], Awaitable[None]]:
+        if self._recorder is None:
+            raise AttributeError("record_phase runs beside the saga (PhaseRecorder), not on this worker")
+        return self._recorder.record_phase
 
     async def _check_caller(self, ref: SagaRef) -> None:
         """Only plnt's own DeploySaga for this WorkflowRun, running on plnt's task queue, may call.
@@ -186,6 +208,9 @@ class SagaActivities:
             raise UntrustedSagaInput(f"{activity.info().activity_type} is a deploy step; this saga is an {ref.action}")
         trusted = await self._specs.resolve(ref)
         assert trusted.run is not None
+        remember = getattr(self._driver, "remember", None)
+        if remember is not None and trusted.backend is not None:
+            remember(trusted.run, trusted.backend)  # a worker learns each WorkflowRun's backend from its commit
         return trusted, trusted.run
 
     @activity.defn(name="validate")

@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 from plnt.gateway.app import create_app
-from plnt.gateway.auth import exposure_problem, load_tokens
+from plnt.gateway.auth import TokenSet, exposure_problem, load_tokens
 from plnt.gateway.auth import is_loopback_host as _loopback
 from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret
 from plnt.gateway.limits import HttpLimits
@@ -30,6 +30,7 @@ from .history import NoSaga, saga_history
 from .local_driver import LocalDriver
 from .reconciler import Reconciler
 from .registries import RegistryOptions
+from .runner_reports import ReportedRunners
 from .saga import DeploySaga
 from .settings import Settings
 from .source import GitSource
@@ -96,7 +97,8 @@ class Plnt:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-async def start(settings: Settings) -> Plnt:
+def load_gateway_auth(settings: Settings) -> tuple[TokenSet, bytes | None]:
+    """Tokens and webhook secret of an HTTP role, checked against where it listens."""
     tokens = load_tokens(settings.gateway_tokens_file, [t.get_secret_value() for t in settings.gateway_tokens])
     problem = exposure_problem(settings.host, tokens, insecure_no_auth=settings.insecure_no_auth)
     if problem:
@@ -105,6 +107,69 @@ async def start(settings: Settings) -> Plnt:
         webhook_secret = load_webhook_secret(settings.webhook_secret_file) if settings.webhook_secret_file else None
     except WebhookSecretError as exc:
         raise ServerStartError(f"--webhook-secret-file {exc}") from None
+    return tokens, webhook_secret
+
+
+def make_local_driver(settings: Settings, state: StateDir, *, on_change: Callable[[], None],
+                      drain: Callable[[Release], Awaitable[object]],
+                      limits_for: Callable[[str, str], Any]) -> LocalDriver:
+    return LocalDriver(
+        state, host="127.0.0.1", start_timeout_s=settings.runner_start_timeout_s,
+        stop_timeout_s=settings.runner_stop_timeout_s, on_change=on_change,
+        runner_args=settings.runner_args(), env=settings.runner_env,
+        secret_env={settings.llm_api_key_env: settings.llm_api_key.get_secret_value()}
+        if settings.llm_api_key_env and settings.llm_api_key else None,
+        limits_for=limits_for, drain=drain,
+    )
+
+
+def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, state: StateDir) -> DriverSet:
+    def make_helm(backend: PlntBackend, specs: SpecLookup) -> HelmDriver:
+        return HelmDriver(backend, specs, helm=settings.helm_binary, chart=settings.helm_chart or DEFAULT_CHART,
+                          image=RunnerImage(repository=settings.runner_image, tag=settings.runner_image_tag))
+
+    return DriverSet(local, state, make_helm)
+
+
+def make_source(settings: Settings, state: StateDir) -> GitSource:
+    return GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path)
+
+
+def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, source: GitSource,
+                    statuses: StatusStore | None) -> SagaActivities:
+    return SagaActivities(
+        driver=drivers, statuses=statuses, commit_specs=CommitSpecs(source, limits=settings.spec_limits),
+        export_from_repo=source.export, read_from_repo=source.read_file,
+        supported_backend_types=("local", "kubernetes"), saga_task_queue=settings.task_queue,
+        recipe_cache=state.recipes, smoke_request_timeout_s=settings.smoke_request_timeout_s,
+        registry_options=RegistryOptions(
+            s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region,
+            allow_insecure_http=tuple(settings.oci_insecure_hosts), timeout_s=settings.registry_timeout_s,
+            max_download_bytes=settings.max_download_bytes,
+            file_roots=tuple(str(root) for root in settings.file_registry_roots)),
+        limits=ExtractLimits(max_total_bytes=settings.max_recipe_bytes, max_files=settings.max_recipe_files,
+                             max_file_bytes=settings.max_recipe_file_bytes),
+    )
+
+
+def add_control_routes(app: Any, reconciler: Reconciler, client: Client) -> None:
+    """The control plane's own endpoints beside the gateway's (scopes: GET /source needs admin,
+    history needs read, checked in front of every route)."""
+
+    @app.get("/source")
+    async def source_status() -> dict[str, Any]:
+        return reconciler.source_status
+
+    @app.get("/workflows/{name}/history")
+    async def history(name: str, namespace: str = "default") -> Any:
+        try:
+            return (await saga_history(client, namespace, name)).model_dump(mode="json")
+        except NoSaga as exc:
+            return JSONResponse({"error": {"type": "not_found", "message": str(exc)}}, status_code=404)
+
+
+async def start(settings: Settings) -> Plnt:
+    tokens, webhook_secret = load_gateway_auth(settings)
     state = StateDir(settings.state_dir).ensure()
     cleanups: list[Callable[[], Awaitable[None]]] = []
     try:
@@ -120,38 +185,16 @@ async def start(settings: Settings) -> Plnt:
         statuses = StatusStore(state.status_file)
         router = Router()
         holder: dict[str, Plnt] = {}
-        driver = LocalDriver(
-            state, host="127.0.0.1", start_timeout_s=settings.runner_start_timeout_s,
-            stop_timeout_s=settings.runner_stop_timeout_s,
-            on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None,
-            runner_args=settings.runner_args(), env=settings.runner_env,
-            secret_env={settings.llm_api_key_env: settings.llm_api_key.get_secret_value()}
-            if settings.llm_api_key_env and settings.llm_api_key else None,
+        driver = make_local_driver(
+            settings, state, on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None,
             limits_for=lambda namespace, name: drivers.runner_limits(namespace, name),
             drain=lambda release: router.drain(Backend(release.endpoint, release.version, release.release_id),
                                                timeout_s=settings.runner_stop_timeout_s),
         )
         cleanups.append(driver.shutdown)
-
-        def make_helm(backend: PlntBackend, specs: SpecLookup) -> HelmDriver:
-            return HelmDriver(backend, specs, helm=settings.helm_binary, chart=settings.helm_chart or DEFAULT_CHART,
-                              image=RunnerImage(repository=settings.runner_image, tag=settings.runner_image_tag))
-
-        drivers = DriverSet(driver, state, make_helm)
-        source = GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path)
-        activities = SagaActivities(
-            driver=drivers, statuses=statuses, commit_specs=CommitSpecs(source, limits=settings.spec_limits),
-            export_from_repo=source.export, read_from_repo=source.read_file,
-            supported_backend_types=("local", "kubernetes"), saga_task_queue=settings.task_queue,
-            recipe_cache=state.recipes, smoke_request_timeout_s=settings.smoke_request_timeout_s,
-            registry_options=RegistryOptions(
-                s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region,
-                allow_insecure_http=tuple(settings.oci_insecure_hosts), timeout_s=settings.registry_timeout_s,
-                max_download_bytes=settings.max_download_bytes,
-                file_roots=tuple(str(root) for root in settings.file_registry_roots)),
-            limits=ExtractLimits(max_total_bytes=settings.max_recipe_bytes, max_files=settings.max_recipe_files,
-                                 max_file_bytes=settings.max_recipe_file_bytes),
-        )
+        drivers = make_driver_set(settings, driver, state)
+        source = make_source(settings, state)
+        activities = make_activities(settings, state, drivers, source, statuses)
         # Phase changes also change routes (a WorkflowRun seen for the first time answers 503, not 404).
         reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses, driver=drivers,
                                 state=state)
@@ -167,18 +210,7 @@ async def start(settings: Settings) -> Plnt:
                                  request_timeout_s=settings.gateway_request_timeout_s,
                                  webhook_secret=webhook_secret, host=settings.host)
 
-        @gateway_app.get("/source")
-        async def source_status() -> dict[str, Any]:
-            return reconciler.source_status
-
-        @gateway_app.get("/workflows/{name}/history")
-        async def history(name: str, namespace: str = "default") -> Any:
-            try:
-                return (await saga_history(client, namespace, name)).model_dump(mode="json")
-            except NoSaga as exc:
-                return JSONResponse({"error": {"type": "not_found", "message": str(exc)}}, status_code=404)
-
-        # Scopes: GET /source needs admin, history needs read (checked in front of every route).
+        add_control_routes(gateway_app, reconciler, client)
         gateway = GatewayServer(gateway_app, host=settings.host, port=settings.port,
                                 limits=HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
                                                   head_timeout_s=settings.gateway_header_timeout_s))

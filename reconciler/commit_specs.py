@@ -18,11 +18,11 @@ import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .errors import UntrustedSagaInput
+from .errors import RetryLater, UntrustedSagaInput
 from .loader import DEFAULT_LIMITS, Problem, SpecSet, load_sources
 from .saga_io import SagaRef
 from .settings import SpecLimits
-from .source import GitSource
+from .source import GitSource, SourceError
 from .specs import PlntBackend, RecipeTrustPolicy, WorkflowRun, run_key
 
 
@@ -46,7 +46,7 @@ class CommitSpecs:
 
     async def resolve(self, ref: SagaRef) -> TrustedSaga:
         commit = ref.commit[:12]
-        if not await asyncio.to_thread(self._source.is_on_branch, ref.commit):
+        if not await self._on_branch(ref.commit):
             raise UntrustedSagaInput(f"commit {commit} is not on branch {self._source.branch!r} of the spec "
                                      f"repository (as plnt last fetched it): plnt deploys only commits of the "
                                      f"branch it tracks")
@@ -68,6 +68,16 @@ class CommitSpecs:
                 f"gives version {run.spec.workflow.version} with fingerprint {run.fingerprint()}")
         return TrustedSaga(ref, run, specs.backends.get(run.spec.backend.cluster),
                            tuple(specs.trust_policies.values()))
+
+    async def _on_branch(self, commit: str) -> bool:
+        if await asyncio.to_thread(self._source.is_on_branch, commit):
+            return True
+        # A worker's clone lags the reconciler's: fetch once before refusing a commit it has not seen.
+        try:
+            await asyncio.to_thread(self._source.fetch)
+        except SourceError as exc:
+            raise RetryLater(f"cannot check commit {commit[:12]} against the branch: {exc}") from exc
+        return await asyncio.to_thread(self._source.is_on_branch, commit)
 
     async def _load(self, commit: str) -> tuple[SpecSet, list[Problem]]:
         async with self._lock:

@@ -22,7 +22,8 @@ from .errors import PlntError
 from .helm_driver import HelmDriver, SpecCache, SpecLookup
 from .loader import SpecSet
 from .local_driver import LocalDriver
-from .specs import PlntBackend, RunnerLimits, run_key, spec_fingerprint
+from .runner_reports import ReportedRunners
+from .specs import PlntBackend, RunnerLimits, WorkflowRun, run_key, spec_fingerprint
 from .state import LiveWorkflow, Release, StateDir, Track, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,9 @@ MakeHelmDriver = Callable[[PlntBackend, SpecLookup], HelmDriver]
 
 
 class DriverSet:
-    def __init__(self, local: LocalDriver, state: StateDir, make_helm: MakeHelmDriver) -> None:
+    def __init__(self, local: LocalDriver | ReportedRunners, state: StateDir, make_helm: MakeHelmDriver) -> None:
+        """`local`: the runner processes themselves (`plnt up`, `plnt worker`), or on a reconciler of
+        split roles what the workers report of theirs (ReportedRunners)."""
         self.local = local
         self._make_helm = make_helm
         self._file = state.root / "backends.json"
@@ -55,6 +58,9 @@ class DriverSet:
             self._specs.remember(run)
             self._assigned[run.key] = run.spec.backend.cluster
         self._backends.update(specs.backends)
+        self._save()
+
+    def _save(self) -> None:
         record = {
             "workflowRuns": dict(self._assigned),
             "backends": {name: b.model_dump(mode="json", by_alias=True) for name, b in self._backends.items()},
@@ -62,6 +68,16 @@ class DriverSet:
         if record != self._saved:  # every poll assigns; write only what changed
             atomic_write_json(self._file, record)
             self._saved = record
+
+    def remember(self, run: WorkflowRun, backend: PlntBackend) -> None:
+        """One WorkflowRun and its backend, as a saga's commit gives them: how a worker, which never
+        sees the reconciler's spec sets, knows where each release goes (and where to remove it from)."""
+        self._specs.remember(run)
+        if self._assigned.get(run.key) == backend.metadata.name and self._backends.get(backend.metadata.name) == backend:
+            return
+        self._assigned[run.key] = backend.metadata.name
+        self._backends[backend.metadata.name] = backend
+        self._save()
 
     def driver_for(self, namespace: str, name: str) -> LocalDriver | HelmDriver:
         backend = self._backends.get(self._assigned.get(run_key(namespace, name), ""))
@@ -117,6 +133,11 @@ class DriverSet:
         could not be read at the last `live()` and no earlier read (STATE/helm-live.json) holds it.
         The reconciler then plans nothing for one it deployed: absent from an unread cluster is not "gone"."""
         backend = self._assigned.get(key, "")
+        if self.driver_for(*key.split("/", 1)) is self.local:
+            local_unknown = getattr(self.local, "unknown_reason", lambda: None)()
+            if local_unknown is not None:
+                return f"the local runners' state is not known yet ({local_unknown})"
+            return None
         why = self._unknown.get(backend)
         if why is None or key in self._known.get(backend, {}):
             return None

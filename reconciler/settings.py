@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -114,6 +115,21 @@ class Settings(BaseModel):
     runner_env: dict[str, str] = Field(
         default_factory=dict, description="plnt's environment as the CLI found it, filtered by an allowlist "
         "(local_driver.allowlisted_env) before any runner sees it")
+    # The roles run apart (`plnt reconcile`, `plnt worker`, `plnt gateway`): how they find each other.
+    control_url: str | None = Field(default=None, description="the reconciler's control API, for workers and gateways")
+    internal_token: SecretStr | None = Field(
+        default=None, description="bearer token the roles use with each other (the CLI reads it from a file)")
+    lease: Literal["file", "kubernetes"] = Field(
+        default="file", description="leader election of `plnt reconcile`: a lock file in the state directory, "
+        "or a Kubernetes Lease")
+    lease_name: str = Field(default="plnt-reconciler", min_length=1)
+    lease_namespace: str | None = Field(default=None, description="Kubernetes namespace of the Lease")
+    identity: str = Field(default="", description="this replica's name (lease holder, worker reports); "
+                          "default: host name and process id")
+    report_interval_s: float = Field(default=2.0, gt=0, description="a worker reports its runners this often")
+    drain_grace_s: float = Field(
+        default=2.0, ge=0, description="a worker waits this long after a runner leaves the routes before "
+        "stopping it, so gateways elsewhere have dropped it and finished its requests")
     # Kubernetes backends (the Helm driver).
     helm_binary: str = "helm"
     helm_chart: str | None = Field(default=None, description="workflow-runner chart; None: the one in this checkout")

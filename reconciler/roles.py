@@ -1,0 +1,303 @@
+"""The roles of plnt run apart: `plnt reconcile` and `plnt worker` (the gateway role is `plnt gateway`).
+
+    plnt reconcile   fetch, plan, start sagas; runs the DeploySaga workflows and their status writes;
+                     serves the control API (status, history, source, hooks, the route table, the
+                     workers' runner reports). Exactly one active: a lease elects it.
+    plnt worker      runs the saga's steps (validate, pull and verify, install, smoke test, promote,
+                     remove) on Temporal; hosts the local runner processes it installs and reports
+                     them to the control API. Any number for Kubernetes backends.
+
+They share no disk: each has its own state directory and git clone; the worker learns which commit
+to act on from the saga, the reconciler learns what runs from the Helm backends and the workers'
+reports, the gateways learn the routes from the control API. `plnt up` is all of them in one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from plnt.gateway.app import create_app
+from plnt.gateway.limits import HttpLimits
+from plnt.gateway.routes import Router
+from plnt.gateway.server import GatewayServer, ServerStartError
+from pydantic import ValidationError
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from .activities import PhaseRecorder
+from .app import (
+    add_control_routes,
+    build_route_table,
+    load_gateway_auth,
+    make_activities,
+    make_driver_set,
+    make_local_driver,
+    make_source,
+)
+from .lease import FileLease, LeaderLease
+from .reconciler import Reconciler
+from .runner_reports import RUNNERS_PATH, ReportedRunners, RunnerReport, RunnerReporter
+from .saga import DeploySaga
+from .settings import Settings
+from .state import Release, StateDir
+from .status import StatusStore
+from .temporal_server import connect_external
+
+log = logging.getLogger(__name__)
+
+Cleanup = Callable[[], Awaitable[None]]
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class Role:
+    """A running role: what the CLI and tests hold on to."""
+
+    name: str
+    server: GatewayServer
+    stop_event: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set when the role ends by itself (a lost lease): the CLI exits non-zero so a supervisor restarts it.
+    failed: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    _cleanups: list[Cleanup] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        for cleanup in reversed(self._cleanups):
+            try:
+                await cleanup()
+            except Exception:  # noqa: BLE001 - keep stopping the rest
+                log.exception("shutdown-step-failed role=%s", self.name)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _undo(cleanups: list[Cleanup]) -> None:
+    for cleanup in reversed(cleanups):
+        try:
+            await cleanup()
+        except Exception:  # noqa: BLE001
+            log.exception("cleanup-after-failed-start")
+
+
+def _require_temporal(settings: Settings, role: str) -> None:
+    if settings.temporal_address is None:
+        raise ServerStartError(f"plnt {role} needs --temporal-address HOST:PORT: the roles share one Temporal server "
+                               "(start one with `temporal server start-dev`, or run everything in one process "
+                               "with `plnt up`)")
+
+
+# --- plnt reconcile ----------------------------------------------------------------------------
+
+
+class _StandbyGate:
+    """In front of the control API: until this replica holds the lease, everything but the health
+    checks answers 503, so a Service sends nothing to a standby replica (its /readyz fails too)."""
+
+    def __init__(self, app: Any, active: Callable[[], bool]) -> None:
+        self.app = app
+        self._active = active
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not self._active() and scope["path"] not in ("/healthz", "/readyz"):
+            response = JSONResponse({"error": {"type": "standby", "message": "this reconciler is on standby: "
+                                               "another replica holds the lease"}}, status_code=503)
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def make_lease(settings: Settings, state: StateDir) -> LeaderLease:
+    identity = settings.identity or default_identity()
+    if settings.lease == "kubernetes":
+        from .kube import KubernetesLease  # the kubernetes client only where it is used
+
+        namespace = settings.lease_namespace or _pod_namespace()
+        return KubernetesLease(settings.lease_name, namespace, identity)
+    return FileLease(state.root / "reconciler.lease", identity=identity)
+
+
+def _pod_namespace() -> str:
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace", encoding="utf-8") as file:
+            return file.read().strip()
+    except OSError:
+        raise ServerStartError("--lease kubernetes needs --lease-namespace outside a pod") from None
+
+
+async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = None) -> Role:
+    """Serve the control API at once (standby until the lease is held), then reconcile while it is."""
+    _require_temporal(settings, "reconcile")
+    tokens, webhook_secret = load_gateway_auth(settings)
+    state = StateDir(settings.state_dir).ensure()
+    lease = lease or make_lease(settings, state)
+    statuses = StatusStore(state.status_file)
+    router = Router()
+    holder: dict[str, Any] = {}
+
+    def refresh_routes() -> None:
+        router.replace(build_route_table(drivers.local.snapshot(), statuses))
+
+    runners = ReportedRunners(on_change=refresh_routes)
+    drivers = make_driver_set(settings, runners, state)
+    source = make_source(settings, state)
+    statuses.on_change = refresh_routes
+
+    async def on_git_hook() -> None:
+        if "reconciler" in holder:
+            holder["reconciler"].wake()
+
+    control = create_app(router, list_workflows=lambda: [s.public() for s in statuses.all()],
+                         on_git_hook=on_git_hook, tokens=tokens, max_body_bytes=settings.gateway_max_body_bytes,
+                         request_timeout_s=settings.gateway_request_timeout_s, webhook_secret=webhook_secret,
+                         host=settings.host)
+    active = asyncio.Event()
+    add_role_health(control, "reconciler", lambda: {"active": active.is_set(), "workers": runners.workers()},
+                    ready=active.is_set)
+    add_runner_reports(control, runners)
+    server = GatewayServer(_StandbyGate(control, active.is_set), host=settings.host, port=settings.port,
+                           limits=HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
+                                             head_timeout_s=settings.gateway_header_timeout_s))
+    role = Role("reconciler", server)
+    await server.start()
+    role._cleanups.append(server.stop)
+    refresh_routes()
+
+    async def lead() -> None:
+        if not await lease.acquire(role.stop_event):
+            return
+        cleanups: list[Cleanup] = [lease.release]
+        try:
+            client = await connect_external(settings, data_converter=pydantic_data_converter)
+            # The workflows and their status writes only: the saga's steps run on the workers.
+            worker = Worker(client, task_queue=settings.task_queue, workflows=[DeploySaga],
+                            activities=[PhaseRecorder(statuses).record_phase], no_remote_activities=True)
+            worker_task = asyncio.create_task(worker.run(), name="temporal-workflow-worker")
+            cleanups.append(worker.shutdown)
+            reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses,
+                                    driver=drivers, state=state)
+            holder["reconciler"] = reconciler
+            add_control_routes(control, reconciler, client)
+            cleanups.append(reconciler.close)
+            reconcile_task = asyncio.create_task(reconciler.run(role.stop_event), name="reconciler")
+            active.set()
+            log.info("reconciler-active control=%s repo=%s branch=%s temporal=%s", server.url, source.url,
+                     settings.branch, settings.temporal_address)
+            await lease.hold(role.stop_event)
+            if not role.stop_event.is_set():
+                log.error("lease-lost: stopping reconciliation at once (another replica may now be active)")
+                role.failed.set()
+            active.clear()
+            reconcile_task.cancel()
+            await asyncio.gather(reconcile_task, worker_task, return_exceptions=True)
+        finally:
+            active.clear()
+            await _undo(cleanups)
+
+    role._tasks.append(asyncio.create_task(lead(), name="lead"))
+    log.info("reconciler-started control=%s state=%s (waiting for the lease)", server.url, state.root)
+    return role
+
+
+def add_role_health(app: FastAPI, role: str, details: Callable[[], dict[str, Any]],
+                    ready: Callable[[], bool] = lambda: True) -> None:
+    """GET /readyz: 200 when this replica should get traffic (a standby reconciler: 503).
+    (GET /healthz, liveness, is the gateway app's own and answers 200 while the process serves.)"""
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        return JSONResponse({"role": role, "ready": ready(), **details()}, status_code=200 if ready() else 503)
+
+
+def add_runner_reports(app: FastAPI, runners: ReportedRunners) -> None:
+    """PUT /internal/runners: a worker's report of its local runners (the internal token)."""
+
+    @app.put(RUNNERS_PATH)
+    async def runner_report(request: Request) -> JSONResponse:
+        try:
+            report = RunnerReport.model_validate_json(await request.body())
+        except ValidationError as exc:
+            return JSONResponse({"error": {"type": "invalid_report", "message": str(exc.errors()[:3])}}, status_code=422)
+        return JSONResponse(runners.accept(report).model_dump(mode="json"))
+
+
+# --- plnt worker -------------------------------------------------------------------------------
+
+
+async def start_worker(settings: Settings) -> Role:
+    """Run the saga's steps; host the local runners they install and report them."""
+    _require_temporal(settings, "worker")
+    if settings.control_url is None:
+        raise ServerStartError("plnt worker needs --control-url URL: the reconciler's control API, where it reports "
+                               "the runners it hosts")
+    state = StateDir(settings.state_dir).ensure()
+    cleanups: list[Cleanup] = []
+    try:
+        client = await connect_external(settings, data_converter=pydantic_data_converter)
+        identity = settings.identity or default_identity()
+        token = settings.internal_token.get_secret_value() if settings.internal_token else None
+        holder: dict[str, RunnerReporter] = {}
+
+        async def drain(release: Release) -> None:
+            # Gateways run elsewhere: report the change, then give them time to drop this runner and
+            # finish what they sent it before it stops.
+            holder["reporter"].push_now()
+            await asyncio.sleep(settings.drain_grace_s)
+
+        local = make_local_driver(settings, state, on_change=lambda: holder["reporter"].push_now(),
+                                  drain=drain, limits_for=lambda ns, name: drivers.runner_limits(ns, name))
+        drivers = make_driver_set(settings, local, state)
+        reporter = RunnerReporter(worker=identity, control_url=settings.control_url, token=token, local=local,
+                                  interval_s=settings.report_interval_s)
+        holder["reporter"] = reporter
+        cleanups.append(local.shutdown)
+        activities = make_activities(settings, state, drivers, make_source(settings, state), statuses=None)
+
+        app = FastAPI(title="plnt worker", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.get("/healthz")
+        async def healthz() -> dict[str, str]:
+            return {"status": "ok"}
+
+        def details() -> dict[str, Any]:
+            return {"identity": identity, "runners": len(local.snapshot()),
+                    "control": "unreachable" if reporter.unreachable_since is not None else
+                    ("reachable" if reporter.last_ok is not None else "not yet reached")}
+
+        add_role_health(app, "worker", details)
+        server = GatewayServer(app, host=settings.host, port=settings.port)
+        role = Role("worker", server)
+        restarted = await local.resume()
+        if restarted:
+            log.info("releases-resumed count=%d", len(restarted))
+        worker = Worker(client, task_queue=settings.task_queue, activities=activities.remote(),
+                        max_concurrent_activities=max(4, settings.max_concurrent_sagas * 2))
+        role._tasks.append(asyncio.create_task(worker.run(), name="temporal-activity-worker"))
+        cleanups.append(worker.shutdown)
+        role._tasks.append(asyncio.create_task(reporter.run(role.stop_event), name="runner-reports"))
+        await server.start()
+        cleanups.append(server.stop)
+        role._cleanups = cleanups
+        log.info("worker-started identity=%s health=%s temporal=%s task_queue=%s control=%s", identity, server.url,
+                 settings.temporal_address, settings.task_queue, settings.control_url)
+        return role
+    except BaseException:
+        await _undo(cleanups)
+        raise
