@@ -55,6 +55,7 @@ from .auth import (
     ALL,
     FOREIGN_HOST_MESSAGE,
     INVOKE,
+    OPEN_PATHS,
     READ,
     Grant,
     TokenSet,
@@ -763,7 +764,7 @@ class Gateway:
 
 class GatewayApp(FastAPI):
     """FastAPI with the two hot paths answered before FastAPI's routing (see module docstring),
-    and bearer-token checks in front of every route but `/healthz`."""
+    and bearer-token checks in front of every route but the probes (`/healthz`, `/readyz`)."""
 
     gateway: Gateway
 
@@ -786,7 +787,7 @@ class GatewayApp(FastAPI):
                 elif path == "/hooks/git":
                     await gateway.git_hook(scope, receive, send)
                     return
-            if gateway.tokens.enabled and path != "/healthz":
+            if gateway.tokens.enabled and path not in OPEN_PATHS:
                 authorization = None
                 for key, value in scope["headers"]:
                     if key == b"authorization":

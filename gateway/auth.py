@@ -23,7 +23,7 @@ Scopes (see README "Gateway authentication"):
 Policy:
 - no tokens configured: every request is allowed (the gateway then runs open; `plnt up`
   allows that only on a loopback address unless --insecure-no-auth);
-- `GET /healthz` is always open (liveness probes carry no secrets);
+- `GET /healthz` and `GET /readyz` are always open (probes carry no secrets);
 - every other endpoint needs a valid token: a missing or unknown token is 401 with
   `WWW-Authenticate: Bearer`; a token without the scope an endpoint needs is 403 naming it.
 
@@ -49,6 +49,8 @@ class TokenFileError(ValueError):
 
 
 INVOKE, READ, ADMIN = "invoke", "read", "admin"
+# Liveness and readiness probes: open, and they reveal nothing but up or not.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 SCOPES = (INVOKE, READ, ADMIN)
 
 

@@ -810,6 +810,10 @@ def recipe_digest(path: Annotated[Path, typer.Argument(help="A recipe archive, o
         raise _fail(f"{path}: {exc}") from exc
 
 
+# The role commands (`plnt reconcile`, `plnt worker`) live beside this module and register on `app`.
+from . import cli_roles  # noqa: E402, F401
+
+
 def main() -> None:
     app()
 

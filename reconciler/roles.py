@@ -29,7 +29,6 @@ from plnt.gateway.limits import HttpLimits
 from plnt.gateway.routes import Router
 from plnt.gateway.server import GatewayServer, ServerStartError
 from pydantic import ValidationError
-from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
@@ -145,6 +144,8 @@ def _pod_namespace() -> str:
 async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = None) -> Role:
     """Serve the control API at once (standby until the lease is held), then reconcile while it is."""
     _require_temporal(settings, "reconcile")
+    if settings.internal_token is not None:  # workers and gateways present it
+        settings = settings.model_copy(update={"gateway_tokens": (*settings.gateway_tokens, settings.internal_token)})
     tokens, webhook_secret = load_gateway_auth(settings)
     state = StateDir(settings.state_dir).ensure()
     lease = lease or make_lease(settings, state)
@@ -169,8 +170,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
                          request_timeout_s=settings.gateway_request_timeout_s, webhook_secret=webhook_secret,
                          host=settings.host)
     active = asyncio.Event()
-    add_role_health(control, "reconciler", lambda: {"active": active.is_set(), "workers": runners.workers()},
-                    ready=active.is_set)
+    add_role_health(control, "reconciler", lambda: {"active": active.is_set()}, ready=active.is_set)
     add_runner_reports(control, runners)
     server = GatewayServer(_StandbyGate(control, active.is_set), host=settings.host, port=settings.port,
                            limits=HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
@@ -277,7 +277,7 @@ async def start_worker(settings: Settings) -> Role:
             return {"status": "ok"}
 
         def details() -> dict[str, Any]:
-            return {"identity": identity, "runners": len(local.snapshot()),
+            return {"runners": len(local.snapshot()),
                     "control": "unreachable" if reporter.unreachable_since is not None else
                     ("reachable" if reporter.last_ok is not None else "not yet reached")}
 

@@ -171,7 +171,8 @@ class RunnerReporter:
                         self.unreachable_since = time.monotonic()
                         log.warning("control-unreachable url=%s error=%s (runners keep serving; reporting again "
                                     "with backoff)", redact(self._url), redact(str(exc)) or type(exc).__name__)
-                    backoff = min(backoff * 2, 30.0)
+                    # Capped low: a restarted reconciler holds its plan until a worker reports.
+                    backoff = min(backoff * 2, max(5.0, self._interval_s))
                     wait = backoff * random.uniform(0.5, 1.0)
                 stop_task = asyncio.ensure_future(stop.wait())
                 now_task = asyncio.ensure_future(self._now.wait())
