@@ -819,4 +819,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m plnt.reconciler.cli`: run the package's module, where cli_roles registered its commands.
+    from plnt.reconciler.cli import main as package_main
+
+    package_main()

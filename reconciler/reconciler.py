@@ -198,6 +198,8 @@ class Reconciler:
             what = ", ".join(f"{r.track} {r.version}" for r in releases)
             if run.spec.self_heal:
                 healed = await self._driver.repair(run.metadata.namespace, run.metadata.name)
+                if not healed:
+                    continue  # could not restart (logged by the driver), or a worker was asked already
                 log.warning("drift-healed workflowrun=%s restored=%s", key, ", ".join(r.release_id for r in healed))
                 status = self._statuses.get(key)
                 if status is not None:

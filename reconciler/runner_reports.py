@@ -115,6 +115,8 @@ class ReportedRunners:
     async def repair(self, namespace: str, name: str) -> list[Release]:
         """Asks the worker (in its next report's reply) to restart them; returns what was asked."""
         key = f"{namespace}/{name}"
+        if key in self._repair:
+            return []  # asked already; the worker's next report answers
         self._repair.add(key)
         return [release for report in self._reports.values() for release in report.drift.get(key, [])]
 
