@@ -1,0 +1,205 @@
+"""The pieces of the split roles, one at a time: the file lease, the workers' runner reports on the
+reconciler's side, and the DriverSet holding plans while no worker has reported."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from plnt.reconciler.drivers import DriverSet
+from plnt.reconciler.lease import FileLease
+from plnt.reconciler.runner_reports import ReportedRunners, RunnerReport, RunnerReporter, RunnerReportReply
+from plnt.reconciler.state import LiveWorkflow, Release, StateDir
+
+
+def release(track: str = "stable", version: str = "1.0.0") -> Release:
+    return Release(release_id=f"default.wf.{version}.abc", namespace="default", name="wf", track=track,
+                   version=version, spec_fingerprint="sha256:" + "0" * 64, recipe_digest="sha256:" + "1" * 64,
+                   recipe_dir="/r", endpoint="http://127.0.0.1:9", pid=1)
+
+
+def live(*releases: Release) -> dict[str, LiveWorkflow]:
+    return {"default/wf": LiveWorkflow(namespace="default", name="wf",
+                                       **{r.track: r for r in releases})}
+
+
+# --- FileLease -----------------------------------------------------------------------------------
+
+
+async def test_file_lease_second_replica_waits_until_the_first_releases(tmp_path: Path) -> None:
+    path = tmp_path / "reconciler.lease"
+    first, second = FileLease(path, identity="a", poll_s=0.05), FileLease(path, identity="b", poll_s=0.05)
+    stop = asyncio.Event()
+    assert await first.acquire(stop)
+    assert path.read_text().strip() == "a"
+    waiting = asyncio.create_task(second.acquire(stop))
+    await asyncio.sleep(0.3)
+    assert not waiting.done(), "the second replica must wait while the first holds the lease"
+    await first.release()
+    assert await asyncio.wait_for(waiting, 5)
+    assert second.held and path.read_text().strip() == "b"
+    await second.release()
+
+
+async def test_file_lease_acquire_returns_false_when_stopped(tmp_path: Path) -> None:
+    path = tmp_path / "reconciler.lease"
+    holder = FileLease(path, identity="a")
+    assert await holder.acquire(asyncio.Event())
+    stop = asyncio.Event()
+    waiting = asyncio.create_task(FileLease(path, identity="b", poll_s=0.05).acquire(stop))
+    await asyncio.sleep(0.1)
+    stop.set()
+    assert await asyncio.wait_for(waiting, 5) is False
+    await holder.release()
+
+
+@pytest.mark.integration
+async def test_file_lease_is_freed_when_its_holder_is_killed(tmp_path: Path) -> None:
+    """A reconciler killed with SIGKILL never blocks the next one: the kernel drops its lock."""
+    path = tmp_path / "reconciler.lease"
+    code = ("import asyncio, sys; from pathlib import Path; from plnt.reconciler.lease import FileLease\n"
+            "async def main():\n"
+            f"    assert await FileLease(Path({str(path)!r}), identity='doomed').acquire(asyncio.Event())\n"
+            "    print('held', flush=True); await asyncio.sleep(60)\n"
+            "asyncio.run(main())\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"held"
+        lease = FileLease(path, identity="next", poll_s=0.05)
+        stop = asyncio.Event()
+        waiting = asyncio.create_task(lease.acquire(stop))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        holder.kill()
+        assert await asyncio.wait_for(waiting, 5)
+        await lease.release()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# --- ReportedRunners (the reconciler's side) ------------------------------------------------------
+
+
+async def test_reported_runners_are_unknown_until_a_worker_reports_then_hold_its_releases() -> None:
+    changes: list[int] = []
+    runners = ReportedRunners(on_change=lambda: changes.append(1))
+    assert runners.unknown_reason() is not None and await runners.live() == {}
+    runners.accept(RunnerReport(worker="w1", live=live(release())))
+    assert runners.unknown_reason() is None
+    assert (await runners.live())["default/wf"].stable == release()
+    runners.accept(RunnerReport(worker="w1", live=live(release())))
+    assert changes == [1], "an identical report is not a change"
+    runners.accept(RunnerReport(worker="w1", live={}))
+    assert await runners.live() == {} and changes == [1, 1]
+
+
+async def test_drift_repair_is_asked_once_and_answered_in_the_next_report_reply() -> None:
+    runners = ReportedRunners()
+    gone = release()
+    runners.accept(RunnerReport(worker="w1", live=live(gone), drift={"default/wf": [gone]}))
+    assert await runners.drift() == {"default/wf": [gone]}
+    assert await runners.repair("default", "wf") == [gone]
+    assert await runners.repair("default", "wf") == [], "asked already: not asked twice"
+    reply = runners.accept(RunnerReport(worker="w1", live=live(gone), drift={"default/wf": [gone]}))
+    assert reply == RunnerReportReply(repair=["default/wf"])
+    assert runners.accept(RunnerReport(worker="w1", live=live(gone))) == RunnerReportReply()
+
+
+async def test_reconciler_side_refuses_to_install_local_runners() -> None:
+    from plnt.reconciler.errors import DriverError
+
+    with pytest.raises(DriverError, match="plnt worker"):
+        await ReportedRunners().promote("default", "wf")
+
+
+def test_driver_set_holds_plans_for_local_workflowruns_until_a_worker_reports(tmp_path: Path) -> None:
+    runners = ReportedRunners()
+    drivers = DriverSet(runners, StateDir(tmp_path).ensure(), make_helm=lambda backend, specs: None)  # type: ignore[arg-type,return-value]
+    why = drivers.live_unknown("default/wf")
+    assert why is not None and "no worker has reported" in why
+    runners.accept(RunnerReport(worker="w1"))
+    assert drivers.live_unknown("default/wf") is None
+
+
+# --- RunnerReporter (the worker's side), against an httpx MockTransport stand-in -------------------
+
+
+class FakeLocal:
+    """A stand-in for the LocalDriver: one release, drifted until repaired."""
+
+    def __init__(self) -> None:
+        self.repaired: list[str] = []
+
+    def snapshot(self) -> dict[str, LiveWorkflow]:
+        return live(release())
+
+    async def drift(self) -> dict[str, list[Release]]:
+        return {} if self.repaired else {"default/wf": [release()]}
+
+    async def repair(self, namespace: str, name: str) -> list[Release]:
+        self.repaired.append(f"{namespace}/{name}")
+        return [release()]
+
+
+async def test_reporter_sends_the_token_and_heals_what_the_reply_asks_against_a_fake_control_api() -> None:
+    seen: list[httpx.Request] = []
+
+    def control(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        report = RunnerReport.model_validate_json(request.content)
+        return httpx.Response(200, json={"repair": sorted(report.drift)})
+
+    local = FakeLocal()
+    reporter = RunnerReporter(worker="w1", control_url="http://control.test", token="s3cret", local=local,
+                              interval_s=0.05, transport=httpx.MockTransport(control))
+    stop = asyncio.Event()
+    task = asyncio.create_task(reporter.run(stop))
+    deadline = time.monotonic() + 5
+    while not local.repaired or len(seen) < 3:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert local.repaired == ["default/wf"]
+    assert seen[0].method == "PUT" and seen[0].url.path == "/internal/runners"
+    assert seen[0].headers["authorization"] == "Bearer s3cret"
+    assert RunnerReport.model_validate_json(seen[-1].content).drift == {}
+
+
+async def test_reporter_backs_off_when_the_control_api_is_down_and_recovers(caplog: pytest.LogCaptureFixture) -> None:
+    """Against a fake control API (httpx MockTransport) that refuses, then answers."""
+    caplog.set_level(logging.INFO)
+    calls: list[float] = []
+    up = False
+
+    def control(request: httpx.Request) -> httpx.Response:
+        calls.append(time.monotonic())
+        if not up:
+            raise httpx.ConnectError("refused")
+        return httpx.Response(200, json={"repair": []})
+
+    reporter = RunnerReporter(worker="w1", control_url="http://control.test", token="s3cret", local=FakeLocal(),
+                              interval_s=0.05, transport=httpx.MockTransport(control))
+    stop = asyncio.Event()
+    task = asyncio.create_task(reporter.run(stop))
+    await asyncio.sleep(0.6)
+    failures = len(calls)
+    assert 2 <= failures <= 8, f"{failures} attempts in 0.6 s: not a backoff"
+    assert reporter.unreachable_since is not None
+    up = True
+    deadline = time.monotonic() + 10
+    while reporter.unreachable_since is not None:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    logged = caplog.text
+    assert logged.count("control-unreachable") == 1 and "control-reachable" in logged
+    assert "s3cret" not in logged
