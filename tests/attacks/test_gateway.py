@@ -318,7 +318,8 @@ class HealthProbe:
         self._thread.start()
 
     def _run(self, url: str) -> None:
-        with httpx.Client(trust_env=False, timeout=5) as client:
+        # 15 s: a stall from the attack is what fails; a busy shared machine's hiccup must not.
+        with httpx.Client(trust_env=False, timeout=15) as client:
             while not self._stop.is_set():
                 started = time.monotonic()
                 try:
