@@ -364,7 +364,8 @@ async def test_status_is_written_only_from_plnt_s_own_saga(clone: GitSource, tmp
     local = ActivityEnvironment()
     local.info = dataclasses.replace(local.info, is_local=True)
     await local.run(activities.record_phase, update)
-    assert activities._statuses.get("default/rr").version == "9.9.9"  # type: ignore[union-attr]
+    statuses = StatusStore(tmp_path / "state" / "status.json")
+    assert statuses.get("default/rr").version == "9.9.9"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(("needs", "placement", "message"), [
