@@ -203,3 +203,25 @@ async def test_reporter_backs_off_when_the_control_api_is_down_and_recovers(capl
     logged = caplog.text
     assert logged.count("control-unreachable") == 1 and "control-reachable" in logged
     assert "s3cret" not in logged
+
+
+# --- the role commands refuse what cannot work, with a clear line ----------------------------------
+
+
+def test_role_commands_need_a_shared_temporal_and_a_control_url(tmp_path: Path) -> None:
+    from plnt.reconciler.cli import app
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["reconcile", "--repo", str(tmp_path), "--state-dir", str(tmp_path / "s")])
+    assert result.exit_code == 2
+    assert "plnt reconcile needs --temporal-address HOST:PORT" in result.output
+    result = runner.invoke(app, ["worker", "--repo", str(tmp_path), "--state-dir", str(tmp_path / "s"),
+                                 "--temporal-address", "127.0.0.1:1"])
+    assert result.exit_code == 2 and "plnt worker needs --control-url URL" in result.output
+    result = runner.invoke(app, ["reconcile", "--repo", str(tmp_path), "--lease", "zookeeper"])
+    assert result.exit_code == 2 and "--lease must be file or kubernetes" in result.output
+    empty = tmp_path / "empty.token"
+    empty.write_text("\n")
+    result = runner.invoke(app, ["worker", "--repo", str(tmp_path), "--internal-token-file", str(empty)])
+    assert result.exit_code == 2 and "empty" in result.output
