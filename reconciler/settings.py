@@ -104,6 +104,9 @@ class Settings(BaseModel):
     gateway_max_header_bytes: int = Field(default=64 * 1024, gt=0, description="larger request heads get 431")
     gateway_header_timeout_s: float = Field(
         default=10.0, gt=0, description="close connections whose request head is not complete within this")
+    internal_token: SecretStr | None = Field(
+        default=None, description="token of GET /internal/routes (the route watch `plnt gateway` follows); "
+        "None: that endpoint answers 404")
     webhook_secret_file: Path | None = Field(
         default=None, description="POST /hooks/git needs a forge signature made with this secret (any caller)")
     # The model backend of local runners: None runs the offline mock backend.
