@@ -117,6 +117,15 @@ async def test_version_grows_only_when_the_content_changes() -> None:
     assert RoutePublisher().epoch != RoutePublisher().epoch  # random per start
 
 
+def test_the_publishers_json_is_a_valid_doc_of_the_same_table() -> None:
+    published = RoutePublisher(epoch="e1").publish(table(), ROWS)
+    doc = published.to_doc()
+    assert (doc.epoch, doc.version) == ("e1", 1) and doc.routes == routes_doc(table())
+    assert [dict(r) for r in doc.workflows] == ROWS
+    assert sorted(doc.to_table(), key=lambda r: r.key) == sorted(table(), key=lambda r: r.key)
+    assert published.json is published.json  # serialised once per version
+
+
 async def test_wait_returns_early_on_publish_and_at_timeout_otherwise() -> None:
     publisher = RoutePublisher(epoch="e1")
     publisher.publish(table(), ROWS)
@@ -225,8 +234,8 @@ async def test_follower_swaps_tables_keeps_the_last_on_errors_and_backs_off(capl
 
     original_take = follower.take
 
-    def take(d: RouteTableDoc) -> bool:
-        taken = original_take(d)
+    def take(d: RouteTableDoc, table: RouteTable | None = None) -> bool:
+        taken = original_take(d, table)
         seen.append((follower.doc.version if follower.doc else None, follower.state()["control"]))
         return taken
 
