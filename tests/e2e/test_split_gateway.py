@@ -280,6 +280,17 @@ async def test_a_gateway_honours_the_canary_share_and_keeps_its_table_without_co
         sticky = await tracks(20, session="user-42")
         assert len(sticky) == 1, sticky  # one session, one version
 
+        # SSE, invoke and OpenAI chat, relayed by the follower as by plnt up's gateway.
+        async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+            stream = await client.post(f"{gateway.url}/workflows/review-responder/invoke", json={},
+                                       headers={"accept": "text/event-stream", "x-session-id": "s"})
+            assert stream.status_code == 200 and "event: token" in stream.text and "event: result" in stream.text
+            chat = await client.post(f"{gateway.url}/v1/chat/completions", json={
+                "model": "review-responder", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+            assert chat.status_code == 200 and chat.text.rstrip().endswith("data: [DONE]"), chat.text
+            models = (await client.get(f"{gateway.url}/v1/models")).json()
+            assert [m["id"] for m in models["data"]] == ["review-responder"]
+
         publisher.publish(RouteTable([Route("default", "review-responder", stable=canary)]), [])  # promoted
         await gateway.wait_health(lambda code, state: state["routes_version"] == 2, "the promotion")
         assert await tracks(50) == Counter({"stable:2.0.0": 50})

@@ -387,3 +387,38 @@ async def test_role_sends_control_plane_endpoints_to_the_control_url(path: str) 
     anonymous = await get(closed.app, path)
     assert anonymous.status_code == 404 and "control.test" not in anonymous.text
     assert "control.test" in (await get(closed.app, path, "read-t")).text
+
+
+# --- the command line ---------------------------------------------------------------------------------------------
+
+
+def test_plnt_gateway_refuses_bad_options_with_exit_2(tmp_path: Any) -> None:
+    from plnt.reconciler.cli import app
+    from typer.testing import CliRunner
+
+    token = tmp_path / "internal.token"
+    token.write_text(TOKEN + "\n")
+    empty = tmp_path / "empty.token"
+    empty.write_text("\n")
+    runner = CliRunner()
+    cases = [
+        (["--control-url", "ftp://x", "--internal-token-file", str(token)], "--control-url must be an http://"),
+        (["--control-url", "http://127.0.0.1:1", "--internal-token-file", str(empty)], "is empty"),
+        (["--control-url", "http://127.0.0.1:1", "--internal-token-file", str(tmp_path / "nope")], "cannot read"),
+        (["--control-url", "http://127.0.0.1:1", "--internal-token-file", str(token), "--host", "0.0.0.0"],
+         "refusing to serve the gateway on 0.0.0.0 without authentication"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, ["gateway", *args])
+        assert result.exit_code == 2 and message in result.output, (args, result.output)
+        assert TOKEN not in result.output
+
+
+def test_plnt_up_refuses_an_empty_internal_token_file(tmp_path: Any) -> None:
+    from plnt.reconciler.cli import app
+    from typer.testing import CliRunner
+
+    empty = tmp_path / "empty.token"
+    empty.write_text("")
+    result = CliRunner().invoke(app, ["up", "--repo", str(tmp_path), "--internal-token-file", str(empty)])
+    assert result.exit_code == 2 and "--internal-token-file" in result.output, result.output
