@@ -78,8 +78,9 @@ class _RoleApp:
                                 f"{where} (this is `plnt gateway`, which serves invoke, chat, models, workflows, "
                                 "metrics and healthz)")
             elif not self.follower.has_table and path not in ("/healthz", "/metrics"):
-                answer = _reply(503, "no_route_table", "this gateway has no route table yet from the control plane "
-                                f"at {self.follower.control_url}; it keeps retrying", [(b"retry-after", b"2")])
+                where = f" at {self.follower.control_url}" if self._known_caller(scope) else ""
+                answer = _reply(503, "no_route_table", f"this gateway has no route table yet from the control plane"
+                                f"{where}; it keeps retrying", [(b"retry-after", b"2")])
             if answer is not None:
                 status, body, headers = answer
                 await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -426,8 +426,10 @@ class RouteFollower:
         try:
             async with self._client.stream("GET", url, params=params, headers=self._headers) as response:
                 if response.status_code != 200:
-                    body = (await response.aread())[:500].decode("utf-8", "replace")
-                    raise FollowError(f"GET {url} answered {response.status_code}: {_error_message(body)}")
+                    body = (await _head(response, 500)).decode("utf-8", "replace")
+                    hint = ("; check --internal-token-file: it must hold the control plane's internal token"
+                            if response.status_code in (401, 403) else "")
+                    raise FollowError(f"GET {url} answered {response.status_code}: {_error_message(body)}{hint}")
                 chunks: list[bytes] = []
                 size = 0
                 async for chunk in response.aiter_bytes():
@@ -484,6 +486,16 @@ class RouteFollower:
         self.unreachable_since = None
         self.last_error = None
         self.failures = 0
+
+
+async def _head(response: httpx.Response, limit: int) -> bytes:
+    """At most `limit` bytes of an error body (never the whole of an unbounded one)."""
+    data = b""
+    async for chunk in response.aiter_bytes():
+        data += chunk
+        if len(data) >= limit:
+            break
+    return data[:limit]
 
 
 def _error_message(body: str) -> str:
