@@ -787,7 +787,8 @@ class GatewayApp(FastAPI):
                 elif path == "/hooks/git":
                     await gateway.git_hook(scope, receive, send)
                     return
-            if gateway.tokens.enabled and path not in OPEN_PATHS:
+            # /internal/ paths check their own token (the internal one), open gateway or not.
+            if gateway.tokens.enabled and path not in OPEN_PATHS and not path.startswith("/internal/"):
                 authorization = None
                 for key, value in scope["headers"]:
                     if key == b"authorization":
@@ -841,6 +842,7 @@ def create_app(
     max_connections_per_runner: int = 256,
     webhook_secret: bytes | None = None,
     host: str = "127.0.0.1",
+    health: Callable[[], tuple[int, dict[str, Any]]] | None = None,
 ) -> GatewayApp:
     """Build the gateway app. The runner client lives in the app lifespan.
 
@@ -849,6 +851,8 @@ def create_app(
     before 504; for streams, between two chunks. `webhook_secret`: POST /hooks/git needs a
     forge signature made with it (see hooks.py). `host`: the address served on; an open
     gateway on a loopback address answers only loopback Host names (DNS rebinding).
+    `health`: (status code, body) of `GET /healthz` (the gateway role answers 503 until it has a
+    route table); default 200 `{"status": "ok"}`.
     """
     gateway = Gateway(
         router,
@@ -930,8 +934,11 @@ def create_app(
         return JSONResponse({"namespace": route.namespace, "name": name, "backends": items})
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> Any:
+        if health is None:
+            return {"status": "ok"}
+        code, body = health()
+        return JSONResponse(body, status_code=code)
 
     @app.get("/metrics")
     async def metrics() -> Response:

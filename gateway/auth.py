@@ -18,7 +18,9 @@ Scopes (see README "Gateway authentication"):
 - `read`: `GET /workflows` (every row), `/workflows/{name}/history`, `/workflows/{name}/stats`,
   `/metrics`;
 - `admin`: `POST /hooks/git`, `GET /source`, runner endpoints in `GET /workflows`, and any
-  endpoint not listed here (fail closed).
+  endpoint not listed here (fail closed);
+- `internal`: `GET /internal/routes` (the route watch `plnt gateway` follows); only the internal
+  token (`--internal-token-file`) holds it, and an `admin` token is accepted there too.
 
 Policy:
 - no tokens configured: every request is allowed (the gateway then runs open; `plnt up`
@@ -52,6 +54,9 @@ INVOKE, READ, ADMIN = "invoke", "read", "admin"
 # Liveness and readiness probes: open, and they reveal nothing but up or not.
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 SCOPES = (INVOKE, READ, ADMIN)
+# The roles' own scope (GET /internal/routes): held by the internal token only (--internal-token-file),
+# never by a token-file line; an admin token is accepted too (see Grant.has).
+INTERNAL = "internal"
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,7 @@ class Grant:
         return any(entry == name or entry.endswith(f"/{name}") for entry in self.workflows)
 
     def has(self, scope: str) -> bool:
-        return scope in self.scopes
+        return scope in self.scopes or (scope == INTERNAL and ADMIN in self.scopes)
 
     def union(self, other: Grant) -> Grant:
         """Both grants together (one token listed twice)."""
@@ -262,6 +267,8 @@ def required_scope(path: str) -> str | None:
         return None
     if path == "/metrics" or (path.startswith("/workflows/") and path.endswith(("/history", "/stats"))):
         return READ
+    if path.startswith("/internal/"):
+        return INTERNAL
     return ADMIN
 
 

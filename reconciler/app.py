@@ -15,6 +15,7 @@ from plnt.gateway.auth import TokenSet, exposure_problem, load_tokens
 from plnt.gateway.auth import is_loopback_host as _loopback
 from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret
 from plnt.gateway.limits import HttpLimits
+from plnt.gateway.route_watch import RoutePublisher, add_control_routes
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
 from plnt.gateway.server import GatewayServer, ServerStartError
 from temporalio.client import Client
@@ -74,6 +75,7 @@ class Plnt:
     reconciler: Reconciler
     gateway: GatewayServer
     stop_event: asyncio.Event
+    publisher: RoutePublisher | None = None  # the route watch that `plnt gateway` follows
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
@@ -82,7 +84,10 @@ class Plnt:
         return self.gateway.url
 
     def refresh_routes(self) -> None:
-        self.router.replace(build_route_table(self.driver.snapshot(), self.statuses))
+        table = build_route_table(self.driver.snapshot(), self.statuses)
+        self.router.replace(table)
+        if self.publisher is not None:
+            self.publisher.publish(table, [status.public() for status in self.statuses.all()])
 
     async def stop(self) -> None:
         """Stop everything `start` started, runners included; release records stay for the next start."""
@@ -152,7 +157,7 @@ def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, sou
     )
 
 
-def add_control_routes(app: Any, reconciler: Reconciler, client: Client) -> None:
+def add_reconciler_routes(app: Any, reconciler: Reconciler, client: Client) -> None:
     """The control plane's own endpoints beside the gateway's (scopes: GET /source needs admin,
     history needs read, checked in front of every route)."""
 
@@ -210,13 +215,16 @@ async def start(settings: Settings) -> Plnt:
                                  request_timeout_s=settings.gateway_request_timeout_s,
                                  webhook_secret=webhook_secret, host=settings.host)
 
-        add_control_routes(gateway_app, reconciler, client)
+        add_reconciler_routes(gateway_app, reconciler, client)
+        publisher = RoutePublisher()
+        internal_token = settings.internal_token.get_secret_value() if settings.internal_token else None
+        add_control_routes(gateway_app, publisher, internal_token)
         gateway = GatewayServer(gateway_app, host=settings.host, port=settings.port,
                                 limits=HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
                                                   head_timeout_s=settings.gateway_header_timeout_s))
         stop_event = asyncio.Event()
         plnt = Plnt(settings=settings, state=state, client=client, statuses=statuses, driver=driver, router=router,
-                    reconciler=reconciler, gateway=gateway, stop_event=stop_event)
+                    reconciler=reconciler, gateway=gateway, stop_event=stop_event, publisher=publisher)
         holder["plnt"] = plnt
         statuses.on_change = plnt.refresh_routes
 
@@ -235,6 +243,7 @@ async def start(settings: Settings) -> Plnt:
 
         await gateway.start()
         cleanups.append(gateway.stop)
+        cleanups.append(_closer(publisher))  # runs before gateway.stop: long-polls answer at once
         cleanups.append(reconciler.close)
         plnt._tasks.append(asyncio.create_task(reconciler.run(stop_event), name="reconciler"))
         plnt._cleanups = cleanups
@@ -254,3 +263,10 @@ async def start(settings: Settings) -> Plnt:
             except Exception:  # noqa: BLE001
                 log.exception("cleanup-after-failed-start")
         raise
+
+
+def _closer(publisher: RoutePublisher) -> Callable[[], Awaitable[None]]:
+    async def close() -> None:
+        publisher.close()
+
+    return close

@@ -40,6 +40,25 @@ def _spec_limits(max_spec_files: int, max_spec_file_kb: int) -> SpecLimits:
     return SpecLimits(max_files=max_spec_files, max_file_bytes=max_spec_file_kb * 1024)
 
 
+# The gateway's options: `plnt up` and `plnt gateway` take the same ones.
+GatewayHost = Annotated[str, typer.Option(help="Gateway address.")]
+GatewayPort = Annotated[int, typer.Option(help="Gateway port.")]
+TokensFile = Annotated[Path | None, typer.Option(
+    help="Gateway bearer tokens: one 'TOKEN' or 'TOKEN workflow1,workflow2' per line, # comments. "
+         "PLNT_GATEWAY_TOKENS (comma-separated) adds unrestricted tokens.")]
+InsecureNoAuth = Annotated[bool, typer.Option(
+    "--insecure-no-auth", help="Serve the gateway without tokens on a non-loopback --host (refused otherwise).")]
+MaxBodyBytes = Annotated[int, typer.Option(help="Gateway: larger request bodies get 413.")]
+GatewayTimeout = Annotated[float, typer.Option(
+    help="Gateway: 504 when a runner sends nothing for this many seconds (streams: between two chunks).")]
+MaxHeaderBytes = Annotated[int, typer.Option(help="Gateway: larger request heads get 431.")]
+HeaderTimeout = Annotated[float, typer.Option(
+    help="Gateway: close connections whose request headers are not complete within this many seconds.")]
+InternalTokenFile = Annotated[Path | None, typer.Option(
+    help="File whose first line is the internal token: GET /internal/routes (the route table `plnt gateway` "
+         "follows) accepts it (or an admin token); without it that endpoint answers 404.")]
+
+
 class Format(str, Enum):
     text = "text"
     json = "json"
@@ -93,8 +112,8 @@ def up(
     path: Annotated[str, typer.Option(help="Subdirectory of the repository holding the specs.")] = "",
     branch: Annotated[str, typer.Option(help="Branch to track.")] = "main",
     state_dir: Annotated[Path, typer.Option(help="Where plnt keeps its state.")] = Path(".plnt"),
-    host: Annotated[str, typer.Option(help="Gateway address.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Gateway port.")] = 8000,
+    host: GatewayHost = "127.0.0.1",
+    port: GatewayPort = 8000,
     interval: Annotated[float, typer.Option(help="Seconds between polls of the repository.")] = 5.0,
     temporal_address: Annotated[
         str | None, typer.Option(help="HOST:PORT of a Temporal server; without it plnt starts the embedded dev server.")
@@ -127,17 +146,12 @@ def up(
     max_spec_file_kb: MaxSpecFileKb = 1024,
     retry_attempts: Annotated[int, typer.Option(help="Attempts per saga step, the first included.")] = 3,
     retry_initial_s: Annotated[float, typer.Option(help="Seconds before a step's first retry (doubling after).")] = 2.0,
-    tokens_file: Annotated[Path | None, typer.Option(
-        help="Gateway bearer tokens: one 'TOKEN' or 'TOKEN workflow1,workflow2' per line, # comments. "
-             "PLNT_GATEWAY_TOKENS (comma-separated) adds unrestricted tokens.")] = None,
-    insecure_no_auth: Annotated[bool, typer.Option(
-        "--insecure-no-auth", help="Serve the gateway without tokens on a non-loopback --host (refused otherwise).")] = False,
-    max_body_bytes: Annotated[int, typer.Option(help="Gateway: larger request bodies get 413.")] = 2**20,
-    gateway_timeout: Annotated[float, typer.Option(
-        help="Gateway: 504 when a runner sends nothing for this many seconds (streams: between two chunks).")] = 60.0,
-    max_header_bytes: Annotated[int, typer.Option(help="Gateway: larger request heads get 431.")] = 64 * 1024,
-    header_timeout: Annotated[float, typer.Option(
-        help="Gateway: close connections whose request headers are not complete within this many seconds.")] = 10.0,
+    tokens_file: TokensFile = None,
+    insecure_no_auth: InsecureNoAuth = False,
+    max_body_bytes: MaxBodyBytes = 2**20,
+    gateway_timeout: GatewayTimeout = 60.0,
+    max_header_bytes: MaxHeaderBytes = 64 * 1024,
+    header_timeout: HeaderTimeout = 10.0,
     webhook_secret_file: Annotated[Path | None, typer.Option(
         help="POST /hooks/git then needs the forge's signature made with this secret (GitHub X-Hub-Signature-256, "
              "Gitea X-Gitea-Signature, GitLab X-Gitlab-Token), from any address; without it only loopback callers.")] = None,
@@ -150,6 +164,7 @@ def up(
     llm_model: Annotated[str | None, typer.Option(help="Model name to ask the model server for.")] = None,
     llm_api_key_env: Annotated[str | None, typer.Option(
         help="NAME of the environment variable holding the model server's API key (the key is never logged).")] = None,
+    internal_token_file: InternalTokenFile = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run plnt: Temporal, a worker, the reconciler and the gateway; deploy through local runner processes."""
@@ -160,6 +175,7 @@ def up(
 
     _setup_logging(verbose)
     env_tokens = tuple(t.strip() for t in os.environ.get("PLNT_GATEWAY_TOKENS", "").split(",") if t.strip())
+    internal_token = _secret(None, internal_token_file, "--internal-token-file")
     try:
         temporal_api_key = _secret_from(temporal_api_key_env, temporal_api_key_file, "--temporal-api-key")
     except ValueError as exc:
@@ -177,7 +193,7 @@ def up(
                             gateway_tokens=env_tokens, gateway_tokens_file=tokens_file, insecure_no_auth=insecure_no_auth,
                             gateway_max_body_bytes=max_body_bytes, gateway_request_timeout_s=gateway_timeout,
                             gateway_max_header_bytes=max_header_bytes, gateway_header_timeout_s=header_timeout,
-                            webhook_secret_file=webhook_secret_file,
+                            webhook_secret_file=webhook_secret_file, internal_token=internal_token,
                             llm_url=llm_url, llm_model=llm_model, llm_api_key_env=llm_api_key_env,
                             temporal_namespace=temporal_namespace, task_queue=task_queue, temporal_tls=temporal_tls,
                             temporal_tls_cert=temporal_tls_cert, temporal_tls_key=temporal_tls_key,
@@ -808,6 +824,95 @@ def recipe_digest(path: Annotated[Path, typer.Argument(help="A recipe archive, o
         typer.echo("sha256:" + hashlib.sha256(pack_recipe(path)).hexdigest())
     except ValueError as exc:
         raise _fail(f"{path}: {exc}") from exc
+
+
+# --- plnt gateway: the gateway as a role of its own --------------------------------------------------
+
+
+@app.command()
+def gateway(
+    control_url: Annotated[str, typer.Option(envvar="PLNT_CONTROL_URL", help=(
+        "The control plane (plnt up, or plnt reconcile) whose route table this gateway follows, e.g. "
+        "http://127.0.0.1:8000 (or PLNT_CONTROL_URL)."))],
+    internal_token_file: Annotated[Path, typer.Option(
+        help="File whose first line is the internal token (the control plane's --internal-token-file).")],
+    host: GatewayHost = "127.0.0.1",
+    port: GatewayPort = 8000,
+    tokens_file: TokensFile = None,
+    insecure_no_auth: InsecureNoAuth = False,
+    max_body_bytes: MaxBodyBytes = 2**20,
+    gateway_timeout: GatewayTimeout = 60.0,
+    max_header_bytes: MaxHeaderBytes = 64 * 1024,
+    header_timeout: HeaderTimeout = 10.0,
+    watch_wait: Annotated[float, typer.Option(
+        min=0.1, max=30, help="Seconds the control plane may hold each route watch request (long-poll).")] = 25.0,
+    watch_retry_max: Annotated[float, typer.Option(
+        min=0.1, help="Longest wait between retries while the control plane is unreachable (jittered).")] = 10.0,
+    loop: Annotated[str, typer.Option(help="Event loop: uvloop (default when installed) or asyncio.")] = "auto",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Serve invoke, chat, models and workflows from the route table a control plane publishes (a
+    long-poll watch on its GET /internal/routes); keeps serving its last table while it is unreachable."""
+    import os
+
+    from plnt.gateway.auth import exposure_problem, load_tokens
+    from plnt.gateway.role import GatewayRoleConfig
+
+    _setup_logging(verbose)
+    if not control_url.startswith(("http://", "https://")):
+        raise _fail(f"--control-url must be an http:// or https:// address, not {control_url!r}", 2)
+    internal_token = _secret(None, internal_token_file, "--internal-token-file")
+    assert internal_token is not None
+    env_tokens = tuple(t.strip() for t in os.environ.get("PLNT_GATEWAY_TOKENS", "").split(",") if t.strip())
+    try:
+        tokens = load_tokens(tokens_file, env_tokens)
+    except (OSError, ValueError) as exc:
+        raise _fail(f"cannot read gateway tokens: {exc}", 2) from exc
+    problem = exposure_problem(host, tokens, insecure_no_auth=insecure_no_auth) or _port_problem(host, port)
+    if problem:
+        raise _fail(problem, 2)
+    if loop not in ("auto", "uvloop", "asyncio"):
+        raise _fail(f"--loop must be auto, uvloop or asyncio, not {loop!r}", 2)
+    loop_factory = None
+    if loop != "asyncio":
+        try:
+            import uvloop
+
+            loop_factory = uvloop.new_event_loop
+        except ImportError:
+            if loop == "uvloop":
+                raise _fail("--loop uvloop: uvloop is not installed", 2) from None
+    config = GatewayRoleConfig(
+        control_url=control_url.rstrip("/"), internal_token=internal_token, host=host, port=port, tokens=tokens,
+        max_body_bytes=max_body_bytes, request_timeout_s=gateway_timeout, max_header_bytes=max_header_bytes,
+        header_timeout_s=header_timeout, watch_wait_s=watch_wait, watch_retry_max_s=watch_retry_max)
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(_gateway_role(config))
+    except KeyboardInterrupt:
+        pass
+    except Exception as exc:  # noqa: BLE001 - one clear line for start-up failures
+        from plnt.gateway.server import ServerStartError
+
+        if not isinstance(exc, (ServerStartError, OSError)):
+            raise
+        raise _fail(f"plnt gateway could not start: {exc}", 2) from exc
+
+
+async def _gateway_role(config: Any) -> None:
+    from plnt.gateway.role import GatewayRole
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    role = GatewayRole(config)
+    await role.start()
+    typer.echo(f"plnt gateway is up: {role.url}, following {config.control_url}; Ctrl-C stops", err=True)
+    await stop.wait()
+    typer.echo("plnt gateway: stopping...", err=True)
+    await role.stop()
+    typer.echo("plnt gateway: stopped", err=True)
 
 
 # The role commands (`plnt reconcile`, `plnt worker`) live beside this module and register on `app`.

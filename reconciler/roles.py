@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from plnt.gateway.app import create_app
 from plnt.gateway.limits import HttpLimits
+from plnt.gateway.route_watch import InternalGuard, RoutePublisher, add_control_routes, internal_guard
 from plnt.gateway.routes import Router
 from plnt.gateway.server import GatewayServer, ServerStartError
 from pydantic import ValidationError
@@ -34,7 +35,7 @@ from temporalio.worker import Worker
 
 from .activities import PhaseRecorder
 from .app import (
-    add_control_routes,
+    add_reconciler_routes,
     build_route_table,
     load_gateway_auth,
     make_activities,
@@ -144,17 +145,18 @@ def _pod_namespace() -> str:
 async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = None) -> Role:
     """Serve the control API at once (standby until the lease is held), then reconcile while it is."""
     _require_temporal(settings, "reconcile")
-    if settings.internal_token is not None:  # workers and gateways present it
-        settings = settings.model_copy(update={"gateway_tokens": (*settings.gateway_tokens, settings.internal_token)})
     tokens, webhook_secret = load_gateway_auth(settings)
     state = StateDir(settings.state_dir).ensure()
     lease = lease or make_lease(settings, state)
     statuses = StatusStore(state.status_file)
     router = Router()
+    publisher = RoutePublisher()  # what `plnt gateway` replicas follow
     holder: dict[str, Any] = {}
 
     def refresh_routes() -> None:
-        router.replace(build_route_table(drivers.local.snapshot(), statuses))
+        table = build_route_table(drivers.local.snapshot(), statuses)
+        router.replace(table)
+        publisher.publish(table, [status.public() for status in statuses.all()])
 
     runners = ReportedRunners(on_change=refresh_routes)
     drivers = make_driver_set(settings, runners, state)
@@ -171,13 +173,20 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
                          host=settings.host)
     active = asyncio.Event()
     add_role_health(control, "reconciler", lambda: {"active": active.is_set()}, ready=active.is_set)
-    add_runner_reports(control, runners)
+    internal_token = settings.internal_token.get_secret_value() if settings.internal_token else None
+    add_control_routes(control, publisher, internal_token)
+    add_runner_reports(control, runners, internal_guard(control, internal_token))
     server = GatewayServer(_StandbyGate(control, active.is_set), host=settings.host, port=settings.port,
                            limits=HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
                                              head_timeout_s=settings.gateway_header_timeout_s))
     role = Role("reconciler", server)
     await server.start()
     role._cleanups.append(server.stop)
+
+    async def close_publisher() -> None:  # long-polls answer at once rather than at their timeout
+        publisher.close()
+
+    role._cleanups.append(close_publisher)
     refresh_routes()
 
     async def lead() -> None:
@@ -194,7 +203,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
             reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses,
                                     driver=drivers, state=state)
             holder["reconciler"] = reconciler
-            add_control_routes(control, reconciler, client)
+            add_reconciler_routes(control, reconciler, client)
             cleanups.append(reconciler.close)
             reconcile_task = asyncio.create_task(reconciler.run(role.stop_event), name="reconciler")
             active.set()
@@ -226,11 +235,13 @@ def add_role_health(app: FastAPI, role: str, details: Callable[[], dict[str, Any
         return JSONResponse({"role": role, "ready": ready(), **details()}, status_code=200 if ready() else 503)
 
 
-def add_runner_reports(app: FastAPI, runners: ReportedRunners) -> None:
+def add_runner_reports(app: FastAPI, runners: ReportedRunners, guard: InternalGuard) -> None:
     """PUT /internal/runners: a worker's report of its local runners (the internal token)."""
 
-    @app.put(RUNNERS_PATH)
-    async def runner_report(request: Request) -> JSONResponse:
+    @app.put(RUNNERS_PATH, include_in_schema=False)
+    async def runner_report(request: Request) -> Response:
+        if (refused := guard(request, f"PUT {RUNNERS_PATH}")) is not None:
+            return refused
         try:
             report = RunnerReport.model_validate_json(await request.body())
         except ValidationError as exc:

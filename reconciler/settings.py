@@ -118,7 +118,8 @@ class Settings(BaseModel):
     # The roles run apart (`plnt reconcile`, `plnt worker`, `plnt gateway`): how they find each other.
     control_url: str | None = Field(default=None, description="the reconciler's control API, for workers and gateways")
     internal_token: SecretStr | None = Field(
-        default=None, description="bearer token the roles use with each other (the CLI reads it from a file)")
+        default=None, description="bearer token the roles use with each other: the route watch (GET /internal/routes) "
+        "and workers' reports (PUT /internal/runners); the CLI reads it from a file. None: those answer 404")
     lease: Literal["file", "kubernetes"] = Field(
         default="file", description="leader election of `plnt reconcile`: a lock file in the state directory, "
         "or a Kubernetes Lease")

@@ -76,11 +76,11 @@ def cmdline(pid: int) -> str:
 class PlntUp:
     """One `plnt up` process, its log file and its gateway."""
 
-    def __init__(self, repo: Path, state_dir: Path, port: int, log_file: Path) -> None:
+    def __init__(self, repo: Path, state_dir: Path, port: int, log_file: Path, extra: tuple[str, ...] = ()) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.log_file = log_file
         self.seen: dict[int, str] = {}  # every descendant ever recorded
-        args = [*PLNT, "up", "--repo", str(repo), "--state-dir", str(state_dir), "--port", str(port), "--interval", "1"]
+        args = [*PLNT, "up", "--repo", str(repo), "--state-dir", str(state_dir), "--port", str(port), "--interval", "1", *extra]
         with open(log_file, "wb") as out:
             # A session of its own: like a shell's job, SIGINT to its process group is what Ctrl-C sends.
             self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

@@ -1,0 +1,134 @@
+"""`plnt gateway`: the gateway as a role of its own, following the control plane's route table.
+
+The same app as plnt up's gateway (`create_app`, same auth, limits and exposure checks), with:
+- routes and `GET /workflows` from the followed `RouteTableDoc` (route_watch.RouteFollower);
+- `GET /healthz` 503 until a first table arrived, then 200 with the table's version and the state
+  of the control connection (a gateway that lost the control plane still serves: it stays 200);
+- every other request 503 (`Retry-After`) until the first table: no table is not "no workflow";
+- the control plane's own endpoints (`/hooks/git`, `/source`, history) answered 404 naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from .app import GatewayApp, create_app
+from .auth import TokenSet, is_loopback_host
+from .limits import HttpLimits
+from .route_watch import DEFAULT_WAIT_S, RouteFollower
+from .routes import Router
+from .server import GatewayServer
+
+log = logging.getLogger("plnt.gateway.role")
+
+
+@dataclass(frozen=True)
+class GatewayRoleConfig:
+    control_url: str
+    internal_token: str = field(repr=False)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    tokens: TokenSet = field(default_factory=TokenSet)
+    max_body_bytes: int = 2**20
+    request_timeout_s: float = 60.0
+    max_header_bytes: int = 64 * 1024
+    header_timeout_s: float = 10.0
+    watch_wait_s: float = DEFAULT_WAIT_S
+    watch_retry_max_s: float = 10.0
+
+
+def _reply(status: int, kind: str, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    body = json.dumps({"error": {"type": kind, "message": message}}).encode()
+    return status, body, [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *(extra or [])]
+
+
+class _RoleApp:
+    """ASGI in front of the gateway app: what a gateway without a table, or without a control plane's
+    endpoints, answers. Everything else goes to the gateway app unchanged (the hot paths included)."""
+
+    def __init__(self, app: GatewayApp, follower: RouteFollower) -> None:
+        self.app = app
+        self.follower = follower
+        self.state = app.state  # tests and helpers reach the app's state through the served app
+
+    @staticmethod
+    def _control_path(method: str, path: str) -> bool:
+        return (path in ("/hooks/git", "/source") or path.startswith("/hooks/")
+                or (path.startswith("/workflows/") and path.endswith("/history")))
+
+    def _known_caller(self, scope: dict[str, Any]) -> bool:
+        tokens = self.app.gateway.tokens
+        if not tokens.enabled:
+            return True
+        authorization = next((value for key, value in scope["headers"] if key == b"authorization"), None)
+        return tokens.check_header(authorization) is not None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            answer = None
+            if self._control_path(scope["method"], path):
+                # The control plane's address only for callers with a token (when tokens are configured).
+                where = self.follower.control_url if self._known_caller(scope) else "the control plane's address"
+                answer = _reply(404, "not_found", f"{scope['method']} {path} belongs to the control plane: send it to "
+                                f"{where} (this is `plnt gateway`, which serves invoke, chat, models, workflows, "
+                                "metrics and healthz)")
+            elif not self.follower.has_table and path not in ("/healthz", "/metrics"):
+                where = f" at {self.follower.control_url}" if self._known_caller(scope) else ""
+                answer = _reply(503, "no_route_table", f"this gateway has no route table yet from the control plane"
+                                f"{where}; it keeps retrying", [(b"retry-after", b"2")])
+            if answer is not None:
+                status, body, headers = answer
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+class GatewayRole:
+    """A running `plnt gateway`: its server and its route follower."""
+
+    def __init__(self, config: GatewayRoleConfig) -> None:
+        self.config = config
+        self.router = Router()
+        self.follower = RouteFollower(config.control_url, config.internal_token, self.router,
+                                      wait_s=config.watch_wait_s, backoff_max_s=config.watch_retry_max_s)
+        app = create_app(self.router, list_workflows=self.follower.workflows, on_git_hook=None, tokens=config.tokens,
+                         max_body_bytes=config.max_body_bytes, request_timeout_s=config.request_timeout_s,
+                         host=config.host, health=self.health)
+        self.app = _RoleApp(app, self.follower)
+        self.server = GatewayServer(self.app, host=config.host, port=config.port,
+                                    limits=HttpLimits(max_head_bytes=config.max_header_bytes,
+                                                      head_timeout_s=config.header_timeout_s))
+        self._task: asyncio.Task[None] | None = None
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        state = self.follower.state()
+        if not self.follower.has_table:
+            return 503, {"status": "waiting-for-routes", **state}
+        return 200, {"status": "ok", **state}
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    async def start(self) -> None:
+        url = self.config.control_url
+        if url.startswith("http://") and not is_loopback_host(url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[0]):
+            log.warning("control-url-plaintext url=%s: the internal token travels unencrypted; use https:// "
+                        "outside a trusted network", url)
+        await self.server.start()
+        self._task = asyncio.create_task(self.follower.run(), name="route-follower")
+        log.info("plnt-gateway listening=%s control=%s: waiting for the first route table (503 until then)",
+                 self.server.url, url)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.server.stop()
