@@ -24,8 +24,9 @@ from .harness import REVIEW
 pytestmark = pytest.mark.integration
 
 RUN_FILE = "workflowruns/review-responder.yaml"
-TOKEN = "internal-token-for-the-split-roles-test"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TOKEN = "internal-token-for-the-split-roles-test"  # roles with each other
+USER = "admin-token-of-the-split-roles-test"       # people and CI with the control plane and gateways
+AUTH = {"Authorization": f"Bearer {USER}"}
 
 
 def free_port() -> int:
@@ -43,6 +44,8 @@ class Roles:
         self.temporal = ["--temporal-address", temporal_address, "--temporal-namespace", namespace]
         self.token_file = tmp_path / "internal.token"
         self.token_file.write_text(TOKEN + "\n")
+        self.tokens = tmp_path / "tokens"
+        self.tokens.write_text(f"{USER}\n")
         self.control_port = free_port()
         self.processes: list[_Process] = []
 
@@ -61,7 +64,7 @@ class Roles:
         port = port or self.control_port
         args = ["reconcile", "--repo", str(self.repo.path), "--state-dir", str(self.tmp / state), "--port", str(port),
                 "--interval", "1", "--internal-token-file", str(self.token_file), "--retry-initial-s", "0.2",
-                *self.temporal]
+                "--tokens-file", str(self.tokens), *self.temporal]
         url = f"http://127.0.0.1:{port}/{'readyz' if wait_active else 'healthz'}"
         return self._start(name, args, url)
 
@@ -71,6 +74,13 @@ class Roles:
                 "--control-url", self.control_url, "--internal-token-file", str(self.token_file),
                 "--report-interval", "0.5", "--drain-grace", "0.5", *self.temporal]
         return self._start("worker", args, f"http://127.0.0.1:{port}/readyz")
+
+    def gateway(self, name: str) -> str:
+        port = free_port()
+        args = ["gateway", "--control-url", self.control_url, "--internal-token-file", str(self.token_file),
+                "--port", str(port), "--tokens-file", str(self.tokens)]
+        self._start(name, args, f"http://127.0.0.1:{port}/healthz")
+        return f"http://127.0.0.1:{port}"
 
     def stop_all(self) -> None:
         for process in reversed(self.processes):
@@ -108,6 +118,12 @@ async def wait_phase(client: httpx.AsyncClient, url: str, phase: str, version: s
     raise AssertionError(f"not {phase} {version} after {timeout}s: {last}")
 
 
+async def status_rows(client: httpx.AsyncClient, url: str) -> list[dict]:
+    response = await client.get(f"{url}/workflows", headers=AUTH)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
 async def invoke(client: httpx.AsyncClient, url: str) -> httpx.Response:
     return await client.post(f"{url}/workflows/review-responder/invoke", json=REVIEW, headers=AUTH)
 
@@ -126,33 +142,36 @@ async def served_version(client: httpx.AsyncClient, url: str, version: str, time
     raise AssertionError(f"{url} does not serve {version} after {timeout}s")
 
 
-async def test_reconciler_and_worker_apart_deploy_survive_a_killed_reconciler_and_heal(roles: Roles) -> None:
+async def test_roles_apart_serve_through_two_gateways_survive_a_killed_reconciler_and_heal(roles: Roles) -> None:
     roles.reconciler()
     roles.worker()
     async with httpx.AsyncClient(timeout=30) as client:
-        ready = await wait_phase(client, roles.control_url, "Ready", "1.2.0")
-        assert (await invoke(client, roles.control_url)).json()["version"] == "1.2.0"
-        runner = ready["endpoint"]
-        assert runner is not None and runner.startswith("http://127.0.0.1:")
+        await wait_phase(client, roles.control_url, "Ready", "1.2.0")
+        gateways = [roles.gateway("gateway-1"), roles.gateway("gateway-2")]
+        for url in gateways:
+            await served_version(client, url, "1.2.0")
 
-        # The reconciler dies hard. The runner is the worker's: it keeps serving.
+        # The reconciler dies hard. The runner is the worker's and the gateways keep their last table.
         roles.processes[0].proc.kill()
         roles.processes[0].proc.wait(timeout=10)
-        direct = await client.post(f"{runner}/invoke", json=REVIEW)
-        assert direct.status_code == 200, direct.text
+        for _ in range(3):
+            for url in gateways:
+                response = await invoke(client, url)
+                assert response.status_code == 200 and response.json()["version"] == "1.2.0", response.text
 
-        # A new reconciler (same state directory: the lock file is the lease) reads the workers'
-        # report, plans nothing for what runs, and deploys the next commit within seconds.
+        # A new reconciler (same state directory: the lock file is the lease) reads the worker's
+        # report, plans nothing for what runs, and the next commit reaches both gateways within seconds.
         roles.reconciler("reconciler-2")
         roles.repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")
         roles.repo.commit("1.3.0")
         hooked = time.monotonic()
         response = await client.post(f"{roles.control_url}/hooks/git", headers=AUTH)
         assert response.status_code == 202, response.text
-        await served_version(client, roles.control_url, "1.3.0", timeout=30)
+        await asyncio.gather(*(served_version(client, url, "1.3.0", timeout=60) for url in gateways))
         took = time.monotonic() - hooked
-        print(f"commit -> 1.3.0 served after a reconciler restart: {took:.2f}s")
-        ready = await wait_phase(client, roles.control_url, "Ready", "1.3.0")
+        print(f"commit -> 1.3.0 served by both gateways after a reconciler restart: {took:.2f}s")
+        await wait_phase(client, roles.control_url, "Ready", "1.3.0")
+        assert len(await status_rows(client, gateways[0])) == 1, "a gateway answers GET /workflows from its table"
 
         # A runner killed out of band: the worker reports the drift, the reconciler asks for it to be healed.
         record = next((roles.tmp / "worker" / "releases").glob("*.json"))
@@ -162,10 +181,11 @@ async def test_reconciler_and_worker_apart_deploy_survive_a_killed_reconciler_an
         while json.loads(record.read_text())["stable"]["pid"] == pid:
             assert time.monotonic() < deadline, "the killed runner was not restarted"
             await asyncio.sleep(0.1)
-        await served_version(client, roles.control_url, "1.3.0", timeout=30)
+        await served_version(client, gateways[0], "1.3.0", timeout=30)
         log = (roles.tmp / "worker.log").read_text()
         assert "drift-healed workflowrun=default/review-responder" in log
-        assert TOKEN not in log and TOKEN not in (roles.tmp / "reconciler-2.log").read_text()
+        for name in ("worker", "reconciler-2", "gateway-1", "gateway-2"):
+            assert TOKEN not in (roles.tmp / f"{name}.log").read_text(), f"the internal token is in {name}.log"
 
 
 async def test_a_second_reconciler_waits_on_standby_and_takes_over(roles: Roles) -> None:
@@ -190,11 +210,12 @@ async def test_a_second_reconciler_waits_on_standby_and_takes_over(roles: Roles)
     assert "lease-standby" in standby.tail() and "lease-acquired" in standby.tail()
 
 
-async def test_canary_share_through_the_control_plane_gateway(roles: Roles) -> None:
+async def test_a_canary_share_is_honoured_by_each_gateway(roles: Roles) -> None:
     roles.reconciler()
     roles.worker()
     async with httpx.AsyncClient(timeout=30) as client:
         await wait_phase(client, roles.control_url, "Ready", "1.2.0")
+        gateways = [roles.gateway("gateway-1"), roles.gateway("gateway-2")]
         # 1.5.0 answers slowly (0.6 s per call) and its smoke test of 40 calls keeps it in canary for a while.
         roles.repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.5.0")
         roles.repo.replace(RUN_FILE, "trafficPercent: 5", "trafficPercent: 50")
@@ -202,14 +223,15 @@ async def test_canary_share_through_the_control_plane_gateway(roles: Roles) -> N
         roles.repo.commit("1.5.0 canary at 50%")
         await client.post(f"{roles.control_url}/hooks/git", headers=AUTH)
         await wait_phase(client, roles.control_url, "Canary", "1.5.0")
-        versions = Counter()
+        for url in gateways:
+            versions: Counter[str] = Counter()
 
-        async def one() -> None:
-            response = await invoke(client, roles.control_url)
-            if response.status_code == 200:
-                versions[response.json()["version"]] += 1
+            async def one(url: str = url, versions: Counter[str] = versions) -> None:
+                response = await invoke(client, url)
+                if response.status_code == 200:
+                    versions[response.json()["version"]] += 1
 
-        for _ in range(5):
-            await asyncio.gather(*(one() for _ in range(12)))
-        assert sum(versions.values()) == 60, versions
-        assert 12 <= versions["1.5.0"] <= 48, versions  # 50% of 60, far outside chance either way
+            for _ in range(5):
+                await asyncio.gather(*(one() for _ in range(12)))
+            assert sum(versions.values()) == 60, (url, versions)
+            assert 12 <= versions["1.5.0"] <= 48, (url, versions)  # 50% of 60, far outside chance either way
