@@ -102,7 +102,10 @@ def check_service_monitor(doc: dict[str, Any], gateway_service: dict[str, Any]) 
     assert spec["selector"]["matchLabels"].items() <= gateway_service["metadata"]["labels"].items()
     assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     [endpoint] = spec["endpoints"]
-    assert set(endpoint) == SERVICE_MONITOR_ENDPOINT
+    assert set(endpoint) - {"authorization"} == SERVICE_MONITOR_ENDPOINT
+    if "authorization" in endpoint:  # SafeAuthorization: type + credentials (a SecretKeySelector)
+        assert endpoint["authorization"]["type"] == "Bearer"
+        assert set(endpoint["authorization"]["credentials"]) == {"name", "key"}
     assert endpoint["path"] == "/metrics" and endpoint["scheme"] == "http"
     # `port` names a port of the selected Service.
     assert endpoint["port"] in {port["name"] for port in gateway_service["spec"]["ports"]}
@@ -127,6 +130,15 @@ def test_every_manifest_validates_strictly(helm: str, case: str) -> None:
     assert all(doc["metadata"].get("namespace") for doc in docs)
     kinds = {kind for kind, _, _ in by_key}
     assert not kinds & {"ClusterRole", "ClusterRoleBinding", "Namespace", "CustomResourceDefinition"}, kinds
+
+
+def test_service_monitor_sends_the_read_token(helm: str) -> None:
+    [monitor] = [d for d in render(helm, PLNT_CHART, PLNT_CASES["all-on"]) if d["kind"] == "ServiceMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["endpoints"][0]["authorization"] == {
+        "type": "Bearer", "credentials": {"name": "plnt-metrics-token", "key": "token"}}
+    [monitor] = [d for d in render(helm, PLNT_CHART, PLNT_CASES["tls-no-ca-existing-claim-mirror"]) if d["kind"] == "ServiceMonitor"]
+    assert "authorization" not in monitor["spec"]["endpoints"][0]
 
 
 def test_the_default_objects(helm: str) -> None:
