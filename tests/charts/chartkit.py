@@ -135,6 +135,7 @@ PLNT_CASES: dict[str, dict[str, Any]] = {
         "networkPolicy": {"temporal": {"to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}]},
                           "gatewayFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}]},
         "imagePullSecrets": [{"name": "regcred"}],
+        "worker": {"extraArgs": ["--verbose"]},
         "image": {"repository": "ghcr.io/acme/plnt", "tag": "0.1.0"},
     }),
     # Mixed: plain Temporal, PVC with one replica, ingress without hooks, monitor off, one namespace.

@@ -207,7 +207,8 @@ def test_command_lines_with_every_option(helm: str) -> None:
     deployment = one(docs, "Deployment", f"{FULLNAME}-worker")
     worker = container(docs, "worker")
     args = worker["args"]
-    assert args[0] == "worker" and {a for a in args if a.startswith("--")} == WORKER_FLAGS
+    assert args[0] == "worker" and {a for a in args if a.startswith("--")} == WORKER_FLAGS | {"--verbose"}
+    assert args[-1] == "--verbose", "extraArgs come last"
     assert flag(args, "--control-url") == control_url and flag(args, "--port") == "8081"
     assert mounted_file(deployment, worker, flag(args, "--temporal-tls-key")) == ("temporal-mtls", "tls.key")
     assert mounted_file(deployment, worker, flag(args, "--internal-token-file")) == ("plnt-internal", "token")
