@@ -44,7 +44,9 @@ need kubectl "install kubectl: https://kubernetes.io/docs/tasks/tools/"
 need git "install git"
 need "$PYTHON" "install python3"
 [ -x "$HELM" ] || HELM="$(command -v helm || true)"
-[ -n "$HELM" ] && [ -x "$HELM" ] || die "helm is missing: run make install (it puts helm into .venv/bin)"
+if [ -z "$HELM" ] || [ ! -x "$HELM" ]; then
+  die "helm is missing: run make install (it puts helm into .venv/bin)"
+fi
 [ -x "$PLNT_CLI" ] || die "the plnt CLI is missing: run make install"
 
 WORK="$(mktemp -d)"
