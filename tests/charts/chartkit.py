@@ -126,7 +126,7 @@ PLNT_CASES: dict[str, dict[str, Any]] = {
     "all-on": merged(BASE, TLS_AND_API_KEY, ALL_SECRETS, {
         "deployNamespaces": ["agents-a", "agents-b", "agents-gpu"],
         "mirrorStatus": {"enabled": True, "namespaces": ["team-a", "team-b"]},
-        "reconciler": {"persistence": {"enabled": True, "accessModes": ["ReadWriteMany"], "storageClassName": "efs"}},
+        "reconciler": {"replicas": 2, "persistence": {"enabled": True, "accessModes": ["ReadWriteMany"], "storageClassName": "efs"}},
         "ingress": {"enabled": True, "className": "nginx", "host": "plnt.example.com", "tlsSecretName": "plnt-tls",
                     "annotations": {"nginx.ingress.kubernetes.io/proxy-read-timeout": "300"}, "hooks": {"enabled": True}},
         "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"},
@@ -138,9 +138,9 @@ PLNT_CASES: dict[str, dict[str, Any]] = {
         "worker": {"extraArgs": ["--verbose"]},
         "image": {"repository": "ghcr.io/acme/plnt", "tag": "0.1.0"},
     }),
-    # Mixed: plain Temporal, PVC with one replica, ingress without hooks, monitor off, one namespace.
+    # Mixed: plain Temporal, a ReadWriteOnce PVC (one replica), ingress without hooks, monitor off.
     "pvc-single-ingress-no-hooks": merged(BASE, {
-        "reconciler": {"replicas": 1, "persistence": {"enabled": True}},
+        "reconciler": {"persistence": {"enabled": True}},
         "ingress": {"enabled": True, "host": "plnt.example.com"},
         "gateway": {"autoscaling": {"enabled": False}, "replicas": 3},
     }),

@@ -202,7 +202,7 @@ def test_command_lines_with_every_option(helm: str) -> None:
     [state] = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "state"]
     assert state == {"name": "state", "persistentVolumeClaim": {"claimName": f"{FULLNAME}-reconciler-state"}}
     assert one(docs, "PersistentVolumeClaim", f"{FULLNAME}-reconciler-state")["spec"]["accessModes"] == ["ReadWriteMany"]
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}, "a new pod cannot be ready while an old one leads"
 
     deployment = one(docs, "Deployment", f"{FULLNAME}-worker")
     worker = container(docs, "worker")
@@ -262,8 +262,11 @@ def test_probes_resources_and_service_accounts(helm: str, case: str) -> None:
         pod = deployment["spec"]["template"]["spec"]
         c = container(docs, role)
         assert c["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        for probe in ("startupProbe", "livenessProbe"):
             assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, (role, probe)
+        # A standby reconciler fails /readyz: the control API Service routes to the Lease holder only.
+        ready = "/readyz" if role == "reconciler" else "/healthz"
+        assert c["readinessProbe"]["httpGet"] == {"path": ready, "port": "http"}, role
         assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
         assert c["image"] == ("ghcr.io/acme/plnt:0.1.0" if case == "all-on" else "plnt:0.1.0")
         assert pod["serviceAccountName"] == f"{FULLNAME}-{role}"
@@ -417,7 +420,7 @@ def test_schema_rejects_unknown_keys_and_wrong_types(helm: str, change: dict[str
 
 
 @pytest.mark.parametrize(("change", "expected"), [
-    ({"reconciler": {"persistence": {"enabled": True}}}, "needs accessModes [ReadWriteMany] (or reconciler.replicas: 1)"),
+    ({"reconciler": {"replicas": 2, "persistence": {"enabled": True}}}, "needs accessModes [ReadWriteMany] (or reconciler.replicas: 1)"),
     ({"mirrorStatus": {"enabled": True}}, "mirrorStatus.enabled needs mirrorStatus.namespaces"),
     ({"gateway": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}, "maxReplicas (2) must be >= minReplicas (5)"),
 ])

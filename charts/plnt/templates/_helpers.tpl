@@ -165,14 +165,18 @@ seccompProfile:
       - {key: {{ .key }}, path: {{ .key }}}
 {{- end -}}
 
-{{/* Probes on GET /healthz of the role's named port "http". */}}
+{{/*
+Probes on the role's named port "http": liveness (and startup) on GET /healthz, readiness on the
+path given: (dict "ready" "/readyz"). The reconciler's /readyz fails on a standby, so its Service
+routes the control API to the Lease holder only.
+*/}}
 {{- define "plnt.probes" -}}
 startupProbe:
   httpGet: {path: /healthz, port: http}
   periodSeconds: 2
   failureThreshold: 60
 readinessProbe:
-  httpGet: {path: /healthz, port: http}
+  httpGet: {path: {{ .ready }}, port: http}
   periodSeconds: 5
   timeoutSeconds: 2
   failureThreshold: 3
