@@ -89,6 +89,7 @@ def pod_templates(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, A
 BASE: dict[str, Any] = {
     "git": {"repo": "https://git.example.com/platform/specs.git"},
     "temporal": {"address": "temporal-frontend.temporal:7233"},
+    "auth": {"tokens": {"secretName": "plnt-tokens"}},
 }
 
 

@@ -81,6 +81,8 @@ def test_required_values_are_named_when_missing(helm: str) -> None:
     assert result.returncode != 0 and "git.repo is required" in result.stderr, result.stderr
     result = helm_template(helm, PLNT_CHART, {"git": {"repo": "https://git.example.com/specs.git"}})
     assert result.returncode != 0 and "temporal.address is required" in result.stderr, result.stderr
+    result = helm_template(helm, PLNT_CHART, {k: v for k, v in BASE.items() if k != "auth"})
+    assert result.returncode != 0 and "auth.tokens.secretName is required" in result.stderr, result.stderr
 
 
 # --- every manifest, strictly ----------------------------------------------------------------
@@ -227,8 +229,10 @@ def test_command_lines_plain(helm: str) -> None:
     docs = render(helm, PLNT_CHART, PLNT_CASES["all-off"])
     args = container(docs, "reconciler")["args"]
     assert {a for a in args if a.startswith("--")} == RECONCILER_FLAGS - {
-        "--temporal-tls-cert", "--temporal-tls-key", "--temporal-tls-ca", "--temporal-api-key-file", "--tokens-file",
+        "--temporal-tls-cert", "--temporal-tls-key", "--temporal-tls-ca", "--temporal-api-key-file",
         "--webhook-secret-file", "--mirror-status", "--git-credentials-file"}
+    assert mounted_file(one(docs, "Deployment", f"{FULLNAME}-reconciler"), container(docs, "reconciler"),
+                        flag(args, "--tokens-file")) == ("plnt-tokens", "tokens")
     assert flag(args, "--temporal-namespace") == "default"
     [state] = [v for v in one(docs, "Deployment", f"{FULLNAME}-reconciler")["spec"]["template"]["spec"]["volumes"]
                if v["name"] == "state"]
