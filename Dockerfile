@@ -43,7 +43,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 10001 plnt \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin plnt \
- && install -d -o 10001 -g 10001 -m 0750 /var/lib/plnt /recipe
+ && install -d -o 10001 -g 10001 -m 0750 /var/lib/plnt
 COPY --from=build /opt/plnt /opt/plnt
 ENV PATH=/opt/plnt/bin:$PATH \
     HOME=/tmp \
