@@ -1,22 +1,60 @@
-# plnt: reconciler, Temporal worker and gateway in one image.
+# plnt: one image for every role.
+#   plnt reconcile | plnt worker | plnt gateway     the roles of charts/plnt
+#   python -m plnt.runner                            runner pods (charts/workflow-runner)
+#   plnt recipe fetch                                runner pods' init container
+#   plnt up                                          everything in one process (the embedded default)
+#   temporal server start-dev                        a throwaway Temporal (tools/e2e_kind.sh)
+#
 #   docker build -t plnt .
 #   docker run --rm -p 8000:8000 -v "$PWD/specs:/specs" plnt up --repo /specs --host 0.0.0.0
-# (Binding to 0.0.0.0 exposes the gateway: put it behind your ingress.)
-FROM python:3.11-slim
+#
+# Runs as uid 10001 with a read-only root filesystem: everything that writes goes to /tmp
+# (HOME, TMPDIR, helm's directories) or /var/lib/plnt (the state directory), both volumes in the
+# charts. Nothing here was built on the machines plnt is developed on (no Docker engine there);
+# tests/charts/test_dockerfile.py checks what can be checked without building.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-RUN apt-get update \
- && apt-get install -y --no-install-recommends git \
- && rm -rf /var/lib/apt/lists/*
-
-WORKDIR /app
+FROM ${PYTHON_IMAGE} AS build
+WORKDIR /src
+# A virtualenv outside the source tree: the final stage copies it whole.
+RUN python -m venv /opt/plnt
+ENV PATH=/opt/plnt/bin:$PATH
 COPY pyproject.toml README.md ./
 COPY reconciler ./reconciler
 COPY gateway ./gateway
 COPY runner ./runner
-RUN pip install --no-cache-dir . && useradd --create-home --uid 10001 plnt
+RUN pip install --no-cache-dir --upgrade pip \
+ && pip install --no-cache-dir .
+# The real helm CLI, from the same place `make install` gets it.
+COPY tools/install_helm.sh ./tools/install_helm.sh
+RUN PYTHON=/opt/plnt/bin/python bash tools/install_helm.sh /opt/plnt/bin
+# The workflow-runner chart, where the Helm driver looks for it: beside the installed package
+# (plnt.reconciler.helm_driver.DEFAULT_CHART = <site-packages>/plnt/charts/workflow-runner).
+COPY charts/workflow-runner ./charts/workflow-runner
+RUN site="$(python -c 'import pathlib, plnt.reconciler as r; print(pathlib.Path(r.__file__).resolve().parent.parent)')" \
+ && mkdir -p "$site/charts" \
+ && cp -r charts/workflow-runner "$site/charts/workflow-runner" \
+ && python -c 'import os, plnt.reconciler.helm_driver as h; assert os.path.isfile(os.path.join(h.DEFAULT_CHART, "Chart.yaml")), h.DEFAULT_CHART'
 
-USER plnt
-WORKDIR /home/plnt
-EXPOSE 8000
+FROM ${PYTHON_IMAGE}
+# git for the spec repository (GitPython runs it), ssh for git@ URLs.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends git openssh-client ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 10001 plnt \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin plnt \
+ && install -d -o 10001 -g 10001 -m 0750 /var/lib/plnt
+COPY --from=build /opt/plnt /opt/plnt
+ENV PATH=/opt/plnt/bin:$PATH \
+    HOME=/tmp \
+    TMPDIR=/tmp \
+    HELM_CACHE_HOME=/tmp/helm/cache \
+    HELM_CONFIG_HOME=/tmp/helm/config \
+    HELM_DATA_HOME=/tmp/helm/data \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /tmp
+USER 10001:10001
+EXPOSE 8000 8080 8081
 ENTRYPOINT ["plnt"]
 CMD ["--help"]

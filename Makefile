@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 DEMO   ?= .plnt-demo
 PORT   ?= 8000
 
-.PHONY: install install-test-services up demo-repo test test-fast bench clean
+.PHONY: install install-test-services up demo-repo test test-fast bench e2e-kind clean
 
 install: $(VENV)/.installed
 
@@ -45,6 +45,11 @@ bench: install
 	$(PY) bench/commit_to_ready.py
 	$(PY) bench/recipe_pull.py
 	$(PY) bench/gateway_overhead.py
+
+# charts/plnt end to end on a throwaway kind cluster (needs Docker, kind, kubectl). NOT run in `make
+# test`, and never run on the machines plnt is developed on (no Docker there): see charts/plnt/README.md.
+e2e-kind: install
+	bash tools/e2e_kind.sh
 
 clean:
 	rm -rf $(DEMO) .pytest_cache

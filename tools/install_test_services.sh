@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install the system packages the test suite starts for real, when they are missing:
 #   docker-registry   the CNCF distribution OCI registry (Debian's package), for the OCI tests
+#   and the linter ShellCheck (package shellcheck), for tools/e2e_kind.sh (tests/charts)
 # Run by `make test` (through `make install-test-services`); root or passwordless sudo installs with
 # apt-get, anyone else gets the exact command to run. Nothing here is needed by `make up`.
 set -euo pipefail
 
 missing=()
 command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ]; then
@@ -25,3 +27,4 @@ echo "installing ${missing[*]} (apt-get) for the test suite"
 "${SUDO[@]}" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 command -v docker-registry >/dev/null
+command -v shellcheck >/dev/null

@@ -1,0 +1,234 @@
+{{/*
+Names. Every object is "<fullname>-<role>" (or "<fullname>-<role>-<purpose>"), so two plnt releases
+coexist in one namespace and a role's objects read as a group in `kubectl get`.
+*/}}
+{{- define "plnt.fullname" -}}
+{{- $name := .Values.fullnameOverride | default (ternary .Release.Name (printf "%s-plnt" .Release.Name) (contains "plnt" .Release.Name)) -}}
+{{- if gt (len $name) 40 -}}
+{{- fail (printf "the name prefix %q is longer than 40 characters: set fullnameOverride (Service names append -reconciler and must stay within 63)" $name) -}}
+{{- end -}}
+{{- $name | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "plnt.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* Labels of one role's objects: pass (dict "ctx" $ "role" "gateway"). */}}
+{{- define "plnt.selectorLabels" -}}
+app.kubernetes.io/name: plnt
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .role }}
+{{- end -}}
+
+{{- define "plnt.labels" -}}
+{{ include "plnt.selectorLabels" . }}
+app.kubernetes.io/part-of: plnt
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Labels of objects that belong to no single role (the internal token, namespace policies). */}}
+{{- define "plnt.commonLabels" -}}
+app.kubernetes.io/name: plnt
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: plnt
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The reconciler's Service: the control API the workers and gateways call. */}}
+{{- define "plnt.controlUrl" -}}
+http://{{ include "plnt.fullname" . }}-reconciler.{{ .Release.Namespace }}.svc:{{ .Values.reconciler.port }}
+{{- end -}}
+
+{{- define "plnt.leaseName" -}}
+{{- .Values.reconciler.lease.name | default (printf "%s-reconciler" (include "plnt.fullname" .)) -}}
+{{- end -}}
+
+{{- define "plnt.internalTokenSecret" -}}
+{{- .Values.auth.internalToken.secretName | default (printf "%s-internal-token" (include "plnt.fullname" .)) -}}
+{{- end -}}
+
+{{/* Values every install must give; checked once, by the templates that use them. */}}
+{{- define "plnt.required" -}}
+{{- $_ := required "git.repo is required: the URL of the spec repository plnt tracks" .Values.git.repo -}}
+{{- $_ := required "temporal.address is required: HOST:PORT of your Temporal frontend" .Values.temporal.address -}}
+{{- $_ := required "auth.tokens.secretName is required: plnt refuses to serve on a non-loopback address without caller tokens (a Secret holding a tokens file, README \"Gateway authentication\")" .Values.auth.tokens.secretName -}}
+{{- end -}}
+
+{{/*
+Pod and container security: the `restricted` Pod Security Standard (v1.25+), field by field.
+The root filesystem is read-only; every writable path is an emptyDir (or the state PVC).
+*/}}
+{{- define "plnt.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.podSecurity.runAsUser }}
+runAsGroup: {{ .Values.podSecurity.runAsGroup }}
+fsGroup: {{ .Values.podSecurity.fsGroup }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "plnt.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* HOME and helm's directories on the /tmp emptyDir: nothing writes to the read-only root. */}}
+{{- define "plnt.env" -}}
+- name: HOME
+  value: /tmp
+- name: TMPDIR
+  value: /tmp
+- name: HELM_CACHE_HOME
+  value: /tmp/helm/cache
+- name: HELM_CONFIG_HOME
+  value: /tmp/helm/config
+- name: HELM_DATA_HOME
+  value: /tmp/helm/data
+- name: PYTHONUNBUFFERED
+  value: "1"
+{{- end -}}
+
+{{/* The Temporal flags the reconciler and the workers share, and the files they name. */}}
+{{- define "plnt.temporalArgs" -}}
+- --temporal-address
+- {{ .Values.temporal.address | quote }}
+- --temporal-namespace
+- {{ .Values.temporal.namespace | quote }}
+{{- with .Values.temporal.tls.secretName }}
+- --temporal-tls-cert
+- /etc/plnt/temporal-tls/{{ $.Values.temporal.tls.certKey }}
+- --temporal-tls-key
+- /etc/plnt/temporal-tls/{{ $.Values.temporal.tls.keyKey }}
+{{- with $.Values.temporal.tls.caKey }}
+- --temporal-tls-ca
+- /etc/plnt/temporal-tls/{{ . }}
+{{- end }}
+{{- end }}
+{{- with .Values.temporal.apiKey.secretName }}
+- --temporal-api-key-file
+- /etc/plnt/temporal-api-key/{{ $.Values.temporal.apiKey.key }}
+{{- end }}
+{{- end -}}
+
+{{- define "plnt.temporalMounts" -}}
+{{- if .Values.temporal.tls.secretName }}
+- name: temporal-tls
+  mountPath: /etc/plnt/temporal-tls
+  readOnly: true
+{{- end }}
+{{- if .Values.temporal.apiKey.secretName }}
+- name: temporal-api-key
+  mountPath: /etc/plnt/temporal-api-key
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "plnt.temporalVolumes" -}}
+{{- with .Values.temporal.tls.secretName }}
+- name: temporal-tls
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+    items:
+      - {key: {{ $.Values.temporal.tls.certKey }}, path: {{ $.Values.temporal.tls.certKey }}}
+      - {key: {{ $.Values.temporal.tls.keyKey }}, path: {{ $.Values.temporal.tls.keyKey }}}
+      {{- with $.Values.temporal.tls.caKey }}
+      - {key: {{ . }}, path: {{ . }}}
+      {{- end }}
+{{- end }}
+{{- with .Values.temporal.apiKey.secretName }}
+- name: temporal-api-key
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+    items:
+      - {key: {{ $.Values.temporal.apiKey.key }}, path: {{ $.Values.temporal.apiKey.key }}}
+{{- end }}
+{{- end -}}
+
+{{/* A Secret volume with one key: (dict "name" "internal-token" "secret" NAME "key" KEY). */}}
+{{- define "plnt.secretVolume" -}}
+- name: {{ .name }}
+  secret:
+    secretName: {{ .secret }}
+    defaultMode: 0440
+    items:
+      - {key: {{ .key }}, path: {{ .key }}}
+{{- end -}}
+
+{{/*
+Probes on the role's named port "http": liveness (and startup) on GET /healthz, readiness on the
+path given: (dict "ready" "/readyz"). The reconciler's /readyz fails on a standby, so its Service
+routes the control API to the Lease holder only.
+*/}}
+{{- define "plnt.probes" -}}
+startupProbe:
+  httpGet: {path: /healthz, port: http}
+  periodSeconds: 2
+  failureThreshold: 60
+readinessProbe:
+  httpGet: {path: {{ .ready }}, port: http}
+  periodSeconds: 5
+  timeoutSeconds: 2
+  failureThreshold: 3
+livenessProbe:
+  httpGet: {path: /healthz, port: http}
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 3
+{{- end -}}
+
+{{/* Egress rules {to, ports} from a values entry; an empty `to` is any address on those ports. */}}
+{{- define "plnt.egressRule" -}}
+- ports:
+    {{- toYaml .ports | nindent 4 }}
+  {{- with .to }}
+  to:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
+
+{{/* Peers: this release's pods of one role in plnt's namespace, seen from any namespace. */}}
+{{- define "plnt.rolePeer" -}}
+- namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ .ctx.Release.Namespace }}
+  podSelector:
+    matchLabels:
+      {{- include "plnt.selectorLabels" . | nindent 6 }}
+{{- end -}}
+
+{{/*
+The labels the workflow-runner chart puts on every runner pod (its selectorLabels/labels):
+`app.kubernetes.io/name: workflow-runner` and `app.kubernetes.io/part-of: plnt`. Checked against a
+render of that chart by tests/charts/test_plnt_chart.py.
+*/}}
+{{- define "plnt.runnerPodLabels" -}}
+app.kubernetes.io/name: workflow-runner
+app.kubernetes.io/part-of: plnt
+{{- end -}}
+
+{{/* Egress to the runner pods of every deploy namespace, on the runner port. */}}
+{{- define "plnt.runnerEgress" -}}
+- to:
+    {{- range .Values.deployNamespaces }}
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: {{ . }}
+      podSelector:
+        matchLabels:
+          {{- include "plnt.runnerPodLabels" $ | nindent 10 }}
+    {{- end }}
+  ports:
+    - {port: {{ .Values.runners.port }}, protocol: TCP}
+{{- end -}}
