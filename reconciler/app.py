@@ -137,7 +137,8 @@ def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, st
 
 
 def make_source(settings: Settings, state: StateDir) -> GitSource:
-    return GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path)
+    return GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path,
+                     credentials_file=settings.git_credentials_file, known_hosts=settings.git_known_hosts)
 
 
 def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, source: GitSource,

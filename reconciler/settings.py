@@ -58,6 +58,10 @@ class Settings(BaseModel):
     # repr=False: an https URL may carry a token (GitSource gives it only to git).
     repo: str = Field(description="spec repository: a path, file://, https:// or ssh URL", repr=False)
     path: str = Field(default="", description="subdirectory of the repository holding the specs")
+    git_credentials_file: Path | None = Field(
+        default=None, description="https token (TOKEN or USER:TOKEN) or ssh private key for the repository")
+    git_known_hosts: Path | None = Field(
+        default=None, description="ssh known_hosts for the repository's host (without it: trust on first use)")
     branch: str = "main"
     state_dir: Path = Path(".plnt")
     host: str = "127.0.0.1"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import threading
@@ -97,9 +98,37 @@ def normalise_url(repo: str) -> str:
     return str(Path(repo).expanduser().resolve())
 
 
+def read_credentials_file(file: Path) -> tuple[str | None, str | None, str | None]:
+    """(user, token, ssh private key) from a credentials file: `TOKEN` or `USER:TOKEN` on the first
+    line for https, or an OpenSSH/PEM private key for ssh. Errors name the file and the format."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidSpec(f"--git-credentials-file {file}: cannot read it ({exc})") from None
+    if text.lstrip().startswith("-----BEGIN "):
+        return None, None, text if text.endswith("\n") else text + "\n"
+    line = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not line:
+        raise InvalidSpec(f"--git-credentials-file {file} is empty: write TOKEN or USER:TOKEN on its first line "
+                          "(https), or an ssh private key")
+    user, colon, token = line.partition(":")
+    # A token alone: forges take any user name with a token (GitHub's apps use this one).
+    return (user, token, None) if colon else ("x-access-token", line, None)
+
+
 class GitSource:
-    def __init__(self, url: str, clone_dir: Path, *, branch: str = "main", path: str = "") -> None:
+    def __init__(self, url: str, clone_dir: Path, *, branch: str = "main", path: str = "",
+                 credentials_file: Path | None = None, known_hosts: Path | None = None) -> None:
+        """`credentials_file`: see read_credentials_file; an https token goes to git through the same
+        credential helper as a token in the URL, an ssh key through GIT_SSH_COMMAND (a 0600 copy in
+        the state directory: ssh refuses a key others can read, as a mounted Secret is)."""
         self.url, user, password = split_credentials(normalise_url(url))  # self.url is safe to show
+        ssh_key = None
+        if credentials_file is not None:
+            if user is not None:
+                raise InvalidSpec("the repository URL carries credentials and --git-credentials-file is given: "
+                                  "use one of them")
+            user, password, ssh_key = read_credentials_file(credentials_file)
         self._secrets = tuple(s for s in (password, user if password is None else None) if s)
         self._git_env = {"GIT_TERMINAL_PROMPT": "0"}
         if user is not None:
@@ -110,6 +139,18 @@ class GitSource:
                 "PLNT_GIT_HOST": urlsplit(self.url).netloc,
                 "PLNT_GIT_USERNAME": user, "PLNT_GIT_PASSWORD": password or "",
             })
+        if ssh_key is not None:
+            key = clone_dir.parent / "git-ssh-key"
+            key.parent.mkdir(parents=True, exist_ok=True)
+            key.touch(mode=0o600)
+            key.chmod(0o600)
+            key.write_text(ssh_key, encoding="utf-8")
+            # Without known hosts the first host key is trusted and then pinned (ssh's accept-new).
+            hosts = f"-o UserKnownHostsFile={shlex.quote(str(known_hosts))} -o StrictHostKeyChecking=yes" \
+                if known_hosts is not None else \
+                f"-o UserKnownHostsFile={shlex.quote(str(key.parent / 'git-known-hosts'))} -o StrictHostKeyChecking=accept-new"
+            self._git_env["GIT_SSH_COMMAND"] = (f"ssh -i {shlex.quote(str(key))} -o IdentitiesOnly=yes "
+                                                f"-o BatchMode=yes {hosts}")
         self.branch = branch
         self.path = path.strip("/")
         self._clone_dir = clone_dir
