@@ -810,6 +810,23 @@ def recipe_digest(path: Annotated[Path, typer.Argument(help="A recipe archive, o
         raise _fail(f"{path}: {exc}") from exc
 
 
+@app.command()
+def crds(
+    out: Annotated[Path | None, typer.Option(
+        help="Write one file per CRD into this directory (charts/plnt/crds); default: one YAML stream on stdout.")] = None,
+) -> None:
+    """The CustomResourceDefinitions of WorkflowRun, PlntBackend and RecipeTrustPolicy, generated from the models."""
+    from .crds import crd_files, crds_yaml
+
+    if out is None:
+        typer.echo(crds_yaml(), nl=False)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in crd_files().items():
+        (out / name).write_text(text, encoding="utf-8")
+        typer.echo(f"wrote {out / name}", err=True)
+
+
 def main() -> None:
     app()
 
