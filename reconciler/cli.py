@@ -150,6 +150,10 @@ def up(
     llm_model: Annotated[str | None, typer.Option(help="Model name to ask the model server for.")] = None,
     llm_api_key_env: Annotated[str | None, typer.Option(
         help="NAME of the environment variable holding the model server's API key (the key is never logged).")] = None,
+    mirror_status: Annotated[bool, typer.Option(
+        "--mirror-status", help="Apply each WorkflowRun as a plnt.work/v1 custom resource and write its status there "
+                                "(kubectl get wfr); needs the CRDs (plnt crds) and --kubeconfig or in-cluster config.")] = False,
+    kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig for --mirror-status (default: in-cluster).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run plnt: Temporal, a worker, the reconciler and the gateway; deploy through local runner processes."""
@@ -183,7 +187,7 @@ def up(
                             temporal_tls_cert=temporal_tls_cert, temporal_tls_key=temporal_tls_key,
                             temporal_tls_ca=temporal_tls_ca, temporal_api_key=temporal_api_key,
                             llm_api_key=(os.environ.get(llm_api_key_env) or None) if llm_api_key_env else None,
-                            runner_env=allowlisted_env(os.environ))
+                            runner_env=allowlisted_env(os.environ), mirror_status=mirror_status, kubeconfig=kubeconfig)
     except ValidationError as exc:
         typer.echo("error: " + "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()), err=True)
         raise typer.Exit(2) from exc
