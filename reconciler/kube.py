@@ -462,6 +462,9 @@ class StatusMirror:
                 if exc.status in (400, 404, 422) else ""
             self._note(f"apply {key}", f"{api_error(exc)}{hint}")
             return False
+        if obj is None:  # 201 Created: the client only reads the body of a 200 for this call
+            obj = self._call("get", key, self._objects_api.get_namespaced_custom_object, GROUP, VERSION, namespace,
+                             PLURAL, name)
         known = self._objects.setdefault(key, _Object(namespace, name))
         known.update(obj)
         if known.generation is not None:
@@ -530,37 +533,40 @@ class StatusMirror:
                     self._objects.pop(status.key, None)
                 ok = False
                 continue
-            known.update(obj)
+            if obj:
+                known.update(obj)
             self._written[status.key] = body
         return ok
 
     def _emit_events(self) -> bool:
-        ok = True
         with self._lock:
             pending = list(self._events)
             self._events.clear()
             desired = set(self._desired or {})
         left: list[tuple[str, Phase | None, Phase, str]] = []
-        for event in pending:
-            key, before, after, message = event
-            known = self._objects.get(key)
-            if known is None:
-                if key in desired:
-                    left.append(event)  # its CR is not applied yet
-                continue
-            if not ok:
-                left.append(event)
-                continue
-            try:
-                self._call("event", key, self._core.create_namespaced_event, known.namespace,
-                           self._event(known, before, after, message))
-            except ApiException as exc:
-                self._note(f"event {key}", api_error(exc))
-                left.append(event)
-                ok = False
-        with self._lock:
-            self._events.extendleft(reversed(left))
-        return ok and not any(self._objects.get(k) for k, *_ in left)
+        failed = False
+        try:
+            while pending:
+                key, before, after, message = event = pending[0]
+                known = self._objects.get(key)
+                if known is None:
+                    if key in desired:
+                        left.append(event)  # its CR is not applied yet: emitted once it is
+                elif failed:
+                    left.append(event)  # keep the order of one WorkflowRun's Events
+                else:
+                    try:
+                        self._call("event", key, self._core.create_namespaced_event, known.namespace,
+                                   self._event(known, before, after, message))
+                    except ApiException as exc:
+                        self._note(f"event {key}", api_error(exc))
+                        left.append(event)
+                        failed = True
+                pending.pop(0)
+        finally:  # also when the API went away mid-pass (_ApiDown): nothing is lost, nothing sent twice
+            with self._lock:
+                self._events.extendleft(reversed(left + pending))
+        return not failed
 
     def _event(self, known: _Object, before: Phase | None, after: Phase, message: str) -> k8s.CoreV1Event:
         now = datetime.now(timezone.utc).replace(microsecond=0)
