@@ -228,6 +228,10 @@ async def start(settings: Settings) -> Plnt:
                     reconciler=reconciler, gateway=gateway, stop_event=stop_event, publisher=publisher)
         holder["plnt"] = plnt
         statuses.on_change = plnt.refresh_routes
+        if settings.mirror_status:  # after on_change is set: the mirror chains it
+            from .kube import attach_status_mirror
+
+            cleanups.append(attach_status_mirror(settings, statuses, reconciler))
 
         restarted = await driver.resume()
         if restarted:

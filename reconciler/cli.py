@@ -111,6 +111,10 @@ def up(
     )],
     path: Annotated[str, typer.Option(help="Subdirectory of the repository holding the specs.")] = "",
     branch: Annotated[str, typer.Option(help="Branch to track.")] = "main",
+    git_credentials_file: Annotated[Path | None, typer.Option(help=(
+        "The repository's credentials: TOKEN or USER:TOKEN on the first line (https), or an ssh private key."))] = None,
+    git_known_hosts: Annotated[Path | None, typer.Option(help=(
+        "ssh known_hosts for the repository's host; without it the first host key is trusted, then pinned."))] = None,
     state_dir: Annotated[Path, typer.Option(help="Where plnt keeps its state.")] = Path(".plnt"),
     host: GatewayHost = "127.0.0.1",
     port: GatewayPort = 8000,
@@ -165,6 +169,10 @@ def up(
     llm_api_key_env: Annotated[str | None, typer.Option(
         help="NAME of the environment variable holding the model server's API key (the key is never logged).")] = None,
     internal_token_file: InternalTokenFile = None,
+    mirror_status: Annotated[bool, typer.Option(
+        "--mirror-status", help="Apply each WorkflowRun as a plnt.work/v1 custom resource and write its status there "
+                                "(kubectl get wfr); needs the CRDs (plnt crds) and --kubeconfig or in-cluster config.")] = False,
+    kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig for --mirror-status (default: in-cluster).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run plnt: Temporal, a worker, the reconciler and the gateway; deploy through local runner processes."""
@@ -199,7 +207,8 @@ def up(
                             temporal_tls_cert=temporal_tls_cert, temporal_tls_key=temporal_tls_key,
                             temporal_tls_ca=temporal_tls_ca, temporal_api_key=temporal_api_key,
                             llm_api_key=(os.environ.get(llm_api_key_env) or None) if llm_api_key_env else None,
-                            runner_env=allowlisted_env(os.environ))
+                            runner_env=allowlisted_env(os.environ), mirror_status=mirror_status, kubeconfig=kubeconfig,
+                            git_credentials_file=git_credentials_file, git_known_hosts=git_known_hosts)
     except ValidationError as exc:
         typer.echo("error: " + "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()), err=True)
         raise typer.Exit(2) from exc
@@ -917,6 +926,23 @@ async def _gateway_role(config: Any) -> None:
 
 # The role commands (`plnt reconcile`, `plnt worker`) live beside this module and register on `app`.
 from . import cli_roles  # noqa: E402, F401
+
+
+@app.command()
+def crds(
+    out: Annotated[Path | None, typer.Option(
+        help="Write one file per CRD into this directory (charts/plnt/crds); default: one YAML stream on stdout.")] = None,
+) -> None:
+    """The CustomResourceDefinitions of WorkflowRun, PlntBackend and RecipeTrustPolicy, generated from the models."""
+    from .crds import crd_files, crds_yaml
+
+    if out is None:
+        typer.echo(crds_yaml(), nl=False)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in crd_files().items():
+        (out / name).write_text(text, encoding="utf-8")
+        typer.echo(f"wrote {out / name}", err=True)
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
@@ -57,6 +58,8 @@ class Reconciler:
         self._cancelled: set[str] = set()
         self._loaded: tuple[str, SpecSet, list[Problem]] | None = None
         self.source_status: dict[str, Any] = read_json(state.source_file, default={}) or {}
+        # Called with (commit, specs) for every valid commit a pass reconciles (e.g. --mirror-status).
+        self.spec_listeners: list[Callable[[str, SpecSet], None]] = []
 
     # --- loop --------------------------------------------------------------------------------
 
@@ -97,6 +100,8 @@ class Reconciler:
             self._reject_commit(commit, problems, specs.warnings)
             return []
         self._driver.assign(specs)
+        for listener in self.spec_listeners:
+            listener(commit, specs)
         desired = {key: DesiredRun.from_spec(run) for key, run in specs.workflow_runs.items()}
         items = plan(desired, await self.live_runs())
         budget = self._settings.max_concurrent_sagas - len(self._sagas)

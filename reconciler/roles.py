@@ -127,10 +127,13 @@ class _StandbyGate:
 def make_lease(settings: Settings, state: StateDir) -> LeaderLease:
     identity = settings.identity or default_identity()
     if settings.lease == "kubernetes":
-        from .kube import KubernetesLease  # the kubernetes client only where it is used
+        from kubernetes import client as k8s  # the kubernetes client only where it is used
+
+        from .kube import KubernetesLease, api_client
 
         namespace = settings.lease_namespace or _pod_namespace()
-        return KubernetesLease(settings.lease_name, namespace, identity)
+        api = k8s.CoordinationV1Api(api_client(settings.kubeconfig))
+        return KubernetesLease(settings.lease_name, namespace, identity, api=api)
     return FileLease(state.root / "reconciler.lease", identity=identity)
 
 
@@ -205,6 +208,10 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
             holder["reconciler"] = reconciler
             add_reconciler_routes(control, reconciler, client)
             cleanups.append(reconciler.close)
+            if settings.mirror_status:
+                from .kube import attach_status_mirror
+
+                cleanups.append(attach_status_mirror(settings, statuses, reconciler))
             reconcile_task = asyncio.create_task(reconciler.run(role.stop_event), name="reconciler")
             active.set()
             log.info("reconciler-active control=%s repo=%s branch=%s temporal=%s", server.url, source.url,

@@ -140,6 +140,9 @@ class Settings(BaseModel):
     helm_chart: str | None = Field(default=None, description="workflow-runner chart; None: the one in this checkout")
     runner_image: str = Field(default="plnt", description="runner image repository for Kubernetes backends")
     runner_image_tag: str = ""
+    # --mirror-status: WorkflowRuns as plnt.work/v1 custom resources (plnt.reconciler.kube).
+    mirror_status: bool = Field(default=False, description="apply WorkflowRun CRs and write their status")
+    kubeconfig: Path | None = Field(default=None, description="for --mirror-status; None: in-cluster config")
 
     @model_validator(mode="after")
     def _temporal_connection(self) -> Settings:

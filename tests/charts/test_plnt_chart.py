@@ -165,7 +165,7 @@ RECONCILER_FLAGS = {"--repo", "--branch", "--path", "--state-dir", "--host", "--
                     "--lease", "--lease-name", "--lease-namespace", "--mirror-status", "--git-credentials-file"}
 WORKER_FLAGS = {"--repo", "--branch", "--path", "--state-dir", "--temporal-address", "--temporal-namespace",
                 "--temporal-tls-cert", "--temporal-tls-key", "--temporal-tls-ca", "--temporal-api-key-file",
-                "--control-url", "--internal-token-file", "--host", "--port"}
+                "--control-url", "--internal-token-file", "--host", "--port", "--git-credentials-file"}
 GATEWAY_FLAGS = {"--control-url", "--internal-token-file", "--host", "--port", "--tokens-file"}
 
 
@@ -214,6 +214,7 @@ def test_command_lines_with_every_option(helm: str) -> None:
     assert flag(args, "--control-url") == control_url and flag(args, "--port") == "8081"
     assert mounted_file(deployment, worker, flag(args, "--temporal-tls-key")) == ("temporal-mtls", "tls.key")
     assert mounted_file(deployment, worker, flag(args, "--internal-token-file")) == ("plnt-internal", "token")
+    assert mounted_file(deployment, worker, flag(args, "--git-credentials-file")) == ("git-deploy-token", "credentials")
 
     deployment = one(docs, "Deployment", f"{FULLNAME}-gateway")
     gateway = container(docs, "gateway")

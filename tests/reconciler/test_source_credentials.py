@@ -95,3 +95,48 @@ def test_settings_do_not_show_the_repository_url() -> None:
     settings = Settings(repo=f"https://oauth2:{TOKEN}@gitlab.example/specs.git")
     assert TOKEN not in repr(settings) and TOKEN not in str(settings)
     assert settings.repo.endswith("@gitlab.example/specs.git")  # GitSource still gets it whole
+
+
+@pytest.mark.integration  # a real git server
+def test_a_credentials_file_reaches_git_only(git_server: GitHttpServer, spec_repo: SpecRepo, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """--git-credentials-file (a mounted Secret in the chart): USER:TOKEN, as a URL's user info would be."""
+    monkeypatch.setenv("GIT_TRACE", str(tmp_path / "git-trace.log"))
+    secret = tmp_path / "credentials"
+    secret.write_text(f"oauth2:{TOKEN}\n")
+    source = GitSource(git_server.url("specs.git", with_credentials=False), tmp_path / "clone", credentials_file=secret)
+    assert source.fetch() == spec_repo.git("rev-parse", "HEAD")
+    assert files_holding(tmp_path / "clone", TOKEN) == []
+    assert TOKEN not in (tmp_path / "git-trace.log").read_text()
+    git_server.password = "rotated"
+    with pytest.raises(SourceError) as caught:
+        GitSource(git_server.url("specs.git", with_credentials=False), tmp_path / "clone2",
+                  credentials_file=secret).fetch()
+    assert TOKEN not in str(caught.value)
+
+
+def test_credentials_file_formats_and_refusals(tmp_path: Path) -> None:
+    from plnt.reconciler.errors import InvalidSpec
+    from plnt.reconciler.source import read_credentials_file
+
+    file = tmp_path / "credentials"
+    file.write_text("ghp_onlyAToken\n")
+    assert read_credentials_file(file) == ("x-access-token", "ghp_onlyAToken", None)
+    file.write_text("deploy:glpat-x:y\n")  # a token may hold ':'
+    assert read_credentials_file(file) == ("deploy", "glpat-x:y", None)
+    file.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----")
+    assert read_credentials_file(file)[2] is not None
+    file.write_text("\n")
+    with pytest.raises(InvalidSpec, match="is empty: write TOKEN or USER:TOKEN"):
+        read_credentials_file(file)
+    file.write_text("ghp_x\n")
+    with pytest.raises(InvalidSpec, match="carries credentials and --git-credentials-file"):
+        GitSource(f"https://u:{TOKEN}@git.example/x.git", tmp_path / "c", credentials_file=file)
+    # An ssh key: git gets it through GIT_SSH_COMMAND, from a copy only plnt's user can read.
+    file.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n")
+    file.chmod(0o644)
+    source = GitSource("ssh://git@git.example/x.git", tmp_path / "state" / "source", credentials_file=file)
+    key = tmp_path / "state" / "git-ssh-key"
+    assert key.stat().st_mode & 0o077 == 0
+    assert f"-i {key}" in source._git_env["GIT_SSH_COMMAND"]
+    assert "StrictHostKeyChecking=accept-new" in source._git_env["GIT_SSH_COMMAND"]
