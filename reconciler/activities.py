@@ -26,7 +26,7 @@ from temporalio.service import RPCError
 
 from .archive import ExtractLimits
 from .commit_specs import CommitSpecs, TrustedSaga
-from .driver import InstallRequest, ReleaseDriver
+from .driver import InstallRequest, RecipeTrust, ReleaseDriver
 from .errors import (
     GpuClassUnavailable,
     InvalidRecipe,
@@ -54,6 +54,7 @@ from .smoke import SmokeResult, judge, measure, summarise
 from .specs import BackendPlacement, Requirements, WorkflowRun
 from .state import Release
 from .status import StatusStore
+from .trust import policies_for
 
 T = TypeVar("T")
 
@@ -241,15 +242,24 @@ class SagaActivities:
     @activity.defn(name="install_release")
     @_boundary
     async def install_release(self, request: InstallInput) -> Release:
-        _, run = await self._deploy(request.saga)
+        trusted, run = await self._deploy(request.saga)
         if request.track != "canary":
             raise UntrustedSagaInput("a saga installs a canary; only promote_release makes a stable release")
         recipe_dir = self._verified_recipe(run, request.recipe_digest)
+        trust = await asyncio.to_thread(self._recipe_trust, trusted, run)
         return await _with_heartbeats(self._driver.install(InstallRequest(
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary",
             version=run.spec.workflow.version, spec_fingerprint=run.fingerprint(), recipe_digest=request.recipe_digest,
-            recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.traffic_percent,
+            recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.traffic_percent, trust=trust,
         )))
+
+    def _recipe_trust(self, trusted: TrustedSaga, run: WorkflowRun) -> RecipeTrust:
+        """The policies covering the recipe and their trusted roots, from the saga's commit: what
+        pull_recipe verified with, for runners that verify the recipe themselves (Kubernetes pods)."""
+        covering = tuple(policies_for(run.spec.workflow.name, trusted.policies))
+        paths = sorted({p.spec.trust_root.trusted_root_file for p in covering if p.spec.trust_root.trusted_root_file})
+        return RecipeTrust(policies=covering, trusted_roots={
+            path: self._read(trusted.ref.commit, path).decode("utf-8") for path in paths})
 
     async def _release_of(self, run: WorkflowRun, track: str) -> Release:
         """The driver's own record of this run's release on `track`, made for this very spec."""

@@ -73,6 +73,7 @@ class Plnt:
     reconciler: Reconciler
     gateway: GatewayServer
     stop_event: asyncio.Event
+    drivers: DriverSet | None = None
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
@@ -81,7 +82,9 @@ class Plnt:
         return self.gateway.url
 
     def refresh_routes(self) -> None:
-        self.router.replace(build_route_table(self.driver.snapshot(), self.statuses))
+        # Every backend: local runners and the last known releases of each Kubernetes backend.
+        source = self.drivers if self.drivers is not None else self.driver
+        self.router.replace(build_route_table(source.snapshot(), self.statuses))
 
     async def stop(self) -> None:
         """Stop everything `start` started, runners included; release records stay for the next start."""
@@ -133,22 +136,28 @@ async def start(settings: Settings) -> Plnt:
         )
         cleanups.append(driver.shutdown)
 
-        def make_helm(backend: PlntBackend, specs: SpecLookup) -> HelmDriver:
-            return HelmDriver(backend, specs, helm=settings.helm_binary, chart=settings.helm_chart or DEFAULT_CHART,
-                              image=RunnerImage(repository=settings.runner_image, tag=settings.runner_image_tag))
+        registry_options = RegistryOptions(
+            s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region,
+            allow_insecure_http=tuple(settings.oci_insecure_hosts), timeout_s=settings.registry_timeout_s,
+            max_download_bytes=settings.max_download_bytes,
+            file_roots=tuple(str(root) for root in settings.file_registry_roots))
 
-        drivers = DriverSet(driver, state, make_helm)
+        def make_helm(backend: PlntBackend, specs: SpecLookup) -> HelmDriver:
+            # Runner pods reach registries with plnt's own registry settings (their credentials: a Secret).
+            return HelmDriver(backend, specs, helm=settings.helm_binary, chart=settings.helm_chart or DEFAULT_CHART,
+                              image=RunnerImage(repository=settings.runner_image, tag=settings.runner_image_tag),
+                              registry_options=registry_options, credentials_secret=settings.runner_registry_secret)
+
+        # Helm state changes (installs, promotions, removals, live reads) change routes too.
+        drivers = DriverSet(driver, state, make_helm,
+                            on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None)
         source = GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path)
         activities = SagaActivities(
             driver=drivers, statuses=statuses, commit_specs=CommitSpecs(source, limits=settings.spec_limits),
             export_from_repo=source.export, read_from_repo=source.read_file,
             supported_backend_types=("local", "kubernetes"), saga_task_queue=settings.task_queue,
             recipe_cache=state.recipes, smoke_request_timeout_s=settings.smoke_request_timeout_s,
-            registry_options=RegistryOptions(
-                s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region,
-                allow_insecure_http=tuple(settings.oci_insecure_hosts), timeout_s=settings.registry_timeout_s,
-                max_download_bytes=settings.max_download_bytes,
-                file_roots=tuple(str(root) for root in settings.file_registry_roots)),
+            registry_options=registry_options,
             limits=ExtractLimits(max_total_bytes=settings.max_recipe_bytes, max_files=settings.max_recipe_files,
                                  max_file_bytes=settings.max_recipe_file_bytes),
         )
@@ -184,7 +193,7 @@ async def start(settings: Settings) -> Plnt:
                                                   head_timeout_s=settings.gateway_header_timeout_s))
         stop_event = asyncio.Event()
         plnt = Plnt(settings=settings, state=state, client=client, statuses=statuses, driver=driver, router=router,
-                    reconciler=reconciler, gateway=gateway, stop_event=stop_event)
+                    reconciler=reconciler, gateway=gateway, stop_event=stop_event, drivers=drivers)
         holder["plnt"] = plnt
         statuses.on_change = plnt.refresh_routes
 

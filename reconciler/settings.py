@@ -119,6 +119,9 @@ class Settings(BaseModel):
     helm_chart: str | None = Field(default=None, description="workflow-runner chart; None: the one in this checkout")
     runner_image: str = Field(default="plnt", description="runner image repository for Kubernetes backends")
     runner_image_tag: str = ""
+    runner_registry_secret: str = Field(
+        default="", description="Secret in each Kubernetes backend's namespace with the registry credentials "
+        "runner pods fetch their recipe with (see charts/workflow-runner); empty: none")
 
     @model_validator(mode="after")
     def _temporal_connection(self) -> Settings:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler.driver import InstallRequest
+import yaml
+from plnt.reconciler.driver import InstallRequest, RecipeTrust
 from plnt.reconciler.errors import DriverError, InvalidSpec, NeedsHuman, UnknownBackend
 from plnt.reconciler.helm_driver import (
     DEFAULT_CHART,
@@ -38,7 +39,9 @@ from plnt.reconciler.helm_driver import (
     render_values,
     run_helm,
 )
-from plnt.reconciler.specs import PlntBackend, WorkflowRun
+from plnt.reconciler.loader import SourceFile, load_sources
+from plnt.reconciler.registries import RegistryOptions
+from plnt.reconciler.specs import PlntBackend, RecipeTrustPolicy, WorkflowRun
 
 NOW = datetime(2025, 11, 29, 22, 0, 0, tzinfo=UTC)
 LONG_AGO = "2025-11-29T21:40:02.118372913Z"   # 20 minutes before NOW: a dead helm's pending release
@@ -64,13 +67,20 @@ def run(name: str = "review-responder", namespace: str = "team-a", version: str 
 
 RUN = run()
 RUN_OLD = run(version="1.1.0")
+# What the saga verified the recipe with (read from its commit by install_release).
+POLICY = RecipeTrustPolicy.model_validate({
+    "apiVersion": "plnt.work/v1", "kind": "RecipeTrustPolicy", "metadata": {"name": "release-signers"},
+    "spec": {"recipes": ["review-responder"], "trustRoot": {"trustedRootFile": "trust/root.json"},
+             "signers": [{"issuer": "https://issuer.example", "identity": "release@acme.example"}]},
+})
+TRUST = RecipeTrust(policies=(POLICY,), trusted_roots={"trust/root.json": '{"r": 1}'})
 
 
 def request(workflow: WorkflowRun = RUN, track: str = "canary") -> InstallRequest:
     return InstallRequest(namespace=workflow.metadata.namespace, name=workflow.metadata.name, track=track,
                           version=workflow.spec.workflow.version, spec_fingerprint=workflow.fingerprint(),
                           recipe_digest="sha256:" + "9a" * 32, recipe_dir="/var/lib/plnt/recipes/9a",
-                          traffic_percent=5 if track == "canary" else 0)
+                          traffic_percent=5 if track == "canary" else 0, trust=TRUST)
 
 
 def values(workflow: WorkflowRun = RUN, track: str = "canary") -> dict[str, Any]:
@@ -207,7 +217,7 @@ async def test_install_runs_upgrade_install_with_the_rendered_values() -> None:
     assert release.model_dump() == {
         "release_id": request().release_id, "namespace": "team-a", "name": "review-responder", "track": "canary",
         "version": "1.2.0", "spec_fingerprint": RUN.fingerprint(), "recipe_digest": "sha256:" + "9a" * 32,
-        "recipe_dir": "/recipe", "endpoint": "http://review-responder-canary.agents.svc.cluster.local",
+        "recipe_dir": "/var/lib/plnt/recipe", "endpoint": "http://review-responder-canary.agents.svc.cluster.local",
         "traffic_percent": 5, "pid": None, "pid_start": None, "port": None,
     }
 
@@ -538,6 +548,66 @@ def test_render_values_rejects_a_gpu_class_that_is_no_label_key() -> None:
     workflow = run(backend={"cluster": "gpu-cluster-01", "gpuClass": "NVIDIA H100", "gpuCount": 1})
     with pytest.raises(InvalidSpec, match="label key"):
         render_values(request(workflow), workflow.spec, BACKEND, IMAGE)
+
+
+def policy(name: str, recipes: list[str], root: dict[str, Any]) -> RecipeTrustPolicy:
+    return RecipeTrustPolicy.model_validate({
+        "apiVersion": "plnt.work/v1", "kind": "RecipeTrustPolicy", "metadata": {"name": name},
+        "spec": {"recipes": recipes, "trustRoot": root, "signers": [{"issuer": "https://i.example", "identity": "a@b.c"}]},
+    })
+
+
+PUBLIC = policy("public", ["review-*"], {"publicGood": True})
+OTHER_ROOT = policy("other-root", ["*"], {"trustedRootFile": "trust/other.json"})
+NOT_COVERING = policy("translate-only", ["translate"], {"trustedRootFile": "trust/never.json"})
+ROOTS = {"trust/root.json": '{"r": 1}', "trust/other.json": '{"r": 2}', "trust/never.json": '{"r": 3}'}
+
+
+@pytest.mark.parametrize(("policies", "options", "secret", "expected"), [
+    pytest.param((POLICY,), RegistryOptions(), "", {
+        "policyNames": ["release-signers"], "trustedRoots": {"trust/root.json": '{"r": 1}'},
+        "s3": {"endpointUrl": "", "region": ""}, "ociInsecureHosts": [], "maxDownloadMB": 256,
+        "credentialsSecret": ""}, id="one-root-defaults"),
+    pytest.param((NOT_COVERING, PUBLIC, POLICY, OTHER_ROOT),
+                 RegistryOptions(s3_endpoint_url="http://minio.storage:9000", s3_region="eu-west-1",
+                                 allow_insecure_http=("registry.local:5000",), max_download_bytes=10 * 2**20 + 1),
+                 "recipe-registry", {
+        "policyNames": ["other-root", "public", "release-signers"],  # only those covering the recipe, sorted
+        "trustedRoots": {"trust/root.json": '{"r": 1}', "trust/other.json": '{"r": 2}'},
+        "s3": {"endpointUrl": "http://minio.storage:9000", "region": "eu-west-1"},
+        "ociInsecureHosts": ["registry.local:5000"], "maxDownloadMB": 11, "credentialsSecret": "recipe-registry"},
+        id="several-policies-settings-secret"),
+    pytest.param((PUBLIC,), RegistryOptions(), "", {
+        "policyNames": ["public"], "trustedRoots": {}, "s3": {"endpointUrl": "", "region": ""},
+        "ociInsecureHosts": [], "maxDownloadMB": 256, "credentialsSecret": ""}, id="public-good-no-root"),
+])
+def test_render_values_gives_the_pod_the_sagas_trust_and_registry_settings(
+    policies: tuple[RecipeTrustPolicy, ...], options: RegistryOptions, secret: str, expected: dict[str, Any],
+) -> None:
+    req = request().model_copy(update={"trust": RecipeTrust(policies=policies, trusted_roots=ROOTS)})
+    fetch = render_values(req, RUN.spec, BACKEND, IMAGE, registry_options=options, credentials_secret=secret)["recipeFetch"]
+    documents = list(yaml.safe_load_all(fetch.pop("policies")))
+    assert [doc["metadata"]["name"] for doc in documents] == expected.pop("policyNames")
+    # The policy text round-trips through plnt's own loader: what `plnt recipe fetch --policy` reads.
+    specs, problems = load_sources([SourceFile("policies.yaml", yaml.safe_dump_all(documents))], check_references=False)
+    assert not problems and {p.metadata.name: p for p in specs.trust_policies.values()} == \
+        {p.metadata.name: p for p in policies if p.covers("review-responder")}
+    assert fetch == expected
+    assert req.recipe_digest == render_values(req, RUN.spec, BACKEND, IMAGE)["workflow"]["digest"], "the saga's pin"
+
+
+@pytest.mark.parametrize(("trust", "registry", "message"), [
+    (RecipeTrust(), "s3://microagents", "no RecipeTrustPolicy covering recipe 'review-responder'"),
+    (RecipeTrust(policies=(NOT_COVERING,), trusted_roots=ROOTS), "s3://microagents", "no RecipeTrustPolicy covering"),
+    (RecipeTrust(policies=(POLICY,)), "s3://microagents", "trustedRootFile 'trust/root.json' was not read"),
+    (TRUST, "file:registry", "cannot be reached from a Kubernetes runner pod.*s3:// or oci://"),
+    (TRUST, "file:///srv/recipes", "cannot be reached from a Kubernetes runner pod"),
+])
+def test_render_values_refuses_what_a_pod_could_not_verify(trust: RecipeTrust, registry: str, message: str) -> None:
+    workflow = run(workflow={"ref": "review-responder@1.2.0", "registry": registry})
+    req = request(workflow).model_copy(update={"trust": trust})
+    with pytest.raises(InvalidSpec, match=message):
+        render_values(req, workflow.spec, BACKEND, IMAGE)
 
 
 def test_parsers_read_helm_json() -> None:
