@@ -677,3 +677,54 @@ def test_driver_set_routes_kubernetes_runs_to_helm_and_remembers_backends(tmp_pa
     again = DriverSet(local, state, make_helm)
     assert isinstance(again.driver_for(RUN.metadata.namespace, RUN.metadata.name), HelmDriver)
     assert made == [BACKEND.metadata.name, BACKEND.metadata.name]
+
+
+async def test_routes_come_from_every_backend_with_the_canary_share_and_sticky_sessions(tmp_path: Path) -> None:
+    """The gateway's route table from a DriverSet whose Kubernetes backend has a stable and a canary
+    release: helm is the FAKE helm (canned output; no cluster), the LocalDriver is real but never started."""
+    import random
+
+    from plnt.gateway.routes import Router
+    from plnt.reconciler.app import build_route_table
+    from plnt.reconciler.drivers import DriverSet
+    from plnt.reconciler.loader import SpecSet
+    from plnt.reconciler.local_driver import LocalDriver
+    from plnt.reconciler.state import StateDir
+    from plnt.reconciler.status import StatusStore
+
+    state = StateDir(tmp_path / "state").ensure()
+    fake = (FakeHelm().expect("status", STABLE, rc=1, stderr=NOT_FOUND).expect("upgrade")
+            .expect("status", CANARY, rc=1, stderr=NOT_FOUND).expect("upgrade")
+            .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+            .expect("uninstall", CANARY))
+    changes: list[int] = []
+    drivers = DriverSet(LocalDriver(state), state, lambda b, lookup: HelmDriver(b, lookup, image=IMAGE, runner=fake),
+                        on_change=lambda: changes.append(1))
+    for workflow in (RUN_OLD, RUN):  # 1.1.0 was deployed from an earlier commit; 1.2.0 is the canary
+        drivers.assign(SpecSet(workflow_runs={workflow.key: workflow}, backends={BACKEND.metadata.name: BACKEND}))
+    await drivers.install(request(RUN_OLD, "stable"))
+    await drivers.install(request(RUN, "canary"))
+    assert len(changes) == 2, "each Helm change refreshes the routes"
+
+    statuses = StatusStore(state.status_file)
+    route = build_route_table(drivers.snapshot(), statuses).lookup("review-responder", "team-a")
+    assert route is not None and route.canary_percent == 5
+    assert [(b.endpoint, b.version) for b in route.stable_replicas] == [
+        ("http://review-responder.agents.svc.cluster.local", "1.1.0")]
+    assert route.canary is not None
+    assert (route.canary.endpoint, route.canary.version) == ("http://review-responder-canary.agents.svc.cluster.local", "1.2.0")
+
+    router = Router(rng=random.Random(7))
+    tracks = [router.choose(route)[1] for _ in range(20_000)]
+    assert 0.04 < tracks.count("canary") / len(tracks) < 0.06, "the canary's share, as for local runners"
+    sessions = {f"user-{i}": router.choose(route, session=f"user-{i}")[1] for i in range(4_000)}
+    assert 0.04 < list(sessions.values()).count("canary") / len(sessions) < 0.06
+    for session, track in list(sessions.items())[:500]:
+        assert all(router.choose(route, session=session)[1] == track for _ in range(5)), "sticky sessions"
+
+    # The canary removed (rolled back): the table follows without a live() read.
+    await drivers.remove("team-a", "review-responder", "canary")
+    fake.done()
+    route = build_route_table(drivers.snapshot(), statuses).lookup("review-responder", "team-a")
+    assert route is not None and route.canary is None and route.stable_replicas[0].version == "1.1.0"
+    assert len(changes) == 3
