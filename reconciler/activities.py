@@ -30,6 +30,7 @@ from .driver import InstallRequest, RecipeTrust, ReleaseDriver
 from .errors import (
     GpuClassUnavailable,
     InvalidRecipe,
+    InvalidSpec,
     NeedsHuman,
     PlntError,
     RetryLater,
@@ -206,6 +207,11 @@ class SagaActivities:
                 f"backend {cluster!r} is of type {backend.spec.type}; this plnt deploys to "
                 f"{', '.join(self._backend_types)} backends"
             )
+        if backend.spec.type == "kubernetes" and run.spec.workflow.registry.startswith("file:"):
+            # Refused before the pull: a runner pod fetches its recipe itself and sees no plnt disk.
+            raise InvalidSpec(f"spec.workflow.registry: {run.spec.workflow.registry!r} cannot be reached from a "
+                              f"runner pod on Kubernetes backend {cluster!r}; publish the recipe to an s3:// or "
+                              f"oci:// registry")
         return ValidatedSpec(backend_type=backend.spec.type, version=run.spec.workflow.version,
                              traffic_percent=run.spec.canary.traffic_percent,
                              spec=run.spec.model_dump(mode="json", by_alias=True))
