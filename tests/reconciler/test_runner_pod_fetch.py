@@ -284,3 +284,38 @@ async def test_s3_credentials_come_only_from_the_secret_the_values_name(
     result = pod.run()
     assert result.returncode == 0, result.stdout + result.stderr
     assert same_tree(pod.runner_recipe, SOURCE)
+
+
+async def test_oci_credentials_come_from_the_secrets_docker_config(
+    helm: str, authority: TestSigstoreAuthority, tmp_path: Path,
+) -> None:
+    """An OCI registry that demands Basic auth: LyingOci (tests/oci_liar.py), a STAND-IN for an
+    htpasswd-protected registry, serving honestly. The Secret's `.dockerconfigjson` is mounted as
+    $HOME/.docker/config.json, which plnt's OCI client (oras) reads; without it the fetch is refused."""
+    import base64
+    import json
+
+    from ..oci_liar import LyingOci
+
+    archive, bundle, digest = signed_archive(tmp_path / "pub", SOURCE, authority)
+    trust = RecipeTrust(policies=(trust_policy("pods", ROOT_PATH),), trusted_roots={ROOT_PATH: authority.trusted_root_json()})
+    with LyingOci() as oci:
+        oci.publish("plnt/review-responder", "1.3.0", archive.read_bytes(), bundle.read_bytes())
+        oci.basic_auth = "robot:correct-horse"
+        options = RegistryOptions(allow_insecure_http=(oci.address,))
+        url = f"oci://{oci.address}/plnt"
+        auth = base64.b64encode(b"robot:correct-horse").decode()
+        docker_config = json.dumps({"auths": {oci.address: {"auth": auth}}})
+
+        docs = await driver_docs(helm, url, digest, trust, options, secret=SECRET)
+        assert "correct-horse" not in yaml.safe_dump_all(docs) and auth not in yaml.safe_dump_all(docs)
+        pod = PodStandIn(docs, tmp_path / "pod", {SECRET: {".dockerconfigjson": docker_config}})
+        assert not [k for k in pod.environment() if k.startswith("AWS_")], "no S3 credentials for an OCI registry"
+        result = pod.run()
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert same_tree(pod.runner_recipe, SOURCE)
+
+        anonymous = PodStandIn(await driver_docs(helm, url, digest, trust, options), tmp_path / "anonymous", {})
+        result = anonymous.run()
+        assert result.returncode == 1 and "RegistryAuthFailed" in result.stderr and "401" in result.stderr, \
+            result.stdout + result.stderr
