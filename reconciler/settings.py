@@ -120,8 +120,9 @@ class Settings(BaseModel):
     runner_image: str = Field(default="plnt", description="runner image repository for Kubernetes backends")
     runner_image_tag: str = ""
     runner_registry_secret: str = Field(
-        default="", description="Secret in each Kubernetes backend's namespace with the registry credentials "
-        "runner pods fetch their recipe with (see charts/workflow-runner); empty: none")
+        default="", max_length=253, pattern=r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="name of a Secret in each Kubernetes backend's namespace with the registry credentials runner "
+        "pods fetch their recipe with (keys: see charts/workflow-runner/README.md); empty: none")
 
     @model_validator(mode="after")
     def _temporal_connection(self) -> Settings:
