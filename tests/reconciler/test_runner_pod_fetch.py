@@ -162,6 +162,25 @@ def same_tree(left: Path, right: Path) -> bool:
     return files(left) == files(right)
 
 
+def unique_copy(source: Path, target: Path) -> Path:
+    """A copy of an example recipe whose archive no other test publishes: the session's OCI registry
+    stores blobs by digest, and other tests tamper with the blobs of the example's archives."""
+    shutil.copytree(source, target)
+    with (target / "workflow.yaml").open("a") as handle:
+        handle.write(f"# {target.name} {uuid.uuid4().hex}\n")
+    return target
+
+
+@pytest.fixture
+def recipe(tmp_path: Path) -> Path:
+    return unique_copy(SOURCE, tmp_path / "recipe-1.3.0")
+
+
+@pytest.fixture
+def other_recipe(tmp_path: Path) -> Path:
+    return unique_copy(OTHER_SOURCE, tmp_path / "other-recipe")
+
+
 @pytest.fixture(scope="module")
 def helm() -> str:
     found = next((str(path) for path in HELM_CANDIDATES if path.is_file()), None)
@@ -183,10 +202,10 @@ def oci_publish(oci: OciServer, directory: Path, source: Path, authority: TestSi
 
 
 async def test_the_rendered_init_container_fetches_the_pinned_recipe_from_a_real_oci_registry(
-    helm: str, oci_registry: OciServer, authority: TestSigstoreAuthority, tmp_path: Path,
+    helm: str, oci_registry: OciServer, authority: TestSigstoreAuthority, tmp_path: Path, recipe: Path,
 ) -> None:
     url = f"oci://{oci_registry.address}/pods-{uuid.uuid4().hex[:8]}"
-    digest = oci_publish(oci_registry, tmp_path / "pub", SOURCE, authority, url)
+    digest = oci_publish(oci_registry, tmp_path / "pub", recipe, authority, url)
     trust = RecipeTrust(policies=(trust_policy("pods", ROOT_PATH),), trusted_roots={ROOT_PATH: authority.trusted_root_json()})
     options = RegistryOptions(allow_insecure_http=(oci_registry.address,))
     pod = PodStandIn(await driver_docs(helm, url, digest, trust, options), tmp_path / "pod", {})
@@ -195,7 +214,7 @@ async def test_the_rendered_init_container_fetches_the_pinned_recipe_from_a_real
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"fetched review-responder@1.3.0 ({digest}) signed by {IDENTITY}" in result.stdout
     assert "--trust-root" in pod.init["args"] and "--oci-insecure-host" in pod.init["args"]
-    assert same_tree(pod.runner_recipe, SOURCE), "the runner serves exactly the published recipe"
+    assert same_tree(pod.runner_recipe, recipe), "the runner serves exactly the published recipe"
     assert sorted(p.name for p in pod.runner_recipe.parent.iterdir()) == ["recipe"], "fetch's staging is gone"
 
     # Without the operator's plain-HTTP allowance (plnt's setting) the pod refuses to talk HTTP.
@@ -205,14 +224,15 @@ async def test_the_rendered_init_container_fetches_the_pinned_recipe_from_a_real
 
 
 async def test_a_recipe_swapped_in_the_registry_after_the_saga_verified_it_is_refused(
-    helm: str, oci_registry: OciServer, authority: TestSigstoreAuthority, tmp_path: Path,
+    helm: str, oci_registry: OciServer, authority: TestSigstoreAuthority, tmp_path: Path, recipe: Path,
+    other_recipe: Path,
 ) -> None:
     """The registry now serves another archive under the same tag, validly signed: the pin stops it."""
     url = f"oci://{oci_registry.address}/pods-{uuid.uuid4().hex[:8]}"
-    verified = oci_publish(oci_registry, tmp_path / "pub", SOURCE, authority, url)
+    verified = oci_publish(oci_registry, tmp_path / "pub", recipe, authority, url)
     trust = RecipeTrust(policies=(trust_policy("pods", ROOT_PATH),), trusted_roots={ROOT_PATH: authority.trusted_root_json()})
     docs = await driver_docs(helm, url, verified, trust, RegistryOptions(allow_insecure_http=(oci_registry.address,)))
-    swapped = oci_publish(oci_registry, tmp_path / "swap", OTHER_SOURCE, authority, url)
+    swapped = oci_publish(oci_registry, tmp_path / "swap", other_recipe, authority, url)
     assert swapped != verified
     pod = PodStandIn(docs, tmp_path / "pod", {})
     result = pod.run()
@@ -228,9 +248,10 @@ async def test_a_recipe_swapped_in_the_registry_after_the_saga_verified_it_is_re
 ])
 async def test_a_policy_that_does_not_match_or_a_tampered_digest_fails_with_the_reason(
     helm: str, oci_registry: OciServer, authority: TestSigstoreAuthority, tmp_path: Path, case: str, expected: str,
+    recipe: Path,
 ) -> None:
     url = f"oci://{oci_registry.address}/pods-{uuid.uuid4().hex[:8]}"
-    digest = oci_publish(oci_registry, tmp_path / "pub", SOURCE, authority, url)
+    digest = oci_publish(oci_registry, tmp_path / "pub", recipe, authority, url)
     root_json = (TestSigstoreAuthority(name="elsewhere") if case == "other-root" else authority).trusted_root_json()
     identity = "someone-else@pods.plnt.invalid" if case == "wrong-identity" else IDENTITY
     trust = RecipeTrust(policies=(trust_policy("pods", ROOT_PATH, identity),), trusted_roots={ROOT_PATH: root_json})
@@ -246,11 +267,11 @@ async def test_a_policy_that_does_not_match_or_a_tampered_digest_fails_with_the_
 
 
 async def test_several_trusted_roots_resolve_beside_the_policies(
-    helm: str, oci_registry: OciServer, authority: TestSigstoreAuthority, tmp_path: Path,
+    helm: str, oci_registry: OciServer, authority: TestSigstoreAuthority, tmp_path: Path, recipe: Path,
 ) -> None:
     """Two covering policies with different roots (no single --trust-root): the right one accepts."""
     url = f"oci://{oci_registry.address}/pods-{uuid.uuid4().hex[:8]}"
-    digest = oci_publish(oci_registry, tmp_path / "pub", SOURCE, authority, url)
+    digest = oci_publish(oci_registry, tmp_path / "pub", recipe, authority, url)
     other = TestSigstoreAuthority(name="partner")
     trust = RecipeTrust(policies=(trust_policy("partner", "partners/root.json"), trust_policy("pods", ROOT_PATH)),
                         trusted_roots={"partners/root.json": other.trusted_root_json(),
@@ -260,15 +281,15 @@ async def test_several_trusted_roots_resolve_beside_the_policies(
     assert "--trust-root" not in pod.init["args"]
     result = pod.run()
     assert result.returncode == 0, result.stdout + result.stderr
-    assert same_tree(pod.runner_recipe, SOURCE)
+    assert same_tree(pod.runner_recipe, recipe)
 
 
 async def test_s3_credentials_come_only_from_the_secret_the_values_name(
-    helm: str, s3_bucket: S3Bucket, authority: TestSigstoreAuthority, tmp_path: Path,
+    helm: str, s3_bucket: S3Bucket, authority: TestSigstoreAuthority, tmp_path: Path, recipe: Path,
 ) -> None:
     """moto's S3 (a stand-in for Amazon S3): the init container's env has AWS credentials only
     through secretKeyRef to the Secret named by plnt's setting (a stand-in dict for that Secret)."""
-    archive, bundle, digest = signed_archive(tmp_path / "pub", SOURCE, authority)
+    archive, bundle, digest = signed_archive(tmp_path / "pub", recipe, authority)
     url = s3_bucket.url(f"pods-{uuid.uuid4().hex[:8]}")
     options = RegistryOptions(s3_endpoint_url=s3_bucket.endpoint_url, s3_region=S3_REGION)
     open_registry(url, options).push("review-responder", "1.3.0", archive, bundle)
@@ -283,11 +304,11 @@ async def test_s3_credentials_come_only_from_the_secret_the_values_name(
     assert [k for k in env if k.startswith("AWS_")] == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
     result = pod.run()
     assert result.returncode == 0, result.stdout + result.stderr
-    assert same_tree(pod.runner_recipe, SOURCE)
+    assert same_tree(pod.runner_recipe, recipe)
 
 
 async def test_oci_credentials_come_from_the_secrets_docker_config(
-    helm: str, authority: TestSigstoreAuthority, tmp_path: Path,
+    helm: str, authority: TestSigstoreAuthority, tmp_path: Path, recipe: Path,
 ) -> None:
     """An OCI registry that demands Basic auth: LyingOci (tests/oci_liar.py), a STAND-IN for an
     htpasswd-protected registry, serving honestly. The Secret's `.dockerconfigjson` is mounted as
@@ -297,7 +318,7 @@ async def test_oci_credentials_come_from_the_secrets_docker_config(
 
     from ..oci_liar import LyingOci
 
-    archive, bundle, digest = signed_archive(tmp_path / "pub", SOURCE, authority)
+    archive, bundle, digest = signed_archive(tmp_path / "pub", recipe, authority)
     trust = RecipeTrust(policies=(trust_policy("pods", ROOT_PATH),), trusted_roots={ROOT_PATH: authority.trusted_root_json()})
     with LyingOci() as oci:
         oci.publish("plnt/review-responder", "1.3.0", archive.read_bytes(), bundle.read_bytes())
@@ -313,7 +334,7 @@ async def test_oci_credentials_come_from_the_secrets_docker_config(
         assert not [k for k in pod.environment() if k.startswith("AWS_")], "no S3 credentials for an OCI registry"
         result = pod.run()
         assert result.returncode == 0, result.stdout + result.stderr
-        assert same_tree(pod.runner_recipe, SOURCE)
+        assert same_tree(pod.runner_recipe, recipe)
 
         anonymous = PodStandIn(await driver_docs(helm, url, digest, trust, options), tmp_path / "anonymous", {})
         result = anonymous.run()
