@@ -26,10 +26,11 @@ from temporalio.service import RPCError
 
 from .archive import ExtractLimits
 from .commit_specs import CommitSpecs, TrustedSaga
-from .driver import InstallRequest, ReleaseDriver
+from .driver import InstallRequest, RecipeTrust, ReleaseDriver
 from .errors import (
     GpuClassUnavailable,
     InvalidRecipe,
+    InvalidSpec,
     NeedsHuman,
     PlntError,
     RetryLater,
@@ -54,6 +55,7 @@ from .smoke import SmokeResult, judge, measure, summarise
 from .specs import BackendPlacement, Requirements, WorkflowRun
 from .state import Release
 from .status import StatusStore
+from .trust import policies_for
 
 T = TypeVar("T")
 
@@ -230,6 +232,11 @@ class SagaActivities:
                 f"backend {cluster!r} is of type {backend.spec.type}; this plnt deploys to "
                 f"{', '.join(self._backend_types)} backends"
             )
+        if backend.spec.type == "kubernetes" and run.spec.workflow.registry.startswith("file:"):
+            # Refused before the pull: a runner pod fetches its recipe itself and sees no plnt disk.
+            raise InvalidSpec(f"spec.workflow.registry: {run.spec.workflow.registry!r} cannot be reached from a "
+                              f"runner pod on Kubernetes backend {cluster!r}; publish the recipe to an s3:// or "
+                              f"oci:// registry")
         return ValidatedSpec(backend_type=backend.spec.type, version=run.spec.workflow.version,
                              traffic_percent=run.spec.canary.traffic_percent,
                              spec=run.spec.model_dump(mode="json", by_alias=True))
@@ -266,15 +273,24 @@ class SagaActivities:
     @activity.defn(name="install_release")
     @_boundary
     async def install_release(self, request: InstallInput) -> Release:
-        _, run = await self._deploy(request.saga)
+        trusted, run = await self._deploy(request.saga)
         if request.track != "canary":
             raise UntrustedSagaInput("a saga installs a canary; only promote_release makes a stable release")
         recipe_dir = self._verified_recipe(run, request.recipe_digest)
+        trust = await asyncio.to_thread(self._recipe_trust, trusted, run)
         return await _with_heartbeats(self._driver.install(InstallRequest(
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary",
             version=run.spec.workflow.version, spec_fingerprint=run.fingerprint(), recipe_digest=request.recipe_digest,
-            recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.traffic_percent,
+            recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.traffic_percent, trust=trust,
         )))
+
+    def _recipe_trust(self, trusted: TrustedSaga, run: WorkflowRun) -> RecipeTrust:
+        """The policies covering the recipe and their trusted roots, from the saga's commit: what
+        pull_recipe verified with, for runners that verify the recipe themselves (Kubernetes pods)."""
+        covering = tuple(policies_for(run.spec.workflow.name, trusted.policies))
+        paths = sorted({p.spec.trust_root.trusted_root_file for p in covering if p.spec.trust_root.trusted_root_file})
+        return RecipeTrust(policies=covering, trusted_roots={
+            path: self._read(trusted.ref.commit, path).decode("utf-8") for path in paths})
 
     async def _release_of(self, run: WorkflowRun, track: str) -> Release:
         """The driver's own record of this run's release on `track`, made for this very spec."""

@@ -76,6 +76,7 @@ class Plnt:
     gateway: GatewayServer
     stop_event: asyncio.Event
     publisher: RoutePublisher | None = None  # the route watch that `plnt gateway` follows
+    drivers: DriverSet | None = None
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
@@ -84,7 +85,9 @@ class Plnt:
         return self.gateway.url
 
     def refresh_routes(self) -> None:
-        table = build_route_table(self.driver.snapshot(), self.statuses)
+        # Every backend: local runners and the last known releases of each Kubernetes backend.
+        source = self.drivers if self.drivers is not None else self.driver
+        table = build_route_table(source.snapshot(), self.statuses)
         self.router.replace(table)
         if self.publisher is not None:
             self.publisher.publish(table, [status.public() for status in self.statuses.all()])
@@ -128,12 +131,24 @@ def make_local_driver(settings: Settings, state: StateDir, *, on_change: Callabl
     )
 
 
-def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, state: StateDir) -> DriverSet:
-    def make_helm(backend: PlntBackend, specs: SpecLookup) -> HelmDriver:
-        return HelmDriver(backend, specs, helm=settings.helm_binary, chart=settings.helm_chart or DEFAULT_CHART,
-                          image=RunnerImage(repository=settings.runner_image, tag=settings.runner_image_tag))
+def registry_options(settings: Settings) -> RegistryOptions:
+    return RegistryOptions(
+        s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region,
+        allow_insecure_http=tuple(settings.oci_insecure_hosts), timeout_s=settings.registry_timeout_s,
+        max_download_bytes=settings.max_download_bytes,
+        file_roots=tuple(str(root) for root in settings.file_registry_roots))
 
-    return DriverSet(local, state, make_helm)
+
+def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, state: StateDir, *,
+                    on_change: Callable[[], None] | None = None) -> DriverSet:
+    def make_helm(backend: PlntBackend, specs: SpecLookup) -> HelmDriver:
+        # Runner pods reach registries with plnt's own registry settings (their credentials: a Secret).
+        return HelmDriver(backend, specs, helm=settings.helm_binary, chart=settings.helm_chart or DEFAULT_CHART,
+                          image=RunnerImage(repository=settings.runner_image, tag=settings.runner_image_tag),
+                          registry_options=registry_options(settings),
+                          credentials_secret=settings.runner_registry_secret)
+
+    return DriverSet(local, state, make_helm, on_change=on_change)
 
 
 def make_source(settings: Settings, state: StateDir) -> GitSource:
@@ -148,11 +163,7 @@ def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, sou
         export_from_repo=source.export, read_from_repo=source.read_file,
         supported_backend_types=("local", "kubernetes"), saga_task_queue=settings.task_queue,
         recipe_cache=state.recipes, smoke_request_timeout_s=settings.smoke_request_timeout_s,
-        registry_options=RegistryOptions(
-            s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region,
-            allow_insecure_http=tuple(settings.oci_insecure_hosts), timeout_s=settings.registry_timeout_s,
-            max_download_bytes=settings.max_download_bytes,
-            file_roots=tuple(str(root) for root in settings.file_registry_roots)),
+        registry_options=registry_options(settings),
         limits=ExtractLimits(max_total_bytes=settings.max_recipe_bytes, max_files=settings.max_recipe_files,
                              max_file_bytes=settings.max_recipe_file_bytes),
     )
@@ -198,7 +209,9 @@ async def start(settings: Settings) -> Plnt:
                                                timeout_s=settings.runner_stop_timeout_s),
         )
         cleanups.append(driver.shutdown)
-        drivers = make_driver_set(settings, driver, state)
+        # Helm state changes (installs, promotions, removals, live reads) change routes too.
+        drivers = make_driver_set(settings, driver, state,
+                                  on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None)
         source = make_source(settings, state)
         activities = make_activities(settings, state, drivers, source, statuses)
         # Phase changes also change routes (a WorkflowRun seen for the first time answers 503, not 404).
@@ -225,7 +238,8 @@ async def start(settings: Settings) -> Plnt:
                                                   head_timeout_s=settings.gateway_header_timeout_s))
         stop_event = asyncio.Event()
         plnt = Plnt(settings=settings, state=state, client=client, statuses=statuses, driver=driver, router=router,
-                    reconciler=reconciler, gateway=gateway, stop_event=stop_event, publisher=publisher)
+                    reconciler=reconciler, gateway=gateway, stop_event=stop_event, publisher=publisher,
+                    drivers=drivers)
         holder["plnt"] = plnt
         statuses.on_change = plnt.refresh_routes
         if settings.mirror_status:  # after on_change is set: the mirror chains it

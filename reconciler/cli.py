@@ -708,6 +708,7 @@ def recipe_fetch(
         "Trusted-root JSON for the policy's trustedRootFile; default: that path, relative to the policy "
         "file's directory, then to the current directory."))] = None,
     s3_endpoint_url: Annotated[str | None, typer.Option(help="S3-compatible endpoint.")] = None,
+    s3_region: Annotated[str | None, typer.Option(help="S3 region.")] = None,
     oci_insecure_host: Annotated[list[str] | None, typer.Option(help="OCI host allowed over plain HTTP.")] = None,
     max_download_mb: Annotated[int, typer.Option(help="Refuse a download larger than this.", min=1)] = 256,
 ) -> None:
@@ -763,7 +764,7 @@ def recipe_fetch(
             source, commit="", cache=RecipeCache(work / "cache"), policies=specs.trust_policies.values(),
             read_from_repo=read_trust_root, export_from_repo=no_repo,
             registry_options=RegistryOptions(  # the operator's own command line: any file:/// directory
-                s3_endpoint_url=s3_endpoint_url, allow_insecure_http=tuple(oci_insecure_host or ()),
+                s3_endpoint_url=s3_endpoint_url, s3_region=s3_region, allow_insecure_http=tuple(oci_insecure_host or ()),
                 max_download_bytes=max_download_mb * 2**20, file_roots=None))
         into.mkdir(exist_ok=True)
         for item in pulled.directory.iterdir():

@@ -8,10 +8,23 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .loader import SpecSet
+from .specs import RecipeTrustPolicy
 from .state import LiveWorkflow, Release, Track
+
+
+class RecipeTrust(BaseModel):
+    """What the saga verified the recipe with, read from the saga's commit: the RecipeTrustPolicies
+    covering the recipe and the trusted-root JSON of each `trustedRootFile` they name (path -> text).
+    A driver whose runners fetch and verify the recipe themselves (Helm: the pod's init container)
+    hands these to them; the local driver runs plnt's verified copy and needs none."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policies: tuple[RecipeTrustPolicy, ...] = ()
+    trusted_roots: dict[str, str] = Field(default_factory=dict)
 
 
 class InstallRequest(BaseModel):
@@ -25,10 +38,11 @@ class InstallRequest(BaseModel):
     recipe_digest: str
     recipe_dir: str
     traffic_percent: int = 0
+    trust: RecipeTrust = RecipeTrust()
 
     def release(self, endpoint: str = "") -> Release:
         """The release this request makes, before a driver gives it an endpoint (and a process)."""
-        return Release(release_id=self.release_id, endpoint=endpoint, **self.model_dump())
+        return Release(release_id=self.release_id, endpoint=endpoint, **self.model_dump(exclude={"trust"}))
 
     @property
     def release_id(self) -> str:

@@ -10,6 +10,9 @@ Unknown is never "gone": when a cluster's live state cannot be read (unreachable
 answers the last state read from it, updated by plnt's own installs, promotions and removals and
 kept in STATE/helm-live.json, so the plan neither restores nor uninstalls anything there on the
 strength of a failed read.
+
+Routes: `snapshot()` is the local records plus that last known Helm state, so the gateway routes to
+Kubernetes releases (their Services) as to local runners; `on_change` fires whenever it changes.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ MakeHelmDriver = Callable[[PlntBackend, SpecLookup], HelmDriver]
 
 
 class DriverSet:
-    def __init__(self, local: LocalDriver | ReportedRunners, state: StateDir, make_helm: MakeHelmDriver) -> None:
+    def __init__(self, local: LocalDriver | ReportedRunners, state: StateDir, make_helm: MakeHelmDriver, *,
+                 on_change: Callable[[], None] | None = None) -> None:
         """`local`: the runner processes themselves (`plnt up`, `plnt worker`), or on a reconciler of
         split roles what the workers report of theirs (ReportedRunners)."""
         self.local = local
         self._make_helm = make_helm
+        self._on_change = on_change  # called when a Helm backend's known releases change (routes follow)
         self._file = state.root / "backends.json"
         saved = read_json(self._file, default={}) or {}
         self._saved: dict[str, object] = saved
@@ -128,6 +133,15 @@ class DriverSet:
             live.update(found)
         return live
 
+    def snapshot(self) -> dict[str, LiveWorkflow]:
+        """Every release plnt knows of, without I/O: the local driver's records and the last known
+        state of each Kubernetes backend in use (Helm releases' endpoints are their Services). What
+        the gateway's route table is built from."""
+        result = dict(self.local.snapshot())
+        for backend in self._kubernetes_backends():
+            result.update(self._known.get(backend.metadata.name, {}))
+        return result
+
     def live_unknown(self, key: str) -> str | None:
         """Why plnt cannot tell what runs for this WorkflowRun, or None: its backend's live state
         could not be read at the last `live()` and no earlier read (STATE/helm-live.json) holds it.
@@ -175,6 +189,8 @@ class DriverSet:
             name: {key: item.model_dump(mode="json") for key, item in items.items()}
             for name, items in self._known.items()
         })
+        if self._on_change is not None:
+            self._on_change()
 
     def _kubernetes_backends(self) -> list[PlntBackend]:
         used = set(self._assigned.values())

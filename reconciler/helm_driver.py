@@ -13,7 +13,14 @@ be DNS-1035 labels of at most 53 characters, for both tracks (so `name` is at mo
 Values seam. `InstallRequest` is shared by both drivers and carries no spec, so the driver asks a
 `SpecLookup` for the WorkflowRun spec by (namespace, name, spec fingerprint) and checks the
 fingerprint: the values come from exactly the spec the saga deploys. `render_values` is the pure
-function from (request, spec, backend, image) to values; tests render the chart with it.
+function from (request, spec, backend, image, registry settings) to values; tests render the chart
+with it.
+
+Recipe in the pod. The runner pod's init container runs `plnt recipe fetch` with the saga's pinned
+digest, the RecipeTrustPolicies covering the recipe that the saga verified with (`request.trust`,
+read from the saga's commit; rendered into a ConfigMap with the trusted roots they name), plnt's
+registry settings, and registry credentials from a Secret named by `credentials_secret` (never
+the credentials themselves). A `file:` registry cannot be reached from a pod: InvalidSpec.
 
 Waiting and recovery. Installs run `helm upgrade --install --wait` WITHOUT --atomic
 (--rollback-on-failure in helm 4): a canary that does not become ready stays as it is (pods,
@@ -50,15 +57,20 @@ import yaml
 
 from .driver import InstallRequest
 from .errors import DriverError, InvalidSpec, LiveStateUnknown, NeedsHuman, PlntError, UnknownBackend
+from .registries import RegistryOptions
 from .specs import PlntBackend, WorkflowRun, WorkflowRunSpec, spec_fingerprint
 from .state import LiveWorkflow, Release, Track
+from .trust import policies_for
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHART = str(Path(__file__).resolve().parent.parent / "charts" / "workflow-runner")
 RELEASE_NAME_MAX = 53  # Helm's limit (release names end up in labels with suffixes)
 CANARY_SUFFIX = "-canary"
-RECIPE_DIR_IN_POD = "/recipe"  # where the runner reads its recipe (the chart's emptyDir)
+# Where the runner reads its recipe: a directory in the chart's emptyDir (mounted at /var/lib/plnt),
+# which the init container fills with `plnt recipe fetch` (a subdirectory, so fetch's staging sits
+# beside it on the same filesystem).
+RECIPE_DIR_IN_POD = "/var/lib/plnt/recipe"
 MANAGED_LABEL = ("plnt.work/managed-by", "plnt")  # Helm release label: which releases are plnt's
 LIST_MAX = 4096
 PENDING = ("pending-install", "pending-upgrade", "pending-rollback")
@@ -121,8 +133,14 @@ def render_values(
     image: RunnerImage,
     *,
     resources: dict[str, Any] | None = None,
+    registry_options: RegistryOptions = RegistryOptions(),
+    credentials_secret: str = "",
 ) -> dict[str, Any]:
-    """The workflow-runner values for one release: pure, and exactly what `install` passes to helm."""
+    """The workflow-runner values for one release: pure, and exactly what `install` passes to helm.
+
+    The pod's init container fetches exactly `request.recipe_digest` and verifies it against
+    `request.trust` (the policies the saga verified with), reaching the registry with plnt's own
+    registry settings; credentials only as the name of a Secret in the backend's namespace."""
     placement = spec.backend
     gpu_class = placement.gpu_class or ""
     if gpu_class and not _LABEL_KEY.match(gpu_class):
@@ -162,6 +180,42 @@ def render_values(
         "autoscaling": autoscaling,
         "resources": resources or {},
         "service": {"port": 80},
+        "recipeFetch": recipe_fetch_values(request, spec, registry_options, credentials_secret),
+    }
+
+
+def recipe_fetch_values(request: InstallRequest, spec: WorkflowRunSpec, options: RegistryOptions,
+                        credentials_secret: str) -> dict[str, Any]:
+    """The chart's `recipeFetch` values: what the init container's `plnt recipe fetch` needs."""
+    source = spec.workflow
+    if source.registry.startswith("file:"):
+        # A pod sees neither plnt's spec repository nor plnt's disk.
+        raise InvalidSpec(
+            f"spec.workflow.registry: {source.registry!r} cannot be reached from a Kubernetes runner pod, which "
+            f"fetches and verifies its recipe itself; publish the recipe to an s3:// or oci:// registry for "
+            f"WorkflowRuns on backend {spec.backend.cluster!r}")
+    covering = policies_for(source.name, request.trust.policies)
+    if not covering:
+        raise InvalidSpec(
+            f"spec.workflow.ref: no RecipeTrustPolicy covering recipe {source.name!r} came with the install; the "
+            f"runner pod verifies the signature itself and needs the policies the saga verified it with")
+    roots: dict[str, str] = {}
+    for policy in covering:
+        path = policy.spec.trust_root.trusted_root_file
+        if path is None:
+            continue
+        if path not in request.trust.trusted_roots:
+            raise InvalidSpec(f"RecipeTrustPolicy {policy.metadata.name}: spec.trustRoot.trustedRootFile {path!r} was "
+                              f"not read from the commit; the runner pod cannot verify the recipe without it")
+        roots[path] = request.trust.trusted_roots[path]
+    documents = [p.model_dump(mode="json", by_alias=True, exclude_none=True) for p in covering]
+    return {
+        "policies": yaml.safe_dump_all(documents, sort_keys=True),
+        "trustedRoots": roots,
+        "s3": {"endpointUrl": options.s3_endpoint_url or "", "region": options.s3_region or ""},
+        "ociInsecureHosts": list(options.allow_insecure_http),
+        "maxDownloadMB": -(-options.max_download_bytes // 2**20),  # whole MiB, rounded up
+        "credentialsSecret": credentials_secret,
     }
 
 
@@ -348,6 +402,8 @@ class HelmDriver:
         chart: str = DEFAULT_CHART,
         image: RunnerImage | None = None,
         resources: dict[str, Any] | None = None,
+        registry_options: RegistryOptions = RegistryOptions(),
+        credentials_secret: str = "",
         helm: str = "helm",
         timeout_s: float = 150.0,  # under the saga's 3-minute install/promote/remove activity timeouts
         stuck_after_s: float | None = None,
@@ -364,6 +420,8 @@ class HelmDriver:
         self._chart_version = chart_version(chart)
         self._image = image or RunnerImage()
         self._resources = resources
+        self._registry_options = registry_options
+        self._credentials_secret = credentials_secret
         self._timeout_s = timeout_s
         # A pending release younger than this may belong to a helm that is still running.
         self._stuck_after_s = stuck_after_s if stuck_after_s is not None else timeout_s + 120.0
@@ -383,7 +441,8 @@ class HelmDriver:
 
     async def install(self, request: InstallRequest) -> Release:
         release = release_name(request.name, request.track)
-        values = render_values(request, self._spec_for(request), self._backend, self._image, resources=self._resources)
+        values = render_values(request, self._spec_for(request), self._backend, self._image, resources=self._resources,
+                               registry_options=self._registry_options, credentials_secret=self._credentials_secret)
         async with self._lock(request.namespace, request.name):
             current = await self.status(release)
             if current is not None:

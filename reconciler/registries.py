@@ -700,7 +700,7 @@ class OciRegistry:
         code = f" ({status})" if status else ""
         return RegistryAuthFailed(
             f"{self.describe()} refused access{code} while {what}: {detail}; check the registry credentials plnt "
-            f"runs with (`docker login {self.netloc}` / DOCKER_CONFIG of the user running plnt); plnt retries"
+            f"runs with (`docker login {self.netloc}`: $HOME/.docker/config.json of the user running plnt); plnt retries"
         )
 
     def _status_failure(self, response: Any, what: str) -> PlntError:

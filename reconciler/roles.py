@@ -157,12 +157,12 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     holder: dict[str, Any] = {}
 
     def refresh_routes() -> None:
-        table = build_route_table(drivers.local.snapshot(), statuses)
+        table = build_route_table(drivers.snapshot(), statuses)  # reported local runners + known Helm releases
         router.replace(table)
         publisher.publish(table, [status.public() for status in statuses.all()])
 
     runners = ReportedRunners(on_change=refresh_routes)
-    drivers = make_driver_set(settings, runners, state)
+    drivers = make_driver_set(settings, runners, state, on_change=refresh_routes)
     source = make_source(settings, state)
     statuses.on_change = refresh_routes
 

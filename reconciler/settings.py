@@ -143,6 +143,10 @@ class Settings(BaseModel):
     # --mirror-status: WorkflowRuns as plnt.work/v1 custom resources (plnt.reconciler.kube).
     mirror_status: bool = Field(default=False, description="apply WorkflowRun CRs and write their status")
     kubeconfig: Path | None = Field(default=None, description="for --mirror-status; None: in-cluster config")
+    runner_registry_secret: str = Field(
+        default="", max_length=253, pattern=r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="name of a Secret in each Kubernetes backend's namespace with the registry credentials runner "
+        "pods fetch their recipe with (keys: see charts/workflow-runner/README.md); empty: none")
 
     @model_validator(mode="after")
     def _temporal_connection(self) -> Settings:

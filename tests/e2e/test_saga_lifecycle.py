@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import uuid
 from pathlib import Path
 
 import pytest
 
 from ..conftest import SpecRepo
+from ..services import OciServer
 from .harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
 from .test_commit_to_serving import RUN_FILE, _alive, runner_pids
 
@@ -150,16 +152,22 @@ async def test_history_shows_each_step_of_the_newest_saga(
 
 
 async def test_a_kubernetes_backend_goes_through_the_helm_driver(
-    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str, oci_registry: OciServer,
 ) -> None:
     """The real helm binary, the real chart, a kube context that does not exist (no cluster can run
     here): the saga reaches helm, the error is a dead end named in the status, and the WorkflowRun on
-    the local backend is untouched."""
+    the local backend is untouched. Its recipe is the example's signed archive, pushed to a real OCI
+    registry: a runner pod fetches its recipe itself and reaches no `file:` registry."""
     import shutil
 
     from plnt.reconciler.helm_driver import DEFAULT_CHART
+    from plnt.reconciler.registries import RegistryOptions, open_registry
 
     helm = shutil.which("helm") or str(Path(__import__("sys").executable).parent / "helm")
+    entry = spec_repo.path / "registry" / "review-responder" / "1.2.0"
+    registry = f"oci://{oci_registry.address}/e2e-{uuid.uuid4().hex[:8]}"
+    open_registry(registry, RegistryOptions(allow_insecure_http=(oci_registry.address,))).push(
+        "review-responder", "1.2.0", entry / "recipe.tar.gz", entry / "recipe.tar.gz.sigstore.json")
     spec_repo.write("backends/gpu.yaml", (
         "apiVersion: plnt.work/v1\nkind: PlntBackend\nmetadata: {name: gpu-cluster-01}\n"
         "spec:\n  type: kubernetes\n  gpuClasses: [nvidia.com/h100]\n"
@@ -167,16 +175,24 @@ async def test_a_kubernetes_backend_goes_through_the_helm_driver(
     (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
     text = (spec_repo.path / RUN_FILE).read_text()
     spec_repo.write("workflowruns/on-gpu.yaml", text.replace("name: review-responder\n", "name: rr-gpu\n")
-                    .replace("    cluster: local", "    cluster: gpu-cluster-01\n    gpuClass: nvidia.com/h100\n    gpuCount: 1"))
+                    .replace("    cluster: local", "    cluster: gpu-cluster-01\n    gpuClass: nvidia.com/h100\n    gpuCount: 1")
+                    .replace("registry: file:registry", f"registry: {registry}"))
+    spec_repo.write("workflowruns/from-file.yaml", text.replace("name: review-responder\n", "name: rr-file\n")
+                    .replace("    cluster: local", "    cluster: gpu-cluster-01"))
     spec_repo.commit("a WorkflowRun on a kubernetes backend")
     settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
-                            helm_binary=helm, helm_chart=DEFAULT_CHART)
+                            helm_binary=helm, helm_chart=DEFAULT_CHART, oci_insecure_hosts=(oci_registry.address,))
     async with running_plnt(settings) as plnt:
         await wait_phase(plnt, "Ready", version="1.2.0")
         status = await wait_phase(plnt, "Failed", name="rr-gpu", timeout=60)
         assert status["lastError"].startswith("HelmConfigError"), status
         assert "plnt-test-no-such-context" in status["lastError"]
+        # A registry inside the spec repository cannot reach a pod: refused at validation, before the pull.
+        refused = await wait_phase(plnt, "Failed", name="rr-file", timeout=60)
+        assert refused["lastError"].startswith("InvalidSpec") and "cannot be reached from a runner pod" in \
+            refused["lastError"], refused
         assert set(plnt.driver.snapshot()) == {"default/review-responder"}, "nothing of rr-gpu ran locally"
+        assert set(plnt.drivers.snapshot()) == {"default/review-responder"}, "no Helm release was made"
         assert (await invoke(plnt)).json()["version"] == "1.2.0"
 
 

@@ -9,17 +9,19 @@ through `helm template`. Every rendered object passes kubernetes-validate's stri
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from plnt.reconciler.driver import InstallRequest
+from plnt.reconciler.driver import InstallRequest, RecipeTrust
 from plnt.reconciler.helm_driver import (
     DEFAULT_CHART,
     HelmChartError,
@@ -28,7 +30,8 @@ from plnt.reconciler.helm_driver import (
     classify,
     render_values,
 )
-from plnt.reconciler.specs import PlntBackend, WorkflowRun
+from plnt.reconciler.registries import RegistryOptions
+from plnt.reconciler.specs import PlntBackend, RecipeTrustPolicy, WorkflowRun
 
 pytestmark = pytest.mark.integration  # every test runs the real helm binary
 
@@ -75,10 +78,26 @@ def workflow_run(name: str = "review-responder", **spec: Any) -> WorkflowRun:
     })
 
 
-def install_request(run: WorkflowRun, track: str) -> InstallRequest:
+def trust_policy(name: str, root: dict[str, Any]) -> RecipeTrustPolicy:
+    return RecipeTrustPolicy.model_validate({
+        "apiVersion": "plnt.work/v1", "kind": "RecipeTrustPolicy", "metadata": {"name": name},
+        "spec": {"recipes": ["review-*"], "trustRoot": root,
+                 "signers": [{"issuer": "https://token.actions.githubusercontent.com",
+                              "identityRegex": r"^https://github\.com/acme/recipes/.*$"}]},
+    })
+
+
+ROOT_JSON = json.dumps({"mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1", "tlogs": []})
+WITH_ROOT = RecipeTrust(policies=(trust_policy("acme-signers", {"trustedRootFile": "trust/acme-root.json"}),),
+                        trusted_roots={"trust/acme-root.json": ROOT_JSON})
+PUBLIC_GOOD = RecipeTrust(policies=(trust_policy("public-signers", {"publicGood": True}),))
+
+
+def install_request(run: WorkflowRun, track: str, trust: RecipeTrust = WITH_ROOT) -> InstallRequest:
     return InstallRequest(namespace=run.metadata.namespace, name=run.metadata.name, track=track, version="1.2.0",
                           spec_fingerprint=run.fingerprint(), recipe_digest="sha256:" + "9a" * 32,
-                          recipe_dir="/var/lib/plnt/recipes/9a9a", traffic_percent=5 if track == "canary" else 0)
+                          recipe_dir="/var/lib/plnt/recipes/9a9a", traffic_percent=5 if track == "canary" else 0,
+                          trust=trust)
 
 
 IMAGE = RunnerImage(repository="ghcr.io/acme/plnt", tag="0.1.0", pull_policy="IfNotPresent")
@@ -146,9 +165,14 @@ def helm_template(helm: str, release: str, chart: str, namespace: str, values: d
 
 
 def by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    kinds = [doc["kind"] for doc in docs]
-    assert len(kinds) == len(set(kinds)), kinds
-    return {doc["kind"]: doc for doc in docs}
+    """Objects by kind; the trust policies' ConfigMap (`<release>-recipe-trust`) as "RecipeTrustConfigMap"."""
+    objects: dict[str, dict[str, Any]] = {}
+    for doc in docs:
+        trust = doc["kind"] == "ConfigMap" and doc["metadata"]["name"].endswith("-recipe-trust")
+        key = "RecipeTrustConfigMap" if trust else doc["kind"]
+        assert key not in objects, [d["kind"] for d in docs]
+        objects[key] = doc
+    return objects
 
 
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -204,8 +228,9 @@ async def test_driver_manifests_render_and_validate_strictly(helm: str, validate
     objects = by_kind(docs)
     release = "review-responder" + ("-canary" if track == "canary" else "")
     autoscaled = run.spec.autoscaling is not None
-    assert set(objects) == {"ConfigMap", "Service", "Deployment"} | ({"HorizontalPodAutoscaler"} if autoscaled else set())
-    assert {doc["metadata"]["name"] for doc in docs} == {release}
+    assert set(objects) == {"ConfigMap", "RecipeTrustConfigMap", "Service", "Deployment"} | (
+        {"HorizontalPodAutoscaler"} if autoscaled else set())
+    assert {doc["metadata"]["name"] for doc in docs} == {release, f"{release}-recipe-trust"}
 
     deployment = objects["Deployment"]
     pod = deployment["spec"]["template"]
@@ -223,7 +248,19 @@ async def test_driver_manifests_render_and_validate_strictly(helm: str, validate
     assert container["image"] == "ghcr.io/acme/plnt:0.1.0"
     assert container["command"] == ["python", "-m", "plnt.runner"]
     release_id = install_request(run, track).release_id
-    assert container["args"] == ["--recipe", "/recipe", "--host", "0.0.0.0", "--port", "8080", "--release-id", release_id]
+    assert container["args"] == ["--recipe", "/var/lib/plnt/recipe", "--host", "0.0.0.0", "--port", "8080",
+                                 "--release-id", release_id]
+    assert {"name": "recipe", "mountPath": "/var/lib/plnt", "readOnly": True} in container["volumeMounts"]
+    [init] = pod["spec"]["initContainers"]
+    assert init["image"] == container["image"] and init["command"] == ["plnt"]
+    assert init["args"] == ["recipe", "fetch", "--registry", "s3://microagents", "--ref", "review-responder@1.2.0",
+                            "--digest", "sha256:" + "9a" * 32, "--policy", "/etc/plnt/trust/policies.yaml",
+                            "--trust-root", "/etc/plnt/trust/trust/acme-root.json", "--into", "/var/lib/plnt/recipe",
+                            "--max-download-mb", "256"]
+    assert "nvidia.com/gpu" not in init["resources"].get("limits", {}), "the fetch holds no GPU"
+    trust = objects["RecipeTrustConfigMap"]["data"]
+    assert set(trust) == {"policies.yaml", "trusted-root-0.json"} and trust["trusted-root-0.json"] == ROOT_JSON
+    assert [doc["metadata"]["name"] for doc in yaml.safe_load_all(trust["policies.yaml"])] == ["acme-signers"]
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert objects["Service"]["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
@@ -357,3 +394,192 @@ def test_a_broken_template_is_a_chart_error(helm: str, tmp_path: Path) -> None:
     assert result.returncode != 0 and "nil pointer evaluating" in result.stderr, result.stderr
     error = classify("upgrade", "review-responder", result.stderr)
     assert isinstance(error, HelmChartError) and "broken.yaml" in str(error) and "nil pointer" in str(error)
+
+
+# --- the matrix: every combination the driver can produce -----------------------------------
+
+# Every combination of six dimensions; the registry kind alternates by parity, so each (secret,
+# root) pair is rendered with both s3 and oci (64 renders rather than 128).
+MATRIX = [(*dims, ("s3", "oci")[sum(dims[i] == pair[1] for i, pair in enumerate(DIMS)) % 2])
+          for DIMS in [(("stable", "canary"), ("gpu", "cpu"), ("autoscaled", "fixed"), ("ingress", "no-ingress"),
+                        ("secret", "no-secret"), ("root", "public-good"))]
+          for dims in itertools.product(*DIMS)]
+
+
+def matrix_values(track: str, gpu: str, scaling: str, ingress: str, secret: str, root: str,
+                  registry: str) -> tuple[str, dict[str, Any]]:
+    spec: dict[str, Any] = {"replicas": {"min": 1, "max": 4}}
+    spec["workflow"] = {"ref": "review-responder@1.2.0",
+                        "registry": "s3://microagents/prod" if registry == "s3" else "oci://registry.example.com/recipes"}
+    if gpu == "gpu":
+        spec["backend"] = {"cluster": "gpu-cluster-01", "gpuClass": "nvidia.com/h100", "gpuCount": 2}
+    if scaling == "autoscaled":
+        spec["autoscaling"] = {"targetInvocationsPerSecond": 25}
+    run = workflow_run(**spec)
+    values = render_values(
+        install_request(run, track, WITH_ROOT if root == "root" else PUBLIC_GOOD), run.spec, BACKEND, IMAGE,
+        resources={"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+        registry_options=RegistryOptions(s3_endpoint_url="https://s3.eu-west-1.amazonaws.com", s3_region="eu-west-1",
+                                         allow_insecure_http=("registry.internal:5000",)),
+        credentials_secret="recipe-registry" if secret == "secret" else "")
+    if ingress == "ingress":
+        values["ingress"] = {"enabled": True, "className": "nginx", "host": "rr.example.com", "tlsSecretName": "rr-tls"}
+    return "review-responder" + ("-canary" if track == "canary" else ""), values
+
+
+# The `restricted` Pod Security Standard (Kubernetes 1.33), field by field, as the admission plugin checks it.
+RESTRICTED_VOLUME_TYPES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                           "projected", "secret"}
+
+
+def restricted_problems(pod: dict[str, Any]) -> list[str]:
+    problems = []
+    pod_security = pod.get("securityContext", {})
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(field):
+            problems.append(f"pod: {field}")
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUME_TYPES:
+            problems.append(f"volume {volume['name']}: {kinds}")
+    if pod_security.get("runAsUser") == 0:
+        problems.append("pod: runAsUser 0")
+    containers = [*pod.get("initContainers", []), *pod["containers"]]
+    assert len(containers) >= 2, "an init container and the runner"
+    for container in containers:
+        where = container["name"]
+        security = container.get("securityContext", {})
+
+        def effective(field: str, security: dict[str, Any] = security) -> Any:
+            return security.get(field, pod_security.get(field))
+
+        if effective("runAsNonRoot") is not True:
+            problems.append(f"{where}: runAsNonRoot")
+        if effective("runAsUser") == 0:
+            problems.append(f"{where}: runAsUser 0")
+        if security.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{where}: allowPrivilegeEscalation")
+        if security.get("privileged"):
+            problems.append(f"{where}: privileged")
+        capabilities = security.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []) or set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{where}: capabilities")
+        if (effective("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{where}: seccompProfile")
+        if security.get("readOnlyRootFilesystem") is not True:  # not in the standard; this chart's own rule
+            problems.append(f"{where}: readOnlyRootFilesystem")
+        if any(port.get("hostPort") for port in container.get("ports", [])):
+            problems.append(f"{where}: hostPort")
+        mounts = {mount["mountPath"]: mount for mount in container.get("volumeMounts", [])}
+        if "/tmp" not in mounts or mounts["/tmp"].get("readOnly"):
+            problems.append(f"{where}: no writable /tmp emptyDir")
+    return problems
+
+
+async def test_the_matrix_renders_lints_and_validates_strictly_and_every_pod_is_restricted(
+    helm: str, validate: Any, tmp_path: Path,
+) -> None:
+    assert len(MATRIX) == 64 and {c[-1] for c in MATRIX if c[4:6] == ("secret", "root")} == {"s3", "oci"}
+
+    def render_one(combination: tuple[str, ...]) -> list[dict[str, Any]]:
+        release, values = matrix_values(*combination)
+        return render(helm, release, str(CHART), "agents", values)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # helm runs as processes: render in parallel
+        rendered = list(pool.map(render_one, MATRIX))
+    validated: set[str] = set()
+    for combination, docs in zip(MATRIX, rendered, strict=True):
+        track, gpu, scaling, ingress, secret, root, registry = combination
+        for doc in docs:
+            text = json.dumps(doc, sort_keys=True)
+            if text in validated:  # the same object from another combination (e.g. a Service)
+                continue
+            validated.add(text)
+            try:
+                validate(doc, K8S_VERSION, strict=True)
+            except Exception as exc:
+                pytest.fail(f"{combination}: {doc['kind']} fails strict validation: {str(exc).splitlines()[0]}")
+            check_labels(doc["metadata"]["labels"])
+        objects = by_kind(docs)
+        assert ("Ingress" in objects) == (ingress == "ingress") and (
+            "HorizontalPodAutoscaler" in objects) == (scaling == "autoscaled"), combination
+        pod = objects["Deployment"]["spec"]["template"]["spec"]
+        assert restricted_problems(pod) == [], combination
+        [init] = pod["initContainers"]
+        args = init["args"]
+        assert ("--trust-root" in args) == (root == "root"), combination
+        assert args[args.index("--s3-endpoint-url") + 1] == "https://s3.eu-west-1.amazonaws.com"
+        assert args[args.index("--oci-insecure-host") + 1] == "registry.internal:5000"
+        env = {item["name"]: item for item in init["env"]}
+        mounts = {mount["name"] for mount in init["volumeMounts"]}
+        aws = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+        assert (aws <= set(env)) == (secret == "secret" and registry == "s3"), combination
+        assert ("registry-credentials" in mounts) == (secret == "secret" and registry == "oci"), combination
+        for name in aws & set(env):
+            assert env[name]["valueFrom"]["secretKeyRef"]["name"] == "recipe-registry" and "value" not in env[name]
+        trust = objects["RecipeTrustConfigMap"]["data"]
+        text = json.dumps(objects["RecipeTrustConfigMap"]) + json.dumps(objects["ConfigMap"])
+        assert "recipe-registry" not in text, "ConfigMaps name no credentials"
+        assert ("trusted-root-0.json" in trust) == (root == "root")
+        assert "nvidia.com/gpu" not in json.dumps(init["resources"])
+        limits = pod["containers"][0]["resources"]["limits"]
+        assert ("nvidia.com/gpu" in limits) == (gpu == "gpu")
+    # helm lint --strict on a spread of the matrix (each run ~0.1 s): every value of every dimension
+    for index, combination in enumerate(MATRIX):
+        if index % 7:
+            continue
+        _, values = matrix_values(*combination)
+        path = tmp_path / "values.json"
+        path.write_text(json.dumps(values))
+        result = subprocess.run([helm, "lint", "--strict", str(CHART), "--values", str(path)],
+                                capture_output=True, text=True, check=False)
+        assert result.returncode == 0 and "0 chart(s) failed" in result.stdout, (combination, result.stdout + result.stderr)
+        assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout
+
+
+async def test_several_trusted_roots_are_mounted_beside_the_policies_without_trust_root(helm: str) -> None:
+    """Two policies with different trusted roots: each root at its own path relative to the policies
+    file, where `plnt recipe fetch` looks for it (one --trust-root cannot name both)."""
+    run, track = CASES["cpu-fixed-stable"]
+    trust = RecipeTrust(
+        policies=(trust_policy("acme", {"trustedRootFile": "trust/acme-root.json"}),
+                  trust_policy("partner", {"trustedRootFile": "partners/root.json"})),
+        trusted_roots={"trust/acme-root.json": ROOT_JSON, "partners/root.json": ROOT_JSON.replace("[]", "[1]")})
+    objects = by_kind(render(helm, "review-responder", str(CHART), "agents",
+                             render_values(install_request(run, track, trust), run.spec, BACKEND, IMAGE)))
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    assert "--trust-root" not in pod["initContainers"][0]["args"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "recipe-trust"]
+    assert volume["configMap"]["items"] == [
+        {"key": "policies.yaml", "path": "policies.yaml"},
+        {"key": "trusted-root-0.json", "path": "partners/root.json"},
+        {"key": "trusted-root-1.json", "path": "trust/acme-root.json"},
+    ]
+    data = objects["RecipeTrustConfigMap"]["data"]
+    assert data["trusted-root-0.json"] == trust.trusted_roots["partners/root.json"]
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda v: v["recipeFetch"].update(credentials={"key": "x"}), "additional properties 'credentials' not allowed"),
+    (lambda v: v["recipeFetch"].update(credentialsSecret="Not_A_Name"), "credentialsSecret"),
+    (lambda v: v["recipeFetch"].update(policies=""), "policies"),
+    (lambda v: v["recipeFetch"].update(maxDownloadMB=0), "maxDownloadMB"),
+    (lambda v: v["recipeFetch"]["s3"].update(endpoint="x"), "additional properties 'endpoint' not allowed"),
+    (lambda v: v["workflow"].update(registry="file:registry"), "registry"),
+])
+def test_schema_rejects_bad_recipe_fetch_values(helm: str, change: Any, expected: str) -> None:
+    run, track = CASES["cpu-fixed-stable"]
+    values = render_values(install_request(run, track), run.spec, BACKEND, IMAGE)
+    change(values)
+    result = helm_template(helm, "review-responder", str(CHART), "agents", values)
+    assert result.returncode != 0 and "values don't meet the specifications of the schema" in result.stderr, result.stderr
+    assert expected in result.stderr, result.stderr
+
+
+def test_a_trusted_root_path_leaving_the_mount_fails_the_render(helm: str) -> None:
+    run, track = CASES["cpu-fixed-stable"]
+    values = render_values(install_request(run, track), run.spec, BACKEND, IMAGE)
+    values["recipeFetch"]["trustedRoots"] = {"trust/../../etc/passwd": ROOT_JSON}
+    result = helm_template(helm, "review-responder", str(CHART), "agents", values)
+    assert result.returncode != 0 and "without . or .. segments" in result.stderr, result.stderr
+    assert isinstance(classify("upgrade", "review-responder", result.stderr), HelmChartError)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler.driver import InstallRequest
+import yaml
+from plnt.reconciler.driver import InstallRequest, RecipeTrust
 from plnt.reconciler.errors import DriverError, InvalidSpec, NeedsHuman, UnknownBackend
 from plnt.reconciler.helm_driver import (
     DEFAULT_CHART,
@@ -38,7 +39,9 @@ from plnt.reconciler.helm_driver import (
     render_values,
     run_helm,
 )
-from plnt.reconciler.specs import PlntBackend, WorkflowRun
+from plnt.reconciler.loader import SourceFile, load_sources
+from plnt.reconciler.registries import RegistryOptions
+from plnt.reconciler.specs import PlntBackend, RecipeTrustPolicy, WorkflowRun
 
 NOW = datetime(2025, 11, 29, 22, 0, 0, tzinfo=UTC)
 LONG_AGO = "2025-11-29T21:40:02.118372913Z"   # 20 minutes before NOW: a dead helm's pending release
@@ -64,13 +67,20 @@ def run(name: str = "review-responder", namespace: str = "team-a", version: str 
 
 RUN = run()
 RUN_OLD = run(version="1.1.0")
+# What the saga verified the recipe with (read from its commit by install_release).
+POLICY = RecipeTrustPolicy.model_validate({
+    "apiVersion": "plnt.work/v1", "kind": "RecipeTrustPolicy", "metadata": {"name": "release-signers"},
+    "spec": {"recipes": ["review-responder"], "trustRoot": {"trustedRootFile": "trust/root.json"},
+             "signers": [{"issuer": "https://issuer.example", "identity": "release@acme.example"}]},
+})
+TRUST = RecipeTrust(policies=(POLICY,), trusted_roots={"trust/root.json": '{"r": 1}'})
 
 
 def request(workflow: WorkflowRun = RUN, track: str = "canary") -> InstallRequest:
     return InstallRequest(namespace=workflow.metadata.namespace, name=workflow.metadata.name, track=track,
                           version=workflow.spec.workflow.version, spec_fingerprint=workflow.fingerprint(),
                           recipe_digest="sha256:" + "9a" * 32, recipe_dir="/var/lib/plnt/recipes/9a",
-                          traffic_percent=5 if track == "canary" else 0)
+                          traffic_percent=5 if track == "canary" else 0, trust=TRUST)
 
 
 def values(workflow: WorkflowRun = RUN, track: str = "canary") -> dict[str, Any]:
@@ -207,7 +217,7 @@ async def test_install_runs_upgrade_install_with_the_rendered_values() -> None:
     assert release.model_dump() == {
         "release_id": request().release_id, "namespace": "team-a", "name": "review-responder", "track": "canary",
         "version": "1.2.0", "spec_fingerprint": RUN.fingerprint(), "recipe_digest": "sha256:" + "9a" * 32,
-        "recipe_dir": "/recipe", "endpoint": "http://review-responder-canary.agents.svc.cluster.local",
+        "recipe_dir": "/var/lib/plnt/recipe", "endpoint": "http://review-responder-canary.agents.svc.cluster.local",
         "traffic_percent": 5, "pid": None, "pid_start": None, "port": None,
     }
 
@@ -540,6 +550,66 @@ def test_render_values_rejects_a_gpu_class_that_is_no_label_key() -> None:
         render_values(request(workflow), workflow.spec, BACKEND, IMAGE)
 
 
+def policy(name: str, recipes: list[str], root: dict[str, Any]) -> RecipeTrustPolicy:
+    return RecipeTrustPolicy.model_validate({
+        "apiVersion": "plnt.work/v1", "kind": "RecipeTrustPolicy", "metadata": {"name": name},
+        "spec": {"recipes": recipes, "trustRoot": root, "signers": [{"issuer": "https://i.example", "identity": "a@b.c"}]},
+    })
+
+
+PUBLIC = policy("public", ["review-*"], {"publicGood": True})
+OTHER_ROOT = policy("other-root", ["*"], {"trustedRootFile": "trust/other.json"})
+NOT_COVERING = policy("translate-only", ["translate"], {"trustedRootFile": "trust/never.json"})
+ROOTS = {"trust/root.json": '{"r": 1}', "trust/other.json": '{"r": 2}', "trust/never.json": '{"r": 3}'}
+
+
+@pytest.mark.parametrize(("policies", "options", "secret", "expected"), [
+    pytest.param((POLICY,), RegistryOptions(), "", {
+        "policyNames": ["release-signers"], "trustedRoots": {"trust/root.json": '{"r": 1}'},
+        "s3": {"endpointUrl": "", "region": ""}, "ociInsecureHosts": [], "maxDownloadMB": 256,
+        "credentialsSecret": ""}, id="one-root-defaults"),
+    pytest.param((NOT_COVERING, PUBLIC, POLICY, OTHER_ROOT),
+                 RegistryOptions(s3_endpoint_url="http://minio.storage:9000", s3_region="eu-west-1",
+                                 allow_insecure_http=("registry.local:5000",), max_download_bytes=10 * 2**20 + 1),
+                 "recipe-registry", {
+        "policyNames": ["other-root", "public", "release-signers"],  # only those covering the recipe, sorted
+        "trustedRoots": {"trust/root.json": '{"r": 1}', "trust/other.json": '{"r": 2}'},
+        "s3": {"endpointUrl": "http://minio.storage:9000", "region": "eu-west-1"},
+        "ociInsecureHosts": ["registry.local:5000"], "maxDownloadMB": 11, "credentialsSecret": "recipe-registry"},
+        id="several-policies-settings-secret"),
+    pytest.param((PUBLIC,), RegistryOptions(), "", {
+        "policyNames": ["public"], "trustedRoots": {}, "s3": {"endpointUrl": "", "region": ""},
+        "ociInsecureHosts": [], "maxDownloadMB": 256, "credentialsSecret": ""}, id="public-good-no-root"),
+])
+def test_render_values_gives_the_pod_the_sagas_trust_and_registry_settings(
+    policies: tuple[RecipeTrustPolicy, ...], options: RegistryOptions, secret: str, expected: dict[str, Any],
+) -> None:
+    req = request().model_copy(update={"trust": RecipeTrust(policies=policies, trusted_roots=ROOTS)})
+    fetch = render_values(req, RUN.spec, BACKEND, IMAGE, registry_options=options, credentials_secret=secret)["recipeFetch"]
+    documents = list(yaml.safe_load_all(fetch.pop("policies")))
+    assert [doc["metadata"]["name"] for doc in documents] == expected.pop("policyNames")
+    # The policy text round-trips through plnt's own loader: what `plnt recipe fetch --policy` reads.
+    specs, problems = load_sources([SourceFile("policies.yaml", yaml.safe_dump_all(documents))], check_references=False)
+    assert not problems and {p.metadata.name: p for p in specs.trust_policies.values()} == \
+        {p.metadata.name: p for p in policies if p.covers("review-responder")}
+    assert fetch == expected
+    assert req.recipe_digest == render_values(req, RUN.spec, BACKEND, IMAGE)["workflow"]["digest"], "the saga's pin"
+
+
+@pytest.mark.parametrize(("trust", "registry", "message"), [
+    (RecipeTrust(), "s3://microagents", "no RecipeTrustPolicy covering recipe 'review-responder'"),
+    (RecipeTrust(policies=(NOT_COVERING,), trusted_roots=ROOTS), "s3://microagents", "no RecipeTrustPolicy covering"),
+    (RecipeTrust(policies=(POLICY,)), "s3://microagents", "trustedRootFile 'trust/root.json' was not read"),
+    (TRUST, "file:registry", "cannot be reached from a Kubernetes runner pod.*s3:// or oci://"),
+    (TRUST, "file:///srv/recipes", "cannot be reached from a Kubernetes runner pod"),
+])
+def test_render_values_refuses_what_a_pod_could_not_verify(trust: RecipeTrust, registry: str, message: str) -> None:
+    workflow = run(workflow={"ref": "review-responder@1.2.0", "registry": registry})
+    req = request(workflow).model_copy(update={"trust": trust})
+    with pytest.raises(InvalidSpec, match=message):
+        render_values(req, workflow.spec, BACKEND, IMAGE)
+
+
 def test_parsers_read_helm_json() -> None:
     assert parse_time("2025-11-29T21:40:02.118372913Z") == datetime(2025, 11, 29, 21, 40, 2, 118372, tzinfo=UTC)
     assert parse_time("2025-11-29T22:40:02+01:00") == datetime(2025, 11, 29, 21, 40, 2, tzinfo=UTC)
@@ -607,3 +677,54 @@ def test_driver_set_routes_kubernetes_runs_to_helm_and_remembers_backends(tmp_pa
     again = DriverSet(local, state, make_helm)
     assert isinstance(again.driver_for(RUN.metadata.namespace, RUN.metadata.name), HelmDriver)
     assert made == [BACKEND.metadata.name, BACKEND.metadata.name]
+
+
+async def test_routes_come_from_every_backend_with_the_canary_share_and_sticky_sessions(tmp_path: Path) -> None:
+    """The gateway's route table from a DriverSet whose Kubernetes backend has a stable and a canary
+    release: helm is the FAKE helm (canned output; no cluster), the LocalDriver is real but never started."""
+    import random
+
+    from plnt.gateway.routes import Router
+    from plnt.reconciler.app import build_route_table
+    from plnt.reconciler.drivers import DriverSet
+    from plnt.reconciler.loader import SpecSet
+    from plnt.reconciler.local_driver import LocalDriver
+    from plnt.reconciler.state import StateDir
+    from plnt.reconciler.status import StatusStore
+
+    state = StateDir(tmp_path / "state").ensure()
+    fake = (FakeHelm().expect("status", STABLE, rc=1, stderr=NOT_FOUND).expect("upgrade")
+            .expect("status", CANARY, rc=1, stderr=NOT_FOUND).expect("upgrade")
+            .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+            .expect("uninstall", CANARY))
+    changes: list[int] = []
+    drivers = DriverSet(LocalDriver(state), state, lambda b, lookup: HelmDriver(b, lookup, image=IMAGE, runner=fake),
+                        on_change=lambda: changes.append(1))
+    for workflow in (RUN_OLD, RUN):  # 1.1.0 was deployed from an earlier commit; 1.2.0 is the canary
+        drivers.assign(SpecSet(workflow_runs={workflow.key: workflow}, backends={BACKEND.metadata.name: BACKEND}))
+    await drivers.install(request(RUN_OLD, "stable"))
+    await drivers.install(request(RUN, "canary"))
+    assert len(changes) == 2, "each Helm change refreshes the routes"
+
+    statuses = StatusStore(state.status_file)
+    route = build_route_table(drivers.snapshot(), statuses).lookup("review-responder", "team-a")
+    assert route is not None and route.canary_percent == 5
+    assert [(b.endpoint, b.version) for b in route.stable_replicas] == [
+        ("http://review-responder.agents.svc.cluster.local", "1.1.0")]
+    assert route.canary is not None
+    assert (route.canary.endpoint, route.canary.version) == ("http://review-responder-canary.agents.svc.cluster.local", "1.2.0")
+
+    router = Router(rng=random.Random(7))
+    tracks = [router.choose(route)[1] for _ in range(20_000)]
+    assert 0.04 < tracks.count("canary") / len(tracks) < 0.06, "the canary's share, as for local runners"
+    sessions = {f"user-{i}": router.choose(route, session=f"user-{i}")[1] for i in range(4_000)}
+    assert 0.04 < list(sessions.values()).count("canary") / len(sessions) < 0.06
+    for session, track in list(sessions.items())[:500]:
+        assert all(router.choose(route, session=session)[1] == track for _ in range(5)), "sticky sessions"
+
+    # The canary removed (rolled back): the table follows without a live() read.
+    await drivers.remove("team-a", "review-responder", "canary")
+    fake.done()
+    route = build_route_table(drivers.snapshot(), statuses).lookup("review-responder", "team-a")
+    assert route is not None and route.canary is None and route.stable_replicas[0].version == "1.1.0"
+    assert len(changes) == 3

@@ -389,3 +389,40 @@ def test_recipe_requirements_against_the_workflowrun(needs: dict[str, Any], plac
         return
     with pytest.raises(GpuClassUnavailable, match=message):
         check_requirements(requirements, asked, recipe="r@1.0.0")
+
+
+async def test_install_hands_the_driver_the_policies_and_roots_the_pull_verified_with(
+    spec_repo: SpecRepo, clone: GitSource, tmp_path: Path,
+) -> None:
+    """A recording driver (a STAND-IN for the Helm driver) receives, with the install, the trust
+    policies covering the recipe and their trusted roots, read from the saga's commit."""
+    from plnt.reconciler.driver import InstallRequest
+    from plnt.reconciler.saga_io import PullInput
+
+    class RecordingDriver:
+        def __init__(self) -> None:
+            self.requests: list[InstallRequest] = []
+
+        async def install(self, request: InstallRequest) -> Release:
+            self.requests.append(request)
+            return request.release("http://recorded.invalid")
+
+    spec_repo.write("trust/other.yaml", (spec_repo.path / "trust" / "policy.yaml").read_text()
+                    .replace("name: ", "name: translate-only-", 1).replace("review-responder", "translate"))
+    spec_repo.commit("a policy that does not cover review-responder")
+    clone.fetch()
+    activities = real_activities(tmp_path, clone)
+    ref = ref_at(spec_repo)
+    pulled = await ActivityEnvironment().run(activities.pull_recipe, PullInput(saga=ref))
+    driver = RecordingDriver()
+    activities._driver = driver  # type: ignore[assignment]
+    await ActivityEnvironment().run(activities.install_release,
+                                    InstallInput(saga=ref, track="canary", recipe_digest=pulled.digest))
+    [request] = driver.requests
+    assert request.recipe_digest == pulled.digest
+    specs, _ = load_directory(spec_repo.path)
+    covering = [p for p in specs.trust_policies.values() if p.covers("review-responder")]
+    assert list(request.trust.policies) == covering and len(covering) < len(specs.trust_policies)
+    [path] = {p.spec.trust_root.trusted_root_file for p in covering}
+    assert request.trust.trusted_roots == {path: (spec_repo.path / path).read_text()}
+    assert "trust" not in request.release().model_dump(), "a release record carries no policies"

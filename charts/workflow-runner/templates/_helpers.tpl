@@ -46,3 +46,42 @@ plnt.work/workflow-namespace: {{ .Values.workflow.namespace }}
 {{- fail (printf "replicas.max (%v) must be >= replicas.min (%v)" .Values.replicas.max .Values.replicas.min) -}}
 {{- end -}}
 {{- end -}}
+
+{{- define "workflow-runner.trustConfigMap" -}}
+{{ include "workflow-runner.fullname" . }}-recipe-trust
+{{- end -}}
+
+{{/*
+The trustedRootFile paths, sorted, as a JSON list (ConfigMap key trusted-root-<index>.json). Each is
+mounted at its own path beside policies.yaml, where `plnt recipe fetch` looks for it.
+*/}}
+{{- define "workflow-runner.trustedRootPaths" -}}
+{{- $paths := keys (.Values.recipeFetch.trustedRoots | default dict) | sortAlpha -}}
+{{- range $paths -}}
+{{- if or (hasPrefix "/" .) (regexMatch "(^|/)\\.\\.?(/|$)" .) (eq . "policies.yaml") -}}
+{{- fail (printf "recipeFetch.trustedRoots: %q must be a relative path without . or .. segments, other than policies.yaml" .) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $paths -}}
+{{- end -}}
+
+{{/* Which registry kind the recipe comes from: s3 or oci (a pod reaches no file: registry). */}}
+{{- define "workflow-runner.registryKind" -}}
+{{- $registry := .Values.workflow.registry -}}
+{{- if hasPrefix "s3://" $registry -}}s3
+{{- else if hasPrefix "oci" $registry -}}oci
+{{- else -}}
+{{- fail (printf "workflow.registry %q: a runner pod fetches its recipe itself and reaches only s3:// or oci:// registries" $registry) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Every container and init container: the `restricted` Pod Security Standard, stated per container. */}}
+{{- define "workflow-runner.containerSecurity" -}}
+runAsNonRoot: true
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
