@@ -121,6 +121,52 @@ async def commit_to_served(repo: Path, up_url: str, paths: dict[str, str], commi
     return rows
 
 
+BULK = """\
+apiVersion: plnt.work/v1
+kind: WorkflowRun
+metadata: {{name: bulk-{i:04d}, namespace: bulk}}
+spec:
+  workflow: {{ref: review-responder@1.2.0, registry: file:registry}}
+  backend: {{cluster: no-such-backend-{round}}}
+  replicas: {{min: 1, max: 2}}
+  canary: {{trafficPercent: 5, smokeTest: {{invocations: 10, p95BudgetMs: 2500, errorBudgetPercent: 1}}}}
+"""
+
+
+async def busy_latency(repo: Path, up_url: str, paths: dict[str, str], runs: int, rounds: int,
+                       requests: int) -> dict[str, Any]:
+    """Invoke latency (concurrency 1) while plnt up reads and validates commits of `runs` WorkflowRuns.
+
+    Each WorkflowRun names a backend that does not exist, so every commit is refused whole after
+    all its files are parsed and checked (no saga, no runner: the load is the reconciler's own);
+    each round commits again (the backend name changes in every file) and hooks, then measures."""
+    loads = {label: Load() for label in paths}
+    bulk = repo / "workflowruns" / "bulk"
+    bulk.mkdir(exist_ok=True)
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        for round_ in range(rounds):
+            for i in range(runs):
+                (bulk / f"bulk-{i:04d}.yaml").write_text(BULK.format(i=i, round=round_))
+            git(repo, "add", "-A")
+            git(repo, "commit", "-qm", f"{runs} WorkflowRuns, round {round_}")
+            (await client.post(f"{up_url}/hooks/git")).raise_for_status()
+            await asyncio.sleep(0.05)
+            order = list(paths.items())
+            for label, url in order if round_ % 2 == 0 else reversed(order):
+                got = await run_load(url, "/workflows/review-responder/invoke", PAYLOAD, requests=requests,
+                                     concurrency=1, parse_results=False)
+                loads[label].samples += got.samples
+                loads[label].wall_s += got.wall_s
+    # Leave the repository as it was (the commit-to-served phase runs after this one).
+    for item in bulk.iterdir():
+        item.unlink()
+    bulk.rmdir()
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "bulk WorkflowRuns removed")
+    return {label: {"requests": len(load.samples), "errors": sum(not s.ok for s in load.samples),
+                    "latency_ms": pcts(load)} for label, load in loads.items()}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=1500, help="requests per path and concurrency")
@@ -128,6 +174,10 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--commits", type=int, default=4)
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
+    parser.add_argument("--busy-runs", type=int, default=0, help=(
+        "also measure invoke latency (concurrency 1) while plnt up reads commits of this many WorkflowRuns "
+        "(e.g. 1000; each commit refused for an unknown backend, so no saga runs)"))
+    parser.add_argument("--busy-rounds", type=int, default=6)
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="plnt-bench-split-"))
@@ -170,6 +220,15 @@ async def main() -> None:
                 ms = row["latency_ms"]
                 print(f"  {label:<10} p50 {ms['p50']:7.3f} ms  p95 {ms['p95']:7.3f} ms  p99 {ms['p99']:7.3f} ms  "
                       f"{row['rps']:7.1f} req/s  errors {row['errors']}")
+        if args.busy_runs:
+            rows = await busy_latency(repo, up_url, paths, args.busy_runs, args.busy_rounds, 200)
+            results["busy_reconciler"] = {"workflowruns": args.busy_runs, "rounds": args.busy_rounds, **rows}
+            print(f"\nconcurrency 1 while plnt up reads commits of {args.busy_runs} WorkflowRuns "
+                  f"({args.busy_rounds} commits, 200 requests per path after each)")
+            for label, row in rows.items():
+                ms = row["latency_ms"]
+                print(f"  {label:<10} p50 {ms['p50']:7.3f} ms  p95 {ms['p95']:7.3f} ms  p99 {ms['p99']:7.3f} ms  "
+                      f"errors {row['errors']}")
         commits = await commit_to_served(repo, up_url, paths, args.commits)
         results["commit_to_served_ms"] = commits
         print("\ncommit (+ hook) -> new version served, ms (each commit runs the whole saga)")

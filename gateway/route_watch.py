@@ -12,6 +12,10 @@ is not the publisher's: it restarted, so its versions started again), else after
 was published yet; 401/403 without the internal (or an admin) token; 404 when the control plane
 has no internal token configured (`--internal-token-file`).
 
+The publisher holds each version as a `Published` snapshot (the table's own `Route`s, cheap to
+compare on every status change; its JSON made once, when a follower first asks); the wire model
+`RouteTableDoc` is what followers parse and check.
+
 A gateway (`RouteFollower`) loops on it and swaps each new table into its `Router` in one
 assignment; on any failure it keeps the table it has and retries with capped, jittered backoff.
 """
@@ -336,7 +340,9 @@ def add_control_routes(app: Any, publisher: RoutePublisher, internal_token: str 
             return _json(503, "stopping", "the control plane is stopping; retry", {"retry-after": "2"})
         if doc is None:
             return _json(503, "no_route_table", "no route table published yet; retry", {"retry-after": "1"})
-        return Response(doc.json, media_type="application/json")
+        # Serialised once per version, off the loop (a 1,000-route table takes a few ms).
+        raw = doc.__dict__.get("json") or await asyncio.to_thread(lambda: doc.json)
+        return Response(raw, media_type="application/json")
 
 
 # --- the gateway's side ---------------------------------------------------------------------------------

@@ -295,7 +295,9 @@ async def test_a_gateway_honours_the_canary_share_and_keeps_its_table_without_co
         await gateway.wait_health(lambda code, state: state["routes_version"] == 2, "the promotion")
         assert await tracks(50) == Counter({"stable:2.0.0": 50})
 
-        # The control plane goes away: the gateway keeps serving its last table.
+        # The control plane goes away (as plnt up stops: waiting polls answered, then the server
+        # stops): the gateway keeps serving its last table.
+        publisher.close()
         await control.stop()
         await gateway.wait_health(lambda code, state: code == 200 and state["control"] == "unreachable",
                                   "control unreachable")
