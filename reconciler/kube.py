@@ -313,6 +313,7 @@ class StatusMirror:
         self._desired: dict[str, tuple[dict[str, Any], str]] | None = None  # key -> (apply body, fingerprint)
         self._desired_version = 0
         self._pruned_version = 0
+        self._deferred: set[str] = set()  # gone from git, still being uninstalled: deleted once its status goes
         self._applied: dict[str, str] = {}  # key -> digest of the body applied last
         self._objects: dict[str, _Object] = {}
         self._namespaces: set[str] = set()
@@ -428,8 +429,9 @@ class StatusMirror:
                 self._applied[key] = digest
             else:
                 ok = False
-        if version != self._pruned_version:
-            if self._prune(set(desired), {s.namespace for s in statuses}):
+        known = {s.key for s in statuses}
+        if version != self._pruned_version or self._deferred - known:
+            if self._prune(set(desired), known, {s.namespace for s in statuses}):
                 self._pruned_version = version
             else:
                 ok = False
@@ -475,8 +477,9 @@ class StatusMirror:
         self._written.pop(key, None)
         return True
 
-    def _prune(self, desired: set[str], more_namespaces: set[str]) -> bool:
+    def _prune(self, desired: set[str], in_status: set[str], more_namespaces: set[str]) -> bool:
         ok = True
+        self._deferred = set()
         # Namespaces plnt mirrored into (RBAC is per namespace: plnt lists no namespace it was not given).
         for namespace in sorted(self._namespaces | more_namespaces):
             try:
@@ -490,6 +493,9 @@ class StatusMirror:
                 meta = item.get("metadata") or {}
                 key = f"{namespace}/{meta.get('name')}"
                 if key in desired or (meta.get("labels") or {}).get(MANAGED_BY_LABEL) != MANAGED_BY:
+                    continue
+                if key in in_status:  # its uninstall saga runs: the CR shows Deleting until plnt drops it
+                    self._deferred.add(key)
                     continue
                 try:
                     self._call("delete", key, self._objects_api.delete_namespaced_custom_object, GROUP, VERSION,

@@ -79,6 +79,7 @@ class KubeStandIn:
 
     def __init__(self) -> None:
         self.requests: list[Request] = []
+        self.history: list[Request] = []  # every request since start (clear() empties `requests` only)
         self.objects: dict[tuple[str, str, str, str], Stored] = {}  # (group, resource, namespace, name)
         self.events: list[dict[str, Any]] = []
         self.hang_s = 0.0
@@ -153,6 +154,7 @@ class KubeStandIn:
             self._bump(stored.obj, spec_changed=path.strip(".").startswith("spec"))
 
     def clear(self) -> None:
+        """Forget the requests so far (`history` keeps them, for the RBAC check)."""
         with self._lock:
             self.requests.clear()
 
@@ -339,6 +341,7 @@ class _Handler(BaseHTTPRequestHandler):
         request = Request(self.command, url.path, query, content_type, body)
         with self.api._lock:
             self.api.requests.append(request)
+            self.api.history.append(request)
             if self.api.before is not None:
                 self.api.before(request)
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":

@@ -51,7 +51,7 @@ def check_rbac(requests: list[Request]) -> None:
 def standin() -> Iterator[KubeStandIn]:
     with KubeStandIn() as server:
         yield server
-        check_rbac(server.requests)
+        check_rbac(server.history)
 
 
 @pytest.fixture
@@ -320,17 +320,29 @@ def test_mirror_emits_one_event_per_phase_change(standin: KubeStandIn, mirror: S
     assert mirror.sync_once() and len(standin.events) == len(phases)  # none twice
 
 
-def test_mirror_deletes_crs_of_workflowruns_gone_from_git_and_only_plnts(standin: KubeStandIn,
-                                                                        mirror: StatusMirror) -> None:
+def test_mirror_deletes_crs_of_workflowruns_gone_from_git_and_only_plnts(standin: KubeStandIn, mirror: StatusMirror,
+                                                                        statuses: StatusStore) -> None:
     one, two = run_doc(), run_doc("booking-triage", "default", "1.0.0")
     mirror.specs_changed("c1", specs(one, two))
+    statuses.update("default", "booking-triage", phase=Phase.READY)
     assert mirror.sync_once()
+    # Gone from git: while plnt uninstalls it, the CR stays and shows Deleting; then it goes.
+    mirror.specs_changed("c1b", specs(one))
+    statuses.update("default", "booking-triage", phase=Phase.DELETING)
+    assert mirror.sync_once()
+    assert cr(standin, "booking-triage")["status"]["phase"] == "Deleting"  # type: ignore[index]
+    statuses.remove("default", "booking-triage")
+    assert mirror.sync_once()
+    assert cr(standin, "booking-triage") is None
+    mirror.specs_changed("c1c", specs(one, two))
+    assert mirror.sync_once() and cr(standin, "booking-triage") is not None
     # Someone else's WorkflowRun in the same namespace, with another manager's label, and one with none.
     for name, labels in (("theirs", {MANAGED_BY_LABEL: "argocd"}), ("handmade", {})):
         standin.objects[("plnt.work", "workflowruns", "default", name)] = Stored(
             {"apiVersion": "plnt.work/v1", "kind": "WorkflowRun",
              "metadata": {"name": name, "namespace": "default", "labels": labels, "uid": name, "resourceVersion": "1"},
              "spec": {}})
+    standin.clear()
     mirror.specs_changed("c2", specs(one))
     assert mirror.sync_once()
     assert cr(standin, "booking-triage") is None and cr(standin) is not None
