@@ -441,3 +441,16 @@ async def test_attach_status_mirror_chains_on_change_and_follows_reconciled_spec
         await eventually(lambda: (cr(standin) or {}).get("status", {}).get("phase") == "Ready")
     finally:
         await cleanup()
+
+
+@pytest.mark.parametrize(("method", "path", "query"), [
+    ("PUT", "/apis/plnt.work/v1/namespaces/default/workflowruns/x", {}),  # update: plnt only patches
+    ("GET", "/api/v1/namespaces/default/secrets/x", {}),
+    ("GET", "/apis/plnt.work/v1/namespaces/default/workflowruns", {"watch": "true"}),
+    ("DELETE", "/apis/coordination.k8s.io/v1/namespaces/plnt/leases/x", {}),
+    ("GET", "/apis/coordination.k8s.io/v1/namespaces/default/leases/x", {}),  # a Lease outside plnt's namespace
+    ("PATCH", "/apis/plnt.work/v1/namespaces/default/plntbackends/x", {}),
+])
+def test_the_rbac_check_refuses_a_call_api_calls_does_not_list(method: str, path: str, query: dict[str, str]) -> None:
+    with pytest.raises(AssertionError, match="not in plnt.reconciler.kube_calls.API_CALLS"):
+        check_rbac([Request(method, path, query, "", None)])
