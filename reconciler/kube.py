@@ -21,7 +21,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from .crds import GROUP, MANAGED_BY, MANAGED_BY_LABEL, VERSION, cr_status, rfc3339
+from .crds import GROUP, MANAGED_BY, MANAGED_BY_LABEL, VERSION, cr_status
 from .errors import PlntError
 from .redact import redact
 from .status import Phase, StatusStore, WorkflowRunStatus
@@ -192,7 +192,7 @@ class KubernetesLease:
             self._observed, self._observed_at = record, self._clock()
 
     def _try_acquire_or_renew(self) -> _Try:
-        now = _micro_time(datetime.now(timezone.utc))
+        now = _micro_time(datetime.now(UTC))
         try:
             lease = self._api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self._timeout)
         except ApiException as exc:
@@ -239,7 +239,7 @@ class KubernetesLease:
         lease = self._api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self._timeout)
         if lease.spec is None or lease.spec.holder_identity != self.identity:
             return
-        now = _micro_time(datetime.now(timezone.utc))
+        now = _micro_time(datetime.now(UTC))
         # As client-go: holder cleared, 1 s duration, so a waiting replica takes over at its next try.
         spec = k8s.V1LeaseSpec(holder_identity="", lease_duration_seconds=1, acquire_time=now, renew_time=now,
                                lease_transitions=lease.spec.lease_transitions or 0)
@@ -512,7 +512,7 @@ class StatusMirror:
 
     def _write_statuses(self, statuses: list[WorkflowRunStatus]) -> bool:
         ok = True
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         for status in statuses:
             known = self._objects.get(status.key)
             if known is None:
@@ -575,7 +575,7 @@ class StatusMirror:
         return not failed
 
     def _event(self, known: _Object, before: Phase | None, after: Phase, message: str) -> k8s.CoreV1Event:
-        now = datetime.now(timezone.utc).replace(microsecond=0)
+        now = datetime.now(UTC).replace(microsecond=0)
         text = f"{before.value if before else 'New'} -> {after.value}" + (f": {message}" if message else "")
         return k8s.CoreV1Event(
             metadata=k8s.V1ObjectMeta(name=f"{known.name}.{uuid.uuid4().hex[:16]}", namespace=known.namespace),
