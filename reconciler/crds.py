@@ -15,7 +15,7 @@ The WorkflowRun status schema comes from `CrStatus` below, the model the status 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import yaml
@@ -98,7 +98,7 @@ _CONDITIONS: dict[Phase, tuple[str, str, str]] = {
 
 
 def rfc3339(when: datetime) -> str:
-    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def conditions_for(phase: Phase, message: str, generation: int | None, previous: list[dict[str, Any]],

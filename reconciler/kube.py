@@ -21,7 +21,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from .crds import GROUP, MANAGED_BY, MANAGED_BY_LABEL, VERSION, cr_status, rfc3339
+from .crds import GROUP, MANAGED_BY, MANAGED_BY_LABEL, VERSION, cr_status
 from .errors import PlntError
 from .redact import redact
 from .status import Phase, StatusStore, WorkflowRunStatus
@@ -192,7 +192,7 @@ class KubernetesLease:
             self._observed, self._observed_at = record, self._clock()
 
     def _try_acquire_or_renew(self) -> _Try:
-        now = _micro_time(datetime.now(timezone.utc))
+        now = _micro_time(datetime.now(UTC))
         try:
             lease = self._api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self._timeout)
         except ApiException as exc:
@@ -239,7 +239,7 @@ class KubernetesLease:
         lease = self._api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self._timeout)
         if lease.spec is None or lease.spec.holder_identity != self.identity:
             return
-        now = _micro_time(datetime.now(timezone.utc))
+        now = _micro_time(datetime.now(UTC))
         # As client-go: holder cleared, 1 s duration, so a waiting replica takes over at its next try.
         spec = k8s.V1LeaseSpec(holder_identity="", lease_duration_seconds=1, acquire_time=now, renew_time=now,
                                lease_transitions=lease.spec.lease_transitions or 0)
@@ -313,6 +313,7 @@ class StatusMirror:
         self._desired: dict[str, tuple[dict[str, Any], str]] | None = None  # key -> (apply body, fingerprint)
         self._desired_version = 0
         self._pruned_version = 0
+        self._deferred: set[str] = set()  # gone from git, still being uninstalled: deleted once its status goes
         self._applied: dict[str, str] = {}  # key -> digest of the body applied last
         self._objects: dict[str, _Object] = {}
         self._namespaces: set[str] = set()
@@ -428,8 +429,9 @@ class StatusMirror:
                 self._applied[key] = digest
             else:
                 ok = False
-        if version != self._pruned_version:
-            if self._prune(set(desired), {s.namespace for s in statuses}):
+        known = {s.key for s in statuses}
+        if version != self._pruned_version or self._deferred - known:
+            if self._prune(set(desired), known, {s.namespace for s in statuses}):
                 self._pruned_version = version
             else:
                 ok = False
@@ -475,8 +477,9 @@ class StatusMirror:
         self._written.pop(key, None)
         return True
 
-    def _prune(self, desired: set[str], more_namespaces: set[str]) -> bool:
+    def _prune(self, desired: set[str], in_status: set[str], more_namespaces: set[str]) -> bool:
         ok = True
+        self._deferred = set()
         # Namespaces plnt mirrored into (RBAC is per namespace: plnt lists no namespace it was not given).
         for namespace in sorted(self._namespaces | more_namespaces):
             try:
@@ -490,6 +493,9 @@ class StatusMirror:
                 meta = item.get("metadata") or {}
                 key = f"{namespace}/{meta.get('name')}"
                 if key in desired or (meta.get("labels") or {}).get(MANAGED_BY_LABEL) != MANAGED_BY:
+                    continue
+                if key in in_status:  # its uninstall saga runs: the CR shows Deleting until plnt drops it
+                    self._deferred.add(key)
                     continue
                 try:
                     self._call("delete", key, self._objects_api.delete_namespaced_custom_object, GROUP, VERSION,
@@ -506,7 +512,7 @@ class StatusMirror:
 
     def _write_statuses(self, statuses: list[WorkflowRunStatus]) -> bool:
         ok = True
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         for status in statuses:
             known = self._objects.get(status.key)
             if known is None:
@@ -569,7 +575,7 @@ class StatusMirror:
         return not failed
 
     def _event(self, known: _Object, before: Phase | None, after: Phase, message: str) -> k8s.CoreV1Event:
-        now = datetime.now(timezone.utc).replace(microsecond=0)
+        now = datetime.now(UTC).replace(microsecond=0)
         text = f"{before.value if before else 'New'} -> {after.value}" + (f": {message}" if message else "")
         return k8s.CoreV1Event(
             metadata=k8s.V1ObjectMeta(name=f"{known.name}.{uuid.uuid4().hex[:16]}", namespace=known.namespace),

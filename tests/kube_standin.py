@@ -30,11 +30,11 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -57,7 +57,7 @@ class Stored:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def status_error(code: int, reason: str, message: str, **details: Any) -> dict[str, Any]:
@@ -79,6 +79,7 @@ class KubeStandIn:
 
     def __init__(self) -> None:
         self.requests: list[Request] = []
+        self.history: list[Request] = []  # every request since start (clear() empties `requests` only)
         self.objects: dict[tuple[str, str, str, str], Stored] = {}  # (group, resource, namespace, name)
         self.events: list[dict[str, Any]] = []
         self.hang_s = 0.0
@@ -153,6 +154,7 @@ class KubeStandIn:
             self._bump(stored.obj, spec_changed=path.strip(".").startswith("spec"))
 
     def clear(self) -> None:
+        """Forget the requests so far (`history` keeps them, for the RBAC check)."""
         with self._lock:
             self.requests.clear()
 
@@ -339,6 +341,7 @@ class _Handler(BaseHTTPRequestHandler):
         request = Request(self.command, url.path, query, content_type, body)
         with self.api._lock:
             self.api.requests.append(request)
+            self.api.history.append(request)
             if self.api.before is not None:
                 self.api.before(request)
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":

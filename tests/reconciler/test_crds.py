@@ -5,7 +5,7 @@ spec validates against them while broken ones do not. Pure: no cluster, no serve
 from __future__ import annotations
 
 import copy
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +34,7 @@ from typer.testing import CliRunner
 from ..conftest import EXAMPLE, ROOT
 
 CRD_DIR = ROOT / "charts" / "plnt" / "crds"
-NOW = datetime(2026, 12, 1, 1, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, 1, 0, 0, tzinfo=UTC)
 
 
 # --- the generator, table-tested ------------------------------------------------------------------

@@ -51,7 +51,7 @@ def check_rbac(requests: list[Request]) -> None:
 def standin() -> Iterator[KubeStandIn]:
     with KubeStandIn() as server:
         yield server
-        check_rbac(server.requests)
+        check_rbac(server.history)
 
 
 @pytest.fixture
@@ -320,17 +320,29 @@ def test_mirror_emits_one_event_per_phase_change(standin: KubeStandIn, mirror: S
     assert mirror.sync_once() and len(standin.events) == len(phases)  # none twice
 
 
-def test_mirror_deletes_crs_of_workflowruns_gone_from_git_and_only_plnts(standin: KubeStandIn,
-                                                                        mirror: StatusMirror) -> None:
+def test_mirror_deletes_crs_of_workflowruns_gone_from_git_and_only_plnts(standin: KubeStandIn, mirror: StatusMirror,
+                                                                        statuses: StatusStore) -> None:
     one, two = run_doc(), run_doc("booking-triage", "default", "1.0.0")
     mirror.specs_changed("c1", specs(one, two))
+    statuses.update("default", "booking-triage", phase=Phase.READY)
     assert mirror.sync_once()
+    # Gone from git: while plnt uninstalls it, the CR stays and shows Deleting; then it goes.
+    mirror.specs_changed("c1b", specs(one))
+    statuses.update("default", "booking-triage", phase=Phase.DELETING)
+    assert mirror.sync_once()
+    assert cr(standin, "booking-triage")["status"]["phase"] == "Deleting"  # type: ignore[index]
+    statuses.remove("default", "booking-triage")
+    assert mirror.sync_once()
+    assert cr(standin, "booking-triage") is None
+    mirror.specs_changed("c1c", specs(one, two))
+    assert mirror.sync_once() and cr(standin, "booking-triage") is not None
     # Someone else's WorkflowRun in the same namespace, with another manager's label, and one with none.
     for name, labels in (("theirs", {MANAGED_BY_LABEL: "argocd"}), ("handmade", {})):
         standin.objects[("plnt.work", "workflowruns", "default", name)] = Stored(
             {"apiVersion": "plnt.work/v1", "kind": "WorkflowRun",
              "metadata": {"name": name, "namespace": "default", "labels": labels, "uid": name, "resourceVersion": "1"},
              "spec": {}})
+    standin.clear()
     mirror.specs_changed("c2", specs(one))
     assert mirror.sync_once()
     assert cr(standin, "booking-triage") is None and cr(standin) is not None
@@ -429,3 +441,16 @@ async def test_attach_status_mirror_chains_on_change_and_follows_reconciled_spec
         await eventually(lambda: (cr(standin) or {}).get("status", {}).get("phase") == "Ready")
     finally:
         await cleanup()
+
+
+@pytest.mark.parametrize(("method", "path", "query"), [
+    ("PUT", "/apis/plnt.work/v1/namespaces/default/workflowruns/x", {}),  # update: plnt only patches
+    ("GET", "/api/v1/namespaces/default/secrets/x", {}),
+    ("GET", "/apis/plnt.work/v1/namespaces/default/workflowruns", {"watch": "true"}),
+    ("DELETE", "/apis/coordination.k8s.io/v1/namespaces/plnt/leases/x", {}),
+    ("GET", "/apis/coordination.k8s.io/v1/namespaces/default/leases/x", {}),  # a Lease outside plnt's namespace
+    ("PATCH", "/apis/plnt.work/v1/namespaces/default/plntbackends/x", {}),
+])
+def test_the_rbac_check_refuses_a_call_api_calls_does_not_list(method: str, path: str, query: dict[str, str]) -> None:
+    with pytest.raises(AssertionError, match="not in plnt.reconciler.kube_calls.API_CALLS"):
+        check_rbac([Request(method, path, query, "", None)])
