@@ -61,7 +61,7 @@ def api(standin: KubeStandIn, tmp_path: Path) -> k8s.ApiClient:
 
 def lease(api: k8s.ApiClient, identity: str, duration: int = 1, renew: float = 0.1) -> KubernetesLease:
     return KubernetesLease("plnt-reconciler", LEASE_NS, identity, lease_duration_s=duration, renew_every_s=renew,
-                           api=k8s.CoordinationV1Api(api), request_timeout_s=1)
+                           api=api if identity == "c" else k8s.CoordinationV1Api(api), request_timeout_s=1)
 
 
 def lease_spec(standin: KubeStandIn) -> dict[str, Any]:
