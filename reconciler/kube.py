@@ -464,8 +464,10 @@ class StatusMirror:
                                  field_manager=FIELD_MANAGER, field_validation="Strict", force=True,
                                  _content_type=APPLY_PATCH)
         except ApiException as exc:
-            hint = " (are the CRDs installed and current? helm installs charts/plnt/crds only on first install)" \
-                if exc.status in (400, 404, 422) else ""
+            hint = {403: " (plnt's service account may not write WorkflowRuns in this namespace: add it to the "
+                         "namespaces the plnt chart's RBAC grants)"}.get(
+                exc.status or 0, " (are the CRDs installed and current? helm installs charts/plnt/crds only on first "
+                                 "install: plnt crds | kubectl apply --server-side -f -)" if exc.status in (400, 404, 422) else "")
             self._note(f"apply {key}", f"{api_error(exc)}{hint}")
             return False
         if obj is None:  # 201 Created: the client only reads the body of a 200 for this call
