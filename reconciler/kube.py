@@ -109,14 +109,14 @@ class KubernetesLease:
     """
 
     def __init__(self, name: str, namespace: str, identity: str, lease_duration_s: int = 15,
-                 renew_every_s: float = 5, api: k8s.CoordinationV1Api | None = None,
+                 renew_every_s: float = 5, api: k8s.CoordinationV1Api | k8s.ApiClient | None = None,
                  request_timeout_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         if renew_every_s >= lease_duration_s:
             raise ValueError("renew_every_s must be shorter than lease_duration_s, or the lease lapses between renewals")
         self.name, self.namespace, self.identity = name, namespace, identity
         self.lease_duration_s = lease_duration_s
         self.renew_every_s = renew_every_s
-        self._api = api or k8s.CoordinationV1Api()
+        self._api = k8s.CoordinationV1Api(api) if isinstance(api, k8s.ApiClient) else api or k8s.CoordinationV1Api()
         self._timeout = request_timeout_s
         self._clock = clock
         self._observed: tuple[Any, ...] | None = None
@@ -312,6 +312,7 @@ class StatusMirror:
         self._lock = threading.Lock()
         self._desired: dict[str, tuple[dict[str, Any], str]] | None = None  # key -> (apply body, fingerprint)
         self._desired_version = 0
+        self._commit: str | None = None
         self._pruned_version = 0
         self._deferred: set[str] = set()  # gone from git, still being uninstalled: deleted once its status goes
         self._applied: dict[str, str] = {}  # key -> digest of the body applied last
@@ -327,8 +328,11 @@ class StatusMirror:
 
     def specs_changed(self, commit: str, specs: SpecSet) -> None:
         """The reconciler loaded a valid commit: these WorkflowRuns should exist as CRs."""
+        if commit == self._commit:
+            return  # every reconcile pass calls this; one commit always has the same specs
         desired = {key: (cr_body(run), run.fingerprint()) for key, run in specs.workflow_runs.items()}
         with self._lock:
+            self._commit = commit
             if self._desired is not None and {k: v[0] for k, v in desired.items()} == \
                     {k: v[0] for k, v in self._desired.items()}:
                 return  # the same specs (every reconcile pass calls this)
@@ -460,8 +464,10 @@ class StatusMirror:
                                  field_manager=FIELD_MANAGER, field_validation="Strict", force=True,
                                  _content_type=APPLY_PATCH)
         except ApiException as exc:
-            hint = " (are the CRDs installed and current? helm installs charts/plnt/crds only on first install)" \
-                if exc.status in (400, 404, 422) else ""
+            hint = {403: " (plnt's service account may not write WorkflowRuns in this namespace: add it to the "
+                         "namespaces the plnt chart's RBAC grants)"}.get(
+                exc.status or 0, " (are the CRDs installed and current? helm installs charts/plnt/crds only on first "
+                                 "install: plnt crds | kubectl apply --server-side -f -)" if exc.status in (400, 404, 422) else "")
             self._note(f"apply {key}", f"{api_error(exc)}{hint}")
             return False
         if obj is None:  # 201 Created: the client only reads the body of a 200 for this call

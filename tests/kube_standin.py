@@ -20,7 +20,8 @@ against the CRD, pruning, defaulting, admission, RBAC, watch, and real timing un
 
 Every request is recorded (method, path, query, content type, JSON body) for the tests to check.
 `down()` stops listening (connection refused); `up()` listens again on the same port; `hang_s` makes
-each request wait before answering (an API server that accepts but does not answer).
+each request wait before answering (an API server that accepts but does not answer); `fail` answers
+requests to chosen paths with an error Status (500, 422, 403, ...).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class KubeStandIn:
         self.events: list[dict[str, Any]] = []
         self.hang_s = 0.0
         self.before: Callable[[Request], None] | None = None  # runs before each request is answered
+        self.fail: dict[str, int] = {}  # path suffix -> HTTP code to answer (a metav1.Status) instead
         self._rv = 0
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
@@ -344,8 +346,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.api.history.append(request)
             if self.api.before is not None:
                 self.api.before(request)
+        failure = next((code for suffix, code in self.api.fail.items() if url.path.endswith(suffix)), None)
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":
             code, payload = 401, status_error(401, "Unauthorized", "Unauthorized")
+        elif failure is not None:
+            reasons = {422: "Invalid", 500: "InternalError", 403: "Forbidden", 503: "ServiceUnavailable"}
+            code, payload = failure, status_error(failure, reasons.get(failure, "Unknown"), f"injected {failure}")
         elif self.command in ("POST", "PUT", "PATCH") and not isinstance(body, dict):
             code, payload = 400, status_error(400, "BadRequest", "the request body is not a JSON object")
         else:

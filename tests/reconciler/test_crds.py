@@ -5,6 +5,7 @@ spec validates against them while broken ones do not. Pure: no cluster, no serve
 from __future__ import annotations
 
 import copy
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -154,6 +155,10 @@ def test_schemas_are_structural(doc: dict[str, Any]) -> None:
         assert node.get("additionalProperties") is not False, path
         if node.get("x-kubernetes-preserve-unknown-fields"):
             free_form.append(path)
+        if "pattern" in node:  # the API server compiles patterns as RE2 (Go): no lookaround, no backreferences
+            assert not re.search(r"\(\?[=!<]|\\[1-9]", node["pattern"]), f"{path}: {node['pattern']} is not RE2"
+        if "enum" in node:
+            assert all(isinstance(v, {"string": str, "integer": int}[node["type"]]) for v in node["enum"]), path
         if "default" in node:  # defaults must fit their own node
             jsonschema.Draft4Validator(json_schema(node, root=False)).validate(node["default"])
     # Free-form only where the model is dict[str, Any].

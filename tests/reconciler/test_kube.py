@@ -61,7 +61,7 @@ def api(standin: KubeStandIn, tmp_path: Path) -> k8s.ApiClient:
 
 def lease(api: k8s.ApiClient, identity: str, duration: int = 1, renew: float = 0.1) -> KubernetesLease:
     return KubernetesLease("plnt-reconciler", LEASE_NS, identity, lease_duration_s=duration, renew_every_s=renew,
-                           api=k8s.CoordinationV1Api(api), request_timeout_s=1)
+                           api=api if identity == "c" else k8s.CoordinationV1Api(api), request_timeout_s=1)
 
 
 def lease_spec(standin: KubeStandIn) -> dict[str, Any]:
@@ -454,3 +454,37 @@ async def test_attach_status_mirror_chains_on_change_and_follows_reconciled_spec
 def test_the_rbac_check_refuses_a_call_api_calls_does_not_list(method: str, path: str, query: dict[str, str]) -> None:
     with pytest.raises(AssertionError, match="not in plnt.reconciler.kube_calls.API_CALLS"):
         check_rbac([Request(method, path, query, "", None)])
+
+
+async def test_server_errors_on_renewal_are_unknown_not_lost(standin: KubeStandIn, api: k8s.ApiClient) -> None:
+    a = lease(api, "a", duration=2, renew=0.1)
+    stop = asyncio.Event()
+    assert await a.acquire(stop)
+    holding = asyncio.create_task(a.hold(stop))
+    standin.fail["/leases/plnt-reconciler"] = 500
+    await asyncio.sleep(1.0)
+    assert not holding.done() and a.held
+    del standin.fail["/leases/plnt-reconciler"]
+    await asyncio.sleep(0.5)
+    assert not holding.done() and a.held
+    stop.set()
+    await holding
+
+
+def test_a_refused_workflowrun_does_not_hold_up_the_others(standin: KubeStandIn, mirror: StatusMirror,
+                                                           statuses: StatusStore,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    standin.fail["/workflowruns/booking-triage"] = 422  # say, a label value the API server refuses
+    mirror.specs_changed("c1", specs(run_doc(), run_doc("booking-triage", "default", "1.0.0")))
+    statuses.update("default", "review-responder", phase=Phase.READY)
+    statuses.update("default", "booking-triage", phase=Phase.READY)
+    assert not mirror.sync_once()
+    assert cr(standin)["status"]["phase"] == "Ready"  # type: ignore[index]
+    assert cr(standin, "booking-triage") is None
+    assert "HTTP 422" in caplog.text and "CRDs installed and current" in caplog.text
+    assert not mirror.sync_once()  # tried again, logged once
+    assert caplog.text.count("mirror-error apply default/booking-triage") == 1
+    standin.fail.clear()
+    assert mirror.sync_once()
+    assert cr(standin, "booking-triage")["status"]["phase"] == "Ready"  # type: ignore[index]
+    assert [e["reason"] for e in standin.events] == ["Ready", "Ready"]
