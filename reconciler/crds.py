@@ -252,9 +252,10 @@ KINDS: tuple[Kind, ...] = (
     )),
     Kind(PlntBackend, "A named place to run WorkflowRuns (local processes or a Kubernetes namespace), "
          "as declared in the spec repository.", "plntbackends", ("pb",), columns=(
-        {"name": "Type", "type": "string", "jsonPath": ".spec.type"}, _AGE)),
+        {"name": "Type", "type": "string", "jsonPath": ".spec.type"}, _AGE), scope="Cluster"),
+    # Cluster-wide in the spec repository (a name, no namespace), so cluster-scoped here too.
     Kind(RecipeTrustPolicy, " ".join((RecipeTrustPolicy.__doc__ or "").split()), "recipetrustpolicies", ("rtp",), columns=(
-        {"name": "Recipes", "type": "string", "jsonPath": ".spec.recipes"}, _AGE)),
+        {"name": "Recipes", "type": "string", "jsonPath": ".spec.recipes"}, _AGE), scope="Cluster"),
 )
 
 

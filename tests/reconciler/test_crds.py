@@ -164,7 +164,9 @@ def test_schemas_are_structural(doc: dict[str, Any]) -> None:
     # Free-form only where the model is dict[str, Any].
     assert free_form == ([".status.smokeTest"] if doc["spec"]["names"]["kind"] == "WorkflowRun" else [])
     assert version["served"] is version["storage"] is True
-    assert doc["spec"]["group"] == "plnt.work" and doc["spec"]["scope"] == "Namespaced"
+    # WorkflowRuns live in a namespace; backends and trust policies are cluster-wide, as in the spec repository.
+    expected_scope = "Namespaced" if doc["spec"]["names"]["kind"] == "WorkflowRun" else "Cluster"
+    assert doc["spec"]["group"] == "plnt.work" and doc["spec"]["scope"] == expected_scope
     assert doc["spec"]["names"]["categories"] == ["plnt"]
 
 
