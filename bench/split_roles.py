@@ -9,7 +9,9 @@ repository; runners use the offline mock model backend):
 
 Figures:
   1. invoke p50/p99 of review-responder through each gateway at concurrency 1 and 32;
-  2. commit (+ POST /hooks/git) -> every gateway serving the new version (several rounds);
+  2. commit (+ POST /hooks/git) -> every gateway serving the new version as its stable (promoted)
+     release (several rounds, each after the previous saga ended; the first pull is fresh, later
+     ones are cache hits: two versions alternate);
   3. the same invoke load while the control plane is busy: a commit adds 1,000 WorkflowRuns on a
      Kubernetes backend whose cluster does not exist (each gets a saga that fails at helm, at most
      --max-sagas at once) and a new commit touching one of them lands every 2 s (each is parsed
@@ -124,7 +126,9 @@ async def serving(url: str, version: str, timeout_s: float = 120) -> float:
             try:
                 response = await client.post(f"{url}/workflows/review-responder/invoke", content=BODY,
                                              headers={"content-type": "application/json"})
-                if response.status_code == 200 and response.json().get("version") == version:
+                # The promoted release, not a lucky pick of the canary while it is smoke-tested.
+                if response.status_code == 200 and response.json().get("version") == version \
+                        and response.headers.get("x-plnt-track") == "stable":
                     return time.monotonic() - start
             except httpx.HTTPError:
                 pass
@@ -138,8 +142,8 @@ async def latency(url: str, concurrency: int, requests: int) -> dict[str, Any]:
     ok = sorted(s.latency_s * 1000 for s in load.samples if s.ok)
     errors = sum(not s.ok for s in load.samples)
     return {"concurrency": concurrency, "requests": len(load.samples), "errors": errors,
-            "p50_ms": round(percentile(ok, 0.50), 2) if ok else None,
-            "p99_ms": round(percentile(ok, 0.99), 2) if ok else None,
+            "p50_ms": round(percentile(ok, 50), 2) if ok else None,
+            "p99_ms": round(percentile(ok, 99), 2) if ok else None,
             "rps": round(len(load.samples) / load.wall_s, 1) if load.wall_s else None}
 
 
@@ -152,7 +156,21 @@ async def commit_to_all(repo: Path, hook_url: str, gateways: list[str], version:
     async with httpx.AsyncClient(timeout=10) as client:
         await client.post(f"{hook_url}/hooks/git", headers={"Authorization": f"Bearer {TOKEN}"})
     await asyncio.gather(*(serving(url, version) for url in gateways))
-    return time.monotonic() - start
+    took = time.monotonic() - start
+    await saga_ended(hook_url, version)  # not timed: the next round must not supersede this saga
+    return took
+
+
+async def saga_ended(control_url: str, version: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=10) as client:
+        while time.monotonic() < deadline:
+            rows = (await client.get(f"{control_url}/workflows")).json()
+            row = next((r for r in rows if r["name"] == "review-responder"), None)
+            if row and row["phase"] == "Ready" and row["version"] == version:
+                return
+            await asyncio.sleep(0.1)
+    raise SystemExit(f"review-responder not Ready {version} after {timeout_s}s")
 
 
 async def churn(repo: Path, stop: asyncio.Event, hook_url: str) -> int:
