@@ -343,5 +343,11 @@ class SagaActivities:
             if request.track != "canary":
                 raise UntrustedSagaInput("a deploy saga removes only its canary")
         else:
-            await self._specs.resolve(ref)  # an uninstall needs the WorkflowRun gone at its commit
+            trusted = await self._specs.resolve(ref)  # an uninstall needs the WorkflowRun gone at its commit
+            knows = getattr(self._driver, "knows", None)
+            if knows is not None and not knows(ref.namespace, ref.name):
+                # This worker never saw the install (a new pod): look on every backend of the commit.
+                await _with_heartbeats(self._driver.remove_anywhere(  # type: ignore[attr-defined]
+                    ref.namespace, ref.name, request.track, trusted.backends))
+                return
         await _with_heartbeats(self._driver.remove(ref.namespace, ref.name, request.track))

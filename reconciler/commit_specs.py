@@ -34,6 +34,8 @@ class TrustedSaga:
     run: WorkflowRun | None          # None for an uninstall (the commit no longer has the WorkflowRun)
     backend: PlntBackend | None
     policies: tuple[RecipeTrustPolicy, ...]
+    # Every backend at the commit: where an uninstall looks when the worker never saw the install.
+    backends: tuple[PlntBackend, ...] = ()
 
 
 class CommitSpecs:
@@ -59,7 +61,7 @@ class CommitSpecs:
         if ref.action == "uninstall":
             if run is not None:
                 raise UntrustedSagaInput(f"WorkflowRun {key} is still in commit {commit}: nothing to uninstall")
-            return TrustedSaga(ref, None, None, ())
+            return TrustedSaga(ref, None, None, (), tuple(specs.backends.values()))
         if run is None:
             raise UntrustedSagaInput(f"commit {commit} has no WorkflowRun {key}")
         if ref.fingerprint != run.fingerprint() or ref.version != run.spec.workflow.version:

@@ -18,11 +18,11 @@ Kubernetes releases (their Services) as to local runners; `on_change` fires when
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .driver import InstallRequest
 from .errors import PlntError
-from .helm_driver import HelmDriver, SpecCache, SpecLookup
+from .helm_driver import HelmConfigError, HelmDriver, SpecCache, SpecLookup
 from .loader import SpecSet
 from .local_driver import LocalDriver
 from .runner_reports import ReportedRunners
@@ -111,6 +111,29 @@ class DriverSet:
     async def remove(self, namespace: str, name: str, track: Track) -> None:
         await self.driver_for(namespace, name).remove(namespace, name, track)
         self._note(namespace, name, {track: None})
+
+    def knows(self, namespace: str, name: str) -> bool:
+        """Whether this DriverSet knows the WorkflowRun's backend (it assigned or remembered it)."""
+        return run_key(namespace, name) in self._assigned
+
+    async def remove_anywhere(self, namespace: str, name: str, track: Track, backends: Iterable[PlntBackend]) -> None:
+        """Remove one track's release wherever it is: the local runner and each Kubernetes backend
+        given. For an uninstall on a worker that never saw the install (a new pod, an empty state
+        dir). A Helm release of the same name that belongs to another WorkflowRun is left alone."""
+        await self.local.remove(namespace, name, track)
+        for backend in backends:
+            if backend.spec.type != "kubernetes":
+                continue
+            try:
+                await self._helm_driver(backend).remove(namespace, name, track)
+            except HelmConfigError as exc:
+                log.info("remove-skipped backend=%s workflowrun=%s/%s: %s", backend.metadata.name, namespace, name, exc)
+                continue
+            self._backends.setdefault(backend.metadata.name, backend)
+            known = self._known.get(backend.metadata.name, {})
+            if run_key(namespace, name) in known:
+                self._assigned[run_key(namespace, name)] = backend.metadata.name
+                self._note(namespace, name, {track: None})
 
     async def live(self) -> dict[str, LiveWorkflow]:
         live = dict(await self.local.live())

@@ -225,3 +225,35 @@ def test_role_commands_need_a_shared_temporal_and_a_control_url(tmp_path: Path) 
     empty.write_text("\n")
     result = runner.invoke(app, ["worker", "--repo", str(tmp_path), "--internal-token-file", str(empty)])
     assert result.exit_code == 2 and "empty" in result.output
+
+
+# --- an uninstall on a worker that never saw the install --------------------------------------------
+
+
+async def test_remove_anywhere_uninstalls_the_owned_release_and_leaves_another_runs_alone(tmp_path: Path) -> None:
+    """Against the FAKE helm of test_helm_driver (canned `helm status`, recorded argv): a new worker
+    (empty state dir) uninstalls team-a/review-responder's canary from the commit's backends, and
+    does not touch a release of the same name that belongs to team-b."""
+    from plnt.reconciler.helm_driver import HelmDriver
+    from plnt.reconciler.local_driver import LocalDriver
+    from plnt.reconciler.specs import PlntBackend
+
+    from .test_helm_driver import BACKEND, CANARY, IMAGE, TARGET, FakeHelm, run, status_json, values
+
+    other_backend = PlntBackend.model_validate({**BACKEND.model_dump(mode="json", by_alias=True),
+                                                "metadata": {"name": "eu-cluster"}})
+    fakes = {
+        "gpu-cluster-01": FakeHelm().expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+                                    .expect("uninstall"),
+        "eu-cluster": FakeHelm().expect("status", CANARY, stdout=status_json(
+            CANARY, "deployed", 1, values(run(namespace="team-b")))),
+    }
+    state = StateDir(tmp_path / "worker").ensure()
+    drivers = DriverSet(LocalDriver(state), state, lambda backend, specs: HelmDriver(
+        backend, specs, image=IMAGE, runner=fakes[backend.metadata.name]))
+    assert not drivers.knows("team-a", "review-responder")
+    await drivers.remove_anywhere("team-a", "review-responder", "canary", [BACKEND, other_backend])
+    for fake in fakes.values():
+        fake.done()
+    assert fakes["gpu-cluster-01"].calls[1][:2] == ["uninstall", CANARY] and TARGET[1] in fakes["gpu-cluster-01"].calls[1]
+    assert [c[0] for c in fakes["eu-cluster"].calls] == ["status"], "team-b's release is not uninstalled"
