@@ -25,6 +25,7 @@ from temporalio.worker import Worker
 from .activities import SagaActivities
 from .archive import ExtractLimits
 from .commit_specs import CommitSpecs
+from .commit_trust import CommitVerifier
 from .drivers import DriverSet
 from .helm_driver import DEFAULT_CHART, HelmDriver, RunnerImage, SpecLookup
 from .history import NoSaga, saga_history
@@ -156,10 +157,19 @@ def make_source(settings: Settings, state: StateDir) -> GitSource:
                      credentials_file=settings.git_credentials_file, known_hosts=settings.git_known_hosts)
 
 
+def make_verifier(settings: Settings, state: StateDir) -> CommitVerifier | None:
+    """--verify-commits: the trusted signers come from plnt's settings, never from the repository."""
+    if settings.verify_commits == "none":
+        return None
+    return CommitVerifier(settings.verify_commits, home=state.root / "commit-trust",
+                          allowed_signers=settings.allowed_signers, gpg_keys=settings.gpg_keys)
+
+
 def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, source: GitSource,
-                    statuses: StatusStore | None) -> SagaActivities:
+                    statuses: StatusStore | None, verifier: CommitVerifier | None = None) -> SagaActivities:
     return SagaActivities(
-        driver=drivers, statuses=statuses, commit_specs=CommitSpecs(source, limits=settings.spec_limits),
+        driver=drivers, statuses=statuses,
+        commit_specs=CommitSpecs(source, limits=settings.spec_limits, verifier=verifier),
         export_from_repo=source.export, read_from_repo=source.read_file,
         supported_backend_types=("local", "kubernetes"), saga_task_queue=settings.task_queue,
         recipe_cache=state.recipes, smoke_request_timeout_s=settings.smoke_request_timeout_s,
@@ -213,10 +223,11 @@ async def start(settings: Settings) -> Plnt:
         drivers = make_driver_set(settings, driver, state,
                                   on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None)
         source = make_source(settings, state)
-        activities = make_activities(settings, state, drivers, source, statuses)
+        verifier = make_verifier(settings, state)
+        activities = make_activities(settings, state, drivers, source, statuses, verifier)
         # Phase changes also change routes (a WorkflowRun seen for the first time answers 503, not 404).
         reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses, driver=drivers,
-                                state=state)
+                                state=state, verifier=verifier)
 
         def list_workflows() -> list[dict[str, Any]]:
             return [status.public() for status in statuses.all()]

@@ -115,6 +115,12 @@ def up(
         "The repository's credentials: TOKEN or USER:TOKEN on the first line (https), or an ssh private key."))] = None,
     git_known_hosts: Annotated[Path | None, typer.Option(help=(
         "ssh known_hosts for the repository's host; without it the first host key is trusted, then pinned."))] = None,
+    verify_commits: Annotated[str, typer.Option(help=(
+        "Deploy only signed commits: none, head (the newest commit) or all (every commit since the last "
+        "reconciled one, merged branches included).") )] = "none",
+    allowed_signers: Annotated[Path | None, typer.Option(
+        help="Trusted SSH signers (git's allowed-signers format).")] = None,
+    gpg_keys: Annotated[Path | None, typer.Option(help="Directory of trusted OpenPGP public keys (*.asc, *.gpg).")] = None,
     state_dir: Annotated[Path, typer.Option(help="Where plnt keeps its state.")] = Path(".plnt"),
     host: GatewayHost = "127.0.0.1",
     port: GatewayPort = 8000,
@@ -208,7 +214,8 @@ def up(
                             temporal_tls_ca=temporal_tls_ca, temporal_api_key=temporal_api_key,
                             llm_api_key=(os.environ.get(llm_api_key_env) or None) if llm_api_key_env else None,
                             runner_env=allowlisted_env(os.environ), mirror_status=mirror_status, kubeconfig=kubeconfig,
-                            git_credentials_file=git_credentials_file, git_known_hosts=git_known_hosts)
+                            git_credentials_file=git_credentials_file, git_known_hosts=git_known_hosts,
+                            verify_commits=verify_commits, allowed_signers=allowed_signers, gpg_keys=gpg_keys)
     except ValidationError as exc:
         typer.echo("error: " + "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()), err=True)
         raise typer.Exit(2) from exc

@@ -34,6 +34,11 @@ GitCredentialsFile = Annotated[Path | None, typer.Option(help=(
     "The repository's credentials: TOKEN or USER:TOKEN on the first line (https), or an ssh private key."))]
 GitKnownHosts = Annotated[Path | None, typer.Option(help=(
     "ssh known_hosts for the repository's host; without it the first host key is trusted, then pinned."))]
+VerifyCommits = Annotated[str, typer.Option(help=(
+    "Deploy only signed commits: none, head (the newest commit) or all (every commit since the last "
+    "reconciled one, merged branches included)."))]
+AllowedSigners = Annotated[Path | None, typer.Option(help="Trusted SSH signers (git's allowed-signers format).")]
+GpgKeys = Annotated[Path | None, typer.Option(help="Directory of trusted OpenPGP public keys (*.asc, *.gpg).")]
 Identity = Annotated[str, typer.Option(help="This replica's name (default: host name and process id).")]
 MaxSagas = Annotated[int, typer.Option(help="Sagas (deploys) running at once, across WorkflowRuns.", min=1)]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v")]
@@ -112,6 +117,9 @@ def reconcile(
     internal_token_file: InternalTokenFile = None,
     git_credentials_file: GitCredentialsFile = None,
     git_known_hosts: GitKnownHosts = None,
+    verify_commits: VerifyCommits = "none",
+    allowed_signers: AllowedSigners = None,
+    gpg_keys: GpgKeys = None,
     mirror_status: Annotated[bool, typer.Option(
         "--mirror-status", help="Mirror each WorkflowRun and its status into the cluster as custom resources.")] = False,
     kubeconfig: Annotated[Path | None, typer.Option(help="kubeconfig for --mirror-status / --lease kubernetes "
@@ -150,7 +158,8 @@ def reconcile(
         internal_token=_secret(None, internal_token_file, "--internal-token-file"),
         gateway_tokens=env_tokens, gateway_tokens_file=tokens_file, insecure_no_auth=insecure_no_auth,
         webhook_secret_file=webhook_secret_file, git_credentials_file=git_credentials_file,
-        git_known_hosts=git_known_hosts, mirror_status=mirror_status, kubeconfig=kubeconfig, lease=lease, lease_name=lease_name, lease_namespace=lease_namespace,
+        git_known_hosts=git_known_hosts, mirror_status=mirror_status, verify_commits=verify_commits,
+        allowed_signers=allowed_signers, gpg_keys=gpg_keys, kubeconfig=kubeconfig, lease=lease, lease_name=lease_name, lease_namespace=lease_namespace,
         identity=identity, max_concurrent_sagas=max_sagas, spec_limits=_spec_limits(max_spec_files, max_spec_file_kb),
         retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
     )
@@ -178,6 +187,9 @@ def worker(
     internal_token_file: InternalTokenFile = None,
     git_credentials_file: GitCredentialsFile = None,
     git_known_hosts: GitKnownHosts = None,
+    verify_commits: VerifyCommits = "none",
+    allowed_signers: AllowedSigners = None,
+    gpg_keys: GpgKeys = None,
     identity: Identity = "",
     s3_endpoint_url: Annotated[str | None, typer.Option(help="S3-compatible endpoint for s3:// registries.")] = None,
     s3_region: Annotated[str | None, typer.Option(help="Region for s3:// registries.")] = None,
@@ -215,7 +227,8 @@ def worker(
         **_temporal(temporal_address, temporal_namespace, task_queue, temporal_tls, temporal_tls_cert,
                     temporal_tls_key, temporal_tls_ca, temporal_api_key_env, temporal_api_key_file),
         internal_token=_secret(None, internal_token_file, "--internal-token-file"), identity=identity,
-        git_credentials_file=git_credentials_file, git_known_hosts=git_known_hosts, s3_endpoint_url=s3_endpoint_url, s3_region=s3_region, oci_insecure_hosts=tuple(oci_insecure_host or ()),
+        git_credentials_file=git_credentials_file, git_known_hosts=git_known_hosts, verify_commits=verify_commits,
+        allowed_signers=allowed_signers, gpg_keys=gpg_keys, s3_endpoint_url=s3_endpoint_url, s3_region=s3_region, oci_insecure_hosts=tuple(oci_insecure_host or ()),
         file_registry_roots=tuple(p.resolve() for p in allow_file_registry or ()),
         max_download_bytes=max_download_mb * 2**20, max_recipe_bytes=max_recipe_mb * 2**20,
         max_concurrent_sagas=max_sagas, spec_limits=_spec_limits(max_spec_files, max_spec_file_kb),

@@ -18,6 +18,7 @@ import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from .commit_trust import CommitVerifier
 from .errors import RetryLater, UntrustedSagaInput
 from .loader import DEFAULT_LIMITS, Problem, SpecSet, load_sources
 from .saga_io import SagaRef
@@ -39,8 +40,10 @@ class TrustedSaga:
 
 
 class CommitSpecs:
-    def __init__(self, source: GitSource, *, keep: int = 8, limits: SpecLimits = DEFAULT_LIMITS) -> None:
+    def __init__(self, source: GitSource, *, keep: int = 8, limits: SpecLimits = DEFAULT_LIMITS,
+                 verifier: CommitVerifier | None = None) -> None:
         self._source = source
+        self._verifier = verifier  # --verify-commits: a saga's commit must carry a trusted signature
         self._limits = limits  # the reconciler's: a commit it accepted must not be refused here
         self._keep = keep
         self._cache: OrderedDict[str, tuple[SpecSet, list[Problem]]] = OrderedDict()
@@ -52,6 +55,10 @@ class CommitSpecs:
             raise UntrustedSagaInput(f"commit {commit} is not on branch {self._source.branch!r} of the spec "
                                      f"repository (as plnt last fetched it): plnt deploys only commits of the "
                                      f"branch it tracks")
+        if self._verifier is not None and self._verifier.mode != "none":
+            verdict = await asyncio.to_thread(self._verifier.verify, self._source.git_dir, ref.commit)
+            if not verdict.trusted:
+                raise UntrustedSagaInput(verdict.problem() + ": plnt deploys only commits its trusted signers signed")
         specs, problems = await self._load(ref.commit)
         if problems:
             raise UntrustedSagaInput(f"commit {commit} has {len(problems)} spec problem(s) and plnt starts no "

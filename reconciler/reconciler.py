@@ -18,6 +18,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from .commit_trust import CommitVerifier
 from .driver import ReleaseDriver
 from .errors import PlntError
 from .loader import Problem, SpecSet, load_sources
@@ -45,8 +46,10 @@ class Reconciler:
         statuses: StatusStore,
         driver: ReleaseDriver,
         state: StateDir,
+        verifier: CommitVerifier | None = None,
     ) -> None:
         self._settings = settings
+        self._verifier = verifier
         self._source = source
         self._client = client
         self._statuses = statuses
@@ -95,6 +98,12 @@ class Reconciler:
 
     async def reconcile_once(self) -> list[PlanItem]:
         commit = await asyncio.to_thread(self._source.fetch)
+        if self._verifier is not None and self._verifier.mode != "none":
+            untrusted = await asyncio.to_thread(self._verifier.first_untrusted, self._source.git_dir, commit,
+                                                self.source_status.get("lastReconciledCommit"))
+            if untrusted is not None:
+                self._reject(commit, [untrusted.problem()], [], untrusted=untrusted.model_dump(mode="json"))
+                return []
         specs, problems = await self._load(commit)
         if problems:
             self._reject_commit(commit, problems, specs.warnings)
@@ -268,18 +277,28 @@ class Reconciler:
             self._statuses.update(item.namespace, item.name, **fields)
 
     def _reject_commit(self, commit: str, problems: list[Problem], warnings: list[Problem]) -> None:
-        lines = [str(problem) for problem in problems[:MAX_SHOWN_PROBLEMS]]
+        self._reject(commit, [str(problem) for problem in problems], [str(w) for w in warnings])
+
+    def _reject(self, commit: str, problems: list[str], warnings: list[str], *,
+                untrusted: dict[str, Any] | None = None) -> None:
+        """Nothing running changes: the commit's problems go to GET /source and every status."""
+        lines = problems[:MAX_SHOWN_PROBLEMS]
         if self.source_status.get("newestCommit") != commit or self.source_status.get("problems") != lines:
-            log.error("commit-invalid commit=%s problems=%d first=%r (nothing running was changed)", commit[:12], len(problems), lines[0])
-        self._record_source(commit=commit, problems=lines, warnings=[str(w) for w in warnings])
-        summary = f"commit {commit[:12]} is invalid ({len(problems)} problem{'s' if len(problems) != 1 else ''}): {lines[0]}"
+            log.error("commit-%s commit=%s problems=%d first=%r (nothing running was changed)",
+                      "untrusted" if untrusted else "invalid", commit[:12], len(problems), lines[0])
+        self._record_source(commit=commit, problems=lines, warnings=warnings, untrusted=untrusted)
+        summary = (lines[0] if untrusted else
+                   f"commit {commit[:12]} is invalid ({len(problems)} problem{'s' if len(problems) != 1 else ''}): {lines[0]}")
         for status in self._statuses.all():
             if status.message != summary:
                 self._statuses.update(status.namespace, status.name, message=summary, last_error="\n".join(lines))
 
     def _record_source(self, *, commit: str | None = None, problems: list[str] | None = None,
-                       reconciled: bool = False, error: str | None = None, warnings: list[str] | None = None) -> None:
+                       reconciled: bool = False, error: str | None = None, warnings: list[str] | None = None,
+                       untrusted: dict[str, Any] | None = None) -> None:
         new = dict(self.source_status)
+        if commit is not None:
+            new["untrusted"] = untrusted  # the verdict of the first untrusted commit (--verify-commits)
         # source.url holds no credentials; errors may quote a URL that does (git echoes them).
         new.update({"repo": redact(self._source.url), "branch": self._source.branch, "path": self._source.path})
         if commit is not None:

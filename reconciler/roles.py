@@ -42,6 +42,7 @@ from .app import (
     make_driver_set,
     make_local_driver,
     make_source,
+    make_verifier,
 )
 from .lease import FileLease, LeaderLease
 from .reconciler import Reconciler
@@ -151,6 +152,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     tokens, webhook_secret = load_gateway_auth(settings)
     state = StateDir(settings.state_dir).ensure()
     lease = lease or make_lease(settings, state)
+    verifier = make_verifier(settings, state)  # a bad --allowed-signers or --gpg-keys fails the start
     statuses = StatusStore(state.status_file)
     router = Router()
     publisher = RoutePublisher()  # what `plnt gateway` replicas follow
@@ -204,7 +206,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
             worker_task = asyncio.create_task(worker.run(), name="temporal-workflow-worker")
             cleanups.append(worker.shutdown)
             reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses,
-                                    driver=drivers, state=state)
+                                    driver=drivers, state=state, verifier=verifier)
             holder["reconciler"] = reconciler
             add_reconciler_routes(control, reconciler, client)
             cleanups.append(reconciler.close)
@@ -286,7 +288,8 @@ async def start_worker(settings: Settings) -> Role:
                                   interval_s=settings.report_interval_s)
         holder["reporter"] = reporter
         cleanups.append(local.shutdown)
-        activities = make_activities(settings, state, drivers, make_source(settings, state), statuses=None)
+        activities = make_activities(settings, state, drivers, make_source(settings, state), statuses=None,
+                                     verifier=make_verifier(settings, state))
 
         app = FastAPI(title="plnt worker", docs_url=None, redoc_url=None, openapi_url=None)
 

@@ -60,6 +60,10 @@ class Settings(BaseModel):
     path: str = Field(default="", description="subdirectory of the repository holding the specs")
     git_credentials_file: Path | None = Field(
         default=None, description="https token (TOKEN or USER:TOKEN) or ssh private key for the repository")
+    verify_commits: Literal["none", "head", "all"] = Field(
+        default="none", description="deploy only signed commits: the newest (head) or every new one (all)")
+    allowed_signers: Path | None = Field(default=None, description="trusted SSH signers, git's allowed-signers format")
+    gpg_keys: Path | None = Field(default=None, description="directory of trusted OpenPGP public keys")
     git_known_hosts: Path | None = Field(
         default=None, description="ssh known_hosts for the repository's host (without it: trust on first use)")
     branch: str = "main"

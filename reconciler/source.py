@@ -157,6 +157,11 @@ class GitSource:
         self._repo: git.Repo | None = None
         self._lock = threading.Lock()  # GitPython is not safe for concurrent use of one Repo
 
+    @property
+    def git_dir(self) -> Path:
+        """plnt's bare clone (it exists once a fetch succeeded)."""
+        return self._clone_dir
+
     def fetch(self) -> str:
         """Fetch the tracked branch; return its newest commit sha."""
         with self._lock:

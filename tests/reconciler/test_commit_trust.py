@@ -1,0 +1,198 @@
+"""--verify-commits against real signatures: commits signed with ssh-keygen and gpg keys made at test
+time, verified by git's own `git verify-commit` (and ssh-keygen / gpg under it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from plnt.reconciler.commit_trust import CommitVerificationError, CommitVerifier, parse_verdict
+
+from ..conftest import GIT_ENV
+
+# --- parsing git's answers (pure) ------------------------------------------------------------------
+
+SSH_GOOD = 'Good "git" signature for alice@example.com with ED25519 key SHA256:Ans\n'
+SSH_UNKNOWN = 'Good "git" signature with ED25519 key SHA256:zah\nNo principal matched.\n'
+SSH_EXPIRED = ('Good "git" signature with ED25519 key SHA256:Ans\nallowed:1: key has expired: verify time '
+               '2026-12-01T02:19:52 > valid-before 2020-01-01T00:00:00\nNo principal matched.\n')
+
+
+@pytest.mark.parametrize("code, output, trusted, reason, signer", [
+    (0, SSH_GOOD, True, None, "alice@example.com (ED25519 key SHA256:Ans)"),
+    (1, "", False, "unsigned", None),
+    (1, SSH_UNKNOWN, False, "unknown key", "ED25519 key SHA256:zah"),
+    (1, SSH_EXPIRED, False, "expired key", "ED25519 key SHA256:Ans"),
+    (1, "Signature verification failed: incorrect signature\n", False, "bad signature", None),
+    (0, "[GNUPG:] GOODSIG ECB9 Bob <bob@example.com>\n[GNUPG:] TRUST_UNDEFINED 0 pgp\n", True, None,
+     "Bob <bob@example.com> (OpenPGP key ECB9)"),
+    (1, "[GNUPG:] ERRSIG ECB9 22 8 00 1 9 6A30\n[GNUPG:] NO_PUBKEY ECB9\n", False, "unknown key", "OpenPGP key ECB9"),
+    (1, "[GNUPG:] EXPKEYSIG F564 Old <old@example.com>\n", False, "expired key", "Old <old@example.com> (OpenPGP key F564)"),
+    (1, "[GNUPG:] BADSIG F564 Old <old@example.com>\n", False, "bad signature", "Old <old@example.com> (OpenPGP key F564)"),
+    (1, "[GNUPG:] REVKEYSIG F564 Old <old@example.com>\n", False, "revoked key", "Old <old@example.com> (OpenPGP key F564)"),
+])
+def test_parse_verdict(code: int, output: str, trusted: bool, reason: str | None, signer: str | None) -> None:
+    verdict = parse_verdict("c" * 40, code, output)
+    assert (verdict.trusted, verdict.reason, verdict.signer) == (trusted, reason, signer)
+    if not trusted:
+        assert verdict.problem().startswith(f"commit {'c' * 12} is not trusted: {reason}")
+
+
+def test_verification_needs_trusted_signers_from_settings(tmp_path: Path) -> None:
+    with pytest.raises(CommitVerificationError, match="--allowed-signers FILE"):
+        CommitVerifier("head", home=tmp_path)
+    with pytest.raises(CommitVerificationError, match="no such file"):
+        CommitVerifier("head", home=tmp_path, allowed_signers=tmp_path / "missing")
+    (tmp_path / "keys").mkdir()
+    with pytest.raises(CommitVerificationError, match="no \\*.asc"):
+        CommitVerifier("all", home=tmp_path, gpg_keys=tmp_path / "keys")
+
+
+# --- real signatures ----------------------------------------------------------------------------------
+
+
+class Signers:
+    """SSH keys (alice trusted, mallory not) and OpenPGP keys (bob trusted, old expired, eve unknown)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        for name in ("alice", "mallory"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(root / name)],
+                           check=True)
+        self.allowed = root / "allowed_signers"
+        self.allowed.write_text(f"alice@example.com {(root / 'alice.pub').read_text().strip()}\n")
+        self.gnupg = root / "signing-gnupg"
+        self.gnupg.mkdir(mode=0o700)
+        self.fpr: dict[str, str] = {}
+        for name, extra in (("bob", []), ("old", ["--faked-system-time", "20200101T000000"]), ("eve", [])):
+            subprocess.run(["gpg", "--batch", "--quiet", "--passphrase", "", *extra, "--quick-gen-key",
+                            f"{name.title()} <{name}@example.com>", "ed25519", "sign", "1d" if name == "old" else "1y"],
+                           env=self.gpg_env, check=True, capture_output=True)
+            listing = subprocess.run(["gpg", "--list-keys", "--with-colons", f"{name}@example.com"], env=self.gpg_env,
+                                     check=True, capture_output=True, text=True).stdout
+            self.fpr[name] = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr"))
+        self.gpg_keys = root / "trusted-gpg"
+        self.gpg_keys.mkdir()
+        for name in ("bob", "old"):  # eve's key is not given to plnt
+            exported = subprocess.run(["gpg", "--armor", "--export", self.fpr[name]], env=self.gpg_env, check=True,
+                                      capture_output=True).stdout
+            (self.gpg_keys / f"{name}.asc").write_bytes(exported)
+
+    @property
+    def gpg_env(self) -> dict[str, str]:
+        return {**os.environ, "GNUPGHOME": str(self.gnupg)}
+
+
+class Repo:
+    def __init__(self, path: Path, signers: Signers) -> None:
+        self.path, self.signers = path, signers
+        path.mkdir()
+        self.git("init", "-q", "-b", "main")
+        self.n = 0
+
+    def git(self, *args: str, env: dict[str, str] | None = None) -> str:
+        return subprocess.run(["git", *args], cwd=self.path, env={**(env or os.environ), **GIT_ENV}, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    def commit(self, signer: str | None, message: str = "change") -> str:
+        self.n += 1
+        (self.path / f"f{self.n}").write_text(str(self.n))
+        self.git("add", "-A")
+        args: list[str] = []
+        env = None
+        if signer in ("alice", "mallory"):
+            args = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={self.signers.root / signer}.pub"]
+        elif signer is not None:
+            args = ["-c", f"user.signingkey={self.signers.fpr[signer]}"]
+            env = self.signers.gpg_env
+            if signer == "old":  # signed while its key was valid (2020), verified now that it has expired
+                args += ["-c", f"gpg.program={self._faked_gpg()}"]
+        self.git(*args, "commit", "-q", *(["-S"] if signer else []), "-m", message, env=env)
+        return self.git("rev-parse", "HEAD")
+
+    def _faked_gpg(self) -> Path:
+        script = self.signers.root / "gpg-2020"
+        if not script.exists():
+            script.write_text('#!/bin/sh\nexec gpg --faked-system-time 20200101T120000 "$@"\n')
+            script.chmod(0o755)
+        return script
+
+
+@pytest.fixture(scope="module")
+def signers(tmp_path_factory: pytest.TempPathFactory) -> Signers:
+    return Signers(tmp_path_factory.mktemp("signers"))
+
+
+@pytest.fixture
+def repo(tmp_path: Path, signers: Signers) -> Repo:
+    return Repo(tmp_path / "repo", signers)
+
+
+def verifier(tmp_path: Path, signers: Signers, mode: str = "head") -> CommitVerifier:
+    return CommitVerifier(mode, home=tmp_path / "state", allowed_signers=signers.allowed,  # type: ignore[arg-type]
+                          gpg_keys=signers.gpg_keys)
+
+
+@pytest.mark.integration  # ssh-keygen, gpg and git processes
+@pytest.mark.parametrize("signer, trusted, reason, who", [
+    ("alice", True, None, "alice@example.com"),
+    (None, False, "unsigned", None),
+    ("mallory", False, "unknown key", "ED25519 key SHA256:"),
+    ("bob", True, None, "Bob <bob@example.com>"),
+    ("eve", False, "unknown key", "OpenPGP key"),
+    ("old", False, "expired key", "Old <old@example.com>"),
+])
+def test_real_signatures(repo: Repo, signers: Signers, tmp_path: Path, signer: str | None, trusted: bool,
+                         reason: str | None, who: str | None) -> None:
+    commit = repo.commit(signer)
+    verdict = verifier(tmp_path, signers).verify(repo.path / ".git", commit)
+    assert (verdict.trusted, verdict.reason) == (trusted, reason), verdict
+    if who is not None:
+        assert verdict.signer is not None and who in verdict.signer, verdict
+
+
+@pytest.mark.integration
+def test_an_ssh_key_past_its_valid_before_date_is_expired(repo: Repo, signers: Signers, tmp_path: Path) -> None:
+    commit = repo.commit("alice")
+    expired = tmp_path / "allowed-expired"
+    expired.write_text(f'alice@example.com valid-before="20200101" {(signers.root / "alice.pub").read_text().strip()}\n')
+    verdict = CommitVerifier("head", home=tmp_path / "s", allowed_signers=expired).verify(repo.path / ".git", commit)
+    assert (verdict.trusted, verdict.reason) == (False, "expired key")
+
+
+@pytest.mark.integration
+def test_the_users_git_config_cannot_widen_trust(repo: Repo, signers: Signers, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A global allowed-signers file naming mallory is ignored: only plnt's settings decide."""
+    commit = repo.commit("mallory")
+    home = tmp_path / "home"
+    home.mkdir()
+    wide = home / "wide"
+    wide.write_text(f"mallory {(signers.root / 'mallory.pub').read_text().strip()}\n")
+    (home / ".gitconfig").write_text(f"[gpg \"ssh\"]\n\tallowedSignersFile = {wide}\n")
+    monkeypatch.setenv("HOME", str(home))
+    verdict = verifier(tmp_path, signers).verify(repo.path / ".git", commit)
+    assert (verdict.trusted, verdict.reason) == (False, "unknown key")
+
+
+@pytest.mark.integration
+def test_all_finds_a_bad_commit_under_a_good_merge_head_does_not(repo: Repo, signers: Signers, tmp_path: Path) -> None:
+    last = repo.commit("alice", "reconciled")
+    repo.git("checkout", "-q", "-b", "feature")
+    good = repo.commit("bob", "signed work")
+    bad = repo.commit(None, "an unsigned commit in the branch")
+    repo.git("checkout", "-q", "main")
+    repo.git("-c", "gpg.format=ssh", "-c", f"user.signingkey={signers.root / 'alice'}.pub",
+             "merge", "-q", "--no-ff", "-S", "-m", "a signed merge", "feature")
+    head = repo.git("rev-parse", "HEAD")
+    git_dir = repo.path / ".git"
+    assert verifier(tmp_path, signers, "head").first_untrusted(git_dir, head, last) is None
+    strict = verifier(tmp_path / "all", signers, "all")
+    assert strict.to_check(git_dir, head, last) == [good, bad, head]
+    untrusted = strict.first_untrusted(git_dir, head, last)
+    assert untrusted is not None and (untrusted.commit, untrusted.reason) == (bad, "unsigned")
+    # Nothing reconciled yet: the head alone.
+    assert strict.to_check(git_dir, head, None) == [head]
