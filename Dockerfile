@@ -39,7 +39,7 @@ RUN site="$(python -c 'import pathlib, plnt.reconciler as r; print(pathlib.Path(
 FROM ${PYTHON_IMAGE}
 # git for the spec repository (GitPython runs it), ssh for git@ URLs.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends git openssh-client ca-certificates \
+ && apt-get install -y --no-install-recommends git openssh-client gnupg ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 10001 plnt \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin plnt \

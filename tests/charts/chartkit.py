@@ -110,7 +110,9 @@ def merged(*layers: dict[str, Any]) -> dict[str, Any]:
 TLS_AND_API_KEY = {"temporal": {"address": "plnt.a1b2c.tmprl.cloud:7233", "namespace": "plnt.a1b2c",
                                 "tls": {"secretName": "temporal-mtls"}, "apiKey": {"secretName": "temporal-api-key"}}}
 ALL_SECRETS = {
-    "git": {"credentials": {"secretName": "git-deploy-token"}, "webhookSecret": {"secretName": "git-webhook"}},
+    "git": {"credentials": {"secretName": "git-deploy-token"}, "webhookSecret": {"secretName": "git-webhook"},
+            "verifyCommits": {"mode": "all", "allowedSigners": {"secretName": "plnt-signers"},
+                              "gpgKeys": {"secretName": "plnt-gpg-keys"}}},
     "auth": {"internalToken": {"secretName": "plnt-internal"}, "tokens": {"secretName": "plnt-gateway-tokens"}},
 }
 

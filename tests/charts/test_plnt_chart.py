@@ -162,10 +162,12 @@ def test_the_default_objects(helm: str) -> None:
 RECONCILER_FLAGS = {"--repo", "--branch", "--path", "--state-dir", "--host", "--port", "--temporal-address",
                     "--temporal-namespace", "--temporal-tls-cert", "--temporal-tls-key", "--temporal-tls-ca",
                     "--temporal-api-key-file", "--internal-token-file", "--tokens-file", "--webhook-secret-file",
-                    "--lease", "--lease-name", "--lease-namespace", "--mirror-status", "--git-credentials-file"}
+                    "--lease", "--lease-name", "--lease-namespace", "--mirror-status", "--git-credentials-file",
+                    "--verify-commits", "--allowed-signers", "--gpg-keys"}
 WORKER_FLAGS = {"--repo", "--branch", "--path", "--state-dir", "--temporal-address", "--temporal-namespace",
                 "--temporal-tls-cert", "--temporal-tls-key", "--temporal-tls-ca", "--temporal-api-key-file",
-                "--control-url", "--internal-token-file", "--host", "--port", "--git-credentials-file"}
+                "--control-url", "--internal-token-file", "--host", "--port", "--git-credentials-file",
+                "--verify-commits", "--allowed-signers", "--gpg-keys"}
 GATEWAY_FLAGS = {"--control-url", "--internal-token-file", "--host", "--port", "--tokens-file"}
 
 
@@ -199,7 +201,8 @@ def test_command_lines_with_every_option(helm: str) -> None:
                            ("--temporal-tls-ca", ("temporal-mtls", "ca.crt")), ("--temporal-api-key-file", ("temporal-api-key", "api-key")),
                            ("--internal-token-file", ("plnt-internal", "token")), ("--tokens-file", ("plnt-gateway-tokens", "tokens")),
                            ("--webhook-secret-file", ("git-webhook", "webhook-secret")),
-                           ("--git-credentials-file", ("git-deploy-token", "credentials"))]:
+                           ("--git-credentials-file", ("git-deploy-token", "credentials")),
+                           ("--allowed-signers", ("plnt-signers", "allowed_signers"))]:
         assert mounted_file(deployment, reconciler, flag(args, option)) == secret, option
     [state] = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "state"]
     assert state == {"name": "state", "persistentVolumeClaim": {"claimName": f"{FULLNAME}-reconciler-state"}}
@@ -215,6 +218,9 @@ def test_command_lines_with_every_option(helm: str) -> None:
     assert mounted_file(deployment, worker, flag(args, "--temporal-tls-key")) == ("temporal-mtls", "tls.key")
     assert mounted_file(deployment, worker, flag(args, "--internal-token-file")) == ("plnt-internal", "token")
     assert mounted_file(deployment, worker, flag(args, "--git-credentials-file")) == ("git-deploy-token", "credentials")
+    assert flag(args, "--verify-commits") == "all" and flag(args, "--gpg-keys") == "/etc/plnt/gpg-keys"
+    [keys] = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "gpg-keys"]
+    assert keys["secret"]["secretName"] == "plnt-gpg-keys", "the whole Secret: one file per public key"
 
     deployment = one(docs, "Deployment", f"{FULLNAME}-gateway")
     gateway = container(docs, "gateway")
@@ -231,7 +237,8 @@ def test_command_lines_plain(helm: str) -> None:
     args = container(docs, "reconciler")["args"]
     assert {a for a in args if a.startswith("--")} == RECONCILER_FLAGS - {
         "--temporal-tls-cert", "--temporal-tls-key", "--temporal-tls-ca", "--temporal-api-key-file",
-        "--webhook-secret-file", "--mirror-status", "--git-credentials-file"}
+        "--webhook-secret-file", "--mirror-status", "--git-credentials-file", "--verify-commits", "--allowed-signers",
+        "--gpg-keys"}
     assert mounted_file(one(docs, "Deployment", f"{FULLNAME}-reconciler"), container(docs, "reconciler"),
                         flag(args, "--tokens-file")) == ("plnt-tokens", "tokens")
     assert flag(args, "--temporal-namespace") == "default"
@@ -417,6 +424,7 @@ def test_network_policies(helm: str) -> None:
     ({"serviceMonitor": {"labels": {"release": 3}}}, "got number, want string"),
     ({"fullnameOverride": "a-very-long-name-that-exceeds-forty-characters"}, "fullnameOverride"),
     ({"ingress": {"host": "https://plnt.example.com"}}, "host"),
+    ({"git": {"verifyCommits": {"mode": "latest"}}}, "mode"),
 ])
 def test_schema_rejects_unknown_keys_and_wrong_types(helm: str, change: dict[str, Any], expected: str) -> None:
     result = helm_template(helm, PLNT_CHART, merged(BASE, change))
@@ -428,6 +436,7 @@ def test_schema_rejects_unknown_keys_and_wrong_types(helm: str, change: dict[str
     ({"reconciler": {"replicas": 2, "persistence": {"enabled": True}}}, "needs accessModes [ReadWriteMany] (or reconciler.replicas: 1)"),
     ({"mirrorStatus": {"enabled": True}}, "mirrorStatus.enabled needs mirrorStatus.namespaces"),
     ({"gateway": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}, "maxReplicas (2) must be >= minReplicas (5)"),
+    ({"git": {"verifyCommits": {"mode": "head"}}}, "git.verifyCommits.mode needs trusted signers"),
 ])
 def test_template_guards(helm: str, change: dict[str, Any], expected: str) -> None:
     result = helm_template(helm, PLNT_CHART, merged(BASE, change))

@@ -232,3 +232,49 @@ app.kubernetes.io/part-of: plnt
   ports:
     - {port: {{ .Values.runners.port }}, protocol: TCP}
 {{- end -}}
+
+
+{{/*
+--verify-commits (reconciler and worker): the flags, their Secret mounts and volumes.
+*/}}
+{{- define "plnt.verifyArgs" -}}
+{{- $v := .Values.git.verifyCommits -}}
+{{- if ne $v.mode "none" -}}
+{{- if not (or $v.allowedSigners.secretName $v.gpgKeys.secretName) -}}
+{{- fail "git.verifyCommits.mode needs trusted signers: set git.verifyCommits.allowedSigners.secretName and/or git.verifyCommits.gpgKeys.secretName" -}}
+{{- end -}}
+- --verify-commits
+- {{ $v.mode }}
+{{- if $v.allowedSigners.secretName }}
+- --allowed-signers
+- /etc/plnt/allowed-signers/{{ $v.allowedSigners.key }}
+{{- end }}
+{{- if $v.gpgKeys.secretName }}
+- --gpg-keys
+- /etc/plnt/gpg-keys
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{- define "plnt.verifyMounts" -}}
+{{- $v := .Values.git.verifyCommits -}}
+{{- if and (ne $v.mode "none") $v.allowedSigners.secretName }}
+- {name: allowed-signers, mountPath: /etc/plnt/allowed-signers, readOnly: true}
+{{- end }}
+{{- if and (ne $v.mode "none") $v.gpgKeys.secretName }}
+- {name: gpg-keys, mountPath: /etc/plnt/gpg-keys, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "plnt.verifyVolumes" -}}
+{{- $v := .Values.git.verifyCommits -}}
+{{- if and (ne $v.mode "none") $v.allowedSigners.secretName }}
+{{ include "plnt.secretVolume" (dict "name" "allowed-signers" "secret" $v.allowedSigners.secretName "key" $v.allowedSigners.key) }}
+{{- end }}
+{{- if and (ne $v.mode "none") $v.gpgKeys.secretName }}
+- name: gpg-keys
+  secret:
+    secretName: {{ $v.gpgKeys.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
