@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal, Protocol
 from urllib.parse import quote
@@ -190,6 +191,8 @@ class _Base:
                     return resp
                 if rate_limited or status >= 500:
                     retry_after = _retry_after(resp)
+                    if retry_after is None and resp.headers.get("x-ratelimit-remaining") == "0":
+                        retry_after = _until_reset(resp)  # GitHub's primary limit: wait for its reset
                     last = ForgeUnavailable(f"{where}: HTTP {status}", retry_after)
                     delay = retry_after if retry_after is not None else self.backoff * 2 ** (attempt - 1)
                     if delay > self.max_retry_after:  # do not sleep for minutes inside one call
@@ -221,7 +224,13 @@ class _Base:
     def _next_page(self, resp: httpx.Response, url: str,
                    params: dict[str, Any] | None) -> tuple[str | None, dict[str, Any] | None]:
         nxt = _next_link(resp.headers.get("link"))
-        return (nxt, None) if nxt else (None, None)
+        if not nxt:
+            return None, None
+        # The token goes with every request: follow a next link only to the API's own origin.
+        here, there = httpx.URL(self.api_url), httpx.URL(nxt)
+        if (there.scheme, there.host, there.port) != (here.scheme, here.host, here.port):
+            raise ForgeError(f"{self.kind}: refusing to follow a pagination link to another origin ({there.host})")
+        return nxt, None
 
     # ---- comments (per forge: paths and verbs) ----
 
@@ -265,13 +274,16 @@ class _Base:
 
     async def upsert_comments(self, pr: int, parts: list[str], marker: str) -> list[CommentRef]:
         """One comment per part (markers `marker:1`, `marker:2`, ...); parts left over from a longer
-        earlier plan are deleted."""
+        earlier plan, and a comment posted under the bare `marker` by `upsert_comment`, are deleted."""
         numbered = re.compile(re.escape(f"<!-- {marker}:") + r"(\d+) -->")
         by_part: dict[int, list[int]] = {}
         for c in await self._list_comments(pr):
-            m = numbered.search(c.get("body") or "")
+            body = c.get("body") or ""
+            m = numbered.search(body)
             if m:
                 by_part.setdefault(int(m.group(1)), []).append(int(c["id"]))
+            elif marker_tag(marker) in body:
+                by_part.setdefault(0, []).append(int(c["id"]))  # part 0 never exists: deleted below
         refs = []
         for i, part in enumerate(parts, 1):
             ids = by_part.pop(i, [])
@@ -295,6 +307,14 @@ def _retry_after(resp: httpx.Response) -> float | None:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:
         return None  # an HTTP date: fall back to our own backoff
+
+
+def _until_reset(resp: httpx.Response) -> float | None:
+    """Seconds until `x-ratelimit-reset` (epoch seconds), as GitHub documents for its primary limit."""
+    try:
+        return max(0.0, float(resp.headers["x-ratelimit-reset"]) - time.time())
+    except (KeyError, ValueError):
+        return None
 
 
 class GitHubForge(_Base):

@@ -55,6 +55,7 @@ class ForgeStandin:
     gitlab_approved_by: dict[int, list[str]] = field(default_factory=dict)
     gitlab_reset_on_push: bool = True
     requests: list[Recorded] = field(default_factory=list)
+    link_base: str | None = None  # a different origin in Link headers (to test the client refuses it)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -146,7 +147,7 @@ class ForgeStandin:
             headers = {"x-page": str(page), "x-per-page": str(size), "x-total": str(len(items)),
                        "x-next-page": str(page + 1) if more else ""}
         elif more:
-            headers["Link"] = f'<{base}{rec.path}?page={page + 1}&{size_param}={size}>; rel="next"'
+            headers["Link"] = f'<{self.link_base or base}{rec.path}?page={page + 1}&{size_param}={size}>; rel="next"'
         return 200, chunk, headers
 
     def _route(self, rec: Recorded, base: str) -> tuple[int, Any, dict[str, str]]:

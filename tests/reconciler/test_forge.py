@@ -5,11 +5,14 @@ against a live forge."""
 from __future__ import annotations
 
 import logging
+import socket
+import time
 from collections.abc import Iterator
 
 import pytest
 from plnt.reconciler.forge import (
     ForgeBadRequest,
+    ForgeError,
     ForgeRefused,
     ForgeUnavailable,
     GitLabForge,
@@ -196,8 +199,6 @@ async def test_500_then_200_is_retried(standin: ForgeStandin, caplog: pytest.Log
 
 @pytest.mark.integration
 async def test_429_retry_after_honoured(standin: ForgeStandin) -> None:
-    import time
-
     standin.fail.append((429, {"Retry-After": "0.3"}))
     async with client(standin) as forge:
         t0 = time.monotonic()
@@ -250,3 +251,43 @@ async def test_github_secondary_rate_limit_403_is_retried() -> None:
         async with client(s) as forge:
             await forge.set_status(SHA, "success", "plnt/plan", "ok")
     assert len(s.statuses) == 1
+
+
+@pytest.mark.integration
+async def test_single_comment_replaced_by_parts(standin: ForgeStandin) -> None:
+    async with client(standin) as forge:
+        await forge.upsert_comment(4, "short plan", "plnt:plan")
+        await forge.upsert_comments(4, ["(part 1/2)\n\na", "(part 2/2)\n\nb"], "plnt:plan")
+    bodies = [c["body"] for c in standin.comments[4]]
+    assert len(bodies) == 2 and all("plnt:plan:" in b for b in bodies)
+
+
+@pytest.mark.integration
+async def test_pagination_link_to_another_origin_refused() -> None:
+    with ForgeStandin("github", "o/r", TOKEN, link_base="http://127.0.0.2:9") as s:
+        for i in range(5):
+            s.add_comment(1, f"c{i}")
+        async with client(s) as forge:
+            with pytest.raises(ForgeError, match="another origin"):
+                await forge.upsert_comment(1, "x", "plnt:plan")
+
+
+@pytest.mark.integration
+async def test_github_primary_rate_limit_waits_for_reset() -> None:
+    with ForgeStandin("github", "o/r", TOKEN) as s:
+        s.fail.append((403, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(int(time.time()) + 3600)}))
+        async with make_forge("github", s.api_url, s.project, TOKEN, max_retry_after=5) as forge:
+            with pytest.raises(ForgeUnavailable) as e:
+                await forge.set_status(SHA, "success", "plnt/plan", "ok")
+    assert e.value.retry_after is not None and e.value.retry_after > 3000
+
+
+async def test_unreachable_forge_is_unavailable(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with make_forge("gitea", f"http://127.0.0.1:{port}/api/v1", "o/r", TOKEN, attempts=2, backoff=0.01) as forge:
+        with pytest.raises(ForgeUnavailable, match="ConnectError"):
+            await forge.approvals(1)
+    assert TOKEN not in caplog.text
