@@ -83,7 +83,7 @@ class Forge(Protocol):
     async def upsert_comment(self, pr: int, body: str, marker: str) -> CommentRef: ...
     async def upsert_comments(self, pr: int, parts: list[str], marker: str) -> list[CommentRef]: ...
     async def set_status(self, sha: str, state: State, context: str, description: str,
-                         target_url: str | None = None) -> None: ...
+                         target_url: str | None = None) -> bool: ...
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None: ...
     async def approvals(self, pr: int) -> list[Review]: ...
     async def aclose(self) -> None: ...
@@ -344,11 +344,23 @@ class GitHubForge(_Base):
         return f"{self._repo}/issues/comments/{comment_id}"
 
     async def set_status(self, sha: str, state: State, context: str, description: str,
-                         target_url: str | None = None) -> None:
+                         target_url: str | None = None) -> bool:
+        """Post the status unless the context's latest one already says the same (False then): one
+        status per change, never a flood (GitHub keeps at most 1,000 per sha and context)."""
         body: dict[str, Any] = {"state": state, "context": context, "description": self._truncate(description)}
         if target_url:
             body["target_url"] = target_url
+        # The combined status lists the latest status of each context.
+        combined = (await self._request("GET", f"{self._repo}/commits/{sha}/status", "status",
+                                        params={self.page_param: 100})).json()
+        for s in combined.get("statuses") or []:
+            if (s.get("context") or "").lower() == context.lower():
+                if (s.get("state"), s.get("description") or "", s.get("target_url")) == (
+                        state, body["description"], target_url):
+                    return False
+                break
         await self._request("POST", f"{self._repo}/statuses/{sha}", "status", json=body)
+        return True
 
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None:
         prs = [PullRequest(number=p["number"], head_sha=p["head"]["sha"], merged=p.get("merged_at") is not None,
@@ -431,19 +443,30 @@ class GitLabForge(_Base):
         return [c for c in await super()._list_comments(pr) if not c.get("system")]
 
     async def set_status(self, sha: str, state: State, context: str, description: str,
-                         target_url: str | None = None) -> None:
+                         target_url: str | None = None) -> bool:
+        """Post the status unless the latest one of that name already says the same (False then)."""
         body: dict[str, Any] = {"state": self.STATES[state], "name": context, "description": self._truncate(description)}
         if target_url:
             body["target_url"] = target_url
+        # Without `all`, GitLab lists only the latest status of each name.
+        latest = (await self._request("GET", f"{self._proj}/repository/commits/{sha}/statuses", "status",
+                                      params={"name": context, "per_page": 100})).json()
+        for s in latest:
+            if s.get("name") == context:
+                if (s.get("status"), s.get("description") or "", s.get("target_url")) == (
+                        body["state"], body["description"], target_url):
+                    return False
+                break
         try:
             await self._request("POST", f"{self._proj}/statuses/{sha}", "status", json=body)
+            return True
         except ForgeBadRequest as e:
             # GitLab refuses pending->pending and running->running (HTTP 400 "Cannot transition status
             # via ..."), where GitHub accepts a repeat: the state asked for already holds. (The
             # description of that status then stays the earlier one: GitLab cannot update it in place.)
             if body["state"] in ("pending", "running") and "Cannot transition status" in str(e):
                 log.debug("gitlab status %s on %s already %s", context, sha[:12], body["state"])
-                return
+                return False
             raise
 
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None:

@@ -219,6 +219,14 @@ class ForgeStandin:
                       "target_url": body.get("target_url")}
             self.statuses.append(status)
             return 201, status, {}
+        if mt := re.fullmatch(re.escape(repo) + r"/commits/([0-9a-f]{7,64})/status", p):
+            if denied := self._denied("status"):
+                return denied
+            latest: dict[str, dict[str, Any]] = {}  # the combined status: the latest of each context
+            for st in self.statuses:
+                if st["sha"] == mt.group(1):
+                    latest[st["context"].lower()] = st
+            return 200, {"sha": mt.group(1), "total_count": len(latest), "statuses": list(latest.values())[::-1]}, {}
         if mt := re.fullmatch(re.escape(repo) + r"/commits/([0-9a-f]{7,64})/pulls?", p):
             if denied := self._denied("read"):
                 return denied
@@ -305,6 +313,15 @@ class ForgeStandin:
                       "description": body.get("description"), "target_url": body.get("target_url")}
             self.statuses.append(status)
             return 201, status, {}
+        if mt := re.fullmatch(r"/repository/commits/([0-9a-f]{7,64})/statuses", rest):
+            if denied := self._denied("status"):
+                return denied
+            latest_by: dict[str, dict[str, Any]] = {}  # without `all`: the latest of each name
+            for st in self.statuses:
+                if st["sha"] == mt.group(1):
+                    latest_by[st["name"]] = st
+            name = rec.query.get("name", [None])[0]
+            return 200, [st for n, st in latest_by.items() if name in (None, n)], {}
         if mt := re.fullmatch(r"/repository/commits/([0-9a-f]{7,64})/merge_requests", rest):
             if denied := self._denied("read"):
                 return denied
