@@ -226,11 +226,10 @@ class _Base:
         nxt = _next_link(resp.headers.get("link"))
         if not nxt:
             return None, None
-        # The token goes with every request: follow a next link only to the API's own origin.
-        here, there = httpx.URL(self.api_url), httpx.URL(nxt)
-        if (there.scheme, there.host, there.port) != (here.scheme, here.host, here.port):
-            raise ForgeError(f"{self.kind}: refusing to follow a pagination link to another origin ({there.host})")
-        return nxt, None
+        # Only the next link's query (page, per_page/limit) is taken, on our own URL: the token goes with
+        # every request, and the link's host and path may differ (GitHub's /repositories/{id}/..., a
+        # Gitea ROOT_URL other than the address we reach it at).
+        return url.split("?")[0], dict(httpx.URL(nxt).params)
 
     # ---- comments (per forge: paths and verbs) ----
 

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 import pytest
 from plnt.reconciler.forge import (
     ForgeBadRequest,
-    ForgeError,
     ForgeRefused,
     ForgeUnavailable,
     GitLabForge,
@@ -264,13 +263,16 @@ async def test_single_comment_replaced_by_parts(standin: ForgeStandin) -> None:
 
 
 @pytest.mark.integration
-async def test_pagination_link_to_another_origin_refused() -> None:
+async def test_pagination_link_host_not_followed() -> None:
+    # Next links naming another host: their page is read from the API's own origin (the token stays there).
     with ForgeStandin("github", "o/r", TOKEN, link_base="http://127.0.0.2:9") as s:
         for i in range(5):
             s.add_comment(1, f"c{i}")
+        s.add_comment(1, marker_tag("plnt:plan") + "\nold")
         async with client(s) as forge:
-            with pytest.raises(ForgeError, match="another origin"):
-                await forge.upsert_comment(1, "x", "plnt:plan")
+            ref = await forge.upsert_comment(1, "new", "plnt:plan")
+    assert not ref.created and len(s.comments[1]) == 6
+    assert {r.query.get("page", ["1"])[0] for r in s.requests if r.method == "GET"} == {"1", "2"}
 
 
 @pytest.mark.integration
