@@ -1,0 +1,343 @@
+"""A DECLARED STAND-IN for GitHub, GitLab and Gitea REST APIs: not a forge, and not proof that plnt
+works against a live one. No forge server can run on these machines, so this real HTTP server on
+127.0.0.1 implements only the endpoints reconciler/forge.py calls, with the request and response
+shapes of each API's documentation:
+
+- auth headers (GitHub `Authorization: Bearer` + `Accept: application/vnd.github+json` +
+  `X-GitHub-Api-Version: 2022-11-28`; GitLab `PRIVATE-TOKEN`; Gitea `Authorization: token`):
+  401 when wrong, 403 for an operation listed in `deny` (a token without that permission);
+- required fields and enums (422 on GitHub/Gitea, 400 on GitLab);
+- pagination with a small page size (Link rel="next" on GitHub/Gitea, x-next-page on GitLab);
+- GitHub's limit of 1,000 statuses per sha and context (422 beyond);
+- failures queued in `fail` (status, headers) are answered before the next request is served.
+
+Comments, statuses, reviews and pull requests live in memory; every request is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
+
+from .http_thread import ThreadedHttp
+
+GITHUB_STATES = {"pending", "success", "failure", "error"}
+GITEA_STATES = {"pending", "success", "failure", "error", "warning"}
+GITLAB_STATES = {"pending", "running", "success", "failed", "canceled"}
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str  # raw, as sent (GitLab's project id stays %2F-encoded)
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class ForgeStandin:
+    kind: str  # github | gitlab | gitea
+    project: str
+    token: str
+    page_size: int = 3
+    deny: set[str] = field(default_factory=set)  # operations answered 403: comment, status, read
+    fail: list[tuple[int, dict[str, str]]] = field(default_factory=list)
+    comments: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    statuses: list[dict[str, Any]] = field(default_factory=list)
+    reviews: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    pulls: dict[int, dict[str, Any]] = field(default_factory=dict)  # number -> {head_sha, merged, commits}
+    gitlab_approved_by: dict[int, list[str]] = field(default_factory=dict)
+    gitlab_reset_on_push: bool = True
+    requests: list[Recorded] = field(default_factory=list)
+    link_base: str | None = None  # a different origin in Link headers (to test the client refuses it)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next_id = 1000
+        self._http = ThreadedHttp(self._handler())
+
+    # ---- lifecycle ----
+    def __enter__(self) -> ForgeStandin:
+        self._http.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.__exit__(*exc)
+
+    @property
+    def api_url(self) -> str:
+        return self._http.url + ("/api/v4" if self.kind == "gitlab" else "/api/v1" if self.kind == "gitea" else "")
+
+    # ---- seeding ----
+    def add_comment(self, pr: int, body: str, user: str = "someone") -> int:
+        with self._lock:
+            self._next_id += 1
+            self.comments.setdefault(pr, []).append(self._comment(self._next_id, body, user))
+            return self._next_id
+
+    def _comment(self, cid: int, body: str, user: str) -> dict[str, Any]:
+        if self.kind == "gitlab":
+            return {"id": cid, "body": body, "author": {"username": user}, "system": False}
+        return {"id": cid, "body": body, "user": {"login": user}}
+
+    # ---- HTTP ----
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        standin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _serve(self) -> None:
+                split = urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                try:
+                    body = json.loads(raw) if raw else None
+                except ValueError:
+                    body = None
+                rec = Recorded(self.command, split.path, parse_qs(split.query), dict(self.headers.items()), body)
+                with standin._lock:
+                    standin.requests.append(rec)
+                    failure = standin.fail.pop(0) if standin.fail else None
+                if failure:
+                    return self._send(failure[0], {"message": "injected failure"}, failure[1])
+                status, payload, headers = standin._route(rec, f"http://{self.headers.get('Host')}")
+                self._send(status, payload, headers)
+
+            def _send(self, status: int, payload: Any, headers: dict[str, str]) -> None:
+                data = b"" if payload is None else json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
+
+        return Handler
+
+    def _auth_error(self, rec: Recorded) -> tuple[int, Any, dict[str, str]] | None:
+        h = {k.lower(): v for k, v in rec.headers.items()}
+        if self.kind == "github":
+            if h.get("accept") != "application/vnd.github+json" or h.get("x-github-api-version") != "2022-11-28":
+                return 400, {"message": "missing Accept or X-GitHub-Api-Version header"}, {}
+            ok = h.get("authorization") == f"Bearer {self.token}"
+            return None if ok else (401, {"message": "Bad credentials"}, {})
+        if self.kind == "gitlab":
+            return None if h.get("private-token") == self.token else (401, {"message": "401 Unauthorized"}, {})
+        return None if h.get("authorization") == f"token {self.token}" else (401, {"message": "token is required"}, {})
+
+    def _page(self, rec: Recorded, items: list[Any], base: str) -> tuple[int, Any, dict[str, str]]:
+        size_param = "limit" if self.kind == "gitea" else "per_page"
+        page = int(rec.query.get("page", ["1"])[0])
+        size = min(int(rec.query.get(size_param, [str(self.page_size)])[0]), self.page_size)
+        chunk = items[(page - 1) * size: page * size]
+        more = page * size < len(items)
+        headers: dict[str, str] = {}
+        if self.kind == "gitlab":
+            headers = {"x-page": str(page), "x-per-page": str(size), "x-total": str(len(items)),
+                       "x-next-page": str(page + 1) if more else ""}
+        elif more:
+            headers["Link"] = f'<{self.link_base or base}{rec.path}?page={page + 1}&{size_param}={size}>; rel="next"'
+        return 200, chunk, headers
+
+    def _route(self, rec: Recorded, base: str) -> tuple[int, Any, dict[str, str]]:
+        err = self._auth_error(rec)
+        if err:
+            return err
+        if self.kind == "gitlab":
+            return self._gitlab(rec, base)
+        return self._github_like(rec, base)
+
+    def _denied(self, op: str) -> tuple[int, Any, dict[str, str]] | None:
+        if op not in self.deny:
+            return None
+        msg = {"github": "Resource not accessible by personal access token", "gitlab": "403 Forbidden"}
+        return 403, {"message": msg.get(self.kind, "token does not have at least one of required scope(s)")}, {}
+
+    def _github_like(self, rec: Recorded, base: str) -> tuple[int, Any, dict[str, str]]:
+        prefix = "/api/v1" if self.kind == "gitea" else ""
+        repo = f"{prefix}/repos/{self.project}"
+        p, m = rec.path, rec.method
+        unprocessable = 422
+        if mt := re.fullmatch(re.escape(repo) + r"/issues/(\d+)/comments", p):
+            if denied := self._denied("comment" if m == "POST" else "read"):
+                return denied
+            pr = int(mt.group(1))
+            if m == "GET":
+                return self._page(rec, list(self.comments.get(pr, [])), base)
+            if m == "POST":
+                if not isinstance(rec.body, dict) or not isinstance(rec.body.get("body"), str):
+                    return unprocessable, {"message": "Validation Failed: body is required"}, {}
+                if self.kind == "github" and len(rec.body["body"]) > 65_536:
+                    return unprocessable, {"message": "Validation Failed: body is too long (maximum is 65536 characters)"}, {}
+                cid = self.add_comment(pr, rec.body["body"], "plnt")
+                return 201, self._find_comment(cid)[1], {}
+        if mt := re.fullmatch(re.escape(repo) + r"/issues/comments/(\d+)", p):
+            if denied := self._denied("comment"):
+                return denied
+            found = self._find_comment(int(mt.group(1)))
+            if not found:
+                return 404, {"message": "Not Found"}, {}
+            pr, comment = found
+            if m == "PATCH":
+                if not isinstance(rec.body, dict) or not isinstance(rec.body.get("body"), str):
+                    return unprocessable, {"message": "Validation Failed: body is required"}, {}
+                comment["body"] = rec.body["body"]
+                return 200, comment, {}
+            if m == "DELETE":
+                self.comments[pr].remove(comment)
+                return 204, None, {}
+        if mt := re.fullmatch(re.escape(repo) + r"/statuses/([0-9a-f]{7,64})", p):
+            if m != "POST":
+                return 405, {"message": "Method Not Allowed"}, {}
+            if denied := self._denied("status"):
+                return denied
+            states = GITHUB_STATES if self.kind == "github" else GITEA_STATES
+            body = rec.body if isinstance(rec.body, dict) else {}
+            if body.get("state") not in states:
+                return unprocessable, {"message": f"Validation Failed: state must be one of {sorted(states)}"}, {}
+            context = body.get("context") or "default"
+            sha = mt.group(1)
+            if self.kind == "github":
+                if len(body.get("description") or "") > 140:
+                    return unprocessable, {"message": "Validation Failed: description is too long (maximum is 140 characters)"}, {}
+                same = [s for s in self.statuses if s["sha"] == sha and s["context"].lower() == context.lower()]
+                if len(same) >= 1000:
+                    return unprocessable, {"message": "Validation Failed",
+                                           "errors": [{"message": "This SHA and context has reached the maximum number of statuses."}]}, {}
+            status = {"sha": sha, "state": body["state"], "context": context, "description": body.get("description"),
+                      "target_url": body.get("target_url")}
+            self.statuses.append(status)
+            return 201, status, {}
+        if mt := re.fullmatch(re.escape(repo) + r"/commits/([0-9a-f]{7,64})/status", p):
+            if denied := self._denied("status"):
+                return denied
+            latest: dict[str, dict[str, Any]] = {}  # the combined status: the latest of each context
+            for st in self.statuses:
+                if st["sha"] == mt.group(1):
+                    latest[st["context"].lower()] = st
+            return 200, {"sha": mt.group(1), "total_count": len(latest), "statuses": list(latest.values())[::-1]}, {}
+        if mt := re.fullmatch(re.escape(repo) + r"/commits/([0-9a-f]{7,64})/pulls?", p):
+            if denied := self._denied("read"):
+                return denied
+            sha = mt.group(1)
+            prs = [self._github_pr(n, pr) for n, pr in self.pulls.items() if sha in pr["commits"]]
+            if self.kind == "github" and p.endswith("/pulls"):
+                return self._page(rec, prs, base)
+            if self.kind == "gitea" and p.endswith("/pull"):
+                return (200, prs[0], {}) if prs else (404, {"message": "Not Found"}, {})
+        if mt := re.fullmatch(re.escape(repo) + r"/pulls/(\d+)/reviews", p):
+            if denied := self._denied("read"):
+                return denied
+            n = int(mt.group(1))
+            if n not in self.pulls:
+                return 404, {"message": "Not Found"}, {}
+            return self._page(rec, list(self.reviews.get(n, [])), base)
+        return 404, {"message": "Not Found"}, {}
+
+    def _github_pr(self, n: int, pr: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"number": n, "state": "closed" if pr["merged"] else "open", "head": {"sha": pr["head_sha"]}}
+        if self.kind == "github":
+            out["merged_at"] = "2026-12-01T00:00:00Z" if pr["merged"] else None
+        else:
+            out["merged"] = pr["merged"]
+        return out
+
+    def add_review(self, pr: int, user: str, state: str, commit_id: str) -> None:
+        with self._lock:
+            self._next_id += 1
+            self.reviews.setdefault(pr, []).append(
+                {"id": self._next_id, "user": {"login": user}, "state": state, "commit_id": commit_id})
+
+    def _find_comment(self, cid: int) -> tuple[int, dict[str, Any]] | None:
+        for pr, items in self.comments.items():
+            for c in items:
+                if c["id"] == cid:
+                    return pr, c
+        return None
+
+    def _gitlab(self, rec: Recorded, base: str) -> tuple[int, Any, dict[str, str]]:
+        proj = "/api/v4/projects/" + quote(self.project, safe="")
+        p, m = rec.path, rec.method
+        if not p.startswith(proj):
+            return 404, {"message": "404 Project Not Found"}, {}
+        rest = p[len(proj):]
+        if mt := re.fullmatch(r"/merge_requests/(\d+)/notes", rest):
+            if denied := self._denied("comment" if m == "POST" else "read"):
+                return denied
+            pr = int(mt.group(1))
+            if m == "GET":
+                return self._page(rec, list(self.comments.get(pr, [])), base)
+            if m == "POST":
+                if not isinstance(rec.body, dict) or not isinstance(rec.body.get("body"), str):
+                    return 400, {"error": "body is missing"}, {}
+                return 201, self._find_comment(self.add_comment(pr, rec.body["body"], "plnt"))[1], {}  # type: ignore[index]
+        if mt := re.fullmatch(r"/merge_requests/(\d+)/notes/(\d+)", rest):
+            if denied := self._denied("comment"):
+                return denied
+            found = self._find_comment(int(mt.group(2)))
+            if not found:
+                return 404, {"message": "404 Not found"}, {}
+            pr, comment = found
+            if m == "PUT":
+                if not isinstance(rec.body, dict) or not isinstance(rec.body.get("body"), str):
+                    return 400, {"error": "body is missing"}, {}
+                comment["body"] = rec.body["body"]
+                return 200, comment, {}
+            if m == "DELETE":
+                self.comments[pr].remove(comment)
+                return 204, None, {}
+        if mt := re.fullmatch(r"/statuses/([0-9a-f]{7,64})", rest):
+            if denied := self._denied("status"):
+                return denied
+            body = rec.body if isinstance(rec.body, dict) else {}
+            if body.get("state") not in GITLAB_STATES:
+                return 400, {"error": "state does not have a valid value"}, {}
+            name = body.get("name") or body.get("context") or "default"
+            last = [s for s in self.statuses if s["sha"] == mt.group(1) and s["name"] == name][-1:]
+            if last and last[0]["status"] == body["state"] and body["state"] in ("pending", "running"):
+                verb = {"pending": "enqueue", "running": "run"}[body["state"]]
+                return 400, {"message": f"Cannot transition status via :{verb} from :{body['state']} "
+                                        f"(Reason(s): Status cannot transition via \"{verb}\")"}, {}
+            status = {"sha": mt.group(1), "status": body["state"], "name": body.get("name") or body.get("context") or "default",
+                      "description": body.get("description"), "target_url": body.get("target_url")}
+            self.statuses.append(status)
+            return 201, status, {}
+        if mt := re.fullmatch(r"/repository/commits/([0-9a-f]{7,64})/statuses", rest):
+            if denied := self._denied("status"):
+                return denied
+            latest_by: dict[str, dict[str, Any]] = {}  # without `all`: the latest of each name
+            for st in self.statuses:
+                if st["sha"] == mt.group(1):
+                    latest_by[st["name"]] = st
+            name = rec.query.get("name", [None])[0]
+            return 200, [st for n, st in latest_by.items() if name in (None, n)], {}
+        if mt := re.fullmatch(r"/repository/commits/([0-9a-f]{7,64})/merge_requests", rest):
+            if denied := self._denied("read"):
+                return denied
+            sha = mt.group(1)
+            return 200, [{"iid": n, "sha": pr["head_sha"], "state": "merged" if pr["merged"] else "opened"}
+                         for n, pr in self.pulls.items() if sha in pr["commits"]], {}
+        if rest == "/approvals":
+            return 200, {"reset_approvals_on_push": self.gitlab_reset_on_push}, {}
+        if mt := re.fullmatch(r"/merge_requests/(\d+)(/approvals)?", rest):
+            if denied := self._denied("read"):
+                return denied
+            n = int(mt.group(1))
+            if n not in self.pulls:
+                return 404, {"message": "404 Not found"}, {}
+            if mt.group(2):
+                return 200, {"iid": n, "approved_by": [{"user": {"username": u}} for u in self.gitlab_approved_by.get(n, [])]}, {}
+            pr = self.pulls[n]
+            return 200, {"iid": n, "sha": pr["head_sha"], "state": "merged" if pr["merged"] else "opened"}, {}
+        return 404, {"message": "404 Not found"}, {}
