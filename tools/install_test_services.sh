@@ -2,6 +2,7 @@
 # Install the system packages the test suite starts for real, when they are missing:
 #   docker-registry   the CNCF distribution OCI registry (Debian's package), for the OCI tests
 #   and the linter ShellCheck (package shellcheck), for tools/e2e_kind.sh (tests/charts)
+#   gnupg and openssh-client (gpg, ssh-keygen): signed git commits in the --verify-commits tests
 # Run by `make test` (through `make install-test-services`); root or passwordless sudo installs with
 # apt-get, anyone else gets the exact command to run. Nothing here is needed by `make up`.
 set -euo pipefail
@@ -9,6 +10,8 @@ set -euo pipefail
 missing=()
 command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
+command -v gpg >/dev/null 2>&1 || missing+=(gnupg)                    # signed-commit tests
+command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)    # signed-commit tests
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ]; then
@@ -28,3 +31,5 @@ echo "installing ${missing[*]} (apt-get) for the test suite"
 DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 command -v docker-registry >/dev/null
 command -v shellcheck >/dev/null
+command -v gpg >/dev/null
+command -v ssh-keygen >/dev/null
