@@ -56,33 +56,32 @@ _SSH_KEY = re.compile(r'Good "git" signature with (?P<key>\S+ key \S+)')
 _GPG = re.compile(r"^\[GNUPG:\] (?P<status>[A-Z_]+) ?(?P<rest>.*)$", re.M)
 
 
+# gpg's status lines that refuse a signature (`KEYID USER-ID` follows each), in the order checked.
+_GPG_REFUSALS = (("EXPKEYSIG", "expired key"), ("REVKEYSIG", "revoked key"), ("BADSIG", "bad signature"),
+                 ("EXPSIG", "expired signature"))
+
+
+def _gpg_signer(rest: str) -> str:
+    key, _, uid = rest.partition(" ")
+    return f"{uid} (OpenPGP key {key})"
+
+
 def parse_verdict(commit: str, returncode: int, output: str) -> CommitVerdict:
     """`git verify-commit --raw` exit code and output (stdout and stderr) to a verdict. Pure."""
     gpg = {m["status"]: m["rest"] for m in _GPG.finditer(output)}
     good_ssh = _SSH_GOOD.search(output)
     if returncode == 0:
         if "GOODSIG" in gpg:
-            key, _, uid = gpg["GOODSIG"].partition(" ")
-            return CommitVerdict(commit=commit, trusted=True, signer=f"{uid} (OpenPGP key {key})")
+            return CommitVerdict(commit=commit, trusted=True, signer=_gpg_signer(gpg["GOODSIG"]))
         if good_ssh:
             return CommitVerdict(commit=commit, trusted=True, signer=f"{good_ssh['principal']} ({good_ssh['key']})")
         return CommitVerdict(commit=commit, trusted=True)
-    if gpg:
-        if "EXPKEYSIG" in gpg:
-            key, _, uid = gpg["EXPKEYSIG"].partition(" ")
-            return CommitVerdict(commit=commit, trusted=False, reason="expired key", signer=f"{uid} (OpenPGP key {key})")
-        if "REVKEYSIG" in gpg:
-            key, _, uid = gpg["REVKEYSIG"].partition(" ")
-            return CommitVerdict(commit=commit, trusted=False, reason="revoked key", signer=f"{uid} (OpenPGP key {key})")
-        if "BADSIG" in gpg:
-            key, _, uid = gpg["BADSIG"].partition(" ")
-            return CommitVerdict(commit=commit, trusted=False, reason="bad signature", signer=f"{uid} (OpenPGP key {key})")
-        if "EXPSIG" in gpg:
-            key, _, uid = gpg["EXPSIG"].partition(" ")
-            return CommitVerdict(commit=commit, trusted=False, reason="expired signature", signer=f"{uid} (OpenPGP key {key})")
-        if "NO_PUBKEY" in gpg:
-            return CommitVerdict(commit=commit, trusted=False, reason="unknown key",
-                                 signer=f"OpenPGP key {gpg['NO_PUBKEY'].split()[0]}")
+    for status, reason in _GPG_REFUSALS:
+        if status in gpg:
+            return CommitVerdict(commit=commit, trusted=False, reason=reason, signer=_gpg_signer(gpg[status]))
+    if "NO_PUBKEY" in gpg:
+        return CommitVerdict(commit=commit, trusted=False, reason="unknown key",
+                             signer=f"OpenPGP key {gpg['NO_PUBKEY'].split()[0]}")
     lowered = output.lower()
     key = _SSH_KEY.search(output)
     signer = good_ssh["principal"] if good_ssh else (key["key"] if key else None)

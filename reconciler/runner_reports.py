@@ -53,7 +53,6 @@ class ReportedRunners:
 
     def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
         self._reports: dict[str, RunnerReport] = {}
-        self._seen: dict[str, float] = {}
         self._repair: set[str] = set()
         self._on_change = on_change
 
@@ -63,7 +62,6 @@ class ReportedRunners:
         first = report.worker not in self._reports
         changed = self._reports.get(report.worker) != report
         self._reports[report.worker] = report
-        self._seen[report.worker] = time.monotonic()
         if first:
             log.info("worker-reported worker=%s runners=%d", report.worker, len(report.live))
         for key in report.live:
@@ -77,15 +75,6 @@ class ReportedRunners:
         if changed:
             self._on_change()
         return RunnerReportReply(repair=repair)
-
-    @property
-    def reported(self) -> bool:
-        return bool(self._reports)
-
-    def workers(self) -> dict[str, float]:
-        """Worker -> seconds since its last report."""
-        now = time.monotonic()
-        return {worker: round(now - seen, 1) for worker, seen in self._seen.items()}
 
     # --- the part of the driver interface the reconciler uses ---------------------------------
 
