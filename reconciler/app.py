@@ -27,6 +27,7 @@ from .archive import ExtractLimits
 from .commit_specs import CommitSpecs
 from .commit_trust import CommitVerifier
 from .drivers import DriverSet
+from .forge import Forge, make_forge
 from .helm_driver import DEFAULT_CHART, HelmDriver, RunnerImage, SpecLookup
 from .history import NoSaga, saga_history
 from .local_driver import LocalDriver
@@ -155,6 +156,15 @@ def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, st
 def make_source(settings: Settings, state: StateDir) -> GitSource:
     return GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path,
                      credentials_file=settings.git_credentials_file, known_hosts=settings.git_known_hosts)
+
+
+def make_forge_client(settings: Settings) -> Forge | None:
+    """--forge: the one forge client of this process (approvals, rollout statuses, previews)."""
+    if settings.forge is None:
+        return None
+    assert settings.forge_api_url and settings.forge_project and settings.forge_token
+    return make_forge(settings.forge, settings.forge_api_url, settings.forge_project,
+                      settings.forge_token.get_secret_value())
 
 
 def make_verifier(settings: Settings, state: StateDir) -> CommitVerifier | None:

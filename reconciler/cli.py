@@ -59,6 +59,40 @@ InternalTokenFile = Annotated[Path | None, typer.Option(
          "follows) accepts it (or an admin token); without it that endpoint answers 404.")]
 
 
+# Pull-request review as deploy approval: `plnt up` and `plnt reconcile` take the same options.
+ForgeKind = Annotated[str | None, typer.Option(help=(
+    "The spec repository's forge (github, gitlab or gitea): where --require-approval reads approvals and "
+    "each rollout's verdict goes as a commit status plnt/NAMESPACE/NAME."))]
+ForgeApiUrl = Annotated[str | None, typer.Option(help=(
+    "The forge's REST API: https://api.github.com, https://gitlab.example/api/v4, https://gitea.example/api/v1."))]
+ForgeProject = Annotated[str | None, typer.Option(help="OWNER/REPO on the forge (GitLab: the project's full path).")]
+ForgeTokenEnv = Annotated[str | None, typer.Option(help="NAME of the environment variable holding the forge token.")]
+ForgeTokenFile = Annotated[Path | None, typer.Option(help="File holding the forge token.")]
+RequireApproval = Annotated[bool, typer.Option("--require-approval", help=(
+    "Deploy a commit only when the pull request that brought it was approved on its head commit and the plan "
+    "digest `plnt review` posted there equals the one computed now; otherwise hold it, with the reason in status."))]
+ReportStatus = Annotated[bool, typer.Option("--report-status/--no-report-status", help=(
+    "With --forge: report each rollout on its commit as status plnt/NAMESPACE/NAME."))]
+WriteNotes = Annotated[bool, typer.Option("--write-notes", help=(
+    "Record each rollout's outcome as a git note (refs/notes/plnt) on its commit and push it to the spec "
+    "repository (needs push rights): git log --notes=plnt shows them."))]
+Previews = Annotated[list[str] | None, typer.Option("--previews", help=(
+    "Deploy the WorkflowRuns a pull request changes as previews: a ref glob such as 'refs/pull/*/head' "
+    "(GitHub, Gitea) or 'refs/merge-requests/*/head' (GitLab). Repeatable."))]
+
+
+def _forge_settings(forge: str | None, forge_api_url: str | None, forge_project: str | None,
+                    forge_token_env: str | None, forge_token_file: Path | None, require_approval: bool,
+                    report_status: bool, write_notes: bool, previews: list[str] | None) -> dict[str, Any]:
+    try:
+        token = _secret_from(forge_token_env, forge_token_file, "--forge-token")
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from exc
+    return dict(forge=forge, forge_api_url=forge_api_url, forge_project=forge_project, forge_token=token,
+                require_approval=require_approval, report_status=report_status, write_notes=write_notes,
+                previews=tuple(previews or ()))
+
+
 class Format(str, Enum):
     text = "text"
     json = "json"
@@ -179,6 +213,15 @@ def up(
         "--mirror-status", help="Apply each WorkflowRun as a plnt.work/v1 custom resource and write its status there "
                                 "(kubectl get wfr); needs the CRDs (plnt crds) and --kubeconfig or in-cluster config.")] = False,
     kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig for --mirror-status (default: in-cluster).")] = None,
+    forge: ForgeKind = None,
+    forge_api_url: ForgeApiUrl = None,
+    forge_project: ForgeProject = None,
+    forge_token_env: ForgeTokenEnv = None,
+    forge_token_file: ForgeTokenFile = None,
+    require_approval: RequireApproval = False,
+    report_status: ReportStatus = True,
+    write_notes: WriteNotes = False,
+    previews: Previews = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run plnt: Temporal, a worker, the reconciler and the gateway; deploy through local runner processes."""
@@ -215,7 +258,9 @@ def up(
                             llm_api_key=(os.environ.get(llm_api_key_env) or None) if llm_api_key_env else None,
                             runner_env=allowlisted_env(os.environ), mirror_status=mirror_status, kubeconfig=kubeconfig,
                             git_credentials_file=git_credentials_file, git_known_hosts=git_known_hosts,
-                            verify_commits=verify_commits, allowed_signers=allowed_signers, gpg_keys=gpg_keys)
+                            verify_commits=verify_commits, allowed_signers=allowed_signers, gpg_keys=gpg_keys,
+                            **_forge_settings(forge, forge_api_url, forge_project, forge_token_env, forge_token_file,
+                                              require_approval, report_status, write_notes, previews))
     except ValidationError as exc:
         typer.echo("error: " + "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()), err=True)
         raise typer.Exit(2) from exc

@@ -11,7 +11,26 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from .cli import MaxSpecFileKb, MaxSpecFiles, _fail, _secret, _secret_from, _setup_logging, _spec_limits, app
+from .cli import (
+    ForgeApiUrl,
+    ForgeKind,
+    ForgeProject,
+    ForgeTokenEnv,
+    ForgeTokenFile,
+    MaxSpecFileKb,
+    MaxSpecFiles,
+    Previews,
+    ReportStatus,
+    RequireApproval,
+    WriteNotes,
+    _fail,
+    _forge_settings,
+    _secret,
+    _secret_from,
+    _setup_logging,
+    _spec_limits,
+    app,
+)
 from .settings import RetrySettings, Settings
 
 Repo = Annotated[str, typer.Option(envvar="PLNT_REPO", help=(
@@ -142,6 +161,15 @@ def reconcile(
     max_spec_file_kb: MaxSpecFileKb = 1024,
     retry_attempts: Annotated[int, typer.Option(help="Attempts per saga step, the first included.", min=1)] = 3,
     retry_initial_s: Annotated[float, typer.Option(help="Seconds before a step's first retry.")] = 2.0,
+    forge: ForgeKind = None,
+    forge_api_url: ForgeApiUrl = None,
+    forge_project: ForgeProject = None,
+    forge_token_env: ForgeTokenEnv = None,
+    forge_token_file: ForgeTokenFile = None,
+    require_approval: RequireApproval = False,
+    report_status: ReportStatus = True,
+    write_notes: WriteNotes = False,
+    previews: Previews = None,
     verbose: Verbose = False,
 ) -> None:
     """The reconciler role: fetch, plan, start sagas, serve the control API. One active replica (a lease)."""
@@ -162,6 +190,8 @@ def reconcile(
         allowed_signers=allowed_signers, gpg_keys=gpg_keys, kubeconfig=kubeconfig, lease=lease, lease_name=lease_name, lease_namespace=lease_namespace,
         identity=identity, max_concurrent_sagas=max_sagas, spec_limits=_spec_limits(max_spec_files, max_spec_file_kb),
         retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
+        **_forge_settings(forge, forge_api_url, forge_project, forge_token_env, forge_token_file,
+                          require_approval, report_status, write_notes, previews),
     )
     _run_role(start_reconciler, settings, "reconcile")
 

@@ -67,7 +67,14 @@ class PullRequest(BaseModel):
     number: int
     head_sha: str
     merged: bool
-    state: str
+    state: str  # open, closed or merged, on every forge
+
+
+class CommitStatus(BaseModel):
+    state: State  # plnt's names on every forge (GitLab's failed/canceled read back as failure/error)
+    context: str
+    description: str
+    target_url: str | None = None
 
 
 class Review(BaseModel):
@@ -84,7 +91,9 @@ class Forge(Protocol):
     async def upsert_comments(self, pr: int, parts: list[str], marker: str) -> list[CommentRef]: ...
     async def set_status(self, sha: str, state: State, context: str, description: str,
                          target_url: str | None = None) -> bool: ...
+    async def commit_status(self, sha: str, context: str) -> CommitStatus | None: ...
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None: ...
+    async def pull_request(self, number: int) -> PullRequest: ...
     async def approvals(self, pr: int) -> list[Review]: ...
     async def aclose(self) -> None: ...
 
@@ -349,22 +358,29 @@ class GitHubForge(_Base):
         body: dict[str, Any] = {"state": state, "context": context, "description": self._truncate(description)}
         if target_url:
             body["target_url"] = target_url
-        # The combined status lists the latest status of each context.
+        latest = await self.commit_status(sha, context)
+        if latest is not None and (latest.state, latest.description, latest.target_url) == (
+                state, body["description"], target_url):
+            return False
+        await self._request("POST", f"{self._repo}/statuses/{sha}", "status", json=body)
+        return True
+
+    async def commit_status(self, sha: str, context: str) -> CommitStatus | None:
+        """The latest status of `context` on `sha` (the combined status lists the latest of each)."""
         combined = (await self._request("GET", f"{self._repo}/commits/{sha}/status", "status",
                                         params={self.page_param: 100})).json()
         for s in combined.get("statuses") or []:
             if (s.get("context") or "").lower() == context.lower():
-                if (s.get("state"), s.get("description") or "", s.get("target_url")) == (
-                        state, body["description"], target_url):
-                    return False
-                break
-        await self._request("POST", f"{self._repo}/statuses/{sha}", "status", json=body)
-        return True
+                return CommitStatus(state=s["state"] if s.get("state") in _STATES else "error", context=s["context"],
+                                    description=s.get("description") or "", target_url=s.get("target_url"))
+        return None
+
+    async def pull_request(self, number: int) -> PullRequest:
+        p = (await self._request("GET", f"{self._repo}/pulls/{number}", "read")).json()
+        return _github_pull(p)
 
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None:
-        prs = [PullRequest(number=p["number"], head_sha=p["head"]["sha"], merged=p.get("merged_at") is not None,
-                           state=p["state"])
-               async for p in self._pages(f"{self._repo}/commits/{sha}/pulls", "read")]
+        prs = [_github_pull(p) async for p in self._pages(f"{self._repo}/commits/{sha}/pulls", "read")]
         return _pick(prs, sha)
 
     async def approvals(self, pr: int) -> list[Review]:
@@ -394,7 +410,7 @@ class GiteaForge(GitHubForge):
             p = (await self._request("GET", f"{self._repo}/commits/{sha}/pull", "read")).json()
         except ForgeNotFound:
             return None
-        return PullRequest(number=p["number"], head_sha=p["head"]["sha"], merged=bool(p.get("merged")), state=p["state"])
+        return _github_pull(p)
 
     async def approvals(self, pr: int) -> list[Review]:
         # Gitea marks reviews made on an older head `stale`; commit_id says which head either way.
@@ -416,6 +432,8 @@ class GitLabForge(_Base):
     }
     # plnt's states to GitLab's (pending, running, success, failed, canceled).
     STATES: dict[str, str] = {"pending": "pending", "success": "success", "failure": "failed", "error": "failed"}
+    STATES_BACK: dict[str, State] = {"pending": "pending", "running": "pending", "success": "success",
+                                     "failed": "failure", "canceled": "error"}
 
     def _auth_headers(self, token: str) -> dict[str, str]:
         return {"PRIVATE-TOKEN": token}
@@ -447,15 +465,10 @@ class GitLabForge(_Base):
         body: dict[str, Any] = {"state": self.STATES[state], "name": context, "description": self._truncate(description)}
         if target_url:
             body["target_url"] = target_url
-        # Without `all`, GitLab lists only the latest status of each name.
-        latest = (await self._request("GET", f"{self._proj}/repository/commits/{sha}/statuses", "status",
-                                      params={"name": context, "per_page": 100})).json()
-        for s in latest:
-            if s.get("name") == context:
-                if (s.get("status"), s.get("description") or "", s.get("target_url")) == (
-                        body["state"], body["description"], target_url):
-                    return False
-                break
+        latest = await self.commit_status(sha, context)
+        if latest is not None and (self.STATES[latest.state], latest.description, latest.target_url) == (
+                body["state"], body["description"], target_url):
+            return False
         try:
             await self._request("POST", f"{self._proj}/statuses/{sha}", "status", json=body)
             return True
@@ -468,10 +481,23 @@ class GitLabForge(_Base):
                 return False
             raise
 
+    async def commit_status(self, sha: str, context: str) -> CommitStatus | None:
+        # Without `all`, GitLab lists only the latest status of each name.
+        latest = (await self._request("GET", f"{self._proj}/repository/commits/{sha}/statuses", "status",
+                                      params={"name": context, "per_page": 100})).json()
+        for s in latest:
+            if s.get("name") == context:
+                return CommitStatus(state=self.STATES_BACK.get(s.get("status"), "error"), context=context,
+                                    description=s.get("description") or "", target_url=s.get("target_url"))
+        return None
+
+    async def pull_request(self, number: int) -> PullRequest:
+        m = (await self._request("GET", f"{self._proj}/merge_requests/{number}", "read")).json()
+        return _gitlab_pull(m)
+
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None:
         resp = await self._request("GET", f"{self._proj}/repository/commits/{sha}/merge_requests", "read")
-        mrs = [PullRequest(number=m["iid"], head_sha=m["sha"], merged=m["state"] == "merged", state=m["state"])
-               for m in resp.json()]
+        mrs = [_gitlab_pull(m) for m in resp.json()]
         return _pick(mrs, sha)
 
     async def approvals(self, pr: int) -> list[Review]:
@@ -492,6 +518,21 @@ class GitLabForge(_Base):
         commit = after if resets else None
         return [Review(reviewer=a["user"]["username"], state="APPROVED", commit_id=commit)
                 for a in data.get("approved_by") or []]
+
+
+_STATES = ("pending", "success", "failure", "error")
+
+
+def _github_pull(p: dict[str, Any]) -> PullRequest:
+    """GitHub says merged_at, Gitea merged; both say state open/closed. Merged reads as state "merged"."""
+    merged = p.get("merged_at") is not None if "merged_at" in p else bool(p.get("merged"))
+    return PullRequest(number=p["number"], head_sha=p["head"]["sha"], merged=merged, state="merged" if merged else p["state"])
+
+
+def _gitlab_pull(m: dict[str, Any]) -> PullRequest:
+    """GitLab's opened/closed/locked/merged read as open/closed/merged, as on the other forges."""
+    state = {"opened": "open", "locked": "open"}.get(m["state"], m["state"])
+    return PullRequest(number=m["iid"], head_sha=m["sha"], merged=m["state"] == "merged", state=state)
 
 
 def _pick(prs: list[PullRequest], sha: str) -> PullRequest | None:

@@ -64,6 +64,21 @@ class Settings(BaseModel):
         default="none", description="deploy only signed commits: the newest (head) or every new one (all)")
     allowed_signers: Path | None = Field(default=None, description="trusted SSH signers, git's allowed-signers format")
     gpg_keys: Path | None = Field(default=None, description="directory of trusted OpenPGP public keys")
+    # Pull-request review as deploy approval (reconciler/forge.py): where plnt reads approvals and
+    # writes each rollout's verdict. The token comes from a file or an env var, never the command line.
+    forge: Literal["github", "gitlab", "gitea"] | None = Field(default=None, description="the spec repository's forge")
+    forge_api_url: str | None = Field(default=None, description="its REST API, e.g. https://api.github.com")
+    forge_project: str | None = Field(default=None, description="OWNER/REPO (GitLab: the project's full path)")
+    forge_token: SecretStr | None = Field(default=None, description="forge API token (the CLI reads it)")
+    require_approval: bool = Field(
+        default=False, description="deploy a commit only if its pull request was approved on its head commit and "
+        "the plan digest posted there (plnt review) equals the one computed now")
+    report_status: bool = Field(
+        default=True, description="with a forge: each rollout's verdict as a commit status plnt/NAMESPACE/NAME")
+    write_notes: bool = Field(
+        default=False, description="record each rollout's outcome as a git note under refs/notes/plnt and push it")
+    previews: tuple[str, ...] = Field(
+        default=(), description="ref globs deployed as previews (e.g. refs/pull/*/head); X-Plnt-Preview routes to them")
     git_known_hosts: Path | None = Field(
         default=None, description="ssh known_hosts for the repository's host (without it: trust on first use)")
     branch: str = "main"
@@ -151,6 +166,23 @@ class Settings(BaseModel):
         default="", max_length=253, pattern=r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
         description="name of a Secret in each Kubernetes backend's namespace with the registry credentials runner "
         "pods fetch their recipe with (keys: see charts/workflow-runner/README.md); empty: none")
+
+    @model_validator(mode="after")
+    def _forge_options(self) -> Settings:
+        if self.forge is not None:
+            missing = [option for option, value in (("--forge-api-url", self.forge_api_url),
+                                                     ("--forge-project", self.forge_project),
+                                                     ("--forge-token-env or --forge-token-file", self.forge_token))
+                       if not value]
+            if missing:
+                raise ValueError(f"--forge {self.forge} needs {', '.join(missing)}")
+        else:
+            needs = [option for option, on in (("--require-approval", self.require_approval),
+                                               ("--previews", bool(self.previews))) if on]
+            if needs:
+                raise ValueError(f"{' and '.join(needs)} need{'s' if len(needs) == 1 else ''} a forge: "
+                                 "add --forge, --forge-api-url, --forge-project and --forge-token-env")
+        return self
 
     @model_validator(mode="after")
     def _temporal_connection(self) -> Settings:

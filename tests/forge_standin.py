@@ -51,7 +51,7 @@ class ForgeStandin:
     comments: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     statuses: list[dict[str, Any]] = field(default_factory=list)
     reviews: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    pulls: dict[int, dict[str, Any]] = field(default_factory=dict)  # number -> {head_sha, merged, commits}
+    pulls: dict[int, dict[str, Any]] = field(default_factory=dict)  # number -> {head_sha, merged, commits[, closed]}
     gitlab_approved_by: dict[int, list[str]] = field(default_factory=dict)
     gitlab_reset_on_push: bool = True
     requests: list[Recorded] = field(default_factory=list)
@@ -236,6 +236,11 @@ class ForgeStandin:
                 return self._page(rec, prs, base)
             if self.kind == "gitea" and p.endswith("/pull"):
                 return (200, prs[0], {}) if prs else (404, {"message": "Not Found"}, {})
+        if (mt := re.fullmatch(re.escape(repo) + r"/pulls/(\d+)", p)) and m == "GET":
+            if denied := self._denied("read"):
+                return denied
+            n = int(mt.group(1))
+            return (200, self._github_pr(n, self.pulls[n]), {}) if n in self.pulls else (404, {"message": "Not Found"}, {})
         if mt := re.fullmatch(re.escape(repo) + r"/pulls/(\d+)/reviews", p):
             if denied := self._denied("read"):
                 return denied
@@ -246,12 +251,18 @@ class ForgeStandin:
         return 404, {"message": "Not Found"}, {}
 
     def _github_pr(self, n: int, pr: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {"number": n, "state": "closed" if pr["merged"] else "open", "head": {"sha": pr["head_sha"]}}
+        closed = pr["merged"] or pr.get("closed", False)
+        out: dict[str, Any] = {"number": n, "state": "closed" if closed else "open", "head": {"sha": pr["head_sha"]}}
         if self.kind == "github":
             out["merged_at"] = "2026-12-01T00:00:00Z" if pr["merged"] else None
         else:
             out["merged"] = pr["merged"]
         return out
+
+    @staticmethod
+    def _gitlab_mr(n: int, pr: dict[str, Any]) -> dict[str, Any]:
+        state = "merged" if pr["merged"] else "closed" if pr.get("closed") else "opened"
+        return {"iid": n, "sha": pr["head_sha"], "state": state}
 
     def add_review(self, pr: int, user: str, state: str, commit_id: str) -> None:
         with self._lock:
@@ -326,8 +337,7 @@ class ForgeStandin:
             if denied := self._denied("read"):
                 return denied
             sha = mt.group(1)
-            return 200, [{"iid": n, "sha": pr["head_sha"], "state": "merged" if pr["merged"] else "opened"}
-                         for n, pr in self.pulls.items() if sha in pr["commits"]], {}
+            return 200, [self._gitlab_mr(n, pr) for n, pr in self.pulls.items() if sha in pr["commits"]], {}
         if rest == "/approvals":
             return 200, {"reset_approvals_on_push": self.gitlab_reset_on_push}, {}
         if mt := re.fullmatch(r"/merge_requests/(\d+)(/approvals)?", rest):
@@ -338,6 +348,5 @@ class ForgeStandin:
                 return 404, {"message": "404 Not found"}, {}
             if mt.group(2):
                 return 200, {"iid": n, "approved_by": [{"user": {"username": u}} for u in self.gitlab_approved_by.get(n, [])]}, {}
-            pr = self.pulls[n]
-            return 200, {"iid": n, "sha": pr["head_sha"], "state": "merged" if pr["merged"] else "opened"}, {}
+            return 200, self._gitlab_mr(n, self.pulls[n]), {}
         return 404, {"message": "404 Not found"}, {}

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 from plnt.reconciler.forge import (
     ForgeBadRequest,
+    ForgeNotFound,
     ForgeRefused,
     ForgeUnavailable,
     GitLabForge,
@@ -304,3 +305,28 @@ async def test_unchanged_status_is_not_posted_again(standin: ForgeStandin) -> No
         posted.append(await forge.set_status(SHA, "success", "plnt/ns/app", "ready"))
     assert posted == [True] + [False] * 19 + [True, False]
     assert len(standin.statuses) == 2
+
+
+@pytest.mark.integration
+async def test_commit_status_reads_back_the_latest_of_a_context(standin: ForgeStandin) -> None:
+    async with client(standin) as forge:
+        assert await forge.commit_status(HEAD, "plnt/plan") is None
+        await forge.set_status(HEAD, "pending", "plnt/plan", "planning")
+        await forge.set_status(HEAD, "failure", "plnt/plan", "plan sha256:0123456789ab")
+        await forge.set_status(HEAD, "success", "other/check", "fine")
+        got = await forge.commit_status(HEAD, "plnt/plan")
+    assert got is not None
+    assert (got.state, got.context, got.description) == ("failure", "plnt/plan", "plan sha256:0123456789ab")
+
+
+@pytest.mark.integration
+async def test_pull_request_by_number_open_closed_merged(standin: ForgeStandin) -> None:
+    standin.pulls[3] = {"head_sha": HEAD, "merged": False, "commits": [HEAD]}
+    standin.pulls[4] = {"head_sha": OLD, "merged": False, "closed": True, "commits": [OLD]}
+    standin.pulls[5] = {"head_sha": SHA, "merged": True, "commits": [SHA]}
+    async with client(standin) as forge:
+        states = [(pr.number, pr.head_sha, pr.state, pr.merged) for pr in
+                  [await forge.pull_request(n) for n in (3, 4, 5)]]
+        with pytest.raises(ForgeNotFound):
+            await forge.pull_request(99)
+    assert states == [(3, HEAD, "open", False), (4, OLD, "closed", False), (5, SHA, "merged", True)]
