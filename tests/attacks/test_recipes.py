@@ -377,9 +377,9 @@ async def test_signatures_and_policies_that_must_not_let_a_recipe_through(
         def rejected(reason: str) -> str:
             return f"VerificationFailed: {reason}: recipe {NAME}: signature rejected by policy attack-recipes"
 
-        publish_raw(repo, "attacks/wrong-identity", "1.3.0", archive, identity="mallory@attack.plnt.invalid")
+        publish_raw(repo, "attacks/wrong-identity", "1.3.0", archive, identity="attacker@attack.plnt.invalid")
         await attack("wrong-identity", "1.3.0", rejected("wrong-identity"),
-                     "signed by mallory@attack.plnt.invalid")
+                     "signed by attacker@attack.plnt.invalid")
 
         publish_raw(repo, "attacks/wrong-issuer", "1.3.0", archive, issuer="https://issuer.evil.invalid")
         await attack("wrong-issuer", "1.3.0", rejected("wrong-issuer"), "https://issuer.evil.invalid")

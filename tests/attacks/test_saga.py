@@ -129,7 +129,7 @@ def evil_registry(tmp_path: Path, markers: Path) -> tuple[Path, TestSigstoreAuth
 
     pack_recipe_to(recipe_with_marker(tmp_path, "1.3.0", markers), entry / "recipe.tar.gz")
     (entry / "recipe.tar.gz.sigstore.json").write_text(
-        authority.sign(entry / "recipe.tar.gz", "mallory@evil.invalid", "https://evil.invalid"))
+        authority.sign(entry / "recipe.tar.gz", "attacker@evil.invalid", "https://evil.invalid"))
     return registry, authority
 
 
@@ -137,9 +137,9 @@ def attacker_commit(attack_repo: AttackRepo, registry: Path, authority: TestSigs
     """A commit on a branch of the attacker's (not the tracked one): the WorkflowRun on 1.3.0 from the
     evil registry and a trust policy for the evil signer. Returns it and the saga fields it gives."""
     repo = attack_repo.repo
-    repo.git("checkout", "-q", "-b", "mallory")
+    repo.git("checkout", "-q", "-b", "attacker")
     authority.write_trusted_root(repo.path / "trust" / "attack-trusted-root.json")
-    repo.replace("trust/policy.yaml", "recipes@attack.plnt.invalid", "mallory@evil.invalid")
+    repo.replace("trust/policy.yaml", "recipes@attack.plnt.invalid", "attacker@evil.invalid")
     repo.replace("trust/policy.yaml", "https://issuer.attack.plnt.invalid", "https://evil.invalid")
     commit = attack_repo.deploy("review-responder@1.3.0", registry=f"file://{registry}")
     specs, problems = load_directory(repo.path)
@@ -159,7 +159,7 @@ async def test_forged_sagas_are_refused_and_change_nothing(attack_repo: AttackRe
     async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
         main = attack_repo.repo.git("rev-parse", "main")
         # The attacker's commit is even in plnt's clone (as after a fetch of every branch): still not the branch.
-        assert plnt.reconciler._source.resolve("mallory") == evil_commit
+        assert plnt.reconciler._source.resolve("attacker") == evil_commit
         await in_sync(plnt)
         attack = Attack(plnt, await connect(temporal_address, temporal_namespace), tmp_path)
         base = {"action": "deploy", "namespace": "default", "name": "review-responder",
@@ -233,7 +233,7 @@ async def test_forged_activities_on_plnt_s_task_queue_are_refused(attack_repo: A
                "fingerprint": status.deployed_fingerprint, "version": "1.2.0"}
         stable_digest = plnt.driver.snapshot()[RUN].stable.recipe_digest  # type: ignore[union-attr]
         plnt_saga = saga_workflow_id("default", "review-responder")
-        queue = f"mallory-{uuid.uuid4().hex[:8]}"
+        queue = f"attacker-{uuid.uuid4().hex[:8]}"
         forged = [
             # status that says whatever the attacker likes
             (Forger, "record_phase", {"namespace": "default", "name": "review-responder", "phase": "Ready",

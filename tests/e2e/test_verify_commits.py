@@ -30,10 +30,10 @@ def signed_commit(repo: SpecRepo, key: Path, message: str) -> str:
 
 async def test_only_signed_commits_deploy(spec_repo: SpecRepo, tmp_path: Path, temporal_address: str,
                                           temporal_namespace: str) -> None:
-    key = tmp_path / "alice"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "alice", "-f", str(key)], check=True)
+    key = tmp_path / "signer-a"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "signer-a", "-f", str(key)], check=True)
     allowed = tmp_path / "allowed_signers"
-    allowed.write_text(f"alice@example.com {key.with_suffix('.pub').read_text().strip()}\n")
+    allowed.write_text(f"signer-a@example.com {key.with_suffix('.pub').read_text().strip()}\n")
     settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
                             verify_commits="head", allowed_signers=allowed)
     first = spec_repo.git("rev-parse", "HEAD")  # the fixture's commit: unsigned
@@ -43,7 +43,7 @@ async def test_only_signed_commits_deploy(spec_repo: SpecRepo, tmp_path: Path, t
         assert plnt.reconciler.source_status["problems"] == [f"commit {first[:12]} is not trusted: unsigned"]
         assert status_of(plnt) is None and plnt.driver.snapshot() == {}, "nothing deploys from an unsigned commit"
 
-        signed = signed_commit(spec_repo, key, "signed by alice")
+        signed = signed_commit(spec_repo, key, "signed by signer-a")
         await hook(plnt)
         await wait_phase(plnt, "Ready", version="1.2.0")
         assert plnt.reconciler.source_status["untrusted"] is None

@@ -218,7 +218,7 @@ async def test_session_header_via_openai_client(start_server: StartServer, start
     router = Router(RouteTable([route("assistant", backend(s1, "1.0.0"), backend(s2, "2.0.0"), percent=50)]))
     gw = await start_gateway(router)
     async with async_client(gw.url) as client:
-        for session in ("alice", "bob", "carol"):
+        for session in ("signer-a", "signer-b", "session-c"):
             replies = set()
             for _ in range(4):
                 completion = await client.chat.completions.create(

@@ -14,20 +14,20 @@ from ..conftest import GIT_ENV
 
 # --- parsing git's answers (pure) ------------------------------------------------------------------
 
-SSH_GOOD = 'Good "git" signature for alice@example.com with ED25519 key SHA256:Ans\n'
+SSH_GOOD = 'Good "git" signature for signer-a@example.com with ED25519 key SHA256:Ans\n'
 SSH_UNKNOWN = 'Good "git" signature with ED25519 key SHA256:zah\nNo principal matched.\n'
 SSH_EXPIRED = ('Good "git" signature with ED25519 key SHA256:Ans\nallowed:1: key has expired: verify time '
                '2026-12-01T02:19:52 > valid-before 2020-01-01T00:00:00\nNo principal matched.\n')
 
 
 @pytest.mark.parametrize("code, output, trusted, reason, signer", [
-    (0, SSH_GOOD, True, None, "alice@example.com (ED25519 key SHA256:Ans)"),
+    (0, SSH_GOOD, True, None, "signer-a@example.com (ED25519 key SHA256:Ans)"),
     (1, "", False, "unsigned", None),
     (1, SSH_UNKNOWN, False, "unknown key", "ED25519 key SHA256:zah"),
     (1, SSH_EXPIRED, False, "expired key", "ED25519 key SHA256:Ans"),
     (1, "Signature verification failed: incorrect signature\n", False, "bad signature", None),
-    (0, "[GNUPG:] GOODSIG ECB9 Bob <bob@example.com>\n[GNUPG:] TRUST_UNDEFINED 0 pgp\n", True, None,
-     "Bob <bob@example.com> (OpenPGP key ECB9)"),
+    (0, "[GNUPG:] GOODSIG ECB9 Signer B <signer-b@example.com>\n[GNUPG:] TRUST_UNDEFINED 0 pgp\n", True, None,
+     "Signer B <signer-b@example.com> (OpenPGP key ECB9)"),
     (1, "[GNUPG:] ERRSIG ECB9 22 8 00 1 9 6A30\n[GNUPG:] NO_PUBKEY ECB9\n", False, "unknown key", "OpenPGP key ECB9"),
     (1, "[GNUPG:] EXPKEYSIG F564 Old <old@example.com>\n", False, "expired key", "Old <old@example.com> (OpenPGP key F564)"),
     (1, "[GNUPG:] BADSIG F564 Old <old@example.com>\n", False, "bad signature", "Old <old@example.com> (OpenPGP key F564)"),
@@ -54,20 +54,20 @@ def test_verification_needs_trusted_signers_from_settings(tmp_path: Path) -> Non
 
 
 class Signers:
-    """SSH keys (alice trusted, mallory not) and OpenPGP keys (bob trusted, old expired, eve unknown)."""
+    """SSH keys (signer-a trusted, attacker not) and OpenPGP keys (signer-b trusted, old expired, unknown-signer unknown)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        for name in ("alice", "mallory"):
+        for name in ("signer-a", "attacker"):
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(root / name)],
                            check=True)
         self.allowed = root / "allowed_signers"
-        self.allowed.write_text(f"alice@example.com {(root / 'alice.pub').read_text().strip()}\n")
+        self.allowed.write_text(f"signer-a@example.com {(root / 'signer-a.pub').read_text().strip()}\n")
         self.gnupg = root / "signing-gnupg"
         self.gnupg.mkdir(mode=0o700)
         self.fpr: dict[str, str] = {}
-        for name, extra in (("bob", []), ("old", ["--faked-system-time", "20200101T000000"]), ("eve", [])):
+        for name, extra in (("signer-b", []), ("old", ["--faked-system-time", "20200101T000000"]), ("unknown-signer", [])):
             subprocess.run(["gpg", "--batch", "--quiet", "--passphrase", "", *extra, "--quick-gen-key",
                             f"{name.title()} <{name}@example.com>", "ed25519", "sign", "1d" if name == "old" else "1y"],
                            env=self.gpg_env, check=True, capture_output=True)
@@ -76,7 +76,7 @@ class Signers:
             self.fpr[name] = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr"))
         self.gpg_keys = root / "trusted-gpg"
         self.gpg_keys.mkdir()
-        for name in ("bob", "old"):  # eve's key is not given to plnt
+        for name in ("signer-b", "old"):  # unknown-signer's key is not given to plnt
             exported = subprocess.run(["gpg", "--armor", "--export", self.fpr[name]], env=self.gpg_env, check=True,
                                       capture_output=True).stdout
             (self.gpg_keys / f"{name}.asc").write_bytes(exported)
@@ -103,7 +103,7 @@ class Repo:
         self.git("add", "-A")
         args: list[str] = []
         env = None
-        if signer in ("alice", "mallory"):
+        if signer in ("signer-a", "attacker"):
             args = ["-c", "gpg.format=ssh", "-c", f"user.signingkey={self.signers.root / signer}.pub"]
         elif signer is not None:
             args = ["-c", f"user.signingkey={self.signers.fpr[signer]}"]
@@ -138,11 +138,11 @@ def verifier(tmp_path: Path, signers: Signers, mode: str = "head") -> CommitVeri
 
 @pytest.mark.integration  # ssh-keygen, gpg and git processes
 @pytest.mark.parametrize("signer, trusted, reason, who", [
-    ("alice", True, None, "alice@example.com"),
+    ("signer-a", True, None, "signer-a@example.com"),
     (None, False, "unsigned", None),
-    ("mallory", False, "unknown key", "ED25519 key SHA256:"),
-    ("bob", True, None, "Bob <bob@example.com>"),
-    ("eve", False, "unknown key", "OpenPGP key"),
+    ("attacker", False, "unknown key", "ED25519 key SHA256:"),
+    ("signer-b", True, None, "Signer-B <signer-b@example.com>"),
+    ("unknown-signer", False, "unknown key", "OpenPGP key"),
     ("old", False, "expired key", "Old <old@example.com>"),
 ])
 def test_real_signatures(repo: Repo, signers: Signers, tmp_path: Path, signer: str | None, trusted: bool,
@@ -156,9 +156,9 @@ def test_real_signatures(repo: Repo, signers: Signers, tmp_path: Path, signer: s
 
 @pytest.mark.integration
 def test_an_ssh_key_past_its_valid_before_date_is_expired(repo: Repo, signers: Signers, tmp_path: Path) -> None:
-    commit = repo.commit("alice")
+    commit = repo.commit("signer-a")
     expired = tmp_path / "allowed-expired"
-    expired.write_text(f'alice@example.com valid-before="20200101" {(signers.root / "alice.pub").read_text().strip()}\n')
+    expired.write_text(f'signer-a@example.com valid-before="20200101" {(signers.root / "signer-a.pub").read_text().strip()}\n')
     verdict = CommitVerifier("head", home=tmp_path / "s", allowed_signers=expired).verify(repo.path / ".git", commit)
     assert (verdict.trusted, verdict.reason) == (False, "expired key")
 
@@ -166,12 +166,12 @@ def test_an_ssh_key_past_its_valid_before_date_is_expired(repo: Repo, signers: S
 @pytest.mark.integration
 def test_the_users_git_config_cannot_widen_trust(repo: Repo, signers: Signers, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """A global allowed-signers file naming mallory is ignored: only plnt's settings decide."""
-    commit = repo.commit("mallory")
+    """A global allowed-signers file naming attacker is ignored: only plnt's settings decide."""
+    commit = repo.commit("attacker")
     home = tmp_path / "home"
     home.mkdir()
     wide = home / "wide"
-    wide.write_text(f"mallory {(signers.root / 'mallory.pub').read_text().strip()}\n")
+    wide.write_text(f"attacker {(signers.root / 'attacker.pub').read_text().strip()}\n")
     (home / ".gitconfig").write_text(f"[gpg \"ssh\"]\n\tallowedSignersFile = {wide}\n")
     monkeypatch.setenv("HOME", str(home))
     verdict = verifier(tmp_path, signers).verify(repo.path / ".git", commit)
@@ -180,12 +180,12 @@ def test_the_users_git_config_cannot_widen_trust(repo: Repo, signers: Signers, t
 
 @pytest.mark.integration
 def test_all_finds_a_bad_commit_under_a_good_merge_head_does_not(repo: Repo, signers: Signers, tmp_path: Path) -> None:
-    last = repo.commit("alice", "reconciled")
+    last = repo.commit("signer-a", "reconciled")
     repo.git("checkout", "-q", "-b", "feature")
-    good = repo.commit("bob", "signed work")
+    good = repo.commit("signer-b", "signed work")
     bad = repo.commit(None, "an unsigned commit in the branch")
     repo.git("checkout", "-q", "main")
-    repo.git("-c", "gpg.format=ssh", "-c", f"user.signingkey={signers.root / 'alice'}.pub",
+    repo.git("-c", "gpg.format=ssh", "-c", f"user.signingkey={signers.root / 'signer-a'}.pub",
              "merge", "-q", "--no-ff", "-S", "-m", "a signed merge", "feature")
     head = repo.git("rev-parse", "HEAD")
     git_dir = repo.path / ".git"

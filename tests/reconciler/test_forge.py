@@ -137,20 +137,20 @@ async def test_pull_request_for_commit(standin: ForgeStandin) -> None:
 async def test_approvals_with_commit_ids_across_pages(standin: ForgeStandin) -> None:
     standin.pulls[5] = {"head_sha": HEAD, "merged": False, "commits": [OLD, HEAD]}
     if standin.kind == "gitlab":
-        standin.gitlab_approved_by[5] = ["alice", "bob"]
+        standin.gitlab_approved_by[5] = ["signer-a", "signer-b"]
     else:
-        standin.add_review(5, "alice", "APPROVED", OLD)
+        standin.add_review(5, "signer-a", "APPROVED", OLD)
         for i in range(5):
             standin.add_review(5, f"c{i}", "COMMENTED", OLD)
-        standin.add_review(5, "bob", "APPROVED", HEAD)
+        standin.add_review(5, "signer-b", "APPROVED", HEAD)
     async with client(standin) as forge:
         reviews = await forge.approvals(5)
     approved = {(r.reviewer, r.commit_id) for r in reviews if r.state == "APPROVED"}
     if standin.kind == "gitlab":
         # bound to the head read around them, since the project resets approvals on push
-        assert approved == {("alice", HEAD), ("bob", HEAD)}
+        assert approved == {("signer-a", HEAD), ("signer-b", HEAD)}
     else:
-        assert approved == {("alice", OLD), ("bob", HEAD)}
+        assert approved == {("signer-a", OLD), ("signer-b", HEAD)}
         assert len(reviews) == 7  # crossed pages of 3
 
 
@@ -158,12 +158,12 @@ async def test_approvals_with_commit_ids_across_pages(standin: ForgeStandin) -> 
 async def test_gitlab_approvals_unbound_without_reset_on_push() -> None:
     with ForgeStandin("gitlab", "g/n", TOKEN) as s:
         s.pulls[5] = {"head_sha": HEAD, "merged": False, "commits": [HEAD]}
-        s.gitlab_approved_by[5] = ["alice"]
+        s.gitlab_approved_by[5] = ["signer-a"]
         s.gitlab_reset_on_push = False
         async with client(s) as forge:
             assert isinstance(forge, GitLabForge)
             reviews = await forge.approvals(5)
-    assert [(r.reviewer, r.commit_id) for r in reviews] == [("alice", None)]
+    assert [(r.reviewer, r.commit_id) for r in reviews] == [("signer-a", None)]
 
 
 @pytest.mark.integration

@@ -144,7 +144,7 @@ def test_verification_failures_fail_closed(case: str, reason: str, publisher: Pu
     registry_dir = tmp_path / "registry"
     kwargs: dict[str, Any] = {}
     if case == "wrong identity":
-        archive, bundle, _ = publisher.build(identity="mallory@recipes.test")
+        archive, bundle, _ = publisher.build(identity="attacker@recipes.test")
     elif case == "wrong issuer":
         archive, bundle, _ = publisher.build(issuer="https://evil.test")
     elif case == "untrusted root":

@@ -108,7 +108,7 @@ def test_any_of_two_signers(ca: TestSigstoreAuthority, roots: dict[str, bytes]) 
     both = policy(signers=[{"issuer": ISSUER, "identity": EMAIL}, {"issuer": GH_ISSUER, "identityRegex": WORKFLOW_REGEX}])
     assert verify(ca.sign(ARCHIVE, EMAIL, ISSUER), [both], roots).identity == EMAIL
     assert verify(ca.sign(ARCHIVE, WORKFLOW, GH_ISSUER), [both], roots).identity == WORKFLOW
-    message = rejected(ca.sign(ARCHIVE, "mallory@example.com", ISSUER), [both], roots, "wrong-identity")
+    message = rejected(ca.sign(ARCHIVE, "attacker@example.com", ISSUER), [both], roots, "wrong-identity")
     assert EMAIL in message and WORKFLOW_REGEX in message
 
 
@@ -177,7 +177,7 @@ def test_tampered_without_message_digest_field(ca: TestSigstoreAuthority, roots:
 def test_tampering_outranks_a_wrong_identity(ca: TestSigstoreAuthority, roots: dict[str, bytes]) -> None:
     """The signer check runs before the signature check in sigstore; we still report tampering."""
     other = hashlib.sha256(b"evil").hexdigest()
-    rejected(ca.sign(ARCHIVE, "mallory@example.com", ISSUER), [policy()], roots, "tampered", digest=other)
+    rejected(ca.sign(ARCHIVE, "attacker@example.com", ISSUER), [policy()], roots, "tampered", digest=other)
 
 
 def test_altered_log_entry_is_tampered(ca: TestSigstoreAuthority, roots: dict[str, bytes]) -> None:
@@ -189,8 +189,8 @@ def test_altered_log_entry_is_tampered(ca: TestSigstoreAuthority, roots: dict[st
 
 
 def test_wrong_identity(ca: TestSigstoreAuthority, roots: dict[str, bytes]) -> None:
-    message = rejected(ca.sign(ARCHIVE, "mallory@example.com", ISSUER), [policy()], roots, "wrong-identity")
-    assert "mallory@example.com" in message and f"{EMAIL} via {ISSUER}" in message
+    message = rejected(ca.sign(ARCHIVE, "attacker@example.com", ISSUER), [policy()], roots, "wrong-identity")
+    assert "attacker@example.com" in message and f"{EMAIL} via {ISSUER}" in message
     assert "spec.signers" in message
 
 
@@ -214,7 +214,7 @@ def test_bundle_from_another_authority_is_untrusted(other_ca: TestSigstoreAuthor
 
 
 def test_untrusted_root_outranks_a_wrong_identity(other_ca: TestSigstoreAuthority, roots: dict[str, bytes]) -> None:
-    rejected(other_ca.sign(ARCHIVE, "mallory@example.com", ISSUER), [policy()], roots, "untrusted-root")
+    rejected(other_ca.sign(ARCHIVE, "attacker@example.com", ISSUER), [policy()], roots, "untrusted-root")
 
 
 def test_transparency_log_not_in_the_root_is_untrusted(

@@ -31,7 +31,7 @@ metadata: {name: public}
 spec:
   recipes: ["review-*"]
   trustRoot: {publicGood: true}
-  signers: [{issuer: https://accounts.google.com, identity: alice@example.com}]
+  signers: [{issuer: https://accounts.google.com, identity: signer-a@example.com}]
 """
 
 
@@ -143,7 +143,7 @@ def test_signer_needs_an_issuer() -> None:
 
 def test_signers_and_recipes_must_not_be_empty() -> None:
     text = PUBLIC_GOOD.replace('["review-*"]', "[]").replace(
-        "[{issuer: https://accounts.google.com, identity: alice@example.com}]", "[]"
+        "[{issuer: https://accounts.google.com, identity: signer-a@example.com}]", "[]"
     )
     assert problems_of(text) == [
         (5, "spec.recipes", 'recipes needs at least one recipe name or glob, e.g. [review-responder, "team-*"]'),
