@@ -67,7 +67,19 @@ from .auth import (
     required_scope,
 )
 from .metrics import GatewayMetrics
-from .routes import AmbiguousRoute, Backend, Route, RouteNotReady, Router, RouteTable, Track
+from .routes import (
+    PREVIEW_HEADER,
+    AmbiguousRoute,
+    Backend,
+    PreviewNotFound,
+    Route,
+    RouteNotReady,
+    Router,
+    RouteTable,
+    Track,
+    preview_of,
+    preview_target,
+)
 from .sse import COMMENT, SSEParser
 from .upstream import UpstreamClient, UpstreamConnectError, UpstreamError, UpstreamResponse, UpstreamTimeout
 
@@ -464,9 +476,13 @@ class Gateway:
         if scope["query_string"]:
             values = parse_qs(scope["query_string"].decode("latin-1")).get("namespace")
             namespace = values[0] if values else None
+        try:  # X-Plnt-Preview: N goes to the preview of pull request N, and only then (routes.preview_target)
+            target = preview_target(name, headers.get(PREVIEW_HEADER.encode()))
+        except PreviewNotFound as exc:
+            raise _plnt_error(404, "not_found", str(exc)) from None
         table = self.router.table  # one snapshot for the whole request
         try:
-            route = table.lookup(name, namespace)
+            route = table.lookup(target, namespace)
         except AmbiguousRoute as exc:
             raise _plnt_error(
                 409, "ambiguous",
@@ -474,6 +490,9 @@ class Gateway:
             ) from None
         if route is None:
             where = f" in namespace {namespace}" if namespace is not None else ""
+            if target != name:
+                raise _plnt_error(404, "not_found", f"no preview of workflow {name}{where} for pull request "
+                                  f"{target.rsplit('--pr', 1)[1]}; GET /workflows lists the previews")
             raise _plnt_error(404, "not_found", f"no workflow named {name}{where}; GET /workflows lists them")
         if not grant.allows(route.namespace, name):
             raise _plnt_error(403, "forbidden", self._not_invocable(grant, f"workflow {route.namespace}/{name}"))
@@ -489,7 +508,7 @@ class Gateway:
         if stream:
             headers.append(("accept", "text/event-stream"))
         response, backend, track = await self._exchange(
-            table, route, name, backend, track, "/invoke", body, headers, stream, openai=False
+            table, route, target, backend, track, "/invoke", body, headers, stream, openai=False
         )
         outcome.labels = (route.namespace, name, backend.version, track)
         plnt_headers = [(b"x-plnt-version", backend.version.encode()), (b"x-plnt-track", track.encode())]
@@ -600,15 +619,20 @@ class Gateway:
         if not (grant.allows(namespace, name) if namespace else grant.allows_name(name)):
             raise _openai_error(403, self._not_invocable(grant, f"model {model}", "API key"), "permission_error",
                                 "model", "model_not_allowed")
+        try:  # X-Plnt-Preview: N goes to the preview of pull request N, and only then (routes.preview_target)
+            target = preview_target(name, headers.get(PREVIEW_HEADER.encode()))
+        except PreviewNotFound as exc:
+            raise _openai_error(404, str(exc), "invalid_request_error", "model", "model_not_found") from None
         table = self.router.table
         try:
-            route = table.lookup(name, namespace_or_none)
+            route = table.lookup(target, namespace_or_none)
         except AmbiguousRoute as exc:
             choices = ", ".join(f"{ns}/{name}" for ns in exc.namespaces)
             raise _openai_error(400, f"model {name!r} is ambiguous; use one of {choices}", "invalid_request_error",
                                 "model", "model_ambiguous") from None
         if route is None:
-            raise _openai_error(404, f"The model `{model}` does not exist (GET /v1/models lists the workflows)",
+            preview = "" if target == name else f" with a preview for pull request {target.rsplit('--pr', 1)[1]}"
+            raise _openai_error(404, f"The model `{model}`{preview} does not exist (GET /v1/models lists the workflows)",
                                 "invalid_request_error", "model", "model_not_found")
         if not grant.allows(route.namespace, name):
             raise _openai_error(403, f"this API key may not use model {model}", "permission_error", "model", "model_not_allowed")
@@ -623,7 +647,7 @@ class Gateway:
         if request.stream:
             headers.append(("accept", "text/event-stream"))
         response, backend, track = await self._exchange(
-            table, route, name, backend, track, "/chat", oai.runner_chat_body(request), headers, request.stream, openai=True
+            table, route, target, backend, track, "/chat", oai.runner_chat_body(request), headers, request.stream, openai=True
         )
         outcome.labels = (route.namespace, name, backend.version, track)
         plnt_headers = [(b"x-plnt-version", backend.version.encode()), (b"x-plnt-track", track.encode())]
@@ -945,7 +969,9 @@ def create_app(
         return Response(gateway.metrics.render(), media_type=gateway.metrics.content_type)
 
     def visible_models(grant: Grant) -> list[tuple[str, str]]:
-        routes = [r for r in router.table if r.stable is not None and grant.allows(r.namespace, r.name)]
+        # Previews are no models of their own: they answer a model's name with X-Plnt-Preview.
+        routes = [r for r in router.table if r.stable is not None and grant.allows(r.namespace, r.name)
+                  and preview_of(r.name) is None]
         counts: dict[str, int] = {}
         for r in router.table:
             counts[r.name] = counts.get(r.name, 0) + 1
@@ -971,7 +997,8 @@ def create_app(
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "Gateway", "GatewayApp", "create_app"]
 
 
-_WANTED_HEADERS = frozenset({b"authorization", b"accept", b"content-type", b"content-length", b"x-session-id"})
+_WANTED_HEADERS = frozenset({b"authorization", b"accept", b"content-type", b"content-length", b"x-session-id",
+                             PREVIEW_HEADER.encode()})
 
 
 def _pick_headers(scope: ASGIScope) -> dict[bytes, bytes]:

@@ -25,6 +25,7 @@ import asyncio
 import hashlib
 import itertools
 import random
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -247,3 +248,52 @@ class Router:
         except TimeoutError:
             return False
         return True
+
+
+# --- previews (reconciler/previews.py) ----------------------------------------------------------
+# A preview of pull request N deploys WorkflowRun `name` as its own release `name--prN`: own runner,
+# own route, own status. It takes no regular traffic: the gateway reaches it only for a request that
+# carries `X-Plnt-Preview: N`, and a request naming `name--prN` without the header is answered 404.
+PREVIEW_HEADER = "x-plnt-preview"
+_PREVIEW_SUFFIX = re.compile(r"--pr([1-9][0-9]{0,8})$")
+MAX_NAME = 63  # the WorkflowRun name limit (specs.NAME_PATTERN)
+
+
+def preview_name(name: str, pr: int) -> str:
+    """The release name of WorkflowRun `name` previewed for pull request `pr`."""
+    preview = f"{name}--pr{pr}"
+    if len(preview) > MAX_NAME:
+        raise ValueError(f"WorkflowRun {name!r} is too long to preview as {preview!r} ({len(preview)} > {MAX_NAME} "
+                         f"characters): shorten its name")
+    return preview
+
+
+def preview_of(name: str) -> tuple[str, int] | None:
+    """(WorkflowRun name, pull request) of a preview release name; None for a regular name."""
+    match = _PREVIEW_SUFFIX.search(name)
+    if match is None or match.start() == 0:
+        return None
+    return name[: match.start()], int(match.group(1))
+
+
+class PreviewNotFound(LookupError):
+    pass
+
+
+def preview_target(name: str, header: bytes | None) -> str:
+    """The route name a request for workflow `name` goes to, given its X-Plnt-Preview header.
+
+    Raises PreviewNotFound (the caller answers 404) for a malformed header or a preview release
+    named without the header: previews take no regular traffic."""
+    if header is None:
+        if preview_of(name) is not None:
+            raise PreviewNotFound(f"no workflow named {name}; a preview is reached as its workflow's name with "
+                                  f"the header 'X-Plnt-Preview: <pull request number>'")
+        return name
+    value = header.decode("latin-1").strip()
+    if not value.isdigit() or not value.isascii() or int(value) < 1:
+        raise PreviewNotFound(f"X-Plnt-Preview must be a pull request number, not {value[:40]!r}")
+    try:
+        return preview_name(name, int(value))
+    except ValueError as exc:
+        raise PreviewNotFound(str(exc)) from None

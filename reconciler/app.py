@@ -31,6 +31,7 @@ from .forge import Forge, make_forge
 from .helm_driver import DEFAULT_CHART, HelmDriver, RunnerImage, SpecLookup
 from .history import NoSaga, saga_history
 from .local_driver import LocalDriver
+from .previews import PreviewController
 from .reconciler import Reconciler
 from .registries import RegistryOptions
 from .runner_reports import ReportedRunners
@@ -79,6 +80,7 @@ class Plnt:
     stop_event: asyncio.Event
     publisher: RoutePublisher | None = None  # the route watch that `plnt gateway` follows
     drivers: DriverSet | None = None
+    previews: PreviewController | None = None  # --previews
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
@@ -155,7 +157,8 @@ def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, st
 
 def make_source(settings: Settings, state: StateDir) -> GitSource:
     return GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path,
-                     credentials_file=settings.git_credentials_file, known_hosts=settings.git_known_hosts)
+                     credentials_file=settings.git_credentials_file, known_hosts=settings.git_known_hosts,
+                     previews=settings.previews)
 
 
 def make_forge_client(settings: Settings) -> Forge | None:
@@ -286,6 +289,8 @@ async def start(settings: Settings) -> Plnt:
         cleanups.append(_closer(publisher))  # runs before gateway.stop: long-polls answer at once
         cleanups.append(reconciler.close)
         plnt._tasks.append(asyncio.create_task(reconciler.run(stop_event), name="reconciler"))
+        if settings.previews:
+            cleanups.append(start_previews(plnt, source, verifier))
         plnt._cleanups = cleanups
         log.info("plnt-up gateway=%s repo=%s branch=%s path=%s state=%s temporal=%s",
                  gateway.url, source.url, settings.branch, settings.path or "/", state.root, address)
@@ -303,6 +308,25 @@ async def start(settings: Settings) -> Plnt:
             except Exception:  # noqa: BLE001
                 log.exception("cleanup-after-failed-start")
         raise
+
+
+def start_previews(plnt: Plnt, source: GitSource, verifier: CommitVerifier | None) -> Callable[[], Awaitable[None]]:
+    """--previews (reconciler/previews.py): a PreviewController beside the reconciler, planning each
+    pull request against the branch's newest valid commit; returns its cleanup."""
+    forge = make_forge_client(plnt.settings)
+    assert forge is not None  # Settings refuses --previews without --forge
+    previews = PreviewController(settings=plnt.settings, source=source, client=plnt.client, statuses=plnt.statuses,
+                                 driver=plnt.drivers or plnt.driver, forge=forge, verifier=verifier,
+                                 gateway_url=lambda: plnt.url)
+    plnt.reconciler.spec_listeners.append(previews.on_branch)
+    plnt.previews = previews
+    plnt._tasks.append(asyncio.create_task(previews.run(plnt.stop_event), name="previews"))
+
+    async def close() -> None:
+        await previews.close()
+        await forge.aclose()
+
+    return close
 
 
 def _closer(publisher: RoutePublisher) -> Callable[[], Awaitable[None]]:

@@ -18,6 +18,8 @@ import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from plnt.gateway.routes import preview_name
+
 from .commit_trust import CommitVerifier
 from .errors import RetryLater, UntrustedSagaInput
 from .loader import DEFAULT_LIMITS, Problem, SpecSet, load_sources
@@ -25,6 +27,12 @@ from .saga_io import SagaRef
 from .settings import SpecLimits
 from .source import GitSource, SourceError
 from .specs import PlntBackend, RecipeTrustPolicy, WorkflowRun, run_key
+
+
+def as_preview(run: WorkflowRun, pr: int) -> WorkflowRun:
+    """WorkflowRun `run` as the preview release of pull request `pr`: same spec, name `<name>--pr<N>`."""
+    metadata = run.metadata.model_copy(update={"name": preview_name(run.metadata.name, pr)})
+    return run.model_copy(update={"metadata": metadata})
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,14 @@ class CommitSpecs:
 
     async def resolve(self, ref: SagaRef) -> TrustedSaga:
         commit = ref.commit[:12]
-        if not await self._on_branch(ref.commit):
+        if ref.preview is not None and ref.action == "deploy":
+            # A preview deploys a pull request's commit: it must be on that pull request's ref as plnt
+            # fetched it. (A preview's uninstall names a branch commit, checked as any other below.)
+            if not await self._in_preview(ref.commit, ref.preview):
+                raise UntrustedSagaInput(f"commit {commit} is not on the preview ref of pull request {ref.preview} "
+                                         f"(as plnt last fetched {', '.join(self._source.previews) or 'no --previews'}): "
+                                         f"plnt previews only the commits of a pull request's ref")
+        elif not await self._on_branch(ref.commit):
             raise UntrustedSagaInput(f"commit {commit} is not on branch {self._source.branch!r} of the spec "
                                      f"repository (as plnt last fetched it): plnt deploys only commits of the "
                                      f"branch it tracks")
@@ -63,8 +78,11 @@ class CommitSpecs:
         if problems:
             raise UntrustedSagaInput(f"commit {commit} has {len(problems)} spec problem(s) and plnt starts no "
                                      f"saga for it: {problems[0]}")
-        key = run_key(ref.namespace, ref.name)
+        key = run_key(ref.namespace, ref.run_name)
         run = specs.workflow_runs.get(key)
+        if ref.preview is not None:
+            key = ref.key
+            run = as_preview(run, ref.preview) if run is not None and ref.action == "deploy" else None
         if ref.action == "uninstall":
             if run is not None:
                 raise UntrustedSagaInput(f"WorkflowRun {key} is still in commit {commit}: nothing to uninstall")
@@ -87,6 +105,15 @@ class CommitSpecs:
         except SourceError as exc:
             raise RetryLater(f"cannot check commit {commit[:12]} against the branch: {exc}") from exc
         return await asyncio.to_thread(self._source.is_on_branch, commit)
+
+    async def _in_preview(self, commit: str, pr: int) -> bool:
+        if await asyncio.to_thread(self._source.is_in_preview, commit, pr):
+            return True
+        try:  # a worker's clone lags the reconciler's, as for the branch
+            await asyncio.to_thread(self._source.fetch_previews)
+        except SourceError as exc:
+            raise RetryLater(f"cannot check commit {commit[:12]} against the preview refs: {exc}") from exc
+        return await asyncio.to_thread(self._source.is_in_preview, commit, pr)
 
     async def _load(self, commit: str) -> tuple[SpecSet, list[Problem]]:
         async with self._lock:

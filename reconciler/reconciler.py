@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from plnt.gateway.routes import preview_of
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -131,11 +132,15 @@ class Reconciler:
         return items
 
     async def live_runs(self) -> dict[str, LiveRun]:
-        return live_from(await self._driver.live(), self._statuses.all(), self._saga_fingerprints)
+        # Preview releases belong to the PreviewController (reconciler/previews.py), not to the branch's plan.
+        return {key: run for key, run in live_from(await self._driver.live(), self._statuses.all(),
+                                                   self._saga_fingerprints).items() if preview_of(run.name) is None}
 
     async def adopt_running_sagas(self) -> None:
         """After a restart, follow the sagas Temporal is still running instead of starting new ones."""
         for status in self._statuses.all():
+            if preview_of(status.name) is not None:
+                continue  # the PreviewController follows its own sagas
             handle = self._client.get_workflow_handle(saga_workflow_id(status.namespace, status.name), result_type=SagaResult)
             try:
                 description = await handle.describe()

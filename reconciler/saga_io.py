@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from plnt.gateway.routes import preview_of
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .settings import RetrySettings
 from .smoke import SmokeResult
@@ -37,10 +38,28 @@ class SagaRef(_Io):
     commit: str = Field(pattern=COMMIT_PATTERN, description="full sha of a commit of the tracked branch")
     fingerprint: str | None = Field(default=None, pattern=FINGERPRINT_PATTERN)
     version: str | None = Field(default=None, pattern=VERSION_PATTERN)
+    # A preview (reconciler/previews.py): pull request number; `name` is then the preview release
+    # `<WorkflowRun>--pr<N>`, and a deploy's commit must be one plnt fetched for that pull request's ref.
+    preview: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _preview_name(self) -> SagaRef:
+        if self.preview is not None:
+            of = preview_of(self.name)
+            if of is None or of[1] != self.preview:
+                raise ValueError(f"a preview saga for pull request {self.preview} names its release "
+                                 f"<WorkflowRun>--pr{self.preview}, not {self.name!r}")
+        return self
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def run_name(self) -> str:
+        """The WorkflowRun's name in the commit (a preview's release name less its suffix)."""
+        of = preview_of(self.name) if self.preview is not None else None
+        return of[0] if of is not None else self.name
 
 
 class SagaInput(SagaRef):

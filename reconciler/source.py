@@ -116,9 +116,13 @@ def read_credentials_file(file: Path) -> tuple[str | None, str | None, str | Non
     return (user, token, None) if colon else ("x-access-token", line, None)
 
 
+PREVIEW_REFS = "refs/plnt/previews/"
+
+
 class GitSource:
     def __init__(self, url: str, clone_dir: Path, *, branch: str = "main", path: str = "",
-                 credentials_file: Path | None = None, known_hosts: Path | None = None) -> None:
+                 credentials_file: Path | None = None, known_hosts: Path | None = None,
+                 previews: tuple[str, ...] = ()) -> None:
         """`credentials_file`: see read_credentials_file; an https token goes to git through the same
         credential helper as a token in the URL, an ssh key through GIT_SSH_COMMAND (a 0600 copy in
         the state directory: ssh refuses a key others can read, as a mounted Secret is)."""
@@ -152,6 +156,7 @@ class GitSource:
             self._git_env["GIT_SSH_COMMAND"] = (f"ssh -i {shlex.quote(str(key))} -o IdentitiesOnly=yes "
                                                 f"-o BatchMode=yes {hosts}")
         self.branch = branch
+        self.previews = previews  # --previews ref globs (reconciler/previews.py), fetched by fetch_previews
         self.path = path.strip("/")
         self._clone_dir = clone_dir
         self._repo: git.Repo | None = None
@@ -172,6 +177,41 @@ class GitSource:
                 return repo.commit(f"refs/remotes/origin/{self.branch}").hexsha
             except git.GitCommandError as exc:
                 raise SourceError(f"cannot fetch branch {self.branch!r} of {self.url}: {self._reason(exc)}") from exc
+
+    def fetch_previews(self) -> dict[str, str]:
+        """Fetch the --previews ref globs into refs/plnt/previews/<glob index>/<*> (pruned: a ref gone
+        from the origin is gone here); return {origin ref: commit sha}. Fetched into plnt's own
+        namespace, never into the tracked branch's refs."""
+        if not self.previews:
+            return {}
+        with self._lock:
+            repo = self._open()
+            specs = [f"+{glob}:{PREVIEW_REFS}{index}/*" for index, glob in enumerate(self.previews)]
+            try:
+                repo.git.fetch("--prune", "--force", "--no-tags", "origin", *specs, env=self._git_env)
+                listed = repo.git.for_each_ref("--format=%(objectname) %(refname)", PREVIEW_REFS)
+            except git.GitCommandError as exc:
+                raise SourceError(f"cannot fetch the preview refs {', '.join(self.previews)} of {self.url}: "
+                                  f"{self._reason(exc)}") from exc
+        refs: dict[str, str] = {}
+        for line in listed.splitlines():
+            sha, _, local = line.partition(" ")
+            index, _, star = local.removeprefix(PREVIEW_REFS).partition("/")
+            if index.isdigit() and int(index) < len(self.previews):
+                refs[self.previews[int(index)].replace("*", star, 1)] = sha
+        return refs
+
+    def is_in_preview(self, commit: str, pr: int) -> bool:
+        """Whether `commit` is the fetched head of a preview ref of pull request `pr` (the `*` of a
+        --previews glob), or an ancestor of it."""
+        for index in range(len(self.previews)):
+            with self._lock:
+                try:
+                    if self._open().is_ancestor(commit, f"{PREVIEW_REFS}{index}/{pr}"):
+                        return True
+                except (git.GitCommandError, ValueError):  # no such ref, or an unknown object
+                    continue
+        return False
 
     def resolve(self, rev: str) -> str:
         """A revision (sha, branch, tag, origin/branch) to a commit sha, fetching first."""

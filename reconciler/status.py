@@ -14,6 +14,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from plnt.gateway.routes import preview_of
 from pydantic import BaseModel, ConfigDict, Field
 
 from .state import atomic_write_json, read_json
@@ -77,6 +78,8 @@ class WorkflowRunStatus(BaseModel):
             "lastError": self.last_error,
             "sagaId": self.saga_id,
             "smokeTest": self.smoke_test,
+            # A preview release (reconciler/previews.py): the pull request number, reached with X-Plnt-Preview.
+            "preview": of[1] if (of := preview_of(self.name)) is not None else None,
         }
 
 

@@ -1,0 +1,147 @@
+"""Preview deploys of a pull request, end to end: real git (a pull request ref in the origin, made
+with `git update-ref` as a forge makes refs/pull/N/head), real Temporal, real runner processes, real
+gateway, real signed recipes of gitops-example. The forge is the DECLARED stand-in
+(tests/forge_standin.py): no forge server runs here, so pull request state, statuses and the
+comment are those of the stand-in, with GitHub's request shapes.
+
+The runners' model is MockBackend (`--backend mock`), a STAND-IN for a model server."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from plnt.reconciler.app import Plnt
+
+from ..conftest import SpecRepo
+from ..forge_standin import ForgeStandin
+from .harness import REVIEW, hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
+
+pytestmark = pytest.mark.integration
+
+RUN_FILE = "workflowruns/review-responder.yaml"
+TOKEN = "forge-token-previews-0123456789"
+PREVIEW = "review-responder--pr7"
+CONTEXT = "plnt/preview/default/review-responder"
+
+
+def push_pr(repo: SpecRepo, pr: int, version: str, *, base: str = "main") -> str:
+    """A commit on a pull request branch, published as the forge does: refs/pull/<pr>/head."""
+    branch = f"pr-{pr}"
+    existing = repo.git("branch", "--list", branch)
+    repo.git("checkout", "-q", *(["-b", branch, base] if not existing else [branch]))
+    text = (repo.path / RUN_FILE).read_text()
+    current = text.split("review-responder@", 1)[1].split()[0]
+    repo.replace(RUN_FILE, f"review-responder@{current}", f"review-responder@{version}")
+    sha = repo.commit(f"review-responder {version}")
+    repo.git("update-ref", f"refs/pull/{pr}/head", sha)
+    repo.git("checkout", "-q", "main")
+    return sha
+
+
+async def invoke_preview(plnt: Plnt, pr: int | str, name: str = "review-responder") -> httpx.Response:
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        return await client.post(f"{plnt.url}/workflows/{name}/invoke", json=REVIEW,
+                                 headers={"X-Plnt-Preview": str(pr)})
+
+
+def latest(forge: ForgeStandin, sha: str, context: str) -> dict | None:  # type: ignore[type-arg]
+    found = [s for s in forge.statuses if s["sha"] == sha and s["context"] == context]
+    return found[-1] if found else None
+
+
+def comment(forge: ForgeStandin, pr: int) -> str:
+    bodies = [c["body"] for c in forge.comments.get(pr, []) if "plnt:preview" in c["body"]]
+    assert len(bodies) <= 1, f"one upserted comment, not {len(bodies)}"
+    return bodies[0] if bodies else ""
+
+
+async def test_a_pull_request_is_previewed_replaced_and_removed(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    with ForgeStandin("github", "acme/specs", TOKEN) as forge:
+        settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
+                                forge="github", forge_api_url=forge.api_url, forge_project="acme/specs",
+                                forge_token=TOKEN, previews=("refs/pull/*/head",))
+        async with running_plnt(settings) as plnt:
+            await wait_phase(plnt, "Ready", version="1.2.0")
+            main_pid = plnt.driver.snapshot()["default/review-responder"].stable.pid
+
+            # Before any preview: the header names a preview that does not exist.
+            missing = await invoke_preview(plnt, 7)
+            assert missing.status_code == 404 and "pull request 7" in missing.json()["error"]["message"]
+
+            # A pull request changing review-responder to 1.3.0.
+            t0 = time.monotonic()
+            head = push_pr(spec_repo, 7, "1.3.0")
+            forge.pulls[7] = {"head_sha": head, "merged": False, "commits": [head]}
+            await hook(plnt)
+            preview = await wait_phase(plnt, "Ready", version="1.3.0", name=PREVIEW, timeout=60)
+            print(f"\nfigure: push to refs/pull/7/head (+ webhook) -> preview Ready: {time.monotonic() - t0:.2f} s")
+            assert preview["preview"] == 7 and preview["observedCommit"] == head
+            assert preview["smokeTest"]["passed"] is True
+
+            answered = await invoke_preview(plnt, 7)
+            assert answered.status_code == 200, answered.text
+            assert answered.json()["version"] == "1.3.0"
+            regular = await invoke(plnt)
+            assert regular.status_code == 200 and regular.json()["version"] == "1.2.0"
+            # The preview takes no regular traffic: not by its own name, not as a model.
+            assert (await invoke(plnt, name=PREVIEW)).status_code == 404
+            assert (await invoke_preview(plnt, "seven")).status_code == 404
+            async with httpx.AsyncClient(trust_env=False) as client:
+                models = (await client.get(f"{plnt.url}/v1/models")).json()["data"]
+                rows = (await client.get(f"{plnt.url}/workflows")).json()
+            assert [m["id"] for m in models] == ["review-responder"]
+            assert {(r["name"], r["preview"]) for r in rows} == {("review-responder", None), (PREVIEW, 7)}
+
+            ok = await wait_for(lambda: (s := latest(forge, head, CONTEXT)) and s["state"] == "success" and s,
+                                what="the preview's success status on the PR head")
+            assert "1.3.0" in ok["description"] and "X-Plnt-Preview: 7" in ok["description"]
+            assert latest(forge, head, "plnt/preview")["state"] == "success"  # type: ignore[index]
+            body = await wait_for(lambda: "Ready" in comment(forge, 7) and comment(forge, 7), what="the comment")
+            assert "curl -H 'X-Plnt-Preview: 7'" in body and "/workflows/review-responder/invoke" in body
+            pending = [s for s in forge.statuses if s["context"] == CONTEXT and s["sha"] == head]
+            assert pending[0]["state"] == "pending", pending
+
+            # A push of 1.4.0 (its smoke test fails in the example registry) replaces the preview:
+            # it fails with the reason on the PR; 1.3.0 keeps serving the preview; main is untouched.
+            broken = push_pr(spec_repo, 7, "1.4.0")
+            forge.pulls[7]["head_sha"] = broken
+            forge.pulls[7]["commits"].append(broken)
+            await hook(plnt)
+            failed = await wait_phase(plnt, "RolledBack", name=PREVIEW, timeout=60)
+            assert failed["observedCommit"] == broken and "error rate" in failed["lastError"]
+            bad = await wait_for(lambda: (s := latest(forge, broken, CONTEXT)) and s["state"] == "failure" and s,
+                                 what="the preview's failure status on the new head")
+            assert "error rate" in bad["description"]
+            assert (await invoke_preview(plnt, 7)).json()["version"] == "1.3.0"
+            main = status_of(plnt)
+            assert main is not None and main["phase"] == "Ready" and main["version"] == "1.2.0"
+            assert plnt.driver.snapshot()["default/review-responder"].stable.pid == main_pid
+            assert (await invoke(plnt)).json()["version"] == "1.2.0"
+            # One comment, updated in place.
+            await wait_for(lambda: "RolledBack" in comment(forge, 7), what="the comment to say RolledBack")
+            assert len(forge.comments[7]) == 1
+
+            # The pull request is closed: the preview is removed (runner stopped, route gone).
+            preview_pid = plnt.driver.snapshot()[f"default/{PREVIEW}"].stable.pid
+            forge.pulls[7]["closed"] = True
+            await hook(plnt)
+            await wait_for(lambda: status_of(plnt, PREVIEW) is None and f"default/{PREVIEW}" not in plnt.driver.snapshot(),
+                           timeout=60, what="the preview removed")
+            await wait_for(lambda: not _alive(preview_pid), what="the preview's runner to stop")
+            gone = await invoke_preview(plnt, 7)
+            assert gone.status_code == 404, gone.text
+            assert (await invoke(plnt)).json()["version"] == "1.2.0"
+            await wait_for(lambda: "removed" in comment(forge, 7), what="the comment to say removed")
+            removed = latest(forge, broken, CONTEXT)
+            assert removed is not None and "removed" in removed["description"], removed
+
+
+def _alive(pid: int) -> bool:
+    from plnt.reconciler.local_driver import process_start_time
+
+    return process_start_time(pid) is not None
