@@ -509,7 +509,10 @@ def status(
     typer.echo(header)
     for row in rows:
         canary = f"{row.get('canaryVersion') or ''} {row['canaryPercent']}%" if row.get("canaryVersion") else "-"
-        typer.echo(f"{row['namespace'] + '/' + row['name']:<34} {row['phase']:<11} {row.get('version') or '-':<10} "
+        # A preview (--previews) shows as its WorkflowRun and pull request: default/review-responder [PR #7].
+        label = row["namespace"] + "/" + (f"{row['name'].rsplit('--pr', 1)[0]} [PR #{row['preview']}]"
+                                          if row.get("preview") else row["name"])
+        typer.echo(f"{label:<34} {row['phase']:<11} {row.get('version') or '-':<10} "
                    f"{canary:<14} {(row.get('observedCommit') or '-')[:12]:<13} {_endpoint(row):<24} {row.get('message') or ''}")
 
 
