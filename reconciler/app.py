@@ -290,7 +290,10 @@ async def start(settings: Settings) -> Plnt:
         cleanups.append(reconciler.close)
         plnt._tasks.append(asyncio.create_task(reconciler.run(stop_event), name="reconciler"))
         if settings.previews:
-            cleanups.append(start_previews(plnt, source, verifier))
+            plnt.previews, close_previews = start_previews(
+                settings, source=source, client=client, statuses=statuses, driver=drivers, reconciler=reconciler,
+                verifier=verifier, gateway_url=lambda: plnt.url, stop=stop_event)
+            cleanups.append(close_previews)
         plnt._cleanups = cleanups
         log.info("plnt-up gateway=%s repo=%s branch=%s path=%s state=%s temporal=%s",
                  gateway.url, source.url, settings.branch, settings.path or "/", state.root, address)
@@ -310,23 +313,25 @@ async def start(settings: Settings) -> Plnt:
         raise
 
 
-def start_previews(plnt: Plnt, source: GitSource, verifier: CommitVerifier | None) -> Callable[[], Awaitable[None]]:
+def start_previews(settings: Settings, *, source: GitSource, client: Client, statuses: StatusStore,
+                   driver: Any, reconciler: Reconciler, verifier: CommitVerifier | None,
+                   gateway_url: Callable[[], str], stop: asyncio.Event) -> tuple[PreviewController, Callable[[], Awaitable[None]]]:
     """--previews (reconciler/previews.py): a PreviewController beside the reconciler, planning each
-    pull request against the branch's newest valid commit; returns its cleanup."""
-    forge = make_forge_client(plnt.settings)
+    pull request against the branch's newest valid commit. Returns it and its cleanup."""
+    forge = make_forge_client(settings)
     assert forge is not None  # Settings refuses --previews without --forge
-    previews = PreviewController(settings=plnt.settings, source=source, client=plnt.client, statuses=plnt.statuses,
-                                 driver=plnt.drivers or plnt.driver, forge=forge, verifier=verifier,
-                                 gateway_url=lambda: plnt.url)
-    plnt.reconciler.spec_listeners.append(previews.on_branch)
-    plnt.previews = previews
-    plnt._tasks.append(asyncio.create_task(previews.run(plnt.stop_event), name="previews"))
+    previews = PreviewController(settings=settings, source=source, client=client, statuses=statuses, driver=driver,
+                                 forge=forge, verifier=verifier, gateway_url=gateway_url)
+    reconciler.spec_listeners.append(previews.on_branch)
+    task = asyncio.create_task(previews.run(stop), name="previews")
 
     async def close() -> None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         await previews.close()
         await forge.aclose()
 
-    return close
+    return previews, close
 
 
 def _closer(publisher: RoutePublisher) -> Callable[[], Awaitable[None]]:

@@ -43,6 +43,7 @@ from .app import (
     make_local_driver,
     make_source,
     make_verifier,
+    start_previews,
 )
 from .lease import FileLease, LeaderLease
 from .reconciler import Reconciler
@@ -214,6 +215,11 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
                 from .kube import attach_status_mirror
 
                 cleanups.append(attach_status_mirror(settings, statuses, reconciler))
+            if settings.previews:  # the preview sagas' steps run on the workers too
+                _, close_previews = start_previews(
+                    settings, source=source, client=client, statuses=statuses, driver=drivers, reconciler=reconciler,
+                    verifier=verifier, gateway_url=lambda: server.url, stop=role.stop_event)
+                cleanups.append(close_previews)
             reconcile_task = asyncio.create_task(reconciler.run(role.stop_event), name="reconciler")
             active.set()
             log.info("reconciler-active control=%s repo=%s branch=%s temporal=%s", server.url, source.url,

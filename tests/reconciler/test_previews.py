@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from plnt.gateway.routes import PreviewNotFound, preview_name, preview_of, preview_target
 from plnt.reconciler.commit_specs import as_preview
 from plnt.reconciler.previews import comment_body, context_of, forge_status, pr_number, previewed
@@ -14,7 +15,6 @@ from plnt.reconciler.saga_io import SagaRef
 from plnt.reconciler.specs import WorkflowRun
 from plnt.reconciler.status import Phase, WorkflowRunStatus
 from pydantic import ValidationError
-import yaml
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "gitops-example" / "workflowruns" / "review-responder.yaml"
 SHA = "a" * 40
