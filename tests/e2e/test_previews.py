@@ -48,7 +48,9 @@ async def invoke_preview(plnt: Plnt, pr: int | str, name: str = "review-responde
 
 
 def latest(forge: ForgeStandin, sha: str, context: str) -> dict | None:  # type: ignore[type-arg]
-    found = [s for s in forge.statuses if s["sha"] == sha and s["context"] == context]
+    """The newest status of `context` on `sha`, in GitHub's words (GitLab records name/status)."""
+    found = [{**s, "context": s.get("context") or s.get("name"), "state": s.get("state") or s.get("status")}
+             for s in forge.statuses if s["sha"] == sha and (s.get("context") or s.get("name")) == context]
     return found[-1] if found else None
 
 
@@ -145,3 +147,53 @@ def _alive(pid: int) -> bool:
     from plnt.reconciler.local_driver import process_start_time
 
     return process_start_time(pid) is not None
+
+
+async def test_an_invalid_pull_request_previews_nothing_and_a_vanished_ref_removes_the_preview(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    with ForgeStandin("gitlab", "acme/specs", TOKEN) as forge:
+        settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
+                                forge="gitlab", forge_api_url=forge.api_url, forge_project="acme/specs",
+                                forge_token=TOKEN, previews=("refs/merge-requests/*/head",))
+        async with running_plnt(settings) as plnt:
+            await wait_phase(plnt, "Ready", version="1.2.0")
+
+            # A merge request whose WorkflowRun does not parse: nothing deploys, the MR is told why.
+            spec_repo.git("checkout", "-q", "-b", "mr-8")
+            spec_repo.replace(RUN_FILE, "trafficPercent: 5", "trafficPercent: lots")
+            invalid = spec_repo.commit("invalid traffic")
+            spec_repo.git("update-ref", "refs/merge-requests/8/head", invalid)
+            spec_repo.git("checkout", "-q", "main")
+            forge.pulls[8] = {"head_sha": invalid, "merged": False, "commits": [invalid]}
+            await hook(plnt)
+            refused = await wait_for(lambda: latest(forge, invalid, "plnt/preview"), what="the MR's refusal")
+            assert refused["state"] == "failed" and "problem" in refused["description"], refused
+            await wait_for(lambda: "Nothing is previewed" in comment(forge, 8), what="the comment to say why")
+            assert status_of(plnt, "review-responder--pr8") is None
+            assert set(plnt.driver.snapshot()) == {"default/review-responder"}
+
+            # Fixed by a new push (a new WorkflowRun too): both preview, the unchanged one does not.
+            spec_repo.git("checkout", "-q", "mr-8")
+            spec_repo.replace(RUN_FILE, "trafficPercent: lots", "trafficPercent: 5")
+            spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")
+            fixed = spec_repo.commit("fixed: 1.3.0")
+            spec_repo.git("update-ref", "refs/merge-requests/8/head", fixed)
+            spec_repo.git("checkout", "-q", "main")
+            forge.pulls[8]["head_sha"] = fixed
+            await hook(plnt)
+            await wait_phase(plnt, "Ready", version="1.3.0", name="review-responder--pr8", timeout=60)
+            assert (await invoke_preview(plnt, 8)).json()["version"] == "1.3.0"
+            ok = await wait_for(lambda: (s := latest(forge, fixed, "plnt/preview/default/review-responder"))
+                                and s["state"] == "success" and s, what="the MR's preview status")
+            assert "X-Plnt-Preview: 8" in ok["description"]
+
+            # The ref disappears (the forge deleted it): the preview is removed though the MR reads open.
+            spec_repo.git("update-ref", "-d", "refs/merge-requests/8/head")
+            await hook(plnt)
+            await wait_for(lambda: status_of(plnt, "review-responder--pr8") is None
+                           and set(plnt.driver.snapshot()) == {"default/review-responder"},
+                           timeout=60, what="the preview removed")
+            assert (await invoke_preview(plnt, 8)).status_code == 404
+            await wait_for(lambda: "removed" in comment(forge, 8), what="the comment to say removed")
+            assert (await invoke(plnt)).json()["version"] == "1.2.0"
