@@ -254,7 +254,7 @@ class SagaActivities:
         pulled = await _with_heartbeats(asyncio.to_thread(
             pull_recipe, run.spec.workflow, commit=request.saga.commit, cache=self._cache, policies=trusted.policies,
             read_from_repo=self._read, export_from_repo=self._export, registry_options=self._registry_options,
-            limits=self._limits, progress=progress,
+            limits=self._limits, progress=progress, policy_commit=trusted.policy_commit,
         ), details=lambda: transferred)
         check_requirements(pulled.workflow.requirements, run.spec.backend, recipe=run.spec.workflow.ref)
         return PulledRecipeInfo(digest=pulled.digest, version=pulled.version,
@@ -290,7 +290,7 @@ class SagaActivities:
         covering = tuple(policies_for(run.spec.workflow.name, trusted.policies))
         paths = sorted({p.spec.trust_root.trusted_root_file for p in covering if p.spec.trust_root.trusted_root_file})
         return RecipeTrust(policies=covering, trusted_roots={
-            path: self._read(trusted.ref.commit, path).decode("utf-8") for path in paths})
+            path: self._read(trusted.policy_commit or trusted.ref.commit, path).decode("utf-8") for path in paths})
 
     async def _release_of(self, run: WorkflowRun, track: str) -> Release:
         """The driver's own record of this run's release on `track`, made for this very spec."""

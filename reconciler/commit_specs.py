@@ -45,6 +45,9 @@ class TrustedSaga:
     policies: tuple[RecipeTrustPolicy, ...]
     # Every backend at the commit: where an uninstall looks when the worker never saw the install.
     backends: tuple[PlntBackend, ...] = ()
+    # Where `policies` (and their trusted roots) and `backend` come from when not the saga's commit:
+    # a preview's are the tracked branch's, so a pull request cannot trust its own signer.
+    policy_commit: str | None = None
 
 
 class CommitSpecs:
@@ -93,6 +96,20 @@ class CommitSpecs:
             raise UntrustedSagaInput(
                 f"the saga asks for {key} version {ref.version} with fingerprint {ref.fingerprint}; commit {commit} "
                 f"gives version {run.spec.workflow.version} with fingerprint {run.fingerprint()}")
+        if ref.preview is not None:
+            # The pull request's WorkflowRun, with the tracked branch's backends and trust policies:
+            # what a PR may change is what it would deploy, not who plnt trusts or where it runs.
+            branch = await asyncio.to_thread(self._source.branch_head)
+            if self._verifier is not None and self._verifier.mode != "none":
+                verdict = await asyncio.to_thread(self._verifier.verify, self._source.git_dir, branch)
+                if not verdict.trusted:
+                    raise UntrustedSagaInput(f"the tracked branch's head, whose trust policies a preview uses, is "
+                                             f"not trusted: {verdict.problem()}")
+            base, base_problems = await self._load(branch)
+            if base_problems:  # the reconciler deploys nothing from such a commit; nor does a preview
+                raise RetryLater(f"the tracked branch's head {branch[:12]} is invalid: no preview until it is fixed")
+            return TrustedSaga(ref, run, base.backends.get(run.spec.backend.cluster),
+                               tuple(base.trust_policies.values()), policy_commit=branch)
         return TrustedSaga(ref, run, specs.backends.get(run.spec.backend.cluster),
                            tuple(specs.trust_policies.values()))
 

@@ -149,12 +149,16 @@ def pull_recipe(
     limits: ExtractLimits = ExtractLimits(),
     progress: Callable[[int], None] | None = None,
     registry: RecipeRegistry | None = None,
+    policy_commit: str | None = None,
 ) -> PulledRecipe:
+    """`policy_commit`: where the policies' trusted roots are read, when not `commit` (a preview
+    verifies with the tracked branch's policies, never with those of the pull request)."""
     policies = list(policies)
+    roots_at = policy_commit or commit
 
     def verify(archive_hex: str, bundle: bytes | None) -> VerifiedSignature:
         return verify_recipe(archive_hex, bundle, recipe=source.name, policies=policies,
-                             load_trusted_root=lambda path: read_from_repo(commit, path))
+                             load_trusted_root=lambda path: read_from_repo(roots_at, path))
 
     cached = cache.lookup(source.registry, source.name, source.version)
     if cached is not None:

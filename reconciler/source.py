@@ -201,6 +201,15 @@ class GitSource:
                 refs[self.previews[int(index)].replace("*", star, 1)] = sha
         return refs
 
+    def branch_head(self) -> str:
+        """The tracked branch's newest commit as plnt last fetched it (fetching when it never did)."""
+        with self._lock:
+            try:
+                return self._open().commit(f"refs/remotes/origin/{self.branch}").hexsha
+            except (git.BadName, ValueError, git.GitCommandError):
+                pass
+        return self.fetch()
+
     def is_in_preview(self, commit: str, pr: int) -> bool:
         """Whether `commit` is the fetched head of a preview ref of pull request `pr` (the `*` of a
         --previews glob), or an ancestor of it."""

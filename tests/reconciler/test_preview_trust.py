@@ -83,10 +83,42 @@ async def test_verify_commits_applies_to_preview_commits(spec_repo: SpecRepo, tm
     with pytest.raises(UntrustedSagaInput, match="is not trusted: unsigned"):
         await CommitSpecs(source, verifier=verifier).resolve(unsigned)
 
-    spec_repo.git("-c", "gpg.format=ssh", "-c", f"user.signingkey={key}.pub", "commit", "-q", "-S", "--allow-empty",
-                  "-m", "signed by signer-a")
+    def sign(message: str) -> None:
+        spec_repo.git("-c", "gpg.format=ssh", "-c", f"user.signingkey={key}.pub", "commit", "-q", "-S",
+                      "--allow-empty", "-m", message)
+
+    sign("signed by signer-a")
     spec_repo.git("update-ref", "refs/pull/7/head", "HEAD")
     signed = ref_at(spec_repo, name="review-responder--pr7", preview=7)
     source.fetch_previews()
+    # A signed pull request on an unsigned branch head: the branch's trust policies are not trusted either.
+    with pytest.raises(UntrustedSagaInput, match="tracked branch's head.*unsigned"):
+        await CommitSpecs(source, verifier=verifier).resolve(signed)
+
+    spec_repo.git("checkout", "-q", "main")
+    sign("main signed by signer-a")
+    source.fetch()
     trusted = await CommitSpecs(source, verifier=verifier).resolve(signed)
     assert trusted.run is not None and trusted.run.key == "default/review-responder--pr7"
+
+
+async def test_a_preview_verifies_with_the_branchs_trust_policies_not_the_pull_requests(
+        spec_repo: SpecRepo, tmp_path: Path) -> None:
+    main = spec_repo.git("rev-parse", "main")
+    spec_repo.git("checkout", "-q", "-b", "pr-9")
+    # The pull request trusts its own signer and brings its own trusted root (an attacker's move).
+    spec_repo.replace("trust/policy.yaml", "identity: recipes@demo.plnt.invalid", "identity: attacker@evil.invalid")
+    spec_repo.write("trust/demo-trusted-root.json", "{}")
+    spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")
+    head = spec_repo.commit("trust my own signer")
+    spec_repo.git("update-ref", "refs/pull/9/head", head)
+    preview = ref_at(spec_repo, name="review-responder--pr9", preview=9)
+    spec_repo.git("checkout", "-q", "main")
+    source = GitSource(str(spec_repo.path), tmp_path / "clone", previews=GLOBS)
+    source.fetch()
+
+    trusted = await CommitSpecs(source).resolve(preview)
+    assert trusted.policy_commit == main
+    assert [s.identity for p in trusted.policies for s in p.spec.signers] == ["recipes@demo.plnt.invalid"]
+    assert trusted.backend is not None and trusted.run is not None and trusted.run.spec.workflow.version == "1.3.0"
+    assert source.read_file(trusted.policy_commit, "trust/demo-trusted-root.json") != b"{}"
