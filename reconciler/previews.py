@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 
 MARKER = "plnt:preview"
 SPECS_CONTEXT = "plnt/preview"
+# Pull requests previewed at once: each preview runs runners, and anyone who may open a pull request
+# (a fork, on a public repository) could otherwise start as many as they like.
+MAX_PREVIEWED_PULLS = 10
 
 
 # --- pure decisions ---------------------------------------------------------------------------
@@ -79,6 +82,14 @@ def previewed(base: Mapping[str, WorkflowRun], head: Mapping[str, WorkflowRun]) 
     branch's desired state). A WorkflowRun it removes is not previewed: there is nothing to call."""
     return sorted(key for key, run in head.items()
                   if key not in base or base[key].fingerprint() != run.fingerprint())
+
+
+def admitted(open_pulls: list[int], previewing: set[int], limit: int) -> list[int]:
+    """The pull requests previewed under the limit: those with a preview already keep theirs, then
+    the oldest (lowest number) first. The rest wait, and are told so."""
+    keep = sorted(pr for pr in open_pulls if pr in previewing)[:limit]
+    rest = sorted(pr for pr in open_pulls if pr not in previewing)
+    return sorted(keep + rest[: max(0, limit - len(keep))])
 
 
 def context_of(namespace: str, name: str) -> str:
@@ -159,7 +170,9 @@ class _Reported:
 class PreviewController:
     def __init__(self, *, settings: Settings, source: GitSource, client: Client, statuses: StatusStore,
                  driver: ReleaseDriver, forge: Forge, verifier: CommitVerifier | None = None,
-                 gateway_url: Callable[[], str] = lambda: "http://PLNT-GATEWAY") -> None:
+                 gateway_url: Callable[[], str] = lambda: "http://PLNT-GATEWAY",
+                 max_pulls: int = MAX_PREVIEWED_PULLS) -> None:
+        self._max_pulls = max_pulls
         self._settings = settings
         self._source = source
         self._client = client
@@ -218,7 +231,14 @@ class PreviewController:
         desired: dict[str, DesiredRun] = {}
         held: set[int] = set()  # pull requests whose newest commit is invalid: their previews stay as they are
         problems: dict[int, str] = {}
+        previewing = {pr for status in self._statuses.all() if (pr := _pr_of(status.name))}
+        allowed = set(admitted(list(pulls), previewing, self._max_pulls))
         for pull in pulls.values():
+            if pull.pr not in allowed:
+                held.add(pull.pr)
+                problems[pull.pr] = (f"waiting: {self._max_pulls} pull requests are previewed already (the limit); "
+                                     f"this one is previewed when one of them closes")
+                continue
             runs, problem = await self._pull_specs(pull.sha, base_commit)
             if problem is not None:
                 held.add(pull.pr)
@@ -408,8 +428,9 @@ class PreviewController:
     async def _report_open(self, pull: PullRef, rows: list[WorkflowRunStatus], problem: str | None) -> None:
         reported = self._reported.setdefault(pull.pr, _Reported(sha=pull.sha, contexts={}))
         reported.sha = pull.sha
-        if problem is not None:
-            await self._set(reported, pull.sha, SPECS_CONTEXT, "failure", problem)
+        if problem is not None:  # "waiting" (over the limit) is pending; anything else failed
+            await self._set(reported, pull.sha, SPECS_CONTEXT,
+                            "pending" if problem.startswith("waiting:") else "failure", problem)
         else:
             await self._set(reported, pull.sha, SPECS_CONTEXT, "success",
                             f"{len(rows)} preview(s); call with X-Plnt-Preview: {pull.pr}" if rows else

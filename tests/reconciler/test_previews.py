@@ -10,7 +10,7 @@ import pytest
 import yaml
 from plnt.gateway.routes import PreviewNotFound, preview_name, preview_of, preview_target
 from plnt.reconciler.commit_specs import as_preview
-from plnt.reconciler.previews import comment_body, context_of, forge_status, pr_number, previewed
+from plnt.reconciler.previews import admitted, comment_body, context_of, forge_status, pr_number, previewed
 from plnt.reconciler.saga_io import SagaRef
 from plnt.reconciler.specs import WorkflowRun
 from plnt.reconciler.status import Phase, WorkflowRunStatus
@@ -134,3 +134,15 @@ def test_comment_lists_previews_and_how_to_call_them() -> None:
     assert "changes no WorkflowRun" in comment_body(7, [], "http://gw")
     assert "removed" in comment_body(7, rows, "http://gw", removed="the pull request is closed")
     assert context_of("default", "review-responder") == "plnt/preview/default/review-responder"
+
+
+@pytest.mark.parametrize(("open_pulls", "previewing", "limit", "expected"), [
+    ([1, 2, 3], set(), 10, [1, 2, 3]),
+    ([5, 3, 9], set(), 2, [3, 5]),            # the oldest first
+    ([5, 3, 9], {9}, 2, [3, 9]),              # a running preview keeps its place
+    ([5, 3, 9], {9, 5, 3}, 2, [3, 5]),
+    ([4], set(), 0, []),
+])
+def test_pull_requests_admitted_under_the_limit(open_pulls: list[int], previewing: set[int], limit: int,
+                                                expected: list[int]) -> None:
+    assert admitted(open_pulls, previewing, limit) == expected
