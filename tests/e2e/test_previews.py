@@ -197,3 +197,43 @@ async def test_an_invalid_pull_request_previews_nothing_and_a_vanished_ref_remov
             assert (await invoke_preview(plnt, 8)).status_code == 404
             await wait_for(lambda: "removed" in comment(forge, 8), what="the comment to say removed")
             assert (await invoke(plnt)).json()["version"] == "1.2.0"
+
+
+async def test_a_preview_outlives_a_restart_and_goes_when_its_pull_request_merges(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    with ForgeStandin("gitea", "acme/specs", TOKEN) as forge:
+        settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
+                                forge="gitea", forge_api_url=forge.api_url, forge_project="acme/specs",
+                                forge_token=TOKEN, previews=("refs/pull/*/head",))
+        head = push_pr(spec_repo, 3, "1.3.0")
+        forge.pulls[3] = {"head_sha": head, "merged": False, "commits": [head]}
+        async with running_plnt(settings) as plnt:
+            await wait_phase(plnt, "Ready", version="1.2.0")
+            await wait_phase(plnt, "Ready", version="1.3.0", name="review-responder--pr3", timeout=60)
+            release = plnt.driver.snapshot()["default/review-responder--pr3"].stable.release_id
+
+        # plnt restarts: the preview is the same release, not removed nor deployed again.
+        async with running_plnt(settings) as plnt:
+            await wait_for(lambda: plnt.reconciler.source_status.get("lastReconciledCommit"), what="a pass")
+            asked = len([r for r in forge.requests if r.path.endswith("/pulls/3")])
+            await hook(plnt)
+            # Two passes of the preview controller since the restart (each asks the forge for the PR's state).
+            await wait_for(lambda: len([r for r in forge.requests if r.path.endswith("/pulls/3")]) >= asked + 2,
+                           what="two preview passes")
+            assert plnt.previews is not None and plnt.previews.running_sagas == set()
+            status = status_of(plnt, "review-responder--pr3")
+            assert status is not None and status["phase"] == "Ready" and status["version"] == "1.3.0"
+            assert plnt.driver.snapshot()["default/review-responder--pr3"].stable.release_id == release
+            assert (await invoke_preview(plnt, 3)).json()["version"] == "1.3.0"
+
+            # Merged: main moves to the pull request's head; the preview goes, main deploys 1.3.0.
+            spec_repo.git("merge", "-q", "--ff-only", "pr-3")
+            forge.pulls[3]["merged"] = True
+            await hook(plnt)
+            await wait_phase(plnt, "Ready", version="1.3.0", timeout=60)
+            await wait_for(lambda: status_of(plnt, "review-responder--pr3") is None
+                           and set(plnt.driver.snapshot()) == {"default/review-responder"},
+                           timeout=60, what="the preview removed")
+            assert (await invoke_preview(plnt, 3)).status_code == 404
+            assert (await invoke(plnt)).json()["version"] == "1.3.0"
