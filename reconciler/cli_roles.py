@@ -220,6 +220,8 @@ def worker(
     verify_commits: VerifyCommits = "none",
     allowed_signers: AllowedSigners = None,
     gpg_keys: GpgKeys = None,
+    previews: Annotated[list[str] | None, typer.Option("--previews", help=(
+        "The reconciler's --previews ref globs: a preview saga's commit must be on such a ref. Repeatable."))] = None,
     identity: Identity = "",
     s3_endpoint_url: Annotated[str | None, typer.Option(help="S3-compatible endpoint for s3:// registries.")] = None,
     s3_region: Annotated[str | None, typer.Option(help="Region for s3:// registries.")] = None,
@@ -259,6 +261,7 @@ def worker(
         internal_token=_secret(None, internal_token_file, "--internal-token-file"), identity=identity,
         git_credentials_file=git_credentials_file, git_known_hosts=git_known_hosts, verify_commits=verify_commits,
         allowed_signers=allowed_signers, gpg_keys=gpg_keys, s3_endpoint_url=s3_endpoint_url, s3_region=s3_region, oci_insecure_hosts=tuple(oci_insecure_host or ()),
+        previews=tuple(previews or ()),
         file_registry_roots=tuple(p.resolve() for p in allow_file_registry or ()),
         max_download_bytes=max_download_mb * 2**20, max_recipe_bytes=max_recipe_mb * 2**20,
         max_concurrent_sagas=max_sagas, spec_limits=_spec_limits(max_spec_files, max_spec_file_kb),

@@ -177,8 +177,10 @@ class Settings(BaseModel):
             if missing:
                 raise ValueError(f"--forge {self.forge} needs {', '.join(missing)}")
         else:
+            # (A worker, which has a control URL, takes --previews only to check preview sagas' commits
+            # against those refs; the reconciler is what talks to the forge.)
             needs = [option for option, on in (("--require-approval", self.require_approval),
-                                               ("--previews", bool(self.previews))) if on]
+                                               ("--previews", bool(self.previews) and self.control_url is None)) if on]
             if needs:
                 raise ValueError(f"{' and '.join(needs)} need{'s' if len(needs) == 1 else ''} a forge: "
                                  "add --forge, --forge-api-url, --forge-project and --forge-token-env")

@@ -237,3 +237,52 @@ async def test_a_preview_outlives_a_restart_and_goes_when_its_pull_request_merge
                            timeout=60, what="the preview removed")
             assert (await invoke_preview(plnt, 3)).status_code == 404
             assert (await invoke(plnt)).json()["version"] == "1.3.0"
+
+
+async def test_previews_with_the_roles_apart(tmp_path: Path, spec_repo: SpecRepo, temporal_address: str,
+                                              temporal_namespace: str) -> None:
+    """`plnt reconcile` (the controller, the forge) + `plnt worker --previews` (the preview saga's steps,
+    the commit checked against its own fetch of the pull request's ref) + `plnt gateway` (routes by header):
+    separate processes, no shared disk."""
+    from .test_split_roles import AUTH, Roles
+
+    roles = Roles(tmp_path, spec_repo, temporal_address, temporal_namespace)
+    token_file = tmp_path / "forge.token"
+    token_file.write_text(TOKEN + "\n")
+    head = push_pr(spec_repo, 7, "1.3.0")
+    try:
+        with ForgeStandin("github", "acme/specs", TOKEN) as forge:
+            forge.pulls[7] = {"head_sha": head, "merged": False, "commits": [head]}
+            forge_args = ["--forge", "github", "--forge-api-url", forge.api_url, "--forge-project", "acme/specs",
+                          "--forge-token-file", str(token_file), "--previews", "refs/pull/*/head"]
+            original = roles._start
+
+            def start(name: str, args: list[str], ready: str):  # type: ignore[no-untyped-def]
+                extra = forge_args if args[0] == "reconcile" else ["--previews", "refs/pull/*/head"] \
+                    if args[0] == "worker" else []
+                return original(name, [*args, *extra], ready)
+
+            roles._start = start  # type: ignore[method-assign]
+            roles.reconciler()
+            roles.worker()
+            gateway = roles.gateway("gateway-1")
+            async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
+                async def preview_version() -> str | None:
+                    response = await client.post(f"{gateway}/workflows/review-responder/invoke", json=REVIEW,
+                                                 headers={**AUTH, "X-Plnt-Preview": "7"})
+                    return response.json()["version"] if response.status_code == 200 else None
+
+                assert await wait_for(preview_version, timeout=90, what="the preview through the gateway") == "1.3.0"
+
+                async def regular_version() -> str | None:
+                    response = await client.post(f"{gateway}/workflows/review-responder/invoke", json=REVIEW,
+                                                 headers=AUTH)
+                    return response.json()["version"] if response.status_code == 200 else None
+
+                assert await wait_for(regular_version, timeout=60, what="main through the gateway") == "1.2.0"
+                assert await preview_version() == "1.3.0"
+                await wait_for(lambda: (s := latest(forge, head, CONTEXT)) and s["state"] == "success",
+                               what="the PR's success status")
+                assert TOKEN not in (tmp_path / "reconciler.log").read_text(), "the forge token is in the log"
+    finally:
+        roles.stop_all()
