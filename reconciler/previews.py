@@ -266,8 +266,20 @@ class PreviewController:
                 await self._start_saga(item, pr, commit)
                 budget -= 1
         self._forget_failed(desired, live)
+        await self._heal(desired)
         await self._report(pulls, closed, problems)
         return items
+
+    async def _heal(self, desired: Mapping[str, DesiredRun]) -> None:
+        """A preview runner that stopped out of band is restarted, as selfHeal does for the branch's
+        (whose reconciler leaves previews alone). A worker's runners: asked of it through the driver."""
+        for key in (await self._driver.drift()):
+            want = desired.get(key)
+            if want is None or key in self._sagas or not want.self_heal:
+                continue
+            healed = await self._driver.repair(want.namespace, want.name)
+            if healed:
+                log.warning("preview-drift-healed preview=%s restored=%s", key, ", ".join(r.release_id for r in healed))
 
     async def _open_pulls(self) -> tuple[dict[int, PullRef], set[int]]:
         """Preview refs whose pull request is open, and the pull requests seen before that are not."""

@@ -295,7 +295,7 @@ class Reconciler:
         summary = (lines[0] if untrusted else
                    f"commit {commit[:12]} is invalid ({len(problems)} problem{'s' if len(problems) != 1 else ''}): {lines[0]}")
         for status in self._statuses.all():
-            if status.message != summary:
+            if status.message != summary and preview_of(status.name) is None:  # a preview is its PR's
                 self._statuses.update(status.namespace, status.name, message=summary, last_error="\n".join(lines))
 
     def _record_source(self, *, commit: str | None = None, problems: list[str] | None = None,

@@ -8,6 +8,8 @@ The runners' model is MockBackend (`--backend mock`), a STAND-IN for a model ser
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -224,6 +226,14 @@ async def test_a_preview_outlives_a_restart_and_goes_when_its_pull_request_merge
             assert plnt.previews is not None and plnt.previews.running_sagas == set()
             status = status_of(plnt, "review-responder--pr3")
             assert status is not None and status["phase"] == "Ready" and status["version"] == "1.3.0"
+            assert plnt.driver.snapshot()["default/review-responder--pr3"].stable.release_id == release
+            assert (await invoke_preview(plnt, 3)).json()["version"] == "1.3.0"
+
+            # The preview's runner killed out of band: restarted (selfHeal), the same release.
+            pid = plnt.driver.snapshot()["default/review-responder--pr3"].stable.pid
+            os.kill(pid, signal.SIGKILL)
+            await wait_for(lambda: (r := plnt.driver.snapshot()["default/review-responder--pr3"].stable)
+                           and r.pid != pid and _alive(r.pid), timeout=30, what="the preview's runner restarted")
             assert plnt.driver.snapshot()["default/review-responder--pr3"].stable.release_id == release
             assert (await invoke_preview(plnt, 3)).json()["version"] == "1.3.0"
 
