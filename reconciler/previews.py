@@ -250,10 +250,13 @@ class PreviewController:
                 except ValueError as exc:
                     problems[pull.pr] = str(exc)
                     continue
+                if run.key in base.workflow_runs:  # a branch WorkflowRun already has that (reserved) name
+                    problems[pull.pr] = f"cannot preview {key}: the branch has a WorkflowRun named {run.key}"
+                    continue
                 desired[run.key] = DesiredRun.from_spec(run)
         live = {key: run for key, run in live_from(await self._driver.live(), self._statuses.all(),
                                                    self._saga_fingerprints).items()
-                if (of := preview_of(run.name)) is not None and of[1] not in held}
+                if (of := preview_of(run.name)) is not None and of[1] not in held and key not in base.workflow_runs}
         items = plan(desired, live)
         budget = self._settings.max_concurrent_sagas - len(self._sagas)
         for item in items:

@@ -113,7 +113,9 @@ class Reconciler:
         for listener in self.spec_listeners:
             listener(commit, specs)
         desired = {key: DesiredRun.from_spec(run) for key, run in specs.workflow_runs.items()}
-        items = plan(desired, await self.live_runs())
+        # Preview releases (`<name>--pr<N>`) belong to the PreviewController (reconciler/previews.py).
+        live = {key: run for key, run in (await self.live_runs()).items() if key in desired or preview_of(run.name) is None}
+        items = plan(desired, live)
         budget = self._settings.max_concurrent_sagas - len(self._sagas)
         live_unknown = getattr(self._driver, "live_unknown", lambda key: None)
         for item in items:
@@ -132,9 +134,7 @@ class Reconciler:
         return items
 
     async def live_runs(self) -> dict[str, LiveRun]:
-        # Preview releases belong to the PreviewController (reconciler/previews.py), not to the branch's plan.
-        return {key: run for key, run in live_from(await self._driver.live(), self._statuses.all(),
-                                                   self._saga_fingerprints).items() if preview_of(run.name) is None}
+        return live_from(await self._driver.live(), self._statuses.all(), self._saga_fingerprints)
 
     async def adopt_running_sagas(self) -> None:
         """After a restart, follow the sagas Temporal is still running instead of starting new ones."""
