@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import fnmatch
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,8 @@ SPECS_CONTEXT = "plnt/preview"
 # Pull requests previewed at once: each preview runs runners, and anyone who may open a pull request
 # (a fork, on a public repository) could otherwise start as many as they like.
 MAX_PREVIEWED_PULLS = 10
+CLOSED_RECHECK_S = 600.0
+MAX_LOOKUPS_PER_PASS = 50
 
 
 # --- pure decisions ---------------------------------------------------------------------------
@@ -188,6 +191,7 @@ class PreviewController:
         self._cancelled: set[str] = set()
         self._specs: dict[str, tuple[dict[str, WorkflowRun], str | None]] = {}  # sha -> (runs, problem)
         self._reported: dict[int, _Reported] = {}
+        self._closed: dict[int, tuple[str, float]] = {}  # pr -> (head sha, when the forge said it is not open)
         self._adopted = False
 
     # --- wiring ----------------------------------------------------------------------------
@@ -227,11 +231,12 @@ class PreviewController:
             await self._adopt_running_sagas()
             self._adopted = True
         base_commit, base = self._base
-        pulls, closed = await self._open_pulls()
-        desired: dict[str, DesiredRun] = {}
-        held: set[int] = set()  # pull requests whose newest commit is invalid: their previews stay as they are
-        problems: dict[int, str] = {}
         previewing = {pr for status in self._statuses.all() if (pr := _pr_of(status.name))}
+        pulls, closed, unknown = await self._open_pulls(previewing)
+        desired: dict[str, DesiredRun] = {}
+        # Pull requests whose previews stay as they are: newest commit invalid, or state unknown.
+        held: set[int] = set(unknown)
+        problems: dict[int, str] = {}
         allowed = set(admitted(list(pulls), previewing, self._max_pulls))
         for pull in pulls.values():
             if pull.pr not in allowed:
@@ -284,16 +289,34 @@ class PreviewController:
             if healed:
                 log.warning("preview-drift-healed preview=%s restored=%s", key, ", ".join(r.release_id for r in healed))
 
-    async def _open_pulls(self) -> tuple[dict[int, PullRef], set[int]]:
-        """Preview refs whose pull request is open, and the pull requests seen before that are not."""
+    async def _open_pulls(self, previewing: set[int]) -> tuple[dict[int, PullRef], set[int], set[int]]:
+        """Preview refs whose pull request is open; the pull requests reported before that are not
+        (closed, merged, or their ref gone); and those whose state is unknown this pass.
+
+        A forge keeps refs/pull/N/head of every closed pull request: a closed verdict is remembered
+        per head (asked again after CLOSED_RECHECK_S, in case it was reopened), and at most
+        MAX_LOOKUPS_PER_PASS pull requests not previewed yet are asked about per pass, newest first,
+        so a repository with thousands of old pull requests costs no thousands of calls per pass."""
         refs = await asyncio.to_thread(self._source.fetch_previews)
         pulls: dict[int, PullRef] = {}
         for ref, sha in refs.items():
             pr = pr_number(ref, self._settings.previews)
             if pr is not None:
                 pulls[pr] = PullRef(pr, ref, sha)
-        closed = {pr for pr in self._reported if pr not in pulls}  # the ref disappeared
-        for pr in list(pulls):
+        unknown: set[int] = set()
+        now = time.monotonic()
+        lookups = 0
+        # Pull requests with a preview (or reported) first: their state decides whether it is removed.
+        for pr in sorted(pulls, key=lambda n: (n not in previewing and n not in self._reported, -n)):
+            seen = self._closed.get(pr)
+            if seen is not None and seen[0] == pulls[pr].sha and now - seen[1] < CLOSED_RECHECK_S:
+                del pulls[pr]
+                continue
+            if pr not in previewing and pr not in self._reported:
+                if lookups >= MAX_LOOKUPS_PER_PASS:
+                    del pulls[pr]  # asked about on a later pass
+                    continue
+                lookups += 1
             try:
                 state = (await self._forge.pull_request(pr)).state
             except ForgeNotFound:
@@ -301,11 +324,17 @@ class PreviewController:
             except ForgeError as exc:
                 # Unknown is not closed: keep what runs, decide on the next pass.
                 log.warning("preview-forge-unreadable pr=%d error=%s", pr, exc)
+                unknown.add(pr)
                 continue
             if state != "open":
+                self._closed[pr] = (pulls[pr].sha, now)
                 del pulls[pr]
-                closed.add(pr)
-        return pulls, closed
+            else:
+                self._closed.pop(pr, None)
+        closed = {pr for pr in self._reported if pr not in pulls and pr not in unknown}
+        for pr in unknown:
+            pulls.pop(pr, None)
+        return pulls, closed, unknown
 
     async def _pull_specs(self, sha: str, base_commit: str) -> tuple[dict[str, WorkflowRun], str | None]:
         """The WorkflowRuns at a pull request's commit, or why it cannot be previewed (cached per commit)."""

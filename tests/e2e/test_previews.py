@@ -296,3 +296,27 @@ async def test_previews_with_the_roles_apart(tmp_path: Path, spec_repo: SpecRepo
                 assert TOKEN not in (tmp_path / "reconciler.log").read_text(), "the forge token is in the log"
     finally:
         roles.stop_all()
+
+
+async def test_closed_pull_requests_refs_cost_one_forge_call_each(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    """A forge keeps refs/pull/N/head of every closed pull request: each is asked about once (the
+    verdict is remembered for its head), not once per pass."""
+    main = spec_repo.git("rev-parse", "HEAD")
+    with ForgeStandin("github", "acme/specs", TOKEN) as forge:
+        for n in range(1, 61):
+            spec_repo.git("update-ref", f"refs/pull/{n}/head", main)
+            forge.pulls[n] = {"head_sha": main, "merged": n % 2 == 0, "closed": True, "commits": [main]}
+        settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
+                                forge="github", forge_api_url=forge.api_url, forge_project="acme/specs",
+                                forge_token=TOKEN, previews=("refs/pull/*/head",))
+        async with running_plnt(settings) as plnt:
+            await wait_phase(plnt, "Ready", version="1.2.0")
+            assert plnt.previews is not None
+            for _ in range(4):  # more passes than the 60 refs need at 50 lookups a pass
+                await plnt.previews.reconcile_once()
+            asked = [r.path.rsplit("/", 1)[1] for r in forge.requests if "/pulls/" in r.path]
+            assert sorted(map(int, asked)) == list(range(1, 61)), "each closed pull request asked about exactly once"
+            assert not [s for s in plnt.statuses.all() if "--pr" in s.name]
+            assert not forge.statuses and not forge.comments
