@@ -182,12 +182,29 @@ class GitSource:
                                env=self._git_env)
             except git.GitCommandError as exc:
                 raise SourceError(f"cannot fetch {self.url}: {self._reason(exc)}") from exc
-            for candidate in (rev, f"refs/remotes/origin/{rev}", f"refs/tags/{rev}"):
+            for attempt in range(2):
+                for candidate in (rev, f"refs/remotes/origin/{rev}", f"refs/tags/{rev}"):
+                    try:
+                        return repo.commit(candidate).hexsha
+                    except (git.BadName, ValueError, git.GitCommandError):
+                        continue
+                # A sha on no branch of the origin (a CI checkout's detached pull request head, reachable
+                # from refs/remotes/* or refs/pull/*): fetch that commit itself, as forges and git allow.
+                if attempt or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", rev):
+                    break
                 try:
-                    return repo.commit(candidate).hexsha
-                except (git.BadName, ValueError, git.GitCommandError):
-                    continue
+                    repo.git.fetch("--force", "origin", rev, env=self._git_env)
+                except git.GitCommandError:
+                    break
             raise SourceError(f"no revision {rev!r} in {self.url}")
+
+    def merge_base(self, a: str, b: str) -> str:
+        """The best common ancestor of two resolved commits: where a pull request branched off."""
+        with self._lock:
+            try:
+                return str(self._open().git.merge_base(a, b)).strip()
+            except git.GitCommandError as exc:
+                raise SourceError(f"commits {a[:12]} and {b[:12]} have no common ancestor in {self.url}") from exc
 
     def spec_files(self, commit: str, limits: SpecLimits = DEFAULT_LIMITS) -> list[SourceFile]:
         """Every *.yaml / *.yml under the spec path at the commit, paths relative to the spec path.
