@@ -92,7 +92,7 @@ def pr_branch(repo: SpecRepo, version: str = "1.3.0", branch: str = "pr") -> str
     return repo.commit(f"review-responder {version}")
 
 
-def review_cli(repo: SpecRepo | Path, *args: Any, base: str = "main", head: str = "pr",
+def review_cli(repo: SpecRepo | Path | str, *args: Any, base: str = "main", head: str = "pr",
                forge: ForgeStandin | None = None, pr: int = 7, env: dict[str, str] | None = None) -> Result:
     argv = ["review", "--repo", str(getattr(repo, "path", repo)), "--base", base, "--head", head]
     if forge is not None:
@@ -449,3 +449,19 @@ def test_recipe_evidence_keys_match_the_comment_table() -> None:
     review.evidence.recipes["default/app"] = RecipeEvidence("app@1.0.0", "sha256:" + "a" * 64, "ci@x (https://iss)")
     body = render_comment(review)
     assert "| `default/app` | `app@1.0.0` | `sha256:" + "a" * 64 + "` | ci@x (https://iss) |" in body
+
+
+@pytest.mark.integration
+def test_a_head_on_no_branch_is_fetched_by_sha(spec_repo: SpecRepo, tmp_path: Path) -> None:
+    """A repository reached by URL where the PR head is on no branch (here only refs/remotes/origin/pr;
+    on a forge refs/pull/N/head): a clone of its branches lacks it; plnt fetches that commit by its sha."""
+    base = spec_repo.git("rev-parse", "main")
+    head = pr_branch(spec_repo)
+    checkout = ci_checkout(spec_repo, tmp_path, base, head)
+    subprocess.run(["git", "checkout", "-q", "--detach", base], cwd=checkout, check=True)  # HEAD lacks it too
+    subprocess.run(["git", "branch", "-q", "-D", "pr"], cwd=checkout, check=True)  # the clone's default branch
+    assert subprocess.run(["git", "for-each-ref", "--contains", head, "refs/heads"], cwd=checkout, capture_output=True,
+                          text=True).stdout.strip() == ""
+    result = review_cli(f"file://{checkout}", "--format", "json", base=base, head=head)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["head"] == head
