@@ -27,7 +27,7 @@ from .plan_digest import STATUS_CONTEXT, PlanEvidence, digest_of, recipe_evidenc
 from .recipes import RecipeCache
 from .registries import RegistryOptions
 from .settings import SpecLimits
-from .source import GitSource
+from .source import GitSource, SourceError
 
 MARKER = "plnt:plan"
 
@@ -77,8 +77,11 @@ def make_review(source: GitSource, base: str, head: str, *, cache: RecipeCache, 
         review.spec_problems = [str(p) for p in problems]
         return review
     # An invalid base is what this pull request may be fixing: plan against its valid documents.
-    base_specs, base_problems = load_sources(source.spec_files(merge_base, limits), limits=limits)
-    review.base_warnings = [str(p) for p in base_problems]
+    try:
+        base_specs, base_problems = load_sources(source.spec_files(merge_base, limits), limits=limits)
+        review.base_warnings = [str(p) for p in base_problems]
+    except SourceError as exc:  # the pull request creates the spec directory: everything is new
+        base_specs, review.base_warnings = SpecSet(), [str(exc)]
     review.desired = desired_runs(head_specs)
     review.items = plan(review.desired, as_live(desired_runs(base_specs)))
     review.evidence = recipe_evidence(review.items, head_specs, commit=head_sha, cache=cache,
@@ -142,7 +145,8 @@ def render_comment(review: Review) -> str:
             for key, r in sorted(review.evidence.recipes.items()):
                 out.append(f"| `{key}` | `{_md(r.ref)}` | `{r.digest}` | {_md(r.signer)} |")
     if review.base_warnings:
-        out += ["", f"Note: the base `{base}` has invalid specs; the plan compares against its valid documents:", "",
+        out += ["", f"Note: the base `{base}` has no valid specs or some invalid ones; the plan compares against "
+                    "its valid documents:", "",
                 *_block(review.base_warnings)]
     out += ["", "| | |", "|---|---|",
             f"| Plan digest | `{review.digest or 'none: the plan cannot be made'}` |",

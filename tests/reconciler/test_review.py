@@ -465,3 +465,24 @@ def test_a_head_on_no_branch_is_fetched_by_sha(spec_repo: SpecRepo, tmp_path: Pa
     result = review_cli(f"file://{checkout}", "--format", "json", base=base, head=head)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["head"] == head
+
+
+@pytest.mark.integration
+def test_a_pull_request_creating_the_spec_directory_installs_everything(spec_repo: SpecRepo, tmp_path: Path) -> None:
+    """--path deploy/: absent at the base, created by the pull request (token read from --token-file)."""
+    spec_repo.git("checkout", "-q", "-b", "pr")
+    (spec_repo.path / "deploy").mkdir()
+    for entry in ("workflowruns", "backends", "trust/policy.yaml"):  # registry and trusted root stay at the root
+        spec_repo.git("mv", entry, f"deploy/{entry.split('/')[-1]}")
+    head = spec_repo.commit("specs under deploy/")
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    with ForgeStandin("gitea", "owner/specs", TOKEN) as s:
+        argv = ["review", "--repo", str(spec_repo.path), "--base", "main", "--head", "pr", "--path", "deploy",
+                "--forge", "gitea", "--api-url", s.api_url, "--project", s.project, "--pr", "7",
+                "--token-file", str(token_file)]
+        result = CliRunner().invoke(app, argv, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        [(state, description)] = statuses(s, head)
+    assert state == "success" and description.endswith(": 1 to install")
+    assert "has no directory 'deploy'" in result.stdout
