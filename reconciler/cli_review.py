@@ -11,13 +11,19 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .cli import MaxSpecFileKb, MaxSpecFiles, _fail, _secret_from, _setup_logging, _spec_limits, app
 from .redact import redact
+
+if TYPE_CHECKING:  # review.py pulls in the registries: imported when the command runs
+    from .review import Review
+
+Echo = Callable[..., None]
 
 FORGES = ("github", "gitlab", "gitea")
 
@@ -115,12 +121,12 @@ def review(
         raise typer.Exit(1)
 
 
-async def _post(kind: str, api_url: str, project: str, token: str, pr: int, result: object,
-                target_url: str | None, echo: object) -> int:
+async def _post(kind: str, api_url: str, project: str, token: str, pr: int, result: Review,
+                target_url: str | None, echo: Echo) -> int:
+    """Post the comment and the status; 0, or 3 with what to do (2 for a malformed --project)."""
     from .forge import ForgeError, ForgeRefused, ForgeUnavailable, make_forge
-    from .review import Review, post
+    from .review import post
 
-    assert isinstance(result, Review) and callable(echo)
     try:
         client = make_forge(kind, api_url, project, token)
     except ValueError as exc:
