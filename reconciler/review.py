@@ -25,6 +25,7 @@ from .loader import DEFAULT_LIMITS, SpecSet, load_sources
 from .plan import Action, DesiredRun, LiveRun, PlanItem, plan, render_markdown
 from .plan_digest import STATUS_CONTEXT, PlanEvidence, digest_of, recipe_evidence, short
 from .recipes import RecipeCache
+from .redact import redact
 from .registries import RegistryOptions
 from .settings import SpecLimits
 from .source import GitSource, SourceError
@@ -182,7 +183,8 @@ def dumps(review: Review) -> str:
 async def post(forge: Forge, pr: int, review: Review, *, target_url: str | None = None) -> tuple[int, State, str]:
     """Upsert the comment (one per part, found again by marker) then the head's `plnt/plan` status.
     Returns (comment parts, state, description). Raises ForgeError."""
-    parts = split_body(render_comment(review), forge.comment_limit)
+    # Problems quote registry URLs: never a credential in them on a pull request anyone may read.
+    parts = split_body(redact(render_comment(review)), forge.comment_limit)
     await forge.upsert_comments(pr, parts, MARKER)
     state, description = status_of(review)
     await forge.set_status(review.head, state, STATUS_CONTEXT, description, target_url)
