@@ -216,3 +216,23 @@ async def test_reporter_retries_an_unavailable_forge_and_survives_a_refusing_one
             await stop()
             await forge.aclose()
     assert TOKEN not in caplog.text
+
+
+@pytest.mark.integration
+async def test_a_restarted_reporter_posts_nothing_already_on_the_forge(tmp_path: Path) -> None:
+    """Every start re-derives the verdicts from the persisted statuses: what the forge already shows
+    is not posted again (the stand-in keeps every status it receives)."""
+    ctx = context_for("default", "review-responder")
+    with ForgeStandin("github", "owner/specs", TOKEN) as s:
+        store = StatusStore(tmp_path / "status.json")
+        record(store, Phase.READY, "1.2.0 promoted", C1, version="1.2.0", attempted_version="1.2.0",
+               smoke_test=PASSED, smoke_budget=BUDGET)
+        for _ in range(2):  # plnt started twice on the same state directory
+            forge = make_forge("github", s.api_url, s.project, TOKEN, attempts=1)
+            reporter = RolloutReporter(forge, StatusStore(tmp_path / "status.json"))
+            stop = reporter.attach()
+            await until(lambda r=reporter: r.delivered == 1, "the verdict checked")  # type: ignore[misc]
+            await stop()
+            await forge.aclose()
+        assert posted(s, C1, ctx) == [("success", "Ready 1.2.0: p95 41 ms ≤ 2500, errors 0% ≤ 1%")]
+        assert len([r for r in s.requests if r.method == "POST"]) == 1
