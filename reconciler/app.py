@@ -167,6 +167,25 @@ def make_forge_client(settings: Settings) -> Forge | None:
                       settings.forge_token.get_secret_value())
 
 
+def attach_rollout_followers(settings: Settings, statuses: StatusStore,
+                             source: GitSource) -> list[Callable[[], Awaitable[None]]]:
+    """Each rollout's verdict back to its commit: a forge status (--forge, unless --no-report-status)
+    and a git note (--write-notes). Chained after statuses.on_change is set; returns the cleanups."""
+    cleanups: list[Callable[[], Awaitable[None]]] = []
+    if settings.forge is not None and settings.report_status:
+        from .rollout_report import attach_rollout_reporter
+
+        forge = make_forge_client(settings)
+        assert forge is not None
+        cleanups.append(forge.aclose)  # runs after the reporter stopped (cleanups run in reverse)
+        cleanups.append(attach_rollout_reporter(forge, statuses))
+    if settings.write_notes:
+        from .notes import attach_notes_writer
+
+        cleanups.append(attach_notes_writer(source, statuses))
+    return cleanups
+
+
 def make_verifier(settings: Settings, state: StateDir) -> CommitVerifier | None:
     """--verify-commits: the trusted signers come from plnt's settings, never from the repository."""
     if settings.verify_commits == "none":
@@ -267,6 +286,7 @@ async def start(settings: Settings) -> Plnt:
             from .kube import attach_status_mirror
 
             cleanups.append(attach_status_mirror(settings, statuses, reconciler))
+        cleanups.extend(attach_rollout_followers(settings, statuses, source))
 
         restarted = await driver.resume()
         if restarted:

@@ -36,6 +36,7 @@ from temporalio.worker import Worker
 from .activities import PhaseRecorder
 from .app import (
     add_reconciler_routes,
+    attach_rollout_followers,
     build_route_table,
     load_gateway_auth,
     make_activities,
@@ -214,6 +215,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
                 from .kube import attach_status_mirror
 
                 cleanups.append(attach_status_mirror(settings, statuses, reconciler))
+            cleanups.extend(attach_rollout_followers(settings, statuses, source))
             reconcile_task = asyncio.create_task(reconciler.run(role.stop_event), name="reconciler")
             active.set()
             log.info("reconciler-active control=%s repo=%s branch=%s temporal=%s", server.url, source.url,

@@ -162,6 +162,20 @@ class GitSource:
         """plnt's bare clone (it exists once a fetch succeeded)."""
         return self._clone_dir
 
+    def run_git(self, *args: str, stdin: str | None = None, timeout_s: float = 120.0) -> str:
+        """One git command in plnt's clone, with the fetch's credentials and known hosts (e.g. git
+        notes, plnt.reconciler.notes). Not under the clone's lock: it runs git itself, not GitPython.
+        Raises SourceError with git's complaint, credentials removed."""
+        try:
+            done = subprocess.run(["git", f"--git-dir={self._clone_dir}", *args], input=stdin, capture_output=True,
+                                  text=True, env={**os.environ, **self._git_env}, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise SourceError(f"git {args[0]} in plnt's clone of {self.url} timed out after {timeout_s:g}s") from None
+        if done.returncode != 0:
+            reason = redact(" ".join(done.stderr.split()) or f"exit {done.returncode}", *self._secrets)
+            raise SourceError(f"git {args[0]} in plnt's clone of {self.url}: {reason}")
+        return done.stdout
+
     def fetch(self) -> str:
         """Fetch the tracked branch; return its newest commit sha."""
         with self._lock:
