@@ -23,6 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from .activities import SagaActivities
+from .approval import ApprovalGate
 from .archive import ExtractLimits
 from .commit_specs import CommitSpecs
 from .commit_trust import CommitVerifier
@@ -31,6 +32,7 @@ from .forge import Forge, make_forge
 from .helm_driver import DEFAULT_CHART, HelmDriver, RunnerImage, SpecLookup
 from .history import NoSaga, saga_history
 from .local_driver import LocalDriver
+from .recipes import RecipeCache
 from .reconciler import Reconciler
 from .registries import RegistryOptions
 from .runner_reports import ReportedRunners
@@ -186,6 +188,18 @@ def attach_rollout_followers(settings: Settings, statuses: StatusStore,
     return cleanups
 
 
+def make_approval_gate(settings: Settings, state: StateDir, source: GitSource) -> ApprovalGate | None:
+    """--require-approval: approvals read through the forge; recipes verified through the saga's cache."""
+    if not settings.require_approval:
+        return None
+    forge = make_forge_client(settings)
+    if forge is None:  # Settings refuses --require-approval without a forge; kept for a hand-made Settings
+        raise ValueError("--require-approval needs a forge: add --forge, --forge-api-url, --forge-project "
+                         "and --forge-token-env")
+    return ApprovalGate(forge, source, cache=RecipeCache(state.recipes), registry_options=registry_options(settings),
+                        limits=settings.spec_limits)
+
+
 def make_verifier(settings: Settings, state: StateDir) -> CommitVerifier | None:
     """--verify-commits: the trusted signers come from plnt's settings, never from the repository."""
     if settings.verify_commits == "none":
@@ -255,8 +269,11 @@ async def start(settings: Settings) -> Plnt:
         verifier = make_verifier(settings, state)
         activities = make_activities(settings, state, drivers, source, statuses, verifier)
         # Phase changes also change routes (a WorkflowRun seen for the first time answers 503, not 404).
+        approval = make_approval_gate(settings, state, source)
+        if approval is not None:
+            cleanups.append(approval.aclose)
         reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses, driver=drivers,
-                                state=state, verifier=verifier)
+                                state=state, verifier=verifier, approval=approval)
 
         def list_workflows() -> list[dict[str, Any]]:
             return [status.public() for status in statuses.all()]

@@ -40,6 +40,7 @@ from .app import (
     build_route_table,
     load_gateway_auth,
     make_activities,
+    make_approval_gate,
     make_driver_set,
     make_local_driver,
     make_source,
@@ -206,8 +207,11 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
                             activities=[PhaseRecorder(statuses).record_phase], no_remote_activities=True)
             worker_task = asyncio.create_task(worker.run(), name="temporal-workflow-worker")
             cleanups.append(worker.shutdown)
+            approval = make_approval_gate(settings, state, source)
+            if approval is not None:
+                cleanups.append(approval.aclose)
             reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses,
-                                    driver=drivers, state=state, verifier=verifier)
+                                    driver=drivers, state=state, verifier=verifier, approval=approval)
             holder["reconciler"] = reconciler
             add_reconciler_routes(control, reconciler, client)
             cleanups.append(reconciler.close)
