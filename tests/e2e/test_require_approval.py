@@ -16,6 +16,7 @@ turning plnt on): the merge of an approved PR deploys.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import httpx
@@ -46,7 +47,8 @@ async def get_source(url: str) -> dict:  # type: ignore[type-arg]
 
 
 async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, temporal_address: str,
-                                         temporal_namespace: str) -> None:
+                                         temporal_namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="plnt")
     first = spec_repo.git("rev-parse", "HEAD")
     with ForgeStandin("github", "platform/specs", TOKEN) as standin:
         settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
@@ -64,6 +66,10 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
             assert held["reason"].startswith(f"no pull request brought commit {first[:12]} (a direct push)")
             assert source.get("lastReconciledCommit") is None
             assert status_of(plnt) is None and plnt.driver.snapshot() == {}, "nothing deploys from a held commit"
+            # Judged again at every pass (an approval releases it without a push), logged once.
+            await wait_for(lambda: sum(r.path.endswith(f"/commits/{first}/pulls") for r in standin.requests) >= 3,
+                           what="three passes over the held commit")
+            assert sum("commit-held" in r.getMessage() and first[:12] in r.getMessage() for r in caplog.records) == 1
 
             # 2. PR #7: two pushes; approved on the first push only; merged with a merge commit.
             spec_repo.git("checkout", "-q", "-b", "bump")
@@ -106,6 +112,7 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
             assert (await get_source(plnt.url))["held"]["commit"] == direct
             assert (await invoke(plnt)).json()["version"] == "1.3.0"
             assert plnt.reconciler.running_sagas == set()
+    assert TOKEN not in caplog.text
 
 
 async def _review(ci: GitSource, base: str, head: str, tmp_path: Path) -> str:
@@ -115,3 +122,46 @@ async def _review(ci: GitSource, base: str, head: str, tmp_path: Path) -> str:
                                    cache=RecipeCache(tmp_path / "ci-recipes"), registry_options=RegistryOptions())
     assert made.digest is not None, made.problems
     return made.digest
+
+
+async def test_plnt_reconcile_role_holds_what_no_review_approved(spec_repo: SpecRepo, tmp_path: Path,
+                                                                 temporal_address: str, temporal_namespace: str) -> None:
+    """`plnt reconcile --forge ... --require-approval` as its own process: the CLI's forge options
+    reach the gate (roles.start_reconciler), the token from a file never shows in its log."""
+    import socket
+
+    from ..conftest import PYTHON
+    from ..services import _Process
+
+    first = spec_repo.git("rev-parse", "HEAD")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    (tmp_path / "forge.token").write_text(TOKEN + "\n")
+    (tmp_path / "internal.token").write_text("internal-token-of-the-approval-test\n")
+    (tmp_path / "tokens").write_text("admin-token-of-the-approval-test\n")
+    with ForgeStandin("gitea", "platform/specs", TOKEN) as standin:
+        process = _Process([PYTHON, "-m", "plnt.reconciler.cli", "reconcile", "--repo", str(spec_repo.path),
+                            "--state-dir", str(tmp_path / "state"), "--port", str(port), "--interval", "1",
+                            "--internal-token-file", str(tmp_path / "internal.token"),
+                            "--tokens-file", str(tmp_path / "tokens"),
+                            "--temporal-address", temporal_address, "--temporal-namespace", temporal_namespace,
+                            "--forge", "gitea", "--forge-api-url", standin.api_url, "--forge-project", "platform/specs",
+                            "--forge-token-file", str(tmp_path / "forge.token"), "--require-approval"],
+                           tmp_path / "reconcile.log")
+        try:
+            process.wait_ready(f"http://127.0.0.1:{port}/readyz", ok=(200,), timeout_s=60)
+
+            async def held() -> dict | None:  # type: ignore[type-arg]
+                async with httpx.AsyncClient(trust_env=False) as client:
+                    response = await client.get(f"http://127.0.0.1:{port}/source",
+                                                headers={"Authorization": "Bearer admin-token-of-the-approval-test"})
+                    return response.json().get("held") if response.status_code == 200 else None
+
+            verdict = await wait_for(held, what="GET /source of plnt reconcile to show the held commit")
+            assert verdict["commit"] == first and verdict["approved"] is False
+            assert verdict["reason"].startswith(f"no pull request brought commit {first[:12]}")
+            assert any(r.path.endswith(f"/commits/{first}/pull") for r in standin.requests), "Gitea's PR-of-commit"
+        finally:
+            process.stop()
+        assert TOKEN not in process.log.read_text(errors="replace")
