@@ -25,7 +25,8 @@ import asyncio
 import logging
 import os
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 # More new first-parent commits than this in one pass are not judged one by one (each costs forge
 # calls and a plan): the head is held with a reason instead.
 MAX_COMMITS = 100
+
+# A held commit is judged again after this many seconds, or at once on a webhook (recheck()).
+RECHECK_S = 30.0
 
 _DECIDING = ("APPROVED", "CHANGES_REQUESTED", "DISMISSED")
 
@@ -179,7 +183,8 @@ class ApprovalGate:
     """The I/O half: forge reads, the plan digest, the first-parent walk, the cache."""
 
     def __init__(self, forge: Forge, source: GitSource, *, cache: RecipeCache, registry_options: RegistryOptions,
-                 limits: SpecLimits = DEFAULT_LIMITS, max_commits: int = MAX_COMMITS, git: str = "git") -> None:
+                 limits: SpecLimits = DEFAULT_LIMITS, max_commits: int = MAX_COMMITS, recheck_s: float = RECHECK_S,
+                 git: str = "git", clock: Callable[[], float] = time.monotonic) -> None:
         self.forge = forge
         self._source = source
         self._cache = cache
@@ -187,6 +192,9 @@ class ApprovalGate:
         self._limits = limits
         self._max_commits = max_commits
         self._git = git
+        self.recheck_s = recheck_s
+        self._clock = clock
+        self._held: tuple[tuple[str, str | None], ApprovalVerdict, float] | None = None
         self._approved: dict[str, ApprovalVerdict] = {}
         self._digests: dict[tuple[str, str], PlanDigest] = {}  # (base, head): only digests made without problems
         self.counters = GateCounters()
@@ -194,26 +202,41 @@ class ApprovalGate:
     async def aclose(self) -> None:
         await self.forge.aclose()
 
+    def recheck(self) -> None:
+        """Judge a held commit again at the next pass (a webhook: e.g. a review was just submitted)."""
+        self._held = None
+
     async def first_unapproved(self, head: str, last_reconciled: str | None) -> ApprovalVerdict | None:
-        """The first held commit (oldest first) the branch gained since `last_reconciled`, or None."""
+        """The first held commit (oldest first) the branch gained since `last_reconciled`, or None.
+        A held verdict is reused for `recheck_s` (longer when the forge asked us to wait), so a poll
+        every few seconds does not spend the forge's rate limit; `recheck()` ends that at once."""
         if last_reconciled == head:
             return None
+        key = (head, last_reconciled)
+        if self._held is not None and self._held[0] == key and self._clock() < self._held[2]:
+            return self._held[1]
+        verdict, wait = await self._judge_range(head, last_reconciled)
+        self._held = (key, verdict, self._clock() + wait) if verdict is not None else None
+        return verdict
+
+    async def _judge_range(self, head: str, last_reconciled: str | None) -> tuple[ApprovalVerdict | None, float]:
         commits = await asyncio.to_thread(self._new_commits, head, last_reconciled)
         if len(commits) > self._max_commits:
             return ApprovalVerdict(commit=head, approved=False, reason=(
                 f"{len(commits)} new first-parent commits since {str(last_reconciled)[:12]}, more than the "
-                f"{self._max_commits} judged in one pass; nothing deploys until they are fewer (deploy in "
-                "smaller steps), or start plnt with a fresh state directory to judge the head alone"))
+                f"{self._max_commits} plnt judges in one pass; review the range by hand, then reconcile it "
+                "once without --require-approval")), self.recheck_s
         try:
-            return await self._walk(commits)
+            return await self._walk(commits), self.recheck_s
         except ForgeUnavailable as exc:
-            return ApprovalVerdict(commit=head, approved=False,
-                                   reason=f"forge unavailable, will retry ({exc})")
+            return ApprovalVerdict(commit=head, approved=False, reason=f"forge unavailable, will retry ({exc})"), \
+                max(self.recheck_s, exc.retry_after or 0.0)
         except ForgeRefused as exc:
             return ApprovalVerdict(commit=head, approved=False, reason=(
-                f"the forge refused plnt's token ({exc}); give --forge-token that permission"))
+                f"the forge refused plnt's token ({exc}); give --forge-token that permission")), self.recheck_s
         except ForgeError as exc:
-            return ApprovalVerdict(commit=head, approved=False, reason=f"forge error, will retry ({exc})")
+            return ApprovalVerdict(commit=head, approved=False, reason=f"forge error, will retry ({exc})"), \
+                self.recheck_s
 
     async def _walk(self, commits: list[str]) -> ApprovalVerdict | None:
         prs: dict[str, PullRequest | None] = {}  # this pass's lookups (the look-ahead asks for the next one)

@@ -70,6 +70,8 @@ class Reconciler:
     # --- loop --------------------------------------------------------------------------------
 
     def wake(self) -> None:
+        if self._approval is not None:  # a webhook may mean a review was submitted: judge a held commit again
+            self._approval.recheck()
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -107,10 +107,14 @@ class World:
         self.ci = GitSource(str(repo.path), tmp / "ci-clone")
         self.cache = RecipeCache(tmp / "recipes")
         self.forge = make_forge(standin.kind, standin.api_url, standin.project, TOKEN, backoff=0.01, attempts=2)
-        self.gate = ApprovalGate(self.forge, self.source, cache=self.cache, registry_options=RegistryOptions())
+        self.now = 0.0
+        self.gate = ApprovalGate(self.forge, self.source, cache=self.cache, registry_options=RegistryOptions(),
+                                 clock=lambda: self.now)
         self.next_pr = 11
 
     async def judge(self, last: str | None) -> ApprovalVerdict | None:
+        """A pass after a webhook (a push or a review): held verdicts are judged again."""
+        self.gate.recheck()
         return await self.gate.first_unapproved(self.source.fetch(), last)
 
     def branch(self, name: str, version: str, *, start: str = "main") -> str:
@@ -289,3 +293,34 @@ async def test_gitlab_without_reset_on_push_cannot_bind(spec_repo: SpecRepo, tmp
             assert held is not None and held.reason is not None and "reset_approvals_on_push" in held.reason
         finally:
             await w.forge.aclose()
+
+
+@pytest.mark.integration
+async def test_a_held_commit_is_judged_again_after_recheck_s_or_a_webhook(world: World) -> None:
+    first = world.repo.git("rev-parse", "HEAD")
+    world.repo.write("NOTES.md", "a change\n")
+    direct = world.repo.commit("a direct push")
+    head = world.source.fetch()
+    held = await world.gate.first_unapproved(head, first)
+    assert held is not None and held.commit == direct
+    calls = len(world.standin.requests)
+    world.now += world.gate.recheck_s - 1  # polls within recheck_s: the verdict is reused, no forge call
+    assert await world.gate.first_unapproved(head, first) == held
+    assert len(world.standin.requests) == calls
+    world.now += 2  # past recheck_s: asked again
+    assert await world.gate.first_unapproved(head, first) == held
+    assert len(world.standin.requests) > calls
+    calls = len(world.standin.requests)
+    world.gate.recheck()  # a webhook: at once
+    assert await world.gate.first_unapproved(head, first) == held
+    assert len(world.standin.requests) > calls
+    # The forge says when to come back (Retry-After beyond the client's own patience): not before.
+    world.gate.recheck()
+    world.standin.fail.append((503, {"Retry-After": "600"}))
+    busy = await world.gate.first_unapproved(head, first)
+    assert busy is not None and busy.reason is not None and busy.reason.startswith("forge unavailable, will retry")
+    calls = len(world.standin.requests)
+    world.now += world.gate.recheck_s + 1
+    assert await world.gate.first_unapproved(head, first) == busy and len(world.standin.requests) == calls
+    world.now += 600
+    assert await world.gate.first_unapproved(head, first) == held
