@@ -33,11 +33,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from .forge import Forge, ForgeError, ForgeNotFound, ForgeRefused, ForgeUnavailable, PullRequest, Review
-from .loader import DEFAULT_LIMITS, load_sources
-from .plan import DesiredRun, LiveRun, plan
-from .plan_digest import STATUS_CONTEXT, digest_of, in_description, recipe_evidence, short
+from .loader import DEFAULT_LIMITS
+from .plan_digest import STATUS_CONTEXT, in_description, short
 from .recipes import RecipeCache
 from .registries import RegistryOptions
+from .review import review_commits
 from .settings import SpecLimits
 from .source import GitSource
 
@@ -148,26 +148,11 @@ class PlanDigest:
 
 def plan_digest_between(source: GitSource, base: str | None, head: str, *, cache: RecipeCache,
                         registry_options: RegistryOptions, limits: SpecLimits = DEFAULT_LIMITS) -> PlanDigest:
-    """The digest `plnt review --base BASE --head HEAD` posts when BASE is an ancestor of HEAD (its
-    merge base is BASE then): specs at HEAD planned against BASE's valid specs as the live side, the
-    recipes the plan installs or upgrades pulled and verified (base None: a root commit, nothing
-    live). Blocking: call it in a thread."""
-    head_specs, problems = load_sources(source.spec_files(head, limits), limits=limits)
-    if problems:
-        return PlanDigest(None, tuple(str(p) for p in problems))
-    desired = {key: DesiredRun.from_spec(run) for key, run in head_specs.workflow_runs.items()}
-    live: dict[str, LiveRun] = {}
-    if base is not None:  # an invalid base: its valid specs, as `plnt review` plans
-        base_specs, _ = load_sources(source.spec_files(base, limits), limits=limits)
-        live = {key: LiveRun(namespace=d.namespace, name=d.name, version=d.version, fingerprint=d.fingerprint,
-                             spec=d.spec)
-                for key, d in ((k, DesiredRun.from_spec(r)) for k, r in base_specs.workflow_runs.items())}
-    items = plan(desired, live)
-    evidence = recipe_evidence(items, head_specs, commit=head, cache=cache, read_from_repo=source.read_file,
-                               export_from_repo=source.export, registry_options=registry_options)
-    if evidence.problems:
-        return PlanDigest(None, tuple(evidence.problems))
-    return PlanDigest(digest_of(items, desired, evidence.recipes), ())
+    """The digest `plnt review --base BASE --head HEAD` posts, for commits already fetched: the same
+    code (review.review_commits) with BASE as the merge base, which it is when BASE is HEAD's first
+    parent (base None: a root commit, everything new). Blocking: call it in a thread."""
+    made = review_commits(source, base, head, cache=cache, registry_options=registry_options, limits=limits)
+    return PlanDigest(made.digest, (*made.spec_problems, *made.evidence.problems))
 
 
 @dataclass

@@ -71,16 +71,26 @@ def make_review(source: GitSource, base: str, head: str, *, cache: RecipeCache, 
     """Resolve, load, plan and verify (blocking). Raises SourceError when a revision cannot be read."""
     head_sha = source.resolve(head)
     base_tip = source.resolve(base)
-    merge_base = source.merge_base(base_tip, head_sha)
-    review = Review(base_tip=base_tip, merge_base=merge_base, head=head_sha)
+    return review_commits(source, source.merge_base(base_tip, head_sha), head_sha, base_tip=base_tip, cache=cache,
+                          registry_options=registry_options, limits=limits)
+
+
+def review_commits(source: GitSource, merge_base: str | None, head_sha: str, *, base_tip: str | None = None,
+                   cache: RecipeCache, registry_options: RegistryOptions, limits: SpecLimits = DEFAULT_LIMITS) -> Review:
+    """`make_review` on commits already fetched, no fetch: also what `--require-approval` computes for a
+    commit that landed (merge_base: its first parent; None for a root commit, where all is new)."""
+    review = Review(base_tip=base_tip or merge_base or "", merge_base=merge_base or "", head=head_sha)
     head_specs, problems = load_sources(source.spec_files(head_sha, limits), limits=limits)
     if problems:
         review.spec_problems = [str(p) for p in problems]
         return review
     # An invalid base is what this pull request may be fixing: plan against its valid documents.
     try:
-        base_specs, base_problems = load_sources(source.spec_files(merge_base, limits), limits=limits)
-        review.base_warnings = [str(p) for p in base_problems]
+        if merge_base is None:
+            base_specs = SpecSet()
+        else:
+            base_specs, base_problems = load_sources(source.spec_files(merge_base, limits), limits=limits)
+            review.base_warnings = [str(p) for p in base_problems]
     except SourceError as exc:  # the pull request creates the spec directory: everything is new
         base_specs, review.base_warnings = SpecSet(), [str(exc)]
     review.desired = desired_runs(head_specs)

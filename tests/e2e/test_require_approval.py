@@ -2,11 +2,8 @@
 a stand-in for a model server), real signed recipes verified for real, and the DECLARED forge
 stand-in (tests/forge_standin.py, GitHub REST shapes; not a live forge).
 
-The `plnt/plan` status is posted the way `plnt review` posts it in a PR's CI job: the digest is
-computed from a CI clone of the PR branch with the same functions (loader.load_sources,
-plan.plan, plan_digest.recipe_evidence and plan_digest.digest_of, through
-approval.plan_digest_between on the PR's merge base and head), and written through the forge
-client's set_status with `plnt review`'s description "plan sha256:<12 hex>: <counts>".
+The plan comment and the `plnt/plan` status are posted by `plnt review` itself, run as the PR's
+CI job runs it (a process: `plnt review --repo R --base main --head BRANCH --forge github ...`).
 
 How the test starts: the example repository's first commit was pushed directly (no PR), as a
 repository's first commit usually is. It is held, so nothing deploys. Nothing being reconciled
@@ -16,20 +13,18 @@ turning plnt on): the merge of an approved PR deploys.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
-from plnt.reconciler.approval import plan_digest_between
 from plnt.reconciler.forge import make_forge
-from plnt.reconciler.plan_digest import STATUS_CONTEXT, short
-from plnt.reconciler.recipes import RecipeCache
-from plnt.reconciler.registries import RegistryOptions
-from plnt.reconciler.source import GitSource
+from plnt.reconciler.plan_digest import STATUS_CONTEXT
 from pydantic import SecretStr
 
-from ..conftest import SpecRepo
+from ..conftest import PYTHON, SpecRepo
 from ..forge_standin import ForgeStandin
 from .harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
 
@@ -54,7 +49,6 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
         settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
                                 forge="github", forge_api_url=standin.api_url, forge_project="platform/specs",
                                 forge_token=SecretStr(TOKEN), require_approval=True, report_status=False)
-        ci = GitSource(str(spec_repo.path), tmp_path / "ci-clone")
         async with running_plnt(settings) as plnt, \
                 make_forge("github", standin.api_url, "platform/specs", TOKEN) as ci_forge:
             # 1. The first commit came by a direct push: held, nothing deploys, GET /source says why.
@@ -81,15 +75,17 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
             older = spec_repo.commit("review-responder 1.4.0")
             spec_repo.replace(RUN_FILE, "review-responder@1.4.0", "review-responder@1.3.0")
             head = spec_repo.commit("no: review-responder 1.3.0")
-            # The PR's CI job: the plan of the PR head against its merge base, posted on the head.
-            base = spec_repo.git("merge-base", "main", "bump")
-            made = await _review(ci, base, head, tmp_path)
-            await ci_forge.set_status(head, "success", STATUS_CONTEXT, f"plan {short(made)}: 1 to upgrade")
+            standin.pulls[7] = {"head_sha": head, "merged": False, "commits": [older, head]}
+            # The PR's CI job: `plnt review` posts the plan comment and the plnt/plan status on the head.
+            await asyncio.to_thread(plnt_review, spec_repo, standin, tmp_path, "bump", 7)
+            posted = await ci_forge.commit_status(head, STATUS_CONTEXT)
+            assert posted is not None and posted.state == "success" and posted.description.startswith("plan sha256:")
+            assert len(standin.comments[7]) == 1 and "review-responder" in standin.comments[7][0]["body"]
             standin.add_review(7, "reviewer-a", "APPROVED", older)
             spec_repo.git("checkout", "-q", "main")
             spec_repo.git("merge", "--no-ff", "-q", "-m", "Merge pull request #7 from bump", "bump")
             merge = spec_repo.git("rev-parse", "HEAD")
-            standin.pulls[7] = {"head_sha": head, "merged": True, "commits": [older, head, merge]}
+            standin.pulls[7].update(merged=True, commits=[older, head, merge])
             await hook(plnt)
             held = await wait_for(lambda: (h := plnt.reconciler.source_status.get("held")) and h["commit"] == merge and h,
                                   what="the merge held: approved on an older push only")
@@ -119,13 +115,14 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
     assert TOKEN not in caplog.text
 
 
-async def _review(ci: GitSource, base: str, head: str, tmp_path: Path) -> str:
-    import asyncio
-
-    made = await asyncio.to_thread(plan_digest_between, ci, ci.resolve(base), ci.resolve(head),
-                                   cache=RecipeCache(tmp_path / "ci-recipes"), registry_options=RegistryOptions())
-    assert made.digest is not None, made.problems
-    return made.digest
+def plnt_review(repo: SpecRepo, standin: ForgeStandin, tmp_path: Path, head: str, pr: int) -> None:
+    token = tmp_path / "ci-forge.token"
+    token.write_text(TOKEN + "\n")
+    done = subprocess.run([PYTHON, "-m", "plnt.reconciler.cli", "review", "--repo", str(repo.path), "--base", "main",
+                           "--head", head, "--forge", standin.kind, "--api-url", standin.api_url,
+                           "--project", standin.project, "--pr", str(pr), "--token-file", str(token)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 async def test_plnt_reconcile_role_holds_what_no_review_approved(spec_repo: SpecRepo, tmp_path: Path,
@@ -134,7 +131,6 @@ async def test_plnt_reconcile_role_holds_what_no_review_approved(spec_repo: Spec
     reach the gate (roles.start_reconciler), the token from a file never shows in its log."""
     import socket
 
-    from ..conftest import PYTHON
     from ..services import _Process
 
     first = spec_repo.git("rev-parse", "HEAD")

@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.approval import ApprovalGate, ApprovalVerdict, judge, plan_digest_between
+from plnt.reconciler.approval import ApprovalGate, ApprovalVerdict, judge
 from plnt.reconciler.forge import PullRequest, Review, make_forge
 from plnt.reconciler.plan_digest import STATUS_CONTEXT, short
 from plnt.reconciler.recipes import RecipeCache
 from plnt.reconciler.registries import RegistryOptions
+from plnt.reconciler.review import make_review, post
 from plnt.reconciler.source import GitSource
 
 from ..conftest import SpecRepo
@@ -144,15 +145,14 @@ class World:
         else:
             self.standin.add_review(pr, user, "APPROVED", on)
 
-    async def review(self, pr_head: str) -> str:
-        """What `plnt review --base main --head PR_HEAD` posts in the PR's CI: the plan from the merge
-        base to the PR head, on the PR head (the CI clone sees the branch; plnt's clone does not)."""
-        head = self.ci.resolve(pr_head)
-        base = self.repo.git("merge-base", "main", head)
-        made = plan_digest_between(self.ci, base, head, cache=RecipeCache(self.cache.root.parent / "ci-recipes"),
-                                   registry_options=RegistryOptions())
-        assert made.digest is not None, made.problems
-        await self.forge.set_status(head, "success", STATUS_CONTEXT, f"plan {short(made.digest)}: 1 to upgrade")
+    async def review(self, pr_head: str, pr: int | None = None) -> str:
+        """What `plnt review --base main --head PR_HEAD --pr N` does in the PR's CI (its own code,
+        review.make_review and review.post): the plan comment and the plnt/plan status on the head."""
+        made = make_review(self.ci, "main", pr_head, cache=RecipeCache(self.cache.root.parent / "ci-recipes"),
+                           registry_options=RegistryOptions())
+        assert made.digest is not None, (made.spec_problems, made.evidence.problems)
+        number = pr if pr is not None else next(n for n, p in self.standin.pulls.items() if p["head_sha"] == made.head)
+        await post(self.forge, number, made)
         return made.digest
 
 
@@ -202,7 +202,7 @@ async def test_digest_posted_for_another_plan_is_held(world: World) -> None:
     other = world.branch("other", "1.4.0")
     head = world.branch("bump", "1.3.0")
     pr = world.open_pr(head, [head])
-    posted = await world.review(other)  # a digest of another plan (1.4.0) ...
+    posted = await world.review(other, pr)  # a digest of another plan (1.4.0) ...
     await world.forge.set_status(head, "success", STATUS_CONTEXT, f"plan {short(posted)}: 1 to upgrade")  # ... on head
     world.approve(pr, head)
     world.repo.git("merge", "--no-ff", "-q", "-m", "Merge bump", "bump")
