@@ -70,9 +70,11 @@ class ApprovalVerdict(BaseModel):
         return f"commit {self.commit[:12]} is held: {self.reason}"
 
 
-def judge_review(commit: str, pr: PullRequest | None, reviews: Sequence[Review]) -> ApprovalVerdict | None:
-    """The review half of `judge`: a held verdict, or None when the PR is merged and approved on its
-    head. Pure. (The gate calls it first, so a commit no review approves costs no plan.)"""
+def judge_review(commit: str, pr: PullRequest | None, reviews: Sequence[Review], *,
+                 branch: str | None = None) -> ApprovalVerdict | None:
+    """The review half of `judge`: a held verdict, or None when the PR is merged (into `branch`, the
+    tracked one, when the forge names its target) and approved on its head. Pure. (The gate calls it
+    first, so a commit no review approves costs no plan.)"""
     c = commit[:12]
     if pr is None:
         return ApprovalVerdict(commit=commit, approved=False, reason=(
@@ -84,6 +86,10 @@ def judge_review(commit: str, pr: PullRequest | None, reviews: Sequence[Review])
         return ApprovalVerdict(**held, reason=(
             f"PR #{pr.number} that contains commit {c} is {pr.state}, not merged; only what a merged, "
             "approved pull request brings deploys"))
+    if branch is not None and pr.base_ref is not None and pr.base_ref != branch:
+        return ApprovalVerdict(**held, reason=(
+            f"PR #{pr.number} that brought commit {c} was merged into {pr.base_ref}, not into the tracked branch "
+            f"{branch}; a review for another branch does not approve this one: open a pull request into {branch}"))
     approvals = [r for r in reviews if r.state == "APPROVED"]
     if approvals and all(r.commit_id is None for r in approvals):
         return ApprovalVerdict(**held, reason=(
@@ -110,11 +116,11 @@ def judge_review(commit: str, pr: PullRequest | None, reviews: Sequence[Review])
 
 
 def judge(commit: str, pr: PullRequest | None, reviews: Sequence[Review], *, posted: str | None,
-          computed: str | None, plan_problems: Sequence[str] = ()) -> ApprovalVerdict:
+          computed: str | None, plan_problems: Sequence[str] = (), branch: str | None = None) -> ApprovalVerdict:
     """One commit's verdict. `posted`: the description of the `plnt/plan` status on the PR's head
     (None: none posted); `computed`: the short digest of the commit's plan now (None when it cannot
     be made, `plan_problems` saying why). Pure."""
-    held_by_review = judge_review(commit, pr, reviews)
+    held_by_review = judge_review(commit, pr, reviews, branch=branch)
     if held_by_review is not None:
         return held_by_review
     assert pr is not None
@@ -264,7 +270,7 @@ class ApprovalGate:
         if pr is not None and pr.merged:
             self.counters.forge_calls += 1
             reviews = await self.forge.approvals(pr.number)
-        held = judge_review(last, pr, reviews)
+        held = judge_review(last, pr, reviews, branch=self._source.branch)
         if held is not None:
             return held
         assert pr is not None
@@ -273,7 +279,8 @@ class ApprovalGate:
         parent = await asyncio.to_thread(self._first_parent, group[0])
         made = await self._digest(parent, last)
         verdict = judge(last, pr, reviews, posted=status.description if status else None,
-                        computed=short(made.digest) if made.digest else None, plan_problems=made.problems)
+                        computed=short(made.digest) if made.digest else None, plan_problems=made.problems,
+                        branch=self._source.branch)
         log.info("approval commit=%s pr=%d head=%s approved=%s", last[:12], pr.number, pr.head_sha[:12], verdict.approved)
         return verdict
 

@@ -42,6 +42,11 @@ APPROVED_HEAD = Review(reviewer="reviewer-a", state="APPROVED", commit_id=HEAD)
     ("direct push", None, [], None, None, (), False, f"no pull request brought commit {C[:12]} (a direct push)"),
     ("PR open", PullRequest(number=12, head_sha=HEAD, merged=False, state="open"), [APPROVED_HEAD], POSTED, DIGEST, (),
      False, f"PR #12 that contains commit {C[:12]} is open, not merged"),
+    ("merged into another branch", PullRequest(number=12, head_sha=HEAD, merged=True, state="merged", base_ref="staging"),
+     [APPROVED_HEAD], POSTED, DIGEST, (), False,
+     f"PR #12 that brought commit {C[:12]} was merged into staging, not into the tracked branch main"),
+    ("merged into the tracked branch", MERGED.model_copy(update={"base_ref": "main"}), [APPROVED_HEAD], POSTED, DIGEST,
+     (), True, None),
     ("PR closed unmerged", PullRequest(number=12, head_sha=HEAD, merged=False, state="closed"), [APPROVED_HEAD], POSTED,
      DIGEST, (), False, "is closed, not merged"),
     ("no review", MERGED, [], POSTED, DIGEST, (), False, f"PR #12 has no approving review; approve head {HEAD[:12]}"),
@@ -73,7 +78,7 @@ APPROVED_HEAD = Review(reviewer="reviewer-a", state="APPROVED", commit_id=HEAD)
 ])
 def test_judge(name: str, pr: PullRequest | None, reviews: list[Review], posted: str | None, computed: str | None,
                problems: tuple[str, ...], approved: bool, reason: str | None) -> None:
-    verdict = judge(C, pr, reviews, posted=posted, computed=computed, plan_problems=problems)
+    verdict = judge(C, pr, reviews, posted=posted, computed=computed, plan_problems=problems, branch="main")
     assert verdict.approved is approved, (name, verdict.reason)
     assert verdict.commit == C
     if approved:
@@ -324,3 +329,23 @@ async def test_a_held_commit_is_judged_again_after_recheck_s_or_a_webhook(world:
     assert await world.gate.first_unapproved(head, first) == busy and len(world.standin.requests) == calls
     world.now += 600
     assert await world.gate.first_unapproved(head, first) == held
+
+
+@pytest.mark.integration
+async def test_a_pr_approved_into_another_branch_does_not_approve_the_tracked_one(world: World) -> None:
+    first = world.repo.git("rev-parse", "HEAD")
+    world.repo.git("branch", "staging")
+    head = world.branch("bump", "1.3.0", start="staging")
+    pr = world.open_pr(head, [head])
+    world.standin.pulls[pr]["base"] = "staging"
+    await world.review(head, pr)
+    world.approve(pr, head)
+    world.repo.git("checkout", "-q", "staging")
+    world.repo.git("merge", "--no-ff", "-q", "-m", "Merge bump into staging", "bump")
+    merge = world.repo.git("rev-parse", "HEAD")
+    world.merged(pr, merge)
+    world.repo.git("checkout", "-q", "main")
+    world.repo.git("merge", "--ff-only", "-q", "staging")  # pushed to main without a PR into main
+    held = await world.judge(first)
+    assert held is not None and held.commit == merge and held.pr == pr
+    assert held.reason is not None and "was merged into staging, not into the tracked branch main" in held.reason
