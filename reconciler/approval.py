@@ -32,7 +32,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from .forge import Forge, ForgeError, ForgeNotFound, ForgeRefused, ForgeUnavailable, PullRequest, Review
+from .forge import Forge, ForgeError, ForgeNotFound, ForgeRefused, ForgeUnavailable, PullRequest, Review, State
 from .loader import DEFAULT_LIMITS
 from .plan_digest import STATUS_CONTEXT, in_description, short
 from .recipes import RecipeCache
@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 # More new first-parent commits than this in one pass are not judged one by one (each costs forge
 # calls and a plan): the head is held with a reason instead.
 MAX_COMMITS = 100
+
+# The commit status plnt sets on each judged commit of the tracked branch (with --report-status).
+APPROVAL_CONTEXT = "plnt/approval"
 
 # A held commit is judged again after this many seconds, or at once on a webhook (recheck()).
 RECHECK_S = 30.0
@@ -175,7 +178,7 @@ class ApprovalGate:
 
     def __init__(self, forge: Forge, source: GitSource, *, cache: RecipeCache, registry_options: RegistryOptions,
                  limits: SpecLimits = DEFAULT_LIMITS, max_commits: int = MAX_COMMITS, recheck_s: float = RECHECK_S,
-                 git: str = "git", clock: Callable[[], float] = time.monotonic) -> None:
+                 report: bool = True, git: str = "git", clock: Callable[[], float] = time.monotonic) -> None:
         self.forge = forge
         self._source = source
         self._cache = cache
@@ -184,6 +187,8 @@ class ApprovalGate:
         self._max_commits = max_commits
         self._git = git
         self.recheck_s = recheck_s
+        self.report = report
+        self._reported: dict[str, tuple[State, str]] = {}  # commit -> (state, description) last set
         self._clock = clock
         self._held: tuple[tuple[str, str | None], ApprovalVerdict, float] | None = None
         self._approved: dict[str, ApprovalVerdict] = {}
@@ -212,13 +217,17 @@ class ApprovalGate:
 
     async def _judge_range(self, head: str, last_reconciled: str | None) -> tuple[ApprovalVerdict | None, float]:
         commits = await asyncio.to_thread(self._new_commits, head, last_reconciled)
-        if len(commits) > self._max_commits:
-            return ApprovalVerdict(commit=head, approved=False, reason=(
-                f"{len(commits)} new first-parent commits since {str(last_reconciled)[:12]}, more than the "
-                f"{self._max_commits} plnt judges in one pass; review the range by hand, then reconcile it "
-                "once without --require-approval")), self.recheck_s
         try:
-            return await self._walk(commits), self.recheck_s
+            if len(commits) > self._max_commits:
+                held: ApprovalVerdict | None = ApprovalVerdict(commit=head, approved=False, reason=(
+                    f"{len(commits)} new first-parent commits since {str(last_reconciled)[:12]}, more than the "
+                    f"{self._max_commits} plnt judges in one pass; review the range by hand, then reconcile it "
+                    "once without --require-approval"))
+            else:
+                held = await self._walk(commits)
+            if held is not None:
+                await self._report(held)
+            return held, self.recheck_s
         except ForgeUnavailable as exc:
             return ApprovalVerdict(commit=head, approved=False, reason=f"forge unavailable, will retry ({exc})"), \
                 max(self.recheck_s, exc.retry_after or 0.0)
@@ -252,8 +261,28 @@ class ApprovalGate:
                 return verdict
             for member in group:
                 self._approved[member] = verdict.model_copy(update={"commit": member})
+            await self._report(verdict)
             i += len(group)
         return None
+
+    async def _report(self, verdict: ApprovalVerdict) -> None:
+        """The verdict as the commit's `plnt/approval` status on the forge: one per change, and a
+        failure to write it never holds or releases anything (logged once)."""
+        if not self.report:
+            return
+        state: State
+        if verdict.approved:
+            state, text = "success", (f"approved: PR #{verdict.pr} by {', '.join(verdict.approvers)}, "
+                                      f"plan {verdict.digest}")
+        else:
+            state, text = "failure", f"held: {verdict.reason}"
+        if self._reported.get(verdict.commit) == (state, text):
+            return
+        self._reported[verdict.commit] = (state, text)
+        try:
+            await self.forge.set_status(verdict.commit, state, APPROVAL_CONTEXT, text)
+        except ForgeError as exc:
+            log.warning("approval-status-not-set commit=%s error=%s", verdict.commit[:12], exc)
 
     async def _pr_of(self, commit: str, seen: dict[str, PullRequest | None]) -> PullRequest | None:
         if commit not in seen:

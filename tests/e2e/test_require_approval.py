@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from plnt.reconciler.approval import APPROVAL_CONTEXT
 from plnt.reconciler.forge import make_forge
 from plnt.reconciler.plan_digest import STATUS_CONTEXT
 from pydantic import SecretStr
@@ -48,7 +49,7 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
     with ForgeStandin("github", "platform/specs", TOKEN) as standin:
         settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
                                 forge="github", forge_api_url=standin.api_url, forge_project="platform/specs",
-                                forge_token=SecretStr(TOKEN), require_approval=True, report_status=False)
+                                forge_token=SecretStr(TOKEN), require_approval=True)
         async with running_plnt(settings) as plnt, \
                 make_forge("github", standin.api_url, "platform/specs", TOKEN) as ci_forge:
             # 1. The first commit came by a direct push: held, nothing deploys, GET /source says why.
@@ -100,6 +101,9 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
             assert plnt.reconciler.source_status["held"] is None
             assert plnt.reconciler.source_status["lastReconciledCommit"] == merge
             assert (await invoke(plnt)).json()["version"] == "1.3.0"
+            approval = await ci_forge.commit_status(merge, APPROVAL_CONTEXT)
+            assert approval is not None and approval.state == "success"
+            assert approval.description.startswith("approved: PR #7 by reviewer-b, plan sha256:")
 
             # 4. A direct push on top: nothing running changes; every status says which commit and why.
             spec_repo.replace(RUN_FILE, "review-responder@1.3.0", "review-responder@1.5.0")
@@ -112,6 +116,9 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
             assert (await get_source(plnt.url))["held"]["commit"] == direct
             assert (await invoke(plnt)).json()["version"] == "1.3.0"
             assert plnt.reconciler.running_sagas == set()
+            approval = await ci_forge.commit_status(direct, APPROVAL_CONTEXT)
+            assert approval is not None and approval.state == "failure"
+            assert approval.description.startswith(f"held: no pull request brought commit {direct[:12]}")
     assert TOKEN not in caplog.text
 
 

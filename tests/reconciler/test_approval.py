@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.approval import ApprovalGate, ApprovalVerdict, judge
+from plnt.reconciler.approval import APPROVAL_CONTEXT, ApprovalGate, ApprovalVerdict, judge
 from plnt.reconciler.forge import PullRequest, Review, make_forge
 from plnt.reconciler.plan_digest import STATUS_CONTEXT, short
 from plnt.reconciler.recipes import RecipeCache
@@ -191,8 +191,14 @@ async def test_merge_commit_approved_on_head_then_older_push_and_mismatch(world:
     else:  # GitLab: reset on push dropped the approval of the older push
         assert held.reason == f"PR #{pr} has no approving review; approve head {head[:12]}"
 
+    status = await world.forge.commit_status(merge, APPROVAL_CONTEXT)  # the verdict, on the forge too
+    assert status is not None and status.state == "failure" and status.description.startswith(f"held: PR #{pr} ")
+
     world.approve(pr, head, "reviewer-b")  # approved on the head: the held commit is released
     assert await world.judge(first) is None
+    status = await world.forge.commit_status(merge, APPROVAL_CONTEXT)
+    assert status is not None and status.state == "success"
+    assert status.description.startswith(f"approved: PR #{pr} by reviewer-b, plan sha256:")
     assert world.gate.counters.plans == 1
 
     # Cached: an approved commit is not asked about again.
@@ -349,3 +355,14 @@ async def test_a_pr_approved_into_another_branch_does_not_approve_the_tracked_on
     held = await world.judge(first)
     assert held is not None and held.commit == merge and held.pr == pr
     assert held.reason is not None and "was merged into staging, not into the tracked branch main" in held.reason
+
+
+@pytest.mark.integration
+async def test_no_approval_status_without_report_status(world: World) -> None:
+    world.gate.report = False
+    first = world.repo.git("rev-parse", "HEAD")
+    world.repo.write("NOTES.md", "a change\n")
+    direct = world.repo.commit("a direct push")
+    assert (await world.judge(first)) is not None
+    assert await world.forge.commit_status(direct, APPROVAL_CONTEXT) is None
+    assert not [r for r in world.standin.requests if r.method == "POST"]
