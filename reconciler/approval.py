@@ -53,6 +53,11 @@ APPROVAL_CONTEXT = "plnt/approval"
 # A held commit is judged again after this many seconds, or at once on a webhook (recheck()).
 RECHECK_S = 30.0
 
+# A commit stays in every later range until it is judged approved (a revert on top does not take it
+# out): what a held commit that no review can approve any more needs.
+_WAY_OUT = ("take it off the branch (force-push), or an operator accepts it by reconciling once without "
+            "--require-approval")
+
 _DECIDING = ("APPROVED", "CHANGES_REQUESTED", "DISMISSED")
 
 
@@ -82,17 +87,17 @@ def judge_review(commit: str, pr: PullRequest | None, reviews: Sequence[Review],
     if pr is None:
         return ApprovalVerdict(commit=commit, approved=False, reason=(
             f"no pull request brought commit {c} (a direct push); with --require-approval only merged, "
-            "approved pull requests deploy: revert it and bring the change through a reviewed pull request"))
+            f"approved pull requests deploy: {_WAY_OUT}"))
     head = pr.head_sha[:12]
     held = {"commit": commit, "approved": False, "pr": pr.number, "head": pr.head_sha}
     if not pr.merged:
         return ApprovalVerdict(**held, reason=(
             f"PR #{pr.number} that contains commit {c} is {pr.state}, not merged; only what a merged, "
-            "approved pull request brings deploys"))
+            f"approved pull request brings deploys: {_WAY_OUT}"))
     if branch is not None and pr.base_ref is not None and pr.base_ref != branch:
         return ApprovalVerdict(**held, reason=(
             f"PR #{pr.number} that brought commit {c} was merged into {pr.base_ref}, not into the tracked branch "
-            f"{branch}; a review for another branch does not approve this one: open a pull request into {branch}"))
+            f"{branch}; a review for another branch does not approve this one: {_WAY_OUT}"))
     approvals = [r for r in reviews if r.state == "APPROVED"]
     if approvals and all(r.commit_id is None for r in approvals):
         return ApprovalVerdict(**held, reason=(
