@@ -119,6 +119,16 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
             approval = await ci_forge.commit_status(direct, APPROVAL_CONTEXT)
             assert approval is not None and approval.state == "failure"
             assert approval.description.startswith(f"held: no pull request brought commit {direct[:12]}")
+
+        # 5. The way out the reason names: an operator accepts the direct push by reconciling once
+        # without --require-approval; with it on again, judging starts after that commit.
+        async with running_plnt(settings.model_copy(update={"require_approval": False})) as plnt:
+            await wait_phase(plnt, "Ready", version="1.5.0", timeout=90)
+        async with running_plnt(settings) as plnt:
+            await plnt.reconciler.reconcile_once()
+            assert plnt.reconciler.source_status["held"] is None
+            assert plnt.reconciler.source_status["lastReconciledCommit"] == direct
+            assert status_of(plnt)["version"] == "1.5.0"
     assert TOKEN not in caplog.text
 
 
