@@ -9,7 +9,9 @@ posted on its head and approved there), then times ApprovalGate.first_unapproved
 - recipes cached: a new gate, the recipe cache filled (the reconciler's usual case: the saga or
   an earlier plan already pulled the recipe);
 - verdict cached: the same gate again (an approved commit is not asked about twice);
-for 1 new commit and for N new commits.
+for 1 new commit and for N new commits. Forge requests per new commit: the PR of the commit, its
+reviews, the `plnt/plan` status of its head, then the `plnt/approval` verdict (read back, and
+written when it changed: a fresh forge gets 5, one that already shows the verdict 4).
 
     python bench/require_approval.py [--prs 20] [--json]
 """
