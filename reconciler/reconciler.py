@@ -109,15 +109,16 @@ class Reconciler:
             if untrusted is not None:
                 self._reject(commit, [untrusted.problem()], [], untrusted=untrusted.model_dump(mode="json"))
                 return []
-        if self._approval is not None:
-            held = await self._approval.first_unapproved(commit, self.source_status.get("lastReconciledCommit"))
-            if held is not None:  # like an untrusted commit: nothing running changes
-                self._reject(commit, [held.problem()], [], held=held.model_dump(mode="json"))
-                return []
         specs, problems = await self._load(commit)
         if problems:
             self._reject_commit(commit, problems, specs.warnings)
             return []
+        if self._approval is not None:  # after the specs check: an invalid commit is reported as invalid
+            held = await self._approval.first_unapproved(commit, self.source_status.get("lastReconciledCommit"))
+            if held is not None:  # like an untrusted commit: nothing running changes
+                self._reject(commit, [held.problem()], [str(w) for w in specs.warnings],
+                             held=held.model_dump(mode="json"))
+                return []
         self._driver.assign(specs)
         for listener in self.spec_listeners:
             listener(commit, specs)
