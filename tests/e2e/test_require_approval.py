@@ -49,7 +49,7 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
     with ForgeStandin("github", "platform/specs", TOKEN) as standin:
         settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
                                 forge="github", forge_api_url=standin.api_url, forge_project="platform/specs",
-                                forge_token=SecretStr(TOKEN), require_approval=True)
+                                forge_token=SecretStr(TOKEN), require_approval=True, write_notes=True)
         async with running_plnt(settings) as plnt, \
                 make_forge("github", standin.api_url, "platform/specs", TOKEN) as ci_forge:
             # 1. The first commit came by a direct push: held, nothing deploys, GET /source says why.
@@ -104,6 +104,17 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
             approval = await ci_forge.commit_status(merge, APPROVAL_CONTEXT)
             assert approval is not None and approval.state == "success"
             assert approval.description.startswith("approved: PR #7 by reviewer-b, plan sha256:")
+            # The verdict went back to the merge: the rollout's statuses in order, each posted once.
+            rollout = await wait_for(lambda: (r := [(s["state"], s["description"]) for s in standin.statuses
+                                                    if s["sha"] == merge and s["context"] == "plnt/default/review-responder"])
+                                     and r[-1][0] == "success" and r, what="the rollout's success status")
+            assert {state for state, _ in rollout[:-1]} == {"pending"} and len(rollout) >= 2, rollout
+            assert all(a != b for a, b in zip(rollout, rollout[1:], strict=False)), "a status posted twice in a row"
+            assert rollout[-1][1].startswith("Ready 1.3.0: p95 ")
+            assert not [s for s in standin.statuses if s["context"] == "plnt/default/review-responder" and s["sha"] != merge]
+            # ...and as a git note in the spec repository (--write-notes).
+            note = await wait_for(lambda: _note(spec_repo, merge), what="the rollout's git note")
+            assert note.startswith("default/review-responder: Ready 1.3.0"), note
 
             # 4. A direct push on top: nothing running changes; every status says which commit and why.
             spec_repo.replace(RUN_FILE, "review-responder@1.3.0", "review-responder@1.5.0")
@@ -130,6 +141,13 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
             assert plnt.reconciler.source_status["lastReconciledCommit"] == direct
             assert status_of(plnt)["version"] == "1.5.0"
     assert TOKEN not in caplog.text
+
+
+def _note(repo: SpecRepo, commit: str) -> str | None:
+    try:
+        return repo.git("notes", "--ref=plnt", "show", commit) or None
+    except subprocess.CalledProcessError:
+        return None
 
 
 def plnt_review(repo: SpecRepo, standin: ForgeStandin, tmp_path: Path, head: str, pr: int) -> None:
