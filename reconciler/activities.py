@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,7 +55,7 @@ from .saga_io import (
 from .smoke import SmokeResult, judge, measure, summarise
 from .specs import BackendPlacement, Requirements, WorkflowRun
 from .state import Release
-from .status import StatusStore
+from .status import RolloutMark, StatusStore
 from .trust import policies_for
 
 T = TypeVar("T")
@@ -128,6 +129,9 @@ class PhaseRecorder:
         fields = dict(update.fields)
         if update.commit is not None:
             fields["observed_commit"] = update.commit
+            # The rollout's own record: only this saga writes it (rollout statuses and notes follow it).
+            fields["rollout"] = RolloutMark(commit=update.commit, phase=update.phase, message=update.message,
+                                            at=time.time())
         if update.saga_id is not None:
             fields["saga_id"] = update.saga_id
         self._statuses.update(update.namespace, update.name, phase=update.phase, message=update.message, **fields)

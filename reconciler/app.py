@@ -23,6 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from .activities import SagaActivities
+from .approval import ApprovalGate
 from .archive import ExtractLimits
 from .commit_specs import CommitSpecs
 from .commit_trust import CommitVerifier
@@ -32,6 +33,7 @@ from .helm_driver import DEFAULT_CHART, HelmDriver, RunnerImage, SpecLookup
 from .history import NoSaga, saga_history
 from .local_driver import LocalDriver
 from .previews import PreviewController
+from .recipes import RecipeCache
 from .reconciler import Reconciler
 from .registries import RegistryOptions
 from .runner_reports import ReportedRunners
@@ -170,6 +172,37 @@ def make_forge_client(settings: Settings) -> Forge | None:
                       settings.forge_token.get_secret_value())
 
 
+def attach_rollout_followers(settings: Settings, statuses: StatusStore,
+                             source: GitSource) -> list[Callable[[], Awaitable[None]]]:
+    """Each rollout's verdict back to its commit: a forge status (--forge, unless --no-report-status)
+    and a git note (--write-notes). Chained after statuses.on_change is set; returns the cleanups."""
+    cleanups: list[Callable[[], Awaitable[None]]] = []
+    if settings.forge is not None and settings.report_status:
+        from .rollout_report import attach_rollout_reporter
+
+        forge = make_forge_client(settings)
+        assert forge is not None
+        cleanups.append(forge.aclose)  # runs after the reporter stopped (cleanups run in reverse)
+        cleanups.append(attach_rollout_reporter(forge, statuses))
+    if settings.write_notes:
+        from .notes import attach_notes_writer
+
+        cleanups.append(attach_notes_writer(source, statuses))
+    return cleanups
+
+
+def make_approval_gate(settings: Settings, state: StateDir, source: GitSource) -> ApprovalGate | None:
+    """--require-approval: approvals read through the forge; recipes verified through the saga's cache."""
+    if not settings.require_approval:
+        return None
+    forge = make_forge_client(settings)
+    if forge is None:  # Settings refuses --require-approval without a forge; kept for a hand-made Settings
+        raise ValueError("--require-approval needs a forge: add --forge, --forge-api-url, --forge-project "
+                         "and --forge-token-env")
+    return ApprovalGate(forge, source, cache=RecipeCache(state.recipes), registry_options=registry_options(settings),
+                        limits=settings.spec_limits, report=settings.report_status)
+
+
 def make_verifier(settings: Settings, state: StateDir) -> CommitVerifier | None:
     """--verify-commits: the trusted signers come from plnt's settings, never from the repository."""
     if settings.verify_commits == "none":
@@ -239,8 +272,11 @@ async def start(settings: Settings) -> Plnt:
         verifier = make_verifier(settings, state)
         activities = make_activities(settings, state, drivers, source, statuses, verifier)
         # Phase changes also change routes (a WorkflowRun seen for the first time answers 503, not 404).
+        approval = make_approval_gate(settings, state, source)
+        if approval is not None:
+            cleanups.append(approval.aclose)
         reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses, driver=drivers,
-                                state=state, verifier=verifier)
+                                state=state, verifier=verifier, approval=approval)
 
         def list_workflows() -> list[dict[str, Any]]:
             return [status.public() for status in statuses.all()]
@@ -270,6 +306,7 @@ async def start(settings: Settings) -> Plnt:
             from .kube import attach_status_mirror
 
             cleanups.append(attach_status_mirror(settings, statuses, reconciler))
+        cleanups.extend(attach_rollout_followers(settings, statuses, source))
 
         restarted = await driver.resume()
         if restarted:

@@ -980,8 +980,8 @@ async def _gateway_role(config: Any) -> None:
     typer.echo("plnt gateway: stopped", err=True)
 
 
-# The role commands (`plnt reconcile`, `plnt worker`) live beside this module and register on `app`.
-from . import cli_roles  # noqa: E402, F401
+# The role commands (`plnt reconcile`, `plnt worker`) and `plnt review` live beside this module and register on `app`.
+from . import cli_review, cli_roles  # noqa: E402, F401
 
 
 @app.command()

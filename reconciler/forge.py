@@ -68,6 +68,7 @@ class PullRequest(BaseModel):
     head_sha: str
     merged: bool
     state: str  # open, closed or merged, on every forge
+    base_ref: str | None = None  # the branch it targets (merges into), when the forge says
 
 
 class CommitStatus(BaseModel):
@@ -526,13 +527,15 @@ _STATES = ("pending", "success", "failure", "error")
 def _github_pull(p: dict[str, Any]) -> PullRequest:
     """GitHub says merged_at, Gitea merged; both say state open/closed. Merged reads as state "merged"."""
     merged = p.get("merged_at") is not None if "merged_at" in p else bool(p.get("merged"))
-    return PullRequest(number=p["number"], head_sha=p["head"]["sha"], merged=merged, state="merged" if merged else p["state"])
+    return PullRequest(number=p["number"], head_sha=p["head"]["sha"], merged=merged, state="merged" if merged else p["state"],
+                       base_ref=(p.get("base") or {}).get("ref"))
 
 
 def _gitlab_pull(m: dict[str, Any]) -> PullRequest:
     """GitLab's opened/closed/locked/merged read as open/closed/merged, as on the other forges."""
     state = {"opened": "open", "locked": "open"}.get(m["state"], m["state"])
-    return PullRequest(number=m["iid"], head_sha=m["sha"], merged=m["state"] == "merged", state=state)
+    return PullRequest(number=m["iid"], head_sha=m["sha"], merged=m["state"] == "merged", state=state,
+                       base_ref=m.get("target_branch"))
 
 
 def _pick(prs: list[PullRequest], sha: str) -> PullRequest | None:

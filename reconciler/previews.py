@@ -48,6 +48,7 @@ from .errors import PlntError
 from .forge import Forge, ForgeError, ForgeNotFound, State
 from .loader import SpecSet, load_sources
 from .plan import Action, DesiredRun, PlanItem, live_from, plan
+from .rollout_report import verdict
 from .saga_io import SagaInput, SagaResult, saga_workflow_id
 from .settings import Settings
 from .source import GitSource, redact
@@ -103,7 +104,11 @@ _PENDING = {Phase.PENDING, Phase.VERIFYING, Phase.DEPLOYING, Phase.CANARY, Phase
 
 
 def forge_status(status: WorkflowRunStatus, pr: int) -> tuple[State, str]:
-    """What the pull request's status for one preview says, from the preview's plnt status."""
+    """What the pull request's status for one preview says, from the preview's plnt status: the
+    rollout's verdict (smoke numbers against budgets, as for the branch), the header first."""
+    found = verdict(status)
+    if found is not None:
+        return found[0], f"X-Plnt-Preview: {pr} · {found[1]}"
     if status.phase in _PENDING:
         return "pending", f"preview {status.phase.value}: {status.message}"
     if status.phase is Phase.READY:

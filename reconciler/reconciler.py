@@ -19,6 +19,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from .approval import ApprovalGate
 from .commit_trust import CommitVerifier
 from .driver import ReleaseDriver
 from .errors import PlntError
@@ -48,9 +49,11 @@ class Reconciler:
         driver: ReleaseDriver,
         state: StateDir,
         verifier: CommitVerifier | None = None,
+        approval: ApprovalGate | None = None,
     ) -> None:
         self._settings = settings
         self._verifier = verifier
+        self._approval = approval  # --require-approval
         self._source = source
         self._client = client
         self._statuses = statuses
@@ -68,6 +71,8 @@ class Reconciler:
     # --- loop --------------------------------------------------------------------------------
 
     def wake(self) -> None:
+        if self._approval is not None:  # a webhook may mean a review was submitted: judge a held commit again
+            self._approval.recheck()
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -109,6 +114,12 @@ class Reconciler:
         if problems:
             self._reject_commit(commit, problems, specs.warnings)
             return []
+        if self._approval is not None:  # after the specs check: an invalid commit is reported as invalid
+            held = await self._approval.first_unapproved(commit, self.source_status.get("lastReconciledCommit"))
+            if held is not None:  # like an untrusted commit: nothing running changes
+                self._reject(commit, [held.problem()], [str(w) for w in specs.warnings],
+                             held=held.model_dump(mode="json"))
+                return []
         self._driver.assign(specs)
         for listener in self.spec_listeners:
             listener(commit, specs)
@@ -285,14 +296,14 @@ class Reconciler:
         self._reject(commit, [str(problem) for problem in problems], [str(w) for w in warnings])
 
     def _reject(self, commit: str, problems: list[str], warnings: list[str], *,
-                untrusted: dict[str, Any] | None = None) -> None:
+                untrusted: dict[str, Any] | None = None, held: dict[str, Any] | None = None) -> None:
         """Nothing running changes: the commit's problems go to GET /source and every status."""
         lines = problems[:MAX_SHOWN_PROBLEMS]
         if self.source_status.get("newestCommit") != commit or self.source_status.get("problems") != lines:
             log.error("commit-%s commit=%s problems=%d first=%r (nothing running was changed)",
-                      "untrusted" if untrusted else "invalid", commit[:12], len(problems), lines[0])
-        self._record_source(commit=commit, problems=lines, warnings=warnings, untrusted=untrusted)
-        summary = (lines[0] if untrusted else
+                      "untrusted" if untrusted else "held" if held else "invalid", commit[:12], len(problems), lines[0])
+        self._record_source(commit=commit, problems=lines, warnings=warnings, untrusted=untrusted, held=held)
+        summary = (lines[0] if untrusted or held else
                    f"commit {commit[:12]} is invalid ({len(problems)} problem{'s' if len(problems) != 1 else ''}): {lines[0]}")
         for status in self._statuses.all():
             if status.message != summary and preview_of(status.name) is None:  # a preview is its PR's
@@ -300,10 +311,12 @@ class Reconciler:
 
     def _record_source(self, *, commit: str | None = None, problems: list[str] | None = None,
                        reconciled: bool = False, error: str | None = None, warnings: list[str] | None = None,
-                       untrusted: dict[str, Any] | None = None) -> None:
+                       untrusted: dict[str, Any] | None = None, held: dict[str, Any] | None = None) -> None:
         new = dict(self.source_status)
         if commit is not None:
             new["untrusted"] = untrusted  # the verdict of the first untrusted commit (--verify-commits)
+            if self._approval is not None or "held" in new:
+                new["held"] = held  # the verdict of the first unapproved commit (--require-approval)
         # source.url holds no credentials; errors may quote a URL that does (git echoes them).
         new.update({"repo": redact(self._source.url), "branch": self._source.branch, "path": self._source.path})
         if commit is not None:

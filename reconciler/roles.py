@@ -36,9 +36,11 @@ from temporalio.worker import Worker
 from .activities import PhaseRecorder
 from .app import (
     add_reconciler_routes,
+    attach_rollout_followers,
     build_route_table,
     load_gateway_auth,
     make_activities,
+    make_approval_gate,
     make_driver_set,
     make_local_driver,
     make_source,
@@ -206,8 +208,11 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
                             activities=[PhaseRecorder(statuses).record_phase], no_remote_activities=True)
             worker_task = asyncio.create_task(worker.run(), name="temporal-workflow-worker")
             cleanups.append(worker.shutdown)
+            approval = make_approval_gate(settings, state, source)
+            if approval is not None:
+                cleanups.append(approval.aclose)
             reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses,
-                                    driver=drivers, state=state, verifier=verifier)
+                                    driver=drivers, state=state, verifier=verifier, approval=approval)
             holder["reconciler"] = reconciler
             add_reconciler_routes(control, reconciler, client)
             cleanups.append(reconciler.close)
@@ -215,6 +220,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
                 from .kube import attach_status_mirror
 
                 cleanups.append(attach_status_mirror(settings, statuses, reconciler))
+            cleanups.extend(attach_rollout_followers(settings, statuses, source))
             if settings.previews:  # the preview sagas' steps run on the workers too
                 _, close_previews = start_previews(
                     settings, source=source, client=client, statuses=statuses, driver=drivers, reconciler=reconciler,

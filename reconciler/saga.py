@@ -113,6 +113,7 @@ class DeploySaga:
                          Release, saga)
         await self._phase(saga, Phase.CANARY, f"smoke-testing canary {saga.version} with {percent}% of traffic", {
             "canary_version": saga.version, "canary_percent": percent,
+            "smoke_budget": (valid.spec.get("canary") or {}).get("smokeTest"),  # shown beside the numbers
         })
         smoke = await self._call("smoke_test", SmokeInput(saga=ref), SmokeResult, saga)
         smoke_record = smoke.model_dump(mode="json")

@@ -167,6 +167,20 @@ class GitSource:
         """plnt's bare clone (it exists once a fetch succeeded)."""
         return self._clone_dir
 
+    def run_git(self, *args: str, stdin: str | None = None, timeout_s: float = 120.0) -> str:
+        """One git command in plnt's clone, with the fetch's credentials and known hosts (e.g. git
+        notes, plnt.reconciler.notes). Not under the clone's lock: it runs git itself, not GitPython.
+        Raises SourceError with git's complaint, credentials removed."""
+        try:
+            done = subprocess.run(["git", f"--git-dir={self._clone_dir}", *args], input=stdin, capture_output=True,
+                                  text=True, env={**os.environ, **self._git_env}, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise SourceError(f"git {args[0]} in plnt's clone of {self.url} timed out after {timeout_s:g}s") from None
+        if done.returncode != 0:
+            reason = redact(" ".join(done.stderr.split()) or f"exit {done.returncode}", *self._secrets)
+            raise SourceError(f"git {args[0]} in plnt's clone of {self.url}: {reason}")
+        return done.stdout
+
     def fetch(self) -> str:
         """Fetch the tracked branch; return its newest commit sha."""
         with self._lock:
@@ -231,12 +245,29 @@ class GitSource:
                                env=self._git_env)
             except git.GitCommandError as exc:
                 raise SourceError(f"cannot fetch {self.url}: {self._reason(exc)}") from exc
-            for candidate in (rev, f"refs/remotes/origin/{rev}", f"refs/tags/{rev}"):
+            for attempt in range(2):
+                for candidate in (rev, f"refs/remotes/origin/{rev}", f"refs/tags/{rev}"):
+                    try:
+                        return repo.commit(candidate).hexsha
+                    except (git.BadName, ValueError, git.GitCommandError):
+                        continue
+                # A sha on no branch of the origin (a CI checkout's detached pull request head, reachable
+                # from refs/remotes/* or refs/pull/*): fetch that commit itself, as forges and git allow.
+                if attempt or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", rev):
+                    break
                 try:
-                    return repo.commit(candidate).hexsha
-                except (git.BadName, ValueError, git.GitCommandError):
-                    continue
+                    repo.git.fetch("--force", "origin", rev, env=self._git_env)
+                except git.GitCommandError:
+                    break
             raise SourceError(f"no revision {rev!r} in {self.url}")
+
+    def merge_base(self, a: str, b: str) -> str:
+        """The best common ancestor of two resolved commits: where a pull request branched off."""
+        with self._lock:
+            try:
+                return str(self._open().git.merge_base(a, b)).strip()
+            except git.GitCommandError as exc:
+                raise SourceError(f"commits {a[:12]} and {b[:12]} have no common ancestor in {self.url}") from exc
 
     def spec_files(self, commit: str, limits: SpecLimits = DEFAULT_LIMITS) -> list[SourceFile]:
         """Every *.yaml / *.yml under the spec path at the commit, paths relative to the spec path.

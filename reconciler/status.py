@@ -36,6 +36,19 @@ class Phase(str, Enum):
 FINAL_PHASES = {Phase.READY, Phase.ROLLED_BACK, Phase.FAILED}
 
 
+class RolloutMark(BaseModel):
+    """The saga's own last phase record: which commit that rollout deploys, where it stands, when.
+    Written only by the saga (PhaseRecorder), so a later "in sync" or "invalid commit" update of the
+    status never changes the verdict reported on the rollout's commit (plnt.reconciler.rollout_report)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    commit: str
+    phase: Phase
+    message: str = ""
+    at: float = 0.0
+
+
 class WorkflowRunStatus(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -57,6 +70,9 @@ class WorkflowRunStatus(BaseModel):
     # The spec of the promoted release, so a plan can name what a new commit changes.
     deployed_spec: dict[str, Any] | None = None
     deployed_fingerprint: str | None = None
+    # The budgets of the smoke test under way or last run (the spec's canary.smokeTest, camelCase).
+    smoke_budget: dict[str, Any] | None = None
+    rollout: RolloutMark | None = None
     updated_at: float = 0.0
 
     @property

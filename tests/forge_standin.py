@@ -51,7 +51,7 @@ class ForgeStandin:
     comments: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     statuses: list[dict[str, Any]] = field(default_factory=list)
     reviews: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    pulls: dict[int, dict[str, Any]] = field(default_factory=dict)  # number -> {head_sha, merged, commits[, closed]}
+    pulls: dict[int, dict[str, Any]] = field(default_factory=dict)  # number -> {head_sha, merged, commits[, closed, base]}
     gitlab_approved_by: dict[int, list[str]] = field(default_factory=dict)
     gitlab_reset_on_push: bool = True
     requests: list[Recorded] = field(default_factory=list)
@@ -252,7 +252,8 @@ class ForgeStandin:
 
     def _github_pr(self, n: int, pr: dict[str, Any]) -> dict[str, Any]:
         closed = pr["merged"] or pr.get("closed", False)
-        out: dict[str, Any] = {"number": n, "state": "closed" if closed else "open", "head": {"sha": pr["head_sha"]}}
+        out: dict[str, Any] = {"number": n, "state": "closed" if closed else "open", "head": {"sha": pr["head_sha"]},
+                               "base": {"ref": pr.get("base", "main")}}
         if self.kind == "github":
             out["merged_at"] = "2026-12-01T00:00:00Z" if pr["merged"] else None
         else:
@@ -262,7 +263,7 @@ class ForgeStandin:
     @staticmethod
     def _gitlab_mr(n: int, pr: dict[str, Any]) -> dict[str, Any]:
         state = "merged" if pr["merged"] else "closed" if pr.get("closed") else "opened"
-        return {"iid": n, "sha": pr["head_sha"], "state": state}
+        return {"iid": n, "sha": pr["head_sha"], "state": state, "target_branch": pr.get("base", "main")}
 
     def add_review(self, pr: int, user: str, state: str, commit_id: str) -> None:
         with self._lock:

@@ -112,7 +112,11 @@ TLS_AND_API_KEY = {"temporal": {"address": "plnt.a1b2c.tmprl.cloud:7233", "names
 ALL_SECRETS = {
     "git": {"credentials": {"secretName": "git-deploy-token"}, "webhookSecret": {"secretName": "git-webhook"},
             "verifyCommits": {"mode": "all", "allowedSigners": {"secretName": "plnt-signers"},
-                              "gpgKeys": {"secretName": "plnt-gpg-keys"}}},
+                              "gpgKeys": {"secretName": "plnt-gpg-keys"}},
+            "writeNotes": True},
+    "forge": {"kind": "github", "apiUrl": "https://api.github.com", "project": "platform/specs",
+              "token": {"secretName": "plnt-forge-token"}, "requireApproval": True, "reportStatus": False,
+              "previews": ["refs/pull/*/head"]},
     "auth": {"internalToken": {"secretName": "plnt-internal"}, "tokens": {"secretName": "plnt-gateway-tokens"}},
 }
 

@@ -163,7 +163,10 @@ RECONCILER_FLAGS = {"--repo", "--branch", "--path", "--state-dir", "--host", "--
                     "--temporal-namespace", "--temporal-tls-cert", "--temporal-tls-key", "--temporal-tls-ca",
                     "--temporal-api-key-file", "--internal-token-file", "--tokens-file", "--webhook-secret-file",
                     "--lease", "--lease-name", "--lease-namespace", "--mirror-status", "--git-credentials-file",
-                    "--verify-commits", "--allowed-signers", "--gpg-keys"}
+                    "--verify-commits", "--allowed-signers", "--gpg-keys", "--write-notes", "--forge", "--forge-api-url",
+                    "--forge-project", "--forge-token-file", "--require-approval", "--no-report-status", "--previews"}
+FORGE_FLAGS = {"--write-notes", "--forge", "--forge-api-url", "--forge-project", "--forge-token-file", "--require-approval",
+               "--no-report-status", "--previews"}
 WORKER_FLAGS = {"--repo", "--branch", "--path", "--state-dir", "--temporal-address", "--temporal-namespace",
                 "--temporal-tls-cert", "--temporal-tls-key", "--temporal-tls-ca", "--temporal-api-key-file",
                 "--control-url", "--internal-token-file", "--host", "--port", "--git-credentials-file",
@@ -202,8 +205,11 @@ def test_command_lines_with_every_option(helm: str) -> None:
                            ("--internal-token-file", ("plnt-internal", "token")), ("--tokens-file", ("plnt-gateway-tokens", "tokens")),
                            ("--webhook-secret-file", ("git-webhook", "webhook-secret")),
                            ("--git-credentials-file", ("git-deploy-token", "credentials")),
-                           ("--allowed-signers", ("plnt-signers", "allowed_signers"))]:
+                           ("--allowed-signers", ("plnt-signers", "allowed_signers")),
+                           ("--forge-token-file", ("plnt-forge-token", "token"))]:
         assert mounted_file(deployment, reconciler, flag(args, option)) == secret, option
+    assert (flag(args, "--forge"), flag(args, "--forge-api-url"), flag(args, "--forge-project"), flag(args, "--previews")) == \
+        ("github", "https://api.github.com", "platform/specs", "refs/pull/*/head")
     [state] = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "state"]
     assert state == {"name": "state", "persistentVolumeClaim": {"claimName": f"{FULLNAME}-reconciler-state"}}
     assert one(docs, "PersistentVolumeClaim", f"{FULLNAME}-reconciler-state")["spec"]["accessModes"] == ["ReadWriteMany"]
@@ -238,7 +244,7 @@ def test_command_lines_plain(helm: str) -> None:
     assert {a for a in args if a.startswith("--")} == RECONCILER_FLAGS - {
         "--temporal-tls-cert", "--temporal-tls-key", "--temporal-tls-ca", "--temporal-api-key-file",
         "--webhook-secret-file", "--mirror-status", "--git-credentials-file", "--verify-commits", "--allowed-signers",
-        "--gpg-keys"}
+        "--gpg-keys"} - FORGE_FLAGS
     assert mounted_file(one(docs, "Deployment", f"{FULLNAME}-reconciler"), container(docs, "reconciler"),
                         flag(args, "--tokens-file")) == ("plnt-tokens", "tokens")
     assert flag(args, "--temporal-namespace") == "default"
@@ -425,6 +431,8 @@ def test_network_policies(helm: str) -> None:
     ({"fullnameOverride": "a-very-long-name-that-exceeds-forty-characters"}, "fullnameOverride"),
     ({"ingress": {"host": "https://plnt.example.com"}}, "host"),
     ({"git": {"verifyCommits": {"mode": "latest"}}}, "mode"),
+    ({"forge": {"kind": "bitbucket"}}, "kind"),
+    ({"forge": {"apiUrl": "api.github.com"}}, "apiUrl"),
 ])
 def test_schema_rejects_unknown_keys_and_wrong_types(helm: str, change: dict[str, Any], expected: str) -> None:
     result = helm_template(helm, PLNT_CHART, merged(BASE, change))
@@ -437,6 +445,9 @@ def test_schema_rejects_unknown_keys_and_wrong_types(helm: str, change: dict[str
     ({"mirrorStatus": {"enabled": True}}, "mirrorStatus.enabled needs mirrorStatus.namespaces"),
     ({"gateway": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}}, "maxReplicas (2) must be >= minReplicas (5)"),
     ({"git": {"verifyCommits": {"mode": "head"}}}, "git.verifyCommits.mode needs trusted signers"),
+    ({"forge": {"kind": "gitlab", "apiUrl": "https://gitlab.example/api/v4", "project": "a/b"}},
+     "forge.kind needs forge.apiUrl, forge.project and forge.token.secretName"),
+    ({"forge": {"requireApproval": True}}, "forge.requireApproval and forge.previews need a forge"),
 ])
 def test_template_guards(helm: str, change: dict[str, Any], expected: str) -> None:
     result = helm_template(helm, PLNT_CHART, merged(BASE, change))

@@ -278,3 +278,51 @@ app.kubernetes.io/part-of: plnt
     defaultMode: 0440
 {{- end }}
 {{- end -}}
+
+
+{{/*
+The forge (reconciler): --forge and its options, the token's Secret mount and volume; --write-notes.
+*/}}
+{{- define "plnt.forgeArgs" -}}
+{{- $f := .Values.forge -}}
+{{- if $f.kind -}}
+{{- if not (and $f.apiUrl $f.project $f.token.secretName) -}}
+{{- fail "forge.kind needs forge.apiUrl, forge.project and forge.token.secretName" -}}
+{{- end -}}
+- --forge
+- {{ $f.kind }}
+- --forge-api-url
+- {{ $f.apiUrl | quote }}
+- --forge-project
+- {{ $f.project | quote }}
+- --forge-token-file
+- /etc/plnt/forge-token/{{ $f.token.key }}
+{{- if $f.requireApproval }}
+- --require-approval
+{{- end }}
+{{- if not $f.reportStatus }}
+- --no-report-status
+{{- end }}
+{{- range $f.previews }}
+- --previews
+- {{ . | quote }}
+{{- end }}
+{{- else if or $f.requireApproval $f.previews -}}
+{{- fail "forge.requireApproval and forge.previews need a forge: set forge.kind, forge.apiUrl, forge.project and forge.token.secretName" -}}
+{{- end }}
+{{- if .Values.git.writeNotes }}
+- --write-notes
+{{- end }}
+{{- end -}}
+
+{{- define "plnt.forgeMounts" -}}
+{{- if .Values.forge.kind }}
+- {name: forge-token, mountPath: /etc/plnt/forge-token, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "plnt.forgeVolumes" -}}
+{{- if .Values.forge.kind }}
+{{ include "plnt.secretVolume" (dict "name" "forge-token" "secret" .Values.forge.token.secretName "key" .Values.forge.token.key) }}
+{{- end }}
+{{- end -}}
