@@ -99,7 +99,10 @@ class CommitSpecs:
         if ref.preview is not None:
             # The pull request's WorkflowRun, with the tracked branch's backends and trust policies:
             # what a PR may change is what it would deploy, not who plnt trusts or where it runs.
-            branch = await asyncio.to_thread(self._source.branch_head)
+            branch = ref.policy_commit or await asyncio.to_thread(self._source.branch_head)
+            if not await self._on_branch(branch):
+                raise UntrustedSagaInput(f"commit {branch[:12]}, whose trust policies the preview names, is not on "
+                                         f"branch {self._source.branch!r}: a preview trusts only the tracked branch")
             if self._verifier is not None and self._verifier.mode != "none":
                 verdict = await asyncio.to_thread(self._verifier.verify, self._source.git_dir, branch)
                 if not verdict.trusted:

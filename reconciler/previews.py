@@ -392,7 +392,7 @@ class PreviewController:
             desired_fp = run.fingerprint()
             saga = SagaInput(action="deploy", namespace=item.namespace, name=item.name, commit=commit,
                              fingerprint=desired_fp, version=run.spec.workflow.version, preview=pr,
-                             retry=self._settings.retry)
+                             policy_commit=self._base[0] if self._base else None, retry=self._settings.retry)
             self._statuses.update(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
                                   attempted_version=saga.version,
                                   message=f"preview of #{pr}: {item.action.value}: {item.reason}")

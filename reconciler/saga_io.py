@@ -41,9 +41,15 @@ class SagaRef(_Io):
     # A preview (reconciler/previews.py): pull request number; `name` is then the preview release
     # `<WorkflowRun>--pr<N>`, and a deploy's commit must be one plnt fetched for that pull request's ref.
     preview: int | None = Field(default=None, ge=1)
+    # A preview deploy: the tracked branch's commit whose trust policies and backends it uses, the one
+    # the reconciler last reconciled (trusted, and approved under --require-approval), not merely the
+    # newest fetched. None: the branch's head as fetched.
+    policy_commit: str | None = Field(default=None, pattern=COMMIT_PATTERN)
 
     @model_validator(mode="after")
     def _preview_name(self) -> SagaRef:
+        if self.policy_commit is not None and self.preview is None:
+            raise ValueError("policy_commit is for preview sagas only")
         if self.preview is not None:
             of = preview_of(self.name)
             if of is None or of[1] != self.preview:

@@ -122,3 +122,38 @@ async def test_a_preview_verifies_with_the_branchs_trust_policies_not_the_pull_r
     assert [s.identity for p in trusted.policies for s in p.spec.signers] == ["recipes@demo.plnt.invalid"]
     assert trusted.backend is not None and trusted.run is not None and trusted.run.spec.workflow.version == "1.3.0"
     assert source.read_file(trusted.policy_commit, "trust/demo-trusted-root.json") != b"{}"
+
+
+async def test_a_preview_uses_the_policies_of_the_commit_the_reconciler_names(spec_repo: SpecRepo, tmp_path: Path) -> None:
+    """policy_commit: the branch commit the reconciler last reconciled (trusted, approved), not a newer
+    head it holds; a commit off the branch is refused."""
+    reconciled = spec_repo.git("rev-parse", "main")
+    # A newer head on main (e.g. a direct push held by --require-approval) that trusts another signer.
+    spec_repo.replace("trust/policy.yaml", "identity: recipes@demo.plnt.invalid", "identity: attacker@evil.invalid")
+    held = spec_repo.commit("held: trust another signer")
+    pr_commit(spec_repo, 7, "1.3.0")
+    preview = ref_at(spec_repo, name="review-responder--pr7", preview=7)
+    spec_repo.git("checkout", "-q", "main")
+    source = GitSource(str(spec_repo.path), tmp_path / "clone", previews=GLOBS)
+    source.fetch()
+    specs = CommitSpecs(source)
+
+    assert (await specs.resolve(preview)).policy_commit == held  # without a name: the fetched head
+    trusted = await specs.resolve(preview.model_copy(update={"policy_commit": reconciled}))
+    assert trusted.policy_commit == reconciled
+    assert [s.identity for p in trusted.policies for s in p.spec.signers] == ["recipes@demo.plnt.invalid"]
+
+    off_branch = spec_repo.git("rev-parse", "pr-7")
+    with pytest.raises(UntrustedSagaInput, match="a preview trusts only the tracked branch"):
+        await specs.resolve(preview.model_copy(update={"policy_commit": off_branch}))
+
+
+def test_policy_commit_is_for_previews_only() -> None:
+    from plnt.reconciler.saga_io import SagaRef
+    from pydantic import ValidationError
+
+    commit = "a" * 40
+    with pytest.raises(ValidationError, match="policy_commit is for preview sagas only"):
+        SagaRef(action="deploy", namespace="default", name="review-responder", commit=commit, policy_commit=commit)
+    assert SagaRef(action="deploy", namespace="default", name="review-responder--pr7", commit=commit, preview=7,
+                   policy_commit=commit).policy_commit == commit
