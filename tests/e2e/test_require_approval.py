@@ -1,4 +1,5 @@
-"""--require-approval on a running plnt: real git, real Temporal, real runners (mock model backend,
+"""Pull-request review as deploy approval, end to end on a running plnt (--require-approval,
+rollout statuses, --write-notes, --previews): real git, real Temporal, real runners (mock model backend,
 a stand-in for a model server), real signed recipes verified for real, and the DECLARED forge
 stand-in (tests/forge_standin.py, GitHub REST shapes; not a live forge).
 
@@ -28,6 +29,7 @@ from pydantic import SecretStr
 from ..conftest import PYTHON, SpecRepo
 from ..forge_standin import ForgeStandin
 from .harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
+from .test_previews import invoke_preview
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +51,8 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
     with ForgeStandin("github", "platform/specs", TOKEN) as standin:
         settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
                                 forge="github", forge_api_url=standin.api_url, forge_project="platform/specs",
-                                forge_token=SecretStr(TOKEN), require_approval=True, write_notes=True)
+                                forge_token=SecretStr(TOKEN), require_approval=True, write_notes=True,
+                                previews=("refs/pull/*/head",))
         async with running_plnt(settings) as plnt, \
                 make_forge("github", standin.api_url, "platform/specs", TOKEN) as ci_forge:
             # 1. The first commit came by a direct push: held, nothing deploys, GET /source says why.
@@ -115,6 +118,27 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
             # ...and as a git note in the spec repository (--write-notes).
             note = await wait_for(lambda: _note(spec_repo, merge), what="the rollout's git note")
             assert note.startswith("default/review-responder: Ready 1.3.0"), note
+
+            # 3b. PR #8 (back to 1.2.0) is previewed before anyone approves it: Ready as a preview that
+            # only X-Plnt-Preview: 8 reaches, verified with the policies of the approved merge; closing
+            # the PR removes it.
+            spec_repo.git("checkout", "-q", "-b", "back", "main")
+            spec_repo.replace(RUN_FILE, "review-responder@1.3.0", "review-responder@1.2.0")
+            pr8 = spec_repo.commit("back to 1.2.0")
+            spec_repo.git("update-ref", "refs/pull/8/head", pr8)
+            spec_repo.git("checkout", "-q", "main")
+            standin.pulls[8] = {"head_sha": pr8, "merged": False, "commits": [pr8]}
+            await hook(plnt)
+            preview = await wait_phase(plnt, "Ready", version="1.2.0", name="review-responder--pr8", timeout=90)
+            assert preview["preview"] == 8 and preview["observedCommit"] == pr8
+            assert (await invoke_preview(plnt, 8)).json()["version"] == "1.2.0"
+            assert (await invoke(plnt)).json()["version"] == "1.3.0", "a preview takes no regular traffic"
+            standin.pulls[8]["closed"] = True
+            await hook(plnt)
+            await wait_for(lambda: status_of(plnt, "review-responder--pr8") is None, timeout=60, what="the preview removed")
+            assert (await invoke_preview(plnt, 8)).status_code == 404
+            previewed = [s["state"] for s in standin.statuses if s["context"] == "plnt/preview/default/review-responder"]
+            assert previewed[0] == "pending" and "success" in previewed, previewed
 
             # 4. A direct push on top: nothing running changes; every status says which commit and why.
             spec_repo.replace(RUN_FILE, "review-responder@1.3.0", "review-responder@1.5.0")
