@@ -17,6 +17,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -52,7 +53,7 @@ from .saga_io import (
     ValidateInput,
     saga_workflow_id,
 )
-from .smoke import SmokeResult, judge, measure, summarise
+from .smoke import Sample, SmokeResult, judge, measure, progress_of, summarise
 from .specs import BackendPlacement, Requirements, WorkflowRun
 from .state import Release
 from .status import RolloutMark, StatusStore
@@ -61,6 +62,9 @@ from .trust import policies_for
 T = TypeVar("T")
 
 HEARTBEAT_EVERY_S = 1.0
+# The SDK sends heartbeats on to Temporal at most this often (its default: 80% of the 10 s heartbeat
+# timeout): their details are a running smoke test's live numbers (status smokeProgress, the forge status).
+HEARTBEAT_THROTTLE = timedelta(seconds=2)
 
 
 async def _with_heartbeats(work: Awaitable[T], details: Callable[[], object] = lambda: None) -> T:
@@ -316,12 +320,13 @@ class SagaActivities:
             cases = await asyncio.to_thread(load_golden, recipe_dir)  # data: golden.yaml, bounded YAML
         except RecipeError as exc:
             raise InvalidRecipe(f"recipe {run.spec.workflow.ref}: {exc.problem}") from exc
+        done: list[Sample] = []  # heartbeats carry the numbers so far: the reconciler shows them live
         samples = await _with_heartbeats(measure(
             canary.endpoint, [case.input for case in cases],
             invocations=budget.invocations, concurrency=budget.concurrency, timeout_s=self._smoke_timeout_s,
             # Streamed when a TTFT or TPOT budget is set, so the tokens can be timed.
-            stream=budget.ttft_budget_ms is not None or budget.tpot_budget_ms is not None,
-        ))
+            stream=budget.ttft_budget_ms is not None or budget.tpot_budget_ms is not None, samples=done,
+        ), details=lambda: progress_of(done, budget.invocations))
         return judge(summarise(samples), budget)
 
     @activity.defn(name="promote_release")

@@ -22,7 +22,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from .activities import SagaActivities
+from .activities import HEARTBEAT_THROTTLE, SagaActivities
 from .approval import ApprovalGate
 from .archive import ExtractLimits
 from .commit_specs import CommitSpecs
@@ -316,6 +316,7 @@ async def start(settings: Settings) -> Plnt:
         worker = Worker(
             client, task_queue=settings.task_queue, workflows=[DeploySaga], activities=activities.all(),
             max_concurrent_activities=max(4, settings.max_concurrent_sagas * 2),
+            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         )
         worker_task = asyncio.create_task(worker.run(), name="temporal-worker")
         plnt._tasks.append(worker_task)

@@ -27,6 +27,7 @@ from .loader import Problem, SpecSet, load_sources
 from .plan import Action, DesiredRun, LiveRun, PlanItem, live_from, plan
 from .saga_io import SagaInput, SagaResult, saga_workflow_id
 from .settings import Settings
+from .smoke_progress import follow_smoke_progress
 from .source import GitSource, redact
 from .state import StateDir, atomic_write_json, read_json
 from .status import FINAL_PHASES, Phase, StatusStore
@@ -77,6 +78,14 @@ class Reconciler:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.adopt_running_sagas()
+        progress = asyncio.create_task(follow_smoke_progress(self._client, self._statuses, stop), name="smoke-progress")
+        try:
+            await self._loop(stop)
+        finally:
+            progress.cancel()
+            await asyncio.gather(progress, return_exceptions=True)
+
+    async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             # Cleared before the pass, so a wake during the pass (a webhook, a saga ending) runs another.
             self._wake.clear()

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from .activities import PhaseRecorder
+from .activities import HEARTBEAT_THROTTLE, PhaseRecorder
 from .app import (
     add_reconciler_routes,
     attach_rollout_followers,
@@ -321,7 +321,8 @@ async def start_worker(settings: Settings) -> Role:
         if restarted:
             log.info("releases-resumed count=%d", len(restarted))
         worker = Worker(client, task_queue=settings.task_queue, activities=activities.remote(),
-                        max_concurrent_activities=max(4, settings.max_concurrent_sagas * 2))
+                        max_concurrent_activities=max(4, settings.max_concurrent_sagas * 2),
+                        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE)
         role._tasks.append(asyncio.create_task(worker.run(), name="temporal-activity-worker"))
         cleanups.append(worker.shutdown)
         role._tasks.append(asyncio.create_task(reporter.run(role.stop_event), name="runner-reports"))

@@ -98,6 +98,11 @@ def verdict(status: WorkflowRunStatus) -> tuple[State, str] | None:
         return None
     tried = status.attempted_version or status.version or "?"
     if mark.phase is Phase.CANARY:
+        progress = status.smoke_progress or {}
+        so_far = smoke_summary(progress, status.smoke_budget)
+        if so_far:  # the running smoke test's numbers so far (reconciler/smoke_progress.py)
+            return "pending", _one_line(f"Canary {tried} at {status.canary_percent}%: "
+                                        f"{progress.get('done')}/{progress.get('of')} calls, {so_far}")
         budgets = budget_summary(status.smoke_budget)
         return "pending", _one_line(f"Canary {tried} at {status.canary_percent}%: smoke test"
                                     + (f" against {budgets}" if budgets else " under way"))

@@ -110,12 +110,15 @@ async def measure(
     concurrency: int,
     timeout_s: float,
     stream: bool = False,
+    samples: list[Sample] | None = None,
 ) -> list[Sample]:
+    """Invoke the canary `invocations` times; each sample is appended to `samples` (a list the caller
+    may read while this runs, for live progress) as it completes."""
     payloads = list(inputs) or [{}]
     queue: asyncio.Queue[int] = asyncio.Queue()
     for index in range(invocations):
         queue.put_nowait(index)
-    samples: list[Sample] = []
+    samples = [] if samples is None else samples
 
     async def worker(client: httpx.AsyncClient) -> None:
         while not queue.empty():
@@ -126,6 +129,15 @@ async def measure(
     async with httpx.AsyncClient(trust_env=False, timeout=timeout_s) as client:
         await asyncio.gather(*(worker(client) for _ in range(min(concurrency, invocations))))
     return samples
+
+
+def progress_of(samples: Sequence[Sample], invocations: int) -> dict[str, Any]:
+    """A running smoke test's numbers so far (heartbeat details; the status's smokeProgress)."""
+    done = list(samples)  # a snapshot: the measuring task appends meanwhile
+    progress: dict[str, Any] = {"done": len(done), "of": invocations}
+    if done:
+        progress["metrics"] = summarise(done).model_dump(mode="json")
+    return progress
 
 
 async def _invoke(client: httpx.AsyncClient, endpoint: str, payload: dict[str, Any]) -> Sample:

@@ -67,6 +67,8 @@ class WorkflowRunStatus(BaseModel):
     attempted_fingerprint: str | None = None
     attempted_version: str | None = None
     smoke_test: dict[str, Any] | None = None
+    # A running smoke test's numbers so far ({done, of, metrics}), read from its heartbeats while Canary.
+    smoke_progress: dict[str, Any] | None = None
     # The spec of the promoted release, so a plan can name what a new commit changes.
     deployed_spec: dict[str, Any] | None = None
     deployed_fingerprint: str | None = None
@@ -94,6 +96,7 @@ class WorkflowRunStatus(BaseModel):
             "lastError": self.last_error,
             "sagaId": self.saga_id,
             "smokeTest": self.smoke_test,
+            "smokeProgress": self.smoke_progress,
             # A preview release (reconciler/previews.py): the pull request number, reached with X-Plnt-Preview.
             "preview": of[1] if (of := preview_of(self.name)) is not None else None,
         }

@@ -55,6 +55,12 @@ LONG = "Failed: " + "x" * 500
      ("pending", "Canary 1.3.0 at 5%: smoke test against p95 ≤ 2500 ms, errors ≤ 1%")),
     (status(Phase.CANARY, "smoke-testing", canary_percent=5),
      ("pending", "Canary 1.3.0 at 5%: smoke test under way")),
+    # Live: the running smoke test's numbers so far (status smokeProgress, from its heartbeats).
+    (status(Phase.CANARY, "smoke-testing", canary_percent=5, smoke_budget=BUDGET,
+            smoke_progress={"done": 4, "of": 10, "metrics": {"p95_ms": 41.2, "error_percent": 0.0}}),
+     ("pending", "Canary 1.3.0 at 5%: 4/10 calls, p95 41 ms ≤ 2500, errors 0% ≤ 1%")),
+    (status(Phase.CANARY, "smoke-testing", canary_percent=5, smoke_budget=BUDGET, smoke_progress={"done": 0, "of": 10}),
+     ("pending", "Canary 1.3.0 at 5%: smoke test against p95 ≤ 2500 ms, errors ≤ 1%")),
     (status(Phase.READY, "1.3.0 promoted; smoke test passed", version="1.3.0", smoke_test=PASSED, smoke_budget=BUDGET),
      ("success", "Ready 1.3.0: p95 41 ms ≤ 2500, errors 0% ≤ 1%")),
     (status(Phase.READY, "1.3.0 promoted", version="1.3.0", smoke_test=PASSED),

@@ -54,3 +54,18 @@ def test_judge_names_every_budget_missed(m: SmokeMetrics, budget: SmokeTest, pas
     assert result.passed is passed
     for part in reason_parts:
         assert part in result.reason
+
+
+def test_progress_of_a_running_smoke_test() -> None:
+    from plnt.reconciler.smoke import Sample, progress_of
+    from plnt.reconciler.smoke_progress import progress_from
+
+    assert progress_of([], 10) == {"done": 0, "of": 10}
+    samples = [Sample(latency_ms=ms, ok=ms < 100, error=None if ms < 100 else "HTTP 500") for ms in (10, 20, 30, 400)]
+    progress = progress_of(samples, 10)
+    assert (progress["done"], progress["of"]) == (4, 10)
+    assert progress["metrics"]["errors"] == 1 and progress["metrics"]["error_percent"] == 25.0
+    assert progress["metrics"]["max_ms"] == 400
+    # What the reconciler reads back from the heartbeat details: the newest, and only a progress record.
+    assert progress_from([{"done": 1, "of": 10}, progress]) == progress
+    assert progress_from([]) is None and progress_from([7]) is None and progress_from([{"done": "x", "of": 1}]) is None
