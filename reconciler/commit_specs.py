@@ -22,7 +22,7 @@ from plnt.gateway.routes import preview_name
 
 from .commit_trust import CommitVerifier
 from .errors import RetryLater, UntrustedSagaInput
-from .loader import DEFAULT_LIMITS, Problem, SpecSet, load_sources
+from .loader import DEFAULT_LIMITS, Problem, SpecSet
 from .saga_io import SagaRef
 from .settings import SpecLimits
 from .source import GitSource, SourceError
@@ -147,4 +147,4 @@ class CommitSpecs:
             return cached
 
     def _parse(self, commit: str) -> tuple[SpecSet, list[Problem]]:
-        return load_sources(self._source.spec_files(commit, self._limits), limits=self._limits)
+        return self._source.load(commit, self._limits)

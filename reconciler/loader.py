@@ -92,6 +92,9 @@ class SourceFile:
     path: str
     text: str
     problem: Problem | None = None
+    blob: str | None = None  # git blob id of the bytes when read from a commit: the parse cache's key
+    # Set when the text was not read (a parse cache holds the blob): reads it, should the cache miss.
+    unread: Callable[[], SourceFile] | None = field(default=None, compare=False, repr=False)
 
 
 def unreadable(path: str, line: int, message: str) -> SourceFile:
@@ -424,6 +427,14 @@ class _Document:
                 self._entry_line = key_node.start_mark.line + 1
             mapping[key] = self._build(value_node, path + (key,))
         return mapping
+
+    def release(self) -> None:
+        """Drop what only parsing and validating needed (the loader, the raw data and scalars): a
+        cached document keeps its file, start and lines, for the cross-document checks."""
+        self._loader = self._budget = None  # type: ignore[assignment]
+        self.data = None
+        self.scalars = {}
+        self._active = set()
 
     def line(self, path: DocPath) -> int:
         """Line of the longest prefix of path that exists in the document."""
@@ -779,12 +790,47 @@ def _backend_problems(doc: _Document, run: WorkflowRun, backends: dict[str, Plnt
 # --- loading -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ParsedFile:
+    """What one file gives before the cross-document checks: its own problems (in the order the
+    loader reports them), each document with its model (None when invalid) and that document's own
+    problems, and the nodes it spent of max_nodes (replayed when the result comes from a cache)."""
+
+    problems: tuple[Problem, ...]
+    documents: tuple[tuple[_Document, BaseModel | None, tuple[Problem, ...]], ...]
+    nodes: int
+
+
+def _parse_file(source: SourceFile, budget: _Budget) -> ParsedFile:
+    before = budget.left
+    documents, parse_problems = _parse(source, budget)
+    parsed = []
+    for doc in documents:
+        model, model_problems = _validate(doc)
+        parsed.append((doc, model, (*doc.problems, *model_problems)))
+        doc.release()
+    return ParsedFile(tuple(parse_problems), tuple(parsed), before - budget.left)
+
+
+class ParseCache(typing.Protocol):
+    """Parsed files by (spec limits, path, git blob id); see plnt.reconciler.parse_cache."""
+
+    def has(self, path: str, blob: str, limits: SpecLimits) -> bool: ...
+
+    def get(self, source: SourceFile, limits: SpecLimits, nodes_left: int) -> ParsedFile | None: ...
+
+    def put(self, source: SourceFile, limits: SpecLimits, parsed: ParsedFile) -> None: ...
+
+
+
 def load_sources(files: Iterable[SourceFile], *, check_references: bool | None = True,
-                 limits: SpecLimits = DEFAULT_LIMITS) -> tuple[SpecSet, list[Problem]]:
+                 limits: SpecLimits = DEFAULT_LIMITS, cache: ParseCache | None = None) -> tuple[SpecSet, list[Problem]]:
     """Parse, validate and cross-check all files; never raises for bad input, and bounded by limits.
 
     check_references=None checks WorkflowRuns' backend references only if the files declare any
     PlntBackend: validating one WorkflowRun file alone should not claim its backend is unknown.
+    `cache` (plnt.reconciler.parse_cache): each file's parse and model validation, reused for a file
+    whose path and git blob id were seen before; the cross-document checks always run on the whole set.
     """
     specs = SpecSet()
     problems: list[Problem] = []
@@ -793,12 +839,18 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
     budget = _Budget(limits)
 
     for source in files:
-        documents, parse_problems = _parse(source, budget)
-        problems += parse_problems
-        for doc in documents:
-            problems += doc.problems
-            model, model_problems = _validate(doc)
-            problems += model_problems
+        parsed = cache.get(source, limits, budget.left) if cache is not None else None
+        if parsed is None:
+            if source.unread is not None:
+                source = source.unread()
+            parsed = _parse_file(source, budget)
+            if cache is not None and budget.left >= 0:  # a file cut short by max_nodes depends on the others
+                cache.put(source, limits, parsed)
+        else:
+            budget.left -= parsed.nodes  # what parsing it again would spend: max_nodes holds as without a cache
+        problems += parsed.problems
+        for doc, model, doc_problems in parsed.documents:
+            problems += doc_problems
             if model is None:
                 continue
             if isinstance(model, WorkflowRun):

@@ -23,7 +23,7 @@ from .approval import ApprovalGate
 from .commit_trust import CommitVerifier
 from .driver import ReleaseDriver
 from .errors import PlntError
-from .loader import Problem, SpecSet, load_sources
+from .loader import Problem, SpecSet
 from .plan import Action, DesiredRun, LiveRun, PlanItem, live_from, plan
 from .saga_io import SagaInput, SagaResult, saga_workflow_id
 from .settings import Settings
@@ -185,7 +185,7 @@ class Reconciler:
 
     def _read_specs(self, commit: str) -> tuple[SpecSet, list[Problem]]:
         limits = self._settings.spec_limits
-        return load_sources(self._source.spec_files(commit, limits), limits=limits)
+        return self._source.load(commit, limits)
 
     async def _start_saga(self, item: PlanItem, specs: SpecSet, commit: str) -> None:
         run = specs.workflow_runs.get(item.key)

@@ -12,6 +12,8 @@ command line another user can see in `ps`, never the clone's config, only for th
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import os
 import re
@@ -19,7 +21,7 @@ import shlex
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import SplitResult, unquote, urlsplit
@@ -27,7 +29,8 @@ from urllib.parse import SplitResult, unquote, urlsplit
 import git
 
 from .errors import InvalidSpec, RetryLater
-from .loader import DEFAULT_LIMITS, IGNORE_FILE, IgnoreRules, Problem, SourceFile, read_specs
+from .loader import DEFAULT_LIMITS, IGNORE_FILE, IgnoreRules, ParseCache, Problem, SourceFile, SpecSet, load_sources, read_specs
+from .parse_cache import MemoryParseCache
 from .redact import redact
 from .settings import SpecLimits
 
@@ -161,6 +164,8 @@ class GitSource:
         self._clone_dir = clone_dir
         self._repo: git.Repo | None = None
         self._lock = threading.Lock()  # GitPython is not safe for concurrent use of one Repo
+        # Parsed spec files by blob id: a new commit costs what changed (plnt.reconciler.parse_cache).
+        self.parse_cache: ParseCache = MemoryParseCache()
 
     @property
     def git_dir(self) -> Path:
@@ -269,11 +274,15 @@ class GitSource:
             except git.GitCommandError as exc:
                 raise SourceError(f"commits {a[:12]} and {b[:12]} have no common ancestor in {self.url}") from exc
 
-    def spec_files(self, commit: str, limits: SpecLimits = DEFAULT_LIMITS) -> list[SourceFile]:
-        """Every *.yaml / *.yml under the spec path at the commit, paths relative to the spec path.
+    def spec_files(self, commit: str, limits: SpecLimits = DEFAULT_LIMITS,
+                   known: Callable[[str, str], bool] | None = None) -> list[SourceFile]:
+        """Every *.yaml / *.yml under the spec path at the commit, paths relative to the spec path,
+        each with its git blob id.
 
         Within `limits` (see `loader.read_specs`): a blob's size is known before it is read. A
-        commit whose tree git would refuse is one unreadable file naming the entry.
+        commit whose tree git would refuse is one unreadable file naming the entry. A file for which
+        `known(path, blob id)` is true (a parse cache holds it) is not read: its text is empty and
+        `unread` reads it, should the cache not give it after all.
         """
         with self._lock:
             repo = self._open()
@@ -298,11 +307,34 @@ class GitSource:
             except UnreadableTree as exc:
                 return [SourceFile(_display(exc.path), "", Problem(_display(exc.path), 1, "tree", str(exc)))]
             found.sort(key=lambda e: e.path)
+            skip = {e.sha for e in found if known is not None and known(_display(e.path), e.sha)}
 
             def reader(sha: str) -> bytes:
-                return bytes(repo.odb.stream(bytes.fromhex(sha)).read())
+                return b"" if sha in skip else bytes(repo.odb.stream(bytes.fromhex(sha)).read())
 
-            return read_specs(((_display(e.path), e.size, lambda sha=e.sha: reader(sha)) for e in found), limits)
+            files = read_specs(((_display(e.path), e.size, lambda sha=e.sha: reader(sha)) for e in found), limits)
+            if len(files) != len(found):  # one problem for the whole commit (too many files, too many bytes)
+                return files
+            # The blob id names the bytes: the parse cache's key (plnt.reconciler.parse_cache).
+            return [f if f.problem is not None else
+                    dataclasses.replace(f, blob=e.sha, unread=functools.partial(self._read_spec, f.path, e.sha, limits))
+                    if e.sha in skip else dataclasses.replace(f, blob=e.sha)
+                    for f, e in zip(files, found, strict=True)]
+
+    def _read_spec(self, path: str, sha: str, limits: SpecLimits) -> SourceFile:
+        """A spec file spec_files listed without reading it (its size already passed the limits)."""
+        with self._lock:
+            data = bytes(self._open().odb.stream(bytes.fromhex(sha)).read())
+        read = read_specs([(path, len(data), lambda: data)], limits)[0]
+        return read if read.problem is not None else dataclasses.replace(read, blob=sha)
+
+    def load(self, commit: str, limits: SpecLimits = DEFAULT_LIMITS) -> tuple[SpecSet, list[Problem]]:
+        """The commit's specs, parsed (see `loader.load_sources`); files seen before at the same blob
+        id are neither read nor parsed again but taken from `parse_cache` (shared by every reader of
+        this clone)."""
+        cache = self.parse_cache
+        files = self.spec_files(commit, limits, known=lambda path, blob: cache.has(path, blob, limits))
+        return load_sources(files, limits=limits, cache=cache)
 
     def read_file(self, commit: str, path: str) -> bytes:
         """One file of the repository at the commit (path relative to the repository root)."""
