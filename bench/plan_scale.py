@@ -101,7 +101,7 @@ def run_plan(command: list[str], repo: Path, extra: list[str], env: dict[str, st
         raise SystemExit(f"plan failed ({done.returncode}): {done.stderr[-2000:]}")
     items = json.loads(done.stdout)["items"]
     return {"wall_s": round(wall, 4), "cpu_s": round(cpu, 4),
-            "changed": sorted(i["key"] for i in items if i["action"] != "unchanged")}
+            "changed": sorted(f"{i['namespace']}/{i['name']}" for i in items if i["action"] != "unchanged")}
 
 
 def profile(repo: Path, top: int) -> str:
