@@ -48,6 +48,7 @@ class DriverSet:
         self._assigned: dict[str, str] = saved.get("workflowRuns", {})  # namespace/name -> backend name
         self._backends = {name: PlntBackend.model_validate(doc) for name, doc in saved.get("backends", {}).items()}
         self._specs = SpecCache()
+        self._remembered: SpecSet | None = None  # the spec set assign() last remembered
         self._helm: dict[str, tuple[str, HelmDriver]] = {}  # backend -> (its spec fingerprint, driver)
         # backend -> the live state last read from it (or changed by plnt since), for when it cannot be read
         self._known_file = state.root / "helm-live.json"
@@ -59,8 +60,13 @@ class DriverSet:
         self._unknown: dict[str, str] = {}  # backend -> why its live state could not be read (logged once)
 
     def assign(self, specs: SpecSet) -> None:
+        # The reconciler passes the same SpecSet on every poll of one commit: its runs are remembered
+        # already (SpecCache only adds; a fingerprint is a JSON dump, 1,000 of them per poll otherwise).
+        remember = specs is not self._remembered
+        self._remembered = specs
         for run in specs.workflow_runs.values():
-            self._specs.remember(run)
+            if remember:
+                self._specs.remember(run)
             self._assigned[run.key] = run.spec.backend.cluster
         self._backends.update(specs.backends)
         self._save()

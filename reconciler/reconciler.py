@@ -65,6 +65,7 @@ class Reconciler:
         self._saga_fingerprints: dict[str, str | None] = {}  # what each running saga deploys (None: uninstall)
         self._cancelled: set[str] = set()
         self._loaded: tuple[str, SpecSet, list[Problem]] | None = None
+        self._desired_at: tuple[str, SpecSet, dict[str, DesiredRun]] | None = None
         self.source_status: dict[str, Any] = read_json(state.source_file, default={}) or {}
         # Called with (commit, specs) for every valid commit a pass reconciles (e.g. --mirror-status).
         self.spec_listeners: list[Callable[[str, SpecSet], None]] = []
@@ -132,7 +133,7 @@ class Reconciler:
         self._driver.assign(specs)
         for listener in self.spec_listeners:
             listener(commit, specs)
-        desired = {key: DesiredRun.from_spec(run) for key, run in specs.workflow_runs.items()}
+        desired = self._desired(commit, specs)
         # Preview releases (`<name>--pr<N>`) belong to the PreviewController (reconciler/previews.py).
         live = {key: run for key, run in (await self.live_runs()).items() if key in desired or preview_of(run.name) is None}
         items = plan(desired, live)
@@ -182,6 +183,12 @@ class Reconciler:
                 log.warning("commit-warning commit=%s %s", commit[:12], warning)
             self._loaded = (commit, specs, problems)
         return self._loaded[1], self._loaded[2]
+
+    def _desired(self, commit: str, specs: SpecSet) -> dict[str, DesiredRun]:
+        """The desired side of the plan, built once per commit (a fingerprint is a JSON dump of the spec)."""
+        if self._desired_at is None or self._desired_at[0] != commit or self._desired_at[1] is not specs:
+            self._desired_at = (commit, specs, {key: DesiredRun.from_spec(run) for key, run in specs.workflow_runs.items()})
+        return self._desired_at[2]
 
     def _read_specs(self, commit: str) -> tuple[SpecSet, list[Problem]]:
         limits = self._settings.spec_limits
