@@ -171,6 +171,10 @@ class DriverSet:
             result.update(self._known.get(backend.metadata.name, {}))
         return result
 
+    def any_live_unknown(self) -> bool:
+        """Whether live_unknown may give a reason for some WorkflowRun (when not, it gives None for all)."""
+        return bool(self._unknown) or getattr(self.local, "unknown_reason", lambda: None)() is not None
+
     def live_unknown(self, key: str) -> str | None:
         """Why plnt cannot tell what runs for this WorkflowRun, or None: its backend's live state
         could not be read at the last `live()` and no earlier read (STATE/helm-live.json) holds it.

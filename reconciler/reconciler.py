@@ -66,6 +66,9 @@ class Reconciler:
         self._cancelled: set[str] = set()
         self._loaded: tuple[str, SpecSet, list[Problem]] | None = None
         self._desired_at: tuple[str, SpecSet, dict[str, DesiredRun]] | None = None
+        # The inputs of the last pass that found everything in sync, and its plan (see reconcile_once).
+        self._quiet: tuple[Any, ...] | None = None
+        self._quiet_items: list[PlanItem] = []
         self.source_status: dict[str, Any] = read_json(state.source_file, default={}) or {}
         # Called with (commit, specs) for every valid commit a pass reconciles (e.g. --mirror-status).
         self.spec_listeners: list[Callable[[str, SpecSet], None]] = []
@@ -134,9 +137,20 @@ class Reconciler:
         for listener in self.spec_listeners:
             listener(commit, specs)
         desired = self._desired(commit, specs)
+        releases = await self._driver.live()
+        quiet = self._quiet_inputs(commit, specs, releases)
+        if quiet is not None and quiet == self._quiet:
+            # Nothing the plan reads changed since a pass that found everything in sync: the plan
+            # would be the same, with nothing to do. Drift is still checked (and healed) every pass.
+            await self._heal_drift(specs)
+            self._record_source(commit=commit, reconciled=True, warnings=[str(w) for w in specs.warnings])
+            return self._quiet_items
+        self._quiet = None
         # Preview releases (`<name>--pr<N>`) belong to the PreviewController (reconciler/previews.py).
-        live = {key: run for key, run in (await self.live_runs()).items() if key in desired or preview_of(run.name) is None}
+        all_live = live_from(releases, self._statuses.all(), self._saga_fingerprints)
+        live = {key: run for key, run in all_live.items() if key in desired or preview_of(run.name) is None}
         items = plan(desired, live)
+        in_sync = all(item.action is Action.UNCHANGED and not item.waiting for item in items)
         budget = self._settings.max_concurrent_sagas - len(self._sagas)
         live_unknown = getattr(self._driver, "live_unknown", lambda key: None)
         for item in items:
@@ -150,9 +164,22 @@ class Reconciler:
                 budget -= 1
             elif item.action is Action.UNCHANGED and not item.waiting:
                 self._observe(item, commit)
+        if in_sync and not any(live_unknown(item.key) for item in items):
+            # Taken after the pass (its status updates included): the next pass compares with it.
+            self._quiet, self._quiet_items = self._quiet_inputs(commit, specs, releases), items
         await self._heal_drift(specs)
         self._record_source(commit=commit, reconciled=True, warnings=[str(w) for w in specs.warnings])
         return items
+
+    def _quiet_inputs(self, commit: str, specs: SpecSet, releases: dict[str, Any]) -> tuple[Any, ...] | None:
+        """What a plan reads besides the commit's specs (the SpecSet object is kept per commit), or
+        None when it cannot be told cheaply (a status store without a revision, a live state not known)."""
+        revision = getattr(self._statuses, "revision", None)
+        unknown = getattr(self._driver, "any_live_unknown", None)
+        if revision is None or (unknown is not None and unknown()) or \
+                (unknown is None and hasattr(self._driver, "live_unknown")):
+            return None
+        return commit, id(specs), revision, dict(self._saga_fingerprints), releases
 
     async def live_runs(self) -> dict[str, LiveRun]:
         return live_from(await self._driver.live(), self._statuses.all(), self._saga_fingerprints)

@@ -107,6 +107,7 @@ class StatusStore:
         self._path = path
         self.on_change: Callable[[], None] = lambda: None  # e.g. rebuild the gateway's routes
         self._lock = threading.Lock()
+        self.revision = 0  # counts changes: the reconciler skips re-planning a pass when nothing changed
         raw = read_json(path, default={}) or {}
         self._items: dict[str, WorkflowRunStatus] = {
             key: WorkflowRunStatus.model_validate(value) for key, value in raw.items()
@@ -125,6 +126,7 @@ class StatusStore:
             old = existing or WorkflowRunStatus(namespace=namespace, name=name)
             new = old.model_copy(update={**fields, "updated_at": time.time()})
             self._items[key] = new
+            self.revision += 1
             self._save()
         self.on_change()
         if existing is None or old.phase != new.phase:
@@ -139,6 +141,7 @@ class StatusStore:
         key = f"{namespace}/{name}"
         with self._lock:
             if self._items.pop(key, None) is not None:
+                self.revision += 1
                 self._save()
         self.on_change()
         log.info("phase-change workflowrun=%s from=Deleting to=Deleted", key)
