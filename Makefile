@@ -45,6 +45,8 @@ bench: install
 	$(PY) bench/commit_to_ready.py
 	$(PY) bench/recipe_pull.py
 	$(PY) bench/gateway_overhead.py
+	$(PY) bench/plan_scale.py
+	$(PY) bench/reconcile_idle.py
 
 # charts/plnt end to end on a throwaway kind cluster (needs Docker, kind, kubectl). NOT run in `make
 # test`, and never run on the machines plnt is developed on (no Docker there): see charts/plnt/README.md.

@@ -1,0 +1,95 @@
+"""A reconcile pass with nothing changed skips re-planning, and anything the plan reads brings it back.
+
+Real parts: a git repository, plnt's GitSource, the DriverSet over a LocalDriver reading real release
+records, the StatusStore and the Reconciler. Stand-ins, said here: each release record's runner pid
+is this test process (so the driver finds it running without starting runners), and there is no
+Temporal client (nothing here starts a saga: a pass that would fails on it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from plnt.reconciler import reconciler as reconciler_module
+from plnt.reconciler.drivers import DriverSet
+from plnt.reconciler.local_driver import LocalDriver, process_start_time
+from plnt.reconciler.plan import Action
+from plnt.reconciler.reconciler import Reconciler
+from plnt.reconciler.settings import Settings
+from plnt.reconciler.source import GitSource
+from plnt.reconciler.state import LiveWorkflow, Release, StateDir, atomic_write_json
+from plnt.reconciler.status import Phase, StatusStore
+
+from ..conftest import SpecRepo
+
+
+def no_helm(backend: Any) -> Any:
+    raise AssertionError("no Kubernetes backend here")
+
+
+def in_sync(spec_repo: SpecRepo, tmp_path: Path) -> tuple[Reconciler, StatusStore, StateDir, DriverSet]:
+    state = StateDir(tmp_path / "state").ensure()
+    source = GitSource(str(spec_repo.path), state.source_clone)
+    commit = source.fetch()
+    specs, problems = source.load(commit)
+    assert not problems
+    statuses = StatusStore(state.status_file)
+    pid = os.getpid()
+    for port, run in enumerate(specs.workflow_runs.values(), start=20000):
+        ns, name, version = run.metadata.namespace, run.metadata.name, run.spec.workflow.version
+        release = Release(release_id=f"{name}-{version}", namespace=ns, name=name, track="stable", version=version,
+                          spec_fingerprint=run.fingerprint(), recipe_digest="sha256:" + "0" * 64,
+                          recipe_dir=str(state.recipes / name), endpoint=f"http://127.0.0.1:{port}",
+                          pid=pid, pid_start=process_start_time(pid), port=port)
+        atomic_write_json(state.releases / f"{ns}.{name}.json",
+                          LiveWorkflow(namespace=ns, name=name, stable=release).model_dump(mode="json"))
+        statuses.update(ns, name, phase=Phase.READY, version=version, observed_commit=commit,
+                        message=f"{version} in sync", deployed_fingerprint=run.fingerprint(),
+                        deployed_spec=run.spec.model_dump(mode="json", by_alias=True))
+    driver = DriverSet(LocalDriver(state), state, make_helm=no_helm)
+    reconciler = Reconciler(settings=Settings(repo=str(spec_repo.path), state_dir=state.root), source=source,
+                            client=None, statuses=statuses, driver=driver, state=state)  # type: ignore[arg-type]
+    return reconciler, statuses, state, driver
+
+
+async def test_a_pass_with_nothing_changed_skips_the_plan_but_not_the_drift_check(
+        spec_repo: SpecRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reconciler, statuses, state, driver = in_sync(spec_repo, tmp_path)
+    plans, drifts = [], []
+    real_plan, real_drift = reconciler_module.plan, driver.drift
+    monkeypatch.setattr(reconciler_module, "plan", lambda desired, live: plans.append(1) or real_plan(desired, live))
+
+    async def drift() -> Any:
+        drifts.append(1)
+        return await real_drift()
+
+    monkeypatch.setattr(driver, "drift", drift)
+
+    first = await reconciler.reconcile_once()
+    assert first and all(i.action is Action.UNCHANGED and not i.waiting for i in first)
+    assert await reconciler.reconcile_once() == first
+    assert (len(plans), len(drifts)) == (1, 2)  # planned once, drift checked on both passes
+
+    statuses.update("default", "review-responder", message="edited by hand")  # a status changed: plan again
+    await reconciler.reconcile_once()
+    assert len(plans) == 2
+    assert statuses.get("default/review-responder").message == "1.2.0 in sync"  # type: ignore[union-attr]
+    await reconciler.reconcile_once()
+    assert len(plans) == 2
+
+    record = state.releases / "default.review-responder.json"  # a release record changed (here: its port)
+    live = LiveWorkflow.model_validate_json(record.read_text())
+    assert live.stable is not None
+    atomic_write_json(record, live.model_copy(update={"stable": live.stable.model_copy(update={"port": 20999})})
+                      .model_dump(mode="json"))
+    await reconciler.reconcile_once()
+    assert len(plans) == 3
+
+    spec_repo.write("notes.yaml.txt", "not a spec\n")  # a new commit, same specs: planned again
+    spec_repo.commit("a new commit")
+    await reconciler.reconcile_once()
+    assert len(plans) == 4
+    await reconciler.reconcile_once()
+    assert (len(plans), len(drifts)) == (4, 7)
