@@ -104,20 +104,20 @@ def run_plan(command: list[str], repo: Path, extra: list[str], env: dict[str, st
             "changed": sorted(f"{i['namespace']}/{i['name']}" for i in items if i["action"] != "unchanged")}
 
 
-def profile(repo: Path, top: int) -> str:
-    """cProfile of this checkout's plan, in this process (cache off: where a cold plan's time goes)."""
+def profile(repo: Path, top: int, cache: list[str], sort: str = "cumulative") -> str:
+    """cProfile of this checkout's plan, in this process (`cache`: --no-cache, or a --cache-dir)."""
     from plnt.reconciler.cli import app
     from typer.testing import CliRunner
 
     profiler = cProfile.Profile()
     profiler.enable()
     result = CliRunner().invoke(app, ["plan", "--repo", str(repo), "--base", "HEAD~1", "--head", "HEAD",
-                                      "--format", "json", "--no-cache"])
+                                      "--format", "json", *cache])
     profiler.disable()
     if result.exit_code != 0:
         return f"(profile run failed: {result.output[-500:]})"
     out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
+    pstats.Stats(profiler, stream=out).sort_stats(sort).print_stats(top)
     return out.getvalue()
 
 
@@ -167,7 +167,9 @@ def main() -> None:
                       f"p50 CPU x{old['p50_cpu_s'] / summary[name]['p50_cpu_s']:.1f}")
         if args.top:
             print(f"\ncProfile of one plan in-process (this checkout, --no-cache), top {args.top} by cumulative time:")
-            print(profile(repo, args.top))
+            print(profile(repo, args.top, ["--no-cache"]))
+            print(f"\ncProfile of one plan in-process (this checkout, the warm plan cache), top {args.top} by internal time:")
+            print(profile(repo, args.top, ["--cache-dir", str(scratch / "cache")], sort="tottime"))
         print("raw JSON:")
         print(json.dumps({"runs": args.runs, "repeat": args.repeat, "before": args.before, "summary": summary,
                           "raw": {k: [{x: y for x, y in f.items() if x != "changed"} for f in v] for k, v in raw.items()}}))

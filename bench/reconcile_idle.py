@@ -10,7 +10,10 @@ saga; the bench fails if one would). The first pass (loading the commit) is repo
 --passes passes, each timed for CPU (this process and its git children) and wall, p50 reported,
 and the CPU share of one core at the default poll interval (Settings.interval_s).
 
-    python bench/reconcile_idle.py [--runs 1000] [--passes 20]
+    python bench/reconcile_idle.py [--runs 1000] [--passes 20] [--before main]
+
+--before REV runs the same bench on the plnt of that git revision of this checkout (extracted with
+`git archive`, first on sys.path) in a child process, right after this one, for before/after ratios.
 
 Prints how it ran, a table, and the raw figures as JSON.
 """
@@ -24,6 +27,7 @@ import os
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plan_scale import build_repo  # noqa: E402  (same repository as the plan bench)
+from plan_scale import before_command, build_repo  # noqa: E402  (same repository as the plan bench)
 from plnt.reconciler.drivers import DriverSet  # noqa: E402
+from plnt.reconciler.loader import load_sources  # noqa: E402
 from plnt.reconciler.local_driver import LocalDriver, process_start_time  # noqa: E402
 from plnt.reconciler.plan import Action  # noqa: E402
 from plnt.reconciler.reconciler import Reconciler  # noqa: E402
@@ -63,7 +68,7 @@ def git_cpu_s() -> float:
 
 def deployed_state(state: StateDir, source: GitSource, commit: str) -> StatusStore:
     """Release records and statuses saying every WorkflowRun of the commit is deployed and Ready."""
-    specs, problems = source.load(commit)
+    specs, problems = load_sources(source.spec_files(commit))  # (no GitSource.load in older plnt: --before)
     assert not problems, problems[:3]
     pid = os.getpid()
     start = process_start_time(pid)
@@ -117,10 +122,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--passes", type=int, default=20)
+    parser.add_argument("--before", help="a git revision of this checkout to compare with (e.g. main)")
+    parser.add_argument("--json-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="plnt-bench-idle-"))
     try:
         result = asyncio.run(measure(args.runs, args.passes, scratch))
+        if args.json_only:
+            print(json.dumps(result))
+            return
+        before = None
+        if args.before:
+            command = before_command(args.before, scratch)
+            code = command[2].replace("from plnt.reconciler.cli import main; main()",
+                                      f"import runpy; sys.argv = [{__file__!r}, '--runs', '{args.runs}', '--passes', "
+                                      f"'{args.passes}', '--json-only']; runpy.run_path({__file__!r}, run_name='__main__')")
+            done = subprocess.run([command[0], "-c", code], capture_output=True, text=True, check=True)
+            before = json.loads(done.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"reconcile_idle: {args.runs} WorkflowRuns deployed and in sync, real GitSource/LocalDriver/StatusStore/"
@@ -131,8 +149,12 @@ def main() -> None:
     print(f"idle pass p50: {result['p50_cpu_s'] * 1000:.1f} ms CPU, {result['p50_wall_s'] * 1000:.1f} ms wall; "
           f"at one pass every {result['interval_s']:g} s: {result['core_share_at_interval'] * 100:.2f} % of a core "
           f"(plnt {result['p50_plnt_cpu_s'] * 1000:.1f} ms, git fetch {result['p50_git_cpu_s'] * 1000:.1f} ms)")
+    if before is not None:
+        print(f"before ({args.before}): idle pass p50 {before['p50_cpu_s'] * 1000:.1f} ms CPU "
+              f"({before['core_share_at_interval'] * 100:.2f} % of a core); ratio before/this checkout: "
+              f"x{before['p50_cpu_s'] / result['p50_cpu_s']:.1f}")
     print("raw JSON:")
-    print(json.dumps(result))
+    print(json.dumps({"this checkout": result, f"before ({args.before})" if args.before else "before": before}))
 
 
 if __name__ == "__main__":
