@@ -146,6 +146,14 @@ def _kind(pid: int) -> str:
     return "other"
 
 
+def _command(pid: int) -> str:
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    return " ".join(a.decode(errors="replace") for a in args[:3])[:80]
+
+
 def memory_pss(root: int | None = None) -> dict[str, Any]:
     """PSS of this process (plnt: reconciler, worker, gateway) and of its descendants by kind (runner
     processes, the Temporal dev server, anything else), in MiB. Only processes plnt started count;
@@ -159,6 +167,8 @@ def memory_pss(root: int | None = None) -> dict[str, Any]:
             continue
         groups[kind]["processes"] += 1
         groups[kind]["pss_mib"] = round(groups[kind]["pss_mib"] + pss / 1024, 1)
+        if kind == "other":  # name them: a reader should not have to guess what else plnt started
+            groups[kind].setdefault("commands", []).append(_command(pid))
     groups["total_pss_mib"] = round(sum(g["pss_mib"] for g in groups.values() if isinstance(g, dict)), 1)
     return groups
 
