@@ -41,12 +41,25 @@ test: install install-test-services
 test-fast: install
 	$(PY) -m pytest -m "not integration"
 
+# The benches with small sizes (about 5 minutes in all on 2 cores). Each prints how it was run, its
+# table and (the new ones) its raw numbers as JSON; a copy of each output goes to $(BENCH_OUT)/.
+# Full sizes: run a bench alone (`$(PY) bench/NAME.py --help`). Figures of one run on a busy machine
+# are noise: run `make bench` on an otherwise idle machine, and twice.
+BENCH_OUT ?= .plnt-bench
+bench: SHELL := /bin/bash
+bench: .SHELLFLAGS := -o pipefail -c
+bench: export PYTHONUNBUFFERED := 1
 bench: install
-	$(PY) bench/commit_to_ready.py
-	$(PY) bench/recipe_pull.py
-	$(PY) bench/gateway_overhead.py
-	$(PY) bench/plan_scale.py
-	$(PY) bench/reconcile_idle.py
+	mkdir -p $(BENCH_OUT)
+	$(PY) bench/commit_to_ready.py --commits 3 --interval 2 | tee $(BENCH_OUT)/commit_to_ready.txt
+	$(PY) bench/many_workflowruns.py --runs 50 | tee $(BENCH_OUT)/many_workflowruns.txt
+	$(PY) bench/recipe_pull.py --repeat 3 | tee $(BENCH_OUT)/recipe_pull.txt
+	$(PY) bench/runner_start.py --runs 5 | tee $(BENCH_OUT)/runner_start.txt
+	$(PY) bench/spec_load.py --repeat 3 --no-bombs | tee $(BENCH_OUT)/spec_load.txt
+	$(PY) bench/plan_scale.py --repeat 5 | tee $(BENCH_OUT)/plan_scale.txt
+	$(PY) bench/reconcile_idle.py --passes 10 | tee $(BENCH_OUT)/reconcile_idle.txt
+	$(PY) bench/gateway_overhead.py --requests 2000 --concurrency 1,32 --stream-requests 300 --rounds 3 \
+	  | tee $(BENCH_OUT)/gateway_overhead.txt
 
 # charts/plnt end to end on a throwaway kind cluster (needs Docker, kind, kubectl). NOT run in `make
 # test`, and never run on the machines plnt is developed on (no Docker there): see charts/plnt/README.md.
@@ -54,4 +67,4 @@ e2e-kind: install
 	bash tools/e2e_kind.sh
 
 clean:
-	rm -rf $(DEMO) .pytest_cache
+	rm -rf $(DEMO) $(BENCH_OUT) .pytest_cache

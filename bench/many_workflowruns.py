@@ -1,12 +1,19 @@
-"""100 WorkflowRuns added in one commit, until all are Ready: wall time and peak memory.
+"""N WorkflowRuns with distinct recipes added in one commit, until all are Ready: wall time, and the
+memory of plnt's own processes (PSS).
 
-Runs plnt in this process as `plnt up` does (embedded Temporal, worker, reconciler, gateway,
-local runner processes) on a scratch copy of gitops-example, then commits N WorkflowRuns at once
-(all review-responder@1.2.0 under different names) and waits until every one is Ready.
-Peak memory is this process's VmHWM (plnt itself); the runners and the Temporal server are
-separate processes and are reported separately (RSS at the end).
+Runs plnt in this process as `plnt up` does (embedded Temporal, worker, reconciler, gateway, local
+runner processes) on a scratch spec repository (bench/benchlib.py). The commit adds N WorkflowRuns,
+each naming its own recipe (rr-000@1.0.0, rr-001@1.0.0, ...: distinct signed archives published in
+the repository's registry, signed by a throwaway authority made for this run), so every saga
+fetches, checks and verifies a recipe plnt never pulled; the bench checks that plnt's pull cache
+gained exactly N entries.
 
-    python bench/many_workflowruns.py [--runs 100] [--max-sagas 8]
+Memory is PSS (/proc/PID/smaps_rollup: a page shared by n processes counts 1/n to each), sampled
+while the sagas run and at the end, for this process (plnt: reconciler, worker, gateway) and for the
+processes it started, apart: runners, the Temporal dev server, anything else. Processes plnt did
+not start (another plnt, another bench's runners) are not counted.
+
+    python bench/many_workflowruns.py [--runs 100] [--max-sagas 8] [--invocations 10]
 """
 
 from __future__ import annotations
@@ -14,94 +21,96 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import shutil
-import subprocess
-import tempfile
+import os
+import statistics
 import time
-from pathlib import Path
+from typing import Any
 
+from benchlib import BenchRepo, cache_entries, how_it_ran, memory_pss, print_json, vm_hwm_mib
 from plnt.reconciler.app import start
 from plnt.reconciler.settings import Settings
-
-ROOT = Path(__file__).resolve().parent.parent
-GIT = ["git", "-c", "user.name=plnt-bench", "-c", "user.email=bench@plnt.invalid"]
-
-
-def git(repo: Path, *args: str) -> None:
-    subprocess.run([*GIT, *args], cwd=repo, check=True, capture_output=True)
-
-
-def status_kb(pid: int | str, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def rss_of(match: str) -> tuple[int, int]:
-    """(count, total RSS in KiB) of processes whose command line contains `match`."""
-    count = total = 0
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if match.encode() in (proc / "cmdline").read_bytes():
-                    count += 1
-                    total += status_kb(proc.name, "VmRSS")
-            except OSError:
-                continue
-    return count, total
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--max-sagas", type=int, default=8, help="sagas running at once")
+    parser.add_argument("--invocations", type=int, default=10, help="smoke-test invocations per canary")
+    parser.add_argument("--sample-every", type=float, default=2.0, help="seconds between PSS samples")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    scratch = Path(tempfile.mkdtemp(prefix="plnt-bench-many-"))
-    repo = scratch / "repo"
-    shutil.copytree(ROOT / "gitops-example", repo)
-    (repo / "workflowruns" / "review-responder.yaml").unlink()
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "no workflows")
+    logging.basicConfig(level=logging.INFO if os.environ.get("PLNT_BENCH_LOG") else logging.WARNING)
+    how = how_it_ran("many_workflowruns.py", vars(args), [
+        "plnt up in this process: embedded Temporal dev server (SQLite in the state dir), local runner processes",
+        f"one commit adds {args.runs} WorkflowRuns, each with its own recipe (distinct signed archives, "
+        f"each pulled fresh: checked, +{args.runs} pull-cache entries)",
+        "memory: PSS of this process and of the processes it started (runners, Temporal), sampled "
+        f"every {args.sample_every:g} s; peak = largest sampled total"])
 
-    settings = Settings(repo=str(repo), state_dir=scratch / "state", port=0, interval_s=2.0,
+    repo = BenchRepo("plnt-bench-many-")
+    repo.commit("no workflows")
+    state_dir = repo.scratch / "state"
+    settings = Settings(repo=str(repo.path), state_dir=state_dir, port=0, interval_s=2.0,
                         max_concurrent_sagas=args.max_sagas)
     plnt = await start(settings)
+    samples: list[dict[str, Any]] = []
     try:
-        template = (ROOT / "gitops-example" / "workflowruns" / "review-responder.yaml").read_text()
+        idle = memory_pss()
         names = [f"rr-{i:03d}" for i in range(args.runs)]
         for name in names:
-            (repo / "workflowruns" / f"{name}.yaml").write_text(
-                template.replace("name: review-responder\n", f"name: {name}\n"))
-        git(repo, "add", "-A")
-        git(repo, "commit", "-q", "-m", f"{args.runs} WorkflowRuns")
+            repo.publish(name, "1.0.0")  # signing is the authors' CI: before the commit, not timed
+            repo.write_run(name, name, "1.0.0", invocations=args.invocations)
+        entries_before = cache_entries(state_dir)
+        repo.commit(f"{args.runs} WorkflowRuns")
         committed = time.perf_counter()
         plnt.reconciler.wake()
         ready_at: dict[str, float] = {}
+        next_sample = committed
         while len(ready_at) < len(names):
+            now = time.perf_counter()
             for status in plnt.statuses.all():
                 if status.phase.value == "Ready" and status.name not in ready_at:
-                    ready_at[status.name] = time.perf_counter() - committed
+                    ready_at[status.name] = now - committed
                 if status.phase.value in ("Failed", "RolledBack"):
                     raise SystemExit(f"{status.name} ended {status.phase.value}: {status.last_error}")
-            if time.perf_counter() - committed > 1800:
+            if now >= next_sample:
+                samples.append({"at_s": round(now - committed, 1), "ready": len(ready_at),
+                                **await asyncio.to_thread(memory_pss)})
+                next_sample = now + args.sample_every
+            if now - committed > 1800:
                 raise SystemExit(f"only {len(ready_at)} of {len(names)} Ready after 30 minutes")
             await asyncio.sleep(0.2)
         wall = max(ready_at.values())
-        times = sorted(ready_at.values())
-        runners, runners_kb = rss_of("plnt.runner")
-        temporal, temporal_kb = rss_of("start-dev")
-        print(f"{args.runs} WorkflowRuns in one commit, at most {args.max_sagas} sagas at once, on {__import__('os').cpu_count()} cores:")
-        print(f"  commit -> all Ready: {wall:.1f} s  (first Ready {times[0]:.1f} s, median {times[len(times) // 2]:.1f} s)")
-        print(f"  throughput: {args.runs / wall:.2f} sagas/s")
-        print(f"  plnt process (reconciler, worker, gateway) peak RSS: {status_kb('self', 'VmHWM') / 1024:.0f} MiB")
-        print(f"  runner processes: {runners}, total RSS {runners_kb / 1024:.0f} MiB ({runners_kb / 1024 / max(runners, 1):.0f} MiB each)")
-        print(f"  Temporal dev server RSS: {temporal_kb / 1024:.0f} MiB ({temporal} process)")
+        end = memory_pss()
+        samples.append({"at_s": round(wall, 1), "ready": len(ready_at), **end})
+        pulled = cache_entries(state_dir) - entries_before
+        if pulled != args.runs:
+            raise SystemExit(f"{pulled} pulls for {args.runs} distinct recipes: not every one was pulled fresh")
+        peak = max(samples, key=lambda s: s["total_pss_mib"])
+        plnt_hwm = vm_hwm_mib()
     finally:
         await plnt.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
+        repo.remove()
+
+    times = sorted(ready_at.values())
+    print(f"\n{args.runs} WorkflowRuns (distinct recipes, each pulled fresh) in one commit, at most "
+          f"{args.max_sagas} sagas at once, on {os.cpu_count()} cores:")
+    print(f"  commit -> all Ready: {wall:.1f} s  (first Ready {times[0]:.1f} s, median {statistics.median(times):.1f} s)")
+    print(f"  throughput: {args.runs / wall:.2f} sagas/s")
+    print(f"\n  {'PSS, MiB':<30} {'idle':>8} {'at the end':>11} {'at the peak':>12} {'processes':>10}")
+    for group, label in (("plnt", "plnt (this process)"), ("runners", "runner processes"),
+                         ("temporal", "Temporal dev server"), ("other", "other children")):
+        print(f"  {label:<30} {idle[group]['pss_mib']:>8.0f} {end[group]['pss_mib']:>11.0f} "
+              f"{peak[group]['pss_mib']:>12.0f} {end[group]['processes']:>10}")
+    print(f"  {'total':<30} {idle['total_pss_mib']:>8.0f} {end['total_pss_mib']:>11.0f} {peak['total_pss_mib']:>12.0f}")
+    runners = end["runners"]
+    if runners["processes"]:
+        print(f"  per runner: {runners['pss_mib'] / runners['processes']:.1f} MiB PSS")
+    print(f"  plnt process peak RSS (VmHWM): {plnt_hwm:.0f} MiB")
+    print_json(how, {"runs": args.runs, "all_ready_s": round(wall, 2), "first_ready_s": round(times[0], 2),
+                     "median_ready_s": round(statistics.median(times), 2), "sagas_per_s": round(args.runs / wall, 3),
+                     "fresh_pulls": pulled, "pss_idle": idle, "pss_end": end, "pss_peak": peak,
+                     "plnt_vm_hwm_mib": plnt_hwm, "pss_samples": samples,
+                     "ready_s": {name: round(t, 2) for name, t in sorted(ready_at.items())}})
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import how_it_ran, print_json  # noqa: E402
 from plnt.reconciler.archive import archive_digest, pack_recipe_to  # noqa: E402
 from plnt.reconciler.local_driver import free_port  # noqa: E402
 from plnt.reconciler.recipes import RecipeCache, pull_recipe  # noqa: E402
@@ -59,10 +60,18 @@ def ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:8.1f} ms"
 
 
+def raw_ms(values: list[float]) -> list[float]:
+    return [round(v * 1000, 2) for v in values]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
+    how = how_it_ran("recipe_pull.py", vars(args), [
+        "real registries on 127.0.0.1: file://, moto_server (s3://), docker-registry (oci://)",
+        "pull: into an empty cache (fetch, pin check, verify, extract, load); cached pull: the same version again"])
+    rows: list[dict[str, object]] = []
     work = Path(tempfile.mkdtemp(prefix="plnt-bench-pull-"))
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
     procs: list[subprocess.Popen[bytes]] = []
@@ -132,8 +141,11 @@ def main() -> None:
                                     registry_options=options)
                         target.append(time.perf_counter() - started)
                 print(f"{size_mb:>4}MB {kind:<8} {ms(fetches):>15} {ms(pulls):>15} {ms(cached):>13}")
+                rows.append({"size_mb": size_mb, "registry": kind, "fetch_ms": raw_ms(fetches),
+                             "pull_ms": raw_ms(pulls), "cached_pull_ms": raw_ms(cached)})
         print(f"\nverify_recipe (offline, cached Verifier): median {statistics.median(verify_times) * 1000:.2f} ms "
               f"over {len(verify_times)} verifications")
+        print_json(how, {"pulls": rows, "verify_ms": raw_ms(verify_times)})
     finally:
         for proc in procs:
             proc.terminate()

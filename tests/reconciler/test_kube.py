@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,9 +60,11 @@ def api(standin: KubeStandIn, tmp_path: Path) -> k8s.ApiClient:
     return api_client(standin.kubeconfig(tmp_path))
 
 
-def lease(api: k8s.ApiClient, identity: str, duration: int = 1, renew: float = 0.1) -> KubernetesLease:
+def lease(api: k8s.ApiClient, identity: str, duration: int = 1, renew: float = 0.1,
+          clock: Any = time.monotonic) -> KubernetesLease:
     return KubernetesLease("plnt-reconciler", LEASE_NS, identity, lease_duration_s=duration, renew_every_s=renew,
-                           api=api if identity == "c" else k8s.CoordinationV1Api(api), request_timeout_s=1)
+                           api=api if identity == "c" else k8s.CoordinationV1Api(api), request_timeout_s=1,
+                           clock=clock)
 
 
 def lease_spec(standin: KubeStandIn) -> dict[str, Any]:
@@ -81,7 +84,9 @@ async def eventually(check: Any, timeout: float = 5.0) -> None:
 
 async def test_acquire_creates_the_lease_hold_renews_it_release_hands_it_over(standin: KubeStandIn,
                                                                                api: k8s.ApiClient) -> None:
-    a, b = lease(api, "a", duration=3), lease(api, "b", duration=3)
+    # b's clock never moves: by its own clock a's record never expires, so b can only take over a
+    # released lease. (Before: an upper bound on the wall-clock time of the takeover.)
+    a, b = lease(api, "a", duration=3), lease(api, "b", duration=3, clock=lambda: 0.0)
     stop_a, stop_b = asyncio.Event(), asyncio.Event()
     assert await asyncio.wait_for(a.acquire(stop_a), 5)
     spec = lease_spec(standin)
@@ -103,11 +108,9 @@ async def test_acquire_creates_the_lease_hold_renews_it_release_hands_it_over(st
 
     stop_a.set()
     await holding
-    started = time.monotonic()
     await a.release()
     assert lease_spec(standin).get("holderIdentity", "") in ("", "b")
-    assert await asyncio.wait_for(waiting, 5)
-    assert time.monotonic() - started < 2.0  # taken over at once, not after the lease duration (3 s)
+    assert await asyncio.wait_for(waiting, 30)  # taken over because a released it (b's clock never expires it)
     spec = lease_spec(standin)
     assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
     stop_b.set()
@@ -124,7 +127,7 @@ async def test_a_lease_whose_holder_stopped_renewing_is_taken_over_after_it_expi
     spec = lease_spec(standin)
     assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
     # a wakes up: its next renewal finds b holding, so it reports the lease lost at once.
-    await asyncio.wait_for(a.hold(asyncio.Event()), 3)
+    await asyncio.wait_for(a.hold(asyncio.Event()), 30)
     assert not a.held and lease_spec(standin)["holderIdentity"] == "b"
 
 
@@ -171,21 +174,37 @@ async def test_of_two_contenders_exactly_one_wins(standin: KubeStandIn, api: k8s
 async def test_api_down_is_unknown_not_lost_until_the_lease_duration_passes(standin: KubeStandIn,
                                                                             api: k8s.ApiClient,
                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """a's clock is the test's (`now`): "a lease duration without a renewal" is then a logical fact,
+    whatever the machine's speed, and failed renewals are counted from the log, not waited for."""
     caplog.set_level(logging.INFO, logger="plnt.reconciler.kube")
-    a = lease(api, "a", duration=2, renew=0.1)
+    now = [0.0]
+
+    def api_errors() -> int:
+        return sum(r.getMessage().startswith("lease-api-error") for r in caplog.records)
+
+    async def failed_renewals(more: int) -> None:
+        target = api_errors() + more
+        await eventually(lambda: api_errors() >= target, timeout=30)
+
+    a = lease(api, "a", duration=2, renew=0.1, clock=lambda: now[0])
     stop = asyncio.Event()
-    assert await a.acquire(stop)
+    assert await a.acquire(stop)  # renewed at 0.0 on a's clock
     holding = asyncio.create_task(a.hold(stop))
     standin.down()
-    await asyncio.sleep(1.0)  # half the lease duration without a renewal: still ours
+    now[0] = 1.9
+    await failed_renewals(3)  # renewals fail for just under a lease duration: unknown, still ours
     assert not holding.done() and a.held
     standin.up()
-    await asyncio.sleep(0.5)
+    renewed = lease_spec(standin)["renewTime"]
+    await eventually(lambda: lease_spec(standin)["renewTime"] != renewed, timeout=30)  # renewed at 1.9
     assert not holding.done() and a.held and lease_spec(standin)["holderIdentity"] == "a"
     standin.down()
-    started = time.monotonic()
-    await asyncio.wait_for(holding, 5)  # lost once a whole lease duration passed without a renewal
-    assert 1.4 <= time.monotonic() - started <= 4.0 and not a.held
+    now[0] = 1.9 + 1.9
+    await failed_renewals(3)
+    assert not holding.done() and a.held  # 1.9 s since the last renewal: still ours
+    now[0] = 1.9 + 2.0
+    await asyncio.wait_for(holding, 30)  # a whole lease duration without a renewal: lost at the next try
+    assert not a.held
     assert "lease-lost" in caplog.text and "lease-api-error" in caplog.text
     # Acquiring while the API is down waits (no exception) and succeeds once it is back.
     b = lease(api, "b", duration=2, renew=0.1)
@@ -193,7 +212,7 @@ async def test_api_down_is_unknown_not_lost_until_the_lease_duration_passes(stan
     await asyncio.sleep(0.5)
     assert not waiting.done()
     standin.up()
-    assert await asyncio.wait_for(waiting, 6)  # a's record is stale: b takes over after a lease duration
+    assert await asyncio.wait_for(waiting, 30)  # a's record is stale: b takes over after a lease duration
     assert TOKEN not in caplog.text
 
 
@@ -390,11 +409,24 @@ async def test_mirror_survives_the_api_server_being_down_and_catches_up(
     statuses.update("default", "review-responder", phase=Phase.PENDING)
     await eventually(lambda: (cr(standin) or {}).get("status", {}).get("phase") == "Pending")
 
+    # Every API call the mirror makes, with the thread it runs on and whether it is still in flight.
+    calls: list[int] = []
+    in_flight = [0]
+    real_call = mirror._call
+
+    def watched_call(*args: Any, **kwargs: Any) -> Any:
+        calls.append(threading.get_ident())
+        in_flight[0] += 1
+        try:
+            return real_call(*args, **kwargs)
+        finally:
+            in_flight[0] -= 1
+
+    mirror._call = watched_call  # type: ignore[method-assign]
     standin.down()
-    started = time.monotonic()
-    for phase in (Phase.VERIFYING, Phase.DEPLOYING):  # status writes return at once: the mirror never blocks them
+    for phase in (Phase.VERIFYING, Phase.DEPLOYING):  # status writes never call the API: the mirror never blocks them
         statuses.update("default", "review-responder", phase=phase)
-    assert time.monotonic() - started < 0.1
+    assert threading.get_ident() not in calls, "a status write called the Kubernetes API on the caller's thread"
     passes = mirror.passes
     await eventually(lambda: mirror.passes >= passes + 2)  # it keeps trying (backoff), without raising
     assert not task.done()
@@ -409,12 +441,15 @@ async def test_mirror_survives_the_api_server_being_down_and_catches_up(
     # An API server that accepts connections but does not answer: the event loop stays free.
     standin.hang_s = 1.5
     statuses.update("default", "review-responder", phase=Phase.DELETING)
-    ticks = 0
-    started = time.monotonic()
-    while time.monotonic() - started < 1.0:
+    # The loop keeps turning while a hanging call is in flight (the calls run in threads, with timeouts):
+    # an ordering, not a rate. Were a call made on the loop, no tick could happen while one is in flight.
+    ticks_during_a_call = 0
+    deadline = time.monotonic() + 10  # give up waiting only
+    while ticks_during_a_call < 3 and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
-        ticks += 1
-    assert ticks > 20  # the loop was not stalled by the hanging calls (they run in threads, with timeouts)
+        ticks_during_a_call += in_flight[0] > 0
+    assert ticks_during_a_call >= 3, "the event loop did not run while a mirror call hung"
+    assert threading.get_ident() not in calls
     standin.hang_s = 0
     await eventually(lambda: (cr(standin) or {}).get("status", {}).get("phase") == "Deleting", timeout=10)
     stop.set()

@@ -189,9 +189,14 @@ async def test_reporter_backs_off_when_the_control_api_is_down_and_recovers(capl
                               interval_s=0.05, transport=httpx.MockTransport(control))
     stop = asyncio.Event()
     task = asyncio.create_task(reporter.run(stop))
-    await asyncio.sleep(0.6)
-    failures = len(calls)
-    assert 2 <= failures <= 8, f"{failures} attempts in 0.6 s: not a backoff"
+    deadline = time.monotonic() + 30  # give up waiting only
+    while len(calls) < 4:
+        assert time.monotonic() < deadline, f"{len(calls)} attempts: the reporter stopped retrying"
+        await asyncio.sleep(0.02)
+    # A backoff: after the k-th failure it waits at least interval * 2**k / 2 (doubling, jitter 0.5..1).
+    # Lower bounds only (a wait is never shorter on a busy machine); without a backoff gap 3 is 0.05 s.
+    gaps = [b - a for a, b in zip(calls, calls[1:4], strict=False)]
+    assert all(gap >= 0.05 * 2**k - 0.01 for k, gap in enumerate(gaps)), f"not a backoff: gaps {gaps}"
     assert reporter.unreachable_since is not None
     up = True
     deadline = time.monotonic() + 10

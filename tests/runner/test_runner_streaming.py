@@ -8,8 +8,9 @@ import asyncio
 import json
 import os
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,49 +41,75 @@ def peer(peer_server: OpenAIPeer) -> OpenAIPeer:
     return peer_server.reset()
 
 
-async def timed_events(url: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> list[tuple[float, str, Any]]:
-    """[(seconds since the request, event, data)] of an SSE answer, timed as each event arrives."""
+async def timed_events(url: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None,
+                       on_token: Callable[[], None] | None = None) -> list[tuple[float, str, Any]]:
+    """[(seconds since the request, event, data)] of an SSE answer, timed as each event arrives.
+    `on_token` runs as each token event arrives (to let a held-back backend send the next one); the
+    whole answer is given up on after 60 s (a buffered stream that waits for it never finishes)."""
     out: list[tuple[float, str, Any]] = []
     started = time.perf_counter()
-    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
-        async with client.stream("POST", url + path, json=body, headers={**SSE, **(headers or {})}) as response:
-            assert response.status_code == 200
-            assert response.headers["content-type"].startswith("text/event-stream")
-            event = None
-            async for line in response.aiter_lines():
-                if line.startswith("event: "):
-                    event = line[len("event: "):]
-                elif line.startswith("data: "):
-                    out.append((time.perf_counter() - started, event, json.loads(line[len("data: "):])))
+
+    async def read() -> None:
+        async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+            async with client.stream("POST", url + path, json=body, headers={**SSE, **(headers or {})}) as response:
+                assert response.status_code == 200
+                assert response.headers["content-type"].startswith("text/event-stream")
+                event = None
+                async for line in response.aiter_lines():
+                    if line.startswith("event: "):
+                        event = line[len("event: "):]
+                    elif line.startswith("data: "):
+                        out.append((time.perf_counter() - started, event, json.loads(line[len("data: "):])))
+                        if event == "token" and on_token is not None:
+                            on_token()
+
+    await asyncio.wait_for(read(), 60)  # give up waiting only
     return out
 
 
+class LockstepBackend(MockBackend):
+    """The MockBackend stand-in, except that each token after the first is produced only once the
+    client has received the one before (`received`, released by the test). A stream buffered anywhere
+    between backend and client deadlocks, and the test gives up: an ordering, not a rate."""
+
+    def __init__(self, token_delay: float) -> None:
+        super().__init__(token_delay)
+        self.received = threading.Semaphore(0)
+
+    async def stream(self, prompt: str, *, system: str | None = None, max_tokens: int = 256) -> AsyncIterator[str]:
+        first = True
+        async for token in super().stream(prompt, system=system, max_tokens=max_tokens):
+            if not first and not await asyncio.to_thread(self.received.acquire, True, 60):
+                raise RuntimeError("the client never received the previous token: the stream is buffered")
+            first = False
+            yield token
+
+
 async def test_first_token_reaches_the_client_long_before_the_workflow_finishes(tmp_path: Path) -> None:
-    """MockBackend: 10 tokens, 0.2 s each. The first event must not wait for the other nine."""
+    """MockBackend: 10 tokens, 0.2 s each, each sent only after the client received the one before."""
     recipe = load_recipe_dir(write_recipe(tmp_path, GENERATE_STEPS))
-    with UvicornThread(create_app(recipe, MockBackend(token_delay=0.2), "rel-s")) as server:
-        events = await timed_events(server.url, "/invoke", {})
+    backend = LockstepBackend(token_delay=0.2)
+    with UvicornThread(create_app(recipe, backend, "rel-s")) as server:
+        events = await timed_events(server.url, "/invoke", {}, on_token=backend.received.release)
     kinds = [event for _, event, _ in events]
     assert kinds == ["token"] * 10 + ["result"]
-    first_token_at, finished_at = events[0][0], events[-1][0]
-    assert finished_at >= 1.9, "ten tokens at 0.2 s cannot take less"
-    assert first_token_at < 0.8, f"first token after {first_token_at:.2f}s: the stream is buffered"
-    gaps = [b[0] - a[0] for a, b in zip(events, events[1:-1], strict=False)]
-    assert all(gap > 0.1 for gap in gaps), f"tokens arrived in bursts: {gaps}"
+    assert events[-1][0] >= 1.9, "ten tokens at 0.2 s cannot take less"  # a lower bound: the waits were honoured
     assert "".join(data["text"] for _, event, data in events if event == "token") == TEN_TOKENS
     assert events[-1][2]["output"] == TEN_TOKENS and events[-1][2]["steps"]["words"]["ms"] >= 1900
 
 
 async def test_chat_streams_an_upstream_peer_token_by_token(tmp_path: Path, peer: OpenAIPeer) -> None:
     """HTTPBackend -> peer (0.1 s per token) -> runner /chat SSE: each token as it arrives."""
-    peer.configure(token_delay=0.1)
+    # The peer sends one token and holds the rest back until the client has that one (an ordering).
+    peer.configure(token_delay=0.1, stall_after=1, hang_s=600)
     recipe = load_recipe_dir(write_recipe(tmp_path, "- {id: answer, tool: llm.generate, params: {prompt: '{message}'}}"))
     backend = HTTPBackend(peer.url, "peer-model", api_key="k-123")
     with UvicornThread(create_app(recipe, backend, None)) as server:
-        events = await timed_events(server.url, "/chat", {"messages": [{"role": "user", "content": TEN_TOKENS}], "stream": True})
+        events = await timed_events(server.url, "/chat", {"messages": [{"role": "user", "content": TEN_TOKENS}], "stream": True},
+                                    on_token=peer.release_hangs)
     tokens = [(at, data["text"]) for at, event, data in events if event == "token"]
     assert "".join(text for _, text in tokens) == TEN_TOKENS and len(tokens) == 10
-    assert tokens[0][0] < 0.5 and events[-1][0] >= 1.0
+    assert events[-1][0] >= 1.0  # a lower bound: ten tokens at 0.1 s
     assert events[-1][1] == "result" and events[-1][2]["output"] == TEN_TOKENS
     assert peer.requests[-1].json["stream"] is True and peer.requests[-1].headers["authorization"] == "Bearer k-123"
 
