@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plnt.gateway.routes import preview_name, preview_of
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
@@ -49,6 +49,7 @@ from .forge import Forge, ForgeError, ForgeNotFound, State
 from .loader import SpecSet, load_sources
 from .plan import Action, DesiredRun, PlanItem, live_from, plan
 from .rollout_report import verdict
+from .saga_follow import RunningSagas
 from .saga_io import SagaInput, SagaResult, saga_workflow_id
 from .settings import Settings
 from .source import GitSource, redact
@@ -191,9 +192,9 @@ class PreviewController:
         self._gateway_url = gateway_url
         self._base: tuple[str, SpecSet] | None = None  # the tracked branch's last reconciled commit
         self._wake = asyncio.Event()
-        self._sagas: dict[str, asyncio.Task[None]] = {}
-        self._saga_fingerprints: dict[str, str | None] = {}
-        self._cancelled: set[str] = set()
+        self._running = RunningSagas(self._wake, what="preview-saga", subject="preview")
+        self._sagas, self._saga_fingerprints, self._cancelled = (
+            self._running.tasks, self._running.fingerprints, self._running.cancelled)
         self._specs: dict[str, tuple[dict[str, WorkflowRun], str | None]] = {}  # sha -> (runs, problem)
         self._reported: dict[int, _Reported] = {}
         self._closed: dict[int, tuple[str, float]] = {}  # pr -> (head sha, when the forge said it is not open)
@@ -407,7 +408,7 @@ class PreviewController:
                      item.key, pr, item.action.value, item.to_version or item.from_version, commit[:12])
         except WorkflowAlreadyStartedError:
             handle = self._client.get_workflow_handle(saga.workflow_id, result_type=SagaResult)
-        self._follow(item.key, handle, saga.fingerprint)
+        self._running.follow(item.key, handle, saga.fingerprint)
 
     async def _cancel_saga(self, item: PlanItem) -> None:
         if item.key in self._cancelled:
@@ -432,25 +433,7 @@ class PreviewController:
                 continue
             if description.status == WorkflowExecutionStatus.RUNNING:
                 deploys = None if status.phase is Phase.DELETING else status.attempted_fingerprint
-                self._follow(status.key, handle, deploys)
-
-    def _follow(self, key: str, handle: WorkflowHandle[Any, SagaResult], deploys: str | None) -> None:
-        async def wait() -> None:
-            try:
-                result = await handle.result()
-                log.info("preview-saga-ended preview=%s phase=%s reason=%r", key, result.phase.value, result.reason)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a saga that failed outright is still over
-                log.error("preview-saga-error preview=%s error=%s", key, exc)
-            finally:
-                self._sagas.pop(key, None)
-                self._saga_fingerprints.pop(key, None)
-                self._cancelled.discard(key)
-                self._wake.set()
-
-        self._saga_fingerprints[key] = deploys
-        self._sagas[key] = asyncio.create_task(wait(), name=f"preview-saga-{key}")
+                self._running.follow(status.key, handle, deploys)
 
     # --- the pull request's statuses and comment -------------------------------------------
 

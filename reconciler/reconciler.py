@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from plnt.gateway.routes import preview_of
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
@@ -25,6 +25,7 @@ from .driver import ReleaseDriver
 from .errors import PlntError
 from .loader import Problem, SpecSet
 from .plan import Action, DesiredRun, LiveRun, PlanItem, live_from, plan
+from .saga_follow import RunningSagas
 from .saga_io import SagaInput, SagaResult, saga_workflow_id
 from .settings import Settings
 from .smoke_progress import follow_smoke_progress
@@ -61,9 +62,9 @@ class Reconciler:
         self._driver = driver
         self._state = state
         self._wake = asyncio.Event()
-        self._sagas: dict[str, asyncio.Task[None]] = {}
-        self._saga_fingerprints: dict[str, str | None] = {}  # what each running saga deploys (None: uninstall)
-        self._cancelled: set[str] = set()
+        self._running = RunningSagas(self._wake)
+        self._sagas, self._saga_fingerprints, self._cancelled = (
+            self._running.tasks, self._running.fingerprints, self._running.cancelled)
         self._loaded: tuple[str, SpecSet, list[Problem]] | None = None
         self._desired_at: tuple[str, SpecSet, dict[str, DesiredRun]] | None = None
         # The inputs of the last pass that found everything in sync, and its plan (see reconcile_once).
@@ -197,7 +198,7 @@ class Reconciler:
             if description.status == WorkflowExecutionStatus.RUNNING:
                 log.info("saga-adopted workflowrun=%s saga=%s", status.key, handle.id)
                 deploys = None if status.phase is Phase.DELETING else status.attempted_fingerprint
-                self._follow(status.key, handle, deploys)
+                self._running.follow(status.key, handle, deploys)
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -247,7 +248,7 @@ class Reconciler:
         except WorkflowAlreadyStartedError:
             # A saga for this WorkflowRun is still running: follow it, act on the newest spec when it ends.
             handle = self._client.get_workflow_handle(saga.workflow_id, result_type=SagaResult)
-        self._follow(item.key, handle, saga.fingerprint)
+        self._running.follow(item.key, handle, saga.fingerprint)
 
     async def _cancel_saga(self, item: PlanItem) -> None:
         """The newest spec wins: cancel the running saga (it removes its canary); when it has
@@ -285,24 +286,6 @@ class Reconciler:
                 if status is not None and status.message != message:
                     log.warning("drift-detected workflowrun=%s releases=%s selfHeal=false", key, what)
                     self._statuses.update(run.metadata.namespace, run.metadata.name, message=message)
-
-    def _follow(self, key: str, handle: WorkflowHandle[Any, SagaResult], deploys: str | None) -> None:
-        async def wait() -> None:
-            try:
-                result = await handle.result()
-                log.info("saga-ended workflowrun=%s phase=%s reason=%r", key, result.phase.value, result.reason)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a saga that failed outright is still over
-                log.error("saga-error workflowrun=%s error=%s", key, exc)
-            finally:
-                self._sagas.pop(key, None)
-                self._saga_fingerprints.pop(key, None)
-                self._cancelled.discard(key)
-                self._wake.set()
-
-        self._saga_fingerprints[key] = deploys
-        self._sagas[key] = asyncio.create_task(wait(), name=f"saga-{key}")
 
     def _was_deployed(self, key: str) -> bool:
         """Status says plnt deployed it: then "not seen" on an unreadable backend is not "gone". (A
