@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +20,8 @@ from plnt.gateway.limits import HttpLimits
 from plnt.gateway.route_watch import RoutePublisher, add_control_routes
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
 from plnt.gateway.server import GatewayServer, ServerStartError
+from plnt.gateway.workers import TrustForwarded, WorkerConfig, WorkerSupervisor, auto_workers
+from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
@@ -81,6 +85,8 @@ class Plnt:
     gateway: GatewayServer
     stop_event: asyncio.Event
     publisher: RoutePublisher | None = None  # the route watch that `plnt gateway` follows
+    gateway_workers: WorkerSupervisor | None = None  # --gateway-workers N > 1: the other N-1 processes
+    control_listener: GatewayServer | None = None  # the private loopback listener those workers follow
     drivers: DriverSet | None = None
     previews: PreviewController | None = None  # --previews
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -284,16 +290,22 @@ async def start(settings: Settings) -> Plnt:
         async def on_git_hook() -> None:
             reconciler.wake()
 
+        worker_count = settings.gateway_workers or auto_workers()
         gateway_app = create_app(router, list_workflows=list_workflows, on_git_hook=on_git_hook, tokens=tokens,
                                  max_body_bytes=settings.gateway_max_body_bytes,
                                  request_timeout_s=settings.gateway_request_timeout_s,
-                                 webhook_secret=webhook_secret, host=settings.host)
+                                 webhook_secret=webhook_secret, host=settings.host,
+                                 health=lambda: (200, {"status": "ok", "worker": 0, "workers": worker_count}))
 
         add_reconciler_routes(gateway_app, reconciler, client)
         publisher = RoutePublisher()
         internal_token = settings.internal_token.get_secret_value() if settings.internal_token else None
+        if internal_token is None and worker_count > 1:
+            # The workers follow the route watch with it; made here, it exists only in memory and in
+            # the workers' stdin pipes (workers.py).
+            internal_token = secrets.token_urlsafe(32)
         add_control_routes(gateway_app, publisher, internal_token)
-        gateway = GatewayServer(gateway_app, host=settings.host, port=settings.port,
+        gateway = GatewayServer(gateway_app, host=settings.host, port=settings.port, reuse_port=worker_count > 1,
                                 limits=HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
                                                   head_timeout_s=settings.gateway_header_timeout_s))
         stop_event = asyncio.Event()
@@ -324,6 +336,9 @@ async def start(settings: Settings) -> Plnt:
 
         await gateway.start()
         cleanups.append(gateway.stop)
+        if worker_count > 1:
+            assert internal_token is not None
+            await start_gateway_workers(plnt, settings, worker_count, internal_token, cleanups)
         cleanups.append(_closer(publisher))  # runs before gateway.stop: long-polls answer at once
         cleanups.append(reconciler.close)
         plnt._tasks.append(asyncio.create_task(reconciler.run(stop_event), name="reconciler"))
@@ -349,6 +364,38 @@ async def start(settings: Settings) -> Plnt:
             except Exception:  # noqa: BLE001
                 log.exception("cleanup-after-failed-start")
         raise
+
+
+async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, internal_token: str,
+                                cleanups: list[Callable[[], Awaitable[None]]]) -> None:
+    """--gateway-workers N: N-1 more processes on the gateway's port (gateway/workers.py), following
+    the route table through a private loopback listener of this process (the public port would
+    spread their long-polls over themselves); it serves the same app, trusting the caller address
+    the workers forward with the internal token."""
+    app = plnt.gateway.app
+    private = GatewayServer(TrustForwarded(app, internal_token), host="127.0.0.1", port=0, lifespan=False,
+                            limits=plnt.gateway.limits)
+    await private.start()
+    plnt.control_listener = private
+    cleanups.append(private.stop)
+    tokens_text = settings.gateway_tokens_file.read_text(encoding="utf-8") if settings.gateway_tokens_file else None
+    port, parent = plnt.gateway.port, os.getpid()
+
+    def config_for(index: int) -> WorkerConfig:
+        return WorkerConfig(
+            index=index, parent_pid=parent, control_url=private.url, internal_token=SecretStr(internal_token),
+            forward_control=True, host=settings.host, port=port,
+            tokens_text=SecretStr(tokens_text) if tokens_text is not None else None,
+            tokens_source=str(settings.gateway_tokens_file or "(tokens)"), plain_tokens=settings.gateway_tokens,
+            max_body_bytes=settings.gateway_max_body_bytes, request_timeout_s=settings.gateway_request_timeout_s,
+            max_header_bytes=settings.gateway_max_header_bytes, header_timeout_s=settings.gateway_header_timeout_s,
+            watch_retry_max_s=1.0, verbose=log.isEnabledFor(logging.DEBUG))
+
+    supervisor = WorkerSupervisor(config_for, count - 1)
+    plnt.gateway_workers = supervisor
+    cleanups.append(supervisor.stop)  # runs first: workers stop taking connections, then the rest
+    await supervisor.start()
+    log.info("gateway-workers count=%d pids=%s", count, sorted(supervisor.pids.values()))
 
 
 def start_previews(settings: Settings, *, source: GitSource, client: Client, statuses: StatusStore,
