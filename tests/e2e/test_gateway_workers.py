@@ -186,7 +186,7 @@ async def test_plnt_gateway_workers_follow_through_plnt_up_workers_and_die_with_
                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         await gateway.wait_health(lambda code, state: code == 200, "a first route table")
         clients = await pinned_clients(gateway.url, 2)
-        for index, client in clients.items():
+        for client in clients.values():
             response = await client.post("/workflows/review-responder/invoke", json=REVIEW)
             assert response.status_code == 200 and response.json()["version"] == "1.2.0", gateway.why(response.text)
         deploy(spec_repo, "1.3.0")

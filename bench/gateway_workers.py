@@ -1,0 +1,279 @@
+"""The gateway as `plnt up` serves it, with 1 and more gateway worker processes: what it adds to an
+invocation against the same runner called direct, idle and while plnt up reconciles 1,000 specs.
+
+For each --workers value W, starts on 127.0.0.1 a real `plnt up --gateway-workers W` (console
+script: embedded Temporal, reconciler, Temporal worker, gateway in plnt up's process plus W-1
+gateway worker processes on the same port; review-responder from a scratch git copy of
+gitops-example; its runner a real `plnt.runner` process with the offline mock model), waits for
+Ready, reads the runner's address from GET /workflows, then for each concurrency (default 1, 32):
+
+  direct:   load generator -> runner                        POST /invoke
+  gateway:  load generator -> plnt up's port -> runner      POST /workflows/review-responder/invoke
+
+in alternating rounds (so drift hits both alike), same body; p50/p95/p99 of each and the
+difference ("added" = gateway - direct, per percentile). Then the same again while plnt up
+reconciles: a background task commits, again and again, 1,000 WorkflowRuns (bulk/bulk-NNNN,
+each naming a backend that does not exist, its name changed in every file at every commit, so
+every commit's 1,000 files are new blobs that plnt up parses and validates, then refuses whole:
+no saga, no runner; the load is the reconciler's own) and posts POST /hooks/git after each.
+The CPU seconds of every plnt process (plnt up, its gateway workers, the runner, Temporal) in
+each phase, and the commits plnt up took in the busy phase, are reported beside the latencies.
+
+The load generator runs in this process (asyncio, the gateway's own upstream client, ~0.1 ms
+CPU per request) on the same 2 cores as everything else: as a user's client on this machine
+would. Nothing is pinned.
+
+    python bench/gateway_workers.py [--workers 1,2,3] [--requests 3000] [--concurrency 1,32]
+                                    [--rounds 3] [--busy-runs 1000] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from benchlib import descendants, how_it_ran, print_json  # noqa: E402
+from plnt.gateway.bench import Load, percentile, run_load  # noqa: E402
+from plnt.reconciler.local_driver import free_port  # noqa: E402
+
+PLNT = [str(Path(sys.executable).parent / "plnt")]
+PAYLOAD = json.dumps({"review": "Great service but slow parking", "brand_voice": "warm, brief"}).encode()
+GIT = ["git", "-c", "user.name=plnt-bench", "-c", "user.email=bench@plnt.invalid"]
+INVOKE = "/workflows/review-responder/invoke"
+BULK = """\
+apiVersion: plnt.work/v1
+kind: WorkflowRun
+metadata: {{name: bulk-{i:04d}, namespace: bulk}}
+spec:
+  workflow: {{ref: review-responder@1.2.0, registry: file:registry}}
+  backend: {{cluster: no-such-backend-{round}}}
+  replicas: {{min: 1, max: 2}}
+  canary: {{trafficPercent: 5, smokeTest: {{invocations: 10, p95BudgetMs: 2500, errorBudgetPercent: 1}}}}
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run([*GIT, *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def cpu_s(pid: int) -> float:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def kind(pid: int) -> str:
+    try:
+        line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "gone"
+    if "plnt.gateway.workers" in line:
+        return "gateway worker"
+    if "plnt.runner" in line:
+        return "runner"
+    if "temporal" in line:
+        return "temporal"
+    return "other"
+
+
+class CpuMeter:
+    """CPU seconds of plnt up and each kind of process below it, over one phase."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.start = self._now()
+
+    def _now(self) -> dict[str, float]:
+        totals: dict[str, float] = {"plnt up": cpu_s(self.root)}
+        for pid in descendants(self.root):
+            name = kind(pid)
+            totals[name] = totals.get(name, 0.0) + cpu_s(pid)
+        return totals
+
+    def read(self) -> dict[str, float]:
+        now = self._now()
+        return {name: round(now[name] - self.start.get(name, 0.0), 2) for name in now}
+
+
+def pcts(load: Load) -> dict[str, float]:
+    ordered = sorted(s.latency_s for s in load.samples if s.ok)
+    return {f"p{q}": round(percentile(ordered, q) * 1000, 3) for q in (50, 95, 99)}
+
+
+async def compare(paths: dict[str, tuple[str, str]], concurrency: int, requests: int, rounds: int) -> dict[str, Any]:
+    loads = {label: Load() for label in paths}
+    per_round = max(1, requests // rounds)
+    for round_ in range(rounds):
+        order = list(paths.items()) if round_ % 2 == 0 else list(reversed(paths.items()))
+        for label, (url, path) in order:
+            got = await run_load(url, path, PAYLOAD, requests=per_round, concurrency=concurrency,
+                                 parse_results=False, warmup=concurrency * 2)
+            loads[label].samples += got.samples
+            loads[label].wall_s += got.wall_s
+    rows: dict[str, Any] = {label: {"requests": len(load.samples), "errors": sum(not s.ok for s in load.samples),
+                                    "latency_ms": pcts(load), "rps": round(len(load.samples) / load.wall_s, 1)}
+                            for label, load in loads.items()}
+    rows["added_ms"] = {q: round(rows["gateway"]["latency_ms"][q] - rows["direct"]["latency_ms"][q], 3)
+                        for q in ("p50", "p95", "p99")}
+    return rows
+
+
+async def keep_committing(repo: Path, up_url: str, runs: int, stop: asyncio.Event, commits: list[float]) -> None:
+    """Commit all `runs` bulk WorkflowRuns again (new blobs) + hook, until stopped; paced so that
+    plnt up has one commit to take at a time (a new one as soon as it took the last)."""
+    bulk = repo / "workflowruns" / "bulk"
+    bulk.mkdir(exist_ok=True)
+    round_ = 0
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        while not stop.is_set():
+            round_ += 1
+
+            def write(n: int = round_) -> str:
+                for i in range(runs):
+                    (bulk / f"bulk-{i:04d}.yaml").write_text(BULK.format(i=i, round=n))
+                git(repo, "add", "-A")
+                git(repo, "commit", "-qm", f"{runs} WorkflowRuns, round {n}")
+                return git(repo, "rev-parse", "HEAD")
+
+            head = await asyncio.to_thread(write)
+            started = time.monotonic()
+            (await client.post(f"{up_url}/hooks/git")).raise_for_status()
+            # Until plnt up has looked at this commit (it refuses it: GET /source names it as seen).
+            while not stop.is_set() and time.monotonic() - started < 60:
+                source = (await client.get(f"{up_url}/source")).json()
+                if head in json.dumps(source):
+                    commits.append(round(time.monotonic() - started, 3))
+                    break
+                await asyncio.sleep(0.05)
+
+
+async def one_layout(workers: int, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    repo = scratch / f"repo-{workers}"
+    shutil.copytree(ROOT / "gitops-example", repo)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "initial")
+    port = free_port()
+    up_url = f"http://127.0.0.1:{port}"
+    log = scratch / f"plnt-up-{workers}.log"
+    with open(log, "wb") as out:
+        up = subprocess.Popen([*PLNT, "up", "--repo", str(repo), "--state-dir", str(scratch / f"state-{workers}"),
+                               "--port", str(port), "--interval", "5", "--gateway-workers", str(workers)],
+                              stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        endpoint = None
+        deadline = time.monotonic() + 120
+        async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
+            while endpoint is None:
+                if time.monotonic() > deadline or up.poll() is not None:
+                    raise RuntimeError(f"review-responder not Ready; see {log}")
+                try:
+                    rows = (await client.get(f"{up_url}/workflows")).json()
+                    endpoint = next((r["endpoint"] for r in rows if r.get("phase") == "Ready"), None)
+                except (httpx.HTTPError, ValueError):
+                    pass
+                await asyncio.sleep(0.2)
+            seen: set[int] = set()
+            while len(seen) < workers and time.monotonic() < deadline:  # every worker listening
+                async with httpx.AsyncClient(trust_env=False, timeout=5) as fresh:
+                    seen.add((await fresh.get(f"{up_url}/healthz")).json()["worker"])
+        paths = {"direct": (endpoint, "/invoke"), "gateway": (up_url, INVOKE)}
+        result: dict[str, Any] = {"workers": workers, "idle": {}, "busy": {}}
+        meter = CpuMeter(up.pid)
+        for concurrency in args.concurrency:
+            result["idle"][str(concurrency)] = await compare(paths, concurrency, args.requests, args.rounds)
+        result["idle_cpu_s"] = meter.read()
+        if args.busy_runs:
+            stop = asyncio.Event()
+            commits: list[float] = []
+            committer = asyncio.create_task(keep_committing(repo, up_url, args.busy_runs, stop, commits))
+            await asyncio.sleep(3)  # the first commits under way
+            meter = CpuMeter(up.pid)
+            started = time.monotonic()
+            for concurrency in args.concurrency:
+                result["busy"][str(concurrency)] = await compare(paths, concurrency, args.requests, args.rounds)
+            result["busy_wall_s"] = round(time.monotonic() - started, 1)
+            result["busy_cpu_s"] = meter.read()
+            stop.set()
+            await committer
+            result["busy_commits_taken"] = len(commits)
+            result["busy_commit_to_seen_s"] = commits
+        return result
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()
+
+
+def table(results: list[dict[str, Any]]) -> None:
+    print("\n| workers | load | c | direct p50/p95/p99 ms | gateway p50/p95/p99 ms | added p50/p95/p99 ms | gateway req/s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        for phase in ("idle", "busy"):
+            for c, row in r.get(phase, {}).items():
+                d, g, a = row["direct"]["latency_ms"], row["gateway"]["latency_ms"], row["added_ms"]
+                errors = row["direct"]["errors"] + row["gateway"]["errors"]
+                print(f"| {r['workers']} | {phase} | {c} | {d['p50']:.2f} / {d['p95']:.2f} / {d['p99']:.2f} | "
+                      f"{g['p50']:.2f} / {g['p95']:.2f} / {g['p99']:.2f} | {a['p50']:+.2f} / {a['p95']:+.2f} / "
+                      f"{a['p99']:+.2f} | {row['gateway']['rps']:.0f}{f' ({errors} errors)' if errors else ''} |")
+    for r in results:
+        print(f"\nworkers {r['workers']}: CPU s idle phase {r.get('idle_cpu_s')}; busy phase {r.get('busy_cpu_s')} "
+              f"over {r.get('busy_wall_s')} s, {r.get('busy_commits_taken')} commits of 1,000 specs taken")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", default="1,2,3", help="gateway worker counts, one plnt up each")
+    parser.add_argument("--requests", type=int, default=3000, help="requests per path, concurrency and phase")
+    parser.add_argument("--concurrency", default="1,32")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--busy-runs", type=int, default=1000, help="WorkflowRuns per busy commit (0: no busy phase)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
+    args = parser.parse_args()
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    how = how_it_ran("gateway_workers.py", {k: v for k, v in vars(args).items()}, [
+        "real plnt up (console script, embedded Temporal), one real runner (mock model), nothing pinned",
+        "load generator in this process on the same cores; alternating direct/gateway rounds",
+        f"busy: commits of {args.busy_runs} WorkflowRuns (unknown backend: parsed, validated, refused) + hook, "
+        "back to back",
+    ])
+    scratch = Path(tempfile.mkdtemp(prefix="plnt-bench-gw-workers-"))
+    results = []
+    try:
+        for workers in (int(w) for w in args.workers.split(",")):
+            results.append(await one_layout(workers, args, scratch))
+            print(f"# workers {workers} done", flush=True)
+        table(results)
+        print_json(how, {"layouts": results})
+    finally:
+        if args.keep:
+            print(f"# scratch kept: {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
