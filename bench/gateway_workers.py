@@ -23,7 +23,7 @@ The load generator runs in this process (asyncio, the gateway's own upstream cli
 CPU per request) on the same 2 cores as everything else: as a user's client on this machine
 would. Nothing is pinned.
 
-    python bench/gateway_workers.py [--workers 1,2,3] [--requests 3000] [--concurrency 1,32]
+    python bench/gateway_workers.py [--workers 1,2+cp,2,3] [--requests 3000] [--concurrency 1,32]
                                     [--rounds 3] [--busy-runs 1000] [--keep]
 """
 
@@ -166,18 +166,23 @@ async def keep_committing(repo: Path, up_url: str, runs: int, stop: asyncio.Even
                 await asyncio.sleep(0.05)
 
 
-async def one_layout(workers: int, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    repo = scratch / f"repo-{workers}"
+async def one_layout(layout: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    """`layout`: "N" (N worker processes on the port, the default layout) or "N+cp" (plnt up's own
+    process is one of the N: --control-plane-gateway)."""
+    workers = int(layout.split("+")[0])
+    extra = ["--control-plane-gateway"] if layout.endswith("+cp") else []
+    tag = layout.replace("+", "-")
+    repo = scratch / f"repo-{tag}"
     shutil.copytree(ROOT / "gitops-example", repo)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "initial")
     port = free_port()
     up_url = f"http://127.0.0.1:{port}"
-    log = scratch / f"plnt-up-{workers}.log"
+    log = scratch / f"plnt-up-{tag}.log"
     with open(log, "wb") as out:
-        up = subprocess.Popen([*PLNT, "up", "--repo", str(repo), "--state-dir", str(scratch / f"state-{workers}"),
-                               "--port", str(port), "--interval", "5", "--gateway-workers", str(workers)],
+        up = subprocess.Popen([*PLNT, "up", "--repo", str(repo), "--state-dir", str(scratch / f"state-{tag}"),
+                               "--port", str(port), "--interval", "5", "--gateway-workers", str(workers), *extra],
                               stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -194,11 +199,11 @@ async def one_layout(workers: int, args: argparse.Namespace, scratch: Path) -> d
                     pass
                 await asyncio.sleep(0.2)
             seen: set[int] = set()
-            while len(seen) < workers and time.monotonic() < deadline:  # every worker listening
+            while len(seen) < min(workers, 2) and time.monotonic() < deadline:  # more than one answering
                 async with httpx.AsyncClient(trust_env=False, timeout=5) as fresh:
                     seen.add((await fresh.get(f"{up_url}/healthz")).json()["worker"])
         paths = {"direct": (endpoint, "/invoke"), "gateway": (up_url, INVOKE)}
-        result: dict[str, Any] = {"workers": workers, "idle": {}, "busy": {}}
+        result: dict[str, Any] = {"workers": layout, "idle": {}, "busy": {}}
         meter = CpuMeter(up.pid)
         for concurrency in args.concurrency:
             result["idle"][str(concurrency)] = await compare(paths, concurrency, args.requests, args.rounds)
@@ -246,7 +251,9 @@ def table(results: list[dict[str, Any]]) -> None:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", default="1,2,3", help="gateway worker counts, one plnt up each")
+    parser.add_argument("--workers", default="1,2+cp,2,3", help=(
+        "gateway process counts, one plnt up each: N (N worker processes on the port, plnt up's default "
+        "layout) or N+cp (--control-plane-gateway: plnt up's own process is one of the N)"))
     parser.add_argument("--requests", type=int, default=3000, help="requests per path, concurrency and phase")
     parser.add_argument("--concurrency", default="1,32")
     parser.add_argument("--rounds", type=int, default=3)
@@ -263,9 +270,9 @@ async def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="plnt-bench-gw-workers-"))
     results = []
     try:
-        for workers in (int(w) for w in args.workers.split(",")):
-            results.append(await one_layout(workers, args, scratch))
-            print(f"# workers {workers} done", flush=True)
+        for layout in args.workers.split(","):
+            results.append(await one_layout(layout, args, scratch))
+            print(f"# workers {layout} done", flush=True)
         table(results)
         print_json(how, {"layouts": results})
     finally:

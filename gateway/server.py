@@ -72,17 +72,20 @@ def _build(
     return _InLoopServer(config, ready)
 
 
-def reuse_port_socket(host: str, port: int) -> socket.socket:
+def reuse_port_socket(host: str, port: int, *, listen: bool = True) -> socket.socket:
     """A listening TCP socket with SO_REUSEPORT: several processes (gateway workers) bind the same
     host:port and the kernel spreads new connections over their accept queues. Linux lets only
-    processes of the same user join a port this way."""
+    processes of the same user join a port this way. `listen=False`: only hold the port (and learn
+    its number when `port` is 0) for workers that will listen on it; the kernel gives a socket that
+    does not listen no connections."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
-        sock.listen(2048)
+        if listen:
+            sock.listen(2048)
         sock.setblocking(False)
     except OSError:
         sock.close()
@@ -90,7 +93,7 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _check_free(host: str, port: int) -> None:
+def check_free(host: str, port: int) -> None:
     """OSError if anything listens on host:port (a plain bind: SO_REUSEPORT listeners refuse it too)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -165,7 +168,7 @@ class GatewayServer:
         if self.reuse_port:
             try:
                 if not self.joining and self._requested_port:
-                    _check_free(self.host, self._requested_port)
+                    check_free(self.host, self._requested_port)
                 sock = reuse_port_socket(self.host, self._requested_port)
             except OSError as exc:
                 raise ServerStartError(f"could not listen on {self.host}:{self._requested_port}: {exc.strerror}; "

@@ -32,11 +32,13 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from .server import ServerStartError
 
 log = logging.getLogger("plnt.gateway.workers")
 
@@ -76,6 +78,7 @@ class WorkerConfig(BaseModel):
     watch_retry_max_s: float = 2.0
     loop: str = "auto"
     verbose: bool = False
+    ready_fd: int | None = None  # the worker writes one byte there once it listens
 
     def wire(self) -> bytes:
         """The JSON line with the secrets in clear (only ever written to the child's stdin pipe)."""
@@ -138,21 +141,40 @@ class WorkerSupervisor:
     def pids(self) -> dict[int, int]:
         return {index: p.pid for index, p in self.processes.items() if p.returncode is None}
 
-    async def start(self) -> None:
+    async def start(self, ready_timeout_s: float = 60.0) -> None:
+        """Start every worker and wait until each listens (WorkerStartError if one does not)."""
+        ready = [await self._spawn(index) for index in range(1, self.count + 1)]
         for index in range(1, self.count + 1):
-            await self._spawn(index)
             self._tasks.append(asyncio.create_task(self._watch(index), name=f"{self.what}-{index}"))
+        try:
+            done = await asyncio.wait_for(asyncio.gather(*ready), ready_timeout_s)
+        except TimeoutError:
+            done = [False]
+        if not all(done):
+            await self.stop()
+            raise WorkerStartError(f"{self.count} gateway worker process(es) did not all start listening within "
+                                   f"{ready_timeout_s:.0f}s; see the log lines above (run with -v for more)")
 
-    async def _spawn(self, index: int) -> None:
-        # stdout/stderr: the parent's (one log); stdin: the config, then held open as the life line.
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "plnt.gateway.workers", stdin=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    async def _spawn(self, index: int) -> Awaitable[bool]:
+        """Start worker `index`; returns what resolves to True once it listens (False if it died first)."""
+        read_end, write_end = os.pipe()
+        try:
+            config = self.config_for(index).model_copy(update={"ready_fd": write_end})
+            # stdout/stderr: the parent's (one log); stdin: the config, then held open as the life line.
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "plnt.gateway.workers", stdin=asyncio.subprocess.PIPE,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, pass_fds=(write_end,))
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
         assert process.stdin is not None
-        process.stdin.write(self.config_for(index).wire())
+        process.stdin.write(config.wire())
         await process.stdin.drain()
         self.processes[index] = process
         log.info("%s-started index=%d pid=%d", self.what, index, process.pid)
+        return _read_ready(read_end)
 
     async def _watch(self, index: int) -> None:
         backoff = 0.5
@@ -171,8 +193,10 @@ class WorkerSupervisor:
             if self._stopping:
                 return
             try:
-                await self._spawn(index)
+                ready = await self._spawn(index)
                 self.restarts += 1
+                if await ready:
+                    log.info("%s-restarted index=%d pid=%d", self.what, index, self.processes[index].pid)
             except OSError as exc:
                 log.error("%s-restart-failed index=%d: %s", self.what, index, exc)
 
@@ -197,6 +221,32 @@ class WorkerSupervisor:
                     with contextlib.suppress(ProcessLookupError):
                         process.kill()
             await asyncio.gather(*(p.wait() for p in live), return_exceptions=True)
+
+
+class WorkerStartError(ServerStartError):
+    """Gateway workers did not start listening."""
+
+
+async def _read_ready(fd: int) -> bool:
+    """True once a byte arrives on `fd`, False on EOF (the worker exited before it listened)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[bool] = loop.create_future()
+    os.set_blocking(fd, False)
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, 1)
+        except BlockingIOError:
+            return
+        if not done.done():
+            done.set_result(bool(data))
+
+    loop.add_reader(fd, readable)
+    try:
+        return await done
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 # --- the worker's side --------------------------------------------------------------------------------
@@ -298,6 +348,9 @@ async def _run_worker(config: WorkerConfig) -> None:
 
     watch = asyncio.create_task(life_line())
     await role.start(wait_for_table_s=30.0)
+    if config.ready_fd is not None:
+        os.write(config.ready_fd, b"1")
+        os.close(config.ready_fd)
     log.info("gateway-worker-up index=%d pid=%d listening=%s", config.index, os.getpid(), role.url)
     await stop.wait()
     watch.cancel()

@@ -200,6 +200,11 @@ def up(
     max_header_bytes: MaxHeaderBytes = 64 * 1024,
     header_timeout: HeaderTimeout = 10.0,
     gateway_workers: GatewayWorkers = 0,
+    control_plane_gateway: Annotated[bool, typer.Option(
+        "--control-plane-gateway", help=(
+            "With --gateway-workers N > 1: plnt up's own process is one of the N on the gateway port (default: "
+            "N worker processes, and the control plane answers only them, so a busy reconcile never stalls an "
+            "invocation)."))] = False,
     webhook_secret_file: Annotated[Path | None, typer.Option(
         help="POST /hooks/git then needs the forge's signature made with this secret (GitHub X-Hub-Signature-256, "
              "Gitea X-Gitea-Signature, GitLab X-Gitlab-Token), from any address; without it only loopback callers.")] = None,
@@ -254,7 +259,7 @@ def up(
                             gateway_tokens=env_tokens, gateway_tokens_file=tokens_file, insecure_no_auth=insecure_no_auth,
                             gateway_max_body_bytes=max_body_bytes, gateway_request_timeout_s=gateway_timeout,
                             gateway_max_header_bytes=max_header_bytes, gateway_header_timeout_s=header_timeout,
-                            gateway_workers=gateway_workers,
+                            gateway_workers=gateway_workers, control_plane_gateway=control_plane_gateway,
                             webhook_secret_file=webhook_secret_file, internal_token=internal_token,
                             llm_url=llm_url, llm_model=llm_model, llm_api_key_env=llm_api_key_env,
                             temporal_namespace=temporal_namespace, task_queue=task_queue, temporal_tls=temporal_tls,

@@ -132,6 +132,11 @@ class Settings(BaseModel):
         default=1, ge=0, le=64, description=(
             "processes answering on the gateway port (SO_REUSEPORT); 0: one per core, at most 4. "
             "`plnt up` defaults to 0; a Settings made in code to 1 (one process)"))
+    control_plane_gateway: bool = Field(
+        default=False, description=(
+            "with gateway_workers > 1: plnt up's own process is one of the N on the gateway port; by default "
+            "the N are all worker processes and the control plane (reconciler, sagas) answers only them, "
+            "on a private loopback port, so a busy reconcile never stalls an invocation"))
     webhook_secret_file: Path | None = Field(
         default=None, description="POST /hooks/git needs a forge signature made with this secret (any caller)")
     # The model backend of local runners: None runs the offline mock backend.

@@ -84,8 +84,10 @@ async def test_plnt_up_gateway_workers_share_the_port_auth_routes_restart_and_st
     clients: dict[int, httpx.AsyncClient] = {}
     try:
         await asyncio.to_thread(up.wait_ready)
-        assert len(worker_pids(up)) == 2, up.why(f"expected 2 worker processes besides plnt up: {up.seen}")
+        # The default layout: 3 worker processes on the port (1..3); plnt up's own (0) only holds it.
+        assert len(worker_pids(up)) == 3, up.why(f"expected 3 worker processes besides plnt up: {up.seen}")
         clients = await pinned_clients(up.url, 3)
+        assert sorted(clients) == [1, 2, 3]
         admin = {"authorization": f"Bearer {ADMIN}"}
         invoker = {"authorization": f"Bearer {INVOKER}"}
 
@@ -141,10 +143,10 @@ async def test_plnt_up_gateway_workers_share_the_port_auth_routes_restart_and_st
         victim = max(before)
         os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (len(now := worker_pids(up)) < 2 or victim in now):
+        while time.monotonic() < deadline and (len(now := worker_pids(up)) < 3 or victim in now):
             await asyncio.sleep(0.1)
         now = worker_pids(up)
-        assert len(now) == 2 and victim not in now, up.why(f"worker {victim} not replaced: {now}")
+        assert len(now) == 3 and victim not in now, up.why(f"worker {victim} not replaced: {now}")
         clients = await pinned_clients(up.url, 3)
         assert "gateway-worker-exited" in up.log(), up.why("no restart line")
 
@@ -164,11 +166,16 @@ async def test_plnt_gateway_workers_follow_through_plnt_up_workers_and_die_with_
     token_file = tmp_path / "internal"
     token_file.write_text(INTERNAL + "\n")
     up = PlntUp(spec_repo.path, tmp_path / "state", free_port(), tmp_path / "plnt.log",
-                extra=("--gateway-workers", "2", "--internal-token-file", str(token_file)))
+                extra=("--gateway-workers", "2", "--control-plane-gateway", "--internal-token-file", str(token_file)))
     gateway: GatewayProc | None = None
     clients: dict[int, httpx.AsyncClient] = {}
     try:
         await asyncio.to_thread(up.wait_ready)
+        # plnt up's own process is one of the two on its port (--control-plane-gateway).
+        pinned = await pinned_clients(up.url, 2)
+        for client in pinned.values():
+            await client.aclose()
+        assert sorted(pinned) == [0, 1]
         # `plnt gateway` follows plnt up's public port: its long-polls land on either of plnt up's
         # processes (a worker forwards /internal/routes to the control plane).
         gateway = GatewayProc(up.url, token_file, tmp_path / "gateway.log")
