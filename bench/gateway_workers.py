@@ -24,7 +24,11 @@ CPU per request) on the same 2 cores as everything else: as a user's client on t
 would. Nothing is pinned.
 
     python bench/gateway_workers.py [--workers 1,2+cp,2,3] [--requests 3000] [--concurrency 1,32]
-                                    [--rounds 3] [--busy-runs 1000] [--keep]
+                                    [--rate 400] [--rounds 3] [--busy-runs 1000] [--keep]
+
+Closed loops (c clients, each sending as soon as answered) saturate 2 cores at c=32, and there the
+"added" latency is mostly queueing for the CPU the extra hop costs; `--rate R` also measures c=32
+paced to R requests/s in all, a load this machine carries.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from benchlib import descendants, how_it_ran, print_json  # noqa: E402
-from plnt.gateway.bench import Load, percentile, run_load  # noqa: E402
+from plnt.gateway.bench import Load, Sample, percentile, run_load  # noqa: E402
+from plnt.gateway.upstream import UpstreamClient, UpstreamError  # noqa: E402
 from plnt.reconciler.local_driver import free_port  # noqa: E402
 
 PLNT = [str(Path(sys.executable).parent / "plnt")]
@@ -119,14 +124,53 @@ def pcts(load: Load) -> dict[str, float]:
     return {f"p{q}": round(percentile(ordered, q) * 1000, 3) for q in (50, 95, 99)}
 
 
-async def compare(paths: dict[str, tuple[str, str]], concurrency: int, requests: int, rounds: int) -> dict[str, Any]:
+async def paced_load(url: str, path: str, *, requests: int, concurrency: int, rate: float) -> Load:
+    """`concurrency` clients, each sending on a fixed schedule so that together they offer `rate`
+    requests/s (a client whose answer comes late sends its next at once): latency at a load the
+    machine can carry, not the queueing of a saturated closed loop."""
+    client = UpstreamClient(read_timeout_s=60, max_connections=concurrency)
+    headers = [("content-type", "application/json")]
+    interval = concurrency / rate
+    per_client = max(1, requests // concurrency)
+    load = Load()
+    perf = time.perf_counter
+
+    async def one_client(offset: float) -> None:
+        next_at = perf() + offset
+        for _ in range(per_client):
+            delay = next_at - perf()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            next_at += interval
+            t0 = perf()
+            try:
+                response = await client.request(url, "POST", path, body=PAYLOAD, headers=headers)
+                load.samples.append(Sample(perf() - t0, response.status,
+                                           None if response.status < 300 else f"HTTP {response.status}"))
+            except UpstreamError as exc:
+                load.samples.append(Sample(perf() - t0, 0, str(exc)))
+
+    try:
+        start = perf()
+        await asyncio.gather(*(one_client(i * interval / concurrency) for i in range(concurrency)))
+        load.wall_s = perf() - start
+    finally:
+        await client.aclose()
+    return load
+
+
+async def compare(paths: dict[str, tuple[str, str]], concurrency: int, requests: int, rounds: int,
+                  rate: float | None = None) -> dict[str, Any]:
     loads = {label: Load() for label in paths}
     per_round = max(1, requests // rounds)
     for round_ in range(rounds):
         order = list(paths.items()) if round_ % 2 == 0 else list(reversed(paths.items()))
         for label, (url, path) in order:
-            got = await run_load(url, path, PAYLOAD, requests=per_round, concurrency=concurrency,
-                                 parse_results=False, warmup=concurrency * 2)
+            if rate:
+                got = await paced_load(url, path, requests=per_round, concurrency=concurrency, rate=rate)
+            else:
+                got = await run_load(url, path, PAYLOAD, requests=per_round, concurrency=concurrency,
+                                     parse_results=False, warmup=concurrency * 2)
             loads[label].samples += got.samples
             loads[label].wall_s += got.wall_s
     rows: dict[str, Any] = {label: {"requests": len(load.samples), "errors": sum(not s.ok for s in load.samples),
@@ -205,9 +249,12 @@ async def one_layout(layout: str, args: argparse.Namespace, scratch: Path) -> di
         paths = {"direct": (endpoint, "/invoke"), "gateway": (up_url, INVOKE)}
         result: dict[str, Any] = {"workers": layout, "idle": {}, "busy": {}}
         meter = CpuMeter(up.pid)
-        for concurrency in args.concurrency:
-            result["idle"][str(concurrency)] = await compare(paths, concurrency, args.requests, args.rounds)
+        result["loadavg_before"] = os.getloadavg()
+        for key, concurrency, rate in loads(args):
+            result["idle"][key] = await compare(paths, concurrency, args.requests, args.rounds, rate)
         result["idle_cpu_s"] = meter.read()
+        if args.profile:
+            result["profile"] = await profile_gateway(up.pid, up_url, args, scratch / f"profile-{tag}.txt")
         if args.busy_runs:
             stop = asyncio.Event()
             commits: list[float] = []
@@ -215,14 +262,15 @@ async def one_layout(layout: str, args: argparse.Namespace, scratch: Path) -> di
             await asyncio.sleep(3)  # the first commits under way
             meter = CpuMeter(up.pid)
             started = time.monotonic()
-            for concurrency in args.concurrency:
-                result["busy"][str(concurrency)] = await compare(paths, concurrency, args.requests, args.rounds)
+            for key, concurrency, rate in loads(args):
+                result["busy"][key] = await compare(paths, concurrency, args.requests, args.rounds, rate)
             result["busy_wall_s"] = round(time.monotonic() - started, 1)
             result["busy_cpu_s"] = meter.read()
             stop.set()
             await committer
             result["busy_commits_taken"] = len(commits)
             result["busy_commit_to_seen_s"] = commits
+        result["loadavg_after"] = os.getloadavg()
         return result
     finally:
         up.send_signal(signal.SIGTERM)
@@ -231,6 +279,50 @@ async def one_layout(layout: str, args: argparse.Namespace, scratch: Path) -> di
         except subprocess.TimeoutExpired:
             up.kill()
             up.wait()
+
+
+async def profile_gateway(root: int, url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """py-spy (raw collapsed stacks, 500 Hz) on one process serving the gateway port during a closed
+    loop at the largest concurrency; where its samples go, by leaf function and by module."""
+    workers = [pid for pid in descendants(root) if kind(pid) == "gateway worker"]
+    target = workers[0] if workers else root
+    spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(target), "--duration",
+                            str(args.profile_seconds), "--rate", "500", "--format", "raw", "--output", str(out),
+                            "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + args.profile_seconds
+    while time.monotonic() < deadline:
+        await run_load(url, INVOKE, PAYLOAD, requests=500, concurrency=max(args.concurrency), parse_results=False)
+    await asyncio.to_thread(spy.wait)
+    leaves: dict[str, int] = {}
+    modules: dict[str, int] = {}
+    total = 0
+    for line in out.read_text().splitlines() if out.exists() else []:
+        stack, _, count_text = line.rpartition(" ")
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        leaf = frames[-1] if frames else "?"
+        leaves[leaf] = leaves.get(leaf, 0) + count
+        seen = set()
+        for frame in frames:
+            where = frame.rsplit("(", 1)[-1].split(":")[0].rstrip(")")
+            module = "/".join(Path(where).parts[-2:])
+            if module not in seen:
+                seen.add(module)
+                modules[module] = modules.get(module, 0) + count
+
+    def top(counts: dict[str, int], n: int) -> list[tuple[str, float]]:
+        return [(k, round(100 * v / total, 1)) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:n]] if total else []
+
+    return {"pid_kind": "gateway worker" if workers else "plnt up", "samples": total, "file": str(out),
+            "leaf_percent": top(leaves, 15), "module_inclusive_percent": top(modules, 20)}
+
+
+def loads(args: argparse.Namespace) -> list[tuple[str, int, float | None]]:
+    """(label, concurrency, offered rate or None for closed loop) of each measured load."""
+    out: list[tuple[str, int, float | None]] = [(str(c), c, None) for c in args.concurrency]
+    out += [(f"{c}@{args.rate:g}/s", c, args.rate) for c in args.concurrency if args.rate and c > 1]
+    return out
 
 
 def table(results: list[dict[str, Any]]) -> None:
@@ -245,7 +337,8 @@ def table(results: list[dict[str, Any]]) -> None:
                       f"{g['p50']:.2f} / {g['p95']:.2f} / {g['p99']:.2f} | {a['p50']:+.2f} / {a['p95']:+.2f} / "
                       f"{a['p99']:+.2f} | {row['gateway']['rps']:.0f}{f' ({errors} errors)' if errors else ''} |")
     for r in results:
-        print(f"\nworkers {r['workers']}: CPU s idle phase {r.get('idle_cpu_s')}; busy phase {r.get('busy_cpu_s')} "
+        print(f"\nworkers {r['workers']}: load average before {r.get('loadavg_before')} after "
+              f"{r.get('loadavg_after')}; CPU s idle phase {r.get('idle_cpu_s')}; busy phase {r.get('busy_cpu_s')} "
               f"over {r.get('busy_wall_s')} s, {r.get('busy_commits_taken')} commits of 1,000 specs taken")
 
 
@@ -257,8 +350,13 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=3000, help="requests per path, concurrency and phase")
     parser.add_argument("--concurrency", default="1,32")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=400.0, help=(
+        "also measure each concurrency > 1 paced to this many requests/s in all (0: only closed loops)"))
     parser.add_argument("--busy-runs", type=int, default=1000, help="WorkflowRuns per busy commit (0: no busy phase)")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, profiles)")
+    parser.add_argument("--profile", action="store_true", help=(
+        "py-spy one gateway process under a closed loop after the idle phase (needs py-spy in the venv)"))
+    parser.add_argument("--profile-seconds", type=int, default=10)
     args = parser.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     how = how_it_ran("gateway_workers.py", {k: v for k, v in vars(args).items()}, [
@@ -274,6 +372,12 @@ async def main() -> None:
             results.append(await one_layout(layout, args, scratch))
             print(f"# workers {layout} done", flush=True)
         table(results)
+        for r in results:
+            if "profile" in r:
+                prof = r["profile"]
+                print(f"\nprofile, workers {r['workers']} ({prof['pid_kind']}, {prof['samples']} samples): "
+                      f"by module (inclusive %) {prof['module_inclusive_percent']}\n  by leaf (self %) "
+                      f"{prof['leaf_percent']}")
         print_json(how, {"layouts": results})
     finally:
         if args.keep:
