@@ -964,9 +964,12 @@ def create_app(
         code, body = health()
         return JSONResponse(body, status_code=code)
 
+    # plnt up with gateway workers replaces it with the sum over its processes (workers.WorkerMetrics).
+    app.state.render_metrics = gateway.metrics.render
+
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(gateway.metrics.render(), media_type=gateway.metrics.content_type)
+        return Response(app.state.render_metrics(), media_type=gateway.metrics.content_type)
 
     def visible_models(grant: Grant) -> list[tuple[str, str]]:
         # Previews are no models of their own: they answer a model's name with X-Plnt-Preview.

@@ -74,7 +74,8 @@ class _RoleApp:
         if scope["type"] == "http":
             path: str = scope["path"]
             answer = None
-            if self.forward is not None and (self._control_path(scope["method"], path) or path.startswith("/internal/")):
+            if self.forward is not None and (self._control_path(scope["method"], path) or path.startswith("/internal/")
+                                             or path == "/metrics"):
                 await self.forward(scope, receive, send)
                 return
             if self._control_path(scope["method"], path):

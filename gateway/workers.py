@@ -90,6 +90,99 @@ class WorkerConfig(BaseModel):
         return json.dumps(data).encode() + b"\n"
 
 
+# --- /metrics across the workers -------------------------------------------------------------------------
+
+METRICS_PATH = "/internal/gateway-metrics"
+METRICS_PUSH_S = 2.0
+MAX_METRICS_BYTES = 8 * 2**20
+
+
+def merge_metrics(texts: list[bytes]) -> bytes:
+    """One Prometheus text exposition from several processes' own: samples with the same name and
+    labels summed (counters, histogram buckets, in-flight gauges), `*_created` the earliest."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, tuple[str, str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text.decode("utf-8", "replace")):
+            _, _, samples = families.setdefault(family.name, (family.type, family.documentation, {}))
+            earliest = family.name.endswith("_created")
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                value = float(sample.value)
+                old = samples.get(key)
+                samples[key] = value if old is None else min(old, value) if earliest else old + value
+    lines: list[str] = []
+    for name, (kind_, doc, samples) in families.items():
+        shown = name + "_total" if kind_ == "counter" and not name.endswith("_total") else name
+        lines.append(f"# HELP {shown} {_escape_help(doc)}")
+        lines.append(f"# TYPE {shown} {kind_}")
+        for (sample_name, labels), value in samples.items():
+            rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+            lines.append(f"{sample_name}{{{rendered}}} {value!r}" if rendered else f"{sample_name} {value!r}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class WorkerMetrics:
+    """The control plane's side: each worker's latest metrics (pushed every METRICS_PUSH_S) and the
+    sum of them with its own, served as its GET /metrics (to which the workers forward)."""
+
+    def __init__(self, own: Callable[[], bytes]) -> None:
+        self.own = own
+        self.latest: dict[int, bytes] = {}
+
+    def render(self) -> bytes:
+        return merge_metrics([self.own(), *self.latest.values()])
+
+    def mount(self, app: Any, internal_token: str) -> None:
+        from fastapi import Request
+        from fastapi.responses import Response
+
+        from .route_watch import internal_guard
+
+        guard = internal_guard(app, internal_token)
+
+        @app.put(METRICS_PATH + "/{index}", include_in_schema=False)
+        async def put_metrics(index: int, request: Request) -> Response:
+            if (refused := guard(request, f"PUT {METRICS_PATH}")) is not None:
+                return refused
+            body = bytearray()
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_METRICS_BYTES:
+                    return Response(status_code=413)
+            try:
+                merge_metrics([bytes(body)])  # refuse what would break the merged /metrics
+            except ValueError as exc:
+                return Response(f"not Prometheus text: {exc}", status_code=400)
+            self.latest[index] = bytes(body)
+            return Response(status_code=204)
+
+
+async def push_metrics(render: Callable[[], bytes], control_url: str, index: int, internal_token: str,
+                       every_s: float = METRICS_PUSH_S) -> None:
+    """The worker's side: its own metrics to the control plane, every `every_s`, until cancelled."""
+    url = f"{control_url.rstrip('/')}{METRICS_PATH}/{index}"
+    headers = {"authorization": f"Bearer {internal_token}", "content-type": "text/plain"}
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        while True:
+            try:
+                response = await client.put(url, content=render(), headers=headers)
+                if response.status_code != 204:
+                    log.warning("metrics-push-refused status=%d", response.status_code)
+            except httpx.HTTPError as exc:
+                log.debug("metrics-push-failed: %s", type(exc).__name__)
+            await asyncio.sleep(every_s)
+
+
 # --- the parent's side --------------------------------------------------------------------------------
 
 
@@ -347,6 +440,10 @@ async def _run_worker(config: WorkerConfig) -> None:
         stop.set()
 
     watch = asyncio.create_task(life_line())
+    pushing = None
+    if config.forward_control:  # plnt up's /metrics sums its workers' (each pushes its own)
+        pushing = asyncio.create_task(push_metrics(role.app.app.gateway.metrics.render, config.control_url,
+                                                   config.index, config.internal_token.get_secret_value()))
     await role.start(wait_for_table_s=30.0)
     if config.ready_fd is not None:
         os.write(config.ready_fd, b"1")
@@ -354,6 +451,8 @@ async def _run_worker(config: WorkerConfig) -> None:
     log.info("gateway-worker-up index=%d pid=%d listening=%s", config.index, os.getpid(), role.url)
     await stop.wait()
     watch.cancel()
+    if pushing is not None:
+        pushing.cancel()
     await role.stop()
     log.info("gateway-worker-stopped index=%d", config.index)
 

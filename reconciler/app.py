@@ -20,7 +20,7 @@ from plnt.gateway.limits import HttpLimits
 from plnt.gateway.route_watch import RoutePublisher, add_control_routes
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
 from plnt.gateway.server import GatewayServer, ServerStartError, check_free, reuse_port_socket
-from plnt.gateway.workers import TrustForwarded, WorkerConfig, WorkerSupervisor, auto_workers
+from plnt.gateway.workers import TrustForwarded, WorkerConfig, WorkerMetrics, WorkerSupervisor, auto_workers
 from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -306,6 +306,11 @@ async def start(settings: Settings) -> Plnt:
             # the workers' stdin pipes (workers.py).
             internal_token = secrets.token_urlsafe(32)
         add_control_routes(gateway_app, publisher, internal_token)
+        if worker_count > 1:  # GET /metrics: the sum over the gateway processes (each pushes its own)
+            assert internal_token is not None
+            worker_metrics = WorkerMetrics(gateway_app.gateway.metrics.render)
+            worker_metrics.mount(gateway_app, internal_token)
+            gateway_app.state.render_metrics = worker_metrics.render
         http_limits = HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
                                  head_timeout_s=settings.gateway_header_timeout_s)
         apart = worker_count > 1 and not settings.control_plane_gateway

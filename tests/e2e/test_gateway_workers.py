@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from plnt.reconciler.local_driver import free_port
+from prometheus_client.parser import text_string_to_metric_families
 
 from ..conftest import SpecRepo
 from .test_plnt_up_process import REVIEW, PlntUp, alive, cmdline
@@ -122,6 +123,19 @@ async def test_plnt_up_gateway_workers_share_the_port_auth_routes_restart_and_st
             assert (await client.post("/hooks/git", headers=admin)).status_code == 202
             internal = await client.get("/internal/routes?wait=0", headers=invoker)
             assert internal.status_code in (401, 403), internal.text
+
+        # GET /metrics, whichever process answers: the sum over all of them (each pushes its own
+        # every 2 s): one successful invoke was sent through each of the three.
+        deadline = time.monotonic() + 15
+        counted = -1.0
+        while counted != 3 and time.monotonic() < deadline:
+            text = (await clients[1].get("/metrics", headers=admin)).text
+            counted = sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                          if s.name == "plnt_gateway_requests_total" and s.labels.get("api") == "invoke"
+                          and s.labels.get("code") == "200")
+            await asyncio.sleep(0.3)
+        assert counted == 3, up.why(f"GET /metrics counts {counted} invokes answered 200, not 3")
+        assert (await clients[2].get("/metrics", headers=invoker)).status_code == 403
 
         # A commit (and a hook through a worker): every process routes to the new release.
         deploy(spec_repo, "1.3.0")

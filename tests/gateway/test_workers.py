@@ -68,3 +68,34 @@ def test_the_worker_config_shows_no_secret_but_carries_them_to_the_worker() -> N
     assert again.internal_token.get_secret_value() == TOKEN
     assert again.tokens_text is not None and again.tokens_text.get_secret_value() == "app-token-77 review"
     assert [t.get_secret_value() for t in again.plain_tokens] == ["plain-token-88"]
+
+
+def test_metrics_of_several_processes_add_up() -> None:
+    from plnt.gateway.metrics import GatewayMetrics
+    from plnt.gateway.workers import merge_metrics
+    from prometheus_client.parser import text_string_to_metric_families
+
+    labels = ("default", "review", "1.0.0", "stable")
+    a, b = GatewayMetrics(), GatewayMetrics()
+    for metrics, n in ((a, 2), (b, 3)):
+        for _ in range(n):
+            metrics.started("invoke")
+            metrics.finished("invoke", labels, 200, 0.002)
+    b.started("invoke")  # one still in flight
+    b.started("invoke")
+    b.finished("invoke", ("default", 'we"ird\\name', "", ""), 404, 0.001, error_type="not_found")
+    merged = merge_metrics([a.render(), b.render()])
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(merged.decode()) for s in f.samples}
+
+    def value(name: str, **want: str) -> float:
+        return sum(v for (n, items), v in samples.items() if n == name and want.items() <= dict(items).items())
+
+    assert value("plnt_gateway_requests_total", code="200", workflow="review") == 5
+    assert value("plnt_gateway_request_duration_seconds_count", workflow="review") == 5
+    assert value("plnt_gateway_request_duration_seconds_bucket", workflow="review", le="0.0025") == 5
+    assert value("plnt_gateway_errors_total", workflow='we"ird\\name', type="not_found") == 1
+    assert value("plnt_gateway_in_flight_requests", api="invoke") == 1
+    created = [v for (n, _), v in samples.items() if n == "plnt_gateway_requests_created"]
+    assert created and max(created) < 4e9  # the earliest, not a sum of timestamps
+    assert merge_metrics([merged]) == merged  # merging one exposition changes nothing
