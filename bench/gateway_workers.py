@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from benchlib import descendants, how_it_ran, print_json  # noqa: E402
+from benchlib import descendants, how_it_ran, print_json, pss_kib  # noqa: E402
 from plnt.gateway.bench import Load, Sample, percentile, run_load  # noqa: E402
 from plnt.gateway.upstream import UpstreamClient, UpstreamError  # noqa: E402
 from plnt.reconciler.local_driver import free_port  # noqa: E402
@@ -117,6 +117,16 @@ class CpuMeter:
     def read(self) -> dict[str, float]:
         now = self._now()
         return {name: round(now[name] - self.start.get(name, 0.0), 2) for name in now}
+
+
+def pss_mib(root: int) -> dict[str, Any]:
+    """PSS (MiB) of plnt up and of each kind of process below it, with their counts."""
+    out: dict[str, Any] = {"plnt up": round((pss_kib(root) or 0) / 1024, 1)}
+    for pid in descendants(root):
+        name = kind(pid)
+        out[name] = round(out.get(name, 0.0) + (pss_kib(pid) or 0) / 1024, 1)
+        out[f"{name} processes"] = out.get(f"{name} processes", 0) + 1
+    return out
 
 
 def pcts(load: Load) -> dict[str, float]:
@@ -253,6 +263,7 @@ async def one_layout(layout: str, args: argparse.Namespace, scratch: Path) -> di
         for key, concurrency, rate in loads(args):
             result["idle"][key] = await compare(paths, concurrency, args.requests, args.rounds, rate)
         result["idle_cpu_s"] = meter.read()
+        result["pss_mib"] = pss_mib(up.pid)
         if args.profile:
             result["profile"] = await profile_gateway(up.pid, up_url, args, scratch / f"profile-{tag}.txt")
         if args.busy_runs:
@@ -338,7 +349,7 @@ def table(results: list[dict[str, Any]]) -> None:
                       f"{a['p99']:+.2f} | {row['gateway']['rps']:.0f}{f' ({errors} errors)' if errors else ''} |")
     for r in results:
         print(f"\nworkers {r['workers']}: load average before {r.get('loadavg_before')} after "
-              f"{r.get('loadavg_after')}; CPU s idle phase {r.get('idle_cpu_s')}; busy phase {r.get('busy_cpu_s')} "
+              f"{r.get('loadavg_after')}; PSS MiB {r.get('pss_mib')}; CPU s idle phase {r.get('idle_cpu_s')}; busy phase {r.get('busy_cpu_s')} "
               f"over {r.get('busy_wall_s')} s, {r.get('busy_commits_taken')} commits of 1,000 specs taken")
 
 

@@ -108,6 +108,13 @@ async def test_plnt_up_gateway_workers_share_the_port_auth_routes_restart_and_st
             assert [(r["name"], r["phase"]) for r in rows] == [("review-responder", "Ready")]
             assert "endpoint" not in rows[0]
             assert (await client.get("/workflows", headers=admin)).json()[0]["endpoint"].startswith("http://127.0.0.1:")
+            stream = await client.post("/workflows/review-responder/invoke", json=REVIEW,
+                                       headers={**invoker, "accept": "text/event-stream"})
+            assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
+            assert "event: result" in stream.text, stream.text[:300]
+            preview = await client.post("/workflows/review-responder/invoke", json=REVIEW,
+                                        headers={**invoker, "x-plnt-preview": "7"})
+            assert preview.status_code == 404 and "pull request 7" in preview.text, preview.text
             chat = await client.post("/v1/chat/completions", headers=invoker, json={
                 "model": "review-responder", "messages": [{"role": "user", "content": "slow parking"}]})
             assert chat.status_code == 200 and chat.json()["object"] == "chat.completion", chat.text
