@@ -147,8 +147,10 @@ class GatewayRole:
             while not self.follower.has_table and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.01)
         await self.server.start()
-        log.info("plnt-gateway listening=%s control=%s: waiting for the first route table (503 until then)",
-                 self.server.url, url)
+        doc = self.follower.doc
+        log.info("plnt-gateway listening=%s control=%s: %s", self.server.url, url,
+                 f"serving route table version {doc.version}" if doc is not None
+                 else "waiting for the first route table (503 until then)")
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -36,6 +36,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+from fastapi import Request
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from .server import ServerStartError
@@ -143,9 +145,6 @@ class WorkerMetrics:
         return merge_metrics([self.own(), *self.latest.values()])
 
     def mount(self, app: Any, internal_token: str) -> None:
-        from fastapi import Request
-        from fastapi.responses import Response
-
         from .route_watch import internal_guard
 
         guard = internal_guard(app, internal_token)

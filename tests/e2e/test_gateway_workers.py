@@ -132,16 +132,16 @@ async def test_plnt_up_gateway_workers_share_the_port_auth_routes_restart_and_st
             assert internal.status_code in (401, 403), internal.text
 
         # GET /metrics, whichever process answers: the sum over all of them (each pushes its own
-        # every 2 s): one successful invoke was sent through each of the three.
+        # every 2 s): two successful invokes (JSON, SSE) were sent through each of the three.
         deadline = time.monotonic() + 15
         counted = -1.0
-        while counted != 3 and time.monotonic() < deadline:
+        while counted != 6 and time.monotonic() < deadline:
             text = (await clients[1].get("/metrics", headers=admin)).text
             counted = sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
                           if s.name == "plnt_gateway_requests_total" and s.labels.get("api") == "invoke"
                           and s.labels.get("code") == "200")
             await asyncio.sleep(0.3)
-        assert counted == 3, up.why(f"GET /metrics counts {counted} invokes answered 200, not 3")
+        assert counted == 6, up.why(f"GET /metrics counts {counted} invokes answered 200, not 6")
         assert (await clients[2].get("/metrics", headers=invoker)).status_code == 403
 
         # A commit (and a hook through a worker): every process routes to the new release.
