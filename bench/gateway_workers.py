@@ -10,7 +10,8 @@ Ready, reads the runner's address from GET /workflows, then for each concurrency
   direct:   load generator -> runner                        POST /invoke
   gateway:  load generator -> plnt up's port -> runner      POST /workflows/review-responder/invoke
 
-in alternating rounds (so drift hits both alike), same body; p50/p95/p99 of each and the
+in alternating rounds (so drift hits both alike), same body (layout "roleN": through a separate
+`plnt gateway --workers N` that follows a plnt up of one gateway process); p50/p95/p99 of each and the
 difference ("added" = gateway - direct, per percentile). Then the same again while plnt up
 reconciles: a background task commits, again and again, 1,000 WorkflowRuns (bulk/bulk-NNNN,
 each naming a backend that does not exist, its name changed in every file at every commit, so
@@ -23,7 +24,7 @@ The load generator runs in this process (asyncio, the gateway's own upstream cli
 CPU per request) on the same 2 cores as everything else: as a user's client on this machine
 would. Nothing is pinned.
 
-    python bench/gateway_workers.py [--workers 1,2+cp,2,3] [--requests 3000] [--concurrency 1,32]
+    python bench/gateway_workers.py [--workers 1,2+cp,2,3,role2] [--requests 3000] [--concurrency 1,32]
                                     [--rate 400] [--rounds 3] [--busy-runs 1000] [--keep]
 
 Closed loops (c clients, each sending as soon as answered) saturate 2 cores at c=32, and there the
@@ -221,10 +222,16 @@ async def keep_committing(repo: Path, up_url: str, runs: int, stop: asyncio.Even
 
 
 async def one_layout(layout: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    """`layout`: "N" (N worker processes on the port, the default layout) or "N+cp" (plnt up's own
-    process is one of the N: --control-plane-gateway)."""
-    workers = int(layout.split("+")[0])
+    """`layout`: "N" (N worker processes on the port, the default layout), "N+cp" (plnt up's own
+    process is one of the N: --control-plane-gateway) or "roleN" (plnt up with one gateway process,
+    measured through a separate `plnt gateway --workers N` following it)."""
+    role = layout.startswith("role")
+    workers = int(layout.removeprefix("role").split("+")[0])
     extra = ["--control-plane-gateway"] if layout.endswith("+cp") else []
+    if role:
+        token_file = scratch / f"internal-{layout}"
+        token_file.write_text(os.urandom(16).hex() + "\n")
+        extra = ["--internal-token-file", str(token_file)]
     tag = layout.replace("+", "-")
     repo = scratch / f"repo-{tag}"
     shutil.copytree(ROOT / "gitops-example", repo)
@@ -236,9 +243,20 @@ async def one_layout(layout: str, args: argparse.Namespace, scratch: Path) -> di
     log = scratch / f"plnt-up-{tag}.log"
     with open(log, "wb") as out:
         up = subprocess.Popen([*PLNT, "up", "--repo", str(repo), "--state-dir", str(scratch / f"state-{tag}"),
-                               "--port", str(port), "--interval", "5", "--gateway-workers", str(workers), *extra],
+                               "--port", str(port), "--interval", "5", "--gateway-workers", "1" if role else str(workers),
+                               *extra],
                               stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    gateway_proc = None
+    gateway_url = up_url
+    if role:
+        gateway_port = free_port()
+        gateway_url = f"http://127.0.0.1:{gateway_port}"
+        with open(scratch / f"plnt-gateway-{tag}.log", "wb") as out:
+            gateway_proc = subprocess.Popen(
+                [*PLNT, "gateway", "--control-url", up_url, "--internal-token-file", str(token_file), "--port",
+                 str(gateway_port), "--workers", str(workers)], stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         endpoint = None
         deadline = time.monotonic() + 120
@@ -255,17 +273,26 @@ async def one_layout(layout: str, args: argparse.Namespace, scratch: Path) -> di
             seen: set[int] = set()
             while len(seen) < min(workers, 2) and time.monotonic() < deadline:  # more than one answering
                 async with httpx.AsyncClient(trust_env=False, timeout=5) as fresh:
-                    seen.add((await fresh.get(f"{up_url}/healthz")).json()["worker"])
-        paths = {"direct": (endpoint, "/invoke"), "gateway": (up_url, INVOKE)}
+                    try:
+                        answer = await fresh.get(f"{gateway_url}/healthz")
+                        if answer.status_code == 200:
+                            seen.add(answer.json()["worker"])
+                    except httpx.HTTPError:
+                        await asyncio.sleep(0.1)
+        paths = {"direct": (endpoint, "/invoke"), "gateway": (gateway_url, INVOKE)}
         result: dict[str, Any] = {"workers": layout, "idle": {}, "busy": {}}
         meter = CpuMeter(up.pid)
+        role_meter = CpuMeter(gateway_proc.pid) if gateway_proc else None
         result["loadavg_before"] = os.getloadavg()
         for key, concurrency, rate in loads(args):
             result["idle"][key] = await compare(paths, concurrency, args.requests, args.rounds, rate)
         result["idle_cpu_s"] = meter.read()
         result["pss_mib"] = pss_mib(up.pid)
+        if gateway_proc is not None and role_meter is not None:
+            result["idle_cpu_s"]["plnt gateway role"] = role_meter.read()
+            result["pss_mib"]["plnt gateway role"] = pss_mib(gateway_proc.pid)
         if args.profile:
-            result["profile"] = await profile_gateway(up.pid, up_url, args, scratch / f"profile-{tag}.txt")
+            result["profile"] = await profile_gateway(gateway_proc.pid if gateway_proc else up.pid, gateway_url, args, scratch / f"profile-{tag}.txt")
         if args.busy_runs:
             stop = asyncio.Event()
             commits: list[float] = []
@@ -284,12 +311,15 @@ async def one_layout(layout: str, args: argparse.Namespace, scratch: Path) -> di
         result["loadavg_after"] = os.getloadavg()
         return result
     finally:
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            up.wait()
+        for proc in (gateway_proc, up):
+            if proc is None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 async def profile_gateway(root: int, url: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -357,7 +387,8 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", default="1,2+cp,2,3", help=(
         "gateway process counts, one plnt up each: N (N worker processes on the port, plnt up's default "
-        "layout) or N+cp (--control-plane-gateway: plnt up's own process is one of the N)"))
+        "layout), N+cp (--control-plane-gateway: plnt up's own process is one of the N) or roleN (through a "
+        "`plnt gateway --workers N` following a plnt up of one process)"))
     parser.add_argument("--requests", type=int, default=3000, help="requests per path, concurrency and phase")
     parser.add_argument("--concurrency", default="1,32")
     parser.add_argument("--rounds", type=int, default=3)
