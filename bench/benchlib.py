@@ -99,6 +99,18 @@ def cache_entries(state_dir: Path) -> int:
     return len(list(index.glob("*.json"))) if index.is_dir() else 0
 
 
+def standin_python(scratch: Path) -> str:
+    """An "interpreter" for the local driver that starts the STAND-IN runner (bench/standin/runner.py,
+    no recipe code, milliseconds to start) instead of plnt's runner: for benches that look at the
+    saga without runner start, and say so. The driver calls it as `python -m plnt.runner ARGS`; it
+    drops `-m plnt.runner` and names the process plnt.runner, so plnt knows it as its runner."""
+    script = scratch / "standin-python"
+    script.write_text(f'#!/bin/bash\nshift 2\nexec -a plnt.runner {sys.executable} -S -I '
+                      f'{ROOT / "bench" / "standin" / "runner.py"} "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
 # --- memory: plnt's own processes, PSS ---------------------------------------------------------------
 
 def _children() -> dict[int, list[int]]:
