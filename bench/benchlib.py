@@ -185,6 +185,22 @@ def memory_pss(root: int | None = None) -> dict[str, Any]:
     return groups
 
 
+def cpu_seconds(root: int | None = None) -> dict[str, float]:
+    """CPU time (user + system, seconds) of this process and of its live descendants by kind: where a
+    bench's CPU went. (A child that exited is not counted: runners stopped mid-run are missed.)"""
+    root = os.getpid() if root is None else root
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {k: 0.0 for k in ("plnt", "runners", "temporal", "other")}
+    for pid, kind in [(root, "plnt"), *((p, _kind(p)) for p in descendants(root))]:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if kind in out:
+            out[kind] = round(out[kind] + (int(fields[11]) + int(fields[12])) / tick, 2)
+    return out
+
+
 def vm_hwm_mib(pid: int | str = "self") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
