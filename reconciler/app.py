@@ -67,6 +67,35 @@ def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore) -> R
     return RouteTable(routes.values())
 
 
+class TurnBatched:
+    """Runs `rebuild` once the current event-loop turn is over, however often it was asked for.
+
+    A route rebuild reads every release record and every status: one per change made each saga's
+    ten status and record writes cost ten rebuilds, each growing with the number of WorkflowRuns
+    (bench/saga_profile.py, bench/many_workflowruns.py). The scheduled rebuild runs before anything
+    the loop does next (callbacks run in order); `flush` runs a pending one at once.
+    """
+
+    def __init__(self, rebuild: Callable[[], None]) -> None:
+        self._rebuild = rebuild
+        self._pending = False
+
+    def __call__(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): nothing to batch with
+            self._rebuild()
+            return
+        if not self._pending:
+            self._pending = True
+            loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._pending = False
+            self._rebuild()
+
+
 @dataclass
 class Plnt:
     """A running plnt: what tests and the CLI hold on to."""
@@ -90,30 +119,16 @@ class Plnt:
     def url(self) -> str:
         return self.gateway.url
 
-    _routes_pending: bool = False
+    def __post_init__(self) -> None:
+        self._refresh = TurnBatched(self._rebuild_routes)
 
     def refresh_routes(self) -> None:
-        """Rebuild the routes once the current event-loop turn is over, however many changes it made.
-
-        A rebuild reads every release record and every status: one per change made a saga's ten
-        status and record writes cost ten rebuilds each, growing with the number of WorkflowRuns
-        (bench/saga_profile.py). The scheduled rebuild runs before anything the loop does next
-        (callbacks run in order), and `flush_routes` runs it at once where it must not wait.
-        """
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a synchronous caller): nothing to batch with
-            self._rebuild_routes()
-            return
-        if not self._routes_pending:
-            self._routes_pending = True
-            loop.call_soon(self.flush_routes)
+        """Rebuild the routes once the current event-loop turn is over (see TurnBatched)."""
+        self._refresh()
 
     def flush_routes(self) -> None:
         """Apply a pending rebuild now: before draining a release the routes must have let go of it."""
-        if self._routes_pending:
-            self._routes_pending = False
-            self._rebuild_routes()
+        self._refresh.flush()
 
     def _rebuild_routes(self) -> None:
         # Every backend: local runners and the last known releases of each Kubernetes backend.
