@@ -53,6 +53,8 @@ bench: install
 	mkdir -p $(BENCH_OUT)
 	$(PY) bench/commit_to_ready.py --commits 3 --interval 2 | tee $(BENCH_OUT)/commit_to_ready.txt
 	$(PY) bench/many_workflowruns.py --runs 50 | tee $(BENCH_OUT)/many_workflowruns.txt
+	$(PY) bench/saga_profile.py --commits 5 | tee $(BENCH_OUT)/saga_profile.txt
+	$(PY) bench/many_workflowruns.py --runs 50 --standin-runners | tee $(BENCH_OUT)/many_workflowruns_standin.txt
 	$(PY) bench/recipe_pull.py --repeat 3 | tee $(BENCH_OUT)/recipe_pull.txt
 	$(PY) bench/runner_start.py --runs 5 | tee $(BENCH_OUT)/runner_start.txt
 	$(PY) bench/spec_load.py --repeat 3 --no-bombs | tee $(BENCH_OUT)/spec_load.txt

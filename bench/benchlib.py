@@ -99,6 +99,18 @@ def cache_entries(state_dir: Path) -> int:
     return len(list(index.glob("*.json"))) if index.is_dir() else 0
 
 
+def standin_python(scratch: Path) -> str:
+    """An "interpreter" for the local driver that starts the STAND-IN runner (bench/standin/runner.py,
+    no recipe code, milliseconds to start) instead of plnt's runner: for benches that look at the
+    saga without runner start, and say so. The driver calls it as `python -m plnt.runner ARGS`; it
+    drops `-m plnt.runner` and names the process plnt.runner, so plnt knows it as its runner."""
+    script = scratch / "standin-python"
+    script.write_text(f'#!/bin/bash\nshift 2\nexec -a plnt.runner {sys.executable} -S -I '
+                      f'{ROOT / "bench" / "standin" / "runner.py"} "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
 # --- memory: plnt's own processes, PSS ---------------------------------------------------------------
 
 def _children() -> dict[int, list[int]]:
@@ -171,6 +183,22 @@ def memory_pss(root: int | None = None) -> dict[str, Any]:
             groups[kind].setdefault("commands", []).append(_command(pid))
     groups["total_pss_mib"] = round(sum(g["pss_mib"] for g in groups.values() if isinstance(g, dict)), 1)
     return groups
+
+
+def cpu_seconds(root: int | None = None) -> dict[str, float]:
+    """CPU time (user + system, seconds) of this process and of its live descendants by kind: where a
+    bench's CPU went. (A child that exited is not counted: runners stopped mid-run are missed.)"""
+    root = os.getpid() if root is None else root
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {k: 0.0 for k in ("plnt", "runners", "temporal", "other")}
+    for pid, kind in [(root, "plnt"), *((p, _kind(p)) for p in descendants(root))]:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if kind in out:
+            out[kind] = round(out[kind] + (int(fields[11]) + int(fields[12])) / tick, 2)
+    return out
 
 
 def vm_hwm_mib(pid: int | str = "self") -> float:

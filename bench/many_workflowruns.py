@@ -26,7 +26,7 @@ import statistics
 import time
 from typing import Any
 
-from benchlib import BenchRepo, cache_entries, how_it_ran, memory_pss, print_json, vm_hwm_mib
+from benchlib import BenchRepo, cache_entries, cpu_seconds, how_it_ran, memory_pss, print_json, standin_python, vm_hwm_mib
 from plnt.reconciler.app import start
 from plnt.reconciler.settings import Settings
 
@@ -36,11 +36,16 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--max-sagas", type=int, default=8, help="sagas running at once")
     parser.add_argument("--invocations", type=int, default=10, help="smoke-test invocations per canary")
+    parser.add_argument("--standin-runners", action="store_true",
+                        help="start the STAND-IN runner (bench/standin/runner.py: no recipe code, milliseconds to "
+                             "start) instead of plnt's runner: the sagas without runner start")
     parser.add_argument("--sample-every", type=float, default=2.0, help="seconds between PSS samples")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO if os.environ.get("PLNT_BENCH_LOG") else logging.WARNING)
     how = how_it_ran("many_workflowruns.py", vars(args), [
-        "plnt up in this process: embedded Temporal dev server (SQLite in the state dir), local runner processes",
+        "plnt up in this process: embedded Temporal dev server (SQLite in the state dir), local runner processes "
+        + ("(STAND-IN runners: bench/standin/runner.py, no recipe code; not plnt's runner)" if args.standin_runners
+           else "(real runners: a fresh interpreter each)"),
         f"one commit adds {args.runs} WorkflowRuns, each with its own recipe (distinct signed archives, "
         f"each pulled fresh: checked, +{args.runs} pull-cache entries)",
         "memory: PSS of this process and of the processes it started (runners, Temporal), sampled "
@@ -52,6 +57,8 @@ async def main() -> None:
     settings = Settings(repo=str(repo.path), state_dir=state_dir, port=0, interval_s=2.0,
                         max_concurrent_sagas=args.max_sagas)
     plnt = await start(settings)
+    if args.standin_runners:
+        plnt.driver._python = standin_python(repo.scratch)  # bench-only: see --standin-runners
     samples: list[dict[str, Any]] = []
     try:
         idle = memory_pss()
@@ -60,6 +67,7 @@ async def main() -> None:
             repo.publish(name, "1.0.0")  # signing is the authors' CI: before the commit, not timed
             repo.write_run(name, name, "1.0.0", invocations=args.invocations)
         entries_before = cache_entries(state_dir)
+        cpu_before = cpu_seconds()
         repo.commit(f"{args.runs} WorkflowRuns")
         committed = time.perf_counter()
         plnt.reconciler.wake()
@@ -80,6 +88,7 @@ async def main() -> None:
                 raise SystemExit(f"only {len(ready_at)} of {len(names)} Ready after 30 minutes")
             await asyncio.sleep(0.2)
         wall = max(ready_at.values())
+        cpu = {k: round(v - cpu_before[k], 2) for k, v in cpu_seconds().items()}
         end = memory_pss()
         samples.append({"at_s": round(wall, 1), "ready": len(ready_at), **end})
         pulled = cache_entries(state_dir) - entries_before
@@ -102,13 +111,16 @@ async def main() -> None:
         print(f"  {label:<30} {idle[group]['pss_mib']:>8.0f} {end[group]['pss_mib']:>11.0f} "
               f"{peak[group]['pss_mib']:>12.0f} {end[group]['processes']:>10}")
     print(f"  {'total':<30} {idle['total_pss_mib']:>8.0f} {end['total_pss_mib']:>11.0f} {peak['total_pss_mib']:>12.0f}")
+    print(f"\n  CPU seconds from commit to all Ready: plnt {cpu['plnt']:.1f}, Temporal {cpu['temporal']:.1f}, "
+          f"runners (alive at the end) {cpu['runners']:.1f}, other {cpu['other']:.1f}  (wall {wall:.1f} s, "
+          f"{os.cpu_count()} cores)")
     runners = end["runners"]
     if runners["processes"]:
         print(f"  per runner: {runners['pss_mib'] / runners['processes']:.1f} MiB PSS")
     print(f"  plnt process peak RSS (VmHWM): {plnt_hwm:.0f} MiB")
     print_json(how, {"runs": args.runs, "all_ready_s": round(wall, 2), "first_ready_s": round(times[0], 2),
                      "median_ready_s": round(statistics.median(times), 2), "sagas_per_s": round(args.runs / wall, 3),
-                     "fresh_pulls": pulled, "pss_idle": idle, "pss_end": end, "pss_peak": peak,
+                     "fresh_pulls": pulled, "cpu_s": cpu, "pss_idle": idle, "pss_end": end, "pss_peak": peak,
                      "plnt_vm_hwm_mib": plnt_hwm, "pss_samples": samples,
                      "ready_s": {name: round(t, 2) for name, t in sorted(ready_at.items())}})
 

@@ -62,6 +62,7 @@ from .trust import policies_for
 T = TypeVar("T")
 
 HEARTBEAT_EVERY_S = 1.0
+TRUSTED_RUNS_KEPT = 4096  # saga runs whose task queue was checked, kept (oldest dropped first)
 # The SDK sends heartbeats on to Temporal at most this often (its default: 80% of the 10 s heartbeat
 # timeout): their details are a running smoke test's live numbers (status smokeProgress, the forge status).
 HEARTBEAT_THROTTLE = timedelta(seconds=2)
@@ -171,6 +172,9 @@ class SagaActivities:
         self._smoke_timeout_s = smoke_request_timeout_s
         self._backend_types = supported_backend_types
         self._saga_task_queue = saga_task_queue
+        # Saga runs (workflow id, run id) found on plnt's task queue: one describe per saga, not one
+        # per step (each is a Temporal round trip; 5 per saga were measured in bench/saga_profile.py).
+        self._trusted_runs: dict[tuple[str, str], None] = {}
 
     def all(self) -> list[Callable[..., Any]]:
         """Every activity of the saga, for `plnt up` (one worker runs the saga and all its steps)."""
@@ -202,6 +206,9 @@ class SagaActivities:
         if info.workflow_type != "DeploySaga" or info.workflow_id != expected:
             raise UntrustedSagaInput(f"{info.activity_type} for {ref.key} runs only in plnt's DeploySaga {expected}, "
                                      f"not in workflow {info.workflow_type} {info.workflow_id}")
+        run = (info.workflow_id, info.workflow_run_id)
+        if run in self._trusted_runs:
+            return  # this very run was described already: a run's task queue never changes
         try:
             caller = await activity.client().get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id).describe()
         except RPCError as exc:
@@ -210,6 +217,9 @@ class SagaActivities:
         if caller.task_queue != self._saga_task_queue:
             raise UntrustedSagaInput(f"{info.activity_type} for {ref.key}: workflow {info.workflow_id} runs on task queue "
                                      f"{caller.task_queue!r}, not plnt's {self._saga_task_queue!r}")
+        self._trusted_runs[run] = None
+        if len(self._trusted_runs) > TRUSTED_RUNS_KEPT:
+            del self._trusted_runs[next(iter(self._trusted_runs))]  # the oldest: its saga is long over
 
     async def _deploy(self, ref: SagaRef) -> tuple[TrustedSaga, WorkflowRun]:
         """The saga's WorkflowRun as its commit gives it, or UntrustedSagaInput."""

@@ -71,6 +71,35 @@ def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore) -> R
     return RouteTable(routes.values())
 
 
+class TurnBatched:
+    """Runs `rebuild` once the current event-loop turn is over, however often it was asked for.
+
+    A route rebuild reads every release record and every status: one per change made each saga's
+    ten status and record writes cost ten rebuilds, each growing with the number of WorkflowRuns
+    (bench/saga_profile.py, bench/many_workflowruns.py). The scheduled rebuild runs before anything
+    the loop does next (callbacks run in order); `flush` runs a pending one at once.
+    """
+
+    def __init__(self, rebuild: Callable[[], None]) -> None:
+        self._rebuild = rebuild
+        self._pending = False
+
+    def __call__(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): nothing to batch with
+            self._rebuild()
+            return
+        if not self._pending:
+            self._pending = True
+            loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._pending = False
+            self._rebuild()
+
+
 @dataclass
 class Plnt:
     """A running plnt: what tests and the CLI hold on to."""
@@ -97,7 +126,18 @@ class Plnt:
     def url(self) -> str:
         return self.public_url or self.gateway.url
 
+    def __post_init__(self) -> None:
+        self._refresh = TurnBatched(self._rebuild_routes)
+
     def refresh_routes(self) -> None:
+        """Rebuild the routes once the current event-loop turn is over (see TurnBatched)."""
+        self._refresh()
+
+    def flush_routes(self) -> None:
+        """Apply a pending rebuild now: before draining a release the routes must have let go of it."""
+        self._refresh.flush()
+
+    def _rebuild_routes(self) -> None:
         # Every backend: local runners and the last known releases of each Kubernetes backend.
         source = self.drivers if self.drivers is not None else self.driver
         table = build_route_table(source.snapshot(), self.statuses)
@@ -268,8 +308,7 @@ async def start(settings: Settings) -> Plnt:
         driver = make_local_driver(
             settings, state, on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None,
             limits_for=lambda namespace, name: drivers.runner_limits(namespace, name),
-            drain=lambda release: router.drain(Backend(release.endpoint, release.version, release.release_id),
-                                               timeout_s=settings.runner_stop_timeout_s),
+            drain=lambda release: _drain_after_flush(holder, router, release, settings.runner_stop_timeout_s),
         )
         cleanups.append(driver.shutdown)
         # Helm state changes (installs, promotions, removals, live reads) change routes too.
@@ -456,6 +495,13 @@ def start_previews(settings: Settings, *, source: GitSource, client: Client, sta
         await forge.aclose()
 
     return previews, close
+
+
+def _drain_after_flush(holder: dict[str, Plnt], router: Router, release: Release, timeout_s: float) -> Awaitable[bool]:
+    """Router.drain once the routes no longer name `release` (a rebuild may still be pending)."""
+    if "plnt" in holder:
+        holder["plnt"].flush_routes()
+    return router.drain(Backend(release.endpoint, release.version, release.release_id), timeout_s=timeout_s)
 
 
 def _closer(publisher: RoutePublisher) -> Callable[[], Awaitable[None]]:

@@ -154,6 +154,7 @@ class Reconciler:
         in_sync = all(item.action is Action.UNCHANGED and not item.waiting for item in items)
         budget = self._settings.max_concurrent_sagas - len(self._sagas)
         live_unknown = getattr(self._driver, "live_unknown", lambda key: None)
+        starts = []
         for item in items:
             unknown = live_unknown(item.key)
             if unknown is not None and item.key not in self._sagas and self._was_deployed(item.key):
@@ -161,10 +162,17 @@ class Reconciler:
             elif item.supersedes:
                 await self._cancel_saga(item)
             elif item.needs_saga and budget > 0:
-                await self._start_saga(item, specs, commit)
+                starts.append(self._start_saga(item, specs, commit))
                 budget -= 1
             elif item.action is Action.UNCHANGED and not item.waiting:
                 self._observe(item, commit)
+        # All of this pass's sagas are started at once: each start is a Temporal round trip, and a
+        # commit changing many WorkflowRuns should not start them one after the other. (Each writes
+        # its Pending status before its first await, so in plan order.) A failed start fails the
+        # pass, as before, once the others were started.
+        failed = [r for r in await asyncio.gather(*starts, return_exceptions=True) if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
         if in_sync and not any(live_unknown(item.key) for item in items):
             # Taken after the pass (its status updates included): the next pass compares with it.
             self._quiet, self._quiet_items = self._quiet_inputs(commit, specs, releases), items

@@ -35,6 +35,7 @@ from temporalio.worker import Worker
 
 from .activities import HEARTBEAT_THROTTLE, PhaseRecorder
 from .app import (
+    TurnBatched,
     add_reconciler_routes,
     attach_rollout_followers,
     build_route_table,
@@ -161,10 +162,14 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     publisher = RoutePublisher()  # what `plnt gateway` replicas follow
     holder: dict[str, Any] = {}
 
-    def refresh_routes() -> None:
+    def rebuild_routes() -> None:
         table = build_route_table(drivers.snapshot(), statuses)  # reported local runners + known Helm releases
         router.replace(table)
         publisher.publish(table, [status.public() for status in statuses.all()])
+
+    # Once per event-loop turn, however many changes it made. (Nothing drains here: the workers'
+    # gateways drain their own runners, after `plnt gateway` replicas saw the published routes.)
+    refresh_routes = TurnBatched(rebuild_routes)
 
     runners = ReportedRunners(on_change=refresh_routes)
     drivers = make_driver_set(settings, runners, state, on_change=refresh_routes)

@@ -16,6 +16,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from .specs import SmokeTest
+from .tls_context import default_tls_context
 
 
 class Sample(BaseModel):
@@ -126,7 +127,7 @@ async def measure(
             payload = payloads[index % len(payloads)]
             samples.append(await (_invoke_streaming if stream else _invoke)(client, endpoint, payload))
 
-    async with httpx.AsyncClient(trust_env=False, timeout=timeout_s) as client:
+    async with httpx.AsyncClient(trust_env=False, timeout=timeout_s, verify=default_tls_context()) as client:
         await asyncio.gather(*(worker(client) for _ in range(min(concurrency, invocations))))
     return samples
 

@@ -6,6 +6,7 @@ transition as one structured line (`phase-change key=... from=... to=...`).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Any
 from plnt.gateway.routes import preview_of
 from pydantic import BaseModel, ConfigDict, Field
 
-from .state import atomic_write_json, read_json
+from .state import atomic_write_text, read_json
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,9 @@ class StatusStore:
         self._items: dict[str, WorkflowRunStatus] = {
             key: WorkflowRunStatus.model_validate(value) for key, value in raw.items()
         }
+        # Each status as the file holds it: a write encodes again only the status that changed (a
+        # saga writes 7 times; encoding all of 1,000 statuses each time was most of a write's cost).
+        self._encoded: dict[str, str] = {key: _encode(value) for key, value in self._items.items()}
 
     def get(self, key: str) -> WorkflowRunStatus | None:
         return self._items.get(key)
@@ -126,6 +130,7 @@ class StatusStore:
             old = existing or WorkflowRunStatus(namespace=namespace, name=name)
             new = old.model_copy(update={**fields, "updated_at": time.time()})
             self._items[key] = new
+            self._encoded[key] = _encode(new)
             self.revision += 1
             self._save()
         self.on_change()
@@ -141,10 +146,18 @@ class StatusStore:
         key = f"{namespace}/{name}"
         with self._lock:
             if self._items.pop(key, None) is not None:
+                self._encoded.pop(key, None)
                 self.revision += 1
                 self._save()
         self.on_change()
         log.info("phase-change workflowrun=%s from=Deleting to=Deleted", key)
 
     def _save(self) -> None:
-        atomic_write_json(self._path, {key: value.model_dump(mode="json") for key, value in self._items.items()})
+        # Byte for byte what atomic_write_json(path, {key: status}) writes (indent 2, sorted keys).
+        entries = [f"  {json.dumps(key)}: {self._encoded[key]}" for key in sorted(self._encoded)]
+        atomic_write_text(self._path, ("{\n" + ",\n".join(entries) + "\n}" if entries else "{}") + "\n")
+
+
+def _encode(status: WorkflowRunStatus) -> str:
+    """One status as it sits inside the status file: its JSON, indented one level."""
+    return json.dumps(status.model_dump(mode="json"), indent=2, sort_keys=True).replace("\n", "\n  ")

@@ -1,0 +1,77 @@
+"""Route rebuilds are batched per event-loop turn (Plnt.refresh_routes), and a drain flushes a pending
+rebuild first. Unit tests of that scheduling: the driver is a stand-in that only counts snapshots
+(a fake, declared), the router and status store are plnt's own."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from plnt.gateway.routes import Router
+from plnt.reconciler.app import Plnt, _drain_after_flush
+from plnt.reconciler.state import LiveWorkflow, Release
+from plnt.reconciler.status import Phase, StatusStore
+
+
+class CountingDriver:
+    """Fake: release records from a dict, counting how often the routes read them."""
+
+    def __init__(self) -> None:
+        self.live: dict[str, LiveWorkflow] = {}
+        self.snapshots = 0
+
+    def snapshot(self) -> dict[str, LiveWorkflow]:
+        self.snapshots += 1
+        return dict(self.live)
+
+
+def _plnt(tmp_path: Path) -> tuple[Plnt, CountingDriver]:
+    driver = CountingDriver()
+    statuses = StatusStore(tmp_path / "status.json")
+    none: Any = None
+    plnt = Plnt(settings=none, state=none, client=none, statuses=statuses, driver=driver,  # type: ignore[arg-type]
+                router=Router(), reconciler=none, gateway=none, stop_event=asyncio.Event())
+    statuses.on_change = plnt.refresh_routes
+    return plnt, driver
+
+
+def _release(track: str) -> Release:
+    return Release(namespace="default", name="a", track=track, version="1.0.0", spec_fingerprint="f",
+                   recipe_digest="sha256:" + "0" * 64, recipe_dir="/r", endpoint="http://127.0.0.1:1", release_id="a-1",
+                   pid=1, port=1)
+
+
+async def test_many_changes_in_one_turn_rebuild_once(tmp_path: Path) -> None:
+    plnt, driver = _plnt(tmp_path)
+    for phase in (Phase.PENDING, Phase.VERIFYING, Phase.DEPLOYING):
+        plnt.statuses.update("default", "a", phase=phase)
+    assert driver.snapshots == 0  # nothing rebuilt yet: the turn is not over
+    await asyncio.sleep(0)
+    assert driver.snapshots == 1
+    assert plnt.router.table.lookup("a", "default") is not None  # the status's route (no backend yet: 503)
+    plnt.statuses.update("default", "a", phase=Phase.CANARY)
+    await asyncio.sleep(0)
+    assert driver.snapshots == 2
+
+
+def test_without_a_loop_the_rebuild_is_immediate(tmp_path: Path) -> None:
+    plnt, driver = _plnt(tmp_path)
+    plnt.statuses.update("default", "a", phase=Phase.PENDING)
+    assert driver.snapshots == 1
+
+
+async def test_drain_flushes_a_pending_rebuild_first(tmp_path: Path) -> None:
+    plnt, driver = _plnt(tmp_path)
+    old = _release("stable")
+    driver.live["default/a"] = LiveWorkflow(namespace="default", name="a", stable=old)
+    plnt.flush_routes()
+    plnt.refresh_routes()
+    await asyncio.sleep(0)
+    route = plnt.router.table.lookup("a", "default")
+    assert route is not None and route.stable is not None
+    driver.live.clear()  # the release record is gone (promoted away) ...
+    plnt.refresh_routes()  # ... and its rebuild is pending when the driver drains the old runner
+    assert await _drain_after_flush({"plnt": plnt}, plnt.router, old, 1.0)
+    route = plnt.router.table.lookup("a", "default")
+    assert route is None or route.stable is None
