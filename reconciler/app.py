@@ -133,7 +133,7 @@ def make_local_driver(settings: Settings, state: StateDir, *, on_change: Callabl
         runner_args=settings.runner_args(), env=settings.runner_env,
         secret_env={settings.llm_api_key_env: settings.llm_api_key.get_secret_value()}
         if settings.llm_api_key_env and settings.llm_api_key else None,
-        limits_for=limits_for, drain=drain,
+        limits_for=limits_for, drain=drain, runner_start=settings.runner_start,
     )
 
 

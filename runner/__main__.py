@@ -14,6 +14,12 @@ and RLIMIT_NPROC (soft and hard, so recipe code cannot raise them unless it runs
 thing, before the recipe is imported. The runner sets them itself rather than plnt through
 Popen's preexec_fn, which is unsafe in a parent with threads (plnt has several). A limit that
 cannot be set is exit 3: the recipe never runs without the limits asked for.
+
+Then, still before the recipe, the runner makes itself undumpable (plnt.runner.isolation): another
+runner of the same user cannot read its memory or environment. Failing that is exit 3 too.
+
+The same `main` serves both ways runners start: exec'd (`python -m plnt.runner`) and forked from
+the zygote (plnt.runner.zygote), which calls it in the child with the same argv.
 """
 
 from __future__ import annotations
@@ -104,6 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         apply_limits(args)  # before anything of the recipe is imported
     except ValueError as exc:
         print(f"plnt.runner: cannot apply limits: {exc}", file=sys.stderr)
+        return 3
+    from plnt.runner.isolation import IsolationError, no_peeking
+
+    try:
+        no_peeking()  # before the recipe: its code must not read other runners, nor they it
+    except IsolationError as exc:
+        print(f"plnt.runner: cannot isolate this runner: {exc}", file=sys.stderr)
         return 3
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
