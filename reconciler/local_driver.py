@@ -135,8 +135,8 @@ class LocalDriver:
         self._children: dict[int, RunnerProcess] = {}
         # fork needs Linux (fork of a single-threaded zygote, prctl); elsewhere runners are exec'd.
         self._runner_start: RunnerStart = runner_start if sys.platform.startswith("linux") else "exec"
-        self._zygote = ZygoteClient(python, self._state.runner_logs / "zygote",
-                                    runner_env(self._env, self._state.runner_logs / "zygote", {}))
+        zygote_dir = self._state.root / "zygote"  # its cwd, HOME, TMPDIR and log; not under runners/
+        self._zygote = ZygoteClient(python, zygote_dir, runner_env(self._env, zygote_dir, {}))
         self._records: dict[str, tuple[tuple[int, int, int], LiveWorkflow]] = {}  # snapshot's parsed records
 
     # --- the driver interface ---------------------------------------------------------------

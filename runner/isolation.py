@@ -13,7 +13,6 @@ Linux only; elsewhere it does nothing (fork mode and these checks are Linux-only
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 PR_GET_DUMPABLE = 3
@@ -36,7 +35,8 @@ class _CapData(ctypes.Structure):
 
 
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # The process's own symbols (libc among them): find_library would run ldconfig in a subprocess.
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _check(result: int, what: str) -> None:

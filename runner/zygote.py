@@ -185,6 +185,9 @@ def run_child(channel: socket.socket, argv: list[str], runner_dir: str, log_path
     try:
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # Opened while the channel still holds fd 0, so neither lands on 0-2 before the dup2s.
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        null_fd = os.open(os.devnull, os.O_RDONLY)
         channel.close()
         env = read_env(env_fd)
         os.environ.clear()
@@ -193,8 +196,6 @@ def run_child(channel: socket.socket, argv: list[str], runner_dir: str, log_path
 
         tempfile.tempdir = None  # TMPDIR is the runner's own directory now
         os.chdir(runner_dir)
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        null_fd = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null_fd, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
