@@ -474,8 +474,7 @@ def _is_runner(pid: int) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    # exec'd: `python -m plnt.runner ...`; forked: the zygote's command line, `python -m plnt.runner.zygote`.
-    return b"plnt.runner" in argv[:3] or b"plnt.runner.zygote" in argv[:3]
+    return b"plnt.runner" in argv[:3]  # forked runners rewrite theirs to the same (plnt.runner.zygote.retitle)
 
 
 def _tail(path: Path, lines: int = 5) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from plnt.runner.zygote import MAX_MESSAGE, decode, encode
+from plnt.runner.zygote import CMDLINE_ROOM, MAX_MESSAGE, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,11 @@ class ForkedRunner:
     def _gone(self) -> bool:
         from .local_driver import process_start_time  # (local_driver imports this module)
 
-        return self.poll() is not None or process_start_time(self.pid) != self._start_time
+        if self.poll() is not None:
+            return True
+        # Gone from /proc: its exit report is on its way, unless the zygote (its parent) is gone too.
+        now = process_start_time(self.pid)
+        return (now is None or now != self._start_time) and not self._zygote.alive
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Until the zygote reports its exit (or, the zygote gone, the process is gone)."""
@@ -200,7 +204,7 @@ class ZygoteClient:
             try:
                 with open(self._workdir / "zygote.log", "ab") as log_file:
                     process = subprocess.Popen(
-                        [self._python, "-m", "plnt.runner.zygote"], stdin=theirs.fileno(), stdout=log_file,
+                        [self._python, "-m", "plnt.runner.zygote", CMDLINE_ROOM], stdin=theirs.fileno(), stdout=log_file,
                         stderr=subprocess.STDOUT, cwd=self._workdir, env=self._env,
                         start_new_session=True)  # Ctrl-C reaches plnt, which stops things in order
             except BaseException:

@@ -4,9 +4,10 @@
 - prctl(PR_SET_DUMPABLE, 0): /proc/PID/mem, /proc/PID/environ and ptrace of this process need
   CAP_SYS_PTRACE from now on, even for a process of the same uid (so another release's recipe
   code cannot read this one's memory or its LLM key);
-- when running as root: CAP_SYS_PTRACE is dropped from the bounding, effective and permitted
-  sets, since root holding it passes that check (a runner's recipe then cannot read other
-  runners either). Nothing else of root is dropped: run plnt as an ordinary user.
+- when running as root: the capabilities that pass that check are dropped from the bounding,
+  effective, permitted and inheritable sets: CAP_SYS_PTRACE (mem, ptrace), and CAP_SYS_ADMIN and
+  CAP_PERFMON, either of which still lets /proc/PID/environ and /proc/PID/maps be read (found on
+  Linux 6.18). Nothing else of root is dropped: run plnt as an ordinary user.
 Linux only; elsewhere it does nothing (fork mode and these checks are Linux-only).
 """
 
@@ -19,6 +20,9 @@ PR_GET_DUMPABLE = 3
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 CAP_SYS_PTRACE = 19
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+PEEKING_CAPABILITIES = (CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON)
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
@@ -44,19 +48,21 @@ def _check(result: int, what: str) -> None:
         raise IsolationError(f"{what} failed (errno {ctypes.get_errno()})")
 
 
-def _drop_ptrace_capability(libc: ctypes.CDLL) -> None:
+def _drop_capabilities(libc: ctypes.CDLL, capabilities: tuple[int, ...]) -> None:
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     _check(libc.capget(ctypes.byref(header), data), "capget")
-    word, bit = divmod(CAP_SYS_PTRACE, 32)
-    mask = 1 << bit
-    if not (data[word].effective | data[word].permitted) & mask:
-        return
-    # The bounding set too (needs CAP_SETPCAP, which root has), so no exec of a setuid file gets it back.
-    libc.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0)
-    for field in ("effective", "permitted", "inheritable"):
-        setattr(data[word], field, getattr(data[word], field) & ~mask & 0xFFFFFFFF)
-    _check(libc.capset(ctypes.byref(header), data), "capset (dropping CAP_SYS_PTRACE)")
+    held = False
+    for capability in capabilities:
+        word, bit = divmod(capability, 32)
+        mask = 1 << bit
+        held = held or bool((data[word].effective | data[word].permitted) & mask)
+        # The bounding set too (needs CAP_SETPCAP, which root has): no exec of a setuid file gets it back.
+        libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0)
+        for field in ("effective", "permitted", "inheritable"):
+            setattr(data[word], field, getattr(data[word], field) & ~mask & 0xFFFFFFFF)
+    if held:
+        _check(libc.capset(ctypes.byref(header), data), "capset (dropping CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_PERFMON)")
 
 
 def no_peeking() -> None:
@@ -65,7 +71,7 @@ def no_peeking() -> None:
         return
     libc = _libc()
     _check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE, 0)")
-    _drop_ptrace_capability(libc)
+    _drop_capabilities(libc, PEEKING_CAPABILITIES)
 
 
 def is_dumpable() -> bool:

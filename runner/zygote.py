@@ -20,6 +20,10 @@ object per message.
 End of file on the socket (plnt stopped or died): the zygote exits; its runners keep running (each
 is its own session leader, and the next plnt adopts or stops them like exec'd ones).
 
+Each child rewrites its command line (/proc/PID/cmdline, what `ps` shows) to the one an exec'd runner
+has, `PYTHON -m plnt.runner ARGS...`, in the room the zygote's own padded command line leaves
+(CMDLINE_ROOM, blanks), so tools and plnt recognise a runner and its release either way.
+
 Each child: setsid; drops the socket; reads its environment from the pipe and replaces os.environ;
 chdir RUNNER_DIR; stdout/stderr to LOG_PATH (append), stdin /dev/null; re-enables the GC; then
 `plnt.runner.__main__.main(argv)`, which applies the limits and makes the process undumpable
@@ -38,6 +42,7 @@ import traceback
 from typing import Any, NoReturn
 
 MAX_MESSAGE = 1 << 16
+CMDLINE_ROOM = " " * 4096  # the zygote's last argument: room for each child's own command line
 MAX_ENV_BYTES = 1 << 20
 
 
@@ -87,6 +92,26 @@ def read_env(fd: int) -> dict[str, str]:
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ValueError("runner environment must be a JSON object of strings")
     return env
+
+
+def retitle(args: list[str]) -> bool:
+    """Overwrite this process's command line (the argv strings the kernel shows as
+    /proc/self/cmdline) with `args`, truncated to the room there is; False if it cannot."""
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", "rb") as handle:
+            stat = handle.read()
+        fields = stat[stat.rindex(b")") + 2:].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (stat fields 48 and 49)
+    except (OSError, ValueError, IndexError):
+        return False
+    room = end - start
+    if room <= 0:
+        return False
+    data = b"\0".join(a.encode(errors="replace") for a in args)[: room - 1]
+    ctypes.memmove(start, data.ljust(room, b"\0"), room)  # our own stack page, copy-on-write
+    return True
 
 
 def preload() -> None:
@@ -196,6 +221,9 @@ def run_child(channel: socket.socket, argv: list[str], runner_dir: str, log_path
 
         tempfile.tempdir = None  # TMPDIR is the runner's own directory now
         os.chdir(runner_dir)
+        with open("/proc/self/cmdline", "rb") as handle:
+            python = handle.read().split(b"\0", 1)[0].decode(errors="replace")
+        retitle([python, "-m", "plnt.runner", *argv])
         os.dup2(null_fd, 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)

@@ -220,7 +220,7 @@ def runners_of(state_dir: Path) -> dict[int, str]:
             cwd = (entry / "cwd").resolve()
         except OSError:
             continue
-        if {b"plnt.runner", b"plnt.runner.zygote"} & set(argv[:3]) and str(cwd).startswith(str((state_dir / "runners").resolve())):
+        if b"plnt.runner" in argv[:3] and str(cwd).startswith(str((state_dir / "runners").resolve())):
             found[int(entry.name)] = b" ".join(argv).decode()
     return found
 
