@@ -144,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(recipe, adapter, args.release_id, step_cache_size=args.step_cache_size,  # type: ignore[arg-type]
                      host=args.host)
     # The gateway's HTTP limits (header size and count, slow-client deadlines) apply here too.
-    config = uvicorn_config(app, args.host, args.port, log_level="warning", access_log=False)
+    # log_config=None: the logging set up above serves; uvicorn's dictConfig would build its own
+    # handlers and formatters in every runner (private memory in each forked one).
+    config = uvicorn_config(app, args.host, args.port, log_level="warning", access_log=False, log_config=None)
     uvicorn.Server(config).run()
     return 0
 

@@ -38,6 +38,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import traceback
 from typing import Any, NoReturn
 
@@ -94,6 +95,97 @@ def read_env(fd: int) -> dict[str, str]:
     return env
 
 
+# plnt's own warm-up workflow (no user code): served once in the zygote before it forks, so the
+# first-use work of a request cycle (caches filled, lazy imports, pydantic and starlette paths) is
+# done in shared pages instead of again in each runner's private ones.
+WARMUP_WORKFLOW = """\
+apiVersion: microagents.dev/v1
+kind: Workflow
+metadata: {name: plnt-zygote-warmup, version: 0.0.0}
+runtime: {entrypoint: steps.py}
+steps:
+  - {id: intent, tool: llm.classify, params: {input: "{review}", labels: [praise, complaint]}}
+  - {id: voice, tool: rag.query, deps: [intent], params: {query: "{intent} {review}", k: 1}}
+  - {id: reply, tool: llm.generate, deps: [intent, voice], params: {prompt: "{review} {voice}", maxTokens: 8}}
+  - {id: checked, tool: policy.moderate, deps: [reply], params: {blocked: [refund]}}
+output: checked
+"""
+WARMUP_STEPS = """\
+async def checked(ctx):
+    verdict = await ctx.tools.call("policy.moderate", text=ctx.results["reply"])
+    return {"reply": ctx.results["reply"], "approved": verdict["approved"]}
+"""
+
+
+def warm_up() -> None:
+    """Serve the warm-up workflow on a loopback port for one request cycle: /healthz, /invoke as
+    JSON and as a stream, /chat streamed, /stats, a bad request. Best effort: a failure only costs
+    memory (logged), never a runner."""
+    import asyncio
+    import shutil
+    import tempfile
+
+    import httpx
+    import uvicorn
+    from plnt.gateway.server import uvicorn_config
+    from plnt.runner.adapters import MockBackend
+    from plnt.runner.app import create_app
+    from plnt.runner.recipe import load_recipe_dir
+
+    scratch = tempfile.mkdtemp(prefix="plnt-zygote-warmup-")
+    modules = set(sys.modules)
+    try:
+        with open(os.path.join(scratch, "workflow.yaml"), "w") as handle:
+            handle.write(WARMUP_WORKFLOW)
+        with open(os.path.join(scratch, "steps.py"), "w") as handle:
+            handle.write(WARMUP_STEPS)
+        with open(os.path.join(scratch, "knowledge.md"), "w") as handle:
+            handle.write("# warm-up\nBe brief.\n")
+        app = create_app(load_recipe_dir(scratch), MockBackend(), "warmup", host="127.0.0.1")
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        listener.close()
+        server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, log_level="warning", access_log=False,
+                                               log_config=None))
+        body = {"review": "great food"}
+        chat = {"messages": [{"role": "user", "content": "great food"}], "stream": True}
+
+        async def cycle() -> None:
+            serving = asyncio.create_task(server.serve())
+            try:
+                while not server.started:
+                    if serving.done():
+                        return
+                    await asyncio.sleep(0.005)
+                base = f"http://127.0.0.1:{port}"
+                async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+                    for _ in range(3):
+                        await client.get(f"{base}/healthz")
+                        await client.post(f"{base}/invoke", json=body)
+                    async with client.stream("POST", f"{base}/invoke", json=body,
+                                             headers={"accept": "text/event-stream"}) as response:
+                        async for _chunk in response.aiter_bytes():
+                            pass
+                    async with client.stream("POST", f"{base}/chat", json=chat) as response:
+                        async for _chunk in response.aiter_bytes():
+                            pass
+                    await client.get(f"{base}/stats")
+                    await client.post(f"{base}/invoke", content=b"{not json", headers={"content-type": "application/json"})
+            finally:
+                server.should_exit = True
+                await serving
+
+        asyncio.run(cycle())  # closes its loop and joins the default executor's threads
+    except Exception:  # noqa: BLE001 - see the docstring
+        traceback.print_exc()
+    finally:
+        for name in set(sys.modules) - modules:
+            if name.startswith("plnt_recipe_"):
+                del sys.modules[name]
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def retitle(args: list[str]) -> bool:
     """Overwrite this process's command line (the argv strings the kernel shows as
     /proc/self/cmdline) with `args`, truncated to the room there is; False if it cannot."""
@@ -137,6 +229,15 @@ def preload() -> None:
     import uvicorn.protocols.http.h11_impl  # noqa: F401
     import uvicorn.protocols.websockets.auto  # noqa: F401
 
+    # Imported on first use, in every runner: loading a recipe (the spec models), the first request
+    # (anyio's backend, starlette's streams).
+    for lazy in ("difflib", "plnt.reconciler.loader", "plnt.reconciler.settings", "anyio._backends._asyncio",
+                 "anyio.streams.memory", "anyio.streams.stapled", "fastapi.telemetry._runtime", "importlib.readers",
+                 "importlib.resources.readers"):
+        try:
+            __import__(lazy)
+        except ImportError:  # another version of a library: nothing to share, nothing broken
+            pass
     for optional in ("uvloop", "httptools", "uvicorn.loops.uvloop", "uvicorn.protocols.http.httptools_impl"):
         try:
             __import__(optional)
@@ -257,6 +358,12 @@ def main() -> int:
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # plnt stops it by closing the channel
     preload()
+    if os.environ.get("PLNT_ZYGOTE_WARMUP", "1") != "0":
+        warm_up()
+    if threading.active_count() != 1:  # fork copies only the calling thread: a lock held elsewhere stays held
+        print(f"plnt.runner.zygote: {threading.active_count()} threads before forking; refusing to serve",
+              file=sys.stderr)
+        return 2
     gc.collect()
     gc.freeze()  # every object so far lives in the shared pages for good: children's GC never touches them
     Zygote(channel).serve()
