@@ -13,7 +13,11 @@ while the sagas run and at the end, for this process (plnt: reconciler, worker, 
 processes it started, apart: runners, the Temporal dev server, anything else. Processes plnt did
 not start (another plnt, another bench's runners) are not counted.
 
-    python bench/many_workflowruns.py [--runs 100] [--max-sagas 8] [--invocations 10]
+Runners start as `plnt up` starts them: forked from the zygote (`--runner-start fork`, the default) or
+exec'd (`--runner-start exec`). The zygote counts with the runners (its pages are what they share).
+At 1,000 runs sample less often (`--sample-every 15`): reading 1,000 smaps_rollup files costs CPU.
+
+    python bench/many_workflowruns.py [--runs 100] [--max-sagas 8] [--invocations 10] [--runner-start fork]
 """
 
 from __future__ import annotations
@@ -37,10 +41,13 @@ async def main() -> None:
     parser.add_argument("--max-sagas", type=int, default=8, help="sagas running at once")
     parser.add_argument("--invocations", type=int, default=10, help="smoke-test invocations per canary")
     parser.add_argument("--sample-every", type=float, default=2.0, help="seconds between PSS samples")
+    parser.add_argument("--runner-start", choices=["fork", "exec"], default="fork", help="how runners start")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO if os.environ.get("PLNT_BENCH_LOG") else logging.WARNING)
     how = how_it_ran("many_workflowruns.py", vars(args), [
-        "plnt up in this process: embedded Temporal dev server (SQLite in the state dir), local runner processes",
+        "plnt up in this process: embedded Temporal dev server (SQLite in the state dir), local runner processes "
+        f"({args.runner_start}: " + ("forked from the pre-imported zygote" if args.runner_start == "fork"
+                                     else "a fresh python -m plnt.runner each") + ")",
         f"one commit adds {args.runs} WorkflowRuns, each with its own recipe (distinct signed archives, "
         f"each pulled fresh: checked, +{args.runs} pull-cache entries)",
         "memory: PSS of this process and of the processes it started (runners, Temporal), sampled "
@@ -50,7 +57,7 @@ async def main() -> None:
     repo.commit("no workflows")
     state_dir = repo.scratch / "state"
     settings = Settings(repo=str(repo.path), state_dir=state_dir, port=0, interval_s=2.0,
-                        max_concurrent_sagas=args.max_sagas)
+                        max_concurrent_sagas=args.max_sagas, runner_start=args.runner_start)
     plnt = await start(settings)
     samples: list[dict[str, Any]] = []
     try:
