@@ -31,7 +31,7 @@ from .drivers import DriverSet
 from .forge import Forge, make_forge
 from .helm_driver import DEFAULT_CHART, HelmDriver, RunnerImage, SpecLookup
 from .history import NoSaga, saga_history
-from .local_driver import LocalDriver
+from .local_driver import LocalDriver, raise_open_files_limit
 from .previews import PreviewController
 from .recipes import RecipeCache
 from .reconciler import Reconciler
@@ -127,6 +127,7 @@ def load_gateway_auth(settings: Settings) -> tuple[TokenSet, bytes | None]:
 def make_local_driver(settings: Settings, state: StateDir, *, on_change: Callable[[], None],
                       drain: Callable[[Release], Awaitable[object]],
                       limits_for: Callable[[str, str], Any]) -> LocalDriver:
+    raise_open_files_limit()  # a connection or more per runner: 1,000 runners pass the usual soft 1,024
     return LocalDriver(
         state, host="127.0.0.1", start_timeout_s=settings.runner_start_timeout_s,
         stop_timeout_s=settings.runner_stop_timeout_s, on_change=on_change,

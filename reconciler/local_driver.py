@@ -74,6 +74,23 @@ def runner_env(base: Mapping[str, str], runner_dir: Path, extra: Mapping[str, st
     return env
 
 
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise plnt's soft RLIMIT_NOFILE to its hard limit: with 1,000 runners plnt holds a connection
+    or more per runner (gateway pools, health checks, smoke tests), past the usual soft 1,024. Runners
+    set their own (runnerLimits). Returns (soft, hard) as they are now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20  # Linux's default fs.nr_open
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as exc:
+            log.warning("open-files-limit-unchanged soft=%s hard=%s error=%s", soft, hard, exc)
+    return soft, hard
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))

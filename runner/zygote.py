@@ -330,6 +330,7 @@ def run_child(channel: socket.socket, argv: list[str], runner_dir: str, log_path
         os.dup2(log_fd, 2)
         os.close(log_fd)
         os.close(null_fd)
+        os.closerange(3, 1 << 16)  # nothing of the zygote's stays open in a runner (an exec'd one has 0-2 only)
         gc.enable()
         from plnt.runner.__main__ import main
 
