@@ -27,10 +27,12 @@ mid-promote) is stopped at once when that can be done, and otherwise at the next
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -411,7 +413,7 @@ class LocalDriver:
 
     async def _healthy(self, release: Release, version: str, timeout_s: float) -> bool:
         try:
-            async with httpx.AsyncClient(trust_env=False, timeout=timeout_s) as client:
+            async with httpx.AsyncClient(trust_env=False, timeout=timeout_s, verify=_tls_context()) as client:
                 response = await client.get(f"{release.endpoint}/healthz")
         except httpx.HTTPError:
             return False
@@ -483,6 +485,14 @@ class LocalDriver:
                 child.wait()
         if not self._alive(pid, read_json(self._pids / f"{pid}.json", default={}).get("pid_start")):
             (self._pids / f"{pid}.json").unlink(missing_ok=True)
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One TLS context for every health check: httpx builds a new one (loading the CA bundle, ~25 ms
+    of CPU) for each client otherwise, and a starting runner is polled every few ms. (Runners serve
+    plain http on loopback; this is never used to connect.)"""
+    return ssl.create_default_context()
 
 
 def _is_runner(pid: int) -> bool:
