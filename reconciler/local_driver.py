@@ -9,12 +9,13 @@ then the old process is stopped; the runner drains in-flight requests on SIGTERM
 Isolation of a runner (it runs recipe code): its environment is built from an allowlist (see
 `allowlisted_env`; plnt's own credentials never reach it), its cwd, HOME and TMPDIR are its own
 directory STATE/runners/RELEASE_ID/, and it sets the resource limits of its backend (runnerLimits)
-before it imports the recipe. It runs as plnt's user, so it is not a filesystem sandbox; it makes itself undumpable before loading
-its recipe (plnt.runner.isolation), so other runners cannot read its memory or environment.
+before it imports the recipe, and makes itself undumpable (plnt.runner.isolation) so that other
+runners cannot read its memory or environment. It runs as plnt's user, so it is not a filesystem
+sandbox.
 
 How a runner starts (`runner_start`): "fork" (the default on Linux) asks one pre-imported zygote
-process (plnt.runner.zygote, via zygote_client) to fork it: milliseconds and a few MiB of private
-memory per runner; "exec" starts `python -m plnt.runner` afresh (~0.5 s CPU, ~35 MiB). Both run the
+process (plnt.runner.zygote, via zygote_client) to fork it: ~10 ms of CPU and ~11 MiB of private
+memory per runner; "exec" starts `python -m plnt.runner` afresh (~0.4 s CPU, ~36 MiB). Both run the
 same runner `main` with the same options, environment, directory and limits, and both survive plnt:
 a forked runner is its own session leader, and the zygote exits when plnt does without them.
 

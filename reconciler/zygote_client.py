@@ -81,6 +81,12 @@ class _Zygote:
             with self._lock:
                 future = self._pending.pop(message["id"], None) if isinstance(message["id"], int) else None
             if future is None or future.done():
+                if "pid" in message:  # its start was cancelled or timed out: nobody will record or stop it
+                    log.warning("zygote-runner-abandoned pid=%s: its start was cancelled", message["pid"])
+                    try:
+                        os.kill(int(message["pid"]), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 return
             if "pid" in message:
                 future.set_result(int(message["pid"]))

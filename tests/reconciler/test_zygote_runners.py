@@ -225,3 +225,57 @@ async def test_recipe_code_cannot_read_another_release_and_the_zygote_holds_no_k
     assert not memory_holds(zygote, KEY.encode()), "the LLM key reached the zygote's memory"
     if os.geteuid() == 0:  # control: the scan finds the key where it is (reading an undumpable runner needs root)
         assert memory_holds(victim.pid, KEY.encode())
+
+
+def processes_with(marker: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and process_start_time(int(entry.name)) is not None:
+            try:
+                if marker in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+async def test_a_start_cancelled_before_the_zygote_answers_leaves_no_runner(tmp_path: Path) -> None:
+    """The saga is cancelled between the fork request and the zygote's answer: the runner it forked
+    anyway is nobody's (no pid file, no record), so the client kills it when the answer comes."""
+    client = ZygoteClient(sys.executable, tmp_path / "zygote", {"PATH": os.defpath})
+    runner_dir = tmp_path / "runner"
+    runner_dir.mkdir()
+    marker = f"cancelled-{os.getpid()}-{id(tmp_path)}"
+    try:
+        first = await client.spawn(["--recipe", str(RECIPES / "1.2.0"), "--limit-memory-mib", "0"], runner_dir,
+                                   tmp_path / "first.log", {"PATH": os.defpath})  # the zygote is up
+        assert first.wait(timeout=30) == 3
+        zygote_pid = client.pid
+        assert zygote_pid is not None
+        os.kill(zygote_pid, signal.SIGSTOP)  # it answers only after the cancellation
+        task = asyncio.create_task(client.spawn(
+            ["--recipe", str(RECIPES / "1.2.0"), "--port", "0", "--release-id", marker], runner_dir,
+            tmp_path / "cancelled.log", {"PATH": os.defpath}))
+        zygote = client._zygote
+        assert zygote is not None
+        for _ in range(1000):
+            if zygote._pending or task.done():
+                break
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        os.kill(zygote_pid, signal.SIGCONT)
+        for _ in range(100):  # it forks now, answers, and the client kills what nobody awaits
+            if processes_with(marker.encode()):
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(200):
+            if not processes_with(marker.encode()):
+                break
+            await asyncio.sleep(0.025)
+        assert processes_with(marker.encode()) == []
+    finally:
+        for pid in processes_with(marker.encode()):
+            os.kill(pid, signal.SIGKILL)
+        client.close()
