@@ -1,9 +1,13 @@
 """`python -m plnt.runner.zygote`: the fork server local runners start from (runner_start "fork").
 
-Starting a fresh interpreter per runner costs ~0.5 s of CPU and ~35 MiB each. The zygote imports
+Starting a fresh interpreter per runner costs ~0.4 s of CPU and ~36 MiB each. The zygote imports
 everything a runner needs once (uvicorn and the loop/protocol modules it picks, fastapi, the
-runner's app, engine and adapters, httpx), then `gc.freeze()`s so those objects stay in pages its
-children share copy-on-write, and forks one child per runner: milliseconds to start, a few MiB each.
+runner's app, engine and adapters, httpx, and what loading a recipe and a first request import
+lazily), serves plnt's own warm-up workflow for one request cycle (so first-use caches are filled
+in shared pages), then `gc.freeze()`s, without a collection first (that would leave holes in shared
+pages for children to fill), and forks one child per runner: ~10 ms of CPU to start, ~11 MiB
+private each (bench/runner_start.py). What is left private is mostly CPython's reference counts:
+every object a runner touches gets its page copied.
 
 No recipe is ever loaded in the zygote and no secret ever reaches it: its environment is plnt's
 allowlisted one, and each runner's own environment (with the LLM key) travels in a pipe whose read
@@ -370,8 +374,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # plnt stops it by closing the channel
     _no_huge_pages()
     preload()
-    if os.environ.get("PLNT_ZYGOTE_WARMUP", "1") != "0":
-        warm_up()
+    warm_up()
     if threading.active_count() != 1:  # fork copies only the calling thread: a lock held elsewhere stays held
         print(f"plnt.runner.zygote: {threading.active_count()} threads before forking; refusing to serve",
               file=sys.stderr)
