@@ -54,7 +54,7 @@ bench: install
 	$(PY) bench/commit_to_ready.py --commits 3 --interval 2 | tee $(BENCH_OUT)/commit_to_ready.txt
 	$(PY) bench/many_workflowruns.py --runs 50 | tee $(BENCH_OUT)/many_workflowruns.txt
 	$(PY) bench/recipe_pull.py --repeat 3 | tee $(BENCH_OUT)/recipe_pull.txt
-	$(PY) bench/runner_start.py --runs 5 | tee $(BENCH_OUT)/runner_start.txt
+	$(PY) bench/runner_start.py --starts 5 --runners 20 | tee $(BENCH_OUT)/runner_start.txt
 	$(PY) bench/spec_load.py --repeat 3 --no-bombs | tee $(BENCH_OUT)/spec_load.txt
 	$(PY) bench/plan_scale.py --repeat 5 | tee $(BENCH_OUT)/plan_scale.txt
 	$(PY) bench/reconcile_idle.py --passes 10 | tee $(BENCH_OUT)/reconcile_idle.txt
