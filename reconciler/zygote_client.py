@@ -130,7 +130,12 @@ class _Zygote:
             return self._exits.pop(pid, None)
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Close the channel: the zygote exits (its runners do not)."""
+        """Close the channel: the zygote exits (its runners do not). Requests still unanswered (their
+        starts cancelled, e.g. by plnt stopping) get their answers first, so the runners they forked
+        are killed rather than left running unrecorded."""
+        deadline = time.monotonic() + min(timeout_s, 2.0)
+        while self._pending and not self.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
         self.closed = True
         try:
             self.channel.shutdown(socket.SHUT_RDWR)
