@@ -56,7 +56,7 @@ bench: install
 	$(PY) bench/saga_profile.py --commits 5 | tee $(BENCH_OUT)/saga_profile.txt
 	$(PY) bench/many_workflowruns.py --runs 50 --standin-runners | tee $(BENCH_OUT)/many_workflowruns_standin.txt
 	$(PY) bench/recipe_pull.py --repeat 3 | tee $(BENCH_OUT)/recipe_pull.txt
-	$(PY) bench/runner_start.py --runs 5 | tee $(BENCH_OUT)/runner_start.txt
+	$(PY) bench/runner_start.py --starts 5 --runners 20 | tee $(BENCH_OUT)/runner_start.txt
 	$(PY) bench/spec_load.py --repeat 3 --no-bombs | tee $(BENCH_OUT)/spec_load.txt
 	$(PY) bench/plan_scale.py --repeat 5 | tee $(BENCH_OUT)/plan_scale.txt
 	$(PY) bench/reconcile_idle.py --passes 10 | tee $(BENCH_OUT)/reconcile_idle.txt

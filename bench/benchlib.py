@@ -78,8 +78,9 @@ class BenchRepo:
         self.published.add((name, version))
         return digest
 
-    def write_run(self, run: str, recipe: str, version: str, invocations: int = 10) -> None:
+    def write_run(self, run: str, recipe: str, version: str, invocations: int = 10, p95_budget_ms: int = 2500) -> None:
         text = RUN_TEMPLATE.replace("name: review-responder\n", f"name: {run}\n")
+        text = text.replace("p95BudgetMs: 2500", f"p95BudgetMs: {p95_budget_ms}")
         text = text.replace("ref: review-responder@1.2.0", f"ref: {recipe}@{version}")
         text = text.replace("invocations: 10", f"invocations: {invocations}")
         (self.path / "workflowruns" / f"{run}.yaml").write_text(text)

@@ -13,7 +13,11 @@ while the sagas run and at the end, for this process (plnt: reconciler, worker, 
 processes it started, apart: runners, the Temporal dev server, anything else. Processes plnt did
 not start (another plnt, another bench's runners) are not counted.
 
-    python bench/many_workflowruns.py [--runs 100] [--max-sagas 8] [--invocations 10]
+Runners start as `plnt up` starts them: forked from the zygote (`--runner-start fork`, the default) or
+exec'd (`--runner-start exec`). The zygote counts with the runners (its pages are what they share).
+At 1,000 runs sample less often (`--sample-every 15`): reading 1,000 smaps_rollup files costs CPU.
+
+    python bench/many_workflowruns.py [--runs 100] [--max-sagas 8] [--invocations 10] [--runner-start fork]
 """
 
 from __future__ import annotations
@@ -40,22 +44,29 @@ async def main() -> None:
                         help="start the STAND-IN runner (bench/standin/runner.py: no recipe code, milliseconds to "
                              "start) instead of plnt's runner: the sagas without runner start")
     parser.add_argument("--sample-every", type=float, default=2.0, help="seconds between PSS samples")
+    parser.add_argument("--runner-start", choices=["fork", "exec"], default="fork", help="how runners start")
+    parser.add_argument("--p95-budget-ms", type=int, default=2500,
+                        help="each canary's smoke-test p95 budget (gitops-example's 2500; raise it on a machine "
+                             "others load, where a busy plnt would roll canaries back)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO if os.environ.get("PLNT_BENCH_LOG") else logging.WARNING)
     how = how_it_ran("many_workflowruns.py", vars(args), [
         "plnt up in this process: embedded Temporal dev server (SQLite in the state dir), local runner processes "
         + ("(STAND-IN runners: bench/standin/runner.py, no recipe code; not plnt's runner)" if args.standin_runners
-           else "(real runners: a fresh interpreter each)"),
+           else f"({args.runner_start}: " + ("forked from the pre-imported zygote" if args.runner_start == "fork"
+                                             else "a fresh python -m plnt.runner each") + ")"),
         f"one commit adds {args.runs} WorkflowRuns, each with its own recipe (distinct signed archives, "
         f"each pulled fresh: checked, +{args.runs} pull-cache entries)",
         "memory: PSS of this process and of the processes it started (runners, Temporal), sampled "
-        f"every {args.sample_every:g} s; peak = largest sampled total"])
+        f"every {args.sample_every:g} s; peak = largest sampled total",
+        f"smoke test per canary: {args.invocations} invocations, p95 budget {args.p95_budget_ms} ms"])
 
     repo = BenchRepo("plnt-bench-many-")
     repo.commit("no workflows")
     state_dir = repo.scratch / "state"
     settings = Settings(repo=str(repo.path), state_dir=state_dir, port=0, interval_s=2.0,
-                        max_concurrent_sagas=args.max_sagas)
+                        max_concurrent_sagas=args.max_sagas,
+                        runner_start="exec" if args.standin_runners else args.runner_start)  # stand-ins are exec'd
     plnt = await start(settings)
     if args.standin_runners:
         plnt.driver._python = standin_python(repo.scratch)  # bench-only: see --standin-runners
@@ -65,7 +76,7 @@ async def main() -> None:
         names = [f"rr-{i:03d}" for i in range(args.runs)]
         for name in names:
             repo.publish(name, "1.0.0")  # signing is the authors' CI: before the commit, not timed
-            repo.write_run(name, name, "1.0.0", invocations=args.invocations)
+            repo.write_run(name, name, "1.0.0", invocations=args.invocations, p95_budget_ms=args.p95_budget_ms)
         entries_before = cache_entries(state_dir)
         cpu_before = cpu_seconds()
         repo.commit(f"{args.runs} WorkflowRuns")

@@ -183,6 +183,7 @@ async def main() -> None:
     parser.add_argument("--standin-runners", action="store_true",
                         help="start the STAND-IN runner (bench/standin/runner.py: no recipe code, milliseconds to "
                              "start) instead of plnt's runner: the saga without runner start")
+    parser.add_argument("--runner-start", choices=["fork", "exec"], default="fork", help="how real runners start")
     parser.add_argument("--label", default="", help="a name for this run in the output (e.g. before/after)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO if os.environ.get("PLNT_BENCH_LOG") else logging.WARNING,
@@ -190,7 +191,8 @@ async def main() -> None:
     how = how_it_ran("saga_profile.py", vars(args), [
         "plnt up in this process: embedded Temporal dev server (SQLite in the state dir), local runner processes "
         + ("(STAND-IN runners: bench/standin/runner.py, no recipe code; not plnt's runner)" if args.standin_runners
-           else "(real runners: a fresh interpreter each)"),
+           else f"(real runners, {args.runner_start}: " + ("forked from the pre-imported zygote)" if args.runner_start == "fork"
+                                                           else "a fresh interpreter each)")),
         "each commit: a recipe version never pulled (distinct signed archive, checked: +1 pull-cache entry), "
         "announced by POST /hooks/git; one saga at a time",
         "each saga: validate, pull and verify, canary runner, 10-invocation smoke test, promote",
@@ -205,7 +207,8 @@ async def main() -> None:
     repo.commit(f"{RECIPE} {version}")
     state_dir = repo.scratch / "state"
     # A long poll interval: every timed pass is the webhook's.
-    settings = Settings(repo=str(repo.path), state_dir=state_dir, port=0, interval_s=600)
+    settings = Settings(repo=str(repo.path), state_dir=state_dir, port=0, interval_s=600,
+                        runner_start="exec" if args.standin_runners else args.runner_start)  # stand-ins are exec'd
     plnt = await start(settings)
     if args.standin_runners:
         plnt.driver._python = standin_python(repo.scratch)  # bench-only: see --standin-runners

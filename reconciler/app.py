@@ -35,7 +35,7 @@ from .drivers import DriverSet
 from .forge import Forge, make_forge
 from .helm_driver import DEFAULT_CHART, HelmDriver, RunnerImage, SpecLookup
 from .history import NoSaga, saga_history
-from .local_driver import LocalDriver
+from .local_driver import LocalDriver, raise_open_files_limit
 from .previews import PreviewController
 from .recipes import RecipeCache
 from .reconciler import Reconciler
@@ -174,13 +174,14 @@ def load_gateway_auth(settings: Settings) -> tuple[TokenSet, bytes | None]:
 def make_local_driver(settings: Settings, state: StateDir, *, on_change: Callable[[], None],
                       drain: Callable[[Release], Awaitable[object]],
                       limits_for: Callable[[str, str], Any]) -> LocalDriver:
+    raise_open_files_limit()  # a connection or more per runner: 1,000 runners pass the usual soft 1,024
     return LocalDriver(
         state, host="127.0.0.1", start_timeout_s=settings.runner_start_timeout_s,
         stop_timeout_s=settings.runner_stop_timeout_s, on_change=on_change,
         runner_args=settings.runner_args(), env=settings.runner_env,
         secret_env={settings.llm_api_key_env: settings.llm_api_key.get_secret_value()}
         if settings.llm_api_key_env and settings.llm_api_key else None,
-        limits_for=limits_for, drain=drain,
+        limits_for=limits_for, drain=drain, runner_start=settings.runner_start,
     )
 
 

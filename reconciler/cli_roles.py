@@ -22,6 +22,8 @@ from .cli import (
     Previews,
     ReportStatus,
     RequireApproval,
+    RunnerStart,
+    RunnerStartOption,
     WriteNotes,
     _fail,
     _forge_settings,
@@ -238,6 +240,7 @@ def worker(
     llm_model: Annotated[str | None, typer.Option(help="Model name to ask the model server for.")] = None,
     llm_api_key_env: Annotated[str | None, typer.Option(
         help="NAME of the environment variable holding the model server's API key.")] = None,
+    runner_start: RunnerStartOption = RunnerStart.fork,
     report_interval: Annotated[float, typer.Option(help="Seconds between reports of the local runners.")] = 2.0,
     drain_grace: Annotated[float, typer.Option(help=(
         "Seconds a retired local runner keeps serving after it left the routes (gateways elsewhere catch up)."))] = 2.0,
@@ -267,5 +270,6 @@ def worker(
         max_concurrent_sagas=max_sagas, spec_limits=_spec_limits(max_spec_files, max_spec_file_kb),
         llm_url=llm_url, llm_model=llm_model, llm_api_key_env=llm_api_key_env, llm_api_key=llm_api_key,
         runner_env=allowlisted_env(os.environ), report_interval_s=report_interval, drain_grace_s=drain_grace,
+        runner_start=runner_start.value,
     )
     _run_role(start_worker, settings, "worker")

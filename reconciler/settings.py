@@ -144,6 +144,9 @@ class Settings(BaseModel):
     llm_model: str | None = None
     llm_api_key_env: str | None = Field(default=None, description="NAME of the env var with the API key")
     llm_api_key: SecretStr | None = Field(default=None, description="its value (the CLI reads it); runners get it")
+    runner_start: Literal["fork", "exec"] = Field(
+        default="fork", description="local runners: forked from one pre-imported zygote process (Linux; "
+        "milliseconds and a few MiB each) or exec'd as a fresh Python each (~0.5 s CPU, ~35 MiB)")
     runner_env: dict[str, str] = Field(
         default_factory=dict, description="plnt's environment as the CLI found it, filtered by an allowlist "
         "(local_driver.allowlisted_env) before any runner sees it")

@@ -13,12 +13,20 @@ for any OpenAI-compatible server. The API key is read from the environment varia
 and RLIMIT_NPROC (soft and hard, so recipe code cannot raise them unless it runs as root) first
 thing, before the recipe is imported. The runner sets them itself rather than plnt through
 Popen's preexec_fn, which is unsafe in a parent with threads (plnt has several). A limit that
-cannot be set is exit 3: the recipe never runs without the limits asked for.
+cannot be set is exit 3: the recipe never runs without the limits asked for. A recipe that cannot
+be read because the open-files limit leaves no file to open is exit 3 too (the limit, not the recipe).
+
+Then, still before the recipe, the runner makes itself undumpable (plnt.runner.isolation): another
+runner of the same user cannot read its memory or environment. Failing that is exit 3 too.
+
+The same `main` serves both ways runners start: exec'd (`python -m plnt.runner`) and forked from
+the zygote (plnt.runner.zygote), which calls it in the child with the same argv.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import resource
@@ -90,6 +98,16 @@ def _adapter(args: argparse.Namespace) -> object:
                        connect_timeout_s=min(5.0, args.upstream_timeout))
 
 
+def _out_of_files() -> str | None:
+    """The error opening one more file gives when the open-files limit is exhausted, else None."""
+    try:
+        os.close(os.open(os.devnull, os.O_RDONLY))
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            return exc.strerror or str(exc)
+    return None
+
+
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     # Before the server runs, and again after uvicorn's graceful shutdown re-raises the
     # signal it caught: leave with a clean status instead of dying from the signal.
@@ -105,6 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"plnt.runner: cannot apply limits: {exc}", file=sys.stderr)
         return 3
+    from plnt.runner.isolation import IsolationError, no_peeking
+
+    try:
+        no_peeking()  # before the recipe: its code must not read other runners, nor they it
+    except IsolationError as exc:
+        print(f"plnt.runner: cannot isolate this runner: {exc}", file=sys.stderr)
+        return 3
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from plnt.runner.recipe import RecipeError, load_recipe_dir
@@ -112,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recipe = load_recipe_dir(args.recipe)
     except RecipeError as exc:
+        if (exhausted := _out_of_files()) is not None:
+            # Not the recipe's fault: the limits leave no file to open (a forked runner, having every
+            # module imported already, gets this far where an exec'd one fails at its imports).
+            print(f"plnt.runner: cannot load recipe within its limits ({exhausted}): {exc}".replace("\n", " "),
+                  file=sys.stderr)
+            return 3
         print(f"plnt.runner: cannot load recipe: {exc}".replace("\n", " "), file=sys.stderr)
         return 2
 
@@ -131,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(recipe, adapter, args.release_id, step_cache_size=args.step_cache_size,  # type: ignore[arg-type]
                      host=args.host)
     # The gateway's HTTP limits (header size and count, slow-client deadlines) apply here too.
-    config = uvicorn_config(app, args.host, args.port, log_level="warning", access_log=False)
+    # log_config=None: the logging set up above serves; uvicorn's dictConfig would build its own
+    # handlers and formatters in every runner (private memory in each forked one).
+    config = uvicorn_config(app, args.host, args.port, log_level="warning", access_log=False, log_config=None)
     uvicorn.Server(config).run()
     return 0
 

@@ -127,9 +127,16 @@ async def test_recipe_that_does_not_load_is_a_dead_end(tmp_path: Path, driver: L
 # --- isolation: environment, directory, limits ------------------------------------------------------
 
 
-def environ_of(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+def environ_recipe(tmp_path: Path) -> Path:
+    """1.2.0 whose module writes the environment it runs with to env.json in its cwd at import. (Not
+    /proc/PID/environ: a forked runner's shows the zygote's allowlisted start environment, and an
+    undumpable runner's is readable only with CAP_SYS_PTRACE.)"""
+    recipe = tmp_path / "environ"
+    shutil.copytree(RECIPES / "1.2.0", recipe)
+    steps = recipe / "steps.py"
+    steps.write_text("import json as _j, os as _o\n_j.dump(dict(_o.environ), open('env.json', 'w'))\n"
+                     + steps.read_text())
+    return recipe
 
 
 def limits_of(pid: int) -> dict[str, str]:
@@ -138,7 +145,9 @@ def limits_of(pid: int) -> dict[str, str]:
     return {row[:26].strip(): " ".join(row[26:].split()[:2]) for row in rows}
 
 
-async def test_runner_gets_an_allowlisted_environment_its_own_directory_and_limits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runner_start", ["fork", "exec"])
+async def test_runner_gets_an_allowlisted_environment_its_own_directory_and_limits(tmp_path: Path,
+                                                                                   runner_start: str) -> None:
     parent_env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC",
                   "PLNT_GATEWAY_TOKENS": "gw-secret", "AWS_SECRET_ACCESS_KEY": "aws-secret",
                   "OPENAI_API_KEY": "other-llm-key", "GIT_ASKPASS": "/bin/echo", "HOME": "/root",
@@ -146,12 +155,12 @@ async def test_runner_gets_an_allowlisted_environment_its_own_directory_and_limi
     limits = RunnerLimits(memory_mi_b=700, open_files=100, processes=5000)
     state = StateDir(tmp_path / "state")
     driver = LocalDriver(state, env=parent_env, secret_env={"MY_LLM_KEY": parent_env["MY_LLM_KEY"]},
-                         limits_for=lambda namespace, name: limits)
+                         limits_for=lambda namespace, name: limits, runner_start=runner_start)  # type: ignore[arg-type]
     try:
-        release = await driver.install(request("1.2.0"))
+        release = await driver.install(request("1.2.0").model_copy(update={"recipe_dir": str(environ_recipe(tmp_path))}))
         assert release.pid is not None
-        env = environ_of(release.pid)
         runner_dir = state.runner_logs / release.release_id
+        env = json.loads((runner_dir / "env.json").read_text())
         assert env["HOME"] == env["TMPDIR"] == str(runner_dir)
         assert Path(f"/proc/{release.pid}/cwd").resolve() == runner_dir.resolve()
         assert env["MY_LLM_KEY"] == "named-llm-key", "the one LLM key the operator names reaches the runner"

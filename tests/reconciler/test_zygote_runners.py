@@ -1,0 +1,281 @@
+"""Runners forked from the zygote (runner_start "fork", the default): real zygote, real runners.
+
+Start, exit codes (2: recipe did not load, 3: limits), runners outliving the zygote and plnt, adoption
+by a restarted driver, stopping unrecorded runners, and isolation between releases: recipe code of
+one release cannot read another runner's memory or environment, and the zygote never holds the
+LLM key."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from plnt.reconciler.driver import InstallRequest
+from plnt.reconciler.local_driver import LocalDriver, _is_runner, process_start_time
+from plnt.reconciler.state import StateDir
+from plnt.reconciler.zygote_client import ZygoteClient
+from plnt.runner.recipe import directory_digest
+
+from ..conftest import EXAMPLE
+
+pytestmark = pytest.mark.integration
+
+RECIPES = EXAMPLE / "recipes" / "review-responder"
+KEY = "llm-key-0c5e1b7a9d2f4e3b8a6c"  # distinctive: searched for in memory below
+
+
+def request(name: str, version: str = "1.2.0", recipe_dir: Path | None = None) -> InstallRequest:
+    directory = recipe_dir or RECIPES / version
+    return InstallRequest(namespace="default", name=name, track="canary", version=version,
+                          spec_fingerprint="sha256:" + "a" * 64, recipe_digest=directory_digest(directory),
+                          recipe_dir=str(directory), traffic_percent=10)
+
+
+def ppid_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def alive(pid: int | None) -> bool:
+    return pid is not None and process_start_time(pid) is not None
+
+
+async def healthz(endpoint: str) -> dict[str, object]:
+    async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
+        return (await client.get(f"{endpoint}/healthz")).json()
+
+
+async def wait_gone(pid: int) -> None:
+    for _ in range(200):
+        if not alive(pid):
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"pid {pid} still running")
+
+
+@pytest.fixture
+async def driver(tmp_path: Path):
+    driver = LocalDriver(StateDir(tmp_path / "state"), secret_env={"MY_LLM_KEY": KEY})
+    yield driver
+    await driver.shutdown()
+
+
+async def test_a_forked_runner_serves_as_the_zygotes_child(driver: LocalDriver) -> None:
+    release = await driver.install(request("rr"))
+    assert release.pid is not None and alive(release.pid)
+    zygote = driver._zygote.pid
+    assert zygote is not None and ppid_of(release.pid) == zygote, "forked by the zygote, not exec'd by plnt"
+    argv = Path(f"/proc/{release.pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[1:3] == [b"-m", b"plnt.runner"] and release.release_id.encode() in argv, \
+        "ps shows it as the runner of its release, like an exec'd one"
+    assert b"plnt.runner.zygote" in Path(f"/proc/{zygote}/cmdline").read_bytes()
+    assert _is_runner(release.pid), "a forked runner is recognised as a runner (stop_unrecorded, adoption)"
+    assert (await healthz(release.endpoint))["release"] == release.release_id
+    assert os.getsid(release.pid) == release.pid, "its own session: Ctrl-C on plnt's terminal does not reach it"
+
+
+async def test_exit_codes_reach_plnt(tmp_path: Path) -> None:
+    """2: the recipe did not load (the driver's InvalidRecipe); 3: a limit could not be set."""
+    broken = tmp_path / "broken"
+    shutil.copytree(RECIPES / "1.2.0", broken)
+    (broken / "steps.py").write_text("raise RuntimeError('import-time failure')\n")
+    client = ZygoteClient(sys.executable, tmp_path / "zygote", {"PATH": os.defpath})
+    runner_dir = tmp_path / "runner"
+    runner_dir.mkdir()
+    try:
+        bad_recipe = await client.spawn(["--recipe", str(broken), "--port", "1"], runner_dir,
+                                        tmp_path / "bad.log", {"PATH": os.defpath})
+        assert bad_recipe.wait(timeout=30) == 2
+        assert "import-time failure" in (tmp_path / "bad.log").read_text()
+        bad_limit = await client.spawn(["--recipe", str(RECIPES / "1.2.0"), "--limit-memory-mib", "0"], runner_dir,
+                                       tmp_path / "limit.log", {"PATH": os.defpath})
+        assert bad_limit.wait(timeout=30) == 3
+        assert "cannot apply limits" in (tmp_path / "limit.log").read_text()
+    finally:
+        client.close()
+
+
+async def test_runners_outlive_the_zygote_and_a_dead_zygote_is_restarted(driver: LocalDriver) -> None:
+    first = await driver.install(request("one"))
+    zygote = driver._zygote.pid
+    assert zygote is not None
+    os.kill(zygote, signal.SIGKILL)
+    await wait_gone(zygote)
+    assert driver.is_running(first) and (await healthz(first.endpoint))["release"] == first.release_id
+    second = await driver.install(request("two"))
+    assert driver._zygote.pid not in (None, zygote), "the next start restarted the zygote"
+    assert alive(second.pid) and driver.is_running(first)
+
+
+async def test_a_restarted_plnt_adopts_forked_runners(tmp_path: Path) -> None:
+    state = StateDir(tmp_path / "state")
+    before = LocalDriver(state)
+    release = await before.install(request("rr"))
+    zygote = before._zygote.pid
+    before._zygote.close()  # plnt exits without stopping its runners: the zygote follows, they do not
+    assert zygote is not None
+    await wait_gone(zygote)
+    assert alive(release.pid)
+    after = LocalDriver(state)
+    try:
+        assert await after.resume() == [], "the recorded runner still runs: adopted, not restarted"
+        assert after.is_running(release)
+        assert (await healthz(release.endpoint))["release"] == release.release_id
+    finally:
+        await after.shutdown()
+    assert not alive(release.pid), "the adopting plnt stops it at shutdown like its own"
+
+
+async def test_an_unrecorded_forked_runner_is_stopped(tmp_path: Path) -> None:
+    state = StateDir(tmp_path / "state")
+    before = LocalDriver(state)
+    release = await before.install(request("rr"))
+    before._zygote.close()
+    (state.releases / "default.rr.json").unlink()  # e.g. plnt killed between start and record
+    after = LocalDriver(state)
+    try:
+        assert await after.stop_unrecorded() == [release.pid]
+        await wait_gone(release.pid)  # type: ignore[arg-type]
+    finally:
+        await after.shutdown()
+
+
+# --- isolation between releases ------------------------------------------------------------------
+
+PRY = '''
+
+import os as _os
+
+
+def _try(path, size):
+    try:
+        with open(path, "rb") as handle:
+            return "read " + repr(handle.read(size)[:200])
+    except OSError as exc:
+        return "denied " + type(exc).__name__
+
+
+def _mem(pid):
+    """Read the first readable bytes of the other runner's heap through /proc/PID/mem."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            start = next(int(line.split("-")[0], 16) for line in maps if "[heap]" in line or " rw" in line)
+        with open(f"/proc/{pid}/mem", "rb") as mem:
+            mem.seek(start)
+            return "read " + str(len(mem.read(4096)))
+    except OSError as exc:
+        return "denied " + type(exc).__name__
+
+
+async def safety_check(ctx):
+    pid = int(ctx.inputs["target_pid"])
+    return {"environ": _try(f"/proc/{pid}/environ", 1 << 16), "mem": _mem(pid),
+            "own_environ": _try("/proc/self/environ", 64)}
+'''
+
+
+def prying_recipe(tmp_path: Path) -> Path:
+    """1.2.0 whose output step, recipe code, reads another process's environ and memory."""
+    recipe = tmp_path / "prying"
+    shutil.copytree(RECIPES / "1.2.0", recipe)
+    steps = recipe / "steps.py"
+    steps.write_text(steps.read_text() + PRY)
+    return recipe
+
+
+def memory_holds(pid: int, needle: bytes) -> bool:
+    """Whether any readable, writable mapping of `pid` holds `needle` (needs the right to read it)."""
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb") as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if not perms.startswith("rw"):
+                continue
+            start, end = (int(x, 16) for x in span.split("-"))
+            try:
+                mem.seek(start)
+                if needle in mem.read(end - start):
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+async def test_recipe_code_cannot_read_another_release_and_the_zygote_holds_no_key(
+        tmp_path: Path, driver: LocalDriver) -> None:
+    victim = await driver.install(request("victim"))
+    prier = await driver.install(request("prier", recipe_dir=prying_recipe(tmp_path)))
+    assert victim.pid is not None
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        response = await client.post(f"{prier.endpoint}/invoke", json={"review": "great", "brand_voice": "brief", "target_pid": victim.pid})
+    assert response.status_code == 200, response.text
+    seen = response.json()["output"]
+    assert seen["own_environ"].startswith("read "), seen  # the prying code runs and can read files at all
+    assert seen["environ"].startswith("denied"), seen
+    assert seen["mem"].startswith("denied"), seen
+    assert KEY not in response.text
+
+    zygote = driver._zygote.pid
+    assert zygote is not None
+    assert not memory_holds(zygote, KEY.encode()), "the LLM key reached the zygote's memory"
+    if os.geteuid() == 0:  # control: the scan finds the key where it is (reading an undumpable runner needs root)
+        assert memory_holds(victim.pid, KEY.encode())
+
+
+def processes_with(marker: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and process_start_time(int(entry.name)) is not None:
+            try:
+                if marker in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+async def test_a_start_cancelled_before_the_zygote_answers_leaves_no_runner(tmp_path: Path) -> None:
+    """The saga is cancelled between the fork request and the zygote's answer: the runner it forked
+    anyway is nobody's (no pid file, no record), so the client kills it when the answer comes."""
+    client = ZygoteClient(sys.executable, tmp_path / "zygote", {"PATH": os.defpath})
+    runner_dir = tmp_path / "runner"
+    runner_dir.mkdir()
+    marker = f"cancelled-{os.getpid()}-{id(tmp_path)}"
+    try:
+        first = await client.spawn(["--recipe", str(RECIPES / "1.2.0"), "--limit-memory-mib", "0"], runner_dir,
+                                   tmp_path / "first.log", {"PATH": os.defpath})  # the zygote is up
+        assert first.wait(timeout=30) == 3
+        zygote_pid = client.pid
+        assert zygote_pid is not None
+        os.kill(zygote_pid, signal.SIGSTOP)  # it answers only after the cancellation
+        task = asyncio.create_task(client.spawn(
+            ["--recipe", str(RECIPES / "1.2.0"), "--port", "0", "--release-id", marker], runner_dir,
+            tmp_path / "cancelled.log", {"PATH": os.defpath}))
+        zygote = client._zygote
+        assert zygote is not None
+        for _ in range(1000):
+            if zygote._pending or task.done():
+                break
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        os.kill(zygote_pid, signal.SIGCONT)
+        for _ in range(100):  # it forks now, answers, and the client kills what nobody awaits
+            if processes_with(marker.encode()):
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(200):
+            if not processes_with(marker.encode()):
+                break
+            await asyncio.sleep(0.025)
+        assert processes_with(marker.encode()) == []
+    finally:
+        for pid in processes_with(marker.encode()):
+            os.kill(pid, signal.SIGKILL)
+        client.close()
