@@ -28,12 +28,10 @@ mid-promote) is stopped at once when that can be done, and otherwise at the next
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import time
