@@ -328,10 +328,27 @@ class _SpecLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+# libyaml (C) scans, parses and composes about 10x faster than PyYAML's pure-Python loader; see
+# `_parse` for how it is used without giving up a bound or a message of the pure-Python loader.
+_CLoader: type[Any] | None = getattr(yaml, "CSafeLoader", None) if yaml.__with_libyaml__ else None
+
+
+class _FastSpecLoader(_CLoader or yaml.SafeLoader):  # type: ignore[misc]
+    """libyaml's SafeLoader, for files the pure-Python _SpecLoader would read without a problem.
+
+    libyaml composes in C, without our depth check; it refuses nesting past its own limit (1,000
+    levels) while scanning, and `_Document._build` refuses paths deeper than max_depth. A file it
+    cannot read as plain data within the limits is read again by _SpecLoader (see `_parse`)."""
+
+    def __init__(self, text: str, max_depth: int) -> None:
+        super().__init__(text)
+        self.max_depth = max_depth
+
+
 class _Document:
     """One YAML document as plain data, plus the 1-based line of every path in it."""
 
-    def __init__(self, loader: _SpecLoader, node: yaml.Node, file: str, budget: _Budget) -> None:
+    def __init__(self, loader: _SpecLoader | _FastSpecLoader, node: yaml.Node, file: str, budget: _Budget) -> None:
         self.file = file
         self.start: int = node.start_mark.line + 1
         self.lines: dict[DocPath, int] = {(): self.start}
@@ -470,6 +487,13 @@ def _parse(source: SourceFile, budget: _Budget) -> tuple[list[_Document], list[P
         line, column = text.count("\n", 0, bad.start()) + 1, bad.start() - text.rfind("\n", 0, bad.start())
         return [], [Problem(source.path, line, "document", f"character U+{ord(bad.group()):04X} at column {column} "
                                                              "is not allowed in YAML; remove it")]
+    if _CLoader is not None:
+        before = budget.left
+        budget.start_file(len(text))
+        fast = _parse_fast(source, budget)
+        if fast is not None:
+            return fast, []
+        budget.left = before  # read again below, spending as if the fast attempt had not happened
     budget.start_file(len(text))
     documents: list[_Document] = []
     problems: list[Problem] = []
@@ -498,6 +522,29 @@ def _parse(source: SourceFile, budget: _Budget) -> tuple[list[_Document], list[P
     finally:
         loader.dispose()
     return documents, problems
+
+
+def _parse_fast(source: SourceFile, budget: _Budget) -> list[_Document] | None:
+    """The documents of a file libyaml reads as plain data within the limits, or None: then the
+    pure-Python loader reads it again, for its bounds and its messages (syntax errors with their
+    lines, tags, aliases, depth, budget). A file it reads gives the same nodes, so the same documents,
+    lines and per-document problems (duplicate keys, unreadable scalars); tests/reconciler/
+    test_loader_fast.py compares both paths field by field."""
+    documents: list[_Document] = []
+    loader = _FastSpecLoader(source.text, budget.limits.max_depth)
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            document = _Document(loader, node, source.path, budget)
+            if document.data is not None:
+                documents.append(document)
+    except (yaml.YAMLError, _TooCostly, RecursionError):
+        return None
+    finally:
+        loader.dispose()
+    return documents
 
 
 def _yaml_problem(source: SourceFile, exc: yaml.YAMLError, what: str, advice: str) -> Problem:
