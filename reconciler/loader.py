@@ -333,6 +333,13 @@ class _SpecLoader(yaml.SafeLoader):
 _CLoader: type[Any] | None = getattr(yaml, "CSafeLoader", None) if yaml.__with_libyaml__ else None
 
 
+# Where libyaml and PyYAML's own scanner read the same text differently (tabs as separators, `?`
+# inside a flow plain scalar, an empty `!` tag, a byte order mark past the start, `|#`): a file holding
+# one of these is read by the pure-Python loader only, so a result never depends on whether
+# PyYAML was built with libyaml. test_loader_fast.py looks for more such cases by random edits.
+_LIBYAML_DIFFERS = re.compile("[\t?!\ufeff]|[|>][-+0-9]*#")
+
+
 class _FastSpecLoader(_CLoader or yaml.SafeLoader):  # type: ignore[misc]
     """libyaml's SafeLoader, for files the pure-Python _SpecLoader would read without a problem.
 
@@ -343,6 +350,12 @@ class _FastSpecLoader(_CLoader or yaml.SafeLoader):  # type: ignore[misc]
     def __init__(self, text: str, max_depth: int) -> None:
         super().__init__(text)
         self.max_depth = max_depth
+
+
+_PLAIN_SCALARS: dict[str, Callable[[Any, yaml.ScalarNode], Any]] = {
+    tag: yaml.SafeLoader.yaml_constructors[tag]
+    for tag in (f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "timestamp"))
+}
 
 
 class _Document:
@@ -366,7 +379,12 @@ class _Document:
 
     def _scalar(self, node: yaml.ScalarNode) -> Any:
         try:
-            # The SafeLoader resolves scalar tags (int, float, bool, null, timestamps...).
+            # The SafeLoader resolves scalar tags (int, float, bool, null, timestamps...). The plain
+            # ones are built by their constructor directly: construct_object's bookkeeping (a cache
+            # of every node built, recursion checks) costs more than the value, and a scalar needs none.
+            plain = _PLAIN_SCALARS.get(node.tag)
+            if plain is not None:
+                return plain(self._loader, node)
             return self._loader.construct_object(node, deep=True)
         except (ValueError, OverflowError) as exc:  # `2024-13-45`, an int of 5,000 digits
             self.problems.append(Problem(self.file, node.start_mark.line + 1, "document",
@@ -487,7 +505,7 @@ def _parse(source: SourceFile, budget: _Budget) -> tuple[list[_Document], list[P
         line, column = text.count("\n", 0, bad.start()) + 1, bad.start() - text.rfind("\n", 0, bad.start())
         return [], [Problem(source.path, line, "document", f"character U+{ord(bad.group()):04X} at column {column} "
                                                              "is not allowed in YAML; remove it")]
-    if _CLoader is not None:
+    if _CLoader is not None and _LIBYAML_DIFFERS.search(text, 1 if text.startswith("\ufeff") else 0) is None:
         before = budget.left
         budget.start_file(len(text))
         fast = _parse_fast(source, budget)
