@@ -4,8 +4,10 @@ bench/reconcile_idle.py times one reconcile pass in-process with stand-in pids a
 This one runs plnt the way users run it: the `plnt up` console script AS A PROCESS (embedded
 Temporal dev server, worker, reconciler, gateway, one real runner process per WorkflowRun), on a
 scratch spec repository (bench/benchlib.py) whose one commit adds --runs WorkflowRuns (distinct
-names; they share one signed recipe, as pulls are not what this bench measures). Once all are
-Ready and --settle seconds have passed, it reads /proc/PID/stat (utime + stime) of:
+names; they share one signed recipe, as pulls are not what this bench measures; smoke budgets are
+loosened so a busy machine does not roll canaries back). Once every saga has ended (the phases are
+printed: Ready, or a rolled-back few) and --settle seconds have passed, it reads /proc/PID/stat
+(utime + stime) of:
 
 - plnt's own process (its threads included; not its children),
 - git, the children plnt waited for (cutime + cstime of plnt's process: the polls' `git fetch`),
@@ -90,19 +92,27 @@ def statuses(state_dir: Path) -> dict[str, str]:
     return {key: value.get("phase", "") for key, value in data.items()}
 
 
-def wait_ready(phases: Any, runs: int, timeout_s: float) -> float:
+ENDED = ("Ready", "Failed", "RolledBack")
+
+
+def wait_ended(phases: Any, runs: int, timeout_s: float) -> float:
+    """Seconds until every WorkflowRun's saga has ended (Ready, or rolled back: a smoke test over
+    budget on a busy machine; its runner is gone and plnt holds it, so the rest is still idle)."""
     started = time.monotonic()
     while True:
         now = phases()
-        ready = sum(1 for phase in now.values() if phase == "Ready")
-        bad = {k: v for k, v in now.items() if v in ("Failed", "RolledBack")}
-        if bad:
-            raise SystemExit(f"{len(bad)} WorkflowRuns ended badly: {dict(list(bad.items())[:3])}")
-        if ready >= runs:
+        if len(now) >= runs and all(phase in ENDED for phase in now.values()):
             return time.monotonic() - started
         if time.monotonic() - started > timeout_s:
-            raise SystemExit(f"only {ready} of {runs} Ready after {timeout_s:.0f} s")
+            raise SystemExit(f"only {sum(p in ENDED for p in now.values())} of {runs} ended after {timeout_s:.0f} s")
         time.sleep(1.0)
+
+
+def phase_counts(phases: dict[str, str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for phase in phases.values():
+        counts[phase] = counts.get(phase, 0) + 1
+    return counts
 
 
 def as_process(repo: BenchRepo, args: argparse.Namespace) -> dict[str, Any]:
@@ -113,7 +123,7 @@ def as_process(repo: BenchRepo, args: argparse.Namespace) -> dict[str, Any]:
                                 "--port", "0", "--interval", str(args.interval), "--max-sagas", str(args.max_sagas)],
                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        to_ready = wait_ready(lambda: statuses(state_dir), args.runs, args.timeout)
+        to_ready = wait_ended(lambda: statuses(state_dir), args.runs, args.timeout)
         time.sleep(args.settle)
         first = sample(process.pid)
         time.sleep(args.measure)
@@ -122,7 +132,7 @@ def as_process(repo: BenchRepo, args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"plnt exited ({process.returncode}): see {repo.scratch / 'plnt.log'}")
         memory = memory_pss(process.pid)
         return {"ready_after_s": round(to_ready, 1), "cpu": shares(first, last), "memory": memory,
-                "phases": sorted(set(statuses(state_dir).values()))}
+                "phases": phase_counts(statuses(state_dir))}
     finally:
         process.send_signal(signal.SIGINT)  # plnt up stops its runners and Temporal on SIGINT
         try:
@@ -144,12 +154,7 @@ async def in_process(repo: BenchRepo, args: argparse.Namespace) -> dict[str, Any
         def phases() -> dict[str, str]:
             return {s.key: s.phase.value for s in plnt.statuses.all()}
 
-        started = time.monotonic()
-        while sum(1 for p in phases().values() if p == "Ready") < args.runs:
-            if time.monotonic() - started > args.timeout:
-                raise SystemExit("not all Ready in time")
-            await asyncio.sleep(1.0)
-        to_ready = time.monotonic() - started
+        to_ready = await asyncio.to_thread(wait_ended, phases, args.runs, args.timeout)
         await asyncio.sleep(args.settle)
         first = sample(os.getpid())
         profiler = cProfile.Profile()
@@ -161,7 +166,8 @@ async def in_process(repo: BenchRepo, args: argparse.Namespace) -> dict[str, Any
         stats = pstats.Stats(profiler, stream=out)
         stats.sort_stats("tottime").print_stats(args.top)
         stats.sort_stats("cumulative").print_stats(args.top)
-        return {"ready_after_s": round(to_ready, 1), "cpu": shares(first, last), "profile": out.getvalue()}
+        return {"ready_after_s": round(to_ready, 1), "cpu": shares(first, last), "profile": out.getvalue(),
+                "phases": phase_counts(phases())}
     finally:
         await plnt.stop()
 
@@ -189,6 +195,8 @@ def main() -> None:
         repo.publish("rr", "1.0.0")
         for i in range(args.runs):
             repo.write_run(f"rr-{i:04d}", "rr", "1.0.0", invocations=2)
+            run = repo.path / "workflowruns" / f"rr-{i:04d}.yaml"  # a busy machine must not fail the canaries
+            run.write_text(run.read_text().replace("p95BudgetMs: 2500", "p95BudgetMs: 20000"))
         repo.commit(f"{args.runs} WorkflowRuns")
         result = asyncio.run(in_process(repo, args)) if args.profile else as_process(repo, args)
     finally:
@@ -200,7 +208,8 @@ def main() -> None:
                     pass
         repo.remove()
     cpu = result["cpu"]
-    print(f"\n{args.runs} WorkflowRuns Ready after {result['ready_after_s']} s; then {cpu['seconds']} s idle:")
+    print(f"\n{args.runs} WorkflowRuns, sagas ended after {result['ready_after_s']} s ({result['phases']}); "
+          f"then {cpu['seconds']} s idle:")
     print(f"{'process':<10} {'processes':>9} {'CPU s':>7} {'% of a core':>12}")
     for group in ("plnt", "git", "temporal", "runners", "other"):
         count = cpu[group].get("processes", 1)
