@@ -330,7 +330,25 @@ class _SpecLoader(yaml.SafeLoader):
 
 # libyaml (C) scans, parses and composes about 10x faster than PyYAML's pure-Python loader; see
 # `_parse` for how it is used without giving up a bound or a message of the pure-Python loader.
-_CLoader: type[Any] | None = getattr(yaml, "CSafeLoader", None) if yaml.__with_libyaml__ else None
+def _bounded_libyaml() -> type[Any] | None:
+    """yaml.CSafeLoader if this PyYAML has libyaml and libyaml refuses deep nesting itself (0.2.5 and
+    later stop at 1,000 levels): PyYAML composes libyaml's nodes recursively in C, where a document
+    nested 100,000 levels deep would overflow the stack instead of raising."""
+    loader_class = getattr(yaml, "CSafeLoader", None) if yaml.__with_libyaml__ else None
+    if loader_class is None:
+        return None
+    probe = loader_class("[" * 5000)
+    try:
+        while probe.check_event():
+            probe.get_event()
+    except yaml.YAMLError as exc:
+        return loader_class if "nesting depth" in str(exc) else None
+    finally:
+        probe.dispose()
+    return None
+
+
+_CLoader: type[Any] | None = _bounded_libyaml()
 
 
 # Where libyaml and PyYAML's own scanner read the same text differently (tabs as separators, `?`

@@ -97,6 +97,7 @@ def spec_variants() -> list[str]:
         "[" * 80 + "]" * 80 + "\n",                                              # past max_depth
         "- " * 80 + "x\n",
         "a: " + "[" * 2000 + "\n",                                               # past libyaml's own limit
+        "- " * 50_000 + "x\n",
         nested_aliases(7), merged_mappings(9), nested_aliases(3),
         "caf\u00e9: \u2603\n\u00e9t\u00e9: \"\\u00e9\"\n",
         "a: 1\r\nb: 2\r\n",
@@ -187,3 +188,11 @@ def test_valid_files_take_the_fast_path_and_broken_ones_the_slow(monkeypatch: py
     _, problems = load_sources([SourceFile("bad.yaml", "a: [1, 2\nb: 3\n")])
     assert made == ["a: [1, 2\nb: 3\n"]
     assert [(p.line, p.message.split(":")[0]) for p in problems] == [(2, "malformed YAML")]
+
+
+def test_libyaml_is_used_only_where_it_bounds_nesting_itself() -> None:
+    """PyYAML composes libyaml's nodes recursively in C: without libyaml's own depth limit a deep
+    document would overflow the stack, so such a libyaml is not used (loader._bounded_libyaml)."""
+    assert loader._bounded_libyaml() is loader._CLoader is not None
+    _, problems = load_sources([SourceFile("deep.yaml", "- " * 100_000 + "x\n")])
+    assert [(p.line, "nested more than 64 levels deep (max_depth)" in p.message) for p in problems] == [(1, True)]
