@@ -187,7 +187,7 @@ def main() -> None:
         ("plnt in this process (start(settings)), cProfile of the event loop thread over the window"
          if args.profile else "`plnt up` console script as a process: embedded Temporal, worker, reconciler, gateway"),
         f"{args.runs} WorkflowRuns in one commit, one real runner process each (one shared signed recipe), "
-        f"all Ready, then {args.settle:g} s settle and {args.measure:g} s measured with no commit and no request",
+        f"every saga ended (Ready, or rolled back: counted), then {args.settle:g} s settle and {args.measure:g} s measured with no commit and no request",
         "CPU from /proc/PID/stat utime+stime: plnt's own process; git = plnt's reaped children (cutime+cstime); "
         "the Temporal dev server; the runners together; % of one core"])
     repo = BenchRepo("plnt-bench-idle-up-")
