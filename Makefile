@@ -61,6 +61,8 @@ bench: install
 	$(PY) bench/reconcile_idle_up.py --runs 20 --measure 30 --settle 5 | tee $(BENCH_OUT)/reconcile_idle_up.txt
 	$(PY) bench/gateway_overhead.py --requests 2000 --concurrency 1,32 --stream-requests 300 --rounds 3 \
 	  | tee $(BENCH_OUT)/gateway_overhead.txt
+	$(PY) bench/gateway_workers.py --workers 1,2 --requests 1500 --rounds 3 --busy-runs 1000 \
+	  | tee $(BENCH_OUT)/gateway_workers.txt
 
 # charts/plnt end to end on a throwaway kind cluster (needs Docker, kind, kubectl). NOT run in `make
 # test`, and never run on the machines plnt is developed on (no Docker there): see charts/plnt/README.md.

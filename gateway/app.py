@@ -104,6 +104,12 @@ _SSE = b"text/event-stream"
 _NO_LABELS = ("", "", "", "")
 
 
+# The 500 bodies, made once: encoding them on every request cost ~2% of a gateway's CPU (py-spy,
+# bench/gateway_workers.py --profile).
+_INTERNAL_INVOKE = oai.dumps({"error": {"type": "internal", "message": "gateway error"}})
+_INTERNAL_CHAT = oai.error_body("gateway error", "server_error", None, "internal")
+
+
 def _unsupported_type(content_type: bytes | None) -> str:
     got = content_type.decode("latin-1") if content_type is not None else "no Content-Type"
     return f"send the body as JSON with 'Content-Type: application/json' (got {got})"
@@ -357,8 +363,7 @@ class Gateway:
     # --- POST /workflows/{name}/invoke --------------------------------------------------------
 
     async def invoke(self, scope: ASGIScope, receive: Receive, send: Send, name: str) -> None:
-        internal = oai.dumps({"error": {"type": "internal", "message": "gateway error"}})
-        await self._measured("invoke", send, internal, lambda t0, outcome: self._invoke(scope, receive, send, name, t0, outcome))
+        await self._measured("invoke", send, _INTERNAL_INVOKE, lambda t0, outcome: self._invoke(scope, receive, send, name, t0, outcome))
 
     async def _measured(self, api: str, send: Send, internal_error: bytes,
                         handle: Callable[[float, _Outcome], Awaitable[None]]) -> None:
@@ -583,8 +588,7 @@ class Gateway:
     # --- POST /v1/chat/completions ------------------------------------------------------------
 
     async def chat(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
-        internal = oai.error_body("gateway error", "server_error", None, "internal")
-        await self._measured("chat", send, internal, lambda t0, outcome: self._chat(scope, receive, send, t0, outcome))
+        await self._measured("chat", send, _INTERNAL_CHAT, lambda t0, outcome: self._chat(scope, receive, send, t0, outcome))
 
     async def _chat(self, scope: ASGIScope, receive: Receive, send: Send, t0: float, outcome: _Outcome) -> None:
         headers = _pick_headers(scope)
@@ -964,9 +968,12 @@ def create_app(
         code, body = health()
         return JSONResponse(body, status_code=code)
 
+    # plnt up with gateway workers replaces it with the sum over its processes (workers.WorkerMetrics).
+    app.state.render_metrics = gateway.metrics.render
+
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(gateway.metrics.render(), media_type=gateway.metrics.content_type)
+        return Response(app.state.render_metrics(), media_type=gateway.metrics.content_type)
 
     def visible_models(grant: Grant) -> list[tuple[str, str]]:
         # Previews are no models of their own: they answer a model's name with X-Plnt-Preview.

@@ -5,7 +5,9 @@ The same app as plnt up's gateway (`create_app`, same auth, limits and exposure 
 - `GET /healthz` 503 until a first table arrived, then 200 with the table's version and the state
   of the control connection (a gateway that lost the control plane still serves: it stays 200);
 - every other request 503 (`Retry-After`) until the first table: no table is not "no workflow";
-- the control plane's own endpoints (`/hooks/git`, `/source`, history) answered 404 naming it.
+- the control plane's own endpoints (`/hooks/git`, `/source`, history) answered 404 naming it, or,
+  in a gateway worker of `plnt up` (workers.py, `forward_control`), forwarded to the control plane
+  together with `/internal/` (a `plnt gateway` following plnt up's public port may land on a worker).
 """
 
 from __future__ import annotations
@@ -50,9 +52,10 @@ class _RoleApp:
     """ASGI in front of the gateway app: what a gateway without a table, or without a control plane's
     endpoints, answers. Everything else goes to the gateway app unchanged (the hot paths included)."""
 
-    def __init__(self, app: GatewayApp, follower: RouteFollower) -> None:
+    def __init__(self, app: GatewayApp, follower: RouteFollower, forward: Any = None) -> None:
         self.app = app
         self.follower = follower
+        self.forward = forward  # workers.ControlForwarder, or None
         self.state = app.state  # tests and helpers reach the app's state through the served app
 
     @staticmethod
@@ -71,6 +74,10 @@ class _RoleApp:
         if scope["type"] == "http":
             path: str = scope["path"]
             answer = None
+            if self.forward is not None and (self._control_path(scope["method"], path) or path.startswith("/internal/")
+                                             or path == "/metrics"):
+                await self.forward(scope, receive, send)
+                return
             if self._control_path(scope["method"], path):
                 # The control plane's address only for callers with a token (when tokens are configured).
                 where = self.follower.control_url if self._known_caller(scope) else "the control plane's address"
@@ -92,16 +99,27 @@ class _RoleApp:
 class GatewayRole:
     """A running `plnt gateway`: its server and its route follower."""
 
-    def __init__(self, config: GatewayRoleConfig) -> None:
+    def __init__(self, config: GatewayRoleConfig, *, worker_index: int = 0, reuse_port: bool = False,
+                 forward_control: bool = False) -> None:
+        """`worker_index`: this process among the gateway's worker processes (0: the first; shown by
+        /healthz). `reuse_port`: share host:port with the other workers (SO_REUSEPORT).
+        `forward_control`: forward the control plane's endpoints to control_url (plnt up's workers)."""
         self.config = config
+        self.worker_index = worker_index
         self.router = Router()
         self.follower = RouteFollower(config.control_url, config.internal_token, self.router,
                                       wait_s=config.watch_wait_s, backoff_max_s=config.watch_retry_max_s)
         app = create_app(self.router, list_workflows=self.follower.workflows, on_git_hook=None, tokens=config.tokens,
                          max_body_bytes=config.max_body_bytes, request_timeout_s=config.request_timeout_s,
                          host=config.host, health=self.health)
-        self.app = _RoleApp(app, self.follower)
-        self.server = GatewayServer(self.app, host=config.host, port=config.port,
+        self.forwarder = None
+        if forward_control:
+            from .workers import ControlForwarder
+
+            self.forwarder = ControlForwarder(config.control_url, config.internal_token, config.max_body_bytes)
+        self.app = _RoleApp(app, self.follower, self.forwarder)
+        self.server = GatewayServer(self.app, host=config.host, port=config.port, reuse_port=reuse_port,
+                                    joining=worker_index > 0,
                                     limits=HttpLimits(max_head_bytes=config.max_header_bytes,
                                                       head_timeout_s=config.header_timeout_s))
         self._task: asyncio.Task[None] | None = None
@@ -109,22 +127,30 @@ class GatewayRole:
     def health(self) -> tuple[int, dict[str, Any]]:
         state = self.follower.state()
         if not self.follower.has_table:
-            return 503, {"status": "waiting-for-routes", **state}
-        return 200, {"status": "ok", **state}
+            return 503, {"status": "waiting-for-routes", "worker": self.worker_index, **state}
+        return 200, {"status": "ok", "worker": self.worker_index, **state}
 
     @property
     def url(self) -> str:
         return self.server.url
 
-    async def start(self) -> None:
+    async def start(self, *, wait_for_table_s: float | None = None) -> None:
+        """Listen and follow. `wait_for_table_s`: follow first and listen once a table arrived (or
+        that long passed): a gateway worker joining a port others serve has no reason to answer 503."""
         url = self.config.control_url
         if url.startswith("http://") and not is_loopback_host(url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[0]):
             log.warning("control-url-plaintext url=%s: the internal token travels unencrypted; use https:// "
                         "outside a trusted network", url)
-        await self.server.start()
         self._task = asyncio.create_task(self.follower.run(), name="route-follower")
-        log.info("plnt-gateway listening=%s control=%s: waiting for the first route table (503 until then)",
-                 self.server.url, url)
+        if wait_for_table_s is not None:
+            deadline = asyncio.get_running_loop().time() + wait_for_table_s
+            while not self.follower.has_table and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
+        await self.server.start()
+        doc = self.follower.doc
+        log.info("plnt-gateway listening=%s control=%s: %s", self.server.url, url,
+                 f"serving route table version {doc.version}" if doc is not None
+                 else "waiting for the first route table (503 until then)")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -132,3 +158,5 @@ class GatewayRole:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         await self.server.stop()
+        if self.forwarder is not None:
+            await self.forwarder.aclose()

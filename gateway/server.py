@@ -50,7 +50,7 @@ def uvicorn_config(app: Any, host: str, port: int, limits: HttpLimits | None = N
 
 def _build(
     app: Any, host: str, port: int, ready: asyncio.Event | None, graceful_timeout_s: float | None,
-    limits: HttpLimits | None = None,
+    limits: HttpLimits | None = None, lifespan: str = "on",
 ) -> _InLoopServer:
     config = uvicorn_config(
         app,
@@ -59,7 +59,7 @@ def _build(
         limits,
         # "on", not "auto": with "auto" a failing lifespan startup is logged and ignored,
         # and the gateway would serve without its HTTP client.
-        lifespan="on",
+        lifespan=lifespan,
         # Leave logging to the host process (plnt up configures it); uvicorn's default
         # dictConfig would otherwise reconfigure loggers process-wide.
         log_config=None,
@@ -72,10 +72,39 @@ def _build(
     return _InLoopServer(config, ready)
 
 
-async def _run(server: _InLoopServer) -> None:
+def reuse_port_socket(host: str, port: int, *, listen: bool = True) -> socket.socket:
+    """A listening TCP socket with SO_REUSEPORT: several processes (gateway workers) bind the same
+    host:port and the kernel spreads new connections over their accept queues. Linux lets only
+    processes of the same user join a port this way. `listen=False`: only hold the port (and learn
+    its number when `port` is 0) for workers that will listen on it; the kernel gives a socket that
+    does not listen no connections."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        if listen:
+            sock.listen(2048)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def check_free(host: str, port: int) -> None:
+    """OSError if anything listens on host:port (a plain bind: SO_REUSEPORT listeners refuse it too)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+
+
+async def _run(server: _InLoopServer, sock: socket.socket | None = None) -> None:
     host, port = server.config.host, server.config.port
     try:
-        await server.serve()
+        await server.serve([sock] if sock is not None else None)
     except SystemExit as exc:
         # uvicorn calls sys.exit() when binding or lifespan startup fails. Inside a task,
         # SystemExit would escape the event loop and take the reconciler down with it.
@@ -111,9 +140,16 @@ class GatewayServer:
 
     def __init__(
         self, app: Any, host: str = "127.0.0.1", port: int = 0, *, graceful_timeout_s: float | None = 30.0,
-        limits: HttpLimits | None = None,
+        limits: HttpLimits | None = None, reuse_port: bool = False, joining: bool = False, lifespan: bool = True,
     ) -> None:
+        """`reuse_port`: listen with SO_REUSEPORT so gateway worker processes can share the port.
+        `joining`: the port is already served by our own first process (else it must be free: two
+        plnt instances of one user must not share a port by accident).
+        `lifespan=False`: a second listener for an app whose lifespan another server runs."""
         self.app = app
+        self.reuse_port = reuse_port
+        self.joining = joining
+        self._lifespan = "on" if lifespan else "off"
         self.limits = limits
         self.host = host
         self._requested_port = port
@@ -126,8 +162,18 @@ class GatewayServer:
         if self._task is not None:
             raise RuntimeError("server already started")
         ready = asyncio.Event()
-        self._server = _build(self.app, self.host, self._requested_port, ready, self._graceful_timeout_s, self.limits)
-        self._task = asyncio.create_task(_run(self._server), name=f"uvicorn {self.host}:{self._requested_port}")
+        self._server = _build(self.app, self.host, self._requested_port, ready, self._graceful_timeout_s, self.limits,
+                              self._lifespan)
+        sock = None
+        if self.reuse_port:
+            try:
+                if not self.joining and self._requested_port:
+                    check_free(self.host, self._requested_port)
+                sock = reuse_port_socket(self.host, self._requested_port)
+            except OSError as exc:
+                raise ServerStartError(f"could not listen on {self.host}:{self._requested_port}: {exc.strerror}; "
+                                       "is another program on that port? choose one with --port") from None
+        self._task = asyncio.create_task(_run(self._server, sock), name=f"uvicorn {self.host}:{self._requested_port}")
         ready_wait = asyncio.create_task(ready.wait())
         # Whichever comes first: listening, or the server task ending (startup failure).
         await asyncio.wait({self._task, ready_wait}, return_when=asyncio.FIRST_COMPLETED)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +19,9 @@ from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret
 from plnt.gateway.limits import HttpLimits
 from plnt.gateway.route_watch import RoutePublisher, add_control_routes
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
-from plnt.gateway.server import GatewayServer, ServerStartError
+from plnt.gateway.server import GatewayServer, ServerStartError, check_free, reuse_port_socket
+from plnt.gateway.workers import TrustForwarded, WorkerConfig, WorkerMetrics, WorkerSupervisor, auto_workers
+from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
@@ -81,6 +85,9 @@ class Plnt:
     gateway: GatewayServer
     stop_event: asyncio.Event
     publisher: RoutePublisher | None = None  # the route watch that `plnt gateway` follows
+    gateway_workers: WorkerSupervisor | None = None  # --gateway-workers N > 1: the other N-1 processes
+    control_listener: GatewayServer | None = None  # the private loopback listener those workers follow
+    public_url: str | None = None  # when only the workers listen on the gateway port
     drivers: DriverSet | None = None
     previews: PreviewController | None = None  # --previews
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -88,7 +95,7 @@ class Plnt:
 
     @property
     def url(self) -> str:
-        return self.gateway.url
+        return self.public_url or self.gateway.url
 
     def refresh_routes(self) -> None:
         # Every backend: local runners and the last known releases of each Kubernetes backend.
@@ -284,18 +291,36 @@ async def start(settings: Settings) -> Plnt:
         async def on_git_hook() -> None:
             reconciler.wake()
 
+        worker_count = settings.gateway_workers or auto_workers()
         gateway_app = create_app(router, list_workflows=list_workflows, on_git_hook=on_git_hook, tokens=tokens,
                                  max_body_bytes=settings.gateway_max_body_bytes,
                                  request_timeout_s=settings.gateway_request_timeout_s,
-                                 webhook_secret=webhook_secret, host=settings.host)
+                                 webhook_secret=webhook_secret, host=settings.host,
+                                 health=lambda: (200, {"status": "ok", "worker": 0, "workers": worker_count}))
 
         add_reconciler_routes(gateway_app, reconciler, client)
         publisher = RoutePublisher()
         internal_token = settings.internal_token.get_secret_value() if settings.internal_token else None
+        if internal_token is None and worker_count > 1:
+            # The workers follow the route watch with it; made here, it exists only in memory and in
+            # the workers' stdin pipes (workers.py).
+            internal_token = secrets.token_urlsafe(32)
         add_control_routes(gateway_app, publisher, internal_token)
-        gateway = GatewayServer(gateway_app, host=settings.host, port=settings.port,
-                                limits=HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
-                                                  head_timeout_s=settings.gateway_header_timeout_s))
+        if worker_count > 1:  # GET /metrics: the sum over the gateway processes (each pushes its own)
+            assert internal_token is not None
+            worker_metrics = WorkerMetrics(gateway_app.gateway.metrics.render)
+            worker_metrics.mount(gateway_app, internal_token)
+            gateway_app.state.render_metrics = worker_metrics.render
+        http_limits = HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
+                                 head_timeout_s=settings.gateway_header_timeout_s)
+        apart = worker_count > 1 and not settings.control_plane_gateway
+        if apart:  # only the workers take the gateway port; this process answers them on loopback
+            assert internal_token is not None
+            gateway = GatewayServer(TrustForwarded(gateway_app, internal_token), host="127.0.0.1", port=0,
+                                    limits=http_limits)
+        else:
+            gateway = GatewayServer(gateway_app, host=settings.host, port=settings.port,
+                                    reuse_port=worker_count > 1, limits=http_limits)
         stop_event = asyncio.Event()
         plnt = Plnt(settings=settings, state=state, client=client, statuses=statuses, driver=driver, router=router,
                     reconciler=reconciler, gateway=gateway, stop_event=stop_event, publisher=publisher,
@@ -324,6 +349,10 @@ async def start(settings: Settings) -> Plnt:
 
         await gateway.start()
         cleanups.append(gateway.stop)
+        if worker_count > 1:
+            assert internal_token is not None
+            await start_gateway_workers(plnt, settings, worker_count, internal_token, cleanups, apart=apart,
+                                        app=gateway_app)
         cleanups.append(_closer(publisher))  # runs before gateway.stop: long-polls answer at once
         cleanups.append(reconciler.close)
         plnt._tasks.append(asyncio.create_task(reconciler.run(stop_event), name="reconciler"))
@@ -334,12 +363,12 @@ async def start(settings: Settings) -> Plnt:
             cleanups.append(close_previews)
         plnt._cleanups = cleanups
         log.info("plnt-up gateway=%s repo=%s branch=%s path=%s state=%s temporal=%s",
-                 gateway.url, source.url, settings.branch, settings.path or "/", state.root, address)
+                 plnt.url, source.url, settings.branch, settings.path or "/", state.root, address)
         if tokens.enabled:
             log.info("gateway-auth bearer tokens=%d (GET /healthz is open; everything else needs a token)", len(tokens))
         else:
             log.warning("gateway-open-no-auth host=%s: no tokens configured, anyone who can reach %s can invoke "
-                        "every workflow%s", settings.host, gateway.url,
+                        "every workflow%s", settings.host, plnt.url,
                         "" if settings.insecure_no_auth and not _loopback(settings.host) else " (loopback only)")
         return plnt
     except BaseException:
@@ -349,6 +378,63 @@ async def start(settings: Settings) -> Plnt:
             except Exception:  # noqa: BLE001
                 log.exception("cleanup-after-failed-start")
         raise
+
+
+async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, internal_token: str,
+                                cleanups: list[Callable[[], Awaitable[None]]], *, apart: bool, app: Any) -> None:
+    """--gateway-workers N > 1: worker processes on the gateway's port (gateway/workers.py), following
+    the route table through a private loopback listener of this process (on the public port their
+    long-polls would land on each other); it serves the same app, trusting the caller address the
+    workers forward with the internal token.
+
+    `apart` (the default): the N processes on the port are all workers, this one only holds the port
+    (bound, not listening: the kernel gives it no connection) and `plnt.gateway` is the private
+    listener. Otherwise this process listens there too and starts N-1 workers."""
+    host = settings.host
+    if apart:
+        private = plnt.gateway
+        if settings.port:
+            try:
+                check_free(host, settings.port)
+            except OSError as exc:
+                raise ServerStartError(f"cannot listen on {host}:{settings.port} ({exc.strerror}); is another plnt "
+                                       "running? choose a port with --port") from None
+        holder = reuse_port_socket(host, settings.port, listen=False)
+        port = int(holder.getsockname()[1])
+        plnt.public_url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+
+        async def release() -> None:
+            holder.close()
+
+        cleanups.append(release)  # after the workers stopped (cleanups run in reverse)
+        workers = count
+    else:
+        private = GatewayServer(TrustForwarded(app, internal_token), host="127.0.0.1", port=0, lifespan=False,
+                                limits=plnt.gateway.limits)
+        await private.start()
+        cleanups.append(private.stop)
+        port = plnt.gateway.port
+        workers = count - 1
+    plnt.control_listener = private
+    tokens_text = settings.gateway_tokens_file.read_text(encoding="utf-8") if settings.gateway_tokens_file else None
+    parent = os.getpid()
+
+    def config_for(index: int) -> WorkerConfig:
+        return WorkerConfig(
+            index=index, parent_pid=parent, control_url=private.url, internal_token=SecretStr(internal_token),
+            forward_control=True, host=host, port=port,
+            tokens_text=SecretStr(tokens_text) if tokens_text is not None else None,
+            tokens_source=str(settings.gateway_tokens_file or "(tokens)"), plain_tokens=settings.gateway_tokens,
+            max_body_bytes=settings.gateway_max_body_bytes, request_timeout_s=settings.gateway_request_timeout_s,
+            max_header_bytes=settings.gateway_max_header_bytes, header_timeout_s=settings.gateway_header_timeout_s,
+            watch_retry_max_s=1.0, verbose=log.isEnabledFor(logging.DEBUG))
+
+    supervisor = WorkerSupervisor(config_for, workers)
+    plnt.gateway_workers = supervisor
+    cleanups.append(supervisor.stop)  # runs first: workers stop taking connections, then the rest
+    await supervisor.start()
+    log.info("gateway-workers processes=%d on %s (plnt up's own process %s) pids=%s", count, plnt.url,
+             "only holds the port" if apart else "is one of them", sorted(supervisor.pids.values()))
 
 
 def start_previews(settings: Settings, *, source: GitSource, client: Client, statuses: StatusStore,

@@ -54,6 +54,9 @@ GatewayTimeout = Annotated[float, typer.Option(
 MaxHeaderBytes = Annotated[int, typer.Option(help="Gateway: larger request heads get 431.")]
 HeaderTimeout = Annotated[float, typer.Option(
     help="Gateway: close connections whose request headers are not complete within this many seconds.")]
+GatewayWorkers = Annotated[int, typer.Option(min=0, max=64, help=(
+    "Processes answering on the gateway port (SO_REUSEPORT, each its own accept queue): 0 (default) is one "
+    "per core, at most 4; 1 serves the gateway from one process."))]
 InternalTokenFile = Annotated[Path | None, typer.Option(
     help="File whose first line is the internal token: GET /internal/routes (the route table `plnt gateway` "
          "follows) accepts it (or an admin token); without it that endpoint answers 404.")]
@@ -196,6 +199,12 @@ def up(
     gateway_timeout: GatewayTimeout = 60.0,
     max_header_bytes: MaxHeaderBytes = 64 * 1024,
     header_timeout: HeaderTimeout = 10.0,
+    gateway_workers: GatewayWorkers = 0,
+    control_plane_gateway: Annotated[bool, typer.Option(
+        "--control-plane-gateway", help=(
+            "With --gateway-workers N > 1: plnt up's own process is one of the N on the gateway port (default: "
+            "N worker processes, and the control plane answers only them, so a busy reconcile never stalls an "
+            "invocation)."))] = False,
     webhook_secret_file: Annotated[Path | None, typer.Option(
         help="POST /hooks/git then needs the forge's signature made with this secret (GitHub X-Hub-Signature-256, "
              "Gitea X-Gitea-Signature, GitLab X-Gitlab-Token), from any address; without it only loopback callers.")] = None,
@@ -250,6 +259,7 @@ def up(
                             gateway_tokens=env_tokens, gateway_tokens_file=tokens_file, insecure_no_auth=insecure_no_auth,
                             gateway_max_body_bytes=max_body_bytes, gateway_request_timeout_s=gateway_timeout,
                             gateway_max_header_bytes=max_header_bytes, gateway_header_timeout_s=header_timeout,
+                            gateway_workers=gateway_workers, control_plane_gateway=control_plane_gateway,
                             webhook_secret_file=webhook_secret_file, internal_token=internal_token,
                             llm_url=llm_url, llm_model=llm_model, llm_api_key_env=llm_api_key_env,
                             temporal_namespace=temporal_namespace, task_queue=task_queue, temporal_tls=temporal_tls,
@@ -933,6 +943,7 @@ def gateway(
         min=0.1, max=30, help="Seconds the control plane may hold each route watch request (long-poll).")] = 25.0,
     watch_retry_max: Annotated[float, typer.Option(
         min=0.1, help="Longest wait between retries while the control plane is unreachable (jittered).")] = 10.0,
+    workers: GatewayWorkers = 0,
     loop: Annotated[str, typer.Option(help="Event loop: uvloop (default when installed) or asyncio.")] = "auto",
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -971,9 +982,14 @@ def gateway(
         control_url=control_url.rstrip("/"), internal_token=internal_token, host=host, port=port, tokens=tokens,
         max_body_bytes=max_body_bytes, request_timeout_s=gateway_timeout, max_header_bytes=max_header_bytes,
         header_timeout_s=header_timeout, watch_wait_s=watch_wait, watch_retry_max_s=watch_retry_max)
+    from plnt.gateway.workers import auto_workers
+
+    count = workers or auto_workers()
+    worker_tokens = (tokens_file.read_text(encoding="utf-8") if tokens_file else None, str(tokens_file or "(tokens)"),
+                     env_tokens)
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(_gateway_role(config))
+            runner.run(_gateway_role(config, count, worker_tokens, loop, verbose))
     except KeyboardInterrupt:
         pass
     except Exception as exc:  # noqa: BLE001 - one clear line for start-up failures
@@ -984,18 +1000,42 @@ def gateway(
         raise _fail(f"plnt gateway could not start: {exc}", 2) from exc
 
 
-async def _gateway_role(config: Any) -> None:
+async def _gateway_role(config: Any, count: int = 1, worker_tokens: tuple[str | None, str, tuple[str, ...]] = (None, "", ()),
+                        loop_name: str = "auto", verbose: bool = False) -> None:
+    import os
+
     from plnt.gateway.role import GatewayRole
+    from plnt.gateway.workers import WorkerConfig, WorkerSupervisor
+    from pydantic import SecretStr
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    role = GatewayRole(config)
+    role = GatewayRole(config, reuse_port=count > 1)
     await role.start()
-    typer.echo(f"plnt gateway is up: {role.url}, following {config.control_url}; Ctrl-C stops", err=True)
+    supervisor = None
+    if count > 1:
+        text, source, plain = worker_tokens
+
+        def config_for(index: int) -> WorkerConfig:
+            return WorkerConfig(
+                index=index, parent_pid=os.getpid(), control_url=config.control_url,
+                internal_token=SecretStr(config.internal_token), host=config.host, port=role.server.port,
+                tokens_text=SecretStr(text) if text is not None else None, tokens_source=source,
+                plain_tokens=tuple(SecretStr(t) for t in plain), max_body_bytes=config.max_body_bytes,
+                request_timeout_s=config.request_timeout_s, max_header_bytes=config.max_header_bytes,
+                header_timeout_s=config.header_timeout_s, watch_wait_s=config.watch_wait_s,
+                watch_retry_max_s=config.watch_retry_max_s, loop=loop_name, verbose=verbose)
+
+        supervisor = WorkerSupervisor(config_for, count - 1)
+        await supervisor.start()
+    typer.echo(f"plnt gateway is up: {role.url} ({count} process{'es' if count > 1 else ''}), following "
+               f"{config.control_url}; Ctrl-C stops", err=True)
     await stop.wait()
     typer.echo("plnt gateway: stopping...", err=True)
+    if supervisor is not None:
+        await supervisor.stop()
     await role.stop()
     typer.echo("plnt gateway: stopped", err=True)
 

@@ -128,6 +128,15 @@ class Settings(BaseModel):
     gateway_max_header_bytes: int = Field(default=64 * 1024, gt=0, description="larger request heads get 431")
     gateway_header_timeout_s: float = Field(
         default=10.0, gt=0, description="close connections whose request head is not complete within this")
+    gateway_workers: int = Field(
+        default=1, ge=0, le=64, description=(
+            "processes answering on the gateway port (SO_REUSEPORT); 0: one per core, at most 4. "
+            "`plnt up` defaults to 0; a Settings made in code to 1 (one process)"))
+    control_plane_gateway: bool = Field(
+        default=False, description=(
+            "with gateway_workers > 1: plnt up's own process is one of the N on the gateway port; by default "
+            "the N are all worker processes and the control plane (reconciler, sagas) answers only them, "
+            "on a private loopback port, so a busy reconcile never stalls an invocation"))
     webhook_secret_file: Path | None = Field(
         default=None, description="POST /hooks/git needs a forge signature made with this secret (any caller)")
     # The model backend of local runners: None runs the offline mock backend.
