@@ -11,6 +11,7 @@ printed: Ready, or a rolled-back few) and --settle seconds have passed, it reads
 
 - plnt's own process (its threads included; not its children),
 - git, the children plnt waited for (cutime + cstime of plnt's process: the polls' `git fetch`),
+- plnt's gateway worker processes, when plnt up starts them (--gateway-workers),
 - the embedded Temporal dev server (its own process),
 - the runner processes (all of them together),
 
@@ -55,15 +56,29 @@ def cpu_ticks(pid: int) -> tuple[int, int] | None:
     return int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
 
 
+GROUPS = ("plnt", "gateway", "git", "temporal", "runners", "other")
+
+
+def kind(pid: int) -> str:
+    """benchlib's kinds, and plnt's own gateway worker processes (plnt up --gateway-workers)."""
+    try:
+        if b"plnt.gateway.workers" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return "gateway"
+    except OSError:
+        return "gone"
+    return _kind(pid)
+
+
 def sample(plnt_pid: int) -> dict[str, Any]:
-    """CPU ticks so far of plnt, its reaped children (git), Temporal and the runners, by pid."""
+    """CPU ticks so far of plnt, its reaped children (git), its gateway workers, Temporal and the
+    runners, by pid."""
     own = cpu_ticks(plnt_pid) or (0, 0)
-    groups: dict[str, dict[int, int]] = {"temporal": {}, "runners": {}, "other": {}}
+    groups: dict[str, dict[int, int]] = {"gateway": {}, "temporal": {}, "runners": {}, "other": {}}
     for pid in descendants(plnt_pid):
         ticks = cpu_ticks(pid)
-        kind = _kind(pid)
-        if ticks is not None and kind != "gone":
-            groups[kind][pid] = ticks[0]
+        kind_of = kind(pid)
+        if ticks is not None and kind_of != "gone":
+            groups[kind_of][pid] = ticks[0]
     return {"at": time.monotonic(), "plnt": own[0], "git": own[1], **groups}
 
 
@@ -73,11 +88,11 @@ def shares(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"seconds": round(seconds, 1)}
     for group in ("plnt", "git"):
         out[group] = {"cpu_s": (last[group] - first[group]) / TICK}
-    for group in ("temporal", "runners", "other"):
+    for group in ("gateway", "temporal", "runners", "other"):
         common = set(first[group]) & set(last[group])
         out[group] = {"cpu_s": sum(last[group][p] - first[group][p] for p in common) / TICK,
                       "processes": len(common)}
-    for group in ("plnt", "git", "temporal", "runners", "other"):
+    for group in GROUPS:
         out[group]["core_percent"] = round(100 * out[group]["cpu_s"] / seconds, 3)
         out[group]["cpu_s"] = round(out[group]["cpu_s"], 2)
     return out
@@ -134,13 +149,25 @@ def as_process(repo: BenchRepo, args: argparse.Namespace) -> dict[str, Any]:
         return {"ready_after_s": round(to_ready, 1), "cpu": shares(first, last), "memory": memory,
                 "phases": phase_counts(statuses(state_dir))}
     finally:
+        runners = [pid for pid in descendants(process.pid) if kind(pid) == "runners"]
         process.send_signal(signal.SIGINT)  # plnt up stops its runners and Temporal on SIGINT
         try:
-            process.wait(timeout=60)
+            process.wait(timeout=120)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         log.close()
+        stop_leftovers(runners, repo.scratch)
+
+
+def stop_leftovers(pids: list[int], scratch: Path) -> None:
+    """Runners a plnt killed mid-deploy left behind (their own sessions): only those of this run."""
+    for pid in pids:
+        try:
+            if str(scratch).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 async def in_process(repo: BenchRepo, args: argparse.Namespace) -> dict[str, Any]:
@@ -169,7 +196,9 @@ async def in_process(repo: BenchRepo, args: argparse.Namespace) -> dict[str, Any
         return {"ready_after_s": round(to_ready, 1), "cpu": shares(first, last), "profile": out.getvalue(),
                 "phases": phase_counts(phases())}
     finally:
+        runners = [pid for pid in descendants(os.getpid()) if kind(pid) == "runners"]
         await plnt.stop()
+        stop_leftovers(runners, repo.scratch)
 
 
 def main() -> None:
@@ -200,18 +229,12 @@ def main() -> None:
         repo.commit(f"{args.runs} WorkflowRuns")
         result = asyncio.run(in_process(repo, args)) if args.profile else as_process(repo, args)
     finally:
-        for pid in descendants(os.getpid()):  # never leave a runner behind (plnt stops them; this is the net)
-            if _kind(pid) == "runners":
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
         repo.remove()
     cpu = result["cpu"]
     print(f"\n{args.runs} WorkflowRuns, sagas ended after {result['ready_after_s']} s ({result['phases']}); "
           f"then {cpu['seconds']} s idle:")
     print(f"{'process':<10} {'processes':>9} {'CPU s':>7} {'% of a core':>12}")
-    for group in ("plnt", "git", "temporal", "runners", "other"):
+    for group in GROUPS:
         count = cpu[group].get("processes", 1)
         print(f"{group:<10} {count:>9} {cpu[group]['cpu_s']:>7.2f} {cpu[group]['core_percent']:>12.3f}")
     if "profile" in result:
