@@ -60,6 +60,7 @@ bench: install
 	$(PY) bench/spec_load.py --repeat 3 --no-bombs | tee $(BENCH_OUT)/spec_load.txt
 	$(PY) bench/plan_scale.py --repeat 5 | tee $(BENCH_OUT)/plan_scale.txt
 	$(PY) bench/reconcile_idle.py --passes 10 | tee $(BENCH_OUT)/reconcile_idle.txt
+	$(PY) bench/reconcile_idle_up.py --runs 20 --measure 30 --settle 5 | tee $(BENCH_OUT)/reconcile_idle_up.txt
 	$(PY) bench/gateway_overhead.py --requests 2000 --concurrency 1,32 --stream-requests 300 --rounds 3 \
 	  | tee $(BENCH_OUT)/gateway_overhead.txt
 	$(PY) bench/gateway_workers.py --workers 1,2 --requests 1500 --rounds 3 --busy-runs 1000 \

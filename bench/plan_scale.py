@@ -5,9 +5,10 @@ WorkflowRuns (distinct names, one file each), then a second commit that changes 
 `plnt plan --base HEAD~1 --head HEAD --format json` AS A PROCESS, as users run it, --repeat times:
 wall and CPU (the process and its git children) per run, p50. With a plan cache (--cache-dir), the
 first run is reported apart ("cold": nothing cached) from the others ("warm"); --no-cache runs
-parse everything every time. --before REV also runs the plnt of that git revision of this checkout
-(extracted with `git archive`) in the same run, interleaved, for before/after ratios. Then one
-in-process cProfile of the same plan (this checkout), top entries by cumulative time.
+parse everything every time (the cold path, as the first reconcile pass after `plnt up` starts).
+--before REV also runs the plnt of that git revision of this checkout (extracted with `git
+archive`), with and without the plan cache, in the same run, interleaved, for before/after ratios.
+Then one in-process cProfile of the same plan (this checkout), top entries by cumulative time.
 
     python bench/plan_scale.py [--runs 1000] [--repeat 7] [--before main] [--top 25]
 
@@ -138,7 +139,9 @@ def main() -> None:
             "this checkout, --no-cache": (this, ["--no-cache"]),
         }
         if args.before:
-            variants[f"before ({args.before})"] = (before_command(args.before, scratch), [])
+            old = before_command(args.before, scratch)
+            variants[f"before ({args.before}), plan cache"] = (old, [])
+            variants[f"before ({args.before}), --no-cache"] = (old, ["--no-cache"])
         raw: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
         for _ in range(args.repeat):  # interleaved: a busy moment of the machine hits every variant alike
             for name, (command, extra) in variants.items():
@@ -161,10 +164,10 @@ def main() -> None:
             s = summary[name]
             print(f"{name:<34} {s['first_wall_s']:>12.3f} {s['p50_wall_s']:>11.3f} {s['p50_cpu_s']:>10.3f}")
         if args.before:
-            old = summary[f"before ({args.before})"]
-            for name in list(variants)[:2]:
-                print(f"ratio before/{name}: p50 wall x{old['p50_wall_s'] / summary[name]['p50_wall_s']:.1f}, "
-                      f"p50 CPU x{old['p50_cpu_s'] / summary[name]['p50_cpu_s']:.1f}")
+            for kind in ("plan cache", "--no-cache"):
+                old, new = summary[f"before ({args.before}), {kind}"], summary[f"this checkout, {kind}"]
+                print(f"ratio before/this checkout, {kind}: p50 wall x{old['p50_wall_s'] / new['p50_wall_s']:.1f}, "
+                      f"p50 CPU x{old['p50_cpu_s'] / new['p50_cpu_s']:.1f}")
         if args.top:
             print(f"\ncProfile of one plan in-process (this checkout, --no-cache), top {args.top} by cumulative time:")
             print(profile(repo, args.top, ["--no-cache"]))

@@ -449,13 +449,22 @@ def plan(
         try:
             head_commit = source.resolve(head) if head else source.fetch()
             desired_specs = _load_or_exit(source, head_commit)
-            desired = {k: DesiredRun.from_spec(r) for k, r in desired_specs.workflow_runs.items()}
+            # A file unchanged between base and head gives the same (frozen) model object from the
+            # parse cache: its DesiredRun (a JSON dump of the spec) is made once, not once per side.
+            made: dict[int, DesiredRun] = {}
+
+            def desired_of(run: Any) -> DesiredRun:
+                if id(run) not in made:
+                    made[id(run)] = DesiredRun.from_spec(run)
+                return made[id(run)]
+
+            desired = {k: desired_of(r) for k, r in desired_specs.workflow_runs.items()}
             if base is not None:
                 base_commit = source.resolve(base)
                 base_specs = _load_or_exit(source, base_commit)
                 live = {
                     key: LiveRun(namespace=d.namespace, name=d.name, version=d.version, fingerprint=d.fingerprint, spec=d.spec)
-                    for key, d in ((k, DesiredRun.from_spec(r)) for k, r in base_specs.workflow_runs.items())
+                    for key, d in ((k, desired_of(r)) for k, r in base_specs.workflow_runs.items())
                 }
                 title = f"plnt plan {base_commit[:12]}..{head_commit[:12]}"
             else:

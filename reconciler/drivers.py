@@ -49,6 +49,7 @@ class DriverSet:
         self._backends = {name: PlntBackend.model_validate(doc) for name, doc in saved.get("backends", {}).items()}
         self._specs = SpecCache()
         self._remembered: SpecSet | None = None  # the spec set assign() last remembered
+        self._assigned_by: SpecSet | None = None  # the spec set the assignments are those of (None: changed since)
         self._helm: dict[str, tuple[str, HelmDriver]] = {}  # backend -> (its spec fingerprint, driver)
         # backend -> the live state last read from it (or changed by plnt since), for when it cannot be read
         self._known_file = state.root / "helm-live.json"
@@ -61,9 +62,13 @@ class DriverSet:
 
     def assign(self, specs: SpecSet) -> None:
         # The reconciler passes the same SpecSet on every poll of one commit: its runs are remembered
-        # already (SpecCache only adds; a fingerprint is a JSON dump, 1,000 of them per poll otherwise).
+        # already (SpecCache only adds; a fingerprint is a JSON dump, 1,000 of them per poll otherwise),
+        # and unless remember() moved a WorkflowRun since (a saga of another commit), assigned too.
+        if specs is self._remembered and self._assigned_by is specs:
+            return
         remember = specs is not self._remembered
         self._remembered = specs
+        self._assigned_by = specs
         for run in specs.workflow_runs.values():
             if remember:
                 self._specs.remember(run)
@@ -88,6 +93,7 @@ class DriverSet:
             return
         self._assigned[run.key] = backend.metadata.name
         self._backends[backend.metadata.name] = backend
+        self._assigned_by = None  # the next assign() sets the reconciler's spec set's assignments again
         self._save()
 
     def driver_for(self, namespace: str, name: str) -> LocalDriver | HelmDriver:
@@ -139,6 +145,7 @@ class DriverSet:
             known = self._known.get(backend.metadata.name, {})
             if run_key(namespace, name) in known:
                 self._assigned[run_key(namespace, name)] = backend.metadata.name
+                self._assigned_by = None
                 self._note(namespace, name, {track: None})
 
     async def live(self) -> dict[str, LiveWorkflow]:

@@ -328,10 +328,58 @@ class _SpecLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+# libyaml (C) scans, parses and composes about 10x faster than PyYAML's pure-Python loader; see
+# `_parse` for how it is used without giving up a bound or a message of the pure-Python loader.
+def _bounded_libyaml() -> type[Any] | None:
+    """yaml.CSafeLoader if this PyYAML has libyaml and libyaml refuses deep nesting itself (0.2.5 and
+    later stop at 1,000 levels): PyYAML composes libyaml's nodes recursively in C, where a document
+    nested 100,000 levels deep would overflow the stack instead of raising."""
+    loader_class = getattr(yaml, "CSafeLoader", None) if yaml.__with_libyaml__ else None
+    if loader_class is None:
+        return None
+    probe = loader_class("[" * 5000)
+    try:
+        while probe.check_event():
+            probe.get_event()
+    except yaml.YAMLError as exc:
+        return loader_class if "nesting depth" in str(exc) else None
+    finally:
+        probe.dispose()
+    return None
+
+
+_CLoader: type[Any] | None = _bounded_libyaml()
+
+
+# Where libyaml and PyYAML's own scanner read the same text differently (tabs as separators, `?`
+# inside a flow plain scalar, an empty `!` tag, a byte order mark past the start, `|#`): a file holding
+# one of these is read by the pure-Python loader only, so a result never depends on whether
+# PyYAML was built with libyaml. test_loader_fast.py looks for more such cases by random edits.
+_LIBYAML_DIFFERS = re.compile("[\t?!\ufeff]|[|>][-+0-9]*#")
+
+
+class _FastSpecLoader(_CLoader or yaml.SafeLoader):  # type: ignore[misc]
+    """libyaml's SafeLoader, for files the pure-Python _SpecLoader would read without a problem.
+
+    libyaml composes in C, without our depth check; it refuses nesting past its own limit (1,000
+    levels) while scanning, and `_Document._build` refuses paths deeper than max_depth. A file it
+    cannot read as plain data within the limits is read again by _SpecLoader (see `_parse`)."""
+
+    def __init__(self, text: str, max_depth: int) -> None:
+        super().__init__(text)
+        self.max_depth = max_depth
+
+
+_PLAIN_SCALARS: dict[str, Callable[[Any, yaml.ScalarNode], Any]] = {
+    tag: yaml.SafeLoader.yaml_constructors[tag]
+    for tag in (f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "timestamp"))
+}
+
+
 class _Document:
     """One YAML document as plain data, plus the 1-based line of every path in it."""
 
-    def __init__(self, loader: _SpecLoader, node: yaml.Node, file: str, budget: _Budget) -> None:
+    def __init__(self, loader: _SpecLoader | _FastSpecLoader, node: yaml.Node, file: str, budget: _Budget) -> None:
         self.file = file
         self.start: int = node.start_mark.line + 1
         self.lines: dict[DocPath, int] = {(): self.start}
@@ -349,7 +397,12 @@ class _Document:
 
     def _scalar(self, node: yaml.ScalarNode) -> Any:
         try:
-            # The SafeLoader resolves scalar tags (int, float, bool, null, timestamps...).
+            # The SafeLoader resolves scalar tags (int, float, bool, null, timestamps...). The plain
+            # ones are built by their constructor directly: construct_object's bookkeeping (a cache
+            # of every node built, recursion checks) costs more than the value, and a scalar needs none.
+            plain = _PLAIN_SCALARS.get(node.tag)
+            if plain is not None:
+                return plain(self._loader, node)
             return self._loader.construct_object(node, deep=True)
         except (ValueError, OverflowError) as exc:  # `2024-13-45`, an int of 5,000 digits
             self.problems.append(Problem(self.file, node.start_mark.line + 1, "document",
@@ -470,6 +523,13 @@ def _parse(source: SourceFile, budget: _Budget) -> tuple[list[_Document], list[P
         line, column = text.count("\n", 0, bad.start()) + 1, bad.start() - text.rfind("\n", 0, bad.start())
         return [], [Problem(source.path, line, "document", f"character U+{ord(bad.group()):04X} at column {column} "
                                                              "is not allowed in YAML; remove it")]
+    if _CLoader is not None and _LIBYAML_DIFFERS.search(text, 1 if text.startswith("\ufeff") else 0) is None:
+        before = budget.left
+        budget.start_file(len(text))
+        fast = _parse_fast(source, budget)
+        if fast is not None:
+            return fast, []
+        budget.left = before  # read again below, spending as if the fast attempt had not happened
     budget.start_file(len(text))
     documents: list[_Document] = []
     problems: list[Problem] = []
@@ -498,6 +558,29 @@ def _parse(source: SourceFile, budget: _Budget) -> tuple[list[_Document], list[P
     finally:
         loader.dispose()
     return documents, problems
+
+
+def _parse_fast(source: SourceFile, budget: _Budget) -> list[_Document] | None:
+    """The documents of a file libyaml reads as plain data within the limits, or None: then the
+    pure-Python loader reads it again, for its bounds and its messages (syntax errors with their
+    lines, tags, aliases, depth, budget). A file it reads gives the same nodes, so the same documents,
+    lines and per-document problems (duplicate keys, unreadable scalars); tests/reconciler/
+    test_loader_fast.py compares both paths field by field."""
+    documents: list[_Document] = []
+    loader = _FastSpecLoader(source.text, budget.limits.max_depth)
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            document = _Document(loader, node, source.path, budget)
+            if document.data is not None:
+                documents.append(document)
+    except (yaml.YAMLError, _TooCostly, RecursionError):
+        return None
+    finally:
+        loader.dispose()
+    return documents
 
 
 def _yaml_problem(source: SourceFile, exc: yaml.YAMLError, what: str, advice: str) -> Problem:

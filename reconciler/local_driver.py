@@ -160,6 +160,10 @@ class LocalDriver:
         zygote_dir = self._state.root / "zygote"  # its cwd, HOME, TMPDIR and log; not under runners/
         self._zygote = ZygoteClient(python, zygote_dir, runner_env(self._env, zygote_dir, {}))
         self._records: dict[str, tuple[tuple[int, int, int], LiveWorkflow]] = {}  # snapshot's parsed records
+        # The releases directory's stamp when a snapshot may be reused whole (see snapshot), and that snapshot.
+        self._listing: tuple[tuple[int, int, int], dict[str, LiveWorkflow]] | None = None
+        # Each child's start time, read once: a child not yet reaped keeps its pid (see _alive).
+        self._child_starts: dict[int, tuple[subprocess.Popen[bytes], str | None]] = {}
 
     # --- the driver interface ---------------------------------------------------------------
 
@@ -214,7 +218,25 @@ class LocalDriver:
     def snapshot(self) -> dict[str, LiveWorkflow]:
         """The release records as they are now (no process checks). A record is parsed again only
         when its file changed (records are replaced whole, so a write is a new inode): a poll of
-        1,000 records costs 1,000 stats, not 1,000 JSON reads."""
+        1,000 records costs 1,000 stats, not 1,000 JSON reads. And while the directory itself is
+        unchanged (a record written, added or removed is a rename or unlink in it, which moves its
+        mtime), the last snapshot is the answer: an idle poll costs one stat, not one per record."""
+        try:
+            directory = os.stat(self._state.releases)
+        except FileNotFoundError:
+            directory = None
+        stamp = (directory.st_ino, directory.st_mtime_ns, directory.st_ctime_ns) if directory else None
+        if stamp is not None and self._listing is not None and self._listing[0] == stamp:
+            return dict(self._listing[1])
+        result = self._scan()
+        # Trusted only once the directory's mtime is safely in the past: a change in the same clock
+        # tick as the scan could keep the same mtime (file timestamps are coarse), so a directory
+        # changed under 2 s ago is scanned again next time (git's "racily clean" rule).
+        settled = directory is not None and time.time_ns() - directory.st_mtime_ns > 2_000_000_000
+        self._listing = (stamp, result) if settled and stamp is not None else None
+        return dict(result)
+
+    def _scan(self) -> dict[str, LiveWorkflow]:
         known = self._records
         seen: dict[str, tuple[tuple[int, int, int], LiveWorkflow]] = {}
         result: dict[str, LiveWorkflow] = {}
@@ -470,9 +492,16 @@ class LocalDriver:
 
     def _alive(self, pid: int, start: str | None) -> bool:
         child = self._children.get(pid)
-        if child is not None and child.poll() is not None:
+        if child is None:
+            return process_start_time(pid) == start
+        if child.poll() is not None:
             return False
-        return process_start_time(pid) == start
+        # Not reaped yet, so the pid is still this child's: its start time is read once, not on
+        # every drift check (1,000 runners would be 1,000 /proc reads per poll).
+        known = self._child_starts.get(pid)
+        if known is None or known[0] is not child:
+            known = self._child_starts[pid] = (child, process_start_time(pid))
+        return known[1] == start
 
     def _remember(self, release: Release) -> None:
         atomic_write_json(self._pids / f"{release.pid}.json",
@@ -483,6 +512,7 @@ class LocalDriver:
         if pid is None:
             return
         child = self._children.pop(pid, None)
+        self._child_starts.pop(pid, None)
         if child is not None:
             try:
                 child.wait(timeout=5)

@@ -308,9 +308,17 @@ class GitSource:
                 return [SourceFile(_display(exc.path), "", Problem(_display(exc.path), 1, "tree", str(exc)))]
             found.sort(key=lambda e: e.path)
             skip = {e.sha for e in found if known is not None and known(_display(e.path), e.sha)}
+            batch: dict[str, bytes] | None = None
 
             def reader(sha: str) -> bytes:
-                return b"" if sha in skip else bytes(repo.odb.stream(bytes.fromhex(sha)).read())
+                nonlocal batch
+                if sha in skip:
+                    return b""
+                if batch is None:  # read_specs has checked the sizes: every blob it may read, at once
+                    batch = self._blobs(repo, [e.sha for e in found
+                                               if e.sha not in skip and e.size <= limits.max_file_bytes])
+                data = batch.get(sha)
+                return data if data is not None else bytes(repo.odb.stream(bytes.fromhex(sha)).read())
 
             files = read_specs(((_display(e.path), e.size, lambda sha=e.sha: reader(sha)) for e in found), limits)
             if len(files) != len(found):  # one problem for the whole commit (too many files, too many bytes)
@@ -388,6 +396,31 @@ class GitSource:
         except ValueError:  # missing
             return None
         return os.fsdecode(sha), os.fsdecode(kind)
+
+    @staticmethod
+    def _blobs(repo: git.Repo, shas: list[str]) -> dict[str, bytes]:
+        """The blobs named, by id, from one `git cat-file --batch --buffer`: a round trip per file
+        through GitPython's cat-file costs about twice as much at 1,000 files. A blob git does not
+        give is left out (the caller reads it alone, which raises what is wrong)."""
+        if not shas:
+            return {}
+        wanted = "".join(f"{sha}\n" for sha in dict.fromkeys(shas)).encode()
+        done = subprocess.run(["git", f"--git-dir={repo.git_dir}", "cat-file", "--batch", "--buffer"], input=wanted,
+                              capture_output=True, check=False, timeout=120)
+        if done.returncode != 0:
+            return {}
+        out, at, blobs = done.stdout, 0, {}
+        while at < len(out):
+            end = out.index(b"\n", at)
+            header = out[at:end].split()
+            if len(header) != 3:  # `<sha> missing`
+                at = end + 1
+                continue
+            size = int(header[2])
+            if header[1] == b"blob":
+                blobs[header[0].decode()] = out[end + 1:end + 1 + size]
+            at = end + 1 + size + 1  # the object's bytes, then a newline
+        return blobs
 
     @staticmethod
     def _entries(repo: git.Repo, tree: str, prefix: str = "") -> Iterator[TreeEntry]:
