@@ -496,6 +496,8 @@ class LocalDriver:
             return process_start_time(pid) == start
         if child.poll() is not None:
             return False
+        if not getattr(child, "reports_exit", True):  # a forked runner whose zygote is gone
+            return process_start_time(pid) == start
         # Not reaped yet, so the pid is still this child's: its start time is read once, not on
         # every drift check (1,000 runners would be 1,000 /proc reads per poll).
         known = self._child_starts.get(pid)

@@ -163,6 +163,12 @@ class ForkedRunner:
             self.returncode = self._zygote.pop_exit(self.pid)
         return self.returncode
 
+    @property
+    def reports_exit(self) -> bool:
+        """Whether poll() will see this runner's exit: only while the zygote that reaps it lives
+        (after that the runner's parent is init, and only /proc tells)."""
+        return self._zygote.alive
+
     def _gone(self) -> bool:
         from .local_driver import process_start_time  # (local_driver imports this module)
 

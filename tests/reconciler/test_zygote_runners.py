@@ -111,6 +111,11 @@ async def test_runners_outlive_the_zygote_and_a_dead_zygote_is_restarted(driver:
     second = await driver.install(request("two"))
     assert driver._zygote.pid not in (None, zygote), "the next start restarted the zygote"
     assert alive(second.pid) and driver.is_running(first)
+    # With its zygote gone nobody reports the first runner's exit: /proc must tell, or drift never sees it.
+    os.kill(first.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    await wait_gone(first.pid)
+    assert not driver.is_running(first)
+    assert list(await driver.drift()) == ["default/one"]
 
 
 async def test_a_restarted_plnt_adopts_forked_runners(tmp_path: Path) -> None:
