@@ -155,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plnt.runner: {exc}", file=sys.stderr)
         return 2
 
-    import uvicorn
-    from plnt.gateway.server import uvicorn_config
+    from plnt.gateway.server import QuietServer, uvicorn_config
     from plnt.runner.app import create_app
 
     app = create_app(recipe, adapter, args.release_id, step_cache_size=args.step_cache_size,  # type: ignore[arg-type]
@@ -165,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     # log_config=None: the logging set up above serves; uvicorn's dictConfig would build its own
     # handlers and formatters in every runner (private memory in each forked one).
     config = uvicorn_config(app, args.host, args.port, log_level="warning", access_log=False, log_config=None)
-    uvicorn.Server(config).run()
+    QuietServer(config).run()  # its tick once a second: 1,000 idle runners must not busy a core
     return 0
 
 

@@ -130,8 +130,7 @@ def warm_up() -> None:
     import tempfile
 
     import httpx
-    import uvicorn
-    from plnt.gateway.server import uvicorn_config
+    from plnt.gateway.server import QuietServer, uvicorn_config
     from plnt.runner.adapters import MockBackend
     from plnt.runner.app import create_app
     from plnt.runner.recipe import load_recipe_dir
@@ -151,8 +150,8 @@ def warm_up() -> None:
         listener.bind(("127.0.0.1", 0))
         port = listener.getsockname()[1]
         listener.close()
-        server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, log_level="warning", access_log=False,
-                                               log_config=None))
+        server = QuietServer(uvicorn_config(app, "127.0.0.1", port, log_level="warning", access_log=False,
+                                            log_config=None))
         body = {"review": "great food"}
         chat = {"messages": [{"role": "user", "content": "great food"}], "stream": True}
 
@@ -178,7 +177,7 @@ def warm_up() -> None:
                     await client.get(f"{base}/stats")
                     await client.post(f"{base}/invoke", content=b"{not json", headers={"content-type": "application/json"})
             finally:
-                server.should_exit = True
+                server.request_exit()
                 await serving
 
         asyncio.run(cycle())  # closes its loop and joins the default executor's threads
