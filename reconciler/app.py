@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,17 +73,25 @@ def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore) -> R
 
 
 class TurnBatched:
-    """Runs `rebuild` once the current event-loop turn is over, however often it was asked for.
+    """Runs `rebuild` once the current event-loop turn is over, however often it was asked for,
+    and at most as often as keeps it under a tenth of the loop's time.
 
     A route rebuild reads every release record and every status: one per change made each saga's
     ten status and record writes cost ten rebuilds, each growing with the number of WorkflowRuns
-    (bench/saga_profile.py, bench/many_workflowruns.py). The scheduled rebuild runs before anything
-    the loop does next (callbacks run in order); `flush` runs a pending one at once.
+    (bench/saga_profile.py, bench/many_workflowruns.py). So a rebuild waits, after the last one,
+    ten times what the last one took (at most MAX_WAIT_S): nothing at a few WorkflowRuns, about a
+    quarter of a second at 1,000 while sagas run, where every rebuild would otherwise follow the
+    last. `flush` runs a pending one at once (a drain must not wait for it).
     """
+
+    COST_FACTOR = 10.0
+    MAX_WAIT_S = 0.5
 
     def __init__(self, rebuild: Callable[[], None]) -> None:
         self._rebuild = rebuild
         self._pending = False
+        self._ready_at = 0.0  # loop time from which the next rebuild may run
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
 
     def __call__(self) -> None:
         try:
@@ -92,12 +101,23 @@ class TurnBatched:
             return
         if not self._pending:
             self._pending = True
-            loop.call_soon(self.flush)
+            wait = self._ready_at - loop.time()
+            self._timer = loop.call_later(wait, self.flush) if wait > 0 else loop.call_soon(self.flush)
 
     def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._pending:
             self._pending = False
+            started = time.monotonic()
             self._rebuild()
+            took = time.monotonic() - started
+            try:
+                now = asyncio.get_running_loop().time()
+            except RuntimeError:
+                return
+            self._ready_at = now + min(self.MAX_WAIT_S, took * self.COST_FACTOR)
 
 
 @dataclass

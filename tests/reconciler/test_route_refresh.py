@@ -5,6 +5,7 @@ rebuild first. Unit tests of that scheduling: the driver is a stand-in that only
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,35 @@ async def test_many_changes_in_one_turn_rebuild_once(tmp_path: Path) -> None:
     assert driver.snapshots == 1
     assert plnt.router.table.lookup("a", "default") is not None  # the status's route (no backend yet: 503)
     plnt.statuses.update("default", "a", phase=Phase.CANARY)
-    await asyncio.sleep(0)
+    await asyncio.sleep(0.05)  # a cheap rebuild waits ten times its own cost after the last: well under this
     assert driver.snapshots == 2
+
+
+class SlowDriver(CountingDriver):
+    """Fake: a snapshot that takes 30 ms, as 1,000 release records and statuses might."""
+
+    def snapshot(self) -> dict[str, LiveWorkflow]:
+        time.sleep(0.03)
+        return super().snapshot()
+
+
+async def test_a_costly_rebuild_is_not_repeated_on_the_next_turn(tmp_path: Path) -> None:
+    plnt, _ = _plnt(tmp_path)
+    driver = SlowDriver()
+    plnt.driver = driver  # type: ignore[assignment]
+    plnt.statuses.update("default", "a", phase=Phase.PENDING)
+    await asyncio.sleep(0)
+    assert driver.snapshots == 1
+    plnt.statuses.update("default", "a", phase=Phase.VERIFYING)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert driver.snapshots == 1, "rebuilt again at once: a costly rebuild must leave the loop time"
+    plnt.statuses.update("default", "a", phase=Phase.DEPLOYING)  # joins the pending one
+    await asyncio.sleep(0.6)  # at most MAX_WAIT_S (0.5 s) after the last
+    assert driver.snapshots == 2
+    plnt.statuses.update("default", "a", phase=Phase.CANARY)
+    plnt.flush_routes()  # a flush (before a drain) never waits
+    assert driver.snapshots == 3
 
 
 def test_without_a_loop_the_rebuild_is_immediate(tmp_path: Path) -> None:
