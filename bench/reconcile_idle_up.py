@@ -22,8 +22,8 @@ window (work plnt hands to threads, like the git fetch and the spec load, is not
 
     python bench/reconcile_idle_up.py [--runs 100] [--measure 60] [--interval 5] [--profile]
 
-Real runners cost about 35 MiB each: 1,000 do not fit beside the other benches on this machine
-before the runner zygote lands, so the count is an argument and is printed with the figures.
+Runners are forked from plnt's zygote (`plnt up`'s default), about 11 MiB PSS each: 1,000 need about
+11 GiB, so the count is an argument and is printed with the figures.
 """
 
 from __future__ import annotations
