@@ -186,20 +186,38 @@ def memory_pss(root: int | None = None) -> dict[str, Any]:
     return groups
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU time (user + system, seconds) of one process, 0.0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(root: int | None = None) -> dict[str, float]:
     """CPU time (user + system, seconds) of this process and of its live descendants by kind: where a
     bench's CPU went. (A child that exited is not counted: runners stopped mid-run are missed.)"""
     root = os.getpid() if root is None else root
-    tick = os.sysconf("SC_CLK_TCK")
     out = {k: 0.0 for k in ("plnt", "runners", "temporal", "other")}
     for pid, kind in [(root, "plnt"), *((p, _kind(p)) for p in descendants(root))]:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
         if kind in out:
-            out[kind] = round(out[kind] + (int(fields[11]) + int(fields[12])) / tick, 2)
+            out[kind] = round(out[kind] + process_cpu_s(pid), 2)
     return out
+
+
+# 1,000 of these in a commit make plnt parse and validate 1,000 blobs and refuse the commit (no
+# such backend): reconcile load without sagas (bench/split_gateway.py, bench/gateway_workers.py).
+BULK_RUN = """\
+apiVersion: plnt.work/v1
+kind: WorkflowRun
+metadata: {{name: bulk-{i:04d}, namespace: bulk}}
+spec:
+  workflow: {{ref: review-responder@1.2.0, registry: file:registry}}
+  backend: {{cluster: no-such-backend-{round}}}
+  replicas: {{min: 1, max: 2}}
+  canary: {{trafficPercent: 5, smokeTest: {{invocations: 10, p95BudgetMs: 2500, errorBudgetPercent: 1}}}}
+"""
 
 
 def vm_hwm_mib(pid: int | str = "self") -> float:

@@ -53,38 +53,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from benchlib import descendants, how_it_ran, print_json, pss_kib  # noqa: E402
+from benchlib import BULK_RUN, descendants, git, how_it_ran, print_json, pss_kib  # noqa: E402
+from benchlib import process_cpu_s as cpu_s  # noqa: E402
 from plnt.gateway.bench import Load, Sample, percentile, run_load  # noqa: E402
 from plnt.gateway.upstream import UpstreamClient, UpstreamError  # noqa: E402
 from plnt.reconciler.local_driver import free_port  # noqa: E402
 
 PLNT = [str(Path(sys.executable).parent / "plnt")]
 PAYLOAD = json.dumps({"review": "Great service but slow parking", "brand_voice": "warm, brief"}).encode()
-GIT = ["git", "-c", "user.name=plnt-bench", "-c", "user.email=bench@plnt.invalid"]
 INVOKE = "/workflows/review-responder/invoke"
-BULK = """\
-apiVersion: plnt.work/v1
-kind: WorkflowRun
-metadata: {{name: bulk-{i:04d}, namespace: bulk}}
-spec:
-  workflow: {{ref: review-responder@1.2.0, registry: file:registry}}
-  backend: {{cluster: no-such-backend-{round}}}
-  replicas: {{min: 1, max: 2}}
-  canary: {{trafficPercent: 5, smokeTest: {{invocations: 10, p95BudgetMs: 2500, errorBudgetPercent: 1}}}}
-"""
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run([*GIT, *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
-
-
-def cpu_s(pid: int) -> float:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def kind(pid: int) -> str:
@@ -204,7 +181,7 @@ async def keep_committing(repo: Path, up_url: str, runs: int, stop: asyncio.Even
 
             def write(n: int = round_) -> str:
                 for i in range(runs):
-                    (bulk / f"bulk-{i:04d}.yaml").write_text(BULK.format(i=i, round=n))
+                    (bulk / f"bulk-{i:04d}.yaml").write_text(BULK_RUN.format(i=i, round=n))
                 git(repo, "add", "-A")
                 git(repo, "commit", "-qm", f"{runs} WorkflowRuns, round {n}")
                 return git(repo, "rev-parse", "HEAD")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import os
 import shutil
 import statistics
 import tempfile
@@ -28,13 +27,13 @@ from typing import Any
 
 import httpx
 from benchlib import ROOT, how_it_ran, print_json
+from benchlib import process_cpu_s as cpu_s
 from plnt.reconciler.driver import InstallRequest
 from plnt.reconciler.local_driver import LocalDriver
 from plnt.reconciler.state import StateDir
 from plnt.runner.recipe import directory_digest
 
 TEMPLATE = ROOT / "gitops-example" / "recipes" / "review-responder" / "1.2.0"
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def recipe_copy(scratch: Path, index: int) -> Path:
@@ -48,15 +47,6 @@ def request(name: str, recipe: Path) -> InstallRequest:
     return InstallRequest(namespace="bench", name=name, track="stable", version="1.2.0",
                           spec_fingerprint="sha256:" + "0" * 64, recipe_digest=directory_digest(recipe),
                           recipe_dir=str(recipe), traffic_percent=100)
-
-
-def cpu_s(pid: int) -> float:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def rollup(pid: int) -> dict[str, int]:

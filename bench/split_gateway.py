@@ -38,18 +38,15 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from benchlib import BULK_RUN, git  # noqa: E402
 from plnt.gateway.bench import Load, percentile, run_load  # noqa: E402
 from plnt.reconciler.local_driver import free_port  # noqa: E402
 
 PLNT = [str(Path(sys.executable).parent / "plnt")]
 RUN_FILE = "workflowruns/review-responder.yaml"
 PAYLOAD = json.dumps({"review": "Great service but slow parking", "brand_voice": "warm, brief"}).encode()
-GIT = ["git", "-c", "user.name=plnt-bench", "-c", "user.email=bench@plnt.invalid"]
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run([*GIT, *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -121,16 +118,6 @@ async def commit_to_served(repo: Path, up_url: str, paths: dict[str, str], commi
     return rows
 
 
-BULK = """\
-apiVersion: plnt.work/v1
-kind: WorkflowRun
-metadata: {{name: bulk-{i:04d}, namespace: bulk}}
-spec:
-  workflow: {{ref: review-responder@1.2.0, registry: file:registry}}
-  backend: {{cluster: no-such-backend-{round}}}
-  replicas: {{min: 1, max: 2}}
-  canary: {{trafficPercent: 5, smokeTest: {{invocations: 10, p95BudgetMs: 2500, errorBudgetPercent: 1}}}}
-"""
 
 
 async def busy_latency(repo: Path, up_url: str, paths: dict[str, str], runs: int, rounds: int,
@@ -146,7 +133,7 @@ async def busy_latency(repo: Path, up_url: str, paths: dict[str, str], runs: int
     async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
         for round_ in range(rounds):
             for i in range(runs):
-                (bulk / f"bulk-{i:04d}.yaml").write_text(BULK.format(i=i, round=round_))
+                (bulk / f"bulk-{i:04d}.yaml").write_text(BULK_RUN.format(i=i, round=round_))
             git(repo, "add", "-A")
             git(repo, "commit", "-qm", f"{runs} WorkflowRuns, round {round_}")
             (await client.post(f"{up_url}/hooks/git")).raise_for_status()
