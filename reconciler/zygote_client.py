@@ -30,6 +30,7 @@ from plnt.runner.zygote import CMDLINE_ROOM, MAX_MESSAGE, decode, encode
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 60.0
+GIVE_UP_WAIT_S = 2.0  # the zygote answers in milliseconds; a SIGSTOPped one never
 
 
 class ZygoteError(RuntimeError):
@@ -66,9 +67,11 @@ class _Zygote:
             error = ZygoteError(f"the runner zygote (pid {self.process.pid}) exited; the next start restarts it")
             with self._lock:
                 pending, self._pending = self._pending, {}
-            for future in [*pending.values(), self.ready]:
-                if not future.done():
+            for future in pending.values():
+                if future.set_running_or_notify_cancel():  # (a cancelled one stays cancelled)
                     future.set_exception(error)
+            if not self.ready.done():
+                self.ready.set_exception(error)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         if "ready" in message:
@@ -80,7 +83,9 @@ class _Zygote:
         elif "id" in message:
             with self._lock:
                 future = self._pending.pop(message["id"], None) if isinstance(message["id"], int) else None
-            if future is None or future.done():
+            # Atomic against ZygoteClient.spawn giving up (future.cancel()): either the spawn gets the
+            # pid and kills what it no longer wants, or this kills it; never neither.
+            if future is None or not future.set_running_or_notify_cancel():
                 if "pid" in message:  # its start was cancelled or timed out: nobody will record or stop it
                     log.warning("zygote-runner-abandoned pid=%s: its start was cancelled", message["pid"])
                     try:
@@ -194,6 +199,28 @@ class ForkedRunner:
             pass
 
 
+async def _give_up(future: concurrent.futures.Future[int], answer: asyncio.Future[int]) -> None:
+    """A start abandoned while the zygote forks: the runner it forks is nobody's, so it is killed
+    before the abandoning start returns (its cancellation then leaves nothing behind), or, if the
+    zygote has not answered within GIVE_UP_WAIT_S, by the reader when it does."""
+    try:
+        async with asyncio.timeout(GIVE_UP_WAIT_S):
+            await asyncio.shield(answer)
+    except BaseException:
+        pass
+    if future.cancel():
+        return
+    try:
+        pid = future.result(timeout=1.0)  # answered (or being answered this instant)
+    except BaseException:
+        return  # the fork failed, or the zygote went away: no runner
+    log.warning("zygote-runner-abandoned pid=%s: its start was cancelled", pid)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 class ZygoteClient:
     """Starts (and restarts) the zygote; `spawn` forks one runner from it."""
 
@@ -246,10 +273,18 @@ class ZygoteClient:
 
         zygote = await asyncio.to_thread(self._ensure)  # the first start imports for ~1 s: not on the loop
         future = zygote.request(argv, runner_dir, log_path, env)
+        answer = asyncio.wrap_future(future)
         try:
-            pid = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
-        except TimeoutError:
-            raise ZygoteError(f"the runner zygote did not answer within {timeout_s:.0f}s") from None
+            # Not asyncio.wait_for: on 3.11 it returns the result and drops the cancellation when both
+            # land in one loop turn (the install then went on for its whole start timeout), and a
+            # cancelled wrap_future drops a pid that had arrived (a runner left running, unrecorded).
+            async with asyncio.timeout(timeout_s):
+                pid = await asyncio.shield(answer)
+        except BaseException as exc:  # cancelled (a newer commit superseded the saga) or no answer in time
+            await _give_up(future, answer)
+            if isinstance(exc, TimeoutError):
+                raise ZygoteError(f"the runner zygote did not answer within {timeout_s:.0f}s") from None
+            raise
         return ForkedRunner(pid, zygote, process_start_time(pid))
 
     def close(self) -> None:

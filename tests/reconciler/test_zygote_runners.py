@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -280,6 +281,50 @@ async def test_a_start_cancelled_before_the_zygote_answers_leaves_no_runner(tmp_
                 break
             await asyncio.sleep(0.025)
         assert processes_with(marker.encode()) == []
+    finally:
+        for pid in processes_with(marker.encode()):
+            os.kill(pid, signal.SIGKILL)
+        client.close()
+
+
+async def test_a_start_cancelled_as_the_zygote_answers_is_cancelled_and_leaves_no_runner(tmp_path: Path) -> None:
+    """The answer and the cancellation land in one event-loop turn (the race that hung an install for
+    its whole start timeout, and once left a runner running): the start still ends cancelled, and the
+    runner forked for it is already killed when the cancellation returns."""
+    client = ZygoteClient(sys.executable, tmp_path / "zygote", {"PATH": os.defpath})
+    runner_dir = tmp_path / "runner"
+    runner_dir.mkdir()
+    marker = f"raced-{os.getpid()}-{id(tmp_path)}"
+    try:
+        first = await client.spawn(["--recipe", str(RECIPES / "1.2.0"), "--limit-memory-mib", "0"], runner_dir,
+                                   tmp_path / "first.log", {"PATH": os.defpath})  # the zygote is up
+        assert first.wait(timeout=30) == 3
+        zygote_pid = client.pid
+        assert zygote_pid is not None and client._zygote is not None
+        os.kill(zygote_pid, signal.SIGSTOP)
+        task = asyncio.create_task(client.spawn(
+            ["--recipe", str(RECIPES / "1.2.0"), "--port", "0", "--release-id", marker], runner_dir,
+            tmp_path / "raced.log", {"PATH": os.defpath}))
+        for _ in range(1000):
+            if client._zygote._pending or task.done():
+                break
+            await asyncio.sleep(0)
+        (future,) = client._zygote._pending.values()
+        os.kill(zygote_pid, signal.SIGCONT)
+        # Without yielding to the loop: the answer's hand-over to the loop is queued, then the cancel.
+        deadline = time.monotonic() + 30
+        while not future.done() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert future.done() and future.exception() is None, "the zygote answered with a pid"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        pid = future.result()
+        for _ in range(40):  # SIGKILLed already; only its reaping by the zygote may lag
+            if not alive(pid):
+                break
+            await asyncio.sleep(0.025)
+        assert not alive(pid), "the runner forked for the cancelled start was killed"
     finally:
         for pid in processes_with(marker.encode()):
             os.kill(pid, signal.SIGKILL)
