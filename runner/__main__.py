@@ -31,6 +31,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import sys
 from pathlib import Path
 from types import FrameType
@@ -164,8 +165,28 @@ def main(argv: list[str] | None = None) -> int:
     # log_config=None: the logging set up above serves; uvicorn's dictConfig would build its own
     # handlers and formatters in every runner (private memory in each forked one).
     config = uvicorn_config(app, args.host, args.port, log_level="warning", access_log=False, log_config=None)
-    QuietServer(config).run()  # its tick once a second: 1,000 idle runners must not busy a core
+    try:
+        listener = _listen_socket(args.host, args.port)
+    except OSError as exc:
+        print(f"plnt.runner: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1  # plnt starts it again on another port
+    QuietServer(config).run(sockets=[listener])  # its tick once a second: 1,000 idle runners must not busy a core
     return 0
+
+
+def _listen_socket(host: str, port: int) -> socket.socket:
+    """The runner's listening socket, bound here rather than by the event loop: uvloop resolves the
+    host in libuv's thread pool, which starts 4 threads that stay for the runner's life. They made
+    each idle runner 5 tasks, and Linux counts tasks against RLIMIT_NPROC per user: 1,000 runners of
+    a non-root user passed the default `processes: 4096` limit, and runners could not start."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+    except BaseException:
+        listener.close()
+        raise
+    return listener
 
 
 if __name__ == "__main__":

@@ -81,6 +81,23 @@ async def test_a_forked_runner_serves_as_the_zygotes_child(driver: LocalDriver) 
     assert os.getsid(release.pid) == release.pid, "its own session: Ctrl-C on plnt's terminal does not reach it"
 
 
+@pytest.mark.parametrize("runner_start", ["fork", "exec"])
+async def test_an_idle_runner_is_one_task(tmp_path: Path, runner_start: str) -> None:
+    """Linux counts every thread against RLIMIT_NPROC per user: a runner that kept libuv's four
+    resolver threads was 5 tasks, so 1,000 runners of a non-root user passed the default
+    `processes: 4096` limit. Having served requests, an idle runner is its one thread."""
+    driver = LocalDriver(StateDir(tmp_path / "state"), runner_start=runner_start)  # type: ignore[arg-type]
+    try:
+        release = await driver.install(request("rr"))
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+            for _ in range(3):
+                assert (await client.post(f"{release.endpoint}/invoke", json={"review": "great food", "brand_voice": "warm"})).status_code == 200
+        threads = sorted(p.read_text().strip() for p in Path(f"/proc/{release.pid}/task").glob("*/comm"))
+        assert len(threads) == 1, threads
+    finally:
+        await driver.shutdown()
+
+
 async def test_exit_codes_reach_plnt(tmp_path: Path) -> None:
     """2: the recipe did not load (the driver's InvalidRecipe); 3: a limit could not be set."""
     broken = tmp_path / "broken"
