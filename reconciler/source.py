@@ -164,6 +164,7 @@ class GitSource:
         self._clone_dir = clone_dir
         self._repo: git.Repo | None = None
         self._lock = threading.Lock()  # GitPython is not safe for concurrent use of one Repo
+        self._ancestry: dict[tuple[str, str], bool] = {}  # (commit, branch head) -> is_on_branch
         # Parsed spec files by blob id: a new commit costs what changed (plnt.reconciler.parse_cache).
         self.parse_cache: ParseCache = MemoryParseCache()
 
@@ -447,12 +448,28 @@ class GitSource:
                 process.kill()  # no-op when git has finished; stops it when the caller stopped early
 
     def is_on_branch(self, commit: str) -> bool:
-        """Whether `commit` (a full sha) is the tracked branch's newest fetched commit or an ancestor of it."""
+        """Whether `commit` (a full sha) is the tracked branch's newest fetched commit or an ancestor of it.
+
+        Every saga step asks (a force-push may have removed its commit); the answer for one commit and
+        one branch head never changes, so it is kept per (commit, head) instead of running
+        `git merge-base` each time (about 3 % of plnt's CPU with 1,000 sagas)."""
         with self._lock:
+            repo = self._open()
             try:
-                return bool(self._open().is_ancestor(commit, f"refs/remotes/origin/{self.branch}"))
-            except (git.GitCommandError, ValueError):  # unknown object, or not a commit
+                head = repo.commit(f"refs/remotes/origin/{self.branch}").hexsha
+            except (git.BadName, ValueError, git.GitCommandError):
+                return False  # nothing fetched yet
+            known = self._ancestry.get((commit, head))
+            if known is not None:
+                return known
+            try:
+                found = commit == head or bool(repo.is_ancestor(commit, head))
+            except (git.GitCommandError, ValueError):  # unknown object, or not a commit: not kept
                 return False
+            if len(self._ancestry) >= 4096:
+                self._ancestry.clear()
+            self._ancestry[(commit, head)] = found
+            return found
 
     def _open(self) -> git.Repo:
         if self._repo is not None:

@@ -18,7 +18,7 @@ from typing import Any
 from plnt.gateway.routes import preview_of
 from pydantic import BaseModel, ConfigDict, Field
 
-from .state import atomic_write_text, read_json
+from .state import atomic_write_bytes, read_json
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,8 @@ class StatusStore:
         }
         # Each status as the file holds it: a write encodes again only the status that changed (a
         # saga writes 7 times; encoding all of 1,000 statuses each time was most of a write's cost).
-        self._encoded: dict[str, str] = {key: _encode(value) for key, value in self._items.items()}
+        self._encoded: dict[str, bytes] = {key: _entry(key, value) for key, value in self._items.items()}
+        self._order: list[str] | None = None  # the keys sorted, kept until one is added or removed
 
     def get(self, key: str) -> WorkflowRunStatus | None:
         return self._items.get(key)
@@ -130,7 +131,9 @@ class StatusStore:
             old = existing or WorkflowRunStatus(namespace=namespace, name=name)
             new = old.model_copy(update={**fields, "updated_at": time.time()})
             self._items[key] = new
-            self._encoded[key] = _encode(new)
+            if existing is None:
+                self._order = None
+            self._encoded[key] = _entry(key, new)
             self.revision += 1
             self._save()
         self.on_change()
@@ -147,6 +150,7 @@ class StatusStore:
         with self._lock:
             if self._items.pop(key, None) is not None:
                 self._encoded.pop(key, None)
+                self._order = None
                 self.revision += 1
                 self._save()
         self.on_change()
@@ -154,10 +158,14 @@ class StatusStore:
 
     def _save(self) -> None:
         # Byte for byte what atomic_write_json(path, {key: status}) writes (indent 2, sorted keys).
-        entries = [f"  {json.dumps(key)}: {self._encoded[key]}" for key in sorted(self._encoded)]
-        atomic_write_text(self._path, ("{\n" + ",\n".join(entries) + "\n}" if entries else "{}") + "\n")
+        if self._order is None:
+            self._order = sorted(self._encoded)
+        encoded = self._encoded
+        entries = [encoded[key] for key in self._order]
+        atomic_write_bytes(self._path, b"".join((b"{\n", b",\n".join(entries), b"\n}\n")) if entries else b"{}\n")
 
 
-def _encode(status: WorkflowRunStatus) -> str:
-    """One status as it sits inside the status file: its JSON, indented one level."""
-    return json.dumps(status.model_dump(mode="json"), indent=2, sort_keys=True).replace("\n", "\n  ")
+def _entry(key: str, status: WorkflowRunStatus) -> bytes:
+    """One status as it sits inside the status file: its key, and its JSON indented one level."""
+    body = json.dumps(status.model_dump(mode="json"), indent=2, sort_keys=True).replace("\n", "\n  ")
+    return f"  {json.dumps(key)}: {body}".encode()

@@ -186,3 +186,21 @@ def test_git_spec_files_apply_the_limits_before_reading_blobs(spec_repo: SpecRep
     count = len(files)
     limited = source.spec_files(commit, SpecLimits(max_files=count - 1))
     assert len(limited) == 1 and f"more than {count - 1} spec files" in str(limited[0].problem)
+
+
+def test_is_on_branch_follows_a_force_push(spec_repo: SpecRepo, tmp_path: Path) -> None:
+    """Answers are kept per (commit, branch head): a force-push that drops a commit is seen at once."""
+    source = GitSource(str(spec_repo.path), tmp_path / "clone")
+    base = source.fetch()
+    spec_repo.replace("workflowruns/review-responder.yaml", "@1.2.0", "@1.3.0")
+    dropped = spec_repo.commit("bump")
+    assert source.fetch() == dropped
+    assert source.is_on_branch(dropped) and source.is_on_branch(base)
+    assert source.is_on_branch(dropped), "asked again (the kept answer)"
+    spec_repo.git("reset", "--hard", base)
+    spec_repo.replace("workflowruns/review-responder.yaml", "@1.2.0", "@1.4.0")
+    replacement = spec_repo.commit("force-pushed instead")
+    assert source.fetch() == replacement
+    assert not source.is_on_branch(dropped), "force-pushed away: no longer on the branch"
+    assert source.is_on_branch(base) and source.is_on_branch(replacement)
+    assert not source.is_on_branch("0" * 40), "an unknown commit"
