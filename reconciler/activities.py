@@ -55,7 +55,7 @@ from .saga_io import (
 )
 from .smoke import Sample, SmokeResult, judge, measure, progress_of, summarise
 from .specs import BackendPlacement, Requirements, WorkflowRun
-from .state import Release
+from .state import LiveWorkflow, Release
 from .status import RolloutMark, StatusStore
 from .trust import policies_for
 
@@ -310,9 +310,16 @@ class SagaActivities:
         return RecipeTrust(policies=covering, trusted_roots={
             path: self._read(trusted.policy_commit or trusted.ref.commit, path).decode("utf-8") for path in paths})
 
+    async def _live_of(self, run: WorkflowRun) -> LiveWorkflow | None:
+        live_of = getattr(self._driver, "live_of", None)  # a DriverSet: one record, not all of them
+        if live_of is not None:
+            found: LiveWorkflow | None = await live_of(run.metadata.namespace, run.metadata.name)
+            return found
+        return (await self._driver.live()).get(run.key)
+
     async def _release_of(self, run: WorkflowRun, track: str) -> Release:
         """The driver's own record of this run's release on `track`, made for this very spec."""
-        live = (await self._driver.live()).get(run.key)
+        live = await self._live_of(run)
         release: Release | None = getattr(live, track) if live is not None else None
         if release is None or release.spec_fingerprint != run.fingerprint():
             raise UntrustedSagaInput(f"{run.key} has no {track} release of fingerprint {run.fingerprint()} "
@@ -343,7 +350,7 @@ class SagaActivities:
     @_boundary
     async def promote_release(self, request: ReleaseRef) -> Release:
         _, run = await self._deploy(request.saga)
-        live = (await self._driver.live()).get(run.key)
+        live = await self._live_of(run)
         # A retried promote finds its own work: the stable release is already the one this saga made.
         promoted = live is not None and live.canary is None and live.stable is not None \
             and live.stable.spec_fingerprint == run.fingerprint()

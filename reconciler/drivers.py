@@ -169,6 +169,16 @@ class DriverSet:
             live.update(found)
         return live
 
+    async def live_of(self, namespace: str, name: str) -> LiveWorkflow | None:
+        """One WorkflowRun's releases, as `live()` has them. With only local runners in use (the
+        embedded default) that is its one record file, not a look at every record (a saga step
+        asks twice; with 1,000 WorkflowRuns reading all of them was 3 % of plnt's CPU)."""
+        read_one = getattr(self.local, "live_of", None)
+        if read_one is not None and not self._kubernetes_backends():
+            found: LiveWorkflow | None = read_one(namespace, name)
+            return found
+        return (await self.live()).get(run_key(namespace, name))
+
     def snapshot(self) -> dict[str, LiveWorkflow]:
         """Every release plnt knows of, without I/O: the local driver's records and the last known
         state of each Kubernetes backend in use (Helm releases' endpoints are their Services). What

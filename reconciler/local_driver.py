@@ -215,6 +215,11 @@ class LocalDriver:
     async def live(self) -> dict[str, LiveWorkflow]:
         return self.snapshot()
 
+    def live_of(self, namespace: str, name: str) -> LiveWorkflow | None:
+        """One WorkflowRun's record, as `live()` would give it (None when it has no release)."""
+        live = self._read(namespace, name)
+        return None if live.empty else live
+
     def snapshot(self) -> dict[str, LiveWorkflow]:
         """The release records as they are now (no process checks). A record is parsed again only
         when its file changed (records are replaced whole, so a write is a new inode): a poll of

@@ -155,3 +155,17 @@ def test_assign_sets_a_run_back_after_a_saga_moved_it(tmp_path: Path) -> None:
     assert drivers.runner_limits("default", "review-responder").memory_mi_b == 512
     drivers.assign(specs)
     assert drivers.runner_limits("default", "review-responder").memory_mi_b == 2048
+
+
+async def test_a_saga_step_reads_its_own_record_not_every_record(
+        counted: tuple[LocalDriver, StateDir, list[int]]) -> None:
+    """DriverSet.live_of with only local runners: the run's one record file, no scan; the same
+    answer as live() gives (None for a run without releases)."""
+    driver, state, scans = counted
+    for name in ("a", "b", "c"):
+        record(state, name)
+    drivers = DriverSet(driver, state, make_helm=lambda backend, specs: None)  # type: ignore[arg-type,return-value]
+    one = await drivers.live_of("default", "b")
+    assert scans == [], "no scan of the release records"
+    assert one is not None and one == (await drivers.live())["default/b"]
+    assert await drivers.live_of("default", "missing") is None
