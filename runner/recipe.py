@@ -21,6 +21,7 @@ import itertools
 import os
 import re
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -224,12 +225,20 @@ def check_recipe_dir(directory: Path, *, parse_module: bool = True) -> CheckedRe
     return CheckedRecipe(workflow=workflow, directory=directory, entry=entry, digest=digest)
 
 
+# One ast.parse at a time in a process: CPython 3.11 keeps the AST constructor's recursion depth per
+# interpreter, so parses in two threads (concurrent sagas pull recipes in threads) can fail with
+# "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905); seen with 1,000 sagas.
+_AST_LOCK = threading.Lock()
+
+
 def _check_module_source(entry: Path, python_steps: list[str], workflow_path: Path) -> None:
     """Syntax, and a top-level name per python step, from the syntax tree: nothing is executed."""
     if entry.stat().st_size > MAX_CHECKED_MODULE_BYTES:
         return  # not worth the memory here; the runner still refuses a broken module at its start
+    source = entry.read_bytes()
     try:
-        tree = ast.parse(entry.read_bytes(), filename=entry.name)
+        with _AST_LOCK:
+            tree = ast.parse(source, filename=entry.name)
     except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes
         raise RecipeError(entry, f"not valid Python: {exc}") from exc
     except (RecursionError, MemoryError) as exc:

@@ -97,3 +97,41 @@ def test_hostile_golden_cases_are_refused_as_data(tmp_path: Path, golden: str, m
     with pytest.raises(RecipeError) as caught:
         load_golden(directory)
     assert message in str(caught.value)
+
+
+def test_recipes_checked_in_many_threads_at_once(tmp_path: Path) -> None:
+    """Concurrent sagas check recipes in threads. CPython 3.11's AST constructor keeps its recursion
+    depth per interpreter, so two parses interleaved by a garbage collection failed with
+    "SystemError: AST constructor recursion depth mismatch" (seen with 1,000 sagas). A GC callback
+    that yields the GIL makes the interleaving happen here within a few hundred checks."""
+    import gc
+    import threading
+    import time
+
+    body = "".join(f"    y{i} = [x + {i}, {{'a': (1, 2, {i})}}]\n" for i in range(300))
+    directory = recipe(tmp_path, (SOURCE / "steps.py").read_text() + "\n\ndef padding(x):\n" + body)
+    errors: list[BaseException] = []
+
+    def check_many() -> None:
+        for _ in range(60):
+            try:
+                check_recipe_dir(directory)
+            except BaseException as exc:  # noqa: BLE001 - every failure is the finding
+                errors.append(exc)
+
+    def yield_gil(phase: str, info: dict[str, int]) -> None:
+        time.sleep(0.0001)
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(yield_gil)
+    gc.set_threshold(50)
+    try:
+        threads = [threading.Thread(target=check_many) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        gc.callbacks.remove(yield_gil)
+        gc.set_threshold(*threshold)
+    assert errors == []

@@ -52,6 +52,14 @@ async def healthz(endpoint: str) -> dict[str, object]:
         return (await client.get(f"{endpoint}/healthz")).json()
 
 
+def voluntary_switches(pid: int) -> int:
+    """How often the process (its one thread) went to sleep: each wake-up ends in one."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches in /proc/PID/status")
+
+
 async def wait_gone(pid: int) -> None:
     for _ in range(200):
         if not alive(pid):
@@ -82,10 +90,10 @@ async def test_a_forked_runner_serves_as_the_zygotes_child(driver: LocalDriver) 
 
 
 @pytest.mark.parametrize("runner_start", ["fork", "exec"])
-async def test_an_idle_runner_is_one_task(tmp_path: Path, runner_start: str) -> None:
+async def test_an_idle_runner_is_one_task_and_sleeps(tmp_path: Path, runner_start: str) -> None:
     """Linux counts every thread against RLIMIT_NPROC per user: a runner that kept libuv's four
     resolver threads was 5 tasks, so 1,000 runners of a non-root user passed the default
-    `processes: 4096` limit. Having served requests, an idle runner is its one thread."""
+    `processes: 4096` limit. Having served requests, an idle runner is its one thread, asleep."""
     driver = LocalDriver(StateDir(tmp_path / "state"), runner_start=runner_start)  # type: ignore[arg-type]
     try:
         release = await driver.install(request("rr"))
@@ -94,6 +102,10 @@ async def test_an_idle_runner_is_one_task(tmp_path: Path, runner_start: str) -> 
                 assert (await client.post(f"{release.endpoint}/invoke", json={"review": "great food", "brand_voice": "warm"})).status_code == 200
         threads = sorted(p.read_text().strip() for p in Path(f"/proc/{release.pid}/task").glob("*/comm"))
         assert len(threads) == 1, threads
+        # And it sleeps: no housekeeping tick each second (it kept 1,000 idle runners at a quarter of a core).
+        before = voluntary_switches(release.pid)
+        await asyncio.sleep(3.5)
+        assert voluntary_switches(release.pid) - before <= 1, "an idle runner woke up more than once in 3.5 s"
     finally:
         await driver.shutdown()
 
