@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +19,7 @@ from plnt.reconciler.driver import InstallRequest
 from plnt.reconciler.errors import DriverError, InvalidRecipe
 from plnt.reconciler.local_driver import LocalDriver, allowlisted_env, process_start_time
 from plnt.reconciler.specs import RunnerLimits
-from plnt.reconciler.state import StateDir
+from plnt.reconciler.state import Release, StateDir
 from plnt.runner.recipe import directory_digest
 
 from ..conftest import EXAMPLE
@@ -100,6 +101,27 @@ async def test_resume_restarts_recorded_releases_after_a_shutdown(tmp_path: Path
         assert await fresh.resume() == [], "running releases are left alone"
     finally:
         await fresh.shutdown()
+
+
+async def test_shutdown_stops_runners_at_once_not_one_after_another(driver: LocalDriver) -> None:
+    """Ctrl-C with 1,000 runners took minutes when each was drained and waited for in turn: every
+    stop now starts before the first one ends, and every runner is gone afterwards."""
+    releases = []
+    for name in ("a", "b", "c"):
+        releases.append(await driver.install(request("1.2.0").model_copy(update={"name": name})))
+    spans: list[tuple[str, float, float]] = []
+    stop = driver._stop
+
+    async def timed(release: Release) -> None:
+        began = time.monotonic()
+        await stop(release)
+        spans.append((release.name, began, time.monotonic()))
+
+    driver._stop = timed  # type: ignore[method-assign]
+    await driver.shutdown()
+    assert sorted(name for name, _, _ in spans) == ["a", "b", "c"]
+    assert max(began for _, began, _ in spans) < min(ended for _, _, ended in spans), spans
+    assert not any(alive(release.pid) for release in releases)
 
 
 async def test_a_dead_runner_is_not_counted_as_running(driver: LocalDriver) -> None:

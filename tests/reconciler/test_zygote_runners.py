@@ -274,6 +274,26 @@ def processes_with(marker: bytes) -> list[int]:
     return found
 
 
+async def start_on_a_stopped_zygote(client: ZygoteClient, runner_dir: Path,
+                                    marker: str) -> tuple[int, asyncio.Task[object]]:
+    """Start the zygote, SIGSTOP it, then ask it for a runner (its argv carries `marker`): returns
+    the zygote's pid and the start, waiting for an answer that comes only after SIGCONT."""
+    first = await client.spawn(["--recipe", str(RECIPES / "1.2.0"), "--limit-memory-mib", "0"], runner_dir,
+                               runner_dir / "first.log", {"PATH": os.defpath})  # the zygote is up
+    assert first.wait(timeout=30) == 3
+    zygote_pid = client.pid
+    assert zygote_pid is not None and client._zygote is not None
+    os.kill(zygote_pid, signal.SIGSTOP)
+    task: asyncio.Task[object] = asyncio.create_task(client.spawn(
+        ["--recipe", str(RECIPES / "1.2.0"), "--port", "0", "--release-id", marker], runner_dir,
+        runner_dir / f"{marker}.log", {"PATH": os.defpath}))
+    for _ in range(1000):
+        if client._zygote._pending or task.done():
+            break
+        await asyncio.sleep(0)
+    return zygote_pid, task
+
+
 async def test_a_start_cancelled_before_the_zygote_answers_leaves_no_runner(tmp_path: Path) -> None:
     """The saga is cancelled between the fork request and the zygote's answer: the runner it forked
     anyway is nobody's (no pid file, no record), so the client kills it when the answer comes."""
@@ -282,21 +302,7 @@ async def test_a_start_cancelled_before_the_zygote_answers_leaves_no_runner(tmp_
     runner_dir.mkdir()
     marker = f"cancelled-{os.getpid()}-{id(tmp_path)}"
     try:
-        first = await client.spawn(["--recipe", str(RECIPES / "1.2.0"), "--limit-memory-mib", "0"], runner_dir,
-                                   tmp_path / "first.log", {"PATH": os.defpath})  # the zygote is up
-        assert first.wait(timeout=30) == 3
-        zygote_pid = client.pid
-        assert zygote_pid is not None
-        os.kill(zygote_pid, signal.SIGSTOP)  # it answers only after the cancellation
-        task = asyncio.create_task(client.spawn(
-            ["--recipe", str(RECIPES / "1.2.0"), "--port", "0", "--release-id", marker], runner_dir,
-            tmp_path / "cancelled.log", {"PATH": os.defpath}))
-        zygote = client._zygote
-        assert zygote is not None
-        for _ in range(1000):
-            if zygote._pending or task.done():
-                break
-            await asyncio.sleep(0)
+        zygote_pid, task = await start_on_a_stopped_zygote(client, runner_dir, marker)  # answers after the cancel
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -325,19 +331,8 @@ async def test_a_start_cancelled_as_the_zygote_answers_is_cancelled_and_leaves_n
     runner_dir.mkdir()
     marker = f"raced-{os.getpid()}-{id(tmp_path)}"
     try:
-        first = await client.spawn(["--recipe", str(RECIPES / "1.2.0"), "--limit-memory-mib", "0"], runner_dir,
-                                   tmp_path / "first.log", {"PATH": os.defpath})  # the zygote is up
-        assert first.wait(timeout=30) == 3
-        zygote_pid = client.pid
-        assert zygote_pid is not None and client._zygote is not None
-        os.kill(zygote_pid, signal.SIGSTOP)
-        task = asyncio.create_task(client.spawn(
-            ["--recipe", str(RECIPES / "1.2.0"), "--port", "0", "--release-id", marker], runner_dir,
-            tmp_path / "raced.log", {"PATH": os.defpath}))
-        for _ in range(1000):
-            if client._zygote._pending or task.done():
-                break
-            await asyncio.sleep(0)
+        zygote_pid, task = await start_on_a_stopped_zygote(client, runner_dir, marker)
+        assert client._zygote is not None
         (future,) = client._zygote._pending.values()
         os.kill(zygote_pid, signal.SIGCONT)
         # Without yielding to the loop: the answer's hand-over to the loop is queued, then the cancel.
