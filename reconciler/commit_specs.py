@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from plnt.gateway.routes import preview_name
 
+from .bulk import in_bulk_thread
 from .commit_trust import CommitVerifier
 from .errors import RetryLater, UntrustedSagaInput
 from .loader import DEFAULT_LIMITS, Problem, SpecSet
@@ -139,7 +140,7 @@ class CommitSpecs:
         async with self._lock:
             cached = self._cache.get(commit)
             if cached is None:
-                cached = await asyncio.to_thread(self._parse, commit)
+                cached = await in_bulk_thread(self._parse, commit)  # low priority: see bulk.py
                 self._cache[commit] = cached
                 while len(self._cache) > self._keep:
                     self._cache.popitem(last=False)

@@ -20,6 +20,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from .approval import ApprovalGate
+from .bulk import in_bulk_thread
 from .commit_trust import CommitVerifier
 from .driver import ReleaseDriver
 from .errors import PlntError
@@ -213,8 +214,9 @@ class Reconciler:
     async def _load(self, commit: str) -> tuple[SpecSet, list[Problem]]:
         if self._loaded is None or self._loaded[0] != commit:
             # Reading and parsing in a thread: a large (or hostile, see SpecLimits) commit must not
-            # stall the gateway, which serves from this loop.
-            specs, problems = await asyncio.to_thread(self._read_specs, commit)
+            # stall the gateway, which serves from this loop; a low-priority one, so that it does
+            # not take the CPU from gateway workers and runners either.
+            specs, problems = await in_bulk_thread(self._read_specs, commit)
             for warning in specs.warnings:  # once per commit, as the commit is loaded once
                 log.warning("commit-warning commit=%s %s", commit[:12], warning)
             self._loaded = (commit, specs, problems)
