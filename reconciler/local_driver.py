@@ -54,6 +54,7 @@ RECIPE_LOAD_FAILED_EXIT = 2  # the runner's exit code when its recipe does not l
 HEALTH_POLL_FIRST_S = 0.01  # a starting runner's health polls: 10 ms, growing 1.5x to at most 100 ms
 HEALTH_POLL_MAX_S = 0.1
 SHUTDOWN_PARALLEL = 64  # runners stopped at once when plnt stops
+RESUME_PARALLEL = 16  # runners restarted at once when plnt starts (each is a fork and a health wait)
 STOP_POLL_S = 0.01  # how often a stopping runner is checked for its exit (a promote waits for the old one)
 
 # What of plnt's own environment a runner may see: nothing secret. PYTHONPATH only matters when plnt
@@ -303,10 +304,19 @@ class LocalDriver:
         """At start: stop runners no record names (left by a plnt that was killed), then restart
         the runner of every recorded release whose process is gone."""
         await self.stop_unrecorded()
-        restarted: list[Release] = []
-        for live in self.snapshot().values():
-            restarted += await self.repair(live.namespace, live.name)
-        return restarted
+        # Up to RESUME_PARALLEL at once: `plnt up` serves once this returns, and 1,000 releases
+        # restarted one after another (about 0.15 s each) kept it from serving for minutes.
+        slots = asyncio.Semaphore(RESUME_PARALLEL)
+
+        async def repair(live: LiveWorkflow) -> list[Release]:
+            async with slots:
+                return await self.repair(live.namespace, live.name)
+
+        results = await asyncio.gather(*(repair(live) for live in self.snapshot().values()), return_exceptions=True)
+        failed = [result for result in results if isinstance(result, BaseException)]
+        if failed:
+            raise failed[0]
+        return [release for result in results if not isinstance(result, BaseException) for release in result]
 
     async def shutdown(self) -> None:
         """Stop every runner process this driver knows of, up to SHUTDOWN_PARALLEL at once (one after

@@ -124,6 +124,32 @@ async def test_shutdown_stops_runners_at_once_not_one_after_another(driver: Loca
     assert not any(alive(release.pid) for release in releases)
 
 
+async def test_resume_restarts_recorded_releases_at_once_not_one_after_another(
+        tmp_path: Path, driver: LocalDriver) -> None:
+    """`plnt up` serves only once resume returns: 1,000 releases restarted in turn kept it from
+    serving for minutes. Every restart now starts before the first one ends."""
+    for name in ("a", "b", "c"):
+        await driver.install(request("1.2.0").model_copy(update={"name": name}))
+    await driver.shutdown()
+    fresh = LocalDriver(StateDir(tmp_path / "state"))
+    spans: list[tuple[str, float, float]] = []
+    start = fresh._start
+
+    async def timed(release: Release, preferred_port: int | None = None) -> Release:
+        began = time.monotonic()
+        started = await start(release, preferred_port)
+        spans.append((release.name, began, time.monotonic()))
+        return started
+
+    fresh._start = timed  # type: ignore[method-assign]
+    try:
+        resumed = await fresh.resume()
+        assert sorted(r.name for r in resumed) == ["a", "b", "c"] and all(alive(r.pid) for r in resumed)
+        assert max(began for _, began, _ in spans) < min(ended for _, _, ended in spans), spans
+    finally:
+        await fresh.shutdown()
+
+
 async def test_a_dead_runner_is_not_counted_as_running(driver: LocalDriver) -> None:
     release = await driver.install(request("1.2.0"))
     os.kill(release.pid, signal.SIGKILL)
