@@ -173,7 +173,7 @@ class DriverSet:
         """One WorkflowRun's releases, as `live()` has them. With only local runners in use (the
         embedded default) that is its one record file, not a look at every record (a saga step
         asks twice; with 1,000 WorkflowRuns reading all of them was 3 % of plnt's CPU)."""
-        read_one = getattr(self.local, "live_of", None)
+        read_one = getattr(self.local, "record_of", None)  # a LocalDriver (ReportedRunners has none)
         if read_one is not None and not self._kubernetes_backends():
             found: LiveWorkflow | None = read_one(namespace, name)
             return found

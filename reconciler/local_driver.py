@@ -217,7 +217,7 @@ class LocalDriver:
     async def live(self) -> dict[str, LiveWorkflow]:
         return self.snapshot()
 
-    def live_of(self, namespace: str, name: str) -> LiveWorkflow | None:
+    def record_of(self, namespace: str, name: str) -> LiveWorkflow | None:
         """One WorkflowRun's record, as `live()` would give it (None when it has no release)."""
         live = self._read(namespace, name)
         return None if live.empty else live
