@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Generator
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 import uvicorn
 
 from .limits import HttpLimits, http_protocol
+
+log = logging.getLogger("uvicorn.error")  # where uvicorn's own shutdown logs
 
 
 class ServerStartError(RuntimeError):
@@ -49,6 +52,30 @@ class QuietServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: Any) -> None:
         super().handle_exit(sig, frame)
         self._wake_up()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown, except its fixed 0.1 s sleep after asking connections to close: that
+        sleep is now a wait for them to go, at most 0.1 s. Idle keep-alive connections (the gateway's
+        pool, plnt's health polls) close at once, so a runner stops in milliseconds instead of 0.1 s:
+        every promote waits for the old runner to stop, and plnt stops 1,000 runners at exit. A
+        connection still answering is waited for as before (`_wait_tasks_to_complete`)."""
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()
+        deadline = asyncio.get_running_loop().time() + 0.1
+        while self.server_state.connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
+        try:
+            await asyncio.wait_for(self._wait_tasks_to_complete(), timeout=self.config.timeout_graceful_shutdown)
+        except TimeoutError:
+            log.error("Cancel %s running task(s), timeout graceful shutdown exceeded", len(self.server_state.tasks))
+            for task in self.server_state.tasks:
+                task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+        if not self.force_exit:
+            await self.lifespan.shutdown()
 
     def request_exit(self) -> None:
         self.should_exit = True
