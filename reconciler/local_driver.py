@@ -35,9 +35,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 
@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 RECIPE_LOAD_FAILED_EXIT = 2  # the runner's exit code when its recipe does not load
 HEALTH_POLL_FIRST_S = 0.01  # a starting runner's health polls: 10 ms, growing 1.5x to at most 100 ms
 HEALTH_POLL_MAX_S = 0.1
+_T = TypeVar("_T")
 SHUTDOWN_PARALLEL = 64  # runners stopped at once when plnt stops
 RESUME_PARALLEL = 16  # runners restarted at once when plnt starts (each is a fork and a health wait)
 STOP_POLL_S = 0.01  # how often a stopping runner is checked for its exit (a promote waits for the old one)
@@ -306,13 +307,8 @@ class LocalDriver:
         await self.stop_unrecorded()
         # Up to RESUME_PARALLEL at once: `plnt up` serves once this returns, and 1,000 releases
         # restarted one after another (about 0.15 s each) kept it from serving for minutes.
-        slots = asyncio.Semaphore(RESUME_PARALLEL)
-
-        async def repair(live: LiveWorkflow) -> list[Release]:
-            async with slots:
-                return await self.repair(live.namespace, live.name)
-
-        results = await asyncio.gather(*(repair(live) for live in self.snapshot().values()), return_exceptions=True)
+        results = await _at_most(RESUME_PARALLEL, [self.repair(live.namespace, live.name)
+                                                   for live in self.snapshot().values()])
         failed = [result for result in results if isinstance(result, BaseException)]
         if failed:
             raise failed[0]
@@ -324,13 +320,7 @@ class LocalDriver:
         the release records stay."""
         releases = [release for live in (await self.live()).values()
                     for release in (live.stable, live.canary) if release is not None]
-        slots = asyncio.Semaphore(SHUTDOWN_PARALLEL)
-
-        async def stop(release: Release) -> None:
-            async with slots:
-                await self._stop(release)
-
-        results = await asyncio.gather(*(stop(release) for release in releases), return_exceptions=True)
+        results = await _at_most(SHUTDOWN_PARALLEL, [self._stop(release) for release in releases])
         for release, result in zip(releases, results, strict=True):
             if isinstance(result, BaseException):  # the others are stopped all the same
                 log.error("runner-stop-failed release=%s error=%s", release.release_id, result)
@@ -549,6 +539,20 @@ class LocalDriver:
                 child.wait()
         if not self._alive(pid, read_json(self._pids / f"{pid}.json", default={}).get("pid_start")):
             (self._pids / f"{pid}.json").unlink(missing_ok=True)
+
+
+async def _at_most(limit: int, calls: list[Coroutine[Any, Any, _T]]) -> list[_T | BaseException]:
+    """Await `calls`, at most `limit` at a time; each one's result or exception, in order."""
+    slots = asyncio.Semaphore(limit)
+
+    async def one(call: Coroutine[Any, Any, _T]) -> _T:
+        try:
+            async with slots:
+                return await call
+        finally:
+            call.close()  # one cancelled while it waited for a slot never ran: no "never awaited"
+
+    return await asyncio.gather(*(one(call) for call in calls), return_exceptions=True)
 
 
 def _is_runner(pid: int) -> bool:
