@@ -139,7 +139,7 @@ class PhaseRecorder:
                                             at=time.time())
         if update.saga_id is not None:
             fields["saga_id"] = update.saga_id
-        self._statuses.update(update.namespace, update.name, phase=update.phase, message=update.message, **fields)
+        await self._statuses.record(update.namespace, update.name, phase=update.phase, message=update.message, **fields)
 
 
 class SagaActivities:

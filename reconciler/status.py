@@ -1,11 +1,13 @@
 """Status of every WorkflowRun: what `plnt status` and `GET /workflows` show.
 
-The store is in memory, persisted to STATE/status.json on every change, and logs each phase
+The store is in memory, persisted to STATE/status.json on every change (the saga's writes grouped:
+see `record`), and logs each phase
 transition as one structured line (`phase-change key=... from=... to=...`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -107,7 +109,9 @@ class StatusStore:
     def __init__(self, path: Path) -> None:
         self._path = path
         self.on_change: Callable[[], None] = lambda: None  # e.g. rebuild the gateway's routes
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the statuses in memory
+        self._file_lock = threading.Lock()  # one write of the file at a time, each of a newer state
+        self._flushing: asyncio.Future[None] | None = None  # record()'s write in flight
         self.revision = 0  # counts changes: the reconciler skips re-planning a pass when nothing changed
         raw = read_json(path, default={}) or {}
         self._items: dict[str, WorkflowRunStatus] = {
@@ -117,6 +121,7 @@ class StatusStore:
         # saga writes 7 times; encoding all of 1,000 statuses each time was most of a write's cost).
         self._encoded: dict[str, bytes] = {key: _entry(key, value) for key, value in self._items.items()}
         self._order: list[str] | None = None  # the keys sorted, kept until one is added or removed
+        self._written = 0  # the revision the file holds
 
     def get(self, key: str) -> WorkflowRunStatus | None:
         return self._items.get(key)
@@ -125,6 +130,28 @@ class StatusStore:
         return [self._items[key] for key in sorted(self._items)]
 
     def update(self, namespace: str, name: str, **fields: Any) -> WorkflowRunStatus:
+        """Change one status; the file holds it when this returns."""
+        old, new = self._change(namespace, name, fields)
+        self._save()
+        self._announce(old, new)
+        return new
+
+    async def record(self, namespace: str, name: str, **fields: Any) -> WorkflowRunStatus:
+        """`update` for callers on the event loop (the saga's status writes). The file is written in
+        a thread, so the loop never waits on fsync, and every change made while one write is in
+        flight goes into the next (a group commit): sixteen sagas writing at once cost two writes of
+        the file, not sixteen. Returns once the file holds the change."""
+        old, new = self._change(namespace, name, fields)
+        revision = self.revision
+        while self._written < revision:
+            if self._flushing is None or self._flushing.done():
+                self._flushing = asyncio.ensure_future(asyncio.to_thread(self._save))
+            # Shielded: a caller cancelled while it waits must not cancel the write others wait on.
+            await asyncio.shield(self._flushing)
+        self._announce(old, new)
+        return new
+
+    def _change(self, namespace: str, name: str, fields: dict[str, Any]) -> tuple[WorkflowRunStatus | None, WorkflowRunStatus]:
         key = f"{namespace}/{name}"
         with self._lock:
             existing = self._items.get(key)
@@ -135,34 +162,46 @@ class StatusStore:
                 self._order = None
             self._encoded[key] = _entry(key, new)
             self.revision += 1
-            self._save()
+        return existing, new
+
+    def _announce(self, existing: WorkflowRunStatus | None, new: WorkflowRunStatus) -> None:
         self.on_change()
-        if existing is None or old.phase != new.phase:
+        if existing is None or existing.phase != new.phase:
+            old = existing or WorkflowRunStatus(namespace=new.namespace, name=new.name)
             log.info(
                 "phase-change workflowrun=%s from=%s to=%s version=%s commit=%s message=%r",
-                key, old.phase.value, new.phase.value, new.version or new.attempted_version,
+                new.key, old.phase.value, new.phase.value, new.version or new.attempted_version,
                 (new.observed_commit or "")[:12], new.message,
             )
-        return new
 
     def remove(self, namespace: str, name: str) -> None:
         key = f"{namespace}/{name}"
         with self._lock:
-            if self._items.pop(key, None) is not None:
+            removed = self._items.pop(key, None) is not None
+            if removed:
                 self._encoded.pop(key, None)
                 self._order = None
                 self.revision += 1
-                self._save()
+        if removed:
+            self._save()
         self.on_change()
         log.info("phase-change workflowrun=%s from=Deleting to=Deleted", key)
 
     def _save(self) -> None:
-        # Byte for byte what atomic_write_json(path, {key: status}) writes (indent 2, sorted keys).
-        if self._order is None:
-            self._order = sorted(self._encoded)
-        encoded = self._encoded
-        entries = [encoded[key] for key in self._order]
-        atomic_write_bytes(self._path, b"".join((b"{\n", b",\n".join(entries), b"\n}\n")) if entries else b"{}\n")
+        """Write the statuses as they are now, unless the file already holds them. The state is
+        taken under the file lock, so writes land in the order of the states they hold: a slow
+        write never replaces a newer one."""
+        with self._file_lock:
+            with self._lock:
+                revision = self.revision
+                if revision <= self._written:
+                    return
+                if self._order is None:
+                    self._order = sorted(self._encoded)
+                entries = [self._encoded[key] for key in self._order]
+            # Byte for byte what atomic_write_json(path, {key: status}) writes (indent 2, sorted keys).
+            atomic_write_bytes(self._path, b"".join((b"{\n", b",\n".join(entries), b"\n}\n")) if entries else b"{}\n")
+            self._written = revision
 
 
 def _entry(key: str, status: WorkflowRunStatus) -> bytes:

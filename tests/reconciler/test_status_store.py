@@ -3,10 +3,14 @@ byte what encoding every status at once gives (readers, the mirror and `plnt sta
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
+from plnt.reconciler import status as status_module
+from plnt.reconciler.state import atomic_write_bytes as real_atomic_write_bytes
 from plnt.reconciler.state import atomic_write_json
 from plnt.reconciler.status import Phase, StatusStore
 
@@ -45,3 +49,85 @@ def test_status_file_is_the_whole_encoding(tmp_path: Path, steps: list) -> None:
         first = store.all()[0]
         again.update(first.namespace, first.name, message=first.message)
         assert json.loads(path.read_bytes()).keys() == json.loads(written).keys()
+
+
+class WriteSpy:
+    """Wraps the REAL atomic_write_bytes (the file is written as ever) and notes each write: its
+    thread, and what it wrote. `fail_next` makes the next write raise before it touches the file."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.writes: list[tuple[int, bytes]] = []
+        self.fail_next = False
+        self.release: threading.Event | None = None  # when set, a write waits for it first
+        monkeypatch.setattr(status_module, "atomic_write_bytes", self)
+
+    def __call__(self, path: Path, data: bytes) -> None:
+        if self.release is not None:
+            self.release.wait(10)
+        if self.fail_next:
+            self.fail_next = False
+            raise OSError(28, "No space left on device")
+        real_atomic_write_bytes(path, data)
+        self.writes.append((threading.get_ident(), data))
+
+
+async def test_saga_writes_at_once_are_grouped_into_two_file_writes_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "status.json"
+    store = StatusStore(path)
+    spy = WriteSpy(monkeypatch)
+    changes: list[int] = []
+    store.on_change = lambda: changes.append(store.revision)
+    await asyncio.gather(*(store.record("default", f"run-{i:02d}", phase=Phase.CANARY, message=f"m{i}")
+                           for i in range(40)))
+    assert 1 <= len(spy.writes) <= 2, f"{len(spy.writes)} writes for 40 changes made at once"
+    assert all(thread != threading.get_ident() for thread, _ in spy.writes), "a write ran on the event loop"
+    assert path.read_bytes() == _whole(store, tmp_path / "whole.json")
+    assert len(json.loads(path.read_bytes())) == 40 and len(changes) == 40
+
+
+async def test_a_record_returns_only_once_the_file_holds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "status.json"
+    store = StatusStore(path)
+    spy = WriteSpy(monkeypatch)
+    spy.release = threading.Event()
+    pending = asyncio.ensure_future(store.record("default", "a", phase=Phase.READY))
+    await asyncio.sleep(0.2)
+    assert not pending.done() and not path.exists()
+    spy.release.set()
+    await pending
+    assert json.loads(path.read_bytes())["default/a"]["phase"] == "Ready"
+
+
+async def test_a_failed_write_fails_its_callers_and_the_next_record_writes_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "status.json"
+    store = StatusStore(path)
+    spy = WriteSpy(monkeypatch)
+    spy.fail_next = True
+    with pytest.raises(OSError, match="No space left"):
+        await store.record("default", "a", phase=Phase.CANARY)
+    assert not path.exists()
+    await store.record("default", "b", phase=Phase.READY)
+    assert set(json.loads(path.read_bytes())) == {"default/a", "default/b"}
+
+
+async def test_writes_from_a_thread_and_the_loop_leave_the_newest_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reconciler's synchronous updates and the sagas' grouped ones may overlap: whichever
+    write ends last, the file holds every change."""
+    path = tmp_path / "status.json"
+    store = StatusStore(path)
+
+    def updates() -> None:
+        for i in range(60):
+            store.update("default", f"t-{i % 7}", phase=Phase.PENDING, message=str(i))
+
+    thread = asyncio.to_thread(updates)
+    await asyncio.gather(thread, *(store.record("default", f"r-{i % 5}", phase=Phase.CANARY, message=str(i))
+                                   for i in range(60)))
+    assert path.read_bytes() == _whole(store, tmp_path / "whole.json")
+    assert json.loads(path.read_bytes())["default/t-4"]["message"] == "53"  # its last update: i = 53
