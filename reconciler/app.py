@@ -324,6 +324,7 @@ async def start(settings: Settings) -> Plnt:
             client = await connect_external(settings, data_converter=pydantic_data_converter)
 
         statuses = StatusStore(state.status_file)
+        cleanups.append(statuses.flush)  # last but the Temporal server: after the sagas and passes stopped
         router = Router()
         holder: dict[str, Plnt] = {}
         driver = make_local_driver(

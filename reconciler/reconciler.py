@@ -62,7 +62,9 @@ class Reconciler:
         self._statuses = statuses
         self._driver = driver
         self._state = state
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # a saga ended (a light pass), or wake() (a full one)
+        self._full_pass_due = True
+        self._fetched: str | None = None  # the commit the last fetch found
         self._running = RunningSagas(self._wake)
         self._sagas, self._saga_fingerprints, self._cancelled = (
             self._running.tasks, self._running.fingerprints, self._running.cancelled)
@@ -80,6 +82,7 @@ class Reconciler:
     def wake(self) -> None:
         if self._approval is not None:  # a webhook may mean a review was submitted: judge a held commit again
             self._approval.recheck()
+        self._full_pass_due = True
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -92,11 +95,19 @@ class Reconciler:
             await asyncio.gather(progress, return_exceptions=True)
 
     async def _loop(self, stop: asyncio.Event) -> None:
+        last_full = asyncio.get_running_loop().time()
         while not stop.is_set():
             # Cleared before the pass, so a wake during the pass (a webhook, a saga ending) runs another.
             self._wake.clear()
+            # Full when asked (a webhook, the interval) or when the interval passed since the last
+            # full one: saga ends that keep waking the loop must not keep it from fetching.
+            now = asyncio.get_running_loop().time()
+            full = self._full_pass_due or now - last_full >= self._settings.interval_s
+            self._full_pass_due = False
+            if full:
+                last_full = now
             try:
-                await self.reconcile_once()
+                await self.reconcile_once(full=full)
             except PlntError as exc:
                 log.warning("reconcile-skipped reason=%s", redact(str(exc)))
                 self._record_source(error=str(exc))
@@ -117,8 +128,14 @@ class Reconciler:
 
     # --- one pass ----------------------------------------------------------------------------
 
-    async def reconcile_once(self) -> list[PlanItem]:
-        commit = await asyncio.to_thread(self._source.fetch)
+    async def reconcile_once(self, *, full: bool = True) -> list[PlanItem]:
+        """One pass. A light one (full=False: woken by a saga's end, to start the next sagas) plans
+        the commit the last fetch found and leaves drift to the next full pass: during a rollout of
+        1,000 WorkflowRuns a saga ends every few hundred ms, and each full pass is a `git fetch`
+        and a check of every runner."""
+        if full or self._fetched is None:
+            self._fetched = await asyncio.to_thread(self._source.fetch)
+        commit = self._fetched
         if self._verifier is not None and self._verifier.mode != "none":
             untrusted = await asyncio.to_thread(self._verifier.first_untrusted, self._source.git_dir, commit,
                                                 self.source_status.get("lastReconciledCommit"))
@@ -143,8 +160,9 @@ class Reconciler:
         quiet = self._quiet_inputs(commit, specs, releases)
         if quiet is not None and quiet == self._quiet:
             # Nothing the plan reads changed since a pass that found everything in sync: the plan
-            # would be the same, with nothing to do. Drift is still checked (and healed) every pass.
-            await self._heal_drift(specs)
+            # would be the same, with nothing to do. Drift is still checked (and healed) every full pass.
+            if full:
+                await self._heal_drift(specs)
             self._record_source(commit=commit, reconciled=True, warnings=[str(w) for w in specs.warnings])
             return self._quiet_items
         self._quiet = None
@@ -177,7 +195,8 @@ class Reconciler:
         if in_sync and not any(live_unknown(item.key) for item in items):
             # Taken after the pass (its status updates included): the next pass compares with it.
             self._quiet, self._quiet_items = self._quiet_inputs(commit, specs, releases), items
-        await self._heal_drift(specs)
+        if full:
+            await self._heal_drift(specs)
         self._record_source(commit=commit, reconciled=True, warnings=[str(w) for w in specs.warnings])
         return items
 
@@ -244,8 +263,8 @@ class Reconciler:
                              fingerprint=run.fingerprint(), version=run.spec.workflow.version,
                              retry=self._settings.retry)
             if self._statuses.get(item.key) is None:
-                self._statuses.update(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
-                                      attempted_version=saga.version, message=f"{item.action.value}: {item.reason}")
+                self._statuses.update_nowait(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
+                                             attempted_version=saga.version, message=f"{item.action.value}: {item.reason}")
         try:
             handle = await self._client.start_workflow(
                 "DeploySaga", saga, id=saga.workflow_id, task_queue=self._settings.task_queue,
@@ -326,7 +345,7 @@ class Reconciler:
         else:  # RolledBack or Failed, and held until the spec changes
             fields.update(message=item.reason)
         if any(getattr(status, field) != value for field, value in fields.items()):
-            self._statuses.update(item.namespace, item.name, **fields)
+            self._statuses.update_nowait(item.namespace, item.name, **fields)
 
     def _reject_commit(self, commit: str, problems: list[Problem], warnings: list[Problem]) -> None:
         self._reject(commit, [str(problem) for problem in problems], [str(w) for w in warnings])

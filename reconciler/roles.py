@@ -195,6 +195,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     role = Role("reconciler", server)
     await server.start()
     role._cleanups.append(server.stop)
+    role._cleanups.append(statuses.flush)  # after the passes and sagas stopped
 
     async def close_publisher() -> None:  # long-polls answer at once rather than at their timeout
         publisher.close()

@@ -54,8 +54,8 @@ async def follow_smoke_progress(client: Client, statuses: StatusStore, stop: asy
                     log.exception("smoke-progress-failed workflowrun=%s", status.key)
                     continue
                 if progress is not None and progress != status.smoke_progress:
-                    statuses.update(status.namespace, status.name, smoke_progress=progress)
+                    statuses.update_nowait(status.namespace, status.name, smoke_progress=progress)
             elif status.smoke_progress is not None:
-                statuses.update(status.namespace, status.name, smoke_progress=None)
+                statuses.update_nowait(status.namespace, status.name, smoke_progress=None)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=every_s)

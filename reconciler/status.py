@@ -111,7 +111,7 @@ class StatusStore:
         self.on_change: Callable[[], None] = lambda: None  # e.g. rebuild the gateway's routes
         self._lock = threading.Lock()  # the statuses in memory
         self._file_lock = threading.Lock()  # one write of the file at a time, each of a newer state
-        self._flushing: asyncio.Future[None] | None = None  # record()'s write in flight
+        self._flushing: asyncio.Future[None] | None = None  # the background write, while one runs
         self.revision = 0  # counts changes: the reconciler skips re-planning a pass when nothing changed
         raw = read_json(path, default={}) or {}
         self._items: dict[str, WorkflowRunStatus] = {
@@ -144,12 +144,41 @@ class StatusStore:
         old, new = self._change(namespace, name, fields)
         revision = self.revision
         while self._written < revision:
-            if self._flushing is None or self._flushing.done():
-                self._flushing = asyncio.ensure_future(asyncio.to_thread(self._save))
             # Shielded: a caller cancelled while it waits must not cancel the write others wait on.
-            await asyncio.shield(self._flushing)
+            await asyncio.shield(self._writing())
         self._announce(old, new)
         return new
+
+    def update_nowait(self, namespace: str, name: str, **fields: Any) -> WorkflowRunStatus:
+        """Change one status now and write it soon, with the changes made meanwhile (on the event
+        loop only). For writes nothing waits on, which the next pass or poll makes again if plnt
+        dies first: a Pending before its saga starts, "in sync", smoke progress."""
+        old, new = self._change(namespace, name, fields)
+        self._writing()
+        self._announce(old, new)
+        return new
+
+    async def flush(self) -> None:
+        """Until the file holds every change (at shutdown: update_nowait's writes included)."""
+        while self._written < self.revision:
+            await asyncio.shield(self._writing())
+
+    def _writing(self) -> asyncio.Future[None]:
+        """The background write, started if none runs: it writes until the file holds every change
+        made meanwhile. A failed write ends it; the next change starts another."""
+        if self._flushing is None or self._flushing.done():
+            self._flushing = asyncio.ensure_future(self._write_behind())
+            self._flushing.add_done_callback(self._report_failure)
+        return self._flushing
+
+    async def _write_behind(self) -> None:
+        while self._written < self.revision:
+            await asyncio.to_thread(self._save)
+
+    def _report_failure(self, write: asyncio.Future[None]) -> None:
+        if not write.cancelled() and write.exception() is not None:
+            log.error("status-write-failed path=%s error=%s (written again at the next change)",
+                      self._path, write.exception())
 
     def _change(self, namespace: str, name: str, fields: dict[str, Any]) -> tuple[WorkflowRunStatus | None, WorkflowRunStatus]:
         key = f"{namespace}/{name}"

@@ -7,6 +7,7 @@ Temporal client (nothing here starts a saga: a pass that would fails on it)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -93,3 +94,76 @@ async def test_a_pass_with_nothing_changed_skips_the_plan_but_not_the_drift_chec
     assert len(plans) == 4
     await reconciler.reconcile_once()
     assert (len(plans), len(drifts)) == (4, 7)
+
+
+class PassCounter:
+    """Counts the loop's passes, fetches and drift checks (wrapping the real ones)."""
+
+    def __init__(self, reconciler: Reconciler, driver: DriverSet, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.passes = self.fetches = self.drifts = 0
+        self.ran = asyncio.Event()
+        source, real_once, real_fetch, real_drift = reconciler._source, reconciler.reconcile_once, \
+            reconciler._source.fetch, driver.drift
+
+        def fetch() -> str:
+            self.fetches += 1
+            return real_fetch()
+
+        async def drift() -> Any:
+            self.drifts += 1
+            return await real_drift()
+
+        async def once(**kwargs: Any) -> Any:
+            try:
+                return await real_once(**kwargs)
+            finally:
+                self.passes += 1
+                self.ran.set()
+
+        monkeypatch.setattr(source, "fetch", fetch)
+        monkeypatch.setattr(driver, "drift", drift)
+        monkeypatch.setattr(reconciler, "reconcile_once", once)
+
+    async def next_pass(self) -> None:
+        self.ran.clear()
+        await asyncio.wait_for(self.ran.wait(), 10)
+
+
+async def test_a_pass_woken_by_a_saga_end_neither_fetches_nor_checks_drift(
+        spec_repo: SpecRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reconciler, _, _, driver = in_sync(spec_repo, tmp_path)
+    reconciler._settings = reconciler._settings.model_copy(update={"interval_s": 60.0})
+    counter = PassCounter(reconciler, driver, monkeypatch)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(reconciler._loop(stop))
+    try:
+        await counter.next_pass()
+        assert (counter.fetches, counter.drifts) == (1, 1)  # the first pass is full
+        reconciler._wake.set()  # what RunningSagas does when a saga ends
+        await counter.next_pass()
+        assert (counter.passes, counter.fetches, counter.drifts) == (2, 1, 1)
+        reconciler.wake()  # a webhook
+        await counter.next_pass()
+        assert (counter.passes, counter.fetches, counter.drifts) == (3, 2, 2)
+    finally:
+        stop.set()
+        await loop
+
+
+async def test_saga_ends_that_keep_waking_the_loop_still_let_it_fetch_each_interval(
+        spec_repo: SpecRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reconciler, _, _, driver = in_sync(spec_repo, tmp_path)
+    reconciler._settings = reconciler._settings.model_copy(update={"interval_s": 0.4})
+    counter = PassCounter(reconciler, driver, monkeypatch)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(reconciler._loop(stop))
+    try:
+        deadline = asyncio.get_running_loop().time() + 2.0
+        while asyncio.get_running_loop().time() < deadline:
+            reconciler._wake.set()
+            await asyncio.sleep(0.03)
+    finally:
+        stop.set()
+        await loop
+    assert counter.passes > 10 and counter.fetches >= 3, vars(counter)
+    assert counter.fetches < counter.passes / 2, vars(counter)

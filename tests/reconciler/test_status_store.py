@@ -131,3 +131,52 @@ async def test_writes_from_a_thread_and_the_loop_leave_the_newest_state(
                                    for i in range(60)))
     assert path.read_bytes() == _whole(store, tmp_path / "whole.json")
     assert json.loads(path.read_bytes())["default/t-4"]["message"] == "53"  # its last update: i = 53
+
+
+async def test_update_nowait_changes_at_once_and_writes_soon_in_one_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "status.json"
+    store = StatusStore(path)
+    spy = WriteSpy(monkeypatch)
+    for i in range(30):
+        store.update_nowait("default", f"run-{i:02d}", phase=Phase.PENDING, message=f"m{i}")
+        assert store.get(f"default/run-{i:02d}") is not None  # seen at once, before any write
+    assert spy.writes == []  # nothing written on the loop
+    await store.flush()
+    assert len(spy.writes) == 1 and spy.writes[0][0] != threading.get_ident()
+    assert path.read_bytes() == _whole(store, tmp_path / "whole.json")
+
+
+async def test_update_nowait_made_during_a_write_is_written_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "status.json"
+    store = StatusStore(path)
+    spy = WriteSpy(monkeypatch)
+    spy.release = threading.Event()
+    store.update_nowait("default", "a", phase=Phase.PENDING)
+    await asyncio.sleep(0.05)  # the write has taken its state and waits
+    store.update_nowait("default", "b", phase=Phase.PENDING)
+    spy.release.set()
+    for _ in range(100):
+        if path.exists() and "default/b" in json.loads(path.read_bytes()):
+            break
+        await asyncio.sleep(0.02)
+    assert set(json.loads(path.read_bytes())) == {"default/a", "default/b"} and len(spy.writes) == 2
+
+
+async def test_a_failed_background_write_is_logged_and_the_next_change_writes_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "status.json"
+    store = StatusStore(path)
+    spy = WriteSpy(monkeypatch)
+    spy.fail_next = True
+    store.update_nowait("default", "a", phase=Phase.PENDING)
+    with pytest.raises(OSError):
+        await store.flush()
+    assert "status-write-failed" in caplog.text and not path.exists()
+    store.update_nowait("default", "b", phase=Phase.PENDING)
+    await store.flush()
+    assert set(json.loads(path.read_bytes())) == {"default/a", "default/b"}
