@@ -7,12 +7,15 @@ Inputs come from the recipe's golden cases (round robin), or `{}` when it has no
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+from plnt.gateway.upstream import UpstreamClient, UpstreamError
 from pydantic import BaseModel, ConfigDict
 
 from .specs import SmokeTest
@@ -121,14 +124,26 @@ async def measure(
         queue.put_nowait(index)
     samples = [] if samples is None else samples
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(invoke: Callable[[dict[str, Any]], Awaitable[Sample]]) -> None:
         while not queue.empty():
             index = queue.get_nowait()
-            payload = payloads[index % len(payloads)]
-            samples.append(await (_invoke_streaming if stream else _invoke)(client, endpoint, payload))
+            samples.append(await invoke(payloads[index % len(payloads)]))
 
+    workers = min(concurrency, invocations)
+    if not stream and urlsplit(endpoint).scheme == "http":
+        # A local runner (or a pod's plain-HTTP port): the gateway's own client for its runner hop,
+        # a tenth of httpx's CPU per request; at 1,000 WorkflowRuns the smoke tests' httpx calls
+        # were 14 % of plnt's event loop (bench/many_workflowruns.py, py-spy).
+        upstream = UpstreamClient(read_timeout_s=timeout_s, connect_timeout_s=min(timeout_s, 5.0))
+        try:
+            await asyncio.gather(*(worker(lambda payload: _invoke_upstream(upstream, endpoint, payload))
+                                   for _ in range(workers)))
+        finally:
+            await upstream.aclose()
+        return samples
     async with httpx.AsyncClient(trust_env=False, timeout=timeout_s, verify=default_tls_context()) as client:
-        await asyncio.gather(*(worker(client) for _ in range(min(concurrency, invocations))))
+        invoke = _invoke_streaming if stream else _invoke
+        await asyncio.gather(*(worker(lambda payload: invoke(client, endpoint, payload)) for _ in range(workers)))
     return samples
 
 
@@ -154,6 +169,23 @@ async def _invoke(client: httpx.AsyncClient, endpoint: str, payload: dict[str, A
         except ValueError:
             message = response.text[:200]
         return Sample(latency_ms=latency, ok=False, error=f"HTTP {response.status_code}: {message}"[:300])
+    return Sample(latency_ms=latency, ok=True)
+
+
+async def _invoke_upstream(client: UpstreamClient, endpoint: str, payload: dict[str, Any]) -> Sample:
+    started = time.perf_counter()
+    try:
+        response = await client.request(endpoint, "POST", "/invoke", body=json.dumps(payload).encode(),
+                                        headers=(("content-type", "application/json"),))
+    except UpstreamError as exc:
+        return Sample(latency_ms=(time.perf_counter() - started) * 1000, ok=False, error=f"{type(exc).__name__}: {exc}")
+    latency = (time.perf_counter() - started) * 1000
+    if response.status != 200:
+        try:
+            message = json.loads(response.body).get("error", {}).get("message", "")
+        except (ValueError, AttributeError):
+            message = response.body[:200].decode(errors="replace")
+        return Sample(latency_ms=latency, ok=False, error=f"HTTP {response.status}: {message}"[:300])
     return Sample(latency_ms=latency, ok=True)
 
 

@@ -1,10 +1,14 @@
-"""Smoke-test judgement: pure functions, table-tested."""
+"""Smoke-test judgement: pure functions, table-tested; and `measure` over real HTTP."""
 
 from __future__ import annotations
 
 import pytest
-from plnt.reconciler.smoke import Sample, SmokeMetrics, judge, percentile, summarise
+from plnt.gateway.server import GatewayServer
+from plnt.reconciler.local_driver import free_port
+from plnt.reconciler.smoke import Sample, SmokeMetrics, judge, measure, percentile, summarise
 from plnt.reconciler.specs import SmokeTest
+
+from ..gateway.fakes import FakeRunner
 
 
 @pytest.mark.parametrize(("values", "q", "expected"), [
@@ -69,3 +73,30 @@ def test_progress_of_a_running_smoke_test() -> None:
     # What the reconciler reads back from the heartbeat details: the newest, and only a progress record.
     assert progress_from([{"done": 1, "of": 10}, progress]) == progress
     assert progress_from([]) is None and progress_from([7]) is None and progress_from([{"done": "x", "of": 1}]) is None
+
+
+@pytest.mark.integration
+async def test_measure_over_http_counts_answers_errors_and_an_unreachable_runner() -> None:
+    """Real HTTP to a STAND-IN runner (tests/gateway/fakes.py FakeRunner served by uvicorn): the
+    plain-HTTP path (the gateway's upstream client) sends each input and reads each answer."""
+    runner = FakeRunner("1.0.0", workflow="review-responder")
+    server = GatewayServer(runner.app(), "127.0.0.1", 0)
+    await server.start()
+    try:
+        inputs = [{"review": "one"}, {"review": "two"}]
+        samples = await measure(server.url, inputs, invocations=6, concurrency=3, timeout_s=5)
+        assert len(samples) == 6 and all(s.ok and s.latency_ms > 0 for s in samples), samples
+        assert sorted(r["body"]["review"] for r in runner.requests) == ["one"] * 3 + ["two"] * 3
+        assert all(r["headers"]["content-type"] == "application/json" for r in runner.requests)
+
+        runner.fail_status = 500
+        failed = await measure(server.url, inputs, invocations=2, concurrency=1, timeout_s=5)
+        assert [s.error for s in failed] == ["HTTP 500: told to fail with 500"] * 2
+
+        runner.fail_status, runner.delay_s = None, 2.0
+        slow = await measure(server.url, inputs, invocations=1, concurrency=1, timeout_s=0.3)
+        assert not slow[0].ok and slow[0].error.startswith("UpstreamTimeout"), slow
+    finally:
+        await server.stop()
+    gone = await measure(f"http://127.0.0.1:{free_port()}", [], invocations=2, concurrency=2, timeout_s=2)
+    assert all(not s.ok and s.error.startswith("UpstreamConnectError") for s in gone), gone
