@@ -363,3 +363,42 @@ async def test_a_forged_pid_file_does_not_make_plnt_kill_another_process(tmp_pat
     finally:
         bystander.kill()
         bystander.wait()
+
+
+@pytest.mark.integration
+async def test_a_runner_is_healthy_only_when_it_answers_as_its_release(tmp_path: Path) -> None:
+    """Real HTTP, a STAND-IN /healthz (a small Starlette app on uvicorn): the answer must name the
+    release and the version; an error status, a body that is not JSON, or no listener is not healthy."""
+    from plnt.gateway.server import GatewayServer
+    from plnt.reconciler.local_driver import free_port
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+
+    answer: dict[str, Response] = {}
+
+    async def healthz(request: object) -> Response:
+        return answer["now"]
+
+    server = GatewayServer(Starlette(routes=[Route("/healthz", healthz)]), "127.0.0.1", 0)
+    await server.start()
+    driver = LocalDriver(StateDir(tmp_path / "state").ensure())
+    release = Release(release_id="rr-1.0.0-abc", namespace="default", name="rr", track="canary", version="1.0.0",
+                      spec_fingerprint="sha256:" + "a" * 64, recipe_digest="sha256:" + "0" * 64,
+                      recipe_dir=str(tmp_path), endpoint=server.url)
+    try:
+        cases = [
+            (JSONResponse({"version": "1.0.0", "release": "rr-1.0.0-abc"}), True),
+            (JSONResponse({"version": "1.0.0", "release": "rr-1.0.0-other"}), False),
+            (JSONResponse({"version": "0.9.0", "release": "rr-1.0.0-abc"}), False),
+            (JSONResponse({"version": "1.0.0", "release": "rr-1.0.0-abc"}, status_code=500), False),
+            (PlainTextResponse("ok"), False),
+            (JSONResponse(["1.0.0"]), False),
+        ]
+        for response, healthy in cases:
+            answer["now"] = response
+            assert await driver._healthy(release, "1.0.0") is healthy, response.body
+    finally:
+        await server.stop()
+    gone = release.model_copy(update={"endpoint": f"http://127.0.0.1:{free_port()}"})
+    assert await driver._healthy(gone, "1.0.0") is False
