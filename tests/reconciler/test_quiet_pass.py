@@ -8,7 +8,9 @@ Temporal client (nothing here starts a saga: a pass that would fails on it)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -129,14 +131,25 @@ class PassCounter:
         await asyncio.wait_for(self.ran.wait(), 10)
 
 
-async def test_a_pass_woken_by_a_saga_end_neither_fetches_nor_checks_drift(
-        spec_repo: SpecRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@contextlib.asynccontextmanager
+async def looping(spec_repo: SpecRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                  interval_s: float) -> AsyncIterator[tuple[Reconciler, PassCounter]]:
+    """The reconciler's own loop, running on an in-sync repository, with its passes counted."""
     reconciler, _, _, driver = in_sync(spec_repo, tmp_path)
-    reconciler._settings = reconciler._settings.model_copy(update={"interval_s": 60.0})
+    reconciler._settings = reconciler._settings.model_copy(update={"interval_s": interval_s})
     counter = PassCounter(reconciler, driver, monkeypatch)
     stop = asyncio.Event()
     loop = asyncio.create_task(reconciler._loop(stop))
     try:
+        yield reconciler, counter
+    finally:
+        stop.set()
+        await loop
+
+
+async def test_a_pass_woken_by_a_saga_end_neither_fetches_nor_checks_drift(
+        spec_repo: SpecRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with looping(spec_repo, tmp_path, monkeypatch, interval_s=60.0) as (reconciler, counter):
         await counter.next_pass()
         assert (counter.fetches, counter.drifts) == (1, 1)  # the first pass is full
         reconciler._wake.set()  # what RunningSagas does when a saga ends
@@ -145,25 +158,14 @@ async def test_a_pass_woken_by_a_saga_end_neither_fetches_nor_checks_drift(
         reconciler.wake()  # a webhook
         await counter.next_pass()
         assert (counter.passes, counter.fetches, counter.drifts) == (3, 2, 2)
-    finally:
-        stop.set()
-        await loop
 
 
 async def test_saga_ends_that_keep_waking_the_loop_still_let_it_fetch_each_interval(
         spec_repo: SpecRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    reconciler, _, _, driver = in_sync(spec_repo, tmp_path)
-    reconciler._settings = reconciler._settings.model_copy(update={"interval_s": 0.4})
-    counter = PassCounter(reconciler, driver, monkeypatch)
-    stop = asyncio.Event()
-    loop = asyncio.create_task(reconciler._loop(stop))
-    try:
+    async with looping(spec_repo, tmp_path, monkeypatch, interval_s=0.4) as (reconciler, counter):
         deadline = asyncio.get_running_loop().time() + 2.0
         while asyncio.get_running_loop().time() < deadline:
             reconciler._wake.set()
             await asyncio.sleep(0.03)
-    finally:
-        stop.set()
-        await loop
     assert counter.passes > 10 and counter.fetches >= 3, vars(counter)
     assert counter.fetches < counter.passes / 2, vars(counter)
