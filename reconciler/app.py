@@ -53,22 +53,35 @@ from .temporal_server import TemporalDevServer, connect, connect_external
 log = logging.getLogger(__name__)
 
 
-def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore) -> RouteTable:
+def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore,
+                      built: dict[str, tuple[LiveWorkflow, Route]] | None = None) -> RouteTable:
     """Routes from the live releases; a WorkflowRun known to status but not promoted gets a route
-    with no stable backend (the gateway answers 503 rather than 404)."""
+    with no stable backend (the gateway answers 503 rather than 404).
+
+    `built` (kept by the caller between rebuilds) holds each route with the record it was built
+    from: records are frozen and a snapshot hands back the same object for an unchanged one, so a
+    rebuild of 1,000 builds only the routes whose record changed."""
 
     def backend(release: Release | None) -> Backend | None:
         return None if release is None else Backend(release.endpoint, release.version, release.release_id)
 
-    routes = {
-        key: Route(
-            namespace=item.namespace, name=item.name, stable=backend(item.stable), canary=backend(item.canary),
-            canary_percent=item.canary.traffic_percent if item.canary else 0,
-        )
-        for key, item in live.items()
-    }
+    def route(item: LiveWorkflow) -> Route:
+        return Route(namespace=item.namespace, name=item.name, stable=backend(item.stable),
+                     canary=backend(item.canary), canary_percent=item.canary.traffic_percent if item.canary else 0)
+
+    previous = built or {}
+    fresh: dict[str, tuple[LiveWorkflow, Route]] = {}
+    for key, item in live.items():
+        hit = previous.get(key)
+        fresh[key] = hit if hit is not None and hit[0] is item else (item, route(item))
+    routes = {key: made for key, (_, made) in fresh.items()}
     for status in statuses.all():
-        routes.setdefault(status.key, Route(namespace=status.namespace, name=status.name, stable=None))
+        key = status.key
+        if key not in routes:
+            routes[key] = Route(namespace=status.namespace, name=status.name, stable=None)
+    if built is not None:
+        built.clear()
+        built.update(fresh)
     return RouteTable(routes.values())
 
 
@@ -141,6 +154,7 @@ class Plnt:
     previews: PreviewController | None = None  # --previews
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    _built_routes: dict[str, tuple[LiveWorkflow, Route]] = field(default_factory=dict)  # see build_route_table
 
     @property
     def url(self) -> str:
@@ -160,7 +174,7 @@ class Plnt:
     def _rebuild_routes(self) -> None:
         # Every backend: local runners and the last known releases of each Kubernetes backend.
         source = self.drivers if self.drivers is not None else self.driver
-        table = build_route_table(source.snapshot(), self.statuses)
+        table = build_route_table(source.snapshot(), self.statuses, self._built_routes)
         self.router.replace(table)
         if self.publisher is not None:
             self.publisher.publish(table, [status.public() for status in self.statuses.all()])

@@ -162,8 +162,10 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     publisher = RoutePublisher()  # what `plnt gateway` replicas follow
     holder: dict[str, Any] = {}
 
+    built: dict[str, Any] = {}  # routes with the records they came from (build_route_table)
+
     def rebuild_routes() -> None:
-        table = build_route_table(drivers.snapshot(), statuses)  # reported local runners + known Helm releases
+        table = build_route_table(drivers.snapshot(), statuses, built)  # reported local runners + known Helm releases
         router.replace(table)
         publisher.publish(table, [status.public() for status in statuses.all()])
 

@@ -152,9 +152,9 @@ class ParseWindow:
             finally:
                 self.windows.append((start, time.monotonic()))
 
-        async def counted_pass() -> Any:
+        async def counted_pass(**kwargs: Any) -> Any:
             try:
-                return await once()
+                return await once(**kwargs)
             finally:
                 self.passes += 1
 
