@@ -1,8 +1,8 @@
 """Status of every WorkflowRun: what `plnt status` and `GET /workflows` show.
 
-The store is in memory, persisted to STATE/status.json on every change (the saga's writes grouped:
-see `record`), and logs each phase
-transition as one structured line (`phase-change key=... from=... to=...`).
+The store is in memory, persisted to STATE/status.json on every change (`update`: before it
+returns; `record`: the saga's writes, grouped, before it returns; `update_nowait`: soon after), and
+logs each phase transition as one structured line (`phase-change key=... from=... to=...`).
 """
 
 from __future__ import annotations
