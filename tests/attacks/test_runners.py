@@ -241,8 +241,11 @@ async def test_a_runner_that_never_answers_is_stopped_when_a_newer_commit_supers
         attack_repo.deploy("review-responder@1.6.0")
         outside = OutsideWrites([tmp_path], ignore=[plnt.state.root])
         await hook(plnt)
-        for _ in range(600):  # the hanging runner has started (and is recorded in STATE/runner-pids)
-            if runner_pids_of(plnt, "1.6.0"):
+        # The hanging runner has started and is recorded in STATE/runner-pids. (Recorded just after
+        # the zygote forks it, before its health check: a busy machine can show the process first.)
+        for _ in range(600):
+            pids = runner_pids_of(plnt, "1.6.0")
+            if pids and (plnt.state.root / "runner-pids" / f"{pids[0]}.json").exists():
                 break
             await asyncio.sleep(0.05)
         [hanging] = runner_pids_of(plnt, "1.6.0")
