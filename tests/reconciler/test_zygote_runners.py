@@ -287,10 +287,11 @@ async def start_on_a_stopped_zygote(client: ZygoteClient, runner_dir: Path,
     task: asyncio.Task[object] = asyncio.create_task(client.spawn(
         ["--recipe", str(RECIPES / "1.2.0"), "--port", "0", "--release-id", marker], runner_dir,
         runner_dir / f"{marker}.log", {"PATH": os.defpath}))
-    for _ in range(1000):
-        if client._zygote._pending or task.done():
-            break
-        await asyncio.sleep(0)
+    # The request is sent from a thread: on a busy machine it can take a while to be pending.
+    deadline = time.monotonic() + 30
+    while not (client._zygote._pending or task.done()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    assert client._zygote._pending, "the start never reached the (stopped) zygote"
     return zygote_pid, task
 
 
