@@ -71,26 +71,30 @@ class WriteSpy:
         self.writes.append((threading.get_ident(), data))
 
 
-async def test_saga_writes_at_once_are_grouped_into_two_file_writes_off_the_loop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+Spied = tuple[Path, StatusStore, WriteSpy]
+
+
+@pytest.fixture
+def spied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Spied:
+    """A status store on tmp_path/status.json, its file writes spied."""
     path = tmp_path / "status.json"
-    store = StatusStore(path)
-    spy = WriteSpy(monkeypatch)
+    return path, StatusStore(path), WriteSpy(monkeypatch)
+
+
+async def test_saga_writes_at_once_are_grouped_into_two_file_writes_off_the_loop(spied: Spied) -> None:
+    path, store, spy = spied
     changes: list[int] = []
     store.on_change = lambda: changes.append(store.revision)
     await asyncio.gather(*(store.record("default", f"run-{i:02d}", phase=Phase.CANARY, message=f"m{i}")
                            for i in range(40)))
     assert 1 <= len(spy.writes) <= 2, f"{len(spy.writes)} writes for 40 changes made at once"
     assert all(thread != threading.get_ident() for thread, _ in spy.writes), "a write ran on the event loop"
-    assert path.read_bytes() == _whole(store, tmp_path / "whole.json")
+    assert path.read_bytes() == _whole(store, path.with_name("whole.json"))
     assert len(json.loads(path.read_bytes())) == 40 and len(changes) == 40
 
 
-async def test_a_record_returns_only_once_the_file_holds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "status.json"
-    store = StatusStore(path)
-    spy = WriteSpy(monkeypatch)
+async def test_a_record_returns_only_once_the_file_holds_it(spied: Spied) -> None:
+    path, store, spy = spied
     spy.release = threading.Event()
     pending = asyncio.ensure_future(store.record("default", "a", phase=Phase.READY))
     await asyncio.sleep(0.2)
@@ -100,12 +104,8 @@ async def test_a_record_returns_only_once_the_file_holds_it(tmp_path: Path, monk
     assert json.loads(path.read_bytes())["default/a"]["phase"] == "Ready"
 
 
-async def test_a_failed_write_fails_its_callers_and_the_next_record_writes_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "status.json"
-    store = StatusStore(path)
-    spy = WriteSpy(monkeypatch)
+async def test_a_failed_write_fails_its_callers_and_the_next_record_writes_again(spied: Spied) -> None:
+    path, store, spy = spied
     spy.fail_next = True
     with pytest.raises(OSError, match="No space left"):
         await store.record("default", "a", phase=Phase.CANARY)
@@ -133,27 +133,19 @@ async def test_writes_from_a_thread_and_the_loop_leave_the_newest_state(
     assert json.loads(path.read_bytes())["default/t-4"]["message"] == "53"  # its last update: i = 53
 
 
-async def test_update_nowait_changes_at_once_and_writes_soon_in_one_write(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "status.json"
-    store = StatusStore(path)
-    spy = WriteSpy(monkeypatch)
+async def test_update_nowait_changes_at_once_and_writes_soon_in_one_write(spied: Spied) -> None:
+    path, store, spy = spied
     for i in range(30):
         store.update_nowait("default", f"run-{i:02d}", phase=Phase.PENDING, message=f"m{i}")
         assert store.get(f"default/run-{i:02d}") is not None  # seen at once, before any write
     assert spy.writes == []  # nothing written on the loop
     await store.flush()
     assert len(spy.writes) == 1 and spy.writes[0][0] != threading.get_ident()
-    assert path.read_bytes() == _whole(store, tmp_path / "whole.json")
+    assert path.read_bytes() == _whole(store, path.with_name("whole.json"))
 
 
-async def test_update_nowait_made_during_a_write_is_written_by_the_next(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "status.json"
-    store = StatusStore(path)
-    spy = WriteSpy(monkeypatch)
+async def test_update_nowait_made_during_a_write_is_written_by_the_next(spied: Spied) -> None:
+    path, store, spy = spied
     spy.release = threading.Event()
     store.update_nowait("default", "a", phase=Phase.PENDING)
     await asyncio.sleep(0.05)  # the write has taken its state and waits
@@ -167,11 +159,9 @@ async def test_update_nowait_made_during_a_write_is_written_by_the_next(
 
 
 async def test_a_failed_background_write_is_logged_and_the_next_change_writes_both(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    spied: Spied, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = tmp_path / "status.json"
-    store = StatusStore(path)
-    spy = WriteSpy(monkeypatch)
+    path, store, spy = spied
     spy.fail_next = True
     store.update_nowait("default", "a", phase=Phase.PENDING)
     with pytest.raises(OSError):
