@@ -25,7 +25,7 @@ from plnt.gateway.workers import TrustForwarded, WorkerConfig, WorkerMetrics, Wo
 from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from .activities import HEARTBEAT_THROTTLE, SagaActivities
 from .approval import ApprovalGate
@@ -51,6 +51,13 @@ from .status import StatusStore
 from .temporal_server import TemporalDevServer, connect, connect_external
 
 log = logging.getLogger(__name__)
+
+# plnt's workers run DeploySaga outside Temporal's workflow sandbox. The sandbox guards workflow code
+# against non-determinism (it is not a security boundary: the saga is plnt's own code, and recipe code
+# never runs in plnt), and it imports the saga's modules again for every saga, a large share of plnt's
+# CPU per saga. The saga tests (tests/reconciler/test_saga.py) run every path of DeploySaga inside the
+# sandbox, so a non-deterministic call in it still fails them.
+SAGA_RUNNER = UnsandboxedWorkflowRunner()
 
 
 def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore,
@@ -414,7 +421,8 @@ async def start(settings: Settings) -> Plnt:
         plnt.refresh_routes()
 
         worker = Worker(
-            client, task_queue=settings.task_queue, workflows=[DeploySaga], activities=activities.all(),
+            client, task_queue=settings.task_queue, workflows=[DeploySaga], workflow_runner=SAGA_RUNNER,
+            activities=activities.all(),
             max_concurrent_activities=max(4, settings.max_concurrent_sagas * 2),
             max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         )

@@ -35,6 +35,7 @@ from temporalio.worker import Worker
 
 from .activities import HEARTBEAT_THROTTLE, PhaseRecorder
 from .app import (
+    SAGA_RUNNER,
     TurnBatched,
     add_reconciler_routes,
     attach_rollout_followers,
@@ -212,7 +213,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
         try:
             client = await connect_external(settings, data_converter=pydantic_data_converter)
             # The workflows and their status writes only: the saga's steps run on the workers.
-            worker = Worker(client, task_queue=settings.task_queue, workflows=[DeploySaga],
+            worker = Worker(client, task_queue=settings.task_queue, workflows=[DeploySaga], workflow_runner=SAGA_RUNNER,
                             activities=[PhaseRecorder(statuses).record_phase], no_remote_activities=True)
             worker_task = asyncio.create_task(worker.run(), name="temporal-workflow-worker")
             cleanups.append(worker.shutdown)

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from plnt.reconciler.activities import SagaActivities
+from plnt.reconciler.app import SAGA_RUNNER
 from plnt.reconciler.commit_specs import CommitSpecs
 from plnt.reconciler.loader import load_directory
 from plnt.reconciler.local_driver import LocalDriver
@@ -45,7 +46,8 @@ from temporalio.client import WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker, WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from ..conftest import SpecRepo
 
@@ -113,17 +115,31 @@ class FakeActivities:
 
 
 async def run_saga(address: str, namespace: str, fakes: FakeActivities, action: str = "deploy",
-                   raw: dict[str, Any] | None = None, workflow_id: str | None = None) -> SagaResult:
-    """Runs DeploySaga on a fresh task queue; `raw` replaces the input with any JSON (a forged one)."""
+                   raw: dict[str, Any] | None = None, workflow_id: str | None = None,
+                   runner: WorkflowRunner | None = None, histories: list[Any] | None = None) -> SagaResult:
+    """Runs DeploySaga on a fresh task queue; `raw` replaces the input with any JSON (a forged one).
+
+    In Temporal's sandbox unless `runner` says otherwise: plnt's own workers run the saga without it
+    (SAGA_RUNNER), so these tests are where a non-deterministic call in the saga is caught. The saga's
+    history is appended to `histories` when given.
+    """
     client = await connect(address, namespace, data_converter=pydantic_data_converter)
     queue = f"q-{uuid.uuid4().hex}"
     saga = SagaInput(action=action, namespace="default", name="rr", commit=COMMIT,
                      fingerprint=FINGERPRINT if action == "deploy" else None,
                      version="1.0.0" if action == "deploy" else None, retry=FAST_RETRY)
-    async with Worker(client, task_queue=queue, workflows=[DeploySaga], activities=fakes.all()):
-        return await client.execute_workflow("DeploySaga", saga if raw is None else raw,
+    # Any exception fails the saga here: a bug (a call the sandbox refuses, say) ends the test at once
+    # instead of retrying its workflow task until the test times out.
+    async with Worker(client, task_queue=queue, workflows=[DeploySaga], activities=fakes.all(),
+                      workflow_runner=runner or SandboxedWorkflowRunner(), workflow_failure_exception_types=[Exception]):
+        handle = await client.start_workflow("DeploySaga", saga if raw is None else raw,
                                              id=workflow_id or saga.workflow_id,
                                              task_queue=queue, result_type=SagaResult)
+        try:
+            return await handle.result()
+        finally:
+            if histories is not None:
+                histories.append(await handle.fetch_history())
 
 
 async def test_happy_path_walks_every_phase(temporal_address: str, temporal_namespace: str) -> None:
@@ -133,6 +149,27 @@ async def test_happy_path_walks_every_phase(temporal_address: str, temporal_name
     # Verifying twice: before the pull, then with who signed the recipe.
     assert fakes.phases == [Phase.VERIFYING, Phase.VERIFYING, Phase.DEPLOYING, Phase.CANARY, Phase.READY]
     assert fakes.removed == []
+
+
+@pytest.mark.parametrize("smoke_passes", [True, False], ids=["promoted", "rolled-back"])
+async def test_the_saga_plnt_runs_unsandboxed_replays_in_the_sandbox_and_back(
+        temporal_address: str, temporal_namespace: str, smoke_passes: bool) -> None:
+    """plnt's workers run DeploySaga outside the sandbox (SAGA_RUNNER). Its history replays command for
+    command inside the sandbox, which refuses a non-deterministic call, and a sandboxed run's history
+    replays under plnt's runner: the two runners make the same saga."""
+    histories: list[Any] = []
+    plnt_run = await run_saga(temporal_address, temporal_namespace, FakeActivities(smoke_passes=smoke_passes),
+                              runner=SAGA_RUNNER, histories=histories)
+    sandboxed_run = await run_saga(temporal_address, temporal_namespace, FakeActivities(smoke_passes=smoke_passes),
+                                   histories=histories)
+    assert plnt_run == sandboxed_run
+    assert plnt_run.phase is (Phase.READY if smoke_passes else Phase.ROLLED_BACK)
+    plnt_history, sandboxed_history = histories
+    # Markers of the status writes, the steps scheduled, and the end: a history worth replaying.
+    assert len(plnt_history.events) > 20
+    for history, runner in ((plnt_history, SandboxedWorkflowRunner()), (sandboxed_history, SAGA_RUNNER)):
+        replayer = Replayer(workflows=[DeploySaga], workflow_runner=runner, data_converter=pydantic_data_converter)
+        await replayer.replay_workflow(history)  # raises on any difference
 
 
 async def test_failed_smoke_test_rolls_back(temporal_address: str, temporal_namespace: str) -> None:
