@@ -14,7 +14,12 @@ from google.protobuf.duration_pb2 import Duration
 from plnt.reconciler.temporal_server import TemporalDevServer, connect
 from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 
-from .hygiene import pytest_collection_modifyitems, pytest_runtest_makereport, pytest_runtest_protocol  # noqa: F401
+from .hygiene import (  # noqa: F401
+    no_runner_outlives_its_test,
+    pytest_collection_modifyitems,
+    pytest_runtest_makereport,
+    pytest_runtest_protocol,
+)
 from .services import oci_registry, s3_bucket, s3_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,16 +11,24 @@ must start none, so:
    as is every service fixture obtained on the fly (`request.getfixturevalue`). A test NOT marked
    `integration` that did any of it FAILS, naming what it started and how to fix it.
 
-tests/test_hygiene.py runs this check against tests written to break it.
+3. After an integration test that used `tmp_path`, no runner process naming a path under it is
+   still running (`no_runner_outlives_its_test`): a clean stop of plnt stops every runner it
+   started, so a leftover one FAILS the test, named, and is killed.
+
+tests/test_hygiene.py runs these checks against tests written to break them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import threading
-from collections.abc import Generator
+import time
+from collections.abc import Generator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -130,3 +138,41 @@ def pytest_runtest_makereport(item: pytest.Item,
     else:
         report.sections.append(("integration check", message))
     return report
+
+
+def runners_under(root: Path) -> dict[int, str]:
+    """Runner processes (exec'd or forked: both show `-m plnt.runner` in their command line) whose
+    command line names a path under `root`."""
+    needle = os.fsencode(str(root))
+    found: dict[int, str] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = Path(entry.path, "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"\0plnt.runner\0" in argv and needle in argv:  # (the zygote is plnt.runner.zygote)
+            found[int(entry.name)] = argv.replace(b"\0", b" ").decode(errors="replace").strip()[:300]
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_runner_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After an integration test (its plnt stopped), no runner it started is still running: a clean
+    stop stops every runner plnt started. A leftover one fails the test, named, and is killed."""
+    yield
+    tmp = request.node.funcargs.get("tmp_path") if hasattr(request.node, "funcargs") else None
+    if tmp is None or request.node.get_closest_marker("integration") is None:
+        return
+    deadline = time.monotonic() + 10  # a runner told to stop may still be exiting
+    left = runners_under(tmp)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = runners_under(tmp)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if left:
+        shown = "; ".join(f"pid {pid}: {argv}" for pid, argv in left.items())
+        pytest.fail(f"{len(left)} runner process(es) outlived the test (killed now): {shown}", pytrace=False)

@@ -3,13 +3,17 @@ pytest of their own (a subprocess, so the check of THIS run does not see their s
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.hygiene import runners_under
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,3 +112,59 @@ def test_the_check_fails_unit_tests_that_start_services(tmp_path: Path) -> None:
     assert "test_marked_integration_that_listens" not in outcomes
     assert "test_requesting_a_service_fixture_is_integration" not in outcomes, "the fixture did not mark it"
     assert "2 deselected" in output, output
+
+
+RUNNER_CASES = """
+import subprocess
+import sys
+
+import pytest
+
+# A stand-in for a runner: a process whose command line reads like one (`-m plnt.runner ...`).
+SLEEPER = "import time; time.sleep(120)"
+
+
+def runner(tmp_path):
+    return subprocess.Popen([sys.executable, "-c", SLEEPER, "-m", "plnt.runner", "--recipe", str(tmp_path / "r")])
+
+
+@pytest.mark.integration
+def test_integration_that_leaves_a_runner(tmp_path):
+    runner(tmp_path)
+
+
+@pytest.mark.integration
+def test_integration_that_stops_its_runner(tmp_path):
+    process = runner(tmp_path)
+    process.kill()
+    process.wait()
+
+
+@pytest.mark.integration
+def test_integration_whose_runner_is_elsewhere(tmp_path_factory):
+    runner(tmp_path_factory.mktemp("not-the-tests-own"))  # no tmp_path: not this check's to judge
+"""
+
+
+@pytest.mark.integration
+def test_the_check_fails_a_test_that_leaves_a_runner_running(tmp_path: Path) -> None:
+    """tests/hygiene.py's `no_runner_outlives_its_test`, run against tests written to break it: the
+    stand-in "runner" (a sleeping python whose command line reads `-m plnt.runner`) left by one test
+    fails it and is killed."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    integration: starts real services\n")
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(CONFTEST).replace(
+        "pytest_runtest_protocol  # noqa: F401", "pytest_runtest_protocol, no_runner_outlives_its_test  # noqa: F401"))
+    (tmp_path / "test_cases.py").write_text(RUNNER_CASES)
+    outcomes, output = run_pytest(tmp_path, f"--basetemp={tmp_path / 'base'}")  # its runners' paths: under ours
+    try:
+        assert outcomes == {
+            "test_integration_that_leaves_a_runner": "ERROR",
+            "test_integration_that_stops_its_runner": "PASSED",
+            "test_integration_whose_runner_is_elsewhere": "PASSED",
+        }, output
+        assert "1 runner process(es) outlived the test (killed now): pid " in output
+        left = [argv for argv in runners_under(tmp_path).values() if "not-the-tests-own" not in argv]
+        assert left == [], f"the check did not kill the leftover runner: {left}"
+    finally:
+        for pid in runners_under(tmp_path):  # the one the check rightly left alone (and any it missed)
+            os.kill(pid, signal.SIGKILL)
