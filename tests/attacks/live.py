@@ -9,6 +9,7 @@ recipes are signed by a trust root made for the test, plus the checks every atta
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -139,9 +140,13 @@ async def assert_still_serving(plnt: Plnt, version: str = "1.2.0", payload: dict
     assert response.json()["version"] == version, response.json()
 
 
+@contextlib.asynccontextmanager
 async def live_plnt(repo: AttackRepo, tmp_path: Path, temporal_address: str, namespace: str,
                     **overrides: Any) -> AsyncIterator[Plnt]:
-    """`async for plnt in live_plnt(...)`: plnt up with review-responder 1.2.0 Ready."""
+    """`async with live_plnt(...) as plnt`: plnt up with review-responder 1.2.0 Ready, stopped (runners
+    and all) when the block ends, however it ends. (It was an async generator used with `async for`:
+    a `return` or a failure inside the loop left plnt running until the generator was collected, and
+    with it the test's runner.)"""
     settings = settings_for(repo.path, tmp_path / "state", temporal_address, namespace, **overrides)
     async with running_plnt(settings) as plnt:
         await wait_phase(plnt, "Ready", version="1.2.0")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 async def test_resigned_example_serves_and_outside_writes_are_seen(
     attack_repo: AttackRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
 ) -> None:
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace) as plnt:
         outside = OutsideWrites([tmp_path], ignore=[plnt.state.root])
         await assert_still_serving(plnt)
         outside.assert_none()

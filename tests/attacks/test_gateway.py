@@ -63,8 +63,8 @@ async def test_restricted_tokens_and_forged_hooks(
 ) -> None:
     (tmp_path / "tokens.txt").write_text(TOKENS)
     (tmp_path / "hook-secret").write_text(SECRET + "\n")
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace,
-                                gateway_tokens_file=tmp_path / "tokens.txt", webhook_secret_file=tmp_path / "hook-secret"):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace,
+                                gateway_tokens_file=tmp_path / "tokens.txt", webhook_secret_file=tmp_path / "hook-secret") as plnt:
         outside = OutsideWrites([tmp_path], ignore=[plnt.state.root])
         wakes = count_wakes(plnt)
 
@@ -131,8 +131,8 @@ async def test_restricted_tokens_and_forged_hooks(
 async def test_hostile_http_against_the_open_gateway(
     attack_repo: AttackRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
 ) -> None:
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace,
-                                gateway_header_timeout_s=2.0):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace,
+                                gateway_header_timeout_s=2.0) as plnt:
         outside = OutsideWrites([tmp_path], ignore=[plnt.state.root])
         invocations = await runner_invocations(plnt)
 
@@ -215,7 +215,7 @@ async def test_a_flood_of_hooks_is_one_fetch_in_flight_and_one_queued(
 ) -> None:
     """200 hooks while a fetch is in flight: they queue exactly one more fetch, never a second
     concurrent one (the reconciler's wake Event coalesces them)."""
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace, interval_s=3600):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace, interval_s=3600) as plnt:
         outside = OutsideWrites([tmp_path], ignore=[plnt.state.root])
         fetches = count_fetches(plnt, gated=True)
         assert (await request(plnt, "POST", "/hooks/git")).status_code == 202

@@ -346,7 +346,7 @@ async def test_hostile_archives_signed_by_the_trusted_signer_are_refused_before_
     """Every archive here carries a valid signature from the policy's signer (the refusal comes
     from safe extraction, after verification: `UnsafeArchive`, never `VerificationFailed`)."""
     plant(tmp_path)
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace) as plnt:
         run = Refusals(plnt, attack_repo, tmp_path)
         for attack in ARCHIVE_ATTACKS:
             publish_raw(attack_repo, f"attacks/{attack.slug}", "1.3.0", attack.build(tmp_path))
@@ -370,7 +370,7 @@ async def test_signatures_and_policies_that_must_not_let_a_recipe_through(
     genuine = repo.path / "registry" / NAME / "1.3.0"
     archive = (genuine / "recipe.tar.gz").read_bytes()
     digest = "sha256:" + hashlib.sha256(archive).hexdigest()
-    async for plnt in live_plnt(repo, tmp_path, temporal_address, temporal_namespace):
+    async with live_plnt(repo, tmp_path, temporal_address, temporal_namespace) as plnt:
         run = Refusals(plnt, repo, tmp_path)
 
         attack = run.attack

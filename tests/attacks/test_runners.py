@@ -143,7 +143,7 @@ async def test_recipe_code_sees_no_secret_of_plnt_only_the_named_llm_key_in_its_
     attack_repo: AttackRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str,
     secrets_in_env: None,
 ) -> None:
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace, **cli_environment()):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace, **cli_environment()) as plnt:
         attack_repo.publish("review-responder", "1.3.0", source=probe_recipe(tmp_path / "src"))
         attack_repo.deploy("review-responder@1.3.0")
         outside = OutsideWrites([tmp_path], ignore=[plnt.state.root])
@@ -170,7 +170,7 @@ async def test_memory_and_open_files_limits_hold_and_a_release_that_hits_them_fa
 ) -> None:
     (attack_repo.path / "backends" / "local.yaml").write_text(LIMITED_BACKEND)
     attack_repo.repo.commit("runner limits: 512 MiB, 64 open files")
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace) as plnt:
         # A recipe that tries past both limits, catches the errors and reports them.
         attack_repo.publish("review-responder", "1.3.0", source=probe_recipe(tmp_path / "src", hog="report"))
         attack_repo.deploy("review-responder@1.3.0")
@@ -236,7 +236,7 @@ async def test_a_runner_that_never_answers_is_stopped_when_a_newer_commit_supers
 ) -> None:
     """The install activity is cancelled mid health check (the saga is superseded): its runner is
     stopped at once, not left running unrecorded, and the newer commit deploys."""
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace) as plnt:
         attack_repo.publish("review-responder", "1.6.0", source=hanging_recipe(tmp_path / "src", "1.6.0"))
         attack_repo.deploy("review-responder@1.6.0")
         outside = OutsideWrites([tmp_path], ignore=[plnt.state.root])

@@ -64,7 +64,7 @@ async def test_recipe_code_runs_only_in_runner_processes(attack_repo: AttackRepo
     markers = tmp_path / "markers" / "imported-by.pids"
     markers.parent.mkdir()
     modules_before = set(sys.modules)
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace) as plnt:
         attack_repo.publish("review-responder", "1.3.0", recipe_with_marker(tmp_path, "1.3.0", markers))
         attack_repo.deploy("review-responder@1.3.0")
         outside = OutsideWrites([tmp_path], ignore=[plnt.state.root, markers.parent])
@@ -156,7 +156,7 @@ async def test_forged_sagas_are_refused_and_change_nothing(attack_repo: AttackRe
     markers = tmp_path / "evil-imported-by.pids"
     registry, authority = evil_registry(tmp_path, markers)
     evil_commit, evil = attacker_commit(attack_repo, registry, authority)
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace) as plnt:
         main = attack_repo.repo.git("rev-parse", "main")
         # The attacker's commit is even in plnt's clone (as after a fetch of every branch): still not the branch.
         assert plnt.reconciler._source.resolve("attacker") == evil_commit
@@ -221,7 +221,7 @@ class Impostor:
 
 async def test_forged_activities_on_plnt_s_task_queue_are_refused(attack_repo: AttackRepo, tmp_path: Path,
                                                                   temporal_address: str, temporal_namespace: str) -> None:
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace) as plnt:
         client = await connect(temporal_address, temporal_namespace)
         await in_sync(plnt)
         attack = Attack(plnt, client, tmp_path)

@@ -194,7 +194,7 @@ async def test_hostile_spec_commit_is_refused_and_changes_nothing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="plnt.reconciler.reconciler")
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace) as plnt:
         # The repository's work tree is the attacker's to write; plnt must write only in its state.
         outside = OutsideWrites([tmp_path], ignore=[plnt.state.root, attack_repo.path])
         parses = ParseWindow(plnt)
@@ -236,7 +236,7 @@ async def test_gateway_answers_while_a_large_legal_commit_is_parsed(
         f"apiVersion: microagents.dev/v1\nkind: Workflow\nmetadata: {{name: bulk, version: 1.0.{i}}}\n"
         "runtime: {entrypoint: steps.py}\nsteps:\n  - {id: classify_intent, tool: llm.classify}\n"
         "  - {id: draft_reply, tool: llm.generate, deps: [classify_intent]}\n" for i in range(1500))
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace) as plnt:
         parses = ParseWindow(plnt)
         with HealthProbe(plnt.url) as health:
             commit = await asyncio.to_thread(write_bytes(recipes.encode(), "bulk/recipes.yaml"), attack_repo)
@@ -260,7 +260,7 @@ async def test_loose_identity_regex_is_a_warning_in_source_logged_once_and_the_c
     """An identityRegex with unescaped dots (it accepts recipes@attackXplnt.invalid too) deploys as
     before (trust.py applies it with re.fullmatch; the real signer matches) but is shown and logged."""
     caplog.set_level(logging.INFO, logger="plnt.reconciler.reconciler")
-    async for plnt in live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace):
+    async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace) as plnt:
         parses = ParseWindow(plnt)
         policy = attack_repo.path / "trust" / "policy.yaml"
         policy.write_text(policy.read_text().replace("identity: recipes@", "identityRegex: recipes@"))
