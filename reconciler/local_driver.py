@@ -162,6 +162,9 @@ class LocalDriver:
         self._runner_start: RunnerStart = runner_start if sys.platform.startswith("linux") else "exec"
         zygote_dir = self._state.root / "zygote"  # its cwd, HOME, TMPDIR and log; not under runners/
         self._zygote = ZygoteClient(python, zygote_dir, runner_env(self._env, zygote_dir, {}))
+        # Set by shutdown, for good: a start still in flight then (a drift heal of the reconciler's
+        # last pass, say) must not leave a runner that the shutdown's sweep already missed.
+        self._shutting_down = False
         self._records: dict[str, tuple[tuple[int, int, int], LiveWorkflow]] = {}  # snapshot's parsed records
         # The releases directory's stamp when a snapshot may be reused whole (see snapshot), and that snapshot.
         self._listing: tuple[tuple[int, int, int], dict[str, LiveWorkflow]] | None = None
@@ -318,6 +321,7 @@ class LocalDriver:
         """Stop every runner process this driver knows of, up to SHUTDOWN_PARALLEL at once (one after
         another, each drain and exit took a few milliseconds: minutes for Ctrl-C with 1,000 runners);
         the release records stay."""
+        self._shutting_down = True  # from here on no start forks, and one that already did kills its runner
         releases = [release for live in (await self.live()).values()
                     for release in (live.stable, live.canary) if release is not None]
         results = await _at_most(SHUTDOWN_PARALLEL, [self._stop(release) for release in releases])
@@ -383,6 +387,7 @@ class LocalDriver:
         env = runner_env(self._env, runner_dir, self._secret_env)
         last_error = ""
         for attempt in range(3):
+            self._refuse_if_shutting_down(release)
             port = preferred_port if (attempt == 0 and preferred_port) else free_port(self._host)
             log_path = self._state.runner_logs / f"{release.release_id}.log"
             argv = [
@@ -407,6 +412,9 @@ class LocalDriver:
             )
             try:
                 self._remember(started)  # before the health check: a plnt killed from here on finds it
+                # (No await since the fork: either shutdown's sweep sees the pid file just written, or
+                # the sweep had begun and this start kills its own runner.)
+                self._refuse_if_shutting_down(release)
                 healthy = await self._wait_healthy(started, child)
             except BaseException:  # cancelled (a newer commit superseded the saga) or failed: it never served
                 self._kill_unrecorded(started)
@@ -422,6 +430,11 @@ class LocalDriver:
             last_error = f"exit code {code}" if code is not None else f"not healthy within {self._start_timeout_s:.0f}s"
             last_error += f"; log {log_path}: {tail}"
         raise DriverError(f"runner {release.release_id} did not start: {last_error}")
+
+    def _refuse_if_shutting_down(self, release: Release) -> None:
+        if self._shutting_down:
+            raise DriverError(f"runner {release.release_id} not started: plnt is stopping (the next start "
+                              "installs it again)")
 
     async def _spawn(self, argv: list[str], runner_dir: Path, log_path: Path, env: dict[str, str]) -> RunnerProcess:
         if self._runner_start == "fork":
@@ -449,6 +462,7 @@ class LocalDriver:
         client = UpstreamClient(read_timeout_s=1.0, connect_timeout_s=1.0)
         try:
             while time.monotonic() < deadline:
+                self._refuse_if_shutting_down(release)
                 if child.poll() is not None:
                     return False
                 if await self._healthy(release, release.version, client):

@@ -229,6 +229,7 @@ class ZygoteClient:
         self._workdir = workdir  # its cwd, HOME and TMPDIR, and its log (zygote.log)
         self._env = dict(env)  # allowlisted: no secret ever reaches the zygote
         self._zygote: _Zygote | None = None
+        self._closed = False  # by close(), for good: no zygote starts after it
         self._lock = threading.Lock()
 
     @property
@@ -238,6 +239,8 @@ class ZygoteClient:
 
     def _ensure(self) -> _Zygote:
         with self._lock:
+            if self._closed:
+                raise ZygoteError("the runner zygote was stopped (plnt is stopping)")
             if self._zygote is not None and self._zygote.alive:
                 return self._zygote
             if self._zygote is not None:
@@ -289,6 +292,7 @@ class ZygoteClient:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._zygote is not None:
                 self._zygote.close()
                 self._zygote = None

@@ -23,6 +23,7 @@ from plnt.reconciler.state import Release, StateDir
 from plnt.runner.recipe import directory_digest
 
 from ..conftest import EXAMPLE
+from ..hygiene import runners_under
 
 pytestmark = pytest.mark.integration
 
@@ -402,3 +403,32 @@ async def test_a_runner_is_healthy_only_when_it_answers_as_its_release(tmp_path:
         await server.stop()
     gone = release.model_copy(update={"endpoint": f"http://127.0.0.1:{free_port()}"})
     assert await driver._healthy(gone, "1.0.0") is False
+
+
+@pytest.mark.parametrize(("runner_start", "held_step"), [("fork", "_spawn"), ("exec", "_spawn"), ("fork", "_healthy")])
+async def test_a_start_in_flight_when_the_driver_shuts_down_leaves_no_runner(tmp_path: Path, runner_start: str,
+                                                                            held_step: str) -> None:
+    """plnt's stop can find a runner start in flight (an install, or the reconciler's last drift heal).
+    A fork after shutdown's sweep, or a retry after the sweep killed the starting runner (and, forked,
+    from a zygote started again), left a runner running after plnt stopped. Here the step is held (a
+    test hook around the real one) until shutdown has returned: the start fails saying why, and no
+    runner and no zygote is left."""
+    driver = LocalDriver(StateDir(tmp_path / "state"), runner_start=runner_start)  # type: ignore[arg-type]
+    reached, held = asyncio.Event(), asyncio.Event()
+    real_step = getattr(driver, held_step)
+
+    async def step_held(*args: object, **kwargs: object) -> object:
+        reached.set()
+        await held.wait()
+        return await real_step(*args, **kwargs)
+
+    setattr(driver, held_step, step_held)
+    install = asyncio.create_task(driver.install(request("1.2.0")))
+    await asyncio.wait_for(reached.wait(), timeout=60)
+    await driver.shutdown()
+    held.set()
+    with pytest.raises(DriverError, match="plnt is stopping"):
+        await asyncio.wait_for(install, timeout=60)
+    assert runners_under(tmp_path) == {}
+    assert driver._zygote.pid is None, "a zygote was started after shutdown"
+    assert driver.snapshot() == {}, "a release was recorded after shutdown"
