@@ -167,15 +167,16 @@ def _command(pid: int) -> str:
     return " ".join(a.decode(errors="replace") for a in args[:3])[:80]
 
 
-def memory_pss(root: int | None = None) -> dict[str, Any]:
+def memory_pss(root: int | None = None, exclude: int | None = None) -> dict[str, Any]:
     """PSS of this process (plnt: reconciler, worker, gateway) and of its descendants by kind (runner
-    processes, the Temporal dev server, anything else), in MiB. Only processes plnt started count;
-    a runner left by another program on the machine does not."""
+    processes, the Temporal dev server, anything else), in MiB; `exclude`: a pid left out (the
+    sampler's own). Only processes plnt started count; a runner left by another program on the
+    machine does not."""
     root = os.getpid() if root is None else root
     groups: dict[str, dict[str, Any]] = {k: {"processes": 0, "pss_mib": 0.0}
                                          for k in ("plnt", "runners", "temporal", "other")}
     for pid, kind in [(root, "plnt"), *((p, _kind(p)) for p in descendants(root))]:
-        pss = pss_kib(pid)
+        pss = None if pid == exclude else pss_kib(pid)
         if pss is None or kind == "gone":
             continue
         groups[kind]["processes"] += 1
