@@ -64,7 +64,7 @@ async def test_restricted_tokens_and_forged_hooks(
     (tmp_path / "tokens.txt").write_text(TOKENS)
     (tmp_path / "hook-secret").write_text(SECRET + "\n")
     async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace,
-                                gateway_tokens_file=tmp_path / "tokens.txt", webhook_secret_file=tmp_path / "hook-secret") as plnt:
+                         gateway_tokens_file=tmp_path / "tokens.txt", webhook_secret_file=tmp_path / "hook-secret") as plnt:
         outside = OutsideWrites([tmp_path], ignore=[plnt.state.root])
         wakes = count_wakes(plnt)
 
@@ -132,7 +132,7 @@ async def test_hostile_http_against_the_open_gateway(
     attack_repo: AttackRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
 ) -> None:
     async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace,
-                                gateway_header_timeout_s=2.0) as plnt:
+                         gateway_header_timeout_s=2.0) as plnt:
         outside = OutsideWrites([tmp_path], ignore=[plnt.state.root])
         invocations = await runner_invocations(plnt)
 

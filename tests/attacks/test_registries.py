@@ -107,7 +107,7 @@ async def refused(plnt: Plnt, attack_repo: AttackRepo, tmp_path: Path, attack: A
 async def run_attack(attack_repo: AttackRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str,
                      attack: Attack) -> dict[str, Any]:
     async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace,
-                                max_download_bytes=CAP, **attack.settings) as plnt:
+                         max_download_bytes=CAP, **attack.settings) as plnt:
         return await refused(plnt, attack_repo, tmp_path, attack)
 
 
