@@ -11,8 +11,8 @@ must start none, so:
    as is every service fixture obtained on the fly (`request.getfixturevalue`). A test NOT marked
    `integration` that did any of it FAILS, naming what it started and how to fix it.
 
-3. After an integration test that used `tmp_path`, no runner process naming a path under it is
-   still running (`no_runner_outlives_its_test`): a clean stop of plnt stops every runner it
+3. After an integration test that used `tmp_path`, no runner process naming a path under it, or
+   working in it, is still running (`no_runner_outlives_its_test`): a clean stop of plnt stops every runner it
    started, so a leftover one FAILS the test, named, and is killed.
 
 tests/test_hygiene.py runs these checks against tests written to break them.
@@ -142,7 +142,8 @@ def pytest_runtest_makereport(item: pytest.Item,
 
 def runners_under(root: Path) -> dict[int, str]:
     """Runner processes (exec'd or forked: both show `-m plnt.runner` in their command line) whose
-    command line names a path under `root`."""
+    command line names a path under `root`, or whose working directory is under it (a runner's is
+    STATE/runners/RELEASE, also when its recipe lies elsewhere)."""
     needle = os.fsencode(str(root))
     found: dict[int, str] = {}
     for entry in os.scandir("/proc"):
@@ -150,9 +151,12 @@ def runners_under(root: Path) -> dict[int, str]:
             continue
         try:
             argv = Path(entry.path, "cmdline").read_bytes()
+            if b"\0plnt.runner\0" not in argv:  # (the zygote is plnt.runner.zygote)
+                continue
+            cwd = os.fsencode(os.readlink(Path(entry.path, "cwd")))
         except OSError:
             continue
-        if b"\0plnt.runner\0" in argv and needle in argv:  # (the zygote is plnt.runner.zygote)
+        if needle in argv or cwd.startswith(needle + b"/"):
             found[int(entry.name)] = argv.replace(b"\0", b" ").decode(errors="replace").strip()[:300]
     return found
 
