@@ -109,6 +109,12 @@ async def main() -> None:
         sampler_cpu = 0.0
         sampling: asyncio.Task[tuple[dict[str, Any], float]] | None = None
         sample_started, ready_then = 0.0, 0
+
+        def keep(sample: tuple[dict[str, Any], float]) -> float:
+            """Notes a finished sample as of when it began; returns the sampler's CPU seconds."""
+            found, spent = sample
+            samples.append({"at_s": round(sample_started - committed, 1), "ready": ready_then, **found})
+            return spent
         while len(ready_at) < len(names):
             now = time.perf_counter()
             for status in plnt.statuses.all():
@@ -121,9 +127,7 @@ async def main() -> None:
                 sampling = asyncio.create_task(sample_apart())
                 sample_started, ready_then = now, len(ready_at)
             elif sampling is not None and sampling.done():
-                found, spent = sampling.result()
-                sampler_cpu += spent
-                samples.append({"at_s": round(sample_started - committed, 1), "ready": ready_then, **found})
+                sampler_cpu += keep(sampling.result())
                 sampling, next_sample = None, now + args.sample_every
             if now - committed > 1800:
                 raise SystemExit(f"only {len(ready_at)} of {len(names)} Ready after 30 minutes")
@@ -131,9 +135,7 @@ async def main() -> None:
         wall = max(ready_at.values())
         cpu = {k: round(v - cpu_before[k], 2) for k, v in cpu_seconds().items()}
         if sampling is not None:
-            found, spent = await sampling  # (its process is gone: not in the CPU columns above)
-            sampler_cpu += spent
-            samples.append({"at_s": round(sample_started - committed, 1), "ready": ready_then, **found})
+            sampler_cpu += keep(await sampling)  # (its process is gone: not in the CPU columns above)
         # The sampler's CPU (reading 1,000 smaps_rollup files a sample) is the bench's, in a process
         # of its own: in none of the columns above.
         cpu["bench_pss_sampling"] = round(sampler_cpu, 2)

@@ -12,8 +12,8 @@ must start none, so:
    `integration` that did any of it FAILS, naming what it started and how to fix it.
 
 3. After an integration test that used `tmp_path`, no runner process naming a path under it, or
-   working in it, is still running (`no_runner_outlives_its_test`): a clean stop of plnt stops every runner it
-   started, so a leftover one FAILS the test, named, and is killed.
+   working in it, is still running (`no_runner_outlives_its_test`): a clean stop of plnt stops
+   every runner it started, so a leftover one FAILS the test, named, and is killed.
 
 tests/test_hygiene.py runs these checks against tests written to break them.
 """
