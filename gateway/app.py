@@ -29,7 +29,9 @@ Errors (gateway-made; runner errors pass through with the runner's status and bo
 
 Retries: a refused connect (nothing reached the runner) is retried once: on the new route
 table if it was swapped since the request looked (a promotion replaced the runner), else on
-another stable replica. Any other failure is not retried: the runner may have done the work.
+another stable replica, else (scale to zero) on the same release once `wake` started its parked
+runner again; concurrent requests for one parked release share one wake. Any other failure is not
+retried: the runner may have done the work.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ _KEEPALIVE_EXPIRY_S = 2.0
 _MAX_CONNECT_TIMEOUT_S = 5.0
 
 ASGIScope = dict[str, Any]
+Wake = Callable[[str, str, str], Awaitable[str | None]]  # (namespace, name, release id) -> endpoint or None
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -245,8 +248,11 @@ class Gateway:
         on_git_hook: Callable[[], Awaitable[None]] | None = None,
         webhook_secret: bytes | None = None,
         allowed_hosts: frozenset[bytes] | None = None,
+        wake: Wake | None = None,
     ) -> None:
         self.router = router
+        self.wake = wake
+        self._waking: dict[str, asyncio.Future[str | None]] = {}  # release id -> the wake in progress
         self.on_git_hook = on_git_hook
         self.webhook_secret = webhook_secret
         self.allowed_hosts = allowed_hosts  # open loopback mode: the Host names it answers
@@ -315,6 +321,8 @@ class Gateway:
         except UpstreamConnectError as exc:
             router.leave(backend)
             retry = self._open(table, route, name, backend, backend)
+            if retry is None and self.wake is not None:
+                retry = await self._woken(route, backend, track)
             if retry is None:
                 raise self._upstream_reply(exc, route, name, backend, openai) from None
             self.metrics.retried(route.namespace, name)
@@ -337,6 +345,34 @@ class Gateway:
             router.leave(backend)
             raise
         return response, backend, track
+
+    async def _woken(self, route: Route, backend: Backend, track: Track) -> tuple[Backend, Track] | None:
+        """`backend` refused the connection: if its runner parked (scale to zero), start it again
+        and answer where it now listens; None if it did not park or cannot start."""
+        waking = self._waking.get(backend.release_id)
+        if waking is None:
+            waking = self._waking[backend.release_id] = asyncio.ensure_future(self._wake(route, backend))
+            waking.add_done_callback(lambda _: self._waking.pop(backend.release_id, None))
+        try:
+            endpoint = await asyncio.shield(waking)  # one request giving up does not cancel the others' wake
+        except Exception:  # noqa: BLE001 - logged in _wake; the request gets the refused connect's 502
+            return None
+        if endpoint is None:
+            return None
+        return Backend(endpoint=endpoint, version=backend.version, release_id=backend.release_id), track
+
+    async def _wake(self, route: Route, backend: Backend) -> str | None:
+        assert self.wake is not None
+        try:
+            endpoint = await asyncio.wait_for(self.wake(route.namespace, route.name, backend.release_id),
+                                              self.request_timeout_s)
+        except Exception as exc:
+            log.warning("runner-wake-failed workflow=%s/%s release=%s: %s", route.namespace, route.name,
+                        backend.release_id, exc or type(exc).__name__)
+            raise
+        if endpoint is not None:
+            self.metrics.woke(route.namespace, route.name)
+        return endpoint
 
     def _upstream_reply(self, exc: UpstreamError, route: Route, name: str, backend: Backend, openai: bool) -> _Reply:
         who = f"runner {backend.version} of workflow {route.namespace}/{name}"
@@ -871,6 +907,7 @@ def create_app(
     webhook_secret: bytes | None = None,
     host: str = "127.0.0.1",
     health: Callable[[], tuple[int, dict[str, Any]]] | None = None,
+    wake: Wake | None = None,
 ) -> GatewayApp:
     """Build the gateway app. The runner client lives in the app lifespan.
 
@@ -880,7 +917,8 @@ def create_app(
     forge signature made with it (see hooks.py). `host`: the address served on; an open
     gateway on a loopback address answers only loopback Host names (DNS rebinding).
     `health`: (status code, body) of `GET /healthz` (the gateway role answers 503 until it has a
-    route table); default 200 `{"status": "ok"}`.
+    route table); default 200 `{"status": "ok"}`. `wake(namespace, name, release_id)`: start a
+    parked runner (scale to zero) again; its endpoint, or None when that release did not park.
     """
     gateway = Gateway(
         router,
@@ -893,6 +931,7 @@ def create_app(
         on_git_hook=on_git_hook,
         webhook_secret=webhook_secret,
         allowed_hosts=open_gateway_hosts(host, tokens or TokenSet()),
+        wake=wake,
     )
 
     @asynccontextmanager

@@ -13,6 +13,8 @@ Series (labels: `api` = invoke|chat, `namespace`, `workflow`, `version`, `track`
 - `plnt_gateway_in_flight_requests{api}`: requests being served now.
 - `plnt_gateway_upstream_retries_total{namespace,workflow}`: refused connects retried on
   another replica.
+- `plnt_gateway_runner_wakes_total{namespace,workflow}`: parked runners (scale to zero) started
+  again for a request.
 Requests that never reach a route (401, unknown workflow, bad body before the model is known)
 carry empty workflow/version/track labels, so clients cannot inflate the label space.
 """
@@ -44,6 +46,8 @@ class GatewayMetrics:
         self.in_flight = Gauge("plnt_gateway_in_flight_requests", "Requests being served now.", ("api",), registry=r)
         self.retries = Counter("plnt_gateway_upstream_retries", "Refused connects retried on another replica.",
                                ("namespace", "workflow"), registry=r)
+        self.wakes = Counter("plnt_gateway_runner_wakes", "Parked runners started again for a request.",
+                             ("namespace", "workflow"), registry=r)
         # labels() takes a lock and builds a key on every call; the children are cached here
         # (a few us per request saved on the hot path).
         self._children: dict[tuple[object, ...], object] = {}
@@ -79,6 +83,9 @@ class GatewayMetrics:
 
     def retried(self, namespace: str, workflow: str) -> None:
         self._child(self.retries, (namespace, workflow)).inc()  # type: ignore[attr-defined]
+
+    def woke(self, namespace: str, workflow: str) -> None:
+        self._child(self.wakes, (namespace, workflow)).inc()  # type: ignore[attr-defined]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -21,7 +21,7 @@ from typing import Any
 from .app import GatewayApp, create_app
 from .auth import TokenSet, is_loopback_host
 from .limits import HttpLimits
-from .route_watch import DEFAULT_WAIT_S, RouteFollower
+from .route_watch import DEFAULT_WAIT_S, ControlWaker, RouteFollower
 from .routes import Router
 from .server import GatewayServer
 
@@ -109,9 +109,11 @@ class GatewayRole:
         self.router = Router()
         self.follower = RouteFollower(config.control_url, config.internal_token, self.router,
                                       wait_s=config.watch_wait_s, backoff_max_s=config.watch_retry_max_s)
+        # A runner that parked (scale to zero) is started again by the control plane, asked here.
+        self.waker = ControlWaker(config.control_url, config.internal_token, timeout_s=config.request_timeout_s)
         app = create_app(self.router, list_workflows=self.follower.workflows, on_git_hook=None, tokens=config.tokens,
                          max_body_bytes=config.max_body_bytes, request_timeout_s=config.request_timeout_s,
-                         host=config.host, health=self.health)
+                         host=config.host, health=self.health, wake=self.waker)
         self.forwarder = None
         if forward_control:
             from .workers import ControlForwarder
@@ -158,5 +160,6 @@ class GatewayRole:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         await self.server.stop()
+        await self.waker.aclose()
         if self.forwarder is not None:
             await self.forwarder.aclose()

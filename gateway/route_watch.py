@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import random
+import re
 import secrets
 import threading
 import time
@@ -318,10 +319,46 @@ def internal_guard(app: Any, internal_token: str | None) -> InternalGuard:
     return check
 
 
-def add_control_routes(app: Any, publisher: RoutePublisher, internal_token: str | None) -> None:
-    """Mount `GET /internal/routes` on a gateway app (plnt up's, or the reconcile role's); its auth
-    is `internal_guard`'s."""
+class WakeRequest(BaseModel):
+    """`POST /internal/wake`: start the parked runner of one release again (scale to zero)."""
+
+    model_config = _STRICT
+
+    namespace: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=253)
+    release_id: str = Field(min_length=1, max_length=512)
+
+
+MAX_WAKE_BODY = 4096
+
+
+def add_control_routes(app: Any, publisher: RoutePublisher, internal_token: str | None,
+                       wake: Callable[[str, str, str], Awaitable[str | None]] | None = None) -> None:
+    """Mount `GET /internal/routes` on a gateway app (plnt up's, or the reconcile role's), and with
+    `wake`, `POST /internal/wake` (what plnt up's gateway workers ask when a runner parked); their
+    auth is `internal_guard`'s."""
     guard = internal_guard(app, internal_token)
+
+    if wake is not None:
+        @app.post("/internal/wake", include_in_schema=False)
+        async def internal_wake(request: Request) -> Response:
+            """200 {"endpoint"} once the release's runner serves again; 404 when it did not park."""
+            if (refused := guard(request, "POST /internal/wake")) is not None:
+                return refused
+            body = b""
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_WAKE_BODY:
+                    return _json(413, "too_large", f"a wake request is at most {MAX_WAKE_BODY} bytes")
+            try:
+                asked = WakeRequest.model_validate_json(body)
+            except ValidationError as exc:
+                return _json(400, "bad_request", f"expected {{namespace, name, release_id}}: {exc.errors()[0]['msg']}")
+            endpoint = await wake(asked.namespace, asked.name, asked.release_id)
+            if endpoint is None:
+                return _json(404, "not_parked", f"release {asked.release_id} of {asked.namespace}/{asked.name} is not "
+                             "a parked runner plnt can start")
+            return JSONResponse({"endpoint": endpoint})
 
     @app.get("/internal/routes", include_in_schema=False)
     async def internal_routes(request: Request) -> Response:
@@ -346,6 +383,31 @@ def add_control_routes(app: Any, publisher: RoutePublisher, internal_token: str 
 
 
 # --- the gateway's side ---------------------------------------------------------------------------------
+
+
+class ControlWaker:
+    """A gateway's `wake` (gateway/app.py) through the control plane: `POST {control_url}/internal/wake`."""
+
+    def __init__(self, control_url: str, token: str, timeout_s: float = 60.0) -> None:
+        self.url = f"{control_url.rstrip('/')}/internal/wake"
+        self._headers = {"authorization": f"Bearer {token}"}
+        self._client = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(timeout_s, connect=5.0))
+
+    async def __call__(self, namespace: str, name: str, release_id: str) -> str | None:
+        response = await self._client.post(self.url, headers=self._headers, json={
+            "namespace": namespace, "name": name, "release_id": release_id})
+        if response.status_code == 404:  # did not park, or a control plane that does not wake runners
+            return None
+        if response.status_code != 200:
+            raise FollowError(f"POST {self.url} answered {response.status_code}: {_error_message(response.text[:500])}")
+        endpoint = response.json().get("endpoint")
+        if not isinstance(endpoint, str) or not re.match(_ENDPOINT, endpoint):
+            raise FollowError(f"POST {self.url}: no valid endpoint in the answer")
+        return endpoint
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
 
 
 class FollowError(Exception):

@@ -331,6 +331,10 @@ class SagaActivities:
     async def smoke_test(self, request: SmokeInput) -> SmokeResult:
         _, run = await self._deploy(request.saga)
         canary = await self._release_of(run, "canary")
+        wake = getattr(self._driver, "wake", None)  # a canary that parked (scale to zero) since its install
+        if wake is not None and (woken := await wake(run.metadata.namespace, run.metadata.name,
+                                                     canary.release_id)) is not None:
+            canary = woken
         budget = run.spec.canary.smoke_test
         recipe_dir = self._verified_recipe(run, canary.recipe_digest)
         try:

@@ -92,6 +92,19 @@ def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore,
     return RouteTable(routes.values())
 
 
+def public_rows(statuses: StatusStore, live: dict[str, LiveWorkflow]) -> list[dict[str, Any]]:
+    """`GET /workflows`: each status's public row, with `"parked": true` where the promoted release's
+    runner parked (scale to zero: the next request starts it)."""
+    rows = []
+    for status in statuses.all():
+        row = status.public()
+        item = live.get(status.key)
+        if item is not None and item.stable is not None and item.stable.parked:
+            row["parked"] = True
+        rows.append(row)
+    return rows
+
+
 class TurnBatched:
     """Runs `rebuild` once the current event-loop turn is over, however often it was asked for,
     and at most as often as keeps it under a tenth of the loop's time.
@@ -181,10 +194,11 @@ class Plnt:
     def _rebuild_routes(self) -> None:
         # Every backend: local runners and the last known releases of each Kubernetes backend.
         source = self.drivers if self.drivers is not None else self.driver
-        table = build_route_table(source.snapshot(), self.statuses, self._built_routes)
+        live = source.snapshot()
+        table = build_route_table(live, self.statuses, self._built_routes)
         self.router.replace(table)
         if self.publisher is not None:
-            self.publisher.publish(table, [status.public() for status in self.statuses.all()])
+            self.publisher.publish(table, public_rows(self.statuses, live))
 
     async def stop(self) -> None:
         """Stop everything `start` started, runners included; release records stay for the next start."""
@@ -214,7 +228,8 @@ def load_gateway_auth(settings: Settings) -> tuple[TokenSet, bytes | None]:
 
 def make_local_driver(settings: Settings, state: StateDir, *, on_change: Callable[[], None],
                       drain: Callable[[Release], Awaitable[object]],
-                      limits_for: Callable[[str, str], Any]) -> LocalDriver:
+                      limits_for: Callable[[str, str], Any],
+                      park_after_for: Callable[[str, str, str], float | None] | None = None) -> LocalDriver:
     raise_open_files_limit()  # a connection or more per runner: 1,000 runners pass the usual soft 1,024
     return LocalDriver(
         state, host="127.0.0.1", start_timeout_s=settings.runner_start_timeout_s,
@@ -222,7 +237,7 @@ def make_local_driver(settings: Settings, state: StateDir, *, on_change: Callabl
         runner_args=settings.runner_args(), env=settings.runner_env,
         secret_env={settings.llm_api_key_env: settings.llm_api_key.get_secret_value()}
         if settings.llm_api_key_env and settings.llm_api_key else None,
-        limits_for=limits_for, drain=drain, runner_start=settings.runner_start,
+        limits_for=limits_for, drain=drain, runner_start=settings.runner_start, park_after_for=park_after_for,
     )
 
 
@@ -352,6 +367,8 @@ async def start(settings: Settings) -> Plnt:
             settings, state, on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None,
             limits_for=lambda namespace, name: drivers.runner_limits(namespace, name),
             drain=lambda release: _drain_after_flush(holder, router, release, settings.runner_stop_timeout_s),
+            # Scale to zero: this process's gateway (and its workers, through /internal/wake) wakes them.
+            park_after_for=lambda namespace, name, fingerprint: drivers.park_after(namespace, name, fingerprint),
         )
         cleanups.append(driver.shutdown)
         # Helm state changes (installs, promotions, removals, live reads) change routes too.
@@ -368,17 +385,22 @@ async def start(settings: Settings) -> Plnt:
                                 state=state, verifier=verifier, approval=approval)
 
         def list_workflows() -> list[dict[str, Any]]:
-            return [status.public() for status in statuses.all()]
+            return public_rows(statuses, drivers.snapshot())
 
         async def on_git_hook() -> None:
             reconciler.wake()
 
         worker_count = settings.gateway_workers or auto_workers()
+        async def wake(namespace: str, name: str, release_id: str) -> str | None:
+            woken = await drivers.wake(namespace, name, release_id)
+            return woken.endpoint if woken is not None else None
+
         gateway_app = create_app(router, list_workflows=list_workflows, on_git_hook=on_git_hook, tokens=tokens,
                                  max_body_bytes=settings.gateway_max_body_bytes,
                                  request_timeout_s=settings.gateway_request_timeout_s,
                                  webhook_secret=webhook_secret, host=settings.host,
-                                 health=lambda: (200, {"status": "ok", "worker": 0, "workers": worker_count}))
+                                 health=lambda: (200, {"status": "ok", "worker": 0, "workers": worker_count}),
+                                 wake=wake)
 
         add_reconciler_routes(gateway_app, reconciler, client)
         publisher = RoutePublisher()
@@ -387,7 +409,7 @@ async def start(settings: Settings) -> Plnt:
             # The workers follow the route watch with it; made here, it exists only in memory and in
             # the workers' stdin pipes (workers.py).
             internal_token = secrets.token_urlsafe(32)
-        add_control_routes(gateway_app, publisher, internal_token)
+        add_control_routes(gateway_app, publisher, internal_token, wake=wake)
         if worker_count > 1:  # GET /metrics: the sum over the gateway processes (each pushes its own)
             assert internal_token is not None
             worker_metrics = WorkerMetrics(gateway_app.gateway.metrics.render)

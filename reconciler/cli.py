@@ -562,7 +562,14 @@ def status(
         label = row["namespace"] + "/" + (f"{row['name'].rsplit('--pr', 1)[0]} [PR #{row['preview']}]"
                                           if row.get("preview") else row["name"])
         typer.echo(f"{label:<34} {row['phase']:<11} {row.get('version') or '-':<10} "
-                   f"{canary:<14} {(row.get('observedCommit') or '-')[:12]:<13} {_endpoint(row):<24} {row.get('message') or ''}")
+                   f"{canary:<14} {(row.get('observedCommit') or '-')[:12]:<13} {_endpoint(row):<24} {_message(row)}")
+
+
+def _message(row: dict[str, Any]) -> str:
+    message = str(row.get("message") or "")
+    if row.get("parked"):  # scale to zero (replicas.min: 0)
+        return "parked: the next request starts it" + (f"; {message}" if message else "")
+    return message
 
 
 def _endpoint(row: dict[str, Any]) -> str:

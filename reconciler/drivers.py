@@ -108,6 +108,22 @@ class DriverSet:
         backend = self._backends.get(self._assigned.get(run_key(namespace, name), ""))
         return backend.spec.runner_limits if backend is not None else RunnerLimits()
 
+    def park_after(self, namespace: str, name: str, fingerprint: str) -> float | None:
+        """Idle seconds after which this release's local runner parks: its backend's
+        scaleToZeroAfterSeconds when the spec it was made from says `replicas.min: 0`, else None."""
+        spec = self._specs(namespace, name, fingerprint)
+        backend = self._backends.get(self._assigned.get(run_key(namespace, name), ""))
+        if spec is None or backend is None or spec.replicas.min != 0 or backend.spec.type != "local":
+            return None
+        return backend.spec.scale_to_zero_after_seconds
+
+    async def wake(self, namespace: str, name: str, release_id: str) -> Release | None:
+        """Start a parked local runner again (LocalDriver.wake); None for anything else."""
+        if self.driver_for(namespace, name) is not self.local:
+            return None
+        wake = getattr(self.local, "wake", None)  # ReportedRunners (the reconcile role) cannot
+        return await wake(namespace, name, release_id) if wake is not None else None
+
     # --- the driver interface, dispatched ----------------------------------------------------
 
     async def install(self, request: InstallRequest) -> Release:

@@ -855,6 +855,16 @@ def _backend_problems(doc: _Document, run: WorkflowRun, backends: dict[str, Plnt
                 f"'{placement.cluster}' or use one of: {known}",
             )
         ]
+    if run.spec.replicas.min == 0 and backend.spec.type != "local":
+        return [
+            Problem(
+                doc.file,
+                doc.line(("spec", "replicas", "min")),
+                "spec.replicas.min",
+                f"replicas.min: 0 (scale to zero) needs a type: local backend; backend '{backend.metadata.name}' is "
+                f"type: {backend.spec.type} (use min: 1 or more there)",
+            )
+        ]
     offered = backend.spec.gpu_classes
     if placement.gpu_class is not None and placement.gpu_class not in offered:
         what = f"offers: {', '.join(offered)}" if offered else "offers no GPU classes"

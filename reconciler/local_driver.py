@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from plnt.gateway.upstream import UpstreamClient, UpstreamError
+from plnt.runner.idle import PARKED_FILE, read_parked
 
 from .driver import InstallRequest
 from .errors import DriverError, InvalidRecipe
@@ -64,6 +65,8 @@ RUNNER_ENV_NAMES = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "S
 RUNNER_ENV_PREFIXES = ("LC_",)
 
 LimitsLookup = Callable[[str, str], RunnerLimits]  # (namespace, name) -> limits of its backend
+# (namespace, name, spec fingerprint) -> idle seconds after which that release's runner parks, or None
+ParkLookup = Callable[[str, str, str], float | None]
 RunnerStart = Literal["fork", "exec"]
 RunnerProcess = subprocess.Popen[bytes] | ForkedRunner
 
@@ -139,6 +142,7 @@ class LocalDriver:
         secret_env: Mapping[str, str] | None = None,
         limits_for: LimitsLookup | None = None,
         runner_start: RunnerStart = "fork",
+        park_after_for: ParkLookup | None = None,
     ) -> None:
         self._state = state.ensure()
         self._python = python
@@ -154,6 +158,8 @@ class LocalDriver:
         self._env = allowlisted_env(env or {})
         self._secret_env = dict(secret_env or {})
         self._limits_for = limits_for or (lambda namespace, name: RunnerLimits())
+        # Scale to zero only where something wakes parked runners (plnt up's gateway); None: never park.
+        self._park_after_for = park_after_for
         self._pids = self._state.root / "runner-pids"
         self._pids.mkdir(exist_ok=True)
         self._locks: dict[str, asyncio.Lock] = {}
@@ -186,7 +192,9 @@ class LocalDriver:
             if current is not None:
                 self._write(live.model_copy(update={request.track: None}))
                 await self._stop(current)
-            release = await self._start(request.release())
+            park_after = (self._park_after_for(request.namespace, request.name, request.spec_fingerprint)
+                          if self._park_after_for is not None else None)
+            release = await self._start(request.release().model_copy(update={"park_after_s": park_after}))
             try:
                 live = self._read(request.namespace, request.name)
                 self._write(live.model_copy(update={request.track: release}))
@@ -276,12 +284,20 @@ class LocalDriver:
     # --- lifecycle of `plnt up` --------------------------------------------------------------
 
     async def drift(self) -> dict[str, list[Release]]:
-        """Recorded releases whose runner is not running (died, killed by hand)."""
+        """Recorded releases whose runner is not running (died, killed by hand). A runner that parked
+        (scale to zero) is not drift: its record is marked parked here, and a request wakes it."""
         drifted: dict[str, list[Release]] = {}
+        parked: list[LiveWorkflow] = []
         for key, live in self.snapshot().items():
-            gone = [r for r in (live.stable, live.canary) if r is not None and not self.is_running(r)]
-            if gone:
-                drifted[key] = gone
+            gone = [r for r in (live.stable, live.canary) if r is not None and not r.parked and not self.is_running(r)]
+            if not gone:
+                continue
+            if any(self._parked_itself(r) for r in gone):
+                parked.append(live)
+            if dead := [r for r in gone if not self._parked_itself(r)]:
+                drifted[key] = dead
+        for live in parked:
+            await self._note_parked(live.namespace, live.name)
         return drifted
 
     async def repair(self, namespace: str, name: str) -> list[Release]:
@@ -292,8 +308,8 @@ class LocalDriver:
             live = self._read(namespace, name)
             for track in ("stable", "canary"):
                 release: Release | None = getattr(live, track)
-                if release is None or self.is_running(release):
-                    continue
+                if release is None or release.parked or self.is_running(release) or self._parked_itself(release):
+                    continue  # (one that parked is woken by a request, not restarted: see wake)
                 try:
                     new = await self._start(release, preferred_port=release.port)
                 except DriverError as exc:
@@ -316,6 +332,65 @@ class LocalDriver:
         if failed:
             raise failed[0]
         return [release for result in results if not isinstance(result, BaseException) for release in result]
+
+    async def wake(self, namespace: str, name: str, release_id: str) -> Release | None:
+        """Start a parked release's runner again (scale to zero): the same release on its recorded port
+        when that is free. Returns the running release (at once if it runs already: another request
+        woke it), or None when that release is not recorded or did not park (a runner that died is
+        drift, restarted by the reconciler's heal, not by a request)."""
+        async with self._lock(namespace, name):
+            live = self._read(namespace, name)
+            found = [r for r in (live.stable, live.canary) if r is not None and r.release_id == release_id]
+            if not found:
+                return None
+            release = found[0]
+            if not release.parked:
+                if not self._parked_itself(release, alive_too=True):
+                    return release if self.is_running(release) else None
+                await self._wait_parked(release)  # it parks right now: its port is free once it exited
+            started_at = time.monotonic()
+            woken = await self._start(release.model_copy(update={"parked": False}), preferred_port=release.port)
+            live = self._read(namespace, name)
+            if getattr(live, release.track) is None or getattr(live, release.track).release_id != release_id:
+                self._kill_unrecorded(woken)  # removed or replaced meanwhile (cannot happen under the lock)
+                return None
+            self._write(live.model_copy(update={release.track: woken}))
+            log.info("runner-woken release=%s endpoint=%s pid=%s in %.0f ms", release_id, woken.endpoint, woken.pid,
+                     (time.monotonic() - started_at) * 1000)
+            return woken
+
+    def _parked_itself(self, release: Release, *, alive_too: bool = False) -> bool:
+        """Whether this release's runner process wrote that it parks (runner/idle.py), and is gone
+        (or, with `alive_too`, still exiting)."""
+        if release.pid is None or (not alive_too and self.is_running(release)):
+            return False
+        return read_parked(self._state.runner_logs / release.release_id) == release.pid
+
+    async def _wait_parked(self, release: Release) -> None:
+        """Wait (up to the stop timeout) for a parking runner to exit: it answers a request it
+        accepted before closing its listener. Then SIGTERM, and SIGKILL, as any stop."""
+        assert release.pid is not None
+        deadline = time.monotonic() + self._stop_timeout_s
+        while time.monotonic() < deadline and self._alive(release.pid, release.pid_start):
+            await asyncio.sleep(STOP_POLL_S)
+        if self._alive(release.pid, release.pid_start):
+            await self._terminate(release.pid, release.pid_start, release.release_id)
+        self._reap(release.pid)
+
+    async def _note_parked(self, namespace: str, name: str) -> None:
+        """Record as parked each release of one WorkflowRun whose runner parked itself and exited."""
+        async with self._lock(namespace, name):
+            live = self._read(namespace, name)
+            update: dict[str, Release] = {}
+            for track in ("stable", "canary"):
+                release: Release | None = getattr(live, track)
+                if release is not None and not release.parked and self._parked_itself(release):
+                    log.info("runner-parked release=%s port=%s: no invocation for %gs; the next request starts "
+                             "it again", release.release_id, release.port, release.park_after_s or 0)
+                    self._reap(release.pid)
+                    update[track] = release.model_copy(update={"parked": True, "pid": None, "pid_start": None})
+            if update:
+                self._write(live.model_copy(update=update))
 
     async def shutdown(self) -> None:
         """Stop every runner process this driver knows of, up to SHUTDOWN_PARALLEL at once (one after
@@ -398,8 +473,10 @@ class LocalDriver:
                 "--limit-memory-mib", str(limits.memory_mi_b),
                 "--limit-open-files", str(limits.open_files),
                 "--limit-processes", str(limits.processes),
+                *(["--park-after-idle-s", f"{release.park_after_s:g}"] if release.park_after_s else []),
                 *self._runner_args,
             ]
+            (runner_dir / PARKED_FILE).unlink(missing_ok=True)  # an earlier process's: this one has not parked
             child = await self._spawn(argv, runner_dir, log_path, env)
             self._children[child.pid] = child
             started = release.model_copy(

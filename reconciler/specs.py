@@ -104,7 +104,9 @@ class BackendPlacement(SpecModel):
 
 
 class Replicas(SpecModel):
-    min: int = Field(default=1, ge=1)
+    """min: 0 is scale to zero (local backends only): the runner stops after its backend's scaleToZeroAfterSeconds without an invocation, and the next request starts it again."""  # noqa: E501
+
+    min: int = Field(default=1, ge=0)
     max: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
@@ -158,6 +160,9 @@ class WorkflowRun(SpecModel):
         return spec_fingerprint(self.spec)
 
 
+DEFAULT_SCALE_TO_ZERO_AFTER_S = 300.0
+
+
 class KubernetesTarget(SpecModel):
     context: str | None = None
     namespace: str = Field(default="default", pattern=NAME_PATTERN)
@@ -183,6 +188,8 @@ class PlntBackendSpec(SpecModel):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     runner_limits: RunnerLimits = Field(default_factory=RunnerLimits)
+    # Idle seconds after which the runner of a `replicas.min: 0` WorkflowRun stops (type: local).
+    scale_to_zero_after_seconds: float = Field(default=DEFAULT_SCALE_TO_ZERO_AFTER_S, ge=1, le=7 * 86400)
 
     @model_validator(mode="after")
     def _kubernetes_needs_target(self) -> PlntBackendSpec:
@@ -194,6 +201,9 @@ class PlntBackendSpec(SpecModel):
             # Not silently ignored: pods get their limits from the chart's resources. (Compared with the
             # defaults, not "was it set": dumped and re-read backends carry the defaults.)
             raise ValueError("runnerLimits: is only allowed with type: local (Kubernetes runners: chart resources)")
+        if self.type == "kubernetes" and self.scale_to_zero_after_seconds != DEFAULT_SCALE_TO_ZERO_AFTER_S:
+            raise ValueError("scaleToZeroAfterSeconds: is only allowed with type: local (plnt does not scale "
+                             "Kubernetes runners to zero)")
         return self
 
 

@@ -72,6 +72,10 @@ class Release(BaseModel):
     pid: int | None = None
     pid_start: str | None = None  # /proc start time: tells our process from a reused pid
     port: int | None = None
+    # Scale to zero (local runners of `replicas.min: 0`): the runner exits after this many idle
+    # seconds, and is then recorded `parked` (no process, same port) until a request wakes it.
+    park_after_s: float | None = None
+    parked: bool = False
 
 
 class LiveWorkflow(BaseModel):

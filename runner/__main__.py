@@ -8,6 +8,9 @@ Backends: `--backend mock` (default; offline, deterministic, `--token-delay` per
 for any OpenAI-compatible server. The API key is read from the environment variable NAMED by
 `--api-key-env` (never given on the command line, where `ps` would show it).
 `--step-cache-size N` bounds the step cache (0 disables it).
+`--park-after-idle-s S`: scale to zero. After S seconds without an invocation the runner writes
+`parked.json` in its working directory and exits 0; plnt starts it again on the next request
+(plnt.runner.idle).
 
 `--limit-memory-mib N`, `--limit-open-files N`, `--limit-processes N` set RLIMIT_AS, RLIMIT_NOFILE
 and RLIMIT_NPROC (soft and hard, so recipe code cannot raise them unless it runs as root) first
@@ -35,6 +38,7 @@ import socket
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -53,6 +57,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--limit-memory-mib", type=int, default=None, help="address-space limit (RLIMIT_AS), MiB")
     parser.add_argument("--limit-open-files", type=int, default=None, help="open file limit (RLIMIT_NOFILE)")
     parser.add_argument("--limit-processes", type=int, default=None, help="RLIMIT_NPROC (counted per user by Linux)")
+    parser.add_argument("--park-after-idle-s", type=float, default=None, metavar="S",
+                        help="scale to zero: exit, recorded as parked, after S seconds without an invocation")
     return parser.parse_args(argv)
 
 
@@ -150,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.step_cache_size < 0:
         print("plnt.runner: --step-cache-size must be >= 0", file=sys.stderr)
         return 2
+    if args.park_after_idle_s is not None and not args.park_after_idle_s > 0:
+        print("plnt.runner: --park-after-idle-s must be > 0", file=sys.stderr)
+        return 2
     try:
         adapter = _adapter(args)
     except ValueError as exc:
@@ -161,13 +170,27 @@ def main(argv: list[str] | None = None) -> int:
 
     app = create_app(recipe, adapter, args.release_id, step_cache_size=args.step_cache_size,  # type: ignore[arg-type]
                      host=args.host)
+    served: Any = app
+    if args.park_after_idle_s is not None:
+        from plnt.runner.idle import IdleParker, write_parked
+
+        here = Path.cwd()  # the runner's own directory: plnt starts it there and looks there
+        idle_s = args.park_after_idle_s
+
+        def park() -> None:
+            write_parked(here, idle_s)
+            print(f"plnt.runner: parked after {idle_s:g}s without an invocation; plnt starts it again on the "
+                  "next request", file=sys.stderr)
+            server.request_exit()
+
+        served = IdleParker(app, idle_s, park)
     # The gateway's HTTP limits (header size and count, slow-client deadlines) apply here too.
     # log_config=None: the logging set up above serves; uvicorn's dictConfig would build its own
     # handlers and formatters in every runner (private memory in each forked one).
     # date_header=False: nobody reads a runner's Date header (the gateway answers with its own), and
     # keeping it fresh is the only reason for uvicorn's housekeeping tick; without it an idle runner
     # wakes once a minute instead of once a second (exit still comes at once, see QuietServer).
-    config = uvicorn_config(app, args.host, args.port, log_level="warning", access_log=False, log_config=None,
+    config = uvicorn_config(served, args.host, args.port, log_level="warning", access_log=False, log_config=None,
                             date_header=False)
     try:
         listener = _listen_socket(args.host, args.port)

@@ -222,6 +222,7 @@ def preload() -> None:
     import plnt.runner.adapters  # noqa: F401
     import plnt.runner.app  # noqa: F401
     import plnt.runner.engine  # noqa: F401
+    import plnt.runner.idle  # noqa: F401
     import plnt.runner.isolation  # noqa: F401
     import plnt.runner.recipe  # noqa: F401
     import uvicorn

@@ -1,0 +1,101 @@
+"""Scale to zero: a runner that has served no invocation for `after_s` seconds parks (exits), and plnt
+starts it again, the same release on the same port, when the next request comes (the gateway asks
+plnt to wake it: see LocalDriver.wake).
+
+Only invocations count (POST /invoke and /chat): plnt's health checks and /stats keep no runner up.
+To park, the runner writes PARKED_FILE ({"pid", "idleSeconds"}) in its working directory (its own
+STATE/runners/RELEASE/), so plnt tells a parked runner from one that died, then stops as on SIGTERM:
+the listener closes first, and a request accepted before that is still answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PARKED_FILE = "parked.json"
+INVOCATION_PATHS = frozenset({"/invoke", "/chat"})
+
+
+def write_parked(directory: Path, idle_s: float) -> None:
+    """Record, atomically, that this process parks (read by plnt's local driver, `read_parked`)."""
+    final = directory / PARKED_FILE
+    scratch = directory / f".{PARKED_FILE}.{os.getpid()}"
+    scratch.write_text(json.dumps({"pid": os.getpid(), "idleSeconds": idle_s}))
+    os.replace(scratch, final)
+
+
+def read_parked(directory: Path) -> int | None:
+    """The pid that parked in `directory`, or None (no file, or not one plnt can read).
+
+    plnt reads it, and recipe code can write there: only a regular file, not through a symlink,
+    without blocking (a FIFO), at most 4 KiB."""
+    try:
+        fd = os.open(directory / PARKED_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = json.loads(os.read(fd, 4096))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    pid = raw.get("pid") if isinstance(raw, dict) else None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+
+class IdleParker:
+    """ASGI wrapper: counts invocations in flight and calls `park` once none has run for `after_s`.
+
+    One timer at a time, re-armed only when it fires: an invocation costs two counter updates, and an
+    idle runner wakes once per `after_s`."""
+
+    def __init__(self, app: Any, after_s: float, park: Callable[[], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not after_s > 0:
+            raise ValueError("after_s must be > 0")
+        self.app = app
+        self.after_s = after_s
+        self._park = park
+        self._clock = clock
+        self.in_flight = 0
+        self.last_activity = clock()
+        self.parked = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    def _arm(self, delay: float) -> None:
+        self._timer = asyncio.get_running_loop().call_later(delay, self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        if self.in_flight:
+            self._arm(self.after_s)
+            return
+        remaining = self.last_activity + self.after_s - self._clock()
+        if remaining > 0:
+            self._arm(remaining)
+            return
+        self.parked = True
+        self._park()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan" and self._timer is None and not self.parked:
+            self.last_activity = self._clock()  # counted from when the runner serves
+            self._arm(self.after_s)
+        if scope["type"] != "http" or scope["path"] not in INVOCATION_PATHS:
+            await self.app(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+            self.last_activity = self._clock()
