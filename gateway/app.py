@@ -321,13 +321,16 @@ class Gateway:
         except UpstreamConnectError as exc:
             router.leave(backend)
             retry = self._open(table, route, name, backend, backend)
+            woke = False
             if retry is None and self.wake is not None:
                 retry = await self._woken(route, backend, track)
+                woke = retry is not None
             if retry is None:
                 raise self._upstream_reply(exc, route, name, backend, openai) from None
-            self.metrics.retried(route.namespace, name)
-            log.info("retry-on-replica workflow=%s/%s from=%s to=%s", route.namespace, name, backend.endpoint,
-                     retry[0].endpoint)
+            if not woke:
+                self.metrics.retried(route.namespace, name)
+            log.info("%s workflow=%s/%s from=%s to=%s", "retry-on-woken-runner" if woke else "retry-on-replica",
+                     route.namespace, name, backend.endpoint, retry[0].endpoint)
             backend, track = retry
             router.enter(backend)
             try:

@@ -349,6 +349,43 @@ async def test_internal_routes_parameters() -> None:
     assert nothing.status_code == 503 and "no route table published yet" in nothing.text
 
 
+async def test_internal_wake_takes_the_internal_token_and_a_bounded_request() -> None:
+    """POST /internal/wake with a recording stand-in for the driver's wake (LocalDriver.wake is
+    tested with real runners in tests/reconciler/test_scale_to_zero.py)."""
+    asked: list[tuple[str, str, str]] = []
+
+    async def wake(namespace: str, name: str, release_id: str) -> str | None:
+        asked.append((namespace, name, release_id))
+        return "http://127.0.0.1:4321" if release_id == "parked-one" else None
+
+    app = create_app(Router(), list_workflows=list, tokens=token_set())
+    add_control_routes(app, RoutePublisher(), TOKEN, wake=wake)
+
+    async def post(body: Any, token: str | None = TOKEN, raw: bytes | None = None) -> httpx.Response:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            if raw is not None:
+                return await client.post("/internal/wake", content=raw, headers=headers)
+            return await client.post("/internal/wake", json=body, headers=headers)
+
+    good = {"namespace": "default", "name": "rr", "release_id": "parked-one"}
+    assert (await post(good, token=None)).status_code == 401
+    assert (await post(good, token="invoke-t")).status_code == 403
+    assert asked == [], "nothing is woken without the internal (or an admin) token"
+    woken = await post(good)
+    assert woken.status_code == 200 and woken.json() == {"endpoint": "http://127.0.0.1:4321"}
+    not_parked = await post({**good, "release_id": "running-one"})
+    assert not_parked.status_code == 404 and not_parked.json()["error"]["type"] == "not_parked"
+    for bad in ({"namespace": "default", "name": "rr"}, {**good, "extra": 1}, {**good, "name": 7}, [1]):
+        assert (await post(bad)).status_code == 400, bad
+    assert (await post(None, raw=b"{" + b" " * 10_000)).status_code == 413
+    assert asked == [("default", "rr", "parked-one"), ("default", "rr", "running-one")]
+    without = create_app(Router(), list_workflows=list)
+    add_control_routes(without, RoutePublisher(), TOKEN)  # a control plane that wakes nothing: 404
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=without), base_url="http://127.0.0.1") as client:
+        assert (await client.post("/internal/wake", json=good, headers={"authorization": f"Bearer {TOKEN}"})).status_code == 404
+
+
 def test_internal_scope_is_not_a_token_file_scope() -> None:
     assert required_scope("/internal/routes") == INTERNAL
     assert Grant(scopes=frozenset({ADMIN})).has(INTERNAL) and not Grant(scopes=frozenset({READ})).has(INTERNAL)

@@ -646,3 +646,34 @@ def test_identity_regex_with_unescaped_dots_is_a_warning_not_a_problem() -> None
     signer = specs.trust_policies["demo"].spec.signers[0]
     assert signer.matches_identity(["recipes@demoXplnt.invalid"])  # what the warning is about
     assert not specs.trust_policies["demo"].spec.signers[2].matches_identity(["x-release@acme.example"])
+
+
+# --- scale to zero (replicas.min: 0) -------------------------------------------------------
+
+
+def test_scale_to_zero_on_a_local_backend_is_valid(tmp_path: Path) -> None:
+    backend = BACKEND.replace("spec: {type: local}", "spec: {type: local, scaleToZeroAfterSeconds: 30}")
+    run = RUN + "  replicas: {min: 0}\n"
+    write(tmp_path, "specs.yaml", backend + "---\n" + run)
+    specs, problems = load_directory(tmp_path)
+    assert problems == []
+    assert specs.workflow_runs["default/review-responder"].spec.replicas.min == 0
+    assert specs.backends["local"].spec.scale_to_zero_after_seconds == 30
+
+
+def test_scale_to_zero_needs_a_local_backend(tmp_path: Path) -> None:
+    backend = ("apiVersion: plnt.work/v1\nkind: PlntBackend\nmetadata: {name: local}\n"
+               "spec: {type: kubernetes, kubernetes: {context: kind}}\n")
+    problems = load_one(tmp_path, backend + "---\n" + RUN + "  replicas: {min: 0}\n")
+    assert where(problems) == [("specs.yaml", 15, "spec.replicas.min")]
+    assert "needs a type: local backend; backend 'local' is type: kubernetes" in problems[0].message
+
+
+def test_scale_to_zero_seconds_only_on_local_backends(tmp_path: Path) -> None:
+    backend = ("apiVersion: plnt.work/v1\nkind: PlntBackend\nmetadata: {name: local}\n"
+               "spec: {type: kubernetes, kubernetes: {context: kind}, scaleToZeroAfterSeconds: 60}\n")
+    problems = load_one(tmp_path, backend + "---\n" + RUN)
+    assert problems[0].line == 4 and "scaleToZeroAfterSeconds: is only allowed with type: local" in problems[0].message
+    too_short = BACKEND.replace("spec: {type: local}", "spec: {type: local, scaleToZeroAfterSeconds: 0.5}")
+    problems = load_one(tmp_path, too_short + "---\n" + RUN)
+    assert problems[0].field == "spec.scaleToZeroAfterSeconds" and "greater than or equal to 1" in problems[0].message
