@@ -78,12 +78,19 @@ class BenchRepo:
         self.published.add((name, version))
         return digest
 
-    def write_run(self, run: str, recipe: str, version: str, invocations: int = 10, p95_budget_ms: int = 2500) -> None:
+    def write_run(self, run: str, recipe: str, version: str, invocations: int = 10, p95_budget_ms: int = 2500,
+                  min_replicas: int = 1) -> None:
         text = RUN_TEMPLATE.replace("name: review-responder\n", f"name: {run}\n")
+        text = text.replace("replicas: {min: 1,", f"replicas: {{min: {min_replicas},")
         text = text.replace("p95BudgetMs: 2500", f"p95BudgetMs: {p95_budget_ms}")
         text = text.replace("ref: review-responder@1.2.0", f"ref: {recipe}@{version}")
         text = text.replace("invocations: 10", f"invocations: {invocations}")
         (self.path / "workflowruns" / f"{run}.yaml").write_text(text)
+
+    def scale_to_zero_after(self, seconds: float) -> None:
+        """The local backend's scaleToZeroAfterSeconds (for WorkflowRuns written with min_replicas=0)."""
+        backend = self.path / "backends" / "local.yaml"
+        backend.write_text(backend.read_text().replace("  type: local\n", f"  type: local\n  scaleToZeroAfterSeconds: {seconds:g}\n"))
 
     def commit(self, message: str) -> str:
         git(self.path, "add", "-A")

@@ -18,7 +18,13 @@ exec'd (`--runner-start exec`). The zygote counts with the runners (its pages ar
 At 1,000 runs sample less often (`--sample-every 15`): reading 1,000 smaps_rollup files costs CPU
 (the sampler runs in a process of its own, beside plnt, and its CPU is printed apart).
 
+With `--scale-to-zero-after S` every WorkflowRun says `replicas: {min: 0}` and the local backend
+`scaleToZeroAfterSeconds: S`: runners park after S idle seconds. The bench then waits for all of
+them to park, and invokes `--wake-sample` of them through the gateway twice: the first request
+starts the parked runner (cold), the second finds it running (warm).
+
     python bench/many_workflowruns.py [--runs 100] [--max-sagas 8] [--invocations 10] [--runner-start fork]
+                                      [--scale-to-zero-after S] [--wake-sample 20]
 """
 
 from __future__ import annotations
@@ -57,6 +63,10 @@ async def main() -> None:
     parser.add_argument("--p95-budget-ms", type=int, default=2500,
                         help="each canary's smoke-test p95 budget (gitops-example's 2500; raise it on a machine "
                              "others load, where a busy plnt would roll canaries back)")
+    parser.add_argument("--scale-to-zero-after", type=float, default=None, metavar="S",
+                        help="replicas.min: 0 and the backend's scaleToZeroAfterSeconds: S (runners park when idle)")
+    parser.add_argument("--wake-sample", type=int, default=20,
+                        help="with --scale-to-zero-after: parked WorkflowRuns invoked cold, then warm")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO if os.environ.get("PLNT_BENCH_LOG") else logging.WARNING)
     how = how_it_ran("many_workflowruns.py", vars(args), [
@@ -68,9 +78,14 @@ async def main() -> None:
         f"each pulled fresh: checked, +{args.runs} pull-cache entries)",
         "memory: PSS of this process and of the processes it started (runners, Temporal), sampled "
         f"every {args.sample_every:g} s; peak = largest sampled total",
-        f"smoke test per canary: {args.invocations} invocations, p95 budget {args.p95_budget_ms} ms"])
+        f"smoke test per canary: {args.invocations} invocations, p95 budget {args.p95_budget_ms} ms",
+        *([f"scale to zero: replicas.min 0, runners park after {args.scale_to_zero_after:g} idle seconds; then "
+           f"{args.wake_sample} parked WorkflowRuns invoked through the gateway, cold (the request starts the runner) "
+           "and again warm"] if args.scale_to_zero_after else [])])
 
     repo = BenchRepo("plnt-bench-many-")
+    if args.scale_to_zero_after:
+        repo.scale_to_zero_after(args.scale_to_zero_after)
     repo.commit("no workflows")
     state_dir = repo.scratch / "state"
     settings = Settings(repo=str(repo.path), state_dir=state_dir, port=0, interval_s=2.0,
@@ -98,7 +113,8 @@ async def main() -> None:
         names = [f"rr-{i:03d}" for i in range(args.runs)]
         for name in names:
             repo.publish(name, "1.0.0")  # signing is the authors' CI: before the commit, not timed
-            repo.write_run(name, name, "1.0.0", invocations=args.invocations, p95_budget_ms=args.p95_budget_ms)
+            repo.write_run(name, name, "1.0.0", invocations=args.invocations, p95_budget_ms=args.p95_budget_ms,
+                           min_replicas=0 if args.scale_to_zero_after else 1)
         entries_before = cache_entries(state_dir)
         cpu_before = cpu_seconds()
         repo.commit(f"{args.runs} WorkflowRuns")
@@ -146,6 +162,7 @@ async def main() -> None:
             raise SystemExit(f"{pulled} pulls for {args.runs} distinct recipes: not every one was pulled fresh")
         peak = max(samples, key=lambda s: s["total_pss_mib"])
         plnt_hwm = vm_hwm_mib()
+        wakes = await parked_then_woken(plnt, names, args) if args.scale_to_zero_after else None
     finally:
         await plnt.stop()
         repo.remove()
@@ -169,11 +186,48 @@ async def main() -> None:
     if runners["processes"]:
         print(f"  per runner: {runners['pss_mib'] / runners['processes']:.1f} MiB PSS")
     print(f"  plnt process peak RSS (VmHWM): {plnt_hwm:.0f} MiB")
+    if wakes is not None:
+        print(f"\n  scale to zero: all {args.runs} parked {wakes['all_parked_s']:.1f} s after the last Ready; then "
+              f"PSS {wakes['parked_pss']['total_pss_mib']:.0f} MiB in all ({wakes['parked_pss']['runners']['processes']} "
+              "runner processes: the zygote)")
+        for kind in ("cold", "warm"):
+            ms = sorted(wakes[f"{kind}_ms"])
+            print(f"  {kind} invoke through the gateway ({len(ms)}): p50 {statistics.median(ms):.1f} ms, "
+                  f"max {ms[-1]:.1f} ms")
     print_json(how, {"runs": args.runs, "all_ready_s": round(wall, 2), "first_ready_s": round(times[0], 2),
                      "median_ready_s": round(statistics.median(times), 2), "sagas_per_s": round(args.runs / wall, 3),
                      "fresh_pulls": pulled, "cpu_s": cpu, "pss_idle": idle, "pss_end": end, "pss_peak": peak,
                      "plnt_vm_hwm_mib": plnt_hwm, "pss_samples": samples,
-                     "ready_s": {name: round(t, 2) for name, t in sorted(ready_at.items())}})
+                     "ready_s": {name: round(t, 2) for name, t in sorted(ready_at.items())}, "scale_to_zero": wakes})
+
+
+async def parked_then_woken(plnt: Any, names: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Wait until every runner parked (as GET /workflows reports it), note the memory, then invoke
+    `--wake-sample` of them through the gateway: cold (the request starts the runner), then warm."""
+    import httpx
+
+    started = time.perf_counter()
+    async with httpx.AsyncClient(trust_env=False, timeout=60) as client:
+        while True:
+            rows = (await client.get(f"{plnt.url}/workflows")).json()
+            parked = sum(1 for row in rows if row.get("parked"))
+            if parked == len(names):
+                break
+            if time.perf_counter() - started > args.scale_to_zero_after + 300:
+                raise SystemExit(f"only {parked} of {len(names)} runners parked")
+            await asyncio.sleep(1.0)
+        all_parked = time.perf_counter() - started
+        parked_pss = memory_pss()
+        cold, warm = [], []
+        body = {"review": "Great service but slow parking", "brand_voice": "warm, brief"}
+        for name in names[:: max(1, len(names) // args.wake_sample)][: args.wake_sample]:
+            for into in (cold, warm):
+                t0 = time.perf_counter()
+                answer = await client.post(f"{plnt.url}/workflows/{name}/invoke", json=body)
+                into.append(round((time.perf_counter() - t0) * 1000, 2))
+                if answer.status_code != 200:
+                    raise SystemExit(f"{name}: invoke answered {answer.status_code}: {answer.text[:300]}")
+    return {"all_parked_s": round(all_parked, 1), "parked_pss": parked_pss, "cold_ms": cold, "warm_ms": warm}
 
 
 if __name__ == "__main__":
