@@ -355,7 +355,8 @@ class Gateway:
         waking = self._waking.get(backend.release_id)
         if waking is None:
             waking = self._waking[backend.release_id] = asyncio.ensure_future(self._wake(route, backend))
-            waking.add_done_callback(lambda _: self._waking.pop(backend.release_id, None))
+            waking.add_done_callback(lambda done: (self._waking.pop(backend.release_id, None),
+                                                   done.cancelled() or done.exception()))  # retrieved: logged in _wake
         try:
             endpoint = await asyncio.shield(waking)  # one request giving up does not cancel the others' wake
         except Exception:  # noqa: BLE001 - logged in _wake; the request gets the refused connect's 502
