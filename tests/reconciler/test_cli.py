@@ -455,6 +455,18 @@ def test_status_asks_the_gateway_first(saved_state: tuple[Path, dict]) -> None:
 
 
 @pytest.mark.integration
+def test_status_says_when_a_runner_is_parked(saved_state: tuple[Path, dict]) -> None:
+    """Scale to zero: a Ready WorkflowRun whose runner parked (GET /workflows `parked: true`)."""
+    state, public = saved_state
+    live = {**public, "phase": "Ready", "message": "in sync", "parked": True}
+    with serve(json.dumps([live]).encode(), "application/json") as url:
+        result = plnt("status", "--url", url, "--state-dir", state)
+    assert result.exit_code == 0, result.output
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("default/")]
+    assert line.endswith("parked: the next request starts it; in sync"), result.stdout
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize(("body", "content_type"), [(b"<html>not plnt</html>", "text/html"),
                                                     (b'{"detail": "Not Found"}', "application/json")],
                          ids=["html", "other-json"])
