@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import cProfile
 import io
-import json
 import os
 import pstats
 import signal
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import BenchRepo, _kind, descendants, how_it_ran, memory_pss, print_json
+from plnt.reconciler.status import read_statuses
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -101,7 +101,7 @@ def shares(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
 def statuses(state_dir: Path) -> dict[str, str]:
     """WorkflowRun -> phase, from plnt's status file (read as a reader of the state would)."""
     try:
-        data = json.loads((state_dir / "status.json").read_text())
+        data = read_statuses(state_dir / "status.json")
     except (OSError, ValueError):
         return {}
     return {key: value.get("phase", "") for key, value in data.items()}

@@ -503,9 +503,9 @@ def _load_or_exit(source: Any, commit: str) -> SpecSet:
 def _live_from_state(state_dir: Path) -> dict[str, Any]:
     from .plan import live_from
     from .state import LiveWorkflow, read_json
-    from .status import WorkflowRunStatus
+    from .status import WorkflowRunStatus, read_statuses
 
-    statuses = [WorkflowRunStatus.model_validate(v) for v in (read_json(state_dir / "status.json", {}) or {}).values()]
+    statuses = [WorkflowRunStatus.model_validate(v) for v in read_statuses(state_dir / "status.json").values()]
     records = sorted((state_dir / "releases").glob("*.json")) if (state_dir / "releases").exists() else []
     releases = {item.key: item for item in (LiveWorkflow.model_validate(read_json(r)) for r in records)}
     return live_from(releases, statuses)
@@ -532,13 +532,13 @@ def status(
                 source = client.get(f"{url}/source").raise_for_status().json()
     except (httpx.HTTPError, ValueError):  # nothing there, or something that is not plnt (HTML, other JSON)
         from .state import read_json
-        from .status import WorkflowRunStatus
+        from .status import WorkflowRunStatus, journal_path, read_statuses
 
-        if not (state_dir / "status.json").exists():
+        if not (state_dir / "status.json").exists() and not journal_path(state_dir / "status.json").exists():
             typer.echo(f"error: no plnt answers at {url} and {state_dir} holds no status; is plnt up running?", err=True)
             raise typer.Exit(2) from None
         typer.echo(f"(no plnt answers at {url}; showing the last status saved in {state_dir})", err=True)
-        raw = read_json(state_dir / "status.json", {}) or {}
+        raw = read_statuses(state_dir / "status.json")
         rows = [WorkflowRunStatus.model_validate(v).public() for _, v in sorted(raw.items())]
         source = read_json(state_dir / "source.json", {}) or {}
     if as_json:

@@ -378,8 +378,13 @@ class LocalDriver:
         self._reap(release.pid)
 
     async def _note_parked(self, namespace: str, name: str) -> None:
-        """Record as parked each release of one WorkflowRun whose runner parked itself and exited."""
-        async with self._lock(namespace, name):
+        """Record as parked each release of one WorkflowRun whose runner parked itself and exited.
+        Not while an install, promote or wake of it holds its lock: the pass that asks must not wait
+        for a runner's start, and the next pass notes it."""
+        lock = self._lock(namespace, name)
+        if lock.locked():
+            return
+        async with lock:
             live = self._read(namespace, name)
             update: dict[str, Release] = {}
             for track in ("stable", "canary"):

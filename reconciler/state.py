@@ -3,13 +3,15 @@
     STATE/
       source/               clone of the spec repository (no work tree)
       source.json           repository, branch, last reconciled commit, problems of the newest commit
-      status.json           status of every WorkflowRun
+      status.json           status of every WorkflowRun (as of its last compaction)
+      status.journal        the changes since, one JSON line each (reconciler/status.py)
       releases/NS.NAME.json live releases of one WorkflowRun (stable and canary), local driver
       recipes/HEX/          pulled recipes, by content digest
       runners/RELEASE.log   output of each runner process
       temporal.db           the embedded Temporal server's database
 
-Every file is written atomically (temporary file, fsync, rename), so a crash never leaves half a file.
+Every file is written atomically (temporary file, fsync, rename), so a crash never leaves half a file;
+the status journal is appended to (fsync'd), and a line a crash cut short is skipped when read.
 """
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def append_durably(path: Path, data: bytes) -> None:
+    """Append `data` to `path` (created if missing), on disk when this returns (fsync)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
