@@ -164,8 +164,13 @@ async def test_plnt_killed_at_each_rollout_step_finishes_the_rollout_with_one_ru
 
 
 def await_step_unchanged(state_dir: Path) -> bool:
-    """status.json is plnt's to write; after SIGKILL it must not change (checked twice, 0.3 s apart)."""
-    before = (state_dir / "status.json").read_bytes()
+    """The status files (status.json and its journal) are plnt's to write; after SIGKILL they must not
+    change (checked twice, 0.3 s apart)."""
+    def status_files() -> list[bytes | None]:
+        return [(state_dir / name).read_bytes() if (state_dir / name).exists() else None
+                for name in ("status.json", "status.journal")]
+
+    before = status_files()
     time.sleep(0.3)
-    return (state_dir / "status.json").read_bytes() == before
+    return status_files() == before
 

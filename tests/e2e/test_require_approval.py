@@ -133,11 +133,17 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
             assert preview["preview"] == 8 and preview["observedCommit"] == pr8
             assert (await invoke_preview(plnt, 8)).json()["version"] == "1.2.0"
             assert (await invoke(plnt)).json()["version"] == "1.3.0", "a preview takes no regular traffic"
+
+            def preview_states() -> list[str]:
+                return [s["state"] for s in standin.statuses if s["context"] == "plnt/preview/default/review-responder"]
+
+            # The verdict is posted after Ready, by a follower: waited for, not raced by closing the PR.
+            await wait_for(lambda: "success" in preview_states(), timeout=30, what="the preview's success status")
             standin.pulls[8]["closed"] = True
             await hook(plnt)
             await wait_for(lambda: status_of(plnt, "review-responder--pr8") is None, timeout=60, what="the preview removed")
             assert (await invoke_preview(plnt, 8)).status_code == 404
-            previewed = [s["state"] for s in standin.statuses if s["context"] == "plnt/preview/default/review-responder"]
+            previewed = preview_states()
             assert previewed[0] == "pending" and "success" in previewed, previewed
 
             # 4. A direct push on top: nothing running changes; every status says which commit and why.
