@@ -498,6 +498,9 @@ class LocalDriver:
                 # the sweep had begun and this start kills its own runner.)
                 self._refuse_if_shutting_down(release)
                 healthy = await self._wait_healthy(started, child)
+                # Healthy only after shutdown's sweep began (which can miss a child forked moments
+                # before, still under the zygote's name): this start stops its own runner.
+                self._refuse_if_shutting_down(release)
             except BaseException:  # cancelled (a newer commit superseded the saga) or failed: it never served
                 self._kill_unrecorded(started)
                 raise
@@ -667,7 +670,9 @@ def _is_runner(pid: int) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"plnt.runner" in argv[:3]  # forked runners rewrite theirs to the same (plnt.runner.zygote.retitle)
+    # Forked runners rewrite theirs to the same (plnt.runner.zygote.retitle); one forked a moment ago
+    # still has the zygote's.
+    return b"plnt.runner" in argv[:3] or b"plnt.runner.zygote" in argv[:3]
 
 
 def _tail(path: Path, lines: int = 5) -> str:
