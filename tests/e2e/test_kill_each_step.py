@@ -26,7 +26,7 @@ from temporalio.client import Client
 
 from ..attacks.live import AttackRepo, attack_repo  # noqa: F401 - the fixture
 from ..conftest import EXAMPLE
-from .test_plnt_up_process import REVIEW, PlntUp, alive, cmdline, started  # noqa: F401 - the fixture
+from .test_plnt_up_process import REVIEW, PlntUp, alive, cmdline, gateway_port, started  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.integration
 
@@ -95,9 +95,7 @@ async def test_plnt_killed_at_each_rollout_step_finishes_the_rollout_with_one_ru
     attack_repo.publish("review-responder", "1.2.0", source=old_version(tmp_path))
     attack_repo.repo.commit("1.2.0, slow to exit")
     state_dir = tmp_path / "state"
-    from plnt.reconciler.local_driver import free_port
-
-    port = free_port()
+    port = gateway_port()
     first = PlntUp(attack_repo.path, state_dir, port, tmp_path / "plnt-1.log")
     started.append(first)
     ready = first.wait_ready(timeout=90)

@@ -33,6 +33,25 @@ PLNT = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [sys.executable, "-
 # --- processes ----------------------------------------------------------------------------------
 
 
+def gateway_port() -> int:
+    """A free loopback port below Linux's ephemeral range (32768 and up, where bind(0) picks). `plnt
+    up` starts its Temporal server before it binds the gateway port, and a port merely found free
+    in the ephemeral range can be taken meanwhile by one of Temporal's own bind(0)s (seen in CI:
+    "cannot listen ... Address already in use")."""
+    import random
+    import socket
+
+    for _ in range(200):
+        port = random.randint(20000, 32000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
 def _stat(pid: int) -> tuple[int, str] | None:
     """(parent pid, start time) of a live process; None if it is gone or a zombie."""
     try:
@@ -161,7 +180,7 @@ def test_plnt_up_serves_stops_cleanly_and_restarts_without_redeploying(
     spec_repo: SpecRepo, tmp_path: Path, started: list[PlntUp]
 ) -> None:
     state_dir = tmp_path / "state"
-    port = free_port()
+    port = gateway_port()
 
     first = PlntUp(spec_repo.path, state_dir, port, tmp_path / "plnt-1.log")
     started.append(first)
@@ -217,7 +236,7 @@ def test_plnt_killed_mid_saga_resumes_the_saga_where_it_was(
     """Durability: SIGKILL (no clean-up at all) during the smoke test; a new plnt on the same state
     dir finishes the same saga, installs nothing twice and leaves exactly one runner per track."""
     state_dir = tmp_path / "state"
-    port = free_port()
+    port = gateway_port()
     first = PlntUp(spec_repo.path, state_dir, port, tmp_path / "plnt-1.log")
     started.append(first)
     ready = first.wait_ready()

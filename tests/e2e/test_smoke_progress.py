@@ -50,5 +50,8 @@ async def test_a_running_smoke_tests_numbers_show_before_its_verdict(
 
             await wait_phase(plnt, "Ready", version="1.5.0", timeout=90)
             await wait_for(lambda: status_of(plnt)["smokeProgress"] is None, what="progress cleared after Canary")
+            # The verdict reaches the forge after Ready, from a follower: waited for, not raced.
+            await wait_for(lambda: [s for s in standin.statuses if s["sha"] == slow][-1]["state"] != "pending",
+                           timeout=30, what="the verdict's commit status")
             final = [s for s in standin.statuses if s["sha"] == slow][-1]
             assert final["state"] == "success" and final["description"].startswith("Ready 1.5.0: p95 "), final
