@@ -292,9 +292,10 @@ class LocalDriver:
             gone = [r for r in (live.stable, live.canary) if r is not None and not r.parked and not self.is_running(r)]
             if not gone:
                 continue
-            if any(self._parked_itself(r) for r in gone):
+            dead = [r for r in gone if not self._parked_itself(r)]  # (each parked file read once)
+            if len(dead) < len(gone):
                 parked.append(live)
-            if dead := [r for r in gone if not self._parked_itself(r)]:
+            if dead:
                 drifted[key] = dead
         for live in parked:
             await self._note_parked(live.namespace, live.name)
@@ -350,11 +351,7 @@ class LocalDriver:
                 await self._wait_parked(release)  # it parks right now: its port is free once it exited
             started_at = time.monotonic()
             woken = await self._start(release.model_copy(update={"parked": False}), preferred_port=release.port)
-            live = self._read(namespace, name)
-            if getattr(live, release.track) is None or getattr(live, release.track).release_id != release_id:
-                self._kill_unrecorded(woken)  # removed or replaced meanwhile (cannot happen under the lock)
-                return None
-            self._write(live.model_copy(update={release.track: woken}))
+            self._write(live.model_copy(update={release.track: woken}))  # (records change only under the lock)
             log.info("runner-woken release=%s endpoint=%s pid=%s in %.0f ms", release_id, woken.endpoint, woken.pid,
                      (time.monotonic() - started_at) * 1000)
             return woken
