@@ -26,6 +26,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
+from . import saga_progress
 from .archive import ExtractLimits
 from .commit_specs import CommitSpecs, TrustedSaga
 from .driver import InstallRequest, RecipeTrust, ReleaseDriver
@@ -116,7 +117,11 @@ def check_requirements(needs: Requirements, placement: BackendPlacement, *, reci
 
 class PhaseRecorder:
     """The saga's status writes. Runs where the status lives: beside the DeploySaga workflow (in
-    `plnt up`, or in `plnt reconcile` when the roles run apart), never on a worker."""
+    `plnt up`, or in `plnt reconcile` when the roles run apart), never on a worker.
+
+    A saga's outcome comes as the `record_phase` local activity, and is on disk when it returns; its
+    progress on the way comes from the saga's own code through `saga_progress`, written behind.
+    """
 
     def __init__(self, statuses: StatusStore) -> None:
         self._statuses = statuses
@@ -131,6 +136,20 @@ class PhaseRecorder:
         if update.phase is None:
             self._statuses.remove(update.namespace, update.name)
             return
+        await self._statuses.record(update.namespace, update.name, **self._fields(update))
+
+    def report_progress(self, namespace: str, task_queue: str) -> Callable[[], Awaitable[None]]:
+        """Sagas of this process on `task_queue` write their progress here; returns the unregister call.
+        On the event loop: the writes are made on it."""
+        return saga_progress.register(namespace, task_queue, self._progress, asyncio.get_running_loop())
+
+    def _progress(self, update: PhaseUpdate) -> None:
+        if update.phase is not None:
+            self._statuses.update_nowait(update.namespace, update.name, **self._fields(update))
+
+    @staticmethod
+    def _fields(update: PhaseUpdate) -> dict[str, Any]:
+        assert update.phase is not None
         fields = dict(update.fields)
         if update.commit is not None:
             fields["observed_commit"] = update.commit
@@ -139,7 +158,7 @@ class PhaseRecorder:
                                             at=time.time())
         if update.saga_id is not None:
             fields["saga_id"] = update.saga_id
-        await self._statuses.record(update.namespace, update.name, phase=update.phase, message=update.message, **fields)
+        return {**fields, "phase": update.phase, "message": update.message}
 
 
 class SagaActivities:
@@ -186,6 +205,12 @@ class SagaActivities:
         """The steps a `plnt worker` runs: all but record_phase (a local activity of the saga)."""
         return [self.validate, self.pull_recipe, self.install_release, self.smoke_test, self.promote_release,
                 self.remove_release]
+
+    @property
+    def recorder(self) -> PhaseRecorder:
+        if self._recorder is None:
+            raise AttributeError("the status writes run beside the saga (PhaseRecorder), not on this worker")
+        return self._recorder
 
     @property
     def record_phase(self) -> Callable[[PhaseUpdate], Awaitable[None]]:

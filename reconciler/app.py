@@ -442,6 +442,7 @@ async def start(settings: Settings) -> Plnt:
             log.info("releases-resumed count=%d", len(restarted))
         plnt.refresh_routes()
 
+        cleanups.append(activities.recorder.report_progress(settings.temporal_namespace, settings.task_queue))
         worker = Worker(
             client, task_queue=settings.task_queue, workflows=[DeploySaga], workflow_runner=SAGA_RUNNER,
             activities=activities.all(),

@@ -213,8 +213,10 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
         try:
             client = await connect_external(settings, data_converter=pydantic_data_converter)
             # The workflows and their status writes only: the saga's steps run on the workers.
+            recorder = PhaseRecorder(statuses)
+            cleanups.append(recorder.report_progress(settings.temporal_namespace, settings.task_queue))
             worker = Worker(client, task_queue=settings.task_queue, workflows=[DeploySaga], workflow_runner=SAGA_RUNNER,
-                            activities=[PhaseRecorder(statuses).record_phase], no_remote_activities=True)
+                            activities=[recorder.record_phase], no_remote_activities=True)
             worker_task = asyncio.create_task(worker.run(), name="temporal-workflow-worker")
             cleanups.append(worker.shutdown)
             approval = make_approval_gate(settings, state, source)

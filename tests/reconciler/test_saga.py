@@ -9,13 +9,17 @@ exercised end to end in tests/e2e and tests/attacks.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
+import logging
 import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from plnt.reconciler import saga_progress
 from plnt.reconciler.activities import SagaActivities
 from plnt.reconciler.app import SAGA_RUNNER
 from plnt.reconciler.commit_specs import CommitSpecs
@@ -42,7 +46,8 @@ from plnt.reconciler.state import StateDir
 from plnt.reconciler.status import Phase, StatusStore
 from plnt.reconciler.temporal_server import connect
 from temporalio import activity
-from temporalio.client import WorkflowFailureError
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -116,18 +121,23 @@ class FakeActivities:
 
 async def run_saga(address: str, namespace: str, fakes: FakeActivities, action: str = "deploy",
                    raw: dict[str, Any] | None = None, workflow_id: str | None = None,
-                   runner: WorkflowRunner | None = None, histories: list[Any] | None = None) -> SagaResult:
+                   runner: WorkflowRunner | None = None, histories: list[Any] | None = None,
+                   progress_sink: bool = True) -> SagaResult:
     """Runs DeploySaga on a fresh task queue; `raw` replaces the input with any JSON (a forged one).
 
     In Temporal's sandbox unless `runner` says otherwise: plnt's own workers run the saga without it
     (SAGA_RUNNER), so these tests are where a non-deterministic call in the saga is caught. The saga's
-    history is appended to `histories` when given.
+    history is appended to `histories` when given. Its progress statuses go to `fakes.phases` beside
+    its outcomes (record_phase), as plnt's PhaseRecorder takes both; `progress_sink=False` registers
+    no sink.
     """
     client = await connect(address, namespace, data_converter=pydantic_data_converter)
     queue = f"q-{uuid.uuid4().hex}"
     saga = SagaInput(action=action, namespace="default", name="rr", commit=COMMIT,
                      fingerprint=FINGERPRINT if action == "deploy" else None,
                      version="1.0.0" if action == "deploy" else None, retry=FAST_RETRY)
+    unregister = saga_progress.register(namespace, queue, lambda update: fakes.phases.append(update.phase),
+                                        asyncio.get_running_loop()) if progress_sink else None
     # Any exception fails the saga here: a bug (a call the sandbox refuses, say) ends the test at once
     # instead of retrying its workflow task until the test times out.
     async with Worker(client, task_queue=queue, workflows=[DeploySaga], activities=fakes.all(),
@@ -140,6 +150,8 @@ async def run_saga(address: str, namespace: str, fakes: FakeActivities, action: 
         finally:
             if histories is not None:
                 histories.append(await handle.fetch_history())
+            if unregister is not None:
+                await unregister()
 
 
 async def test_happy_path_walks_every_phase(temporal_address: str, temporal_namespace: str) -> None:
@@ -168,6 +180,84 @@ async def test_the_saga_plnt_runs_unsandboxed_replays_in_the_sandbox_and_back(
     # Markers of the status writes, the steps scheduled, and the end: a history worth replaying.
     assert len(plnt_history.events) > 20
     for history, runner in ((plnt_history, SandboxedWorkflowRunner()), (sandboxed_history, SAGA_RUNNER)):
+        replayer = Replayer(workflows=[DeploySaga], workflow_runner=runner, data_converter=pydantic_data_converter)
+        await replayer.replay_workflow(history)  # raises on any difference
+
+
+HISTORIES = Path(__file__).parent / "histories"
+
+
+def status_writes(history: WorkflowHistory) -> list[str]:
+    """The markers a saga's history holds: a local activity's (record_phase) or a patch's."""
+    kinds = []
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
+            name = event.marker_recorded_event_attributes.marker_name
+            kinds.append({"core_patch": "patch", "core_local_activity": "local-activity"}.get(name, name))
+    return kinds
+
+
+async def test_progress_comes_from_the_saga_and_only_the_outcome_is_a_local_activity(
+        temporal_address: str, temporal_namespace: str) -> None:
+    """Verifying, Deploying and Canary cost no local activity (two workflow activations and a history
+    marker each); the outcome does: it must be on disk before the saga ends."""
+    histories: list[Any] = []
+    for smoke_passes in (True, False):
+        fakes = FakeActivities(smoke_passes=smoke_passes)
+        await run_saga(temporal_address, temporal_namespace, fakes, runner=SAGA_RUNNER, histories=histories)
+        outcome = Phase.READY if smoke_passes else Phase.ROLLED_BACK
+        assert fakes.phases == [Phase.VERIFYING, Phase.VERIFYING, Phase.DEPLOYING, Phase.CANARY, outcome]
+    for history in histories:
+        assert status_writes(history) == ["patch", "local-activity"]
+
+
+async def test_replayed_progress_is_not_reported_again(temporal_address: str, temporal_namespace: str) -> None:
+    """A worker that replays a saga's history (after a restart, or when its cache evicted the saga)
+    reports none of the progress the saga reported when it ran: it would set the status back."""
+    histories: list[Any] = []
+    await run_saga(temporal_address, temporal_namespace, FakeActivities(), runner=SAGA_RUNNER, histories=histories)
+    (history,) = histories
+    queue = history.events[0].workflow_execution_started_event_attributes.task_queue.name
+    reported: list[Phase | None] = []
+    replayer = Replayer(workflows=[DeploySaga], workflow_runner=SAGA_RUNNER, data_converter=pydantic_data_converter)
+    unregister = saga_progress.register(replayer.config()["namespace"], queue,
+                                        lambda update: reported.append(update.phase), asyncio.get_running_loop())
+    try:
+        await replayer.replay_workflow(history)
+        await asyncio.sleep(0.05)  # a report would arrive on this loop
+    finally:
+        await unregister()
+    assert reported == []
+
+
+async def test_without_a_progress_sink_the_saga_still_writes_its_outcome(
+        temporal_address: str, temporal_namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    fakes = FakeActivities()
+    result = await run_saga(temporal_address, temporal_namespace, fakes, runner=SAGA_RUNNER, progress_sink=False)
+    assert result.phase is Phase.READY
+    assert fakes.phases == [Phase.READY]
+    assert "no progress sink in this process" in caplog.text
+
+
+async def test_one_progress_sink_per_task_queue_in_a_process() -> None:
+    unregister = saga_progress.register("default", "q-one", lambda update: None, asyncio.get_running_loop())
+    try:
+        with pytest.raises(ValueError, match="already reports progress for task queue 'q-one'"):
+            saga_progress.register("default", "q-one", lambda update: None, asyncio.get_running_loop())
+    finally:
+        await unregister()
+    await saga_progress.register("default", "q-one", lambda update: None, asyncio.get_running_loop())()
+
+
+@pytest.mark.parametrize("path", sorted(HISTORIES.glob("deploy-saga-*.json")), ids=lambda path: path.stem)
+async def test_a_saga_recorded_before_progress_from_the_saga_replays(path: Path) -> None:
+    """Sagas that were running when plnt was upgraded go on under the new code: a history recorded by
+    the code before (a local activity per status write, no patch marker) replays under plnt's runner
+    and in the sandbox. (Recorded from 49b0d6e by running these tests' sagas under SAGA_RUNNER.)"""
+    history = WorkflowHistory.from_json("plnt-default-rr", json.loads(path.read_text()))
+    assert "patch" not in status_writes(history) and status_writes(history).count("local-activity") >= 2
+    for runner in (SAGA_RUNNER, SandboxedWorkflowRunner()):
         replayer = Replayer(workflows=[DeploySaga], workflow_runner=runner, data_converter=pydantic_data_converter)
         await replayer.replay_workflow(history)  # raises on any difference
 
