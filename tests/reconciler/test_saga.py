@@ -254,7 +254,7 @@ async def test_one_progress_sink_per_task_queue_in_a_process() -> None:
 async def test_a_saga_recorded_before_progress_from_the_saga_replays(path: Path) -> None:
     """Sagas that were running when plnt was upgraded go on under the new code: a history recorded by
     the code before (a local activity per status write, no patch marker) replays under plnt's runner
-    and in the sandbox. (Recorded from 49b0d6e by running these tests' sagas under SAGA_RUNNER.)"""
+    and in the sandbox. (Recorded from f72a08d by running these tests' sagas under SAGA_RUNNER.)"""
     history = WorkflowHistory.from_json("plnt-default-rr", json.loads(path.read_text()))
     assert "patch" not in status_writes(history) and status_writes(history).count("local-activity") >= 2
     for runner in (SAGA_RUNNER, SandboxedWorkflowRunner()):
