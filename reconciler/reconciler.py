@@ -25,7 +25,7 @@ from .commit_trust import CommitVerifier
 from .driver import ReleaseDriver
 from .errors import PlntError
 from .loader import Problem, SpecSet
-from .plan import Action, DesiredRun, LiveRun, PlanItem, live_from, plan
+from .plan import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
 from .saga_follow import RunningSagas
 from .saga_io import SagaInput, SagaResult, saga_workflow_id
 from .settings import Settings
@@ -73,6 +73,7 @@ class Reconciler:
         # The inputs of the last pass that found everything in sync, and its plan (see reconcile_once).
         self._quiet: tuple[Any, ...] | None = None
         self._quiet_items: list[PlanItem] = []
+        self._plan = PlanMemo()
         self.source_status: dict[str, Any] = read_json(state.source_file, default={}) or {}
         # Called with (commit, specs) for every valid commit a pass reconciles (e.g. --mirror-status).
         self.spec_listeners: list[Callable[[str, SpecSet], None]] = []
@@ -167,9 +168,8 @@ class Reconciler:
             return self._quiet_items
         self._quiet = None
         # Preview releases (`<name>--pr<N>`) belong to the PreviewController (reconciler/previews.py).
-        all_live = live_from(releases, self._statuses.all(), self._saga_fingerprints)
-        live = {key: run for key, run in all_live.items() if key in desired or preview_of(run.name) is None}
-        items = plan(desired, live)
+        items = self._plan.plan(desired, releases, self._statuses.all(), self._saga_fingerprints,
+                                keep=lambda key: preview_of(key.split("/", 1)[1]) is None)
         in_sync = all(item.action is Action.UNCHANGED and not item.waiting for item in items)
         budget = self._settings.max_concurrent_sagas - len(self._sagas)
         live_unknown = getattr(self._driver, "live_unknown", lambda key: None)

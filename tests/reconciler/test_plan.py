@@ -149,3 +149,69 @@ def test_a_new_spec_is_not_drift() -> None:
     want = DesiredRun("default", "rr", "1.3.0", "B", spec("1.3.0"), self_heal=False)
     [item] = plan({K: want}, {K: LiveRun("default", "rr", "1.2.0", "A", spec(), deployed_fingerprint="A")})
     assert item.action is Action.UPGRADE and "workflow.ref" in item.reason
+
+
+def test_the_memo_plans_what_plan_plans_and_decides_again_only_what_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PlanMemo (the reconciler's plan, asked after every saga's end) gives exactly
+    plan(desired, live_from(...)) after each change, and decides again only the WorkflowRuns whose
+    inputs are not the same objects as last time."""
+    from plnt.reconciler import plan as plan_module
+    from plnt.reconciler.plan import PlanMemo, live_from
+    from plnt.reconciler.state import LiveWorkflow, Release
+    from plnt.reconciler.status import Phase, WorkflowRunStatus
+
+    decided: list[str] = []
+    real_decide = plan_module._decide
+
+    def counting(want: DesiredRun | None, have: LiveRun | None) -> Any:
+        decided.append((want or have).name)  # type: ignore[union-attr]
+        return real_decide(want, have)
+
+    monkeypatch.setattr(plan_module, "_decide", counting)
+
+    def want(name: str, version: str, fp: str) -> DesiredRun:
+        return DesiredRun("default", name, version, fp, spec(version))
+
+    def record(name: str, version: str, fp: str) -> LiveWorkflow:
+        stable = Release(release_id=f"{name}-{version}", namespace="default", name=name, track="stable", version=version,
+                         spec_fingerprint=fp, recipe_digest="d", recipe_dir="/x", endpoint="http://127.0.0.1:1")
+        return LiveWorkflow(namespace="default", name=name, stable=stable)
+
+    def status(name: str, phase: Phase, **fields: Any) -> WorkflowRunStatus:
+        return WorkflowRunStatus(namespace="default", name=name, phase=phase, **fields)
+
+    def keep(key: str) -> bool:
+        return "--pr" not in key  # the reconciler leaves preview releases to their controller
+
+    desired = {f"default/{n}": want(n, "1.0.0", f"{n}-1") for n in ("a", "b", "c", "d")}
+    releases = {"default/a": record("a", "1.0.0", "a-1"), "default/b": record("b", "1.0.0", "b-1"),
+                "default/gone": record("gone", "1.0.0", "gone-1"), "default/a--pr3": record("a--pr3", "2.0.0", "p")}
+    statuses = {"default/a": status("a", Phase.READY, deployed_fingerprint="a-1"),
+                "default/c": status("c", Phase.FAILED, attempted_fingerprint="c-1", last_error="smoke")}
+    running: dict[str, str | None] = {}
+    memo = PlanMemo()
+
+    def check(expect_decided: set[str]) -> None:
+        decided.clear()
+        got = memo.plan(desired, releases, list(statuses.values()), running, keep=keep)
+        assert set(decided) == expect_decided
+        live = {key: run for key, run in live_from(releases, statuses.values(), running).items()
+                if key in desired or keep(key)}
+        assert got == plan(desired, live)
+
+    check({"a", "b", "c", "d", "gone"})  # everything, the first time
+    check(set())  # nothing changed: nothing decided again
+    statuses["default/b"] = status("b", Phase.VERIFYING)  # a saga's status
+    running["default/d"] = "d-1"  # a saga started
+    check({"b", "d"})
+    releases["default/d"] = record("d", "1.0.0", "d-1")  # ...and promoted
+    del running["default/d"]
+    check({"d"})
+    running["default/gone"] = None  # an uninstall saga
+    check({"gone"})
+    desired = {**desired, "default/b": want("b", "1.1.0", "b-2")}  # a new commit changed b
+    check({"b"})
+    del desired["default/c"]  # ...and removed c
+    check({"c"})
+    releases["default/a--pr3"] = record("a--pr3", "2.1.0", "q")  # a preview changed: not the reconciler's
+    check(set())

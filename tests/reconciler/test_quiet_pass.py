@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler import reconciler as reconciler_module
 from plnt.reconciler.drivers import DriverSet
 from plnt.reconciler.local_driver import LocalDriver, process_start_time
 from plnt.reconciler.plan import Action
@@ -61,8 +60,8 @@ async def test_a_pass_with_nothing_changed_skips_the_plan_but_not_the_drift_chec
         spec_repo: SpecRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     reconciler, statuses, state, driver = in_sync(spec_repo, tmp_path)
     plans, drifts = [], []
-    real_plan, real_drift = reconciler_module.plan, driver.drift
-    monkeypatch.setattr(reconciler_module, "plan", lambda desired, live: plans.append(1) or real_plan(desired, live))
+    real_plan, real_drift = reconciler._plan.plan, driver.drift
+    monkeypatch.setattr(reconciler._plan, "plan", lambda *args, **kwargs: plans.append(1) or real_plan(*args, **kwargs))
 
     async def drift() -> Any:
         drifts.append(1)
