@@ -13,7 +13,8 @@ Each saga's milestones, all on this machine's wall clock:
 - Temporal's side, from the saga's workflow history: each workflow task (scheduled, started,
   completed: its schedule-to-start is Temporal's latency, started-to-completed the worker's) and
   each activity (scheduled, started, completed);
-- each status write of record_phase (a local activity: it leaves no timing in the history).
+- each status write (the progress from the saga's code, the outcome by the record_phase local
+  activity: neither leaves a timing in the history).
 Sorted by time, the gaps between consecutive milestones add up to commit -> Ready; the table gives
 each gap's p50/p95 over the commits, named "previous -> this milestone".
 
@@ -101,10 +102,10 @@ def instrument(plnt: Any, clock: Clock) -> None:
     reconciler._start_saga = timed_start_saga
     once = reconciler.reconcile_once
 
-    async def timed_once() -> Any:
+    async def timed_once(**kwargs: Any) -> Any:
         if armed["on"] and "reconcile pass entered" not in clock.counts:
             clock.mark("reconcile pass entered")
-        return await once()
+        return await once(**kwargs)
 
     reconciler.reconcile_once = timed_once
     wait_healthy, healthy = driver._wait_healthy, driver._healthy
@@ -197,7 +198,7 @@ async def main() -> None:
         "announced by POST /hooks/git; one saga at a time",
         "each saga: validate, pull and verify, canary runner, 10-invocation smoke test, promote",
         "plnt's steps timed by wrappers in this process; Temporal's from the workflow history; "
-        "record_phase by its status writes"])
+        "status writes by the status store's change hook"])
 
     repo = BenchRepo("plnt-bench-profile-")
     versions = iter(f"3.{n}.0" for n in range(10_000))
