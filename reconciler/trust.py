@@ -43,6 +43,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -58,6 +59,8 @@ from sigstore_models.common.v1 import HashAlgorithm
 
 from .errors import RetryLater, VerificationFailed
 from .specs import RecipeTrustPolicy, SignerSpec, TrustRootSpec
+from .weights_manifest import PAYLOAD_TYPE as DSSE_STATEMENT_TYPE
+from .weights_manifest import ManifestError, WeightsManifest, check_pin, parse_statement
 
 OIDC_ISSUER_OID = ObjectIdentifier("1.3.6.1.4.1.57264.1.1")  # raw UTF-8 bytes (older Fulcio)
 OIDC_ISSUER_V2_OID = ObjectIdentifier("1.3.6.1.4.1.57264.1.8")  # DER UTF8String
@@ -303,18 +306,20 @@ class _ParsedBundle:
     message_digest: bytes | None
     log_id: bytes | None
     identity: CertificateIdentity
+    dsse_payload: bytes | None = None  # a DSSE bundle's payload (a weights manifest), as signed
 
 
-def _parse_bundle(recipe: str, bundle_json: bytes) -> _ParsedBundle:
+def _parse_bundle(subject: str, bundle_json: bytes, *, dsse: bool = False) -> _ParsedBundle:
+    """A recipe archive's bundle (a message signature over its digest), or with `dsse` a weights
+    manifest's (a DSSE envelope whose payload is the in-toto statement)."""
     def invalid(detail: str) -> VerificationFailed:
-        return VerificationFailed(
-            f"recipe {recipe}: the signature bundle is not a valid Sigstore bundle ({detail}); "
-            "re-create it with `python -m sigstore sign <archive>` and publish the .sigstore.json it writes",
-            "invalid-bundle",
-        )
+        how = ("sign the manifest as an OMS model signature (a DSSE in-toto statement, `model_signing sign`)"
+               if dsse else "re-create it with `python -m sigstore sign <archive>` and publish the .sigstore.json it writes")
+        return VerificationFailed(f"{subject}: the signature bundle is not a valid Sigstore bundle ({detail}); {how}",
+                                  "invalid-bundle")
 
-    if len(bundle_json) > MAX_BUNDLE_BYTES:
-        raise invalid(f"{len(bundle_json)} bytes, more than the {MAX_BUNDLE_BYTES} allowed")
+    if len(bundle_json) > MAX_BUNDLE_BYTES * (8 if dsse else 1):  # a manifest lists every file
+        raise invalid(f"{len(bundle_json)} bytes, more than the {MAX_BUNDLE_BYTES * (8 if dsse else 1)} allowed")
     try:
         document = json.loads(bundle_json)
         if not isinstance(document, dict):
@@ -322,6 +327,23 @@ def _parse_bundle(recipe: str, bundle_json: bytes) -> _ParsedBundle:
         bundle = Bundle.from_json(bundle_json)
     except Exception as exc:  # noqa: BLE001 - anything unparsable fails closed
         raise invalid(f"{type(exc).__name__}: {exc}") from exc
+    entries = document.get("verificationMaterial", {}).get("tlogEntries", [])
+    if dsse:
+        envelope = document.get("dsseEnvelope")
+        if not isinstance(envelope, dict):
+            raise invalid("it holds no dsseEnvelope: a signature over one file is not a signed weights manifest")
+        if envelope.get("payloadType") != DSSE_STATEMENT_TYPE:
+            raise invalid(f"its payloadType is {envelope.get('payloadType')!r}, not {DSSE_STATEMENT_TYPE!r}")
+        try:
+            payload = base64.b64decode(envelope["payload"], validate=True)
+            (only,) = envelope["signatures"]
+            signature = base64.b64decode(only["sig"], validate=True)
+            log_id = base64.b64decode(entries[0]["logId"]["keyId"]) if entries else None
+            identity = CertificateIdentity.of(bundle.signing_certificate)
+        except Exception as exc:  # noqa: BLE001
+            raise invalid(f"malformed envelope (one signature expected), log entry or certificate: "
+                          f"{type(exc).__name__}: {exc}") from exc
+        return _ParsedBundle(bundle, signature, None, log_id, identity, dsse_payload=payload)
     message_signature = document.get("messageSignature")
     if not isinstance(message_signature, dict):
         raise invalid("it holds no messageSignature: a DSSE attestation is not a signature over the archive")
@@ -329,7 +351,6 @@ def _parse_bundle(recipe: str, bundle_json: bytes) -> _ParsedBundle:
         signature = base64.b64decode(message_signature["signature"], validate=True)
         digest_field = message_signature.get("messageDigest")
         message_digest = base64.b64decode(digest_field["digest"], validate=True) if digest_field else None
-        entries = document.get("verificationMaterial", {}).get("tlogEntries", [])
         log_id = base64.b64decode(entries[0]["logId"]["keyId"]) if entries else None
         identity = CertificateIdentity.of(bundle.signing_certificate)
     except Exception as exc:  # noqa: BLE001
@@ -337,14 +358,21 @@ def _parse_bundle(recipe: str, bundle_json: bytes) -> _ParsedBundle:
     return _ParsedBundle(bundle, signature, message_digest, log_id, identity)
 
 
-def _signature_matches(parsed: _ParsedBundle, digest: bytes) -> bool | None:
-    """Does the bundle's signature verify over digest with the certificate's key? None: can't tell."""
-    if parsed.message_digest is not None and parsed.message_digest != digest:
-        return False
+def _signature_matches(parsed: _ParsedBundle, digest: bytes | None) -> bool | None:
+    """Does the bundle's signature verify (over the archive digest, or over its DSSE payload) with
+    the certificate's key? None: can't tell."""
     key = parsed.bundle.signing_certificate.public_key()
     if not isinstance(key, ec.EllipticCurvePublicKey):
         return None
     try:
+        if parsed.dsse_payload is not None:
+            kind = DSSE_STATEMENT_TYPE.encode()
+            pae = b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(parsed.dsse_payload), parsed.dsse_payload)
+            key.verify(parsed.signature, pae, ec.ECDSA(hashes.SHA256()))
+            return True
+        assert digest is not None
+        if parsed.message_digest is not None and parsed.message_digest != digest:
+            return False
         key.verify(parsed.signature, digest, ec.ECDSA(Prehashed(hashes.SHA256())))
     except InvalidSignature:
         return False
@@ -363,7 +391,8 @@ class _Rejected(Exception):
         self.message = message
 
 
-def _classify(exc: Exception, parsed: _ParsedBundle, digest: bytes, anchor: _Anchor, policy: RecipeTrustPolicy) -> _Rejected:
+def _classify(exc: Exception, parsed: _ParsedBundle, digest: bytes | None, anchor: _Anchor,
+              policy: RecipeTrustPolicy) -> _Rejected:
     """Turn a non-identity verification failure into a reason and advice."""
     name = policy.metadata.name
     root = policy.spec.trust_root.describe()
@@ -378,12 +407,12 @@ def _classify(exc: Exception, parsed: _ParsedBundle, digest: bytes, anchor: _Anc
             "re-sign with the instance this root describes, or point spec.trustRoot at the root of the instance "
             "that signed it",
         )
-    if _signature_matches(parsed, digest) is False or "inconsistent" in str(exc):
-        return _Rejected(
-            "tampered",
-            f"policy {name}: the signature does not match the archive (sha256:{digest.hex()}) ({detail}); "
-            "the archive or its bundle changed after signing: publish the archive that was signed, or re-sign it",
-        )
+    if _signature_matches(parsed, digest) is False or "inconsistent" in str(exc) or "do not match" in str(exc):
+        what, fix = (("the weights manifest it carries", "the manifest or its bundle changed after signing: "
+                      "publish the bundle that was signed, or re-sign the weights") if digest is None else
+                     (f"the archive (sha256:{digest.hex()})", "the archive or its bundle changed after signing: "
+                      "publish the archive that was signed, or re-sign it"))
+        return _Rejected("tampered", f"policy {name}: the signature does not match {what} ({detail}); {fix}")
     message = str(exc)
     if "SCT" in message:
         return _Rejected(
@@ -409,21 +438,29 @@ def _classify(exc: Exception, parsed: _ParsedBundle, digest: bytes, anchor: _Anc
     )
 
 
-def _verify_with(policy: RecipeTrustPolicy, parsed: _ParsedBundle, digest: bytes,
+def _verify_with(policy: RecipeTrustPolicy, parsed: _ParsedBundle, digest: bytes | None,
                  load_trusted_root: Callable[[str], bytes]) -> VerifiedSignature:
+    """One policy's verdict on a recipe archive's digest, or (digest None) on a DSSE bundle."""
     anchor = _anchor_for(policy, load_trusted_root)
-    hashed = Hashed(algorithm=HashAlgorithm.SHA2_256, digest=digest)
-    signers = SignerPolicy(policy.spec.signers)
+
+    def verify(with_policy: Any) -> None:
+        if digest is None:
+            anchor.verifier.verify_dsse(parsed.bundle, with_policy)
+        else:
+            anchor.verifier.verify_artifact(Hashed(algorithm=HashAlgorithm.SHA2_256, digest=digest), parsed.bundle,
+                                            with_policy)
+
     try:
-        anchor.verifier.verify_artifact(hashed, parsed.bundle, signers)
+        verify(SignerPolicy(policy.spec.signers))
     except SignerMismatch as mismatch:
         # Only an otherwise valid signature may be reported as a wrong identity or issuer.
         try:
-            anchor.verifier.verify_artifact(hashed, parsed.bundle, _IdentityNotChecked())
+            verify(_IdentityNotChecked())
         except Exception as exc:  # noqa: BLE001 - fail closed
             raise _classify(exc, parsed, digest, anchor, policy) from exc
         advice = (
-            "add that signer to the policy's spec.signers if you trust it, or publish a recipe signed by an allowed signer"
+            "add that signer to the policy's spec.signers if you trust it, or publish "
+            f"{'weights' if digest is None else 'a recipe'} signed by an allowed signer"
             if mismatch.reason == "wrong-identity"
             else "fix the signer's issuer in the policy if that issuer is trusted, or re-sign through the expected issuer"
         )
@@ -483,11 +520,15 @@ def verify_recipe(
             "<archive>.sigstore.json next to it",
             "unsigned",
         )
-    parsed = _parse_bundle(recipe, bundle_json)
+    parsed = _parse_bundle(f"recipe {recipe}", bundle_json)
+    return _first_accepting(covering, parsed, digest, load_trusted_root, f"recipe {recipe}", "RecipeTrustPolicy")
 
+
+def _first_accepting(policies: list[RecipeTrustPolicy], parsed: _ParsedBundle, digest: bytes | None,
+                     load_trusted_root: Callable[[str], bytes], subject: str, kind: str) -> VerifiedSignature:
     rejections: list[_Rejected] = []
     retry: RetryLater | None = None
-    for policy in covering:
+    for policy in policies:
         try:
             return _verify_with(policy, parsed, digest, load_trusted_root)
         except _Rejected as rejected:
@@ -498,8 +539,49 @@ def verify_recipe(
         raise retry
     best = max(rejections, key=lambda r: _REASON_RANK.get(r.reason, -1))
     if len(rejections) == 1:
-        message = f"recipe {recipe}: signature rejected by {best.message}"
+        message = f"{subject}: signature rejected by {best.message}"
     else:
         verdicts = "; ".join(f"[{r.reason}] {r.message}" for r in rejections)
-        message = f"recipe {recipe}: signature rejected by every RecipeTrustPolicy covering it: {verdicts}"
+        message = f"{subject}: signature rejected by every {kind} covering it: {verdicts}"
     raise VerificationFailed(message, best.reason)
+
+
+@dataclass(frozen=True)
+class VerifiedWeights:
+    signature: VerifiedSignature
+    manifest: WeightsManifest
+
+
+def verify_weights_signature(
+    bundle_json: bytes | None,
+    *,
+    model: str,
+    policies: list[RecipeTrustPolicy],
+    load_trusted_root: Callable[[str], bytes],
+    pin: str | None = None,
+) -> VerifiedWeights:
+    """Verify a model's signed weights manifest (an OMS v1.0 in-toto statement in a Sigstore DSSE
+    bundle) against `policies` (those the ModelDeployment names: ANY accepting is enough), offline,
+    then read the manifest from the verified payload and check it against the spec's root-digest pin.
+
+    Fails closed with VerificationFailed: the reasons of `verify_recipe`, and invalid-manifest or
+    pin-mismatch for a statement that verifies but is not a usable manifest, or not the pinned one.
+    The files themselves are checked against the manifest as they are fetched
+    (`weights_manifest.check_directory`)."""
+    subject = f"model {model}"
+    if not policies:
+        raise VerificationFailed(f"{subject}: no trust policy is named for its weights; name one that lists the "
+                                 "signers you trust", "no-policy")
+    if bundle_json is None:
+        raise VerificationFailed(f"{subject}: its weights are unsigned: no signed manifest (model.sig) was published "
+                                 "with them; sign them as an OMS model signature and publish model.sig beside them",
+                                 "unsigned")
+    parsed = _parse_bundle(subject, bundle_json, dsse=True)
+    signature = _first_accepting(policies, parsed, None, load_trusted_root, subject, "trust policy")
+    assert parsed.dsse_payload is not None
+    try:
+        manifest = parse_statement(parsed.dsse_payload)
+        check_pin(manifest, pin)
+    except ManifestError as exc:
+        raise VerificationFailed(f"{subject}: {exc}", exc.reason) from exc
+    return VerifiedWeights(signature=signature, manifest=manifest)

@@ -272,7 +272,7 @@ class TestSigstoreAuthority:
 
     # -- transparency log ------------------------------------------------------------------
 
-    def _log_entry(self, body: bytes, integrated_time: int) -> dict:
+    def _log_entry(self, body: bytes, integrated_time: int, kind: str = "hashedrekord") -> dict:
         """A Rekor v1 entry for body: a one-leaf tree, its signed checkpoint and inclusion promise."""
         log_id = _key_id(self._rekor_key)
         leaf_hash = hashlib.sha256(b"\x00" + body).digest()  # RFC 6962 leaf; a 1-leaf tree's root
@@ -286,7 +286,7 @@ class TestSigstoreAuthority:
         return {
             "logIndex": "0",
             "logId": {"keyId": _b64(log_id)},
-            "kindVersion": {"kind": "hashedrekord", "version": "0.0.1"},
+            "kindVersion": {"kind": kind, "version": "0.0.1"},
             "integratedTime": str(integrated_time),
             "inclusionPromise": {"signedEntryTimestamp": _b64(_ecdsa_sign(self._rekor_key, promise))},
             "inclusionProof": {
@@ -354,6 +354,45 @@ class TestSigstoreAuthority:
             },
         }
         return json.dumps(bundle, indent=2) + "\n"
+
+    def sign_dsse(self, payload: bytes, payload_type: str, identity: str, issuer: str, *,
+                  at: dt.datetime | None = None) -> str:
+        """A DSSE envelope over `payload` (e.g. an in-toto statement), keyless-style, in a bundle v0.3
+        with a Rekor v1 `dsse` 0.0.1 entry: what `sigstore sign` makes for an attestation, and what
+        `Verifier.verify_dsse` accepts."""
+        issued = (at or _now()).astimezone(dt.UTC).replace(microsecond=0)
+        signing_key = ec.generate_private_key(ec.SECP256R1())
+        certificate = self._leaf_certificate(signing_key.public_key(), identity, issuer, issued)
+        signature = signing_key.sign(_dsse_pae(payload_type, payload), ec.ECDSA(hashes.SHA256()))
+        envelope = {"payload": _b64(payload), "payloadType": payload_type, "signatures": [{"sig": _b64(signature)}]}
+        body = rfc8785.dumps(
+            {
+                "apiVersion": "0.0.1",
+                "kind": "dsse",
+                "spec": {
+                    "envelopeHash": {"algorithm": "sha256",
+                                     "value": hashlib.sha256(json.dumps(envelope).encode()).hexdigest()},
+                    "payloadHash": {"algorithm": "sha256", "value": hashlib.sha256(payload).hexdigest()},
+                    "signatures": [{"signature": _b64(signature),
+                                    "verifier": _b64(certificate.public_bytes(serialization.Encoding.PEM))}],
+                },
+            }
+        )
+        bundle = {
+            "mediaType": BUNDLE_MEDIA_TYPE,
+            "verificationMaterial": {
+                "certificate": {"rawBytes": _b64(certificate.public_bytes(serialization.Encoding.DER))},
+                "tlogEntries": [self._log_entry(body, int(issued.timestamp()), kind="dsse")],
+            },
+            "dsseEnvelope": envelope,
+        }
+        return json.dumps(bundle, indent=2) + "\n"
+
+
+def _dsse_pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE's pre-authentication encoding: what the signature covers."""
+    kind = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
 
 
 def _sha256_of(artifact: bytes | str | os.PathLike[str] | Hashed) -> bytes:
