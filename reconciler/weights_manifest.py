@@ -167,15 +167,17 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def model_files(root: Path) -> Iterator[tuple[str, Path]]:
-    """(name, path) of each regular file under `root`, by name; ManifestError(unsafe-path) on a
-    symlink or anything that is neither a file nor a directory (the manifest lists files only)."""
+def model_files(root: Path, ignore: Iterable[str] = ()) -> Iterator[tuple[str, Path]]:
+    """(name, path) of each regular file under `root`, by name, leaving out the OMS default
+    exclusions and `ignore` (top-level names, e.g. the signature file); ManifestError(unsafe-path)
+    on a symlink or anything that is neither a file nor a directory (the manifest lists files only)."""
+    ignored = DEFAULT_IGNORED | set(ignore)
     found: list[tuple[str, Path]] = []
     for directory, subdirs, names in os.walk(root, followlinks=False):
         relative = Path(directory).relative_to(root)
         if relative == Path("."):
-            subdirs[:] = [d for d in subdirs if d not in DEFAULT_IGNORED]
-            names = [n for n in names if n not in DEFAULT_IGNORED]
+            subdirs[:] = [d for d in subdirs if d not in ignored]
+            names = [n for n in names if n not in ignored]
         for name in [*names, *subdirs]:
             path = Path(directory) / name
             mode = os.lstat(path).st_mode
@@ -188,17 +190,17 @@ def model_files(root: Path) -> Iterator[tuple[str, Path]]:
     yield from sorted(found)
 
 
-def manifest_of_directory(root: Path, model: str | None = None) -> WeightsManifest:
+def manifest_of_directory(root: Path, model: str | None = None, ignore: Iterable[str] = ()) -> WeightsManifest:
     """The manifest of the weights in `root` (what a publisher signs)."""
-    files = tuple(WeightsFile(name, sha256_file(path)) for name, path in model_files(root))
+    files = tuple(WeightsFile(name, sha256_file(path)) for name, path in model_files(root, ignore))
     if not files:
         raise ManifestError(f"{root} holds no file: a model is at least one file", "invalid-manifest")
     return WeightsManifest(model=model or root.name, files=files)
 
 
-def check_directory(root: Path, manifest: WeightsManifest) -> None:
+def check_directory(root: Path, manifest: WeightsManifest, ignore: Iterable[str] = ()) -> None:
     """Every file the manifest lists is in `root` with its digest, and nothing else is."""
-    present = dict(model_files(root))
+    present = dict(model_files(root, ignore))
     listed = {f.name: f.sha256 for f in manifest.files}
     missing = sorted(set(listed) - set(present))
     if missing:
