@@ -11,7 +11,7 @@ import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -115,9 +115,13 @@ async def measure(
     timeout_s: float,
     stream: bool = False,
     samples: list[Sample] | None = None,
+    protocol: Literal["runner", "openai-chat"] = "runner",
 ) -> list[Sample]:
     """Invoke the canary `invocations` times; each sample is appended to `samples` (a list the caller
-    may read while this runs, for live progress) as it completes."""
+    may read while this runs, for live progress) as it completes.
+
+    `protocol`: a plnt runner (`POST /invoke`), or a model server speaking the OpenAI API (`POST
+    /v1/chat/completions`, each input a chat request; always streamed, so that real tokens are timed)."""
     payloads = list(inputs) or [{}]
     queue: asyncio.Queue[int] = asyncio.Queue()
     for index in range(invocations):
@@ -130,7 +134,7 @@ async def measure(
             samples.append(await invoke(payloads[index % len(payloads)]))
 
     workers = min(concurrency, invocations)
-    if not stream and urlsplit(endpoint).scheme == "http":
+    if not stream and protocol == "runner" and urlsplit(endpoint).scheme == "http":
         # A local runner (or a pod's plain-HTTP port): the gateway's own client for its runner hop,
         # a tenth of httpx's CPU per request; at 1,000 WorkflowRuns the smoke tests' httpx calls
         # were 14 % of plnt's event loop (bench/many_workflowruns.py, py-spy).
@@ -142,7 +146,7 @@ async def measure(
             await upstream.aclose()
         return samples
     async with httpx.AsyncClient(trust_env=False, timeout=timeout_s, verify=default_tls_context()) as client:
-        invoke = _invoke_streaming if stream else _invoke
+        invoke = _invoke_chat if protocol == "openai-chat" else _invoke_streaming if stream else _invoke
         await asyncio.gather(*(worker(lambda payload: invoke(client, endpoint, payload)) for _ in range(workers)))
     return samples
 
@@ -219,5 +223,49 @@ async def _invoke_streaming(client: httpx.AsyncClient, endpoint: str, payload: d
     if outcome != "result":
         return Sample(latency_ms=latency, ok=False, error=f"stream error: {error or 'ended without a result'}")
     ttft = (token_times[0] - started) * 1000 if token_times else None
+    tpot = ((token_times[-1] - token_times[0]) * 1000 / (len(token_times) - 1)) if len(token_times) > 1 else None
+    return Sample(latency_ms=latency, ok=True, ttft_ms=ttft, tpot_ms=tpot)
+
+
+async def _invoke_chat(client: httpx.AsyncClient, endpoint: str, payload: dict[str, Any]) -> Sample:
+    """One streamed chat completion from an OpenAI-compatible model server: `data: {chunk}` lines up
+    to `data: [DONE]`; a chunk whose delta carries content is a token (llama.cpp, vLLM and TGI send
+    one per token)."""
+    started = time.perf_counter()
+    token_times: list[float] = []
+    done, error = False, None
+    try:
+        async with client.stream("POST", f"{endpoint}/v1/chat/completions", json={**payload, "stream": True},
+                                 headers={"accept": "text/event-stream"}) as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")[:200]
+                return Sample(latency_ms=(time.perf_counter() - started) * 1000, ok=False,
+                              error=f"HTTP {response.status_code}: {body}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line.removeprefix("data:").strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    error = f"not a JSON chunk: {data[:100]}"
+                    break
+                if isinstance(chunk, dict) and chunk.get("error"):
+                    error = json.dumps(chunk["error"])[:300]
+                    break
+                choices = chunk.get("choices") if isinstance(chunk, dict) else None
+                delta = (choices[0].get("delta") or {}) if isinstance(choices, list) and choices else {}
+                if isinstance(delta, dict) and delta.get("content"):
+                    token_times.append(time.perf_counter())
+    except httpx.HTTPError as exc:
+        return Sample(latency_ms=(time.perf_counter() - started) * 1000, ok=False, error=f"{type(exc).__name__}: {exc}")
+    latency = (time.perf_counter() - started) * 1000
+    if not done or not token_times:
+        return Sample(latency_ms=latency, ok=False,
+                      error=f"stream error: {error or ('ended before [DONE]' if not done else 'no token generated')}")
+    ttft = (token_times[0] - started) * 1000
     tpot = ((token_times[-1] - token_times[0]) * 1000 / (len(token_times) - 1)) if len(token_times) > 1 else None
     return Sample(latency_ms=latency, ok=True, ttft_ms=ttft, tpot_ms=tpot)

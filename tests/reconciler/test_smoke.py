@@ -100,3 +100,73 @@ async def test_measure_over_http_counts_answers_errors_and_an_unreachable_runner
         await server.stop()
     gone = await measure(f"http://127.0.0.1:{free_port()}", [], invocations=2, concurrency=2, timeout_s=2)
     assert all(not s.ok and s.error.startswith("UpstreamConnectError") for s in gone), gone
+
+
+def stand_in_model_server(tokens: list[str], gap_s: float, *, first_after_s: float = 0.0,
+                          fail: str | None = None) -> object:
+    """A STAND-IN OpenAI-compatible model server (an ASGI app): streams `tokens` as chat chunks,
+    `gap_s` apart after `first_after_s`, then `data: [DONE]`; `fail` ends the stream with an error
+    chunk after the first token instead. What it was asked is kept in `.requests`."""
+    import asyncio
+    import json
+
+    requests: list[dict] = []
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()  # type: ignore[operator]
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        requests.append({"path": scope["path"], "body": json.loads(body)})
+        await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        await asyncio.sleep(first_after_s)
+        for index, token in enumerate(tokens):
+            if index:
+                await asyncio.sleep(gap_s)
+            chunk = {"choices": [{"index": 0, "delta": {"content": token}}]}
+            await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(),  # type: ignore[operator]
+                        "more_body": True})
+            if fail:
+                await send({"type": "http.response.body",  # type: ignore[operator]
+                            "body": f"data: {json.dumps({'error': {'message': fail}})}\n\n".encode(), "more_body": True})
+                break
+        else:
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    app.requests = requests  # type: ignore[attr-defined]
+    return app
+
+
+@pytest.mark.integration
+async def test_a_model_server_is_timed_on_its_streamed_tokens() -> None:
+    """Real HTTP to a STAND-IN OpenAI-compatible model server: TTFT is the time to the first token,
+    TPOT the mean gap between tokens after it; the request is streamed whatever it says."""
+    app = stand_in_model_server(["Hel", "lo", " there", "!"], gap_s=0.05, first_after_s=0.2)
+    server = GatewayServer(app, "127.0.0.1", 0)  # type: ignore[arg-type]
+    await server.start()
+    try:
+        chat = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": False}
+        (sample,) = await measure(server.url, [chat], invocations=1, concurrency=1, timeout_s=5, protocol="openai-chat")
+        assert sample.ok, sample
+        assert 190 <= sample.ttft_ms < sample.latency_ms, sample  # the first token, not the response headers
+        assert sample.tpot_ms is not None and 40 <= sample.tpot_ms < 200, sample
+        (asked,) = app.requests  # type: ignore[attr-defined]
+        assert asked["path"] == "/v1/chat/completions" and asked["body"]["stream"] is True
+    finally:
+        await server.stop()
+    broken = GatewayServer(stand_in_model_server(["a", "b"], 0.0, fail="out of memory"), "127.0.0.1", 0)  # type: ignore[arg-type]
+    await broken.start()
+    try:
+        (sample,) = await measure(broken.url, [{}], invocations=1, concurrency=1, timeout_s=5, protocol="openai-chat")
+        assert not sample.ok and "out of memory" in (sample.error or ""), sample
+    finally:
+        await broken.stop()
+    summary = judge(summarise([Sample(latency_ms=900, ok=True, ttft_ms=800, tpot_ms=30)]),
+                    SmokeTest(p95_budget_ms=2000, ttft_budget_ms=500, tpot_budget_ms=50))
+    assert not summary.passed and "TTFT p95 800 ms over budget 500 ms" in summary.reason
