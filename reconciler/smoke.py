@@ -202,9 +202,7 @@ async def _invoke_streaming(client: httpx.AsyncClient, endpoint: str, payload: d
         async with client.stream("POST", f"{endpoint}/invoke", json=payload,
                                  headers={"accept": "text/event-stream"}) as response:
             if response.status_code != 200:
-                body = (await response.aread()).decode(errors="replace")[:200]
-                return Sample(latency_ms=(time.perf_counter() - started) * 1000, ok=False,
-                              error=f"HTTP {response.status_code}: {body}")
+                return await _http_failure(response, started)
             async for line in response.aiter_lines():
                 if line.startswith("event:"):
                     event = line.removeprefix("event:").strip()
@@ -222,9 +220,7 @@ async def _invoke_streaming(client: httpx.AsyncClient, endpoint: str, payload: d
     latency = (time.perf_counter() - started) * 1000
     if outcome != "result":
         return Sample(latency_ms=latency, ok=False, error=f"stream error: {error or 'ended without a result'}")
-    ttft = (token_times[0] - started) * 1000 if token_times else None
-    tpot = ((token_times[-1] - token_times[0]) * 1000 / (len(token_times) - 1)) if len(token_times) > 1 else None
-    return Sample(latency_ms=latency, ok=True, ttft_ms=ttft, tpot_ms=tpot)
+    return _timed(latency, started, token_times)
 
 
 async def _invoke_chat(client: httpx.AsyncClient, endpoint: str, payload: dict[str, Any]) -> Sample:
@@ -238,9 +234,7 @@ async def _invoke_chat(client: httpx.AsyncClient, endpoint: str, payload: dict[s
         async with client.stream("POST", f"{endpoint}/v1/chat/completions", json={**payload, "stream": True},
                                  headers={"accept": "text/event-stream"}) as response:
             if response.status_code != 200:
-                body = (await response.aread()).decode(errors="replace")[:200]
-                return Sample(latency_ms=(time.perf_counter() - started) * 1000, ok=False,
-                              error=f"HTTP {response.status_code}: {body}")
+                return await _http_failure(response, started)
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -266,6 +260,16 @@ async def _invoke_chat(client: httpx.AsyncClient, endpoint: str, payload: dict[s
     if not done or not token_times:
         return Sample(latency_ms=latency, ok=False,
                       error=f"stream error: {error or ('ended before [DONE]' if not done else 'no token generated')}")
-    ttft = (token_times[0] - started) * 1000
+    return _timed(latency, started, token_times)
+
+
+async def _http_failure(response: httpx.Response, started: float) -> Sample:
+    body = (await response.aread()).decode(errors="replace")[:200]
+    return Sample(latency_ms=(time.perf_counter() - started) * 1000, ok=False, error=f"HTTP {response.status_code}: {body}")
+
+
+def _timed(latency_ms: float, started: float, token_times: list[float]) -> Sample:
+    """A streamed answer: TTFT to the first token, TPOT the mean gap between the tokens after it."""
+    ttft = (token_times[0] - started) * 1000 if token_times else None
     tpot = ((token_times[-1] - token_times[0]) * 1000 / (len(token_times) - 1)) if len(token_times) > 1 else None
-    return Sample(latency_ms=latency, ok=True, ttft_ms=ttft, tpot_ms=tpot)
+    return Sample(latency_ms=latency_ms, ok=True, ttft_ms=ttft, tpot_ms=tpot)
