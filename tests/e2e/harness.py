@@ -40,7 +40,7 @@ async def running_plnt(settings: Settings) -> AsyncIterator[Plnt]:
 
 
 async def wait_for(check: Callable[[], Awaitable[T | None]] | Callable[[], T | None], *, timeout: float = 30.0,
-                   what: str = "condition") -> T:
+                   what: str | Callable[[], str] = "condition") -> T:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -50,7 +50,8 @@ async def wait_for(check: Callable[[], Awaitable[T | None]] | Callable[[], T | N
         if last:
             return last
         await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
+    described = what() if callable(what) else what  # e.g. the status as it is at the timeout, not as it was
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {described}; last value: {last!r}")
 
 
 def status_of(plnt: Plnt, name: str = "review-responder", namespace: str = "default") -> dict[str, Any] | None:
@@ -66,7 +67,8 @@ async def wait_phase(plnt: Plnt, phase: str, *, version: str | None = None, name
             return status
         return None
 
-    return await wait_for(check, timeout=timeout, what=f"{name} {phase} {version or ''} (now: {status_of(plnt, name)})")
+    return await wait_for(check, timeout=timeout,
+                          what=lambda: f"{name} {phase} {version or ''} (now: {status_of(plnt, name)})")
 
 
 async def invoke(plnt: Plnt, payload: dict[str, Any] | None = None, name: str = "review-responder") -> httpx.Response:

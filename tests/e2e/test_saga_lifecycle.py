@@ -200,20 +200,21 @@ async def test_a_slow_first_token_rolls_back_on_the_ttft_budget(
     spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
 ) -> None:
     """A streaming workflow (post-generator) with a TTFT budget: 1.0.0 passes it; a 1.0.1 whose
-    first token comes 0.5 s late is rolled back with a reason that names TTFT."""
+    first token comes 2 s late is rolled back with a reason that names TTFT. (The budget, 1.5 s,
+    leaves 1.0.0 room on a busy machine: at 300 ms a loaded CI machine once rolled 1.0.0 back.)"""
     import shutil
 
     from plnt.reconciler.archive import pack_recipe_to
 
     from ..sigstore_ca import TestSigstoreAuthority
 
-    # 1.0.1: the same recipe, half a second slower to its first token. Signed by a test authority
+    # 1.0.1: the same recipe, two seconds slower to its first token. Signed by a test authority
     # that a second trust policy in the spec repository trusts for post-generator.
     source = tmp_path / "post-generator-1.0.1"
     shutil.copytree(spec_repo.path / "recipes" / "post-generator" / "1.0.0", source)
     (source / "workflow.yaml").write_text((source / "workflow.yaml").read_text().replace("version: 1.0.0", "version: 1.0.1"))
     steps = (source / "steps.py").read_text()
-    (source / "steps.py").write_text(steps.replace("    text = draft(", "    await __import__('asyncio').sleep(0.5)\n    text = draft(", 1))
+    (source / "steps.py").write_text(steps.replace("    text = draft(", "    await __import__('asyncio').sleep(2.0)\n    text = draft(", 1))
     entry = spec_repo.path / "testregistry" / "post-generator" / "1.0.1"
     entry.mkdir(parents=True)
     pack_recipe_to(source, entry / "recipe.tar.gz")
@@ -227,19 +228,19 @@ async def test_a_slow_first_token_rolls_back_on_the_ttft_budget(
     spec_repo.write("workflowruns/post-generator.yaml", (
         "apiVersion: plnt.work/v1\nkind: WorkflowRun\nmetadata: {name: post-generator}\n"
         "spec:\n  workflow: {ref: post-generator@1.0.0, registry: 'file:registry'}\n  backend: {cluster: local}\n"
-        "  canary:\n    trafficPercent: 5\n    smokeTest: {invocations: 6, p95BudgetMs: 5000, ttftBudgetMs: 300}\n"))
+        "  canary:\n    trafficPercent: 5\n    smokeTest: {invocations: 6, p95BudgetMs: 10000, ttftBudgetMs: 1500}\n"))
     spec_repo.commit("post-generator with a TTFT budget")
     settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
     async with running_plnt(settings) as plnt:
         ready = await wait_phase(plnt, "Ready", version="1.0.0", name="post-generator")
         assert ready["smokeTest"]["metrics"]["ttft_p95_ms"] is not None, "the smoke test streamed"
-        assert ready["smokeTest"]["metrics"]["ttft_p95_ms"] < 300
+        assert ready["smokeTest"]["metrics"]["ttft_p95_ms"] < 1500
         spec_repo.replace("workflowruns/post-generator.yaml", "post-generator@1.0.0, registry: 'file:registry'",
                           "post-generator@1.0.1, registry: 'file:testregistry'")
         spec_repo.commit("post-generator 1.0.1")
         await hook(plnt)
         status = await wait_phase(plnt, "RolledBack", version="1.0.0", name="post-generator", timeout=60)
-        assert "TTFT p95" in status["lastError"] and "over budget 300 ms" in status["lastError"], status
+        assert "TTFT p95" in status["lastError"] and "over budget 1500 ms" in status["lastError"], status
         assert plnt.driver.snapshot()["default/post-generator"].canary is None
 
 
