@@ -155,8 +155,8 @@ class PlanMemo:
 
     A WorkflowRun is decided again only when one of its inputs is not the very object it was last
     time: the desired side is built once per commit, and release records and statuses are immutable
-    (a change replaces the object). The running saga is compared by value. `keep(key, name)` leaves
-    out live-only WorkflowRuns (the reconciler's preview releases)."""
+    (a change replaces the object). The running saga is compared by value. `keep(key)` leaves out
+    live-only WorkflowRuns (the reconciler's preview releases)."""
 
     def __init__(self) -> None:
         self._decided: dict[str, tuple[Any, ...]] = {}

@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from .saga_progress import report as report_progress  # not `from . import`: the sandbox would load it again
     from .settings import RetrySettings
-    from .status import Phase
+    from .status import FINAL_PHASES, Phase
 
 
 
@@ -49,7 +49,6 @@ HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 # Sagas started from here on report their progress statuses from the saga's code (saga_progress);
 # a history recorded before it has a local activity for each and replays as it was made.
 PROGRESS_FROM_SAGA = "progress-from-saga"
-OUTCOMES = frozenset({Phase.READY, Phase.ROLLED_BACK, Phase.FAILED})
 
 
 def retry_policy(settings: RetrySettings) -> RetryPolicy:
@@ -184,13 +183,13 @@ class DeploySaga:
         )
 
     async def _phase(self, saga: SagaInput, phase: Phase, message: str, fields: dict[str, Any]) -> None:
-        if phase in OUTCOMES and self._validated:
+        if phase in FINAL_PHASES and self._validated:
             # Also in the outcome: the plan reads which spec failed from it, and the progress write
             # that carried them first is not durable.
             fields = {"attempted_fingerprint": saga.fingerprint, "attempted_version": saga.version, **fields}
         update = PhaseUpdate(namespace=saga.namespace, name=saga.name, phase=phase, commit=saga.commit,
                              message=message, saga_id=workflow.info().run_id, fields=fields)
-        if phase not in OUTCOMES and workflow.patched(PROGRESS_FROM_SAGA):
+        if phase not in FINAL_PHASES and workflow.patched(PROGRESS_FROM_SAGA):
             if not workflow.unsafe.is_replaying():
                 info = workflow.info()
                 if not report_progress(info.namespace, info.task_queue, update):
