@@ -22,7 +22,9 @@ a forked runner is its own session leader, and the zygote exits when plnt does w
 No runner is lost: each process is written to STATE/runner-pids/PID.json (pid + start time) right
 after it starts, before its health check, and that entry goes only when the process is gone. A
 runner that no release record names (failed or cancelled install, plnt killed mid-install or
-mid-promote) is stopped at once when that can be done, and otherwise at the next start.
+mid-promote) is stopped at once when that can be done, and otherwise at the next start. The next
+start also looks in /proc for runners whose cwd is one of STATE/runners/*: plnt can die between a
+fork and the pid file.
 """
 
 from __future__ import annotations
@@ -432,6 +434,12 @@ class LocalDriver:
                 await self._terminate(pid, start, str(entry.get("release_id")))
                 stopped.append(pid)
             path.unlink(missing_ok=True)
+        # A plnt killed between a fork and its pid file left a runner no file names: found by its cwd.
+        for pid, (start, release_id) in runners_under(self._state.runner_logs).items():
+            if (pid, start) not in recorded and pid not in stopped:
+                log.warning("runner-unrecorded-stop release=%s pid=%s (no pid file)", release_id, pid)
+                await self._terminate(pid, start, release_id)
+                stopped.append(pid)
         return stopped
 
     def is_running(self, release: Release) -> bool:
@@ -670,6 +678,23 @@ def _is_runner(pid: int) -> bool:
     # Forked runners rewrite theirs to the same (plnt.runner.zygote.retitle); one forked a moment ago
     # still has the zygote's.
     return b"plnt.runner" in argv[:3] or b"plnt.runner.zygote" in argv[:3]
+
+
+def runners_under(root: Path) -> dict[int, tuple[str | None, str]]:
+    """Live runner processes whose cwd is a release directory under `root` (STATE/runners):
+    pid -> (start time, release id). Read from /proc; what is not readable is not ours."""
+    root = root.resolve()
+    found: dict[int, tuple[str | None, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not _is_runner(pid := int(entry.name)):
+            continue
+        try:
+            cwd = (entry / "cwd").resolve(strict=True)
+        except OSError:
+            continue
+        if cwd.parent == root and (start := process_start_time(pid)) is not None:
+            found[pid] = (start, cwd.name)
+    return found
 
 
 def _tail(path: Path, lines: int = 5) -> str:

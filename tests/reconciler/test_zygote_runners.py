@@ -181,6 +181,30 @@ async def test_an_unrecorded_forked_runner_is_stopped(tmp_path: Path) -> None:
         await after.shutdown()
 
 
+
+async def test_a_runner_without_record_or_pid_file_is_found_by_its_directory_and_stopped(tmp_path: Path) -> None:
+    """plnt SIGKILLed between the zygote's fork and the pid file: only the runner's cwd
+    (STATE/runners/RELEASE_ID) says whose it is. A runner of another state dir is left alone."""
+    state, other = StateDir(tmp_path / "state"), StateDir(tmp_path / "other")
+    before, neighbour = LocalDriver(state), LocalDriver(other)
+    try:
+        release = await before.install(request("rr"))
+        theirs = await neighbour.install(request("rr"))
+        before._zygote.close()
+        (state.releases / "default.rr.json").unlink()
+        (state.root / "runner-pids" / f"{release.pid}.json").unlink()
+        after = LocalDriver(state)
+        try:
+            assert await after.stop_unrecorded() == [release.pid]
+            await wait_gone(release.pid)  # type: ignore[arg-type]
+            assert alive(theirs.pid), "a runner under another state dir was stopped"
+        finally:
+            await after.shutdown()
+    finally:
+        await neighbour.shutdown()
+    assert not alive(theirs.pid)
+
+
 # --- isolation between releases ------------------------------------------------------------------
 
 PRY = '''
