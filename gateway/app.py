@@ -541,6 +541,9 @@ class Gateway:
             raise _plnt_error(404, "not_found", f"no workflow named {name}{where}; GET /workflows lists them")
         if not grant.allows(route.namespace, name):
             raise _plnt_error(403, "forbidden", self._not_invocable(grant, f"workflow {route.namespace}/{name}"))
+        if route.protocol == "openai":
+            raise _plnt_error(404, "not_found", f"{route.namespace}/{name} is a ModelDeployment, not a workflow: "
+                              f"POST /v1/chat/completions with \"model\": \"{name}\"")
         try:
             backend, track = self.router.choose(route, session=session.decode("latin-1") if session else None)
         except RouteNotReady:
@@ -686,6 +689,9 @@ class Gateway:
             raise _openai_error(503, f"model {model} has no promoted release yet", "server_error", None,
                                 "model_not_ready", [(b"retry-after", b"5")]) from None
         outcome.labels = (route.namespace, name, backend.version, track)
+        if route.protocol == "openai":
+            await self._chat_model(send, receive, table, route, target, backend, track, body, request.stream, t0, outcome)
+            return
 
         headers = [("content-type", "application/json")]
         if request.stream:
@@ -703,6 +709,49 @@ class Gateway:
                 return
             await self._chat_stream(receive, send, response, request, model, backend.version, plnt_headers, t0, outcome)
         finally:
+            self.router.leave(backend)
+
+    async def _chat_model(self, send: Send, receive: Receive, table: RouteTable, route: Route, target: str,
+                          backend: Backend, track: Track, body: bytes, stream: bool, t0: float,
+                          outcome: _Outcome) -> None:
+        """A ModelDeployment: its server speaks the OpenAI API, so the request goes through as sent
+        and the answer comes back as the server gave it (chunks relayed as they arrive)."""
+        headers = [("content-type", "application/json")]
+        if stream:
+            headers.append(("accept", "text/event-stream"))
+        response, backend, track = await self._exchange(
+            table, route, target, backend, track, "/v1/chat/completions", body, headers, stream, openai=True)
+        outcome.labels = (route.namespace, route.name, backend.version, track)
+        plnt_headers = [(b"x-plnt-version", backend.version.encode()), (b"x-plnt-track", track.encode())]
+        try:
+            content_type = response.header(b"content-type", b"application/json") or b"application/json"
+            outcome.code = response.status
+            if not stream:
+                await _respond(send, response.status, response.body, plnt_headers, content_type)
+                return
+            await send({"type": "http.response.start", "status": response.status,
+                        "headers": [(b"content-type", content_type), (b"cache-control", b"no-cache"),
+                                    (b"x-accel-buffering", b"no"), *plnt_headers]})
+            outcome.started = True
+            gone: list[bool] = []
+            watcher = asyncio.create_task(self._watch_disconnect(receive, response, gone))
+            try:
+                async for chunk in response.chunks():
+                    if outcome.ttft is None and b'"content"' in chunk:
+                        outcome.ttft = time.perf_counter() - t0
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except UpstreamError as exc:
+                if gone:
+                    outcome.code, outcome.error_type = 499, "client_disconnected"
+                    return
+                outcome.error_type = "upstream_timeout" if isinstance(exc, UpstreamTimeout) else "upstream_error"
+                error = oai.error_body(f"model server stream failed: {exc}", "server_error", None, outcome.error_type)
+                await send({"type": "http.response.body", "body": b"data: " + error + b"\n\n", "more_body": True})
+            finally:
+                watcher.cancel()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            response.close()
             self.router.leave(backend)
 
     @staticmethod

@@ -83,6 +83,7 @@ class RouteDoc(BaseModel):
     canary: BackendDoc | None = None
     canary_percent: int = Field(default=0, ge=0, le=100)
     stable_replicas: tuple[BackendDoc, ...] = ()
+    protocol: Literal["runner", "openai"] = "runner"
 
     @field_validator("namespace", "name")
     @classmethod
@@ -129,7 +130,7 @@ def _backend(doc: BackendDoc | None) -> Backend | None:
 
 def _route(doc: RouteDoc) -> Route:
     return Route(namespace=doc.namespace, name=doc.name, stable=_backend(doc.stable), canary=_backend(doc.canary),
-                 canary_percent=doc.canary_percent,
+                 canary_percent=doc.canary_percent, protocol=doc.protocol,
                  stable_replicas=tuple(Backend(b.endpoint, b.version, b.release_id) for b in doc.stable_replicas))
 
 
@@ -146,7 +147,8 @@ def routes_doc(table: RouteTable) -> tuple[RouteDoc, ...]:
     return tuple(
         RouteDoc.model_construct(
             namespace=r.namespace, name=r.name, stable=_backend_doc(r.stable), canary=_backend_doc(r.canary),
-            canary_percent=r.canary_percent, stable_replicas=tuple(_backend_doc(x) for x in r.stable_replicas))
+            canary_percent=r.canary_percent, stable_replicas=tuple(_backend_doc(x) for x in r.stable_replicas),
+            protocol=r.protocol)
         for r in routes
     )
 
@@ -202,7 +204,8 @@ class Published:
             "kind": "RouteTable", "epoch": self.epoch, "version": self.version,
             "routes": [{"namespace": r.namespace, "name": r.name, "stable": _backend_json(r.stable),
                         "canary": _backend_json(r.canary), "canary_percent": r.canary_percent,
-                        "stable_replicas": [_backend_json(b) for b in r.stable_replicas]} for r in self.routes],
+                        "stable_replicas": [_backend_json(b) for b in r.stable_replicas],
+                        **({"protocol": r.protocol} if r.protocol != "runner" else {})} for r in self.routes],
             "workflows": list(self.workflows),
         }, fallback=str)
 

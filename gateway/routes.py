@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Track = Literal["stable", "canary"]
+Protocol = Literal["runner", "openai"]
 
 
 class AmbiguousRoute(LookupError):
@@ -78,6 +79,9 @@ class Route:
     canary: Backend | None = None
     canary_percent: int = 0  # share of requests sent to the canary, 0..100
     stable_replicas: tuple[Backend, ...] = ()
+    # "runner": a plnt runner (POST /invoke, /chat); "openai": a ModelDeployment's model server, which
+    # speaks the OpenAI API itself (the gateway passes /v1/chat/completions through unchanged).
+    protocol: Protocol = "runner"
 
     def __post_init__(self) -> None:
         # Reject bad percentages here, where the reconciler builds the route, rather than

@@ -40,6 +40,7 @@ from .errors import (
     UnknownBackend,
     UntrustedSagaInput,
 )
+from .model_runtime import gguf_file
 from .recipes import ExportFromRepo, ReadFromRepo, RecipeCache, pull_recipe
 from .registries import RegistryOptions
 from .saga_io import (
@@ -55,10 +56,11 @@ from .saga_io import (
     saga_workflow_id,
 )
 from .smoke import Sample, SmokeResult, judge, measure, progress_of, summarise
-from .specs import BackendPlacement, Requirements, WorkflowRun
-from .state import LiveWorkflow, Release
+from .specs import BackendPlacement, Deployable, ModelDeployment, Requirements, WorkflowRun
+from .state import LiveWorkflow, ModelServing, Release
 from .status import RolloutMark, StatusStore
-from .trust import policies_for
+from .trust import policies_for, verify_weights_signature
+from .weights import WeightsStore
 
 T = TypeVar("T")
 
@@ -176,8 +178,10 @@ class SagaActivities:
         smoke_request_timeout_s: float = 30.0,
         supported_backend_types: tuple[str, ...] = ("local",),
         saga_task_queue: str | None,
+        weights: WeightsStore | None = None,
     ) -> None:
-        """`saga_task_queue`: the queue plnt's DeploySaga runs on; an activity scheduled by any other
+        """`weights`: where ModelDeployments' verified weights are kept (None: this plnt deploys none).
+        `saga_task_queue`: the queue plnt's DeploySaga runs on; an activity scheduled by any other
         workflow is refused. None skips that check: only for tests that run an activity outside any workflow."""
         self._driver = driver
         # None on a worker of split roles: the reconciler records phases (PhaseRecorder).
@@ -191,6 +195,8 @@ class SagaActivities:
         self._smoke_timeout_s = smoke_request_timeout_s
         self._backend_types = supported_backend_types
         self._saga_task_queue = saga_task_queue
+        self._weights = weights
+        self._weights_lock = asyncio.Lock()  # one pull at a time: canary and stable share blobs
         # Saga runs (workflow id, run id) found on plnt's task queue: one describe per saga, not one
         # per step (each is a Temporal round trip; 5 per saga were measured in bench/saga_profile.py).
         self._trusted_runs: dict[tuple[str, str], None] = {}
@@ -246,7 +252,7 @@ class SagaActivities:
         if len(self._trusted_runs) > TRUSTED_RUNS_KEPT:
             del self._trusted_runs[next(iter(self._trusted_runs))]  # the oldest: its saga is long over
 
-    async def _deploy(self, ref: SagaRef) -> tuple[TrustedSaga, WorkflowRun]:
+    async def _deploy(self, ref: SagaRef) -> tuple[TrustedSaga, Deployable]:
         """The saga's WorkflowRun as its commit gives it, or UntrustedSagaInput."""
         await self._check_caller(ref)
         if ref.action != "deploy":
@@ -275,12 +281,20 @@ class SagaActivities:
                 f"backend {cluster!r} is of type {backend.spec.type}; this plnt deploys to "
                 f"{', '.join(self._backend_types)} backends"
             )
-        if backend.spec.type == "kubernetes" and run.spec.workflow.registry.startswith("file:"):
+        if isinstance(run, ModelDeployment):
+            if backend.spec.type != "local":
+                raise InvalidSpec(f"ModelDeployment {run.key}: backend {cluster!r} is of type {backend.spec.type}; "
+                                  "this plnt serves models on local backends only so far (the model-server chart "
+                                  "is rendered and validated, not yet installed by the saga)")
+            if self._weights is None:
+                raise InvalidSpec(f"ModelDeployment {run.key}: this plnt has no weights store (a worker without a "
+                                  "state directory); run ModelDeployments with `plnt up`")
+        elif backend.spec.type == "kubernetes" and run.spec.workflow.registry.startswith("file:"):
             # Refused before the pull: a runner pod fetches its recipe itself and sees no plnt disk.
             raise InvalidSpec(f"spec.workflow.registry: {run.spec.workflow.registry!r} cannot be reached from a "
                               f"runner pod on Kubernetes backend {cluster!r}; publish the recipe to an s3:// or "
                               f"oci:// registry")
-        return ValidatedSpec(backend_type=backend.spec.type, version=run.spec.workflow.version,
+        return ValidatedSpec(backend_type=backend.spec.type, version=run.version,
                              traffic_percent=run.spec.canary.traffic_percent,
                              spec=run.spec.model_dump(mode="json", by_alias=True))
 
@@ -288,6 +302,8 @@ class SagaActivities:
     @_boundary
     async def pull_recipe(self, request: PullInput) -> PulledRecipeInfo:
         trusted, run = await self._deploy(request.saga)
+        if isinstance(run, ModelDeployment):
+            return await self._pull_weights(trusted, run)
         transferred = 0
 
         def progress(done: int) -> None:  # called from the pulling thread
@@ -304,6 +320,50 @@ class SagaActivities:
                                 signer=f"{pulled.signature.identity} ({pulled.signature.issuer})",
                                 transferred_bytes=pulled.transferred_bytes)
 
+    async def _pull_weights(self, trusted: TrustedSaga, run: ModelDeployment) -> PulledRecipeInfo:
+        """The model's signed manifest verified (the policies at the saga's commit, the spec's pin),
+        then every file fetched into the weights store, hashed as it streams."""
+        from .weights_sources import open_weights_source  # (boto3/oras clients load only when models are used)
+
+        assert self._weights is not None  # validate refused a ModelDeployment without a store
+        model = run.spec.model
+        policies = [p for p in trusted.policies if p.metadata.name == model.trust_policy] \
+            if model.trust_policy is not None else policies_for(model.name, trusted.policies)
+        commit = trusted.policy_commit or trusted.ref.commit
+        try:
+            source = open_weights_source(model.registry, model.name, model.version, self._registry_options)
+        except ValueError:  # a relative file: URL (inside the spec repository)
+            raise InvalidSpec(f"spec.model.registry: {model.registry!r}: weights are not kept in the spec repository; "
+                              "publish them to file:///ABSOLUTE/DIR (with --allow-file-registry), s3:// or oci:// "
+                              "(plnt model push)") from None
+        transferred = 0
+
+        def progress(done: int) -> None:  # called from the pulling thread
+            nonlocal transferred
+            transferred = done
+
+        def verify(bundle: bytes | None) -> Any:
+            return verify_weights_signature(bundle, model=model.name, policies=policies, pin=model.root_digest,
+                                            load_trusted_root=lambda path: self._read(commit, path))
+
+        async def pull() -> Any:
+            async with self._weights_lock:
+                return await asyncio.to_thread(self._weights.pull, source, verify, progress=progress)  # type: ignore[union-attr]
+
+        pulled = await _with_heartbeats(pull(), details=lambda: transferred)
+        return PulledRecipeInfo(digest=pulled.root_digest, version=model.version, signer=pulled.signer,
+                                transferred_bytes=pulled.transferred_bytes)
+
+    def _verified_weights(self, run: ModelDeployment, digest: str) -> Path:
+        """The store's verified model directory for what the spec pins (pull_recipe assembled it)."""
+        if self._weights is None or digest != run.spec.model.root_digest:
+            raise UntrustedSagaInput(f"weights {digest} are not what {run.key} pins ({run.spec.model.root_digest})")
+        directory = self._weights.model_dir(digest)
+        if not directory.is_dir():
+            raise UntrustedSagaInput(f"weights {digest} of {run.key} are not in plnt's store: pull_recipe must "
+                                     "verify them first")
+        return directory
+
     def _verified_recipe(self, run: WorkflowRun, digest: str) -> Path:
         """The recipe directory of plnt's own verified cache entry for what the run names."""
         source = run.spec.workflow
@@ -319,12 +379,27 @@ class SagaActivities:
         trusted, run = await self._deploy(request.saga)
         if request.track != "canary":
             raise UntrustedSagaInput("a saga installs a canary; only promote_release makes a stable release")
+        if isinstance(run, ModelDeployment):
+            return await self._install_model(run, request.recipe_digest)
         recipe_dir = self._verified_recipe(run, request.recipe_digest)
         trust = await asyncio.to_thread(self._recipe_trust, trusted, run)
         return await _with_heartbeats(self._driver.install(InstallRequest(
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary",
             version=run.spec.workflow.version, spec_fingerprint=run.fingerprint(), recipe_digest=request.recipe_digest,
             recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.traffic_percent, trust=trust,
+        )))
+
+    async def _install_model(self, run: ModelDeployment, digest: str) -> Release:
+        directory = self._verified_weights(run, digest)
+        runtime = run.spec.runtime
+        model_file = await asyncio.to_thread(gguf_file, directory)
+        return await _with_heartbeats(self._driver.install(InstallRequest(
+            namespace=run.metadata.namespace, name=run.metadata.name, track="canary", version=run.version,
+            spec_fingerprint=run.fingerprint(), recipe_digest=digest, recipe_dir=str(directory),
+            traffic_percent=run.spec.canary.traffic_percent,
+            model=ModelServing(runtime=runtime.type, model_file=str(model_file.relative_to(directory)),
+                               alias=run.metadata.name, context_length=runtime.context_length,
+                               threads=runtime.threads, args=tuple(runtime.args)),
         )))
 
     def _recipe_trust(self, trusted: TrustedSaga, run: WorkflowRun) -> RecipeTrust:
@@ -335,20 +410,20 @@ class SagaActivities:
         return RecipeTrust(policies=covering, trusted_roots={
             path: self._read(trusted.policy_commit or trusted.ref.commit, path).decode("utf-8") for path in paths})
 
-    async def _live_of(self, run: WorkflowRun) -> LiveWorkflow | None:
+    async def _live_of(self, run: Deployable) -> LiveWorkflow | None:
         live_of = getattr(self._driver, "live_of", None)  # a DriverSet: one record, not all of them
         if live_of is not None:
             found: LiveWorkflow | None = await live_of(run.metadata.namespace, run.metadata.name)
             return found
         return (await self._driver.live()).get(run.key)
 
-    async def _release_of(self, run: WorkflowRun, track: str) -> Release:
+    async def _release_of(self, run: Deployable, track: str) -> Release:
         """The driver's own record of this run's release on `track`, made for this very spec."""
         live = await self._live_of(run)
         release: Release | None = getattr(live, track) if live is not None else None
         if release is None or release.spec_fingerprint != run.fingerprint():
             raise UntrustedSagaInput(f"{run.key} has no {track} release of fingerprint {run.fingerprint()} "
-                                     f"(version {run.spec.workflow.version}): nothing this saga installed")
+                                     f"(version {run.version}): nothing this saga installed")
         return release
 
     @activity.defn(name="smoke_test")
@@ -361,12 +436,21 @@ class SagaActivities:
                                                      canary.release_id)) is not None:
             canary = woken
         budget = run.spec.canary.smoke_test
+        done: list[Sample] = []  # heartbeats carry the numbers so far: the reconciler shows them live
+        if isinstance(run, ModelDeployment):
+            canary_spec = run.spec.canary
+            chats = [{"model": run.metadata.name, "max_tokens": canary_spec.max_tokens, "temperature": 0,
+                      "messages": [{"role": "user", "content": prompt}]} for prompt in canary_spec.prompts]
+            samples = await _with_heartbeats(measure(
+                canary.endpoint, chats, invocations=budget.invocations, concurrency=budget.concurrency,
+                timeout_s=self._smoke_timeout_s, samples=done, protocol="openai-chat",
+            ), details=lambda: progress_of(done, budget.invocations))
+            return judge(summarise(samples), budget)
         recipe_dir = self._verified_recipe(run, canary.recipe_digest)
         try:
             cases = await asyncio.to_thread(load_golden, recipe_dir)  # data: golden.yaml, bounded YAML
         except RecipeError as exc:
             raise InvalidRecipe(f"recipe {run.spec.workflow.ref}: {exc.problem}") from exc
-        done: list[Sample] = []  # heartbeats carry the numbers so far: the reconciler shows them live
         samples = await _with_heartbeats(measure(
             canary.endpoint, [case.input for case in cases],
             invocations=budget.invocations, concurrency=budget.concurrency, timeout_s=self._smoke_timeout_s,

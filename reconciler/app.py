@@ -49,6 +49,7 @@ from .specs import PlntBackend
 from .state import LiveWorkflow, Release, StateDir
 from .status import StatusStore
 from .temporal_server import TemporalDevServer, connect, connect_external
+from .weights import WeightsStore
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,10 @@ def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore,
         return None if release is None else Backend(release.endpoint, release.version, release.release_id)
 
     def route(item: LiveWorkflow) -> Route:
+        serving = item.stable or item.canary
         return Route(namespace=item.namespace, name=item.name, stable=backend(item.stable),
-                     canary=backend(item.canary), canary_percent=item.canary.traffic_percent if item.canary else 0)
+                     canary=backend(item.canary), canary_percent=item.canary.traffic_percent if item.canary else 0,
+                     protocol="openai" if serving is not None and serving.model is not None else "runner")
 
     previous = built or {}
     fresh: dict[str, tuple[LiveWorkflow, Route]] = {}
@@ -238,6 +241,7 @@ def make_local_driver(settings: Settings, state: StateDir, *, on_change: Callabl
         secret_env={settings.llm_api_key_env: settings.llm_api_key.get_secret_value()}
         if settings.llm_api_key_env and settings.llm_api_key else None,
         limits_for=limits_for, drain=drain, runner_start=settings.runner_start, park_after_for=park_after_for,
+        model_python=str(settings.llm_venv / "bin" / "python"),
     )
 
 
@@ -326,6 +330,7 @@ def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, sou
         registry_options=registry_options(settings),
         limits=ExtractLimits(max_total_bytes=settings.max_recipe_bytes, max_files=settings.max_recipe_files,
                              max_file_bytes=settings.max_recipe_file_bytes),
+        weights=WeightsStore(state.root / "weights", budget_bytes=settings.weights_budget_bytes),
     )
 
 

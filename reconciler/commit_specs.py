@@ -27,7 +27,7 @@ from .loader import DEFAULT_LIMITS, Problem, SpecSet
 from .saga_io import SagaRef
 from .settings import SpecLimits
 from .source import GitSource, SourceError
-from .specs import PlntBackend, RecipeTrustPolicy, WorkflowRun, run_key
+from .specs import Deployable, PlntBackend, RecipeTrustPolicy, WorkflowRun, run_key
 
 
 def as_preview(run: WorkflowRun, pr: int) -> WorkflowRun:
@@ -41,7 +41,7 @@ class TrustedSaga:
     """A saga's input as confirmed by the commit: what activities act on."""
 
     ref: SagaRef
-    run: WorkflowRun | None          # None for an uninstall (the commit no longer has the WorkflowRun)
+    run: Deployable | None           # None for an uninstall (the commit no longer has the WorkflowRun)
     backend: PlntBackend | None
     policies: tuple[RecipeTrustPolicy, ...]
     # Every backend at the commit: where an uninstall looks when the worker never saw the install.
@@ -83,20 +83,21 @@ class CommitSpecs:
             raise UntrustedSagaInput(f"commit {commit} has {len(problems)} spec problem(s) and plnt starts no "
                                      f"saga for it: {problems[0]}")
         key = run_key(ref.namespace, ref.run_name)
-        run = specs.workflow_runs.get(key)
+        run = specs.deployables().get(key)
         if ref.preview is not None:
             key = ref.key
-            run = as_preview(run, ref.preview) if run is not None and ref.action == "deploy" else None
+            # (Previews are of WorkflowRuns: a pull request's ModelDeployment is not deployed beside the stable.)
+            run = as_preview(run, ref.preview) if isinstance(run, WorkflowRun) and ref.action == "deploy" else None
         if ref.action == "uninstall":
             if run is not None:
                 raise UntrustedSagaInput(f"WorkflowRun {key} is still in commit {commit}: nothing to uninstall")
             return TrustedSaga(ref, None, None, (), tuple(specs.backends.values()))
         if run is None:
             raise UntrustedSagaInput(f"commit {commit} has no WorkflowRun {key}")
-        if ref.fingerprint != run.fingerprint() or ref.version != run.spec.workflow.version:
+        if ref.fingerprint != run.fingerprint() or ref.version != run.version:
             raise UntrustedSagaInput(
                 f"the saga asks for {key} version {ref.version} with fingerprint {ref.fingerprint}; commit {commit} "
-                f"gives version {run.spec.workflow.version} with fingerprint {run.fingerprint()}")
+                f"gives version {run.version} with fingerprint {run.fingerprint()}")
         if ref.preview is not None:
             # The pull request's WorkflowRun, with the tracked branch's backends and trust policies:
             # what a PR may change is what it would deploy, not who plnt trusts or where it runs.

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .loader import SpecSet
 from .specs import RecipeTrustPolicy
-from .state import LiveWorkflow, Release, Track
+from .state import LiveWorkflow, ModelServing, Release, Track
 
 
 class RecipeTrust(BaseModel):
@@ -39,6 +39,7 @@ class InstallRequest(BaseModel):
     recipe_dir: str
     traffic_percent: int = 0
     trust: RecipeTrust = RecipeTrust()
+    model: ModelServing | None = None  # a ModelDeployment's release: a model server, not a runner
 
     def release(self, endpoint: str = "") -> Release:
         """The release this request makes, before a driver gives it an endpoint (and a process)."""

@@ -69,7 +69,7 @@ class DriverSet:
         remember = specs is not self._remembered
         self._remembered = specs
         self._assigned_by = specs
-        for run in specs.workflow_runs.values():
+        for run in specs.deployables().values():
             if remember:
                 self._specs.remember(run)
             self._assigned[run.key] = run.spec.backend.cluster

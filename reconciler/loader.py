@@ -32,10 +32,13 @@ from .settings import SpecLimits
 from .specs import (
     INTEGRITY_PATTERN,
     KIND_MODELS,
+    LOCAL_MODEL_RUNTIMES,
     NAME_PATTERN,
     RECIPE_API_VERSION,
     REF_PATTERN,
     VERSION_PATTERN,
+    Deployable,
+    ModelDeployment,
     PlntBackend,
     RecipeTrustPolicy,
     Workflow,
@@ -112,11 +115,19 @@ class SpecSet:
     """
 
     workflow_runs: dict[str, WorkflowRun] = field(default_factory=dict)
+    model_deployments: dict[str, ModelDeployment] = field(default_factory=dict)
     backends: dict[str, PlntBackend] = field(default_factory=dict)
     recipes: dict[str, Workflow] = field(default_factory=dict)
     locations: dict[str, tuple[str, int]] = field(default_factory=dict)
     trust_policies: dict[str, RecipeTrustPolicy] = field(default_factory=dict)
     warnings: list[Problem] = field(default_factory=list)
+
+    def deployables(self) -> dict[str, Deployable]:
+        """What sagas roll out, by key: WorkflowRuns and ModelDeployments (the loader keeps their
+        keys apart)."""
+        if not self.model_deployments:
+            return self.workflow_runs  # type: ignore[return-value] - not copied: read, never changed
+        return {**self.workflow_runs, **self.model_deployments}
 
 
 class SpecError(Exception):
@@ -841,7 +852,7 @@ def _cycle_problems(doc: _Document, recipe: Workflow, index_of: dict[str, int]) 
     return problems
 
 
-def _backend_problems(doc: _Document, run: WorkflowRun, backends: dict[str, PlntBackend]) -> list[Problem]:
+def _backend_problems(doc: _Document, run: Deployable, backends: dict[str, PlntBackend]) -> list[Problem]:
     placement = run.spec.backend
     backend = backends.get(placement.cluster)
     if backend is None:
@@ -863,6 +874,18 @@ def _backend_problems(doc: _Document, run: WorkflowRun, backends: dict[str, Plnt
                 "spec.replicas.min",
                 f"replicas.min: 0 (scale to zero) needs a type: local backend; backend '{backend.metadata.name}' is "
                 f"type: {backend.spec.type} (use min: 1 or more there)",
+            )
+        ]
+    if isinstance(run, ModelDeployment) and backend.spec.type == "local" \
+            and run.spec.runtime.type not in LOCAL_MODEL_RUNTIMES:
+        return [
+            Problem(
+                doc.file,
+                doc.line(("spec", "runtime", "type")),
+                "spec.runtime.type",
+                f"runtime {run.spec.runtime.type} runs on Kubernetes backends (GPU servers); backend "
+                f"'{backend.metadata.name}' is type: local, which runs {', '.join(LOCAL_MODEL_RUNTIMES)} on its CPU "
+                "(use runtime type llama.cpp with a GGUF model, or a kubernetes backend)",
             )
         ]
     offered = backend.spec.gpu_classes
@@ -928,7 +951,7 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
     specs = SpecSet()
     problems: list[Problem] = []
     docs: dict[str, _Document] = {}  # location key -> its document, for cross-document lines
-    runs: list[tuple[_Document, WorkflowRun]] = []
+    runs: list[tuple[_Document, Deployable]] = []
     budget = _Budget(limits)
 
     for source in files:
@@ -948,6 +971,8 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
                 continue
             if isinstance(model, WorkflowRun):
                 key, label = model.key, "WorkflowRun"
+            elif isinstance(model, ModelDeployment):
+                key, label = model.key, "ModelDeployment"
             elif isinstance(model, PlntBackend):
                 key, label = model.metadata.name, "PlntBackend"
             elif isinstance(model, RecipeTrustPolicy):
@@ -969,10 +994,28 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
                     )
                 )
                 continue
+            other = f"{'ModelDeployment' if label == 'WorkflowRun' else 'WorkflowRun'}/{key}"
+            if label in ("WorkflowRun", "ModelDeployment") and other in docs:
+                first = docs[other]
+                name_path = ("metadata", "name")
+                problems.append(
+                    Problem(
+                        doc.file,
+                        doc.line(name_path),
+                        "metadata.name",
+                        f"{label} {key} has the name of the {other.split('/')[0]} declared at "
+                        f"{first.file}:{first.line(name_path)}; WorkflowRuns and ModelDeployments share a "
+                        "namespace's names (one rollout, one status and one gateway name each): rename one",
+                    )
+                )
+                continue
             docs[where] = doc
             specs.locations[where] = (doc.file, doc.start)
             if isinstance(model, WorkflowRun):
                 specs.workflow_runs[key] = model
+                runs.append((doc, model))
+            elif isinstance(model, ModelDeployment):
+                specs.model_deployments[key] = model
                 runs.append((doc, model))
             elif isinstance(model, PlntBackend):
                 specs.backends[key] = model
@@ -988,6 +1031,13 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
     if check_references or (check_references is None and specs.backends):
         for doc, run in runs:
             problems += _backend_problems(doc, run, specs.backends)
+    if check_references or (check_references is None and specs.trust_policies):
+        for doc, run in runs:
+            named = run.spec.model.trust_policy if isinstance(run, ModelDeployment) else None
+            if named is not None and named not in specs.trust_policies:
+                known = ", ".join(sorted(specs.trust_policies)) or "none declared"
+                problems.append(Problem(doc.file, doc.line(("spec", "model", "trustPolicy")), "spec.model.trustPolicy",
+                                        f"unknown RecipeTrustPolicy '{named}'; declare it or use one of: {known}"))
 
     problems.sort(key=lambda p: (p.file, p.line))
     specs.warnings.sort(key=lambda p: (p.file, p.line))
@@ -1016,7 +1066,7 @@ def load_recipe(path: Path) -> Workflow:
     display = str(path)
     specs, problems = load_sources([read_file_spec(path, display)])
     if not problems:
-        other = [*specs.workflow_runs, *specs.backends, *specs.trust_policies]
+        other = [*specs.workflow_runs, *specs.model_deployments, *specs.backends, *specs.trust_policies]
         if other or len(specs.recipes) != 1:
             problems = [
                 Problem(

@@ -46,14 +46,16 @@ from plnt.gateway.upstream import UpstreamClient, UpstreamError
 from plnt.runner.idle import PARKED_FILE, read_parked
 
 from .driver import InstallRequest
-from .errors import DriverError, InvalidRecipe
+from .errors import DriverError, InvalidRecipe, InvalidSpec
 from .specs import RunnerLimits
 from .state import LiveWorkflow, Release, StateDir, Track, atomic_write_json, read_json
 from .zygote_client import ForkedRunner, ZygoteClient, ZygoteError
 
 log = logging.getLogger(__name__)
 
-RECIPE_LOAD_FAILED_EXIT = 2  # the runner's exit code when its recipe does not load
+RECIPE_LOAD_FAILED_EXIT = 2  # the runner's exit code when its recipe does not load (a model server's: its weights)
+# A model release's server (llama.cpp), run as a script by the runtime's interpreter: imports no plnt.
+MODEL_SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "runner" / "model_server.py"
 HEALTH_POLL_FIRST_S = 0.01  # a starting runner's health polls: 10 ms, growing 1.5x to at most 100 ms
 HEALTH_POLL_MAX_S = 0.1
 _T = TypeVar("_T")
@@ -145,6 +147,7 @@ class LocalDriver:
         limits_for: LimitsLookup | None = None,
         runner_start: RunnerStart = "fork",
         park_after_for: ParkLookup | None = None,
+        model_python: str | None = None,
     ) -> None:
         self._state = state.ensure()
         self._python = python
@@ -162,6 +165,8 @@ class LocalDriver:
         self._limits_for = limits_for or (lambda namespace, name: RunnerLimits())
         # Scale to zero only where something wakes parked runners (plnt up's gateway); None: never park.
         self._park_after_for = park_after_for
+        # The model runtime's interpreter (its own venv: tools/install_llm.sh); None: no model releases.
+        self._model_python = model_python
         self._pids = self._state.root / "runner-pids"
         self._pids.mkdir(exist_ok=True)
         self._locks: dict[str, asyncio.Lock] = {}
@@ -469,25 +474,22 @@ class LocalDriver:
         runner_dir = self._state.runner_logs / release.release_id  # cwd, HOME and TMPDIR of the runner
         runner_dir.mkdir(parents=True, exist_ok=True)
         limits = self._limits_for(release.namespace, release.name)
-        env = runner_env(self._env, runner_dir, self._secret_env)
+        # A model server needs no LLM key: it is the model.
+        env = runner_env(self._env, runner_dir, {} if release.model is not None else self._secret_env)
         last_error = ""
         for attempt in range(3):
             self._refuse_if_shutting_down(release)
             port = preferred_port if (attempt == 0 and preferred_port) else free_port(self._host)
             log_path = self._state.runner_logs / f"{release.release_id}.log"
-            argv = [
-                "--recipe", str(Path(release.recipe_dir).resolve()),
-                "--host", self._host,
-                "--port", str(port),
-                "--release-id", release.release_id,
-                "--limit-memory-mib", str(limits.memory_mi_b),
-                "--limit-open-files", str(limits.open_files),
-                "--limit-processes", str(limits.processes),
-                *(["--park-after-idle-s", f"{release.park_after_s:g}"] if release.park_after_s else []),
-                *self._runner_args,
-            ]
+            if release.model is not None:
+                argv = self._model_argv(release, port, limits)
+            else:
+                argv = self._runner_argv(release, port, limits)
             (runner_dir / PARKED_FILE).unlink(missing_ok=True)  # an earlier process's: this one has not parked
-            child = await self._spawn(argv, runner_dir, log_path, env)
+            if release.model is not None:
+                child = await self._spawn_model(argv, runner_dir, log_path, env)
+            else:
+                child = await self._spawn(argv, runner_dir, log_path, env)
             self._children[child.pid] = child
             started = release.model_copy(
                 update={
@@ -516,10 +518,57 @@ class LocalDriver:
             tail = _tail(log_path)
             await self._stop(started)
             if code == RECIPE_LOAD_FAILED_EXIT:
-                raise InvalidRecipe(f"runner for {release.version} could not load its recipe: {tail}")
+                what = "model server could not load its weights" if release.model else "runner could not load its recipe"
+                raise InvalidRecipe(f"{what} for {release.version}: {tail}")
             last_error = f"exit code {code}" if code is not None else f"not healthy within {self._start_timeout_s:.0f}s"
             last_error += f"; log {log_path}: {tail}"
         raise DriverError(f"runner {release.release_id} did not start: {last_error}")
+
+    def _runner_argv(self, release: Release, port: int, limits: RunnerLimits) -> list[str]:
+        return [
+                "--recipe", str(Path(release.recipe_dir).resolve()),
+                "--host", self._host,
+                "--port", str(port),
+                "--release-id", release.release_id,
+                "--limit-memory-mib", str(limits.memory_mi_b),
+                "--limit-open-files", str(limits.open_files),
+                "--limit-processes", str(limits.processes),
+                *(["--park-after-idle-s", f"{release.park_after_s:g}"] if release.park_after_s else []),
+                *self._runner_args,
+            ]
+
+    def _model_argv(self, release: Release, port: int, limits: RunnerLimits) -> list[str]:
+        model = release.model
+        assert model is not None
+        if self._model_python is None or not Path(self._model_python).exists():
+            raise InvalidSpec(f"{release.namespace}/{release.name}: the {model.runtime} runtime is not installed "
+                              f"({self._model_python or 'no --llm-venv'}): run `make install-llm` (or "
+                              "`bash tools/install_llm.sh .venv-llm`), then push again")
+        return [
+            self._model_python, str(MODEL_SERVER_SCRIPT),
+            "--model", str(Path(release.recipe_dir).resolve() / model.model_file),
+            "--alias", model.alias,
+            "--host", self._host,
+            "--port", str(port),
+            "--release-id", release.release_id,
+            "--version", release.version,
+            "--context", str(model.context_length),
+            *(["--threads", str(model.threads)] if model.threads else []),
+            "--limit-memory-mib", str(limits.memory_mi_b),
+            "--limit-open-files", str(limits.open_files),
+            "--limit-processes", str(limits.processes),
+            "--", *model.args,
+        ]
+
+    async def _spawn_model(self, argv: list[str], runner_dir: Path, log_path: Path,
+                           env: dict[str, str]) -> RunnerProcess:
+        """A model server is exec'd from the runtime's own interpreter (never forked from plnt's zygote)."""
+        with open(log_path, "ab") as log_file:
+            try:
+                return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                        cwd=runner_dir, env=env, start_new_session=True)
+            except OSError as exc:
+                raise DriverError(f"model server could not be started: {exc}") from None
 
     def _refuse_if_shutting_down(self, release: Release) -> None:
         if self._shutting_down:
@@ -676,8 +725,9 @@ def _is_runner(pid: int) -> bool:
     except OSError:
         return False
     # Forked runners rewrite theirs to the same (plnt.runner.zygote.retitle); one forked a moment ago
-    # still has the zygote's.
-    return b"plnt.runner" in argv[:3] or b"plnt.runner.zygote" in argv[:3]
+    # still has the zygote's. A model server is the runtime's python running MODEL_SERVER_SCRIPT.
+    return (b"plnt.runner" in argv[:3] or b"plnt.runner.zygote" in argv[:3]
+            or argv[1:2] == [str(MODEL_SERVER_SCRIPT).encode()])
 
 
 def runners_under(root: Path) -> dict[int, tuple[str | None, str]]:

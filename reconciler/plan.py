@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .specs import WorkflowRun, flatten
+from .specs import Deployable, flatten
 from .state import LiveWorkflow
 from .status import Phase, WorkflowRunStatus
 
@@ -39,11 +39,11 @@ class DesiredRun:
         return f"{self.namespace}/{self.name}"
 
     @classmethod
-    def from_spec(cls, run: WorkflowRun) -> DesiredRun:
+    def from_spec(cls, run: Deployable) -> DesiredRun:
         return cls(
             namespace=run.metadata.namespace,
             name=run.metadata.name,
-            version=run.spec.workflow.version,
+            version=run.version,
             fingerprint=run.fingerprint(),
             spec=run.spec.model_dump(mode="json", by_alias=True),
             self_heal=run.spec.self_heal,

@@ -244,7 +244,7 @@ class Reconciler:
     def _desired(self, commit: str, specs: SpecSet) -> dict[str, DesiredRun]:
         """The desired side of the plan, built once per commit (a fingerprint is a JSON dump of the spec)."""
         if self._desired_at is None or self._desired_at[0] != commit or self._desired_at[1] is not specs:
-            self._desired_at = (commit, specs, {key: DesiredRun.from_spec(run) for key, run in specs.workflow_runs.items()})
+            self._desired_at = (commit, specs, {key: DesiredRun.from_spec(run) for key, run in specs.deployables().items()})
         return self._desired_at[2]
 
     def _read_specs(self, commit: str) -> tuple[SpecSet, list[Problem]]:
@@ -252,7 +252,7 @@ class Reconciler:
         return self._source.load(commit, limits)
 
     async def _start_saga(self, item: PlanItem, specs: SpecSet, commit: str) -> None:
-        run = specs.workflow_runs.get(item.key)
+        run = specs.deployables().get(item.key)
         if item.action is Action.UNINSTALL or run is None:
             saga = SagaInput(action="uninstall", namespace=item.namespace, name=item.name, commit=commit,
                              retry=self._settings.retry)
@@ -260,7 +260,7 @@ class Reconciler:
             # The input names the commit; the saga's activities read the spec, its backend and the
             # trust policies from plnt's own clone at that commit (it carries none of them).
             saga = SagaInput(action="deploy", namespace=item.namespace, name=item.name, commit=commit,
-                             fingerprint=run.fingerprint(), version=run.spec.workflow.version,
+                             fingerprint=run.fingerprint(), version=run.version,
                              retry=self._settings.retry)
             if self._statuses.get(item.key) is None:
                 self._statuses.update_nowait(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
@@ -295,7 +295,7 @@ class Reconciler:
     async def _heal_drift(self, specs: SpecSet) -> None:
         """Releases that stopped running out of band are restored (selfHeal, the default) or reported."""
         for key, releases in (await self._driver.drift()).items():
-            run = specs.workflow_runs.get(key)
+            run = specs.deployables().get(key)
             if run is None or key in self._sagas:
                 continue  # being removed, or a saga owns it right now
             what = ", ".join(f"{r.track} {r.version}" for r in releases)

