@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -811,6 +812,36 @@ def recipe_push(
     typer.echo(f"pushed {name}@{version} to {where}")
 
 
+def _load_trust_policies(policy: Path) -> SpecSet:
+    """The specs of a --policy file holding one or more RecipeTrustPolicy documents; exit 2 when it
+    cannot be read, is invalid, or holds no policy."""
+    try:
+        text = policy.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"--policy {policy}: {exc}", 2) from exc
+    specs, problems = load_sources([SourceFile(str(policy), text)], check_references=False)
+    if problems:
+        raise _fail("\n".join(str(p) for p in problems), 2)
+    if not specs.trust_policies:
+        raise _fail(f"--policy {policy}: no RecipeTrustPolicy in it", 2)
+    return specs
+
+
+def _trust_root_reader(policy: Path, trust_root: Path | None) -> Callable[[str], bytes]:
+    """Reads a policy's trustedRootFile: --trust-root when given, else that path relative to the
+    policy file's directory, then to the current directory."""
+
+    def read(path: str) -> bytes:
+        if trust_root is not None:
+            return trust_root.read_bytes()
+        for candidate in (policy.parent / path, Path(path)):
+            if candidate.is_file():
+                return candidate.read_bytes()
+        raise FileNotFoundError(f"{path} (relative to {policy.parent} or the current directory); pass --trust-root FILE")
+
+    return read
+
+
 @recipe_app.command("fetch")
 def recipe_fetch(
     registry: Annotated[str, typer.Option(help="s3://bucket/prefix, oci://host[:port]/repo or file:///dir")],
@@ -847,25 +878,14 @@ def recipe_fetch(
         raise _fail(f"{option}: {problem['msg']} (got {problem.get('input')!r})", 2) from exc
     if repo_subdir(source.registry) is not None:
         raise _fail(f"--registry {registry}: a path inside a spec repository; give file:///ABSOLUTE/DIR", 2)
-    try:
-        text = policy.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _fail(f"--policy {policy}: {exc}", 2) from exc
-    specs, problems = load_sources([SourceFile(str(policy), text)], check_references=False)
-    if problems:
-        raise _fail("\n".join(str(p) for p in problems), 2)
-    if not specs.trust_policies:
-        raise _fail(f"--policy {policy}: no RecipeTrustPolicy in it", 2)
+    specs = _load_trust_policies(policy)
     if into.exists() and (not into.is_dir() or any(into.iterdir())):
         raise _fail(f"--into {into}: must be absent or an empty directory", 2)
 
+    load_trusted_root = _trust_root_reader(policy, trust_root)
+
     def read_trust_root(_commit: str, path: str) -> bytes:
-        if trust_root is not None:
-            return trust_root.read_bytes()
-        for candidate in (policy.parent / path, Path(path)):
-            if candidate.is_file():
-                return candidate.read_bytes()
-        raise FileNotFoundError(f"{path} (relative to {policy.parent} or the current directory); pass --trust-root FILE")
+        return load_trusted_root(path)
 
     def no_repo(*_args: object) -> bool:
         return False
@@ -1071,6 +1091,9 @@ async def _gateway_role(config: Any, count: int = 1, worker_tokens: tuple[str | 
 
 # The role commands (`plnt reconcile`, `plnt worker`) and `plnt review` live beside this module and register on `app`.
 from . import cli_review, cli_roles  # noqa: E402, F401
+from .cli_model import model_app  # noqa: E402
+
+app.add_typer(model_app, name="model")
 
 
 @app.command()
@@ -1078,7 +1101,7 @@ def crds(
     out: Annotated[Path | None, typer.Option(
         help="Write one file per CRD into this directory (charts/plnt/crds); default: one YAML stream on stdout.")] = None,
 ) -> None:
-    """The CustomResourceDefinitions of WorkflowRun, PlntBackend and RecipeTrustPolicy, generated from the models."""
+    """The CustomResourceDefinitions of WorkflowRun, ModelDeployment, PlntBackend and RecipeTrustPolicy, generated from the models."""
     from .crds import crd_files, crds_yaml
 
     if out is None:
