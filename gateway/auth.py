@@ -19,6 +19,7 @@ Scopes (see README "Gateway authentication"):
   `/metrics`;
 - `admin`: `POST /hooks/git`, `GET /source`, runner endpoints in `GET /workflows`, and any
   endpoint not listed here (fail closed);
+- `models`: `POST /v1/chat/completions` to ModelDeployments only (every model, no workflow);
 - `internal`: `GET /internal/routes` (the route watch `plnt gateway` follows); only the internal
   token (`--internal-token-file`) holds it, and an `admin` token is accepted there too.
 
@@ -51,9 +52,12 @@ class TokenFileError(ValueError):
 
 
 INVOKE, READ, ADMIN = "invoke", "read", "admin"
+# /v1/chat/completions to ModelDeployments only (no workflow, no other endpoint): what the runners of
+# a WorkflowRun bound to a model hold (plnt up makes that token; a token file may list such tokens too).
+MODELS = "models"
 # Liveness and readiness probes: open, and they reveal nothing but up or not.
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-SCOPES = (INVOKE, READ, ADMIN)
+SCOPES = (INVOKE, READ, ADMIN, MODELS)
 # The roles' own scope (GET /internal/routes): held by the internal token only (--internal-token-file),
 # never by a token-file line; an admin token is accepted too (see Grant.has).
 INTERNAL = "internal"
@@ -82,6 +86,10 @@ class Grant:
         if self.workflows is None:
             return True
         return any(entry == name or entry.endswith(f"/{name}") for entry in self.workflows)
+
+    def may_chat(self, namespace: str, name: str, *, is_model: bool) -> bool:
+        """May this token chat with namespace/name (a model when `is_model`)?"""
+        return self.allows(namespace, name) or (is_model and MODELS in self.scopes)
 
     def has(self, scope: str) -> bool:
         return scope in self.scopes or (scope == INTERNAL and ADMIN in self.scopes)
@@ -133,6 +141,10 @@ class TokenSet:
             if token:
                 tokens.append((token, ALL))
         return cls(tokens)
+
+    def with_token(self, token: str, grant: Grant) -> TokenSet:
+        """These tokens and one more."""
+        return TokenSet([*((key.decode(), value) for key, value in self._entries), (token, grant)])
 
     @property
     def enabled(self) -> bool:

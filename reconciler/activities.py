@@ -56,7 +56,7 @@ from .saga_io import (
     saga_workflow_id,
 )
 from .smoke import Sample, SmokeResult, judge, measure, progress_of, summarise
-from .specs import BackendPlacement, Deployable, ModelDeployment, Requirements, WorkflowRun
+from .specs import BackendPlacement, Deployable, ModelDeployment, Requirements, WorkflowRun, run_key
 from .state import LiveWorkflow, ModelServing, Release
 from .status import RolloutMark, StatusStore
 from .trust import policies_for, verify_weights_signature
@@ -65,6 +65,7 @@ from .weights import WeightsStore
 T = TypeVar("T")
 
 HEARTBEAT_EVERY_S = 1.0
+MODEL_WAIT_POLL_S = 0.5  # a bound WorkflowRun's smoke test waits for its model's promotion this often
 TRUSTED_RUNS_KEPT = 4096  # saga runs whose task queue was checked, kept (oldest dropped first)
 # The SDK sends heartbeats on to Temporal at most this often (its default: 80% of the 10 s heartbeat
 # timeout): their details are a running smoke test's live numbers (status smokeProgress, the forge status).
@@ -387,6 +388,7 @@ class SagaActivities:
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary",
             version=run.spec.workflow.version, spec_fingerprint=run.fingerprint(), recipe_digest=request.recipe_digest,
             recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.traffic_percent, trust=trust,
+            llm_model=f"{run.metadata.namespace}/{run.spec.model}" if run.spec.model else None,
         )))
 
     async def _install_model(self, run: ModelDeployment, digest: str) -> Release:
@@ -411,11 +413,20 @@ class SagaActivities:
             path: self._read(trusted.policy_commit or trusted.ref.commit, path).decode("utf-8") for path in paths})
 
     async def _live_of(self, run: Deployable) -> LiveWorkflow | None:
+        return await self._live(run.metadata.namespace, run.metadata.name)
+
+    async def _live(self, namespace: str, name: str) -> LiveWorkflow | None:
         live_of = getattr(self._driver, "live_of", None)  # a DriverSet: one record, not all of them
         if live_of is not None:
-            found: LiveWorkflow | None = await live_of(run.metadata.namespace, run.metadata.name)
+            found: LiveWorkflow | None = await live_of(namespace, name)
             return found
-        return (await self._driver.live()).get(run.key)
+        return (await self._driver.live()).get(run_key(namespace, name))
+
+    async def _model_promoted(self, namespace: str, model: str) -> None:
+        """A WorkflowRun bound to a model is smoke-tested once that model serves (its first rollout
+        may run beside this one): until then its LLM calls would get 503s."""
+        while (live := await self._live(namespace, model)) is None or live.stable is None:
+            await asyncio.sleep(MODEL_WAIT_POLL_S)
 
     async def _release_of(self, run: Deployable, track: str) -> Release:
         """The driver's own record of this run's release on `track`, made for this very spec."""
@@ -436,6 +447,8 @@ class SagaActivities:
                                                      canary.release_id)) is not None:
             canary = woken
         budget = run.spec.canary.smoke_test
+        if isinstance(run, WorkflowRun) and run.spec.model is not None:
+            await _with_heartbeats(self._model_promoted(run.metadata.namespace, run.spec.model))
         done: list[Sample] = []  # heartbeats carry the numbers so far: the reconciler shows them live
         if isinstance(run, ModelDeployment):
             canary_spec = run.spec.canary

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 from plnt.gateway.app import create_app
-from plnt.gateway.auth import TokenSet, exposure_problem, load_tokens
+from plnt.gateway.auth import MODELS, Grant, TokenSet, exposure_problem, load_tokens
 from plnt.gateway.auth import is_loopback_host as _loopback
 from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret
 from plnt.gateway.limits import HttpLimits
@@ -173,6 +173,7 @@ class Plnt:
     gateway_workers: WorkerSupervisor | None = None  # --gateway-workers N > 1: the other N-1 processes
     control_listener: GatewayServer | None = None  # the private loopback listener those workers follow
     public_url: str | None = None  # when only the workers listen on the gateway port
+    model_token: str | None = field(default=None, repr=False)  # bound runners' gateway token (scope models)
     drivers: DriverSet | None = None
     previews: PreviewController | None = None  # --previews
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
@@ -232,7 +233,8 @@ def load_gateway_auth(settings: Settings) -> tuple[TokenSet, bytes | None]:
 def make_local_driver(settings: Settings, state: StateDir, *, on_change: Callable[[], None],
                       drain: Callable[[Release], Awaitable[object]],
                       limits_for: Callable[[str, str], Any],
-                      park_after_for: Callable[[str, str, str], float | None] | None = None) -> LocalDriver:
+                      park_after_for: Callable[[str, str, str], float | None] | None = None,
+                      gateway_url: Callable[[], str] | None = None, model_token: str | None = None) -> LocalDriver:
     raise_open_files_limit()  # a connection or more per runner: 1,000 runners pass the usual soft 1,024
     return LocalDriver(
         state, host="127.0.0.1", start_timeout_s=settings.runner_start_timeout_s,
@@ -241,7 +243,7 @@ def make_local_driver(settings: Settings, state: StateDir, *, on_change: Callabl
         secret_env={settings.llm_api_key_env: settings.llm_api_key.get_secret_value()}
         if settings.llm_api_key_env and settings.llm_api_key else None,
         limits_for=limits_for, drain=drain, runner_start=settings.runner_start, park_after_for=park_after_for,
-        model_python=str(settings.llm_venv / "bin" / "python"),
+        model_python=str(settings.llm_venv / "bin" / "python"), gateway_url=gateway_url, model_token=model_token,
     )
 
 
@@ -352,6 +354,11 @@ def add_reconciler_routes(app: Any, reconciler: Reconciler, client: Client) -> N
 
 async def start(settings: Settings) -> Plnt:
     tokens, webhook_secret = load_gateway_auth(settings)
+    # Runners of WorkflowRuns bound to a ModelDeployment call it through the gateway: with tokens
+    # required, they get this one (scope `models`: chat with models, nothing else), made per start.
+    model_token = secrets.token_urlsafe(32) if tokens.enabled else None
+    if model_token is not None:
+        tokens = tokens.with_token(model_token, Grant(None, frozenset({MODELS})))
     state = StateDir(settings.state_dir).ensure()
     cleanups: list[Callable[[], Awaitable[None]]] = []
     try:
@@ -374,6 +381,7 @@ async def start(settings: Settings) -> Plnt:
             drain=lambda release: _drain_after_flush(holder, router, release, settings.runner_stop_timeout_s),
             # Scale to zero: this process's gateway (and its workers, through /internal/wake) wakes them.
             park_after_for=lambda namespace, name, fingerprint: drivers.park_after(namespace, name, fingerprint),
+            gateway_url=lambda: holder["plnt"].url, model_token=model_token,
         )
         cleanups.append(driver.shutdown)
         # Helm state changes (installs, promotions, removals, live reads) change routes too.
@@ -433,7 +441,7 @@ async def start(settings: Settings) -> Plnt:
         stop_event = asyncio.Event()
         plnt = Plnt(settings=settings, state=state, client=client, statuses=statuses, driver=driver, router=router,
                     reconciler=reconciler, gateway=gateway, stop_event=stop_event, publisher=publisher,
-                    drivers=drivers)
+                    drivers=drivers, model_token=model_token)
         holder["plnt"] = plnt
         statuses.on_change = plnt.refresh_routes
         if settings.mirror_status:  # after on_change is set: the mirror chains it
@@ -528,6 +536,8 @@ async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, inte
         workers = count - 1
     plnt.control_listener = private
     tokens_text = settings.gateway_tokens_file.read_text(encoding="utf-8") if settings.gateway_tokens_file else None
+    if plnt.model_token is not None:  # the bound runners' token (see start), for every gateway process
+        tokens_text = f"{tokens_text or ''}\n{plnt.model_token} scopes=models\n"
     parent = os.getpid()
 
     def config_for(index: int) -> WorkerConfig:

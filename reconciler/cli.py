@@ -1101,7 +1101,7 @@ def crds(
     out: Annotated[Path | None, typer.Option(
         help="Write one file per CRD into this directory (charts/plnt/crds); default: one YAML stream on stdout.")] = None,
 ) -> None:
-    """The CustomResourceDefinitions of WorkflowRun, PlntBackend and RecipeTrustPolicy, generated from the models."""
+    """The CustomResourceDefinitions of WorkflowRun, ModelDeployment, PlntBackend and RecipeTrustPolicy, generated from the models."""
     from .crds import crd_files, crds_yaml
 
     if out is None:

@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from .specs import NAME_PATTERN, PlntBackend, RecipeTrustPolicy, SpecModel, WorkflowRun
+from .specs import NAME_PATTERN, ModelDeployment, PlntBackend, RecipeTrustPolicy, SpecModel, WorkflowRun
 from .status import Phase, WorkflowRunStatus
 
 GROUP = "plnt.work"
@@ -249,6 +249,14 @@ KINDS: tuple[Kind, ...] = (
         {"name": "Canary", "type": "string", "jsonPath": ".status.canaryVersion", "priority": 1},
         {"name": "Commit", "type": "string", "jsonPath": ".status.observedCommit", "priority": 1},
         {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
+    )),
+    Kind(ModelDeployment, " ".join((ModelDeployment.__doc__ or "").split()) + " Edits here are not deployed: "
+         "commit to git.", "modeldeployments", ("md",), columns=(
+        {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
+        {"name": "Version", "type": "string", "jsonPath": ".spec.model.version"},
+        {"name": "Runtime", "type": "string", "jsonPath": ".spec.runtime.type"},
+        _AGE,
+        {"name": "Root digest", "type": "string", "jsonPath": ".spec.model.rootDigest", "priority": 1},
     )),
     Kind(PlntBackend, "A named place to run WorkflowRuns (local processes or a Kubernetes namespace), "
          "as declared in the spec repository.", "plntbackends", ("pb",), columns=(

@@ -40,6 +40,7 @@ class InstallRequest(BaseModel):
     traffic_percent: int = 0
     trust: RecipeTrust = RecipeTrust()
     model: ModelServing | None = None  # a ModelDeployment's release: a model server, not a runner
+    llm_model: str | None = None  # a WorkflowRun bound to a ModelDeployment: its "namespace/name"
 
     def release(self, endpoint: str = "") -> Release:
         """The release this request makes, before a driver gives it an endpoint (and a process)."""

@@ -43,6 +43,7 @@ from .specs import (
     RecipeTrustPolicy,
     Workflow,
     WorkflowRun,
+    run_key,
 )
 
 # A path into a YAML document: mapping keys and sequence indices, as pydantic's `loc`.
@@ -1031,6 +1032,15 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
     if check_references or (check_references is None and specs.backends):
         for doc, run in runs:
             problems += _backend_problems(doc, run, specs.backends)
+    if check_references or (check_references is None and specs.model_deployments):
+        for doc, run in runs:
+            bound = run.spec.model if isinstance(run, WorkflowRun) else None
+            if bound is not None and run_key(run.metadata.namespace, bound) not in specs.model_deployments:
+                known = ", ".join(sorted(k for k in specs.model_deployments
+                                         if k.startswith(f"{run.metadata.namespace}/"))) or "none in this namespace"
+                problems.append(Problem(doc.file, doc.line(("spec", "model")), "spec.model",
+                                        f"no ModelDeployment named '{bound}' in namespace {run.metadata.namespace} "
+                                        f"(known: {known}); declare it or remove spec.model"))
     if check_references or (check_references is None and specs.trust_policies):
         for doc, run in runs:
             named = run.spec.model.trust_policy if isinstance(run, ModelDeployment) else None

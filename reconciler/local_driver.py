@@ -67,6 +67,7 @@ STOP_POLL_S = 0.01  # how often a stopping runner is checked for its exit (a pro
 # itself is imported through it; SSL_CERT_* let an https model server with a private CA work.
 RUNNER_ENV_NAMES = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "SSL_CERT_FILE", "SSL_CERT_DIR"})
 RUNNER_ENV_PREFIXES = ("LC_",)
+MODEL_TOKEN_ENV = "PLNT_MODEL_TOKEN"  # a bound runner's token for the gateway (scope `models`)
 
 LimitsLookup = Callable[[str, str], RunnerLimits]  # (namespace, name) -> limits of its backend
 # (namespace, name, spec fingerprint) -> idle seconds after which that release's runner parks, or None
@@ -148,6 +149,8 @@ class LocalDriver:
         runner_start: RunnerStart = "fork",
         park_after_for: ParkLookup | None = None,
         model_python: str | None = None,
+        gateway_url: Callable[[], str] | None = None,
+        model_token: str | None = None,
     ) -> None:
         self._state = state.ensure()
         self._python = python
@@ -167,6 +170,10 @@ class LocalDriver:
         self._park_after_for = park_after_for
         # The model runtime's interpreter (its own venv: tools/install_llm.sh); None: no model releases.
         self._model_python = model_python
+        # Runners of a WorkflowRun bound to a ModelDeployment call it through this gateway, with this
+        # token (scope `models` only) when the gateway requires one.
+        self._gateway_url = gateway_url
+        self._model_token = model_token
         self._pids = self._state.root / "runner-pids"
         self._pids.mkdir(exist_ok=True)
         self._locks: dict[str, asyncio.Lock] = {}
@@ -474,8 +481,14 @@ class LocalDriver:
         runner_dir = self._state.runner_logs / release.release_id  # cwd, HOME and TMPDIR of the runner
         runner_dir.mkdir(parents=True, exist_ok=True)
         limits = self._limits_for(release.namespace, release.name)
-        # A model server needs no LLM key: it is the model.
-        env = runner_env(self._env, runner_dir, {} if release.model is not None else self._secret_env)
+        # A model server needs no LLM key: it is the model. A runner bound to one gets the models token.
+        if release.model is not None:
+            secrets_given: Mapping[str, str] = {}
+        elif release.llm_model is not None:
+            secrets_given = {MODEL_TOKEN_ENV: self._model_token} if self._model_token else {}
+        else:
+            secrets_given = self._secret_env
+        env = runner_env(self._env, runner_dir, secrets_given)
         last_error = ""
         for attempt in range(3):
             self._refuse_if_shutting_down(release)
@@ -534,8 +547,15 @@ class LocalDriver:
                 "--limit-open-files", str(limits.open_files),
                 "--limit-processes", str(limits.processes),
                 *(["--park-after-idle-s", f"{release.park_after_s:g}"] if release.park_after_s else []),
-                *self._runner_args,
+                *(self._model_backend_args(release.llm_model) if release.llm_model else self._runner_args),
             ]
+
+    def _model_backend_args(self, model: str) -> list[str]:
+        if self._gateway_url is None:
+            raise DriverError(f"runner bound to model {model}: this plnt has no gateway for its runners to call "
+                              "models through")
+        return ["--backend", "http", "--upstream-url", self._gateway_url(), "--model", model,
+                *(["--api-key-env", MODEL_TOKEN_ENV] if self._model_token else [])]
 
     def _model_argv(self, release: Release, port: int, limits: RunnerLimits) -> list[str]:
         model = release.model

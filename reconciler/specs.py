@@ -139,6 +139,9 @@ class Canary(SpecModel):
 class WorkflowRunSpec(SpecModel):
     workflow: WorkflowSource
     backend: BackendPlacement
+    model: str | None = Field(default=None, pattern=NAME_PATTERN, description=(
+        "metadata.name of a ModelDeployment in this namespace: the runners' LLM calls go to it through the "
+        "gateway (a model canary gets its share of them); default: plnt's --llm-url, or the offline mock"))
     replicas: Replicas = Field(default_factory=Replicas)
     autoscaling: Autoscaling | None = None
     canary: Canary = Field(default_factory=Canary)

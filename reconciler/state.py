@@ -107,6 +107,8 @@ class Release(BaseModel):
     park_after_s: float | None = None
     parked: bool = False
     model: ModelServing | None = None
+    # A WorkflowRun bound to a ModelDeployment (spec.model): "namespace/name" its runner's LLM calls go to.
+    llm_model: str | None = None
 
 
 class LiveWorkflow(BaseModel):

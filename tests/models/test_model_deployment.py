@@ -157,7 +157,7 @@ async def test_weights_that_do_not_verify_never_reach_a_runtime_and_the_stable_k
             repo.commit(f"smollm2 {version}")
             await hook(plnt)
             failed = await wait_for(
-                lambda: (s := plnt.statuses.get("default/smollm2")) and s.phase.value == "Failed"
+                lambda version=version: (s := plnt.statuses.get("default/smollm2")) and s.phase.value == "Failed"  # type: ignore[misc]
                 and s.attempted_version == version and s.public(), timeout=60, what=f"smollm2 {version} Failed")
             assert reason in failed["lastError"], failed
             live = plnt.driver.snapshot()["default/smollm2"]
@@ -166,3 +166,54 @@ async def test_weights_that_do_not_verify_never_reach_a_runtime_and_the_stable_k
                 f"a model server was started for {version}"
             answer = await client.post(f"{plnt.url}/v1/chat/completions", json=chat())
             assert answer.status_code == 200 and answer.headers["x-plnt-version"] == "1.0.0"
+
+
+async def test_a_workflowrun_bound_to_the_model_answers_with_generated_text_through_a_gateway_that_needs_tokens(
+    model_repo: tuple[SpecRepo, Path, TestSigstoreAuthority, str], tmp_path: Path, temporal_address: str,
+    temporal_namespace: str,
+) -> None:
+    """review-responder with `spec.model: smollm2`: its runner's LLM calls go through the gateway
+    (which requires tokens here) to the model, with a token plnt made for it whose scope is `models`
+    only. The reply is the model's, not the offline mock's."""
+    from pydantic import SecretStr
+
+    repo, registry, _, _ = model_repo
+    repo.replace("workflowruns/review-responder.yaml", "  backend:\n    cluster: local\n",
+                 "  backend:\n    cluster: local\n  model: smollm2\n")
+    repo.replace("workflowruns/review-responder.yaml", "invocations: 10\n      p95BudgetMs: 2500",
+                 "invocations: 1\n      p95BudgetMs: 120000")
+    repo.commit("review-responder answers through smollm2")
+    token = "user-token-0b6f3c2a9e"
+    settings = settings_for(repo.path, tmp_path / "state", temporal_address, temporal_namespace,
+                            file_registry_roots=(registry,), llm_venv=LLM_VENV, smoke_request_timeout_s=120,
+                            gateway_tokens=(SecretStr(token),))
+    auth = {"authorization": f"Bearer {token}"}
+    async with running_plnt(settings) as plnt, httpx.AsyncClient(trust_env=False, timeout=120, headers=auth) as client:
+        await wait_phase(plnt, "Ready", version="1.0.0", name="smollm2", timeout=120)
+        await wait_phase(plnt, "Ready", version="1.2.0", timeout=180)
+        review = {"review": "The room was lovely but breakfast was cold.", "brand_voice": "warm, brief"}
+        answer = await client.post(f"{plnt.url}/workflows/review-responder/invoke", json=review)
+        assert answer.status_code == 200, answer.text
+        reply = answer.json()["output"]["reply"]
+        assert len(reply.split()) >= 5, reply
+        print("review-responder through smollm2:", reply)
+        # Its LLM call went through the gateway to the model: counted there as a chat with smollm2.
+        metrics = (await client.get(f"{plnt.url}/metrics")).text
+        chats = [line for line in metrics.splitlines() if line.startswith("plnt_gateway_requests_total{")
+                 and 'api="chat"' in line and 'workflow="smollm2"' in line and 'code="200"' in line]
+        assert chats and sum(float(line.rsplit(" ", 1)[1]) for line in chats) >= 2, metrics  # smoke test + invoke
+
+        runner = plnt.driver.snapshot()["default/review-responder"].stable
+        assert runner is not None and runner.llm_model == "default/smollm2"
+        # (The runner got it in its environment: a forked runner's /proc/PID/environ shows the zygote's.)
+        model_token = plnt.model_token
+        assert model_token is not None and model_token != token
+        bearer = {"authorization": f"Bearer {model_token}"}
+        async with httpx.AsyncClient(trust_env=False, timeout=120, headers=bearer) as runner_client:
+            assert (await runner_client.post(f"{plnt.url}/v1/chat/completions", json=chat())).status_code == 200
+            # The runner's token chats with models and does nothing else.
+            denied = await runner_client.post(f"{plnt.url}/workflows/review-responder/invoke", json=review)
+            assert denied.status_code == 403, denied.text
+            assert (await runner_client.post(f"{plnt.url}/hooks/git")).status_code == 403
+        assert (await httpx.AsyncClient(trust_env=False).post(f"{plnt.url}/v1/chat/completions",
+                                                                json=chat())).status_code == 401

@@ -165,7 +165,7 @@ def test_schemas_are_structural(doc: dict[str, Any]) -> None:
     assert free_form == ([".status.smokeTest"] if doc["spec"]["names"]["kind"] == "WorkflowRun" else [])
     assert version["served"] is version["storage"] is True
     # WorkflowRuns live in a namespace; backends and trust policies are cluster-wide, as in the spec repository.
-    expected_scope = "Namespaced" if doc["spec"]["names"]["kind"] == "WorkflowRun" else "Cluster"
+    expected_scope = "Namespaced" if doc["spec"]["names"]["kind"] in ("WorkflowRun", "ModelDeployment") else "Cluster"
     assert doc["spec"]["group"] == "plnt.work" and doc["spec"]["scope"] == expected_scope
     assert doc["spec"]["names"]["categories"] == ["plnt"]
 
@@ -337,7 +337,7 @@ def test_plnt_crds_prints_every_crd_and_writes_them_with_out(tmp_path: Path) -> 
     result = CliRunner().invoke(app, ["crds"], catch_exceptions=False)
     assert result.exit_code == 0
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
-    assert [d["metadata"]["name"] for d in docs] == ["workflowruns.plnt.work", "plntbackends.plnt.work",
+    assert [d["metadata"]["name"] for d in docs] == ["workflowruns.plnt.work", "modeldeployments.plnt.work", "plntbackends.plnt.work",
                                                      "recipetrustpolicies.plnt.work"]
     result = CliRunner().invoke(app, ["crds", "--out", str(tmp_path / "crds")], catch_exceptions=False)
     assert result.exit_code == 0

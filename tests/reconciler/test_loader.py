@@ -677,3 +677,58 @@ def test_scale_to_zero_seconds_only_on_local_backends(tmp_path: Path) -> None:
     too_short = BACKEND.replace("spec: {type: local}", "spec: {type: local, scaleToZeroAfterSeconds: 0.5}")
     problems = load_one(tmp_path, too_short + "---\n" + RUN)
     assert problems[0].field == "spec.scaleToZeroAfterSeconds" and "greater than or equal to 1" in problems[0].message
+
+
+# --- ModelDeployment -------------------------------------------------------------------------
+
+MODEL = """\
+apiVersion: plnt.work/v1
+kind: ModelDeployment
+metadata: {name: smollm2}
+spec:
+  model: {registry: "file:///srv/models", name: smollm2, version: 1.0.0, rootDigest: "sha256:%s", trustPolicy: models}
+  runtime: {type: llama.cpp, contextLength: 1024}
+  backend: {cluster: local}
+""" % ("a" * 64)
+
+POLICY = """\
+apiVersion: plnt.work/v1
+kind: RecipeTrustPolicy
+metadata: {name: models}
+spec:
+  recipes: [smollm2]
+  trustRoot: {publicGood: true}
+  signers: [{issuer: "https://token.actions.githubusercontent.com", identity: "https://github.com/acme/models/.github/workflows/release.yml@refs/heads/main"}]
+"""
+
+
+def test_a_model_deployment_loads_beside_workflow_runs_and_is_deployable(tmp_path: Path) -> None:
+    write(tmp_path, "specs.yaml", BACKEND + "---\n" + RUN + "---\n" + POLICY + "---\n" + MODEL)
+    specs, problems = load_directory(tmp_path)
+    assert problems == []
+    model = specs.model_deployments["default/smollm2"]
+    assert model.version == "1.0.0" and model.spec.canary.prompts and model.spec.replicas.min == 1
+    assert set(specs.deployables()) == {"default/review-responder", "default/smollm2"}
+    assert specs.locations["ModelDeployment/default/smollm2"] == ("specs.yaml", 24)
+
+
+@pytest.mark.parametrize(("change", "line", "field", "message"), [
+    (("name: smollm2}\n", "name: review-responder}\n"), 3, "metadata.name",
+     "has the name of the WorkflowRun declared at specs.yaml:8"),
+    (("type: llama.cpp", "type: vllm"), 6, "spec.runtime.type", "runtime vllm runs on Kubernetes backends"),
+    (("trustPolicy: models", "trustPolicy: nobody"), 5, "spec.model.trustPolicy", "unknown RecipeTrustPolicy 'nobody'"),
+    (("contextLength: 1024}", "contextLength: 1024, args: [--port, '9']}"), 6, "spec.runtime.args",
+     "--port is set by plnt"),
+    (("rootDigest: \"sha256:", "rootDigest: \"md5:"), 5, "spec.model.rootDigest", "'sha256:' followed by 64"),
+    (("backend: {cluster: local}", "backend: {cluster: local}\n  replicas: {min: 0}"), 8, "spec.replicas.min",
+     "greater than or equal to 1"),
+], ids=["name-taken-by-a-workflowrun", "gpu-runtime-on-local", "unknown-policy", "reserved-arg", "digest", "no-scale-to-zero"])
+def test_model_deployment_problems_name_file_line_and_field(
+        tmp_path: Path, change: tuple[str, str], line: int, field: str, message: str) -> None:
+    model = MODEL.replace(*change)
+    assert model != MODEL
+    write(tmp_path, "specs.yaml", BACKEND + "---\n" + RUN + "---\n" + POLICY)
+    write(tmp_path, "z-model.yaml", model)
+    specs, problems = load_directory(tmp_path)
+    assert [(p.file, p.line, p.field) for p in problems] == [("z-model.yaml", line, field)], problems
+    assert message in problems[0].message, problems[0].message

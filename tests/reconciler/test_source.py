@@ -19,7 +19,7 @@ def test_fetch_reads_specs_at_the_newest_commit_and_skips_ignored_paths(spec_rep
     assert first == spec_repo.git("rev-parse", "HEAD")
     paths = [f.path for f in source.spec_files(first)]
     # registry/ and recipes/ are in .plntignore; trust/ holds the demo RecipeTrustPolicy
-    assert paths == ["backends/local.yaml", "trust/policy.yaml", "workflowruns/review-responder.yaml"]
+    assert paths == ["backends/local.yaml", "trust/models-policy.yaml", "trust/policy.yaml", "workflowruns/review-responder.yaml"]
 
     spec_repo.replace("workflowruns/review-responder.yaml", "@1.2.0", "@1.3.0")
     second = spec_repo.commit("bump")
