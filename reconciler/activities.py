@@ -34,6 +34,7 @@ from .errors import (
     GpuClassUnavailable,
     InvalidRecipe,
     InvalidSpec,
+    ModelNotServing,
     NeedsHuman,
     PlntError,
     RetryLater,
@@ -58,7 +59,7 @@ from .saga_io import (
 from .smoke import Sample, SmokeResult, judge, measure, progress_of, summarise
 from .specs import BackendPlacement, Deployable, ModelDeployment, Requirements, WorkflowRun, run_key
 from .state import LiveWorkflow, ModelServing, Release
-from .status import RolloutMark, StatusStore
+from .status import Phase, RolloutMark, StatusStore
 from .trust import policies_for, verify_weights_signature
 from .weights import WeightsStore
 
@@ -187,6 +188,7 @@ class SagaActivities:
         self._driver = driver
         # None on a worker of split roles: the reconciler records phases (PhaseRecorder).
         self._recorder = PhaseRecorder(statuses) if statuses is not None else None
+        self._statuses = statuses
         self._specs = commit_specs
         self._export = export_from_repo
         self._read = read_from_repo
@@ -424,8 +426,15 @@ class SagaActivities:
 
     async def _model_promoted(self, namespace: str, model: str) -> None:
         """A WorkflowRun bound to a model is smoke-tested once that model serves (its first rollout
-        may run beside this one): until then its LLM calls would get 503s."""
+        may run beside this one): until then its LLM calls would get 503s. A model whose rollout
+        ended without a promoted release fails this at once, naming why."""
         while (live := await self._live(namespace, model)) is None or live.stable is None:
+            status = self._statuses.get(run_key(namespace, model)) if self._statuses is not None else None
+            if status is not None and status.phase in (Phase.ROLLED_BACK, Phase.FAILED):
+                raise ModelNotServing(
+                    f"spec.model: ModelDeployment {namespace}/{model} has no promoted release (its rollout ended "
+                    f"{status.phase.value}: {status.last_error or status.message}); fix it, then commit a change to "
+                    "this WorkflowRun to try again")
             await asyncio.sleep(MODEL_WAIT_POLL_S)
 
     async def _release_of(self, run: Deployable, track: str) -> Release:

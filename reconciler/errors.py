@@ -103,6 +103,10 @@ class VerificationFailed(NeedsHuman):
         self.reason = reason
 
 
+class ModelNotServing(NeedsHuman):
+    """A WorkflowRun's model (spec.model) has no promoted release and its rollout has ended."""
+
+
 class UntrustedSagaInput(NeedsHuman):
     """A saga (or activity) input that plnt's own clone does not confirm: a commit not on the tracked
     branch, a fingerprint or version the commit does not give, a release it did not make. Nothing installs."""
@@ -111,5 +115,5 @@ class UntrustedSagaInput(NeedsHuman):
 NON_RETRYABLE_ERROR_TYPES = [
     cls.__name__
     for cls in (InvalidSpec, UnknownBackend, GpuClassUnavailable, RecipeNotFound, InvalidRecipe, IntegrityMismatch,
-                DigestMismatch, DownloadRefused, UnsafeArchive, VerificationFailed, UntrustedSagaInput)
+                DigestMismatch, DownloadRefused, UnsafeArchive, VerificationFailed, ModelNotServing, UntrustedSagaInput)
 ]

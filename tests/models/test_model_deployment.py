@@ -217,3 +217,23 @@ async def test_a_workflowrun_bound_to_the_model_answers_with_generated_text_thro
             assert (await runner_client.post(f"{plnt.url}/hooks/git")).status_code == 403
         assert (await httpx.AsyncClient(trust_env=False).post(f"{plnt.url}/v1/chat/completions",
                                                                 json=chat())).status_code == 401
+
+
+async def test_a_workflowrun_bound_to_a_model_that_never_served_fails_naming_the_model(
+    model_repo: tuple[SpecRepo, Path, TestSigstoreAuthority, str], tmp_path: Path, temporal_address: str,
+    temporal_namespace: str,
+) -> None:
+    """smollm2's first rollout fails its TTFT budget (no stable release at all): review-responder,
+    bound to it, fails with ModelNotServing and the model's reason, instead of waiting out its step."""
+    repo, registry, _, digest = model_repo
+    repo.write(MODEL_FILE, deployment(registry, "1.0.0", digest, "{invocations: 2, concurrency: 1, ttftBudgetMs: 0.01}"))
+    repo.replace("workflowruns/review-responder.yaml", "  backend:\n    cluster: local\n",
+                 "  backend:\n    cluster: local\n  model: smollm2\n")
+    repo.commit("smollm2 with a TTFT budget nothing meets, and review-responder bound to it")
+    settings = settings_for(repo.path, tmp_path / "state", temporal_address, temporal_namespace,
+                            file_registry_roots=(registry,), llm_venv=LLM_VENV, smoke_request_timeout_s=120)
+    async with running_plnt(settings) as plnt:
+        await wait_phase(plnt, "RolledBack", name="smollm2", timeout=120)
+        failed = await wait_phase(plnt, "Failed", timeout=120)
+        assert "ModelNotServing" in failed["lastError"] and "default/smollm2" in failed["lastError"], failed
+        assert "TTFT p95" in failed["lastError"], failed
