@@ -98,10 +98,14 @@ def judge(metrics: SmokeMetrics, budget: SmokeTest) -> SmokeResult:
         failures.append(f"TPOT p95 {metrics.tpot_p95_ms:g} ms over budget {budget.tpot_budget_ms:g} ms")
     if failures:
         return SmokeResult(passed=False, reason="smoke test failed: " + "; ".join(failures), metrics=metrics)
+    tokens = "".join(f", {name} p95 {value:g} ms (budget {limit:g})" for name, value, limit in (
+        ("TTFT", metrics.ttft_p95_ms, budget.ttft_budget_ms), ("TPOT", metrics.tpot_p95_ms, budget.tpot_budget_ms))
+        if value is not None and limit is not None)
     return SmokeResult(
         passed=True,
         reason=(f"smoke test passed: {metrics.invocations} invocations, p95 {metrics.p95_ms:g} ms "
-                f"(budget {budget.p95_budget_ms:g}), errors {metrics.error_percent:g}% (budget {budget.error_budget_percent:g}%)"),
+                f"(budget {budget.p95_budget_ms:g}){tokens}, errors {metrics.error_percent:g}% "
+                f"(budget {budget.error_budget_percent:g}%)"),
         metrics=metrics,
     )
 

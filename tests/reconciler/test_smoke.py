@@ -170,3 +170,13 @@ async def test_a_model_server_is_timed_on_its_streamed_tokens() -> None:
     summary = judge(summarise([Sample(latency_ms=900, ok=True, ttft_ms=800, tpot_ms=30)]),
                     SmokeTest(p95_budget_ms=2000, ttft_budget_ms=500, tpot_budget_ms=50))
     assert not summary.passed and "TTFT p95 800 ms over budget 500 ms" in summary.reason
+
+
+def test_a_pass_names_the_token_budgets_it_met_and_only_those() -> None:
+    timed = SmokeMetrics(invocations=5, errors=0, error_percent=0, p50_ms=300, p95_ms=400, max_ms=410,
+                         ttft_p95_ms=55.5, tpot_p95_ms=29.5)
+    both = judge(timed, SmokeTest(ttft_budget_ms=2000, tpot_budget_ms=500))
+    assert both.passed and "TTFT p95 55.5 ms (budget 2000), TPOT p95 29.5 ms (budget 500)" in both.reason
+    only_ttft = judge(timed, SmokeTest(ttft_budget_ms=2000))
+    assert "TTFT p95 55.5 ms" in only_ttft.reason and "TPOT" not in only_ttft.reason
+    assert "TTFT" not in judge(timed, SmokeTest()).reason
