@@ -33,7 +33,7 @@ demo-repo:
 MODEL ?=
 up: install demo-repo $(if $(MODEL),demo-model)
 	$(VENV)/bin/plnt up --repo $(DEMO)/repo --state-dir $(DEMO)/state --port $(PORT) \
-	  $(if $(MODEL),--allow-file-registry $(abspath $(DEMO))/models)
+	  $(if $(MODEL),--allow-file-registry $(abspath $(DEMO))/models --llm-venv $(LLM_VENV))
 
 demo-model: install-llm demo-repo
 	@if [ "$(MODEL)" != smollm2 ]; then echo "MODEL=$(MODEL): the example has one model, smollm2" >&2; exit 2; fi

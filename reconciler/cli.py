@@ -198,6 +198,11 @@ def up(
     allow_file_registry: Annotated[list[Path] | None, typer.Option(
         help="Directory under which file:/// registries may be read (none by default; file:rel/dir inside "
              "the spec repository always works). Repeatable.")] = None,
+    llm_venv: Annotated[Path | None, typer.Option(help=(
+        "The model runtime's venv for ModelDeployments (llama.cpp's server; `make install-llm`); default: "
+        ".venv-llm beside plnt's code."))] = None,
+    weights_budget_gb: Annotated[float, typer.Option(
+        "--weights-budget", help="GiB the weights store (STATE/weights) may use; a pull past it fails.", min=0.001)] = 20,
     max_recipe_mb: Annotated[int, typer.Option(help="Refuse recipes that unpack to more than this.")] = 256,
     max_download_mb: Annotated[int, typer.Option(
         min=1, help="Stop a recipe download (archive + bundle, any registry) past this many MiB.")] = 256,
@@ -267,6 +272,8 @@ def up(
                             s3_region=s3_region, oci_insecure_hosts=tuple(oci_insecure_host or ()),
                             file_registry_roots=tuple(p.resolve() for p in allow_file_registry or ()),
                             max_download_bytes=max_download_mb * 2**20,
+                            **({"llm_venv": llm_venv.resolve()} if llm_venv is not None else {}),
+                            weights_budget_bytes=int(weights_budget_gb * 2**30),
                             max_recipe_bytes=max_recipe_mb * 2**20, max_concurrent_sagas=max_sagas,
                             spec_limits=_spec_limits(max_spec_files, max_spec_file_kb),
                             retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
