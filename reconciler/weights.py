@@ -25,6 +25,7 @@ what a model no release references held.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -35,7 +36,9 @@ from typing import Protocol
 
 from .errors import DigestMismatch, DownloadRefused, RecipeNotFound, RegistryUnavailable
 from .trust import VerifiedWeights
-from .weights_manifest import ManifestError, WeightsManifest, canonical_name, check_directory
+from .weights_manifest import ManifestError, WeightsManifest, canonical_name, check_directory, sha256_file
+
+log = logging.getLogger(__name__)
 
 SIGNATURE_NAME = "model.sig"
 CHUNK_SIZE = 1 << 20
@@ -128,12 +131,22 @@ class WeightsStore:
             except ManifestError:
                 shutil.rmtree(target)  # changed on disk since: assembled again from checked blobs
         transferred, resumed = 0, 0
+        checked: set[str] = set()  # blobs hashed by this pull: fetched (hashed as they streamed) or kept
         for item in manifest.files:
-            if (self._blobs / item.sha256).is_file():
+            if item.sha256 in checked:
                 continue
+            blob = self._blobs / item.sha256
+            if blob.is_file():
+                # An earlier pull's blob is hashed again: it may have changed on disk since.
+                if sha256_file(blob) == item.sha256:
+                    checked.add(item.sha256)
+                    continue
+                log.warning("weights-blob-changed blob=%s file=%s: fetched again", item.sha256, item.name)
+                blob.unlink()
             got, kept = self._fetch_blob(source, item.name, item.sha256, transferred, progress)
             transferred, resumed = transferred + got, resumed + kept
-        self._assemble(manifest, bundle, target)
+            checked.add(item.sha256)
+        self._assemble(manifest, bundle, target, checked)
         return PulledWeights(target, manifest.root_digest, signer, transferred, resumed)
 
     def _fetch_blob(self, source: WeightsSource, name: str, sha256: str, transferred: int,
@@ -172,7 +185,7 @@ class WeightsStore:
         os.replace(partial, self._blobs / sha256)
         return fetched, kept
 
-    def _assemble(self, manifest: WeightsManifest, bundle: bytes, target: Path) -> None:
+    def _assemble(self, manifest: WeightsManifest, bundle: bytes, target: Path, checked: set[str]) -> None:
         staging = Path(tempfile.mkdtemp(prefix=".assembling-", dir=self._models))
         try:
             for item in manifest.files:
@@ -180,7 +193,14 @@ class WeightsStore:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 os.link(self._blobs / item.sha256, path)
             (staging / SIGNATURE_NAME).write_bytes(bundle)
-            check_directory(staging, manifest, ignore=(SIGNATURE_NAME,))  # the links, by name, as signed
+            # The links, by name, as signed. Every blob was hashed by this pull: a link to that very
+            # inode is not read again (hashing twice halved the pull's speed).
+            digests = {item.name: item.sha256 for item in manifest.files}
+
+            def hashed(name: str, path: Path) -> bool:
+                return digests[name] in checked and os.path.samefile(path, self._blobs / digests[name])
+
+            check_directory(staging, manifest, ignore=(SIGNATURE_NAME,), hashed=hashed)
             try:
                 os.rename(staging, target)
             except OSError:

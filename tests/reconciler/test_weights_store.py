@@ -189,3 +189,33 @@ def test_a_published_name_that_leads_outside_its_directory_is_refused(ca: TestSi
     store = WeightsStore(tmp_path / "store", budget_bytes=10 << 20)
     with pytest.raises(DownloadRefused, match="leads outside the weights directory"):
         store.pull(DirectoryWeightsSource(published), verifier(ca))
+
+
+def test_a_blob_from_an_earlier_pull_is_hashed_again_and_fetched_again_if_it_changed_on_disk(
+        ca: TestSigstoreAuthority, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blobs this pull fetched were hashed as they streamed and are not read again; a blob an earlier
+    pull left (which may have changed on disk since) is hashed again, and a changed one is fetched again."""
+    from plnt.reconciler import weights, weights_manifest
+
+    store = WeightsStore(tmp_path / "store", budget_bytes=10 << 20)
+    publish(ca, tmp_path / "first", {"model.gguf": WEIGHTS})
+    hashed: list[str] = []
+    real = weights_manifest.sha256_file
+
+    def counting(path: Path) -> str:
+        hashed.append(Path(path).name)
+        return real(path)
+
+    monkeypatch.setattr(weights_manifest, "sha256_file", counting)
+    monkeypatch.setattr(weights, "sha256_file", counting)
+    store.pull(DirectoryWeightsSource(tmp_path / "first"), verifier(ca))
+    assert hashed == [], "a blob fetched by this very pull was hashed a second time"
+
+    blob = next((tmp_path / "store" / "blobs").iterdir())
+    blob.chmod(0o644)
+    blob.write_bytes(b"changed on disk" + WEIGHTS[15:])
+    publish(ca, tmp_path / "second", {"model.gguf": WEIGHTS, "config.json": b"{}"})
+    second = store.pull(Counting(tmp_path / "second"), verifier(ca))
+    assert blob.name in hashed
+    assert second.transferred_bytes == len(WEIGHTS) + 2  # the changed blob again, and the new file
+    assert (second.directory / "model.gguf").read_bytes() == WEIGHTS
