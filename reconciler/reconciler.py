@@ -264,7 +264,8 @@ class Reconciler:
                              retry=self._settings.retry)
             if self._statuses.get(item.key) is None:
                 self._statuses.update_nowait(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
-                                             attempted_version=saga.version, message=f"{item.action.value}: {item.reason}")
+                                             attempted_version=saga.version, message=f"{item.action.value}: {item.reason}",
+                                             kind=run.kind)
         try:
             handle = await self._client.start_workflow(
                 "DeploySaga", saga, id=saga.workflow_id, task_queue=self._settings.task_queue,

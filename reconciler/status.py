@@ -95,6 +95,7 @@ class WorkflowRunStatus(BaseModel):
 
     namespace: str
     name: str
+    kind: str = "WorkflowRun"  # or "ModelDeployment": what the row is (the reconciler sets it)
     phase: Phase = Phase.PENDING
     version: str | None = Field(default=None, description="version serving as stable")
     canary_version: str | None = None
@@ -127,6 +128,7 @@ class WorkflowRunStatus(BaseModel):
         return {
             "name": self.name,
             "namespace": self.namespace,
+            "kind": self.kind,
             "phase": self.phase.value,
             "version": self.version,
             "canaryVersion": self.canary_version,

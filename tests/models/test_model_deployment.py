@@ -84,6 +84,7 @@ async def test_a_model_deployment_is_verified_served_smoke_tested_and_a_tight_tt
                             file_registry_roots=(registry,), llm_venv=LLM_VENV, smoke_request_timeout_s=120)
     async with running_plnt(settings) as plnt, httpx.AsyncClient(trust_env=False, timeout=120) as client:
         ready = await wait_phase(plnt, "Ready", version="1.0.0", name="smollm2", timeout=120)
+        assert ready["kind"] == "ModelDeployment" and status_of(plnt)["kind"] == "WorkflowRun"
         metrics = ready["smokeTest"]["metrics"]
         assert metrics["ttft_p95_ms"] is not None and metrics["tpot_p95_ms"] is not None, ready  # real tokens timed
         store = tmp_path / "state" / "weights" / "models" / digest.removeprefix("sha256:")
