@@ -57,7 +57,15 @@ from .saga_io import (
     saga_workflow_id,
 )
 from .smoke import Sample, SmokeResult, judge, measure, progress_of, summarise
-from .specs import BackendPlacement, Deployable, ModelDeployment, Requirements, WorkflowRun, run_key
+from .specs import (
+    BackendPlacement,
+    Deployable,
+    ModelDeployment,
+    RecipeTrustPolicy,
+    Requirements,
+    WorkflowRun,
+    run_key,
+)
 from .state import LiveWorkflow, ModelServing, Release
 from .status import Phase, RolloutMark, StatusStore
 from .trust import policies_for, verify_weights_signature
@@ -103,6 +111,10 @@ def _boundary(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             raise ApplicationError(message, type=type(exc).__name__, non_retryable=isinstance(exc, NeedsHuman)) from exc
 
     return wrapper
+
+
+def _on_kubernetes(trusted: TrustedSaga) -> bool:
+    return trusted.backend is not None and trusted.backend.spec.type == "kubernetes"
 
 
 def check_requirements(needs: Requirements, placement: BackendPlacement, *, recipe: str) -> None:
@@ -284,11 +296,24 @@ class SagaActivities:
                 f"backend {cluster!r} is of type {backend.spec.type}; this plnt deploys to "
                 f"{', '.join(self._backend_types)} backends"
             )
-        if isinstance(run, ModelDeployment):
-            if backend.spec.type != "local":
-                raise InvalidSpec(f"ModelDeployment {run.key}: backend {cluster!r} is of type {backend.spec.type}; "
-                                  "this plnt serves models on local backends only so far (the model-server chart "
-                                  "is rendered and validated, not yet installed by the saga)")
+        if isinstance(run, ModelDeployment) and backend.spec.type == "kubernetes":
+            # Refused before the pull: the pod's init container fetches and verifies the weights itself.
+            model, runtime = run.spec.model, run.spec.runtime
+            if model.registry.startswith("file:"):
+                raise InvalidSpec(f"spec.model.registry: {model.registry!r} cannot be reached from a model-server pod "
+                                  f"on Kubernetes backend {cluster!r}; publish the weights to an s3:// or oci:// "
+                                  "registry (plnt model push)")
+            if runtime.type != "llama.cpp" and run.spec.backend.gpu_count < 1:
+                raise InvalidSpec(f"spec.backend.gpuCount: runtime {runtime.type} serves on GPUs only; set spec.backend."
+                                  f"gpuCount to 1 or more (and spec.backend.gpuClass), or use runtime type llama.cpp, "
+                                  "which runs on CPU")
+            named = model.trust_policy
+            if named is not None and not any(p.metadata.name == named and p.covers(model.name) for p in trusted.policies):
+                # The pod's `plnt model fetch` applies the policies covering the model's name.
+                raise InvalidSpec(f"spec.model.trustPolicy: RecipeTrustPolicy {named!r} does not list model "
+                                  f"{model.name!r} in its spec.recipes; on Kubernetes backend {cluster!r} the pod "
+                                  "verifies the weights with the policies covering the model's name: add it there")
+        elif isinstance(run, ModelDeployment):
             if self._weights is None:
                 raise InvalidSpec(f"ModelDeployment {run.key}: this plnt has no weights store (a worker without a "
                                   "state directory); run ModelDeployments with `plnt up`")
@@ -325,13 +350,53 @@ class SagaActivities:
 
     async def _pull_weights(self, trusted: TrustedSaga, run: ModelDeployment) -> PulledRecipeInfo:
         """The model's signed manifest verified (the policies at the saga's commit, the spec's pin),
-        then every file fetched into the weights store, hashed as it streams."""
+        then every file fetched into the weights store, hashed as it streams. On a Kubernetes backend
+        only the manifest (see below)."""
+        source, verify = self._weights_check(trusted, run)
+        if _on_kubernetes(trusted):
+            # Decision: on Kubernetes the files are NOT downloaded into plnt's store. The pod's init
+            # container (`plnt model fetch`) fetches them into its own volume and checks every file
+            # against this same signed manifest and pin, with the same policies; a copy here would
+            # never be served, would cost a transfer of the whole model (GPU-sized models are tens to
+            # hundreds of GB) and plnt's disk budget, and would make the pod's copy no more trusted.
+            # What must happen before any pod starts does happen here, fail closed: the signature is
+            # verified against the policies at the saga's commit and the manifest against the spec's
+            # root-digest pin (install_release verifies it again). A file missing or altered in the
+            # registry is the init container's to catch: the pod never serves, the canary is removed.
+            verified = await _with_heartbeats(asyncio.to_thread(lambda: verify(source.signature())))
+            return PulledRecipeInfo(digest=verified.manifest.root_digest, version=run.spec.model.version,
+                                    signer=f"{verified.signature.identity} ({verified.signature.issuer})",
+                                    transferred_bytes=0)
+        assert self._weights is not None  # validate refused a ModelDeployment without a store
+        transferred = 0
+
+        def progress(done: int) -> None:  # called from the pulling thread
+            nonlocal transferred
+            transferred = done
+
+        async def pull() -> Any:
+            async with self._weights_lock:
+                return await asyncio.to_thread(self._weights.pull, source, verify, progress=progress)  # type: ignore[union-attr]
+
+        pulled = await _with_heartbeats(pull(), details=lambda: transferred)
+        return PulledRecipeInfo(digest=pulled.root_digest, version=run.spec.model.version, signer=pulled.signer,
+                                transferred_bytes=pulled.transferred_bytes)
+
+    def _model_policies(self, trusted: TrustedSaga, run: ModelDeployment) -> list[RecipeTrustPolicy]:
+        """The policies the model's weights are verified with: the one spec.model.trustPolicy names,
+        else those covering the model's name; from the saga's commit."""
+        model = run.spec.model
+        if model.trust_policy is not None:
+            return [p for p in trusted.policies if p.metadata.name == model.trust_policy]
+        return policies_for(model.name, trusted.policies)
+
+    def _weights_check(self, trusted: TrustedSaga, run: ModelDeployment) -> tuple[Any, Callable[[bytes | None], Any]]:
+        """Where the model's weights are published, and the check of their signature bundle (the
+        model's policies, their trusted roots read from the saga's commit, the spec's pin)."""
         from .weights_sources import open_weights_source  # (boto3/oras clients load only when models are used)
 
-        assert self._weights is not None  # validate refused a ModelDeployment without a store
         model = run.spec.model
-        policies = [p for p in trusted.policies if p.metadata.name == model.trust_policy] \
-            if model.trust_policy is not None else policies_for(model.name, trusted.policies)
+        policies = self._model_policies(trusted, run)
         commit = trusted.policy_commit or trusted.ref.commit
         try:
             source = open_weights_source(model.registry, model.name, model.version, self._registry_options)
@@ -339,23 +404,12 @@ class SagaActivities:
             raise InvalidSpec(f"spec.model.registry: {model.registry!r}: weights are not kept in the spec repository; "
                               "publish them to file:///ABSOLUTE/DIR (with --allow-file-registry), s3:// or oci:// "
                               "(plnt model push)") from None
-        transferred = 0
-
-        def progress(done: int) -> None:  # called from the pulling thread
-            nonlocal transferred
-            transferred = done
 
         def verify(bundle: bytes | None) -> Any:
             return verify_weights_signature(bundle, model=model.name, policies=policies, pin=model.root_digest,
                                             load_trusted_root=lambda path: self._read(commit, path))
 
-        async def pull() -> Any:
-            async with self._weights_lock:
-                return await asyncio.to_thread(self._weights.pull, source, verify, progress=progress)  # type: ignore[union-attr]
-
-        pulled = await _with_heartbeats(pull(), details=lambda: transferred)
-        return PulledRecipeInfo(digest=pulled.root_digest, version=model.version, signer=pulled.signer,
-                                transferred_bytes=pulled.transferred_bytes)
+        return source, verify
 
     def _verified_weights(self, run: ModelDeployment, digest: str) -> Path:
         """The store's verified model directory for what the spec pins (pull_recipe assembled it)."""
@@ -383,7 +437,7 @@ class SagaActivities:
         if request.track != "canary":
             raise UntrustedSagaInput("a saga installs a canary; only promote_release makes a stable release")
         if isinstance(run, ModelDeployment):
-            return await self._install_model(run, request.recipe_digest)
+            return await self._install_model(trusted, run, request.recipe_digest)
         recipe_dir = self._verified_recipe(run, request.recipe_digest)
         trust = await asyncio.to_thread(self._recipe_trust, trusted, run)
         return await _with_heartbeats(self._driver.install(InstallRequest(
@@ -393,17 +447,36 @@ class SagaActivities:
             llm_model=f"{run.metadata.namespace}/{run.spec.model}" if run.spec.model else None,
         )))
 
-    async def _install_model(self, run: ModelDeployment, digest: str) -> Release:
-        directory = self._verified_weights(run, digest)
-        runtime = run.spec.runtime
-        model_file = await asyncio.to_thread(gguf_file, directory)
+    async def _install_model(self, trusted: TrustedSaga, run: ModelDeployment, digest: str) -> Release:
+        """The canary of a model: served from plnt's verified store directory (local), or by a pod that
+        fetches the weights itself (Kubernetes), its manifest verified again here (the file llama.cpp
+        loads is named from it) and the trust it was verified with handed to the pod."""
+        runtime, model = run.spec.runtime, run.spec.model
+        trust = await asyncio.to_thread(RecipeTrust.of, self._model_policies(trusted, run),
+                                        functools.partial(self._read, trusted.policy_commit or trusted.ref.commit))
+        if _on_kubernetes(trusted):
+            if digest != model.root_digest:
+                raise UntrustedSagaInput(f"weights {digest} are not what {run.key} pins ({model.root_digest})")
+            source, verify = self._weights_check(trusted, run)
+            verified = await _with_heartbeats(asyncio.to_thread(lambda: verify(source.signature())))
+            model_file, recipe_dir = "", ""  # no copy of plnt's: the pod fetches into its own volume
+            if runtime.type == "llama.cpp":
+                ggufs = [item.name for item in verified.manifest.files if item.name.endswith(".gguf")]
+                if len(ggufs) != 1:
+                    raise InvalidSpec(f"a llama.cpp model holds exactly one .gguf file; the signed manifest of "
+                                      f"{model.name}@{model.version} lists {len(ggufs)}")
+                model_file = ggufs[0]
+        else:
+            directory = self._verified_weights(run, digest)
+            model_file = str((await asyncio.to_thread(gguf_file, directory)).relative_to(directory))
+            recipe_dir = str(directory)
         return await _with_heartbeats(self._driver.install(InstallRequest(
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary", version=run.version,
-            spec_fingerprint=run.fingerprint(), recipe_digest=digest, recipe_dir=str(directory),
-            traffic_percent=run.spec.canary.traffic_percent,
-            model=ModelServing(runtime=runtime.type, model_file=str(model_file.relative_to(directory)),
-                               alias=run.metadata.name, context_length=runtime.context_length,
-                               threads=runtime.threads, args=tuple(runtime.args)),
+            spec_fingerprint=run.fingerprint(), recipe_digest=digest, recipe_dir=recipe_dir,
+            traffic_percent=run.spec.canary.traffic_percent, trust=trust,
+            model=ModelServing(runtime=runtime.type, model_file=model_file, alias=run.metadata.name,
+                               context_length=runtime.context_length, threads=runtime.threads,
+                               args=tuple(runtime.args), registry=model.registry, model_name=model.name),
         )))
 
     def _recipe_trust(self, trusted: TrustedSaga, run: WorkflowRun) -> RecipeTrust:

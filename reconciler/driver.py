@@ -6,6 +6,7 @@ idempotent, so a retried saga activity finds its own earlier work and continues.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,15 +17,22 @@ from .state import LiveWorkflow, ModelServing, Release, Track
 
 
 class RecipeTrust(BaseModel):
-    """What the saga verified the recipe with, read from the saga's commit: the RecipeTrustPolicies
-    covering the recipe and the trusted-root JSON of each `trustedRootFile` they name (path -> text).
-    A driver whose runners fetch and verify the recipe themselves (Helm: the pod's init container)
-    hands these to them; the local driver runs plnt's verified copy and needs none."""
+    """What the saga verified the recipe (or a model's weights) with, read from the saga's commit:
+    the RecipeTrustPolicies covering it and the trusted-root JSON of each `trustedRootFile` they name
+    (path -> text). A driver whose pods fetch and verify it themselves (Helm: the pod's init
+    container) hands these to them; the local driver runs plnt's verified copy and needs none."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     policies: tuple[RecipeTrustPolicy, ...] = ()
     trusted_roots: dict[str, str] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, policies: Iterable[RecipeTrustPolicy], read_root: Callable[[str], bytes]) -> RecipeTrust:
+        """These policies with the trusted root each `trustedRootFile` names, read by `read_root(path)`."""
+        policies = tuple(policies)
+        paths = sorted({p.spec.trust_root.trusted_root_file for p in policies if p.spec.trust_root.trusted_root_file})
+        return cls(policies=policies, trusted_roots={path: read_root(path).decode("utf-8") for path in paths})
 
 
 class InstallRequest(BaseModel):
@@ -35,10 +43,12 @@ class InstallRequest(BaseModel):
     track: Track
     version: str
     spec_fingerprint: str
-    recipe_digest: str
+    recipe_digest: str  # a recipe's archive digest, or a model's root digest (the signed manifest's pin)
+    # plnt's verified copy of it (a recipe's directory, a model's directory in the weights store); "" for
+    # a model on Kubernetes, whose pod fetches and verifies the weights itself (`model.registry`, `trust`)
     recipe_dir: str
     traffic_percent: int = 0
-    trust: RecipeTrust = RecipeTrust()
+    trust: RecipeTrust = RecipeTrust()  # a model's: the policies its weights were verified with
     model: ModelServing | None = None  # a ModelDeployment's release: a model server, not a runner
     llm_model: str | None = None  # a WorkflowRun bound to a ModelDeployment: its "namespace/name"
 

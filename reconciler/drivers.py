@@ -1,5 +1,6 @@
-"""Routes each WorkflowRun to the driver of its backend: local runner processes for `type: local`,
-Helm for `type: kubernetes` (one HelmDriver per backend).
+"""Routes each WorkflowRun and ModelDeployment to the driver of its backend: local processes for
+`type: local`, Helm for `type: kubernetes` (one HelmDriver per backend: runner releases of
+charts/workflow-runner, model-server releases of charts/model-server).
 
 The reconciler calls `assign(specs)` with every valid spec set before it plans: that is when
 WorkflowRuns are mapped to backends and the Helm drivers learn the specs they render. The mapping
@@ -26,7 +27,7 @@ from .helm_driver import HelmConfigError, HelmDriver, SpecCache, SpecLookup
 from .loader import SpecSet
 from .local_driver import LocalDriver
 from .runner_reports import ReportedRunners
-from .specs import PlntBackend, RunnerLimits, WorkflowRun, run_key, spec_fingerprint
+from .specs import Deployable, PlntBackend, RunnerLimits, run_key, spec_fingerprint
 from .state import LiveWorkflow, Release, StateDir, Track, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -85,9 +86,10 @@ class DriverSet:
             atomic_write_json(self._file, record)
             self._saved = record
 
-    def remember(self, run: WorkflowRun, backend: PlntBackend) -> None:
-        """One WorkflowRun and its backend, as a saga's commit gives them: how a worker, which never
-        sees the reconciler's spec sets, knows where each release goes (and where to remove it from)."""
+    def remember(self, run: Deployable, backend: PlntBackend) -> None:
+        """One WorkflowRun or ModelDeployment and its backend, as a saga's commit gives them: how a
+        worker, which never sees the reconciler's spec sets, knows where each release goes (and where
+        to remove it from)."""
         self._specs.remember(run)
         if self._assigned.get(run.key) == backend.metadata.name and self._backends.get(backend.metadata.name) == backend:
             return

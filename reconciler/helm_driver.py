@@ -1,4 +1,5 @@
-"""Helm driver: each release is a Helm release of charts/workflow-runner on a Kubernetes backend.
+"""Helm driver: each release is a Helm release of charts/workflow-runner (a WorkflowRun's runner) or
+of charts/model-server (a ModelDeployment's model server) on a Kubernetes backend.
 
 One HelmDriver serves one PlntBackend of type kubernetes (its context, kubeconfig and namespace).
 
@@ -21,6 +22,18 @@ digest, the RecipeTrustPolicies covering the recipe that the saga verified with 
 read from the saga's commit; rendered into a ConfigMap with the trusted roots they name), plnt's
 registry settings, and registry credentials from a Secret named by `credentials_secret` (never
 the credentials themselves). A `file:` registry cannot be reached from a pod: InvalidSpec.
+
+Models. An InstallRequest with `model` set is a ModelDeployment's release: `render_model_values`
+renders charts/model-server (its own chart, `model_chart`), named and placed exactly as a runner
+(`<name>`, `<name>-canary`; the backend's placement merged with the spec's), its init container
+running `plnt model fetch` with the saga's root-digest pin, the same trust and registry values as a
+runner's recipe fetch, and the same credentials Secret. Its endpoint is the release's Service on
+port 8000 (the OpenAI API); its Release carries the ModelServing read back from the values, so the
+gateway routes to it as to a local model server. GPU classes mean what they mean for runners (the
+GPU pool's node label, GPUs counted in nvidia.com/gpu) unless the class is itself a device plugin's
+resource name (nvidia.com/gpu, amd.com/gpu, ...): see `gpu_resource_name`. Its `helm upgrade --wait`
+has the runners' timeout (`timeout_s`, under the saga's install step timeout): the pod's fetch of the
+weights and the server's start must fit in it, so large models need both raised.
 
 Waiting and recovery. Installs run `helm upgrade --install --wait` WITHOUT --atomic
 (--rollback-on-failure in helm 4): a canary that does not become ready stays as it is (pods,
@@ -55,22 +68,36 @@ from typing import Any
 
 import yaml
 
-from .driver import InstallRequest
+from .driver import InstallRequest, RecipeTrust
 from .errors import DriverError, InvalidSpec, LiveStateUnknown, NeedsHuman, PlntError, UnknownBackend
 from .registries import RegistryOptions
-from .specs import PlntBackend, WorkflowRun, WorkflowRunSpec, spec_fingerprint
-from .state import LiveWorkflow, Release, Track
+from .specs import (
+    BackendPlacement,
+    Deployable,
+    ModelDeploymentSpec,
+    PlntBackend,
+    WorkflowRunSpec,
+    spec_fingerprint,
+)
+from .state import LiveWorkflow, ModelServing, Release, Track
 from .trust import policies_for
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHART = str(Path(__file__).resolve().parent.parent / "charts" / "workflow-runner")
+DEFAULT_MODEL_CHART = str(Path(__file__).resolve().parent.parent / "charts" / "model-server")
 RELEASE_NAME_MAX = 53  # Helm's limit (release names end up in labels with suffixes)
 CANARY_SUFFIX = "-canary"
 # Where the runner reads its recipe: a directory in the chart's emptyDir (mounted at /var/lib/plnt),
 # which the init container fills with `plnt recipe fetch` (a subdirectory, so fetch's staging sits
 # beside it on the same filesystem).
 RECIPE_DIR_IN_POD = "/var/lib/plnt/recipe"
+MODELS_DIR_IN_POD = "/models"  # the model-server chart's weights volume: the model in /models/<model name>
+MODEL_PORT = 8000  # the model-server chart's Service port (the OpenAI API)
+# GPU classes that are themselves the extended resource a device plugin advertises: the model-server
+# chart counts GPUs in them. Any other class (e.g. nvidia.com/h100) is the GPU pool's node label, as in
+# the workflow-runner chart, and the GPUs are counted in nvidia.com/gpu.
+DEVICE_PLUGIN_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915", "gpu.intel.com/xe")
 MANAGED_LABEL = ("plnt.work/managed-by", "plnt")  # Helm release label: which releases are plnt's
 LIST_MAX = 4096
 PENDING = ("pending-install", "pending-upgrade", "pending-rollback")
@@ -90,7 +117,7 @@ class HelmChartError(NeedsHuman):
 
 class HelmConfigError(NeedsHuman):
     """The backend cannot work as configured (context, kubeconfig, RBAC, helm binary, a name owned by
-    another WorkflowRun): someone must change the backend or the cluster."""
+    another WorkflowRun or ModelDeployment): someone must change the backend or the cluster."""
 
 
 class _InProgress(DriverError):
@@ -119,7 +146,7 @@ def release_name(name: str, track: Track) -> str:
         problem = f"{name!r} is not a DNS-1035 label (lowercase letters, digits, '-'; a letter first)"
     elif len(canary) > RELEASE_NAME_MAX:
         problem = (f"release name {canary!r} is {len(canary)} characters; Helm allows {RELEASE_NAME_MAX}, "
-                   f"so a WorkflowRun on a Kubernetes backend needs a name of at most "
+                   f"so a WorkflowRun or ModelDeployment on a Kubernetes backend needs a name of at most "
                    f"{RELEASE_NAME_MAX - len(CANARY_SUFFIX)} characters")
     if problem:
         raise InvalidSpec(f"metadata.name: {problem}")
@@ -141,20 +168,7 @@ def render_values(
     The pod's init container fetches exactly `request.recipe_digest` and verifies it against
     `request.trust` (the policies the saga verified with), reaching the registry with plnt's own
     registry settings; credentials only as the name of a Secret in the backend's namespace."""
-    placement = spec.backend
-    gpu_class = placement.gpu_class or ""
-    if gpu_class and not _LABEL_KEY.match(gpu_class):
-        raise InvalidSpec(
-            f"spec.backend.gpuClass: {gpu_class!r} must be a Kubernetes label key (the GPU pool's nodes "
-            f"carry it as `{gpu_class}: \"true\"`), e.g. nvidia.com/h100"
-        )
-    # Backend defaults first, the WorkflowRun's own choices win; the GPU class label is the chart's.
-    node_selector = {**backend.spec.node_selector, **placement.node_selector}
-    tolerations: list[dict[str, Any]] = []
-    for toleration in [*backend.spec.tolerations, *placement.tolerations]:
-        entry = toleration.model_dump(mode="json", exclude_none=True)
-        if entry not in tolerations:
-            tolerations.append(entry)
+    placement = placement_values(spec.backend, backend)
     autoscaling: dict[str, Any] = {}
     if spec.autoscaling is not None:
         autoscaling["targetInvocationsPerSecond"] = spec.autoscaling.target_invocations_per_second
@@ -171,11 +185,9 @@ def render_values(
             "trafficPercent": request.traffic_percent,
         },
         "track": request.track,
-        "image": {"repository": image.repository, "tag": image.tag, "pullPolicy": image.pull_policy},
+        "image": image_values(image),
         "runner": {"port": 8080},
-        "gpu": {"class": gpu_class, "count": placement.gpu_count},
-        "nodeSelector": node_selector,
-        "tolerations": tolerations,
+        **placement,
         "replicas": {"min": spec.replicas.min, "max": spec.replicas.max or spec.replicas.min},
         "autoscaling": autoscaling,
         "resources": resources or {},
@@ -188,33 +200,145 @@ def recipe_fetch_values(request: InstallRequest, spec: WorkflowRunSpec, options:
                         credentials_secret: str) -> dict[str, Any]:
     """The chart's `recipeFetch` values: what the init container's `plnt recipe fetch` needs."""
     source = spec.workflow
-    if source.registry.startswith("file:"):
-        # A pod sees neither plnt's spec repository nor plnt's disk.
+    pod_reachable(source.registry, "spec.workflow.registry", "runner pod", "recipe",
+                  f"WorkflowRuns on backend {spec.backend.cluster!r}")
+    return {
+        **trust_values(request.trust, source.name, "spec.workflow.ref", "recipe", "runner pod"),
+        **registry_values(options, credentials_secret),
+        "maxDownloadMB": -(-options.max_download_bytes // 2**20),  # whole MiB, rounded up
+    }
+
+
+def render_model_values(
+    request: InstallRequest,
+    spec: ModelDeploymentSpec,
+    backend: PlntBackend,
+    image: RunnerImage,
+    *,
+    resources: dict[str, Any] | None = None,
+    registry_options: RegistryOptions = RegistryOptions(),
+    credentials_secret: str = "",
+    gpu_resource: str | None = None,
+) -> dict[str, Any]:
+    """The model-server values for one ModelDeployment release: pure, and exactly what `install`
+    passes to helm. Everything but the image, the placement and the replicas comes from the request
+    (what the saga verified: the root-digest pin, the trust policies, the model file named by the
+    signed manifest), checked against the spec it was made from. `image` is plnt's own (the init
+    container's `plnt model fetch`); `gpu_resource`: see `gpu_resource_name`."""
+    serving = request.model
+    if serving is None:
+        raise DriverError(f"{request.namespace}/{request.name}: a model-server release needs the request's model")
+    source = spec.model
+    if (serving.registry, serving.model_name, request.version, request.recipe_digest) != \
+            (source.registry, source.name, source.version, source.root_digest):
+        raise DriverError(f"{request.namespace}/{request.name}: the install request's weights ({serving.model_name}@"
+                          f"{request.version} {request.recipe_digest[:19]} from {serving.registry!r}) are not what "
+                          f"the spec pins ({source.name}@{source.version} {source.root_digest[:19]})")
+    pod_reachable(source.registry, "spec.model.registry", "model-server pod", "weights",
+                  f"ModelDeployments on backend {spec.backend.cluster!r}")
+    placement = placement_values(spec.backend, backend)
+    placement["gpu"]["resourceName"] = gpu_resource_name(placement["gpu"]["class"], gpu_resource)
+    runtime: dict[str, Any] = {"type": serving.runtime, "image": spec.runtime.image or "",
+                               "modelFile": serving.model_file, "contextLength": serving.context_length,
+                               "args": list(serving.args)}
+    if serving.threads is not None:
+        runtime["threads"] = serving.threads
+    return {
+        "deployment": {
+            "name": request.name,
+            "namespace": request.namespace,
+            "specFingerprint": request.spec_fingerprint,
+            "releaseId": request.release_id,
+            "trafficPercent": request.traffic_percent,
+        },
+        "track": request.track,
+        "model": {"registry": serving.registry, "name": serving.model_name, "version": request.version,
+                  "rootDigest": request.recipe_digest},
+        "runtime": runtime,
+        "image": image_values(image),
+        **placement,
+        "replicas": spec.replicas.min,  # a model server never scales to zero, and has no autoscaler
+        "resources": resources or {},
+        "service": {"port": MODEL_PORT},
+        "weights": {
+            **trust_values(request.trust, source.name, "spec.model", "model", "model-server pod"),
+            **registry_values(registry_options, credentials_secret),
+        },
+    }
+
+
+def gpu_resource_name(gpu_class: str, configured: str | None = None) -> str:
+    """The model-server chart's `gpu.resourceName`: `configured` when the driver is given one; else
+    empty (the chart counts GPUs in the class itself) when the class is a device plugin's resource
+    name (DEVICE_PLUGIN_RESOURCES, nvidia.com/mig-*); else nvidia.com/gpu, which makes the class the
+    GPU pool's node label: what a gpuClass means for a runner on the same backend (the workflow-runner
+    chart), so `nvidia.com/h100` selects the H100 nodes instead of asking for a resource no device
+    plugin advertises."""
+    if configured is not None:
+        return configured
+    if not gpu_class or gpu_class in DEVICE_PLUGIN_RESOURCES or gpu_class.startswith("nvidia.com/mig-"):
+        return ""
+    return "nvidia.com/gpu"
+
+
+def image_values(image: RunnerImage) -> dict[str, str]:
+    return {"repository": image.repository, "tag": image.tag, "pullPolicy": image.pull_policy}
+
+
+def placement_values(placement: BackendPlacement, backend: PlntBackend) -> dict[str, Any]:
+    """`gpu`, `nodeSelector` and `tolerations` of both charts: the backend's defaults first, the spec's
+    own choices win (tolerations of both, without duplicates); the GPU class label is the chart's."""
+    gpu_class = placement.gpu_class or ""
+    if gpu_class and not _LABEL_KEY.match(gpu_class):
         raise InvalidSpec(
-            f"spec.workflow.registry: {source.registry!r} cannot be reached from a Kubernetes runner pod, which "
-            f"fetches and verifies its recipe itself; publish the recipe to an s3:// or oci:// registry for "
-            f"WorkflowRuns on backend {spec.backend.cluster!r}")
-    covering = policies_for(source.name, request.trust.policies)
+            f"spec.backend.gpuClass: {gpu_class!r} must be a Kubernetes label key (the GPU pool's nodes "
+            f"carry it as `{gpu_class}: \"true\"`), e.g. nvidia.com/h100"
+        )
+    tolerations: list[dict[str, Any]] = []
+    for toleration in [*backend.spec.tolerations, *placement.tolerations]:
+        entry = toleration.model_dump(mode="json", exclude_none=True)
+        if entry not in tolerations:
+            tolerations.append(entry)
+    return {
+        "gpu": {"class": gpu_class, "count": placement.gpu_count},
+        "nodeSelector": {**backend.spec.node_selector, **placement.node_selector},
+        "tolerations": tolerations,
+    }
+
+
+def pod_reachable(registry: str, field: str, pod: str, kind: str, who: str) -> None:
+    """A pod sees neither plnt's spec repository nor plnt's disk: a `file:` registry is InvalidSpec."""
+    if registry.startswith("file:"):
+        raise InvalidSpec(f"{field}: {registry!r} cannot be reached from a Kubernetes {pod}, which fetches and "
+                          f"verifies its {kind} itself; publish the {kind} to an s3:// or oci:// registry for {who}")
+
+
+def trust_values(trust: RecipeTrust, name: str, field: str, kind: str, pod: str) -> dict[str, Any]:
+    """`policies` and `trustedRoots` for a pod's own fetch: the policies the saga verified `name` with
+    that cover it (what `plnt recipe fetch` / `plnt model fetch` apply) and each trusted root they name."""
+    covering = policies_for(name, trust.policies)
     if not covering:
         raise InvalidSpec(
-            f"spec.workflow.ref: no RecipeTrustPolicy covering recipe {source.name!r} came with the install; the "
-            f"runner pod verifies the signature itself and needs the policies the saga verified it with")
+            f"{field}: no RecipeTrustPolicy covering {kind} {name!r} came with the install; the {pod} verifies the "
+            f"signature itself and needs the policies the saga verified it with")
     roots: dict[str, str] = {}
     for policy in covering:
         path = policy.spec.trust_root.trusted_root_file
         if path is None:
             continue
-        if path not in request.trust.trusted_roots:
+        if path not in trust.trusted_roots:
             raise InvalidSpec(f"RecipeTrustPolicy {policy.metadata.name}: spec.trustRoot.trustedRootFile {path!r} was "
-                              f"not read from the commit; the runner pod cannot verify the recipe without it")
-        roots[path] = request.trust.trusted_roots[path]
+                              f"not read from the commit; the {pod} cannot verify the {kind} without it")
+        roots[path] = trust.trusted_roots[path]
     documents = [p.model_dump(mode="json", by_alias=True, exclude_none=True) for p in covering]
+    return {"policies": yaml.safe_dump_all(documents, sort_keys=True), "trustedRoots": roots}
+
+
+def registry_values(options: RegistryOptions, credentials_secret: str) -> dict[str, Any]:
+    """plnt's own registry settings for a pod's fetch; credentials only as the name of a Secret."""
     return {
-        "policies": yaml.safe_dump_all(documents, sort_keys=True),
-        "trustedRoots": roots,
         "s3": {"endpointUrl": options.s3_endpoint_url or "", "region": options.s3_region or ""},
         "ociInsecureHosts": list(options.allow_insecure_http),
-        "maxDownloadMB": -(-options.max_download_bytes // 2**20),  # whole MiB, rounded up
         "credentialsSecret": credentials_secret,
     }
 
@@ -373,20 +497,21 @@ def chart_version(chart: str) -> str | None:
 
 # --- the spec seam ---------------------------------------------------------------------------
 
-# (namespace, name, spec fingerprint) -> the WorkflowRun spec with that fingerprint, or None.
-SpecLookup = Callable[[str, str, str], "WorkflowRunSpec | None"]
+AnySpec = WorkflowRunSpec | ModelDeploymentSpec
+# (namespace, name, spec fingerprint) -> the WorkflowRun or ModelDeployment spec with that fingerprint, or None.
+SpecLookup = Callable[[str, str, str], "AnySpec | None"]
 
 
 @dataclass
 class SpecCache:
-    """A SpecLookup the reconciler fills with every WorkflowRun it starts a saga for."""
+    """A SpecLookup the reconciler fills with every WorkflowRun and ModelDeployment it starts a saga for."""
 
-    _specs: dict[tuple[str, str, str], WorkflowRunSpec] = field(default_factory=dict)
+    _specs: dict[tuple[str, str, str], AnySpec] = field(default_factory=dict)
 
-    def remember(self, run: WorkflowRun) -> None:
+    def remember(self, run: Deployable) -> None:
         self._specs[(run.metadata.namespace, run.metadata.name, run.fingerprint())] = run.spec
 
-    def __call__(self, namespace: str, name: str, fingerprint: str) -> WorkflowRunSpec | None:
+    def __call__(self, namespace: str, name: str, fingerprint: str) -> AnySpec | None:
         return self._specs.get((namespace, name, fingerprint))
 
 
@@ -400,8 +525,11 @@ class HelmDriver:
         specs: SpecLookup,
         *,
         chart: str = DEFAULT_CHART,
+        model_chart: str = DEFAULT_MODEL_CHART,
         image: RunnerImage | None = None,
         resources: dict[str, Any] | None = None,
+        model_resources: dict[str, Any] | None = None,
+        gpu_resource: str | None = None,
         registry_options: RegistryOptions = RegistryOptions(),
         credentials_secret: str = "",
         helm: str = "helm",
@@ -410,16 +538,19 @@ class HelmDriver:
         runner: HelmRunner | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
+        """`chart` renders WorkflowRuns' releases, `model_chart` ModelDeployments'; `resources` and
+        `model_resources` are their servers' cpu/memory; `gpu_resource`: see `gpu_resource_name`."""
         if backend.spec.type != "kubernetes" or backend.spec.kubernetes is None:
             raise UnknownBackend(f"backend {backend.metadata.name!r} is of type {backend.spec.type}; "
                                  "the Helm driver needs type: kubernetes")
         self._backend = backend
         self._target = backend.spec.kubernetes
         self._specs = specs
-        self._chart = chart
-        self._chart_version = chart_version(chart)
+        self._charts = {"workflow": (chart, chart_version(chart)), "deployment": (model_chart, chart_version(model_chart))}
         self._image = image or RunnerImage()
         self._resources = resources
+        self._model_resources = model_resources
+        self._gpu_resource = gpu_resource
         self._registry_options = registry_options
         self._credentials_secret = credentials_secret
         self._timeout_s = timeout_s
@@ -441,13 +572,12 @@ class HelmDriver:
 
     async def install(self, request: InstallRequest) -> Release:
         release = release_name(request.name, request.track)
-        values = render_values(request, self._spec_for(request), self._backend, self._image, resources=self._resources,
-                               registry_options=self._registry_options, credentials_secret=self._credentials_secret)
+        values = self._values(request)
         async with self._lock(request.namespace, request.name):
             current = await self.status(release)
             if current is not None:
                 self._check_owner(release, current.config, request.namespace, request.name, request.track)
-                if current.status == "deployed" and current.config == values and await self._same_chart(release):
+                if current.status == "deployed" and current.config == values and await self._same_chart(release, values):
                     log.info("helm-install-skipped release=%s (deployed with identical values)", release)
                     return self._release(release, values)
                 if current.pending:
@@ -471,14 +601,14 @@ class HelmDriver:
             # The exact values the canary was verified with, as the stable track.
             values = json.loads(json.dumps(canary_status.config))
             values["track"] = "stable"
-            values["workflow"]["trafficPercent"] = 0
+            values[_owner_key(values)]["trafficPercent"] = 0
             stable_status = await self.status(stable)
             if stable_status is not None:
                 self._check_owner(stable, stable_status.config, namespace, name, "stable")
                 if stable_status.pending:
                     await self.recover_stuck(stable, stable_status)
             if not (stable_status is not None and stable_status.status == "deployed" and stable_status.config == values
-                    and await self._same_chart(stable)):
+                    and await self._same_chart(stable, values)):
                 await self._upgrade(stable, values)
             await self._uninstall(canary)
             return self._release(stable, values)
@@ -579,19 +709,22 @@ class HelmDriver:
             await self._upgrade_once(release, values)
 
     async def _upgrade_once(self, release: str, values: dict[str, Any]) -> None:
-        workflow = values["workflow"]
+        key = _owner_key(values)
+        owner = values[key]
+        kind = "workflow" if key == "workflow" else "model-deployment"
         labels = ",".join([
             "=".join(MANAGED_LABEL),
-            f"plnt.work/workflow={workflow['name']}",
-            f"plnt.work/workflow-namespace={workflow['namespace']}",
+            f"plnt.work/{kind}={owner['name']}",
+            f"plnt.work/{kind}-namespace={owner['namespace']}",
             f"plnt.work/track={values['track']}",
         ])
+        chart = self._charts[key][0]
         fd, path = tempfile.mkstemp(prefix=f"plnt-values-{release}-", suffix=".json")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 json.dump(values, handle, sort_keys=True)
             await self._helm(
-                ["upgrade", "--install", release, self._chart, *self._target_flags(),
+                ["upgrade", "--install", release, chart, *self._target_flags(),
                  "--values", path, "--reset-values", "--labels", labels,
                  "--wait", "--timeout", self._timeout(), "--history-max", "10", "-o", "json"],
                 release=release,
@@ -606,13 +739,15 @@ class HelmDriver:
         except _NotFound:
             pass  # gone already: what remove() wants
 
-    async def _same_chart(self, release: str) -> bool:
-        """Whether the release runs this driver's chart version (unknown for a remote chart: no)."""
-        if self._chart_version is None:
+    async def _same_chart(self, release: str, values: dict[str, Any]) -> bool:
+        """Whether the release runs this driver's version of the chart `values` are for (unknown for a
+        remote chart: no)."""
+        version = self._charts[_owner_key(values)][1]
+        if version is None:
             return False
         result = await self._helm(["list", *self._target_flags(), "--filter", f"^{re.escape(release)}$", "-o", "json"],
                                   release=release)
-        return any(entry.name == release and entry.chart == self._chart_version for entry in parse_list(result.stdout))
+        return any(entry.name == release and entry.chart == version for entry in parse_list(result.stdout))
 
     async def _helm(self, args: list[str], *, release: str) -> subprocess.CompletedProcess[str]:
         result = await asyncio.to_thread(self._run, args)
@@ -633,7 +768,23 @@ class HelmDriver:
     def _timeout(self) -> str:
         return f"{int(self._timeout_s)}s"
 
-    def _spec_for(self, request: InstallRequest) -> WorkflowRunSpec:
+    def _values(self, request: InstallRequest) -> dict[str, Any]:
+        """The values of the request's chart: a model server's for a ModelDeployment, else a runner's."""
+        spec = self._spec_for(request)
+        if request.model is not None:
+            if not isinstance(spec, ModelDeploymentSpec):
+                raise DriverError(f"{request.namespace}/{request.name}: a model-server install for a spec that is not "
+                                  "a ModelDeployment's")
+            return render_model_values(request, spec, self._backend, self._image, resources=self._model_resources,
+                                       registry_options=self._registry_options,
+                                       credentials_secret=self._credentials_secret, gpu_resource=self._gpu_resource)
+        if not isinstance(spec, WorkflowRunSpec):
+            raise DriverError(f"{request.namespace}/{request.name}: a runner install for a spec that is not a "
+                              "WorkflowRun's")
+        return render_values(request, spec, self._backend, self._image, resources=self._resources,
+                             registry_options=self._registry_options, credentials_secret=self._credentials_secret)
+
+    def _spec_for(self, request: InstallRequest) -> AnySpec:
         spec = self._specs(request.namespace, request.name, request.spec_fingerprint)
         if spec is None:
             raise DriverError(f"{request.namespace}/{request.name}: no spec with fingerprint "
@@ -647,19 +798,39 @@ class HelmDriver:
         return spec
 
     def _check_owner(self, release: str, config: dict[str, Any], namespace: str, name: str, track: Track) -> None:
-        workflow = config.get("workflow") if isinstance(config.get("workflow"), dict) else {}
-        owner = (workflow.get("namespace"), workflow.get("name"), config.get("track"))
+        key = _owner_key(config)
+        block = config.get(key) if isinstance(config.get(key), dict) else {}
+        owner = (block.get("namespace"), block.get("name"), config.get("track"))
         if owner != (namespace, name, track):
-            who = f"{owner[0]}/{owner[1]} ({owner[2]})" if workflow else "something that is not a plnt runner"
+            who = f"{owner[0]}/{owner[1]} ({owner[2]})" if block else "something that is not a plnt runner or model server"
             raise HelmConfigError(
                 f"helm release {release} in namespace {self.namespace} belongs to {who}, not {namespace}/{name} "
-                f"({track}); WorkflowRun names must be unique per Kubernetes backend"
+                f"({track}); WorkflowRun and ModelDeployment names must be unique per Kubernetes backend"
             )
 
     def _release(self, release: str, values: dict[str, Any]) -> Release:
-        workflow = values["workflow"]
+        """The Release a deployed release's values describe (a runner's, or a model server's)."""
         port = int(values.get("service", {}).get("port", 80))
         endpoint = self.endpoint(release) + ("" if port == 80 else f":{port}")
+        if _owner_key(values) == "deployment":
+            deployment, model, runtime = values["deployment"], values["model"], values["runtime"]
+            return Release(
+                release_id=deployment["releaseId"],
+                namespace=deployment["namespace"],
+                name=deployment["name"],
+                track=values["track"],
+                version=model["version"],
+                spec_fingerprint=deployment["specFingerprint"],
+                recipe_digest=model["rootDigest"],
+                recipe_dir=f"{MODELS_DIR_IN_POD}/{model['name']}",
+                endpoint=endpoint,
+                traffic_percent=int(deployment.get("trafficPercent", 0)),
+                model=ModelServing(runtime=runtime["type"], model_file=runtime.get("modelFile", ""),
+                                   alias=deployment["name"], context_length=int(runtime["contextLength"]),
+                                   threads=runtime.get("threads"), args=tuple(runtime.get("args", ())),
+                                   registry=model["registry"], model_name=model["name"]),
+            )
+        workflow = values["workflow"]
         return Release(
             release_id=workflow["releaseId"],
             namespace=workflow["namespace"],
@@ -675,3 +846,8 @@ class HelmDriver:
 
     def _lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault(f"{namespace}/{name}", asyncio.Lock())
+
+
+def _owner_key(values: dict[str, Any]) -> str:
+    """Which block of a release's values names its owner: `deployment` (model-server), else `workflow`."""
+    return "deployment" if isinstance(values.get("deployment"), dict) else "workflow"

@@ -70,7 +70,13 @@ def read_json(path: Path, default: Any = None) -> Any:
 
 class ModelServing(BaseModel):
     """How a ModelDeployment's release serves its weights: the runtime, the file it loads (relative
-    to the release's verified model directory, `recipe_dir`) and the runtime's settings."""
+    to the release's verified model directory, `recipe_dir`) and the runtime's settings.
+
+    `registry` and `model_name` say where the weights come from (`spec.model`): a Kubernetes pod
+    fetches them itself (the chart's init container, pinned to the release's `recipe_digest`), so
+    its release is made from them, not from a directory of plnt's. Empty in records made before
+    they were recorded. `model_file` is empty for runtimes that serve the whole directory (vLLM,
+    TGI, SGLang)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -80,6 +86,8 @@ class ModelServing(BaseModel):
     context_length: int
     threads: int | None = None
     args: tuple[str, ...] = ()
+    registry: str = ""
+    model_name: str = ""
 
 
 class Release(BaseModel):
