@@ -62,10 +62,12 @@ BENCH_OUT ?= .plnt-bench
 bench: SHELL := /bin/bash
 bench: .SHELLFLAGS := -o pipefail -c
 bench: export PYTHONUNBUFFERED := 1
-bench: install
+bench: install install-llm
 	mkdir -p $(BENCH_OUT)
 	$(PY) bench/commit_to_ready.py --commits 3 --interval 2 | tee $(BENCH_OUT)/commit_to_ready.txt
 	$(PY) bench/many_workflowruns.py --runs 50 | tee $(BENCH_OUT)/many_workflowruns.txt
+	$(PY) bench/model_gateway.py | tee $(BENCH_OUT)/model_gateway.txt
+	$(PY) bench/weights_pull.py | tee $(BENCH_OUT)/weights_pull.txt
 	$(PY) bench/saga_profile.py --commits 5 | tee $(BENCH_OUT)/saga_profile.txt
 	$(PY) bench/many_workflowruns.py --runs 50 --standin-runners | tee $(BENCH_OUT)/many_workflowruns_standin.txt
 	$(PY) bench/recipe_pull.py --repeat 3 | tee $(BENCH_OUT)/recipe_pull.txt

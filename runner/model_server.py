@@ -85,7 +85,10 @@ def main(argv: list[str] | None = None) -> None:
         model = ModelSettings(model=args.model, model_alias=args.alias, n_ctx=args.context, verbose=False,
                               **({"n_threads": args.threads, "n_threads_batch": args.threads} if args.threads else {}),
                               **_extra_settings([a for a in extra if a != "--"]))
-        app = create_app(server_settings=ServerSettings(host=args.host, port=args.port), model_settings=[model])
+        # interrupt_requests off: on (llama-cpp-python's default), a second request cuts the stream in
+        # flight before its first token; requests wait their turn instead.
+        server = ServerSettings(host=args.host, port=args.port, interrupt_requests=False)
+        app = create_app(server_settings=server, model_settings=[model])
     except Exception as exc:  # noqa: BLE001 - any load failure: the driver reads the log and the exit code
         print(f"model server: the model did not load: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise SystemExit(MODEL_LOAD_FAILED_EXIT) from None

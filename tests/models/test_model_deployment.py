@@ -101,6 +101,11 @@ async def test_a_model_deployment_is_verified_served_smoke_tested_and_a_tight_tt
         assert events[-1] == "data: [DONE]", events[-3:]
         pieces = [json.loads(e[6:])["choices"][0]["delta"].get("content") or "" for e in events[:-1]]
         assert len([p for p in pieces if p]) >= 2, pieces  # token by token, relayed as they came
+        # Requests at once (the gateway and bound runners send them so): each completes, in turn.
+        together = await asyncio.gather(*(client.post(f"{plnt.url}/v1/chat/completions", json=chat(stream=True))
+                                          for _ in range(3)))
+        assert [r.status_code for r in together] == [200, 200, 200]
+        assert all(r.text.rstrip().endswith("data: [DONE]") for r in together), [r.text[-200:] for r in together]
         models = (await client.get(f"{plnt.url}/v1/models")).json()
         assert "smollm2" in [m["id"] for m in models["data"]]
         wrong = await client.post(f"{plnt.url}/workflows/smollm2/invoke", json={})
