@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -72,9 +73,11 @@ from .trust import policies_for, verify_weights_signature
 from .weights import WeightsStore
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY_S = 1.0
-MODEL_WAIT_POLL_S = 0.5  # a bound WorkflowRun's smoke test waits for its model's promotion this often
+MODEL_WAIT_POLL_S = 0.5
+PULLED_KEPT_S = 3600.0  # weights pulled but not installed (a saga between its steps) are not collected for this long  # a bound WorkflowRun's smoke test waits for its model's promotion this often
 TRUSTED_RUNS_KEPT = 4096  # saga runs whose task queue was checked, kept (oldest dropped first)
 # The SDK sends heartbeats on to Temporal at most this often (its default: 80% of the 10 s heartbeat
 # timeout): their details are a running smoke test's live numbers (status smokeProgress, the forge status).
@@ -211,7 +214,9 @@ class SagaActivities:
         self._backend_types = supported_backend_types
         self._saga_task_queue = saga_task_queue
         self._weights = weights
-        self._weights_lock = asyncio.Lock()  # one pull at a time: canary and stable share blobs
+        self._weights_lock = asyncio.Lock()  # one pull (or collection) at a time: canary and stable share blobs
+        # Weights pulled and not yet installed (root digest -> when): kept from collection a while.
+        self._pulled: dict[str, float] = {}
         # Saga runs (workflow id, run id) found on plnt's task queue: one describe per saga, not one
         # per step (each is a Temporal round trip; 5 per saga were measured in bench/saga_profile.py).
         self._trusted_runs: dict[tuple[str, str], None] = {}
@@ -379,6 +384,7 @@ class SagaActivities:
                 return await asyncio.to_thread(self._weights.pull, source, verify, progress=progress)  # type: ignore[union-attr]
 
         pulled = await _with_heartbeats(pull(), details=lambda: transferred)
+        self._pulled[pulled.root_digest] = time.monotonic()
         return PulledRecipeInfo(digest=pulled.root_digest, version=run.spec.model.version, signer=pulled.signer,
                                 transferred_bytes=pulled.transferred_bytes)
 
@@ -470,7 +476,7 @@ class SagaActivities:
             directory = self._verified_weights(run, digest)
             model_file = str((await asyncio.to_thread(gguf_file, directory)).relative_to(directory))
             recipe_dir = str(directory)
-        return await _with_heartbeats(self._driver.install(InstallRequest(
+        release = await _with_heartbeats(self._driver.install(InstallRequest(
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary", version=run.version,
             spec_fingerprint=run.fingerprint(), recipe_digest=digest, recipe_dir=recipe_dir,
             traffic_percent=run.spec.canary.traffic_percent, trust=trust,
@@ -478,6 +484,8 @@ class SagaActivities:
                                context_length=runtime.context_length, threads=runtime.threads,
                                args=tuple(runtime.args), registry=model.registry, model_name=model.name),
         )))
+        self._pulled.pop(digest, None)  # the release record references them from here on
+        return release
 
     def _recipe_trust(self, trusted: TrustedSaga, run: WorkflowRun) -> RecipeTrust:
         """The policies covering the recipe and their trusted roots, from the saga's commit: what
@@ -564,11 +572,39 @@ class SagaActivities:
             and live.stable.spec_fingerprint == run.fingerprint()
         if not promoted:
             await self._release_of(run, "canary")
-        return await _with_heartbeats(self._driver.promote(run.metadata.namespace, run.metadata.name))
+        stable = await _with_heartbeats(self._driver.promote(run.metadata.namespace, run.metadata.name))
+        if isinstance(run, ModelDeployment):
+            await self._collect_weights()  # the previous stable's weights, if nothing else uses them
+        return stable
+
+    async def _collect_weights(self) -> None:
+        """Removes from the store the weights no model release references (nor a pull not yet
+        installed): after a promotion (the old stable's) or a removal (a rolled-back canary's)."""
+        if self._weights is None:
+            return
+        now = time.monotonic()
+        self._pulled = {digest: at for digest, at in self._pulled.items() if now - at < PULLED_KEPT_S}
+        keep = {release.recipe_digest for live in (await self._driver.live()).values()
+                for release in (live.stable, live.canary) if release is not None and release.model is not None}
+        keep |= set(self._pulled)
+        try:
+            async with self._weights_lock:
+                removed = await asyncio.to_thread(self._weights.collect, keep)
+        except OSError as exc:  # the next promotion or removal collects again; the step itself succeeded
+            log.warning("weights-collect-failed error=%s", exc)
+            return
+        if removed:
+            log.info("weights-collected models=%s (no release references them)", ",".join(removed))
 
     @activity.defn(name="remove_release")
     @_boundary
     async def remove_release(self, request: ReleaseRef) -> None:
+        try:
+            await self._remove_release(request)
+        finally:
+            await self._collect_weights()
+
+    async def _remove_release(self, request: ReleaseRef) -> None:
         ref = request.saga
         await self._check_caller(ref)
         if ref.action == "deploy":

@@ -133,6 +133,11 @@ async def test_a_model_deployment_is_verified_served_smoke_tested_and_a_tight_tt
         assert "TTFT p95" in rolled["lastError"], rolled
         live = plnt.driver.snapshot()["default/smollm2"]
         assert live.canary is None and live.stable is not None and live.stable.pid == stable.pid
+        # The rolled-back canary's weights left the store; the stable's (and the GGUF they share) stay.
+        models = tmp_path / "state" / "weights" / "models"
+        await wait_for(lambda: not (models / second.removeprefix("sha256:")).exists(), timeout=10,
+                       what="1.0.1's weights collected")
+        assert (models / digest.removeprefix("sha256:") / "weights" / smollm2_gguf.name).is_file()
         after = await client.post(f"{plnt.url}/v1/chat/completions", json=chat())
         assert after.status_code == 200 and after.headers["x-plnt-version"] == "1.0.0"
 
