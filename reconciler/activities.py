@@ -584,13 +584,13 @@ class SagaActivities:
             return
         now = time.monotonic()
         self._pulled = {digest: at for digest, at in self._pulled.items() if now - at < PULLED_KEPT_S}
-        keep = {release.recipe_digest for live in (await self._driver.live()).values()
-                for release in (live.stable, live.canary) if release is not None and release.model is not None}
-        keep |= set(self._pulled)
         try:
+            keep = {release.recipe_digest for live in (await self._driver.live()).values()
+                    for release in (live.stable, live.canary) if release is not None and release.model is not None}
+            keep |= set(self._pulled)
             async with self._weights_lock:
                 removed = await asyncio.to_thread(self._weights.collect, keep)
-        except OSError as exc:  # the next promotion or removal collects again; the step itself succeeded
+        except (OSError, PlntError) as exc:  # the next promotion or removal collects again; the step succeeded
             log.warning("weights-collect-failed error=%s", exc)
             return
         if removed:
