@@ -119,7 +119,8 @@ async def test_a_preview_verifies_with_the_branchs_trust_policies_not_the_pull_r
 
     trusted = await CommitSpecs(source).resolve(preview)
     assert trusted.policy_commit == main
-    assert [s.identity for p in trusted.policies for s in p.spec.signers] == ["recipes@demo.plnt.invalid"]
+    assert [s.identity for p in trusted.policies if p.metadata.name == "demo-recipes" for s in p.spec.signers] == [
+        "recipes@demo.plnt.invalid"]
     assert trusted.backend is not None and trusted.run is not None and trusted.run.spec.workflow.version == "1.3.0"
     assert source.read_file(trusted.policy_commit, "trust/demo-trusted-root.json") != b"{}"
 
@@ -141,7 +142,8 @@ async def test_a_preview_uses_the_policies_of_the_commit_the_reconciler_names(sp
     assert (await specs.resolve(preview)).policy_commit == held  # without a name: the fetched head
     trusted = await specs.resolve(preview.model_copy(update={"policy_commit": reconciled}))
     assert trusted.policy_commit == reconciled
-    assert [s.identity for p in trusted.policies for s in p.spec.signers] == ["recipes@demo.plnt.invalid"]
+    assert [s.identity for p in trusted.policies if p.metadata.name == "demo-recipes" for s in p.spec.signers] == [
+        "recipes@demo.plnt.invalid"]
 
     off_branch = spec_repo.git("rev-parse", "pr-7")
     with pytest.raises(UntrustedSagaInput, match="a preview trusts only the tracked branch"):
