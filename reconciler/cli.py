@@ -36,6 +36,13 @@ app = typer.Typer(
 # Spec limits a user may need to raise (a large monorepo); the rest have defaults in SpecLimits.
 MaxSpecFiles = Annotated[int, typer.Option(help="Refuse a commit with more spec files than this.", min=1)]
 MaxSpecFileKb = Annotated[int, typer.Option(help="Refuse a spec file larger than this many KiB.", min=1)]
+# ModelDeployments on Kubernetes backends (the Helm driver's model-server releases).
+ModelInstallTimeout = Annotated[float, typer.Option(min=1, help=(
+    "Seconds helm waits for a model-server release (weights fetch + server start); a ModelDeployment's saga "
+    "install/promote steps get this plus 300 s. With the roles apart: the same value for reconcile and worker."))]
+GpuResource = Annotated[str | None, typer.Option(help=(
+    "Extended resource model servers' GPUs are counted in (e.g. amd.com/gpu); default: the GPU class when it is "
+    "a device plugin's resource, else nvidia.com/gpu (the class is then the GPU pool's node label)."))]
 
 
 class RunnerStart(str, enum.Enum):
@@ -203,6 +210,8 @@ def up(
         ".venv-llm beside plnt's code."))] = None,
     weights_budget_gb: Annotated[float, typer.Option(
         "--weights-budget", help="GiB the weights store (STATE/weights) may use; a pull past it fails.", min=0.001)] = 20,
+    model_install_timeout: ModelInstallTimeout = 1800.0,
+    gpu_resource: GpuResource = None,
     max_recipe_mb: Annotated[int, typer.Option(help="Refuse recipes that unpack to more than this.")] = 256,
     max_download_mb: Annotated[int, typer.Option(
         min=1, help="Stop a recipe download (archive + bundle, any registry) past this many MiB.")] = 256,
@@ -274,6 +283,7 @@ def up(
                             max_download_bytes=max_download_mb * 2**20,
                             **({"llm_venv": llm_venv.resolve()} if llm_venv is not None else {}),
                             weights_budget_bytes=int(weights_budget_gb * 2**30),
+                            model_install_timeout_s=model_install_timeout, gpu_resource=gpu_resource,
                             max_recipe_bytes=max_recipe_mb * 2**20, max_concurrent_sagas=max_sagas,
                             spec_limits=_spec_limits(max_spec_files, max_spec_file_kb),
                             retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
@@ -405,7 +415,7 @@ def validate(
     note = ""
     if path.is_file():
         specs, problems = load_sources([read_file_spec(path, str(path), limits)], check_references=None, limits=limits)
-        if specs.workflow_runs and not specs.backends:
+        if (specs.workflow_runs or specs.model_deployments) and not specs.backends:
             note = " (backend references not checked: the file declares no PlntBackend; validate the directory)"
     else:
         # Display paths include PATH, in problem lines and in messages pointing at another file.
@@ -424,7 +434,8 @@ def validate(
 
 
 def _counts(specs: SpecSet) -> str:
-    return (f"{len(specs.workflow_runs)} WorkflowRun(s), {len(specs.backends)} PlntBackend(s), "
+    models = f"{len(specs.model_deployments)} ModelDeployment(s), " if specs.model_deployments else ""
+    return (f"{len(specs.workflow_runs)} WorkflowRun(s), {models}{len(specs.backends)} PlntBackend(s), "
             f"{len(specs.trust_policies)} RecipeTrustPolicy(s), {len(specs.recipes)} recipe Workflow(s)")
 
 

@@ -49,6 +49,12 @@ def test_validate_example_repository_prints_a_one_line_summary() -> None:
     assert result.stderr == ""
 
 
+def test_validate_counts_model_deployments_and_checks_the_example_model() -> None:
+    result = plnt("validate", EXAMPLE / "models" / "smollm2.yaml")
+    assert result.exit_code == 0, result.output
+    assert "1 ModelDeployment(s)" in result.stdout and "backend references not checked" in result.stdout
+
+
 BACKEND = """\
     apiVersion: plnt.work/v1
     kind: PlntBackend
