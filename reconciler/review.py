@@ -57,7 +57,7 @@ class Review:
 
 
 def desired_runs(specs: SpecSet) -> dict[str, DesiredRun]:
-    return {key: DesiredRun.from_spec(run) for key, run in specs.workflow_runs.items()}
+    return {key: DesiredRun.from_spec(run) for key, run in specs.deployables().items()}
 
 
 def as_live(desired: Mapping[str, DesiredRun]) -> dict[str, LiveRun]:
