@@ -2,6 +2,7 @@
 #   plnt reconcile | plnt worker | plnt gateway     the roles of charts/plnt
 #   python -m plnt.runner                            runner pods (charts/workflow-runner)
 #   plnt recipe fetch                                runner pods' init container
+#   plnt model fetch                                 model-server pods' init container (charts/model-server)
 #   plnt up                                          everything in one process (the embedded default)
 #   temporal server start-dev                        a throwaway Temporal (tools/e2e_kind.sh)
 #
@@ -28,13 +29,16 @@ RUN pip install --no-cache-dir --upgrade pip \
 # The real helm CLI, from the same place `make install` gets it.
 COPY tools/install_helm.sh ./tools/install_helm.sh
 RUN PYTHON=/opt/plnt/bin/python bash tools/install_helm.sh /opt/plnt/bin
-# The workflow-runner chart, where the Helm driver looks for it: beside the installed package
-# (plnt.reconciler.helm_driver.DEFAULT_CHART = <site-packages>/plnt/charts/workflow-runner).
+# The charts the Helm driver installs, where it looks for them: beside the installed package
+# (plnt.reconciler.helm_driver.DEFAULT_CHART = <site-packages>/plnt/charts/workflow-runner for
+# WorkflowRuns, DEFAULT_MODEL_CHART = <site-packages>/plnt/charts/model-server for ModelDeployments).
 COPY charts/workflow-runner ./charts/workflow-runner
+COPY charts/model-server ./charts/model-server
 RUN site="$(python -c 'import pathlib, plnt.reconciler as r; print(pathlib.Path(r.__file__).resolve().parent.parent)')" \
  && mkdir -p "$site/charts" \
  && cp -r charts/workflow-runner "$site/charts/workflow-runner" \
- && python -c 'import os, plnt.reconciler.helm_driver as h; assert os.path.isfile(os.path.join(h.DEFAULT_CHART, "Chart.yaml")), h.DEFAULT_CHART'
+ && cp -r charts/model-server "$site/charts/model-server" \
+ && python -c 'import os, plnt.reconciler.helm_driver as h; assert all(os.path.isfile(os.path.join(c, "Chart.yaml")) for c in (h.DEFAULT_CHART, h.DEFAULT_MODEL_CHART)), (h.DEFAULT_CHART, h.DEFAULT_MODEL_CHART)'
 
 FROM ${PYTHON_IMAGE}
 # git for the spec repository (GitPython runs it), ssh for git@ URLs.

@@ -34,7 +34,7 @@ from .commit_specs import CommitSpecs
 from .commit_trust import CommitVerifier
 from .drivers import DriverSet
 from .forge import Forge, make_forge
-from .helm_driver import DEFAULT_CHART, HelmDriver, RunnerImage, SpecLookup
+from .helm_driver import DEFAULT_CHART, DEFAULT_MODEL_CHART, HelmDriver, RunnerImage, SpecLookup
 from .history import NoSaga, saga_history
 from .local_driver import LocalDriver, raise_open_files_limit
 from .previews import PreviewController
@@ -258,11 +258,14 @@ def registry_options(settings: Settings) -> RegistryOptions:
 def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, state: StateDir, *,
                     on_change: Callable[[], None] | None = None) -> DriverSet:
     def make_helm(backend: PlntBackend, specs: SpecLookup) -> HelmDriver:
-        # Runner pods reach registries with plnt's own registry settings (their credentials: a Secret).
+        # Runner and model-server pods reach registries with plnt's own registry settings (their
+        # credentials: a Secret); model releases get their own helm --wait (weights fetch and load).
         return HelmDriver(backend, specs, helm=settings.helm_binary, chart=settings.helm_chart or DEFAULT_CHART,
+                          model_chart=settings.helm_model_chart or DEFAULT_MODEL_CHART,
                           image=RunnerImage(repository=settings.runner_image, tag=settings.runner_image_tag),
                           registry_options=registry_options(settings),
-                          credentials_secret=settings.runner_registry_secret)
+                          credentials_secret=settings.runner_registry_secret,
+                          model_timeout_s=settings.model_install_timeout_s, gpu_resource=settings.gpu_resource)
 
     return DriverSet(local, state, make_helm, on_change=on_change)
 

@@ -477,13 +477,13 @@ def plan(
                     made[id(run)] = DesiredRun.from_spec(run)
                 return made[id(run)]
 
-            desired = {k: desired_of(r) for k, r in desired_specs.workflow_runs.items()}
+            desired = {k: desired_of(r) for k, r in desired_specs.deployables().items()}
             if base is not None:
                 base_commit = source.resolve(base)
                 base_specs = _load_or_exit(source, base_commit)
                 live = {
                     key: LiveRun(namespace=d.namespace, name=d.name, version=d.version, fingerprint=d.fingerprint, spec=d.spec)
-                    for key, d in ((k, desired_of(r)) for k, r in base_specs.workflow_runs.items())
+                    for key, d in ((k, desired_of(r)) for k, r in base_specs.deployables().items())
                 }
                 title = f"plnt plan {base_commit[:12]}..{head_commit[:12]}"
             else:

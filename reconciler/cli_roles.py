@@ -17,8 +17,10 @@ from .cli import (
     ForgeProject,
     ForgeTokenEnv,
     ForgeTokenFile,
+    GpuResource,
     MaxSpecFileKb,
     MaxSpecFiles,
+    ModelInstallTimeout,
     Previews,
     ReportStatus,
     RequireApproval,
@@ -163,6 +165,7 @@ def reconcile(
     max_spec_file_kb: MaxSpecFileKb = 1024,
     retry_attempts: Annotated[int, typer.Option(help="Attempts per saga step, the first included.", min=1)] = 3,
     retry_initial_s: Annotated[float, typer.Option(help="Seconds before a step's first retry.")] = 2.0,
+    model_install_timeout: ModelInstallTimeout = 1800.0,
     forge: ForgeKind = None,
     forge_api_url: ForgeApiUrl = None,
     forge_project: ForgeProject = None,
@@ -192,6 +195,7 @@ def reconcile(
         allowed_signers=allowed_signers, gpg_keys=gpg_keys, kubeconfig=kubeconfig, lease=lease, lease_name=lease_name, lease_namespace=lease_namespace,
         identity=identity, max_concurrent_sagas=max_sagas, spec_limits=_spec_limits(max_spec_files, max_spec_file_kb),
         retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
+        model_install_timeout_s=model_install_timeout,
         **_forge_settings(forge, forge_api_url, forge_project, forge_token_env, forge_token_file,
                           require_approval, report_status, write_notes, previews),
     )
@@ -233,6 +237,8 @@ def worker(
         help="Directory under which file:/// registries may be read. Repeatable.")] = None,
     max_recipe_mb: Annotated[int, typer.Option(help="Refuse recipes that unpack to more than this.", min=1)] = 256,
     max_download_mb: Annotated[int, typer.Option(help="Stop a recipe download past this many MiB.", min=1)] = 256,
+    model_install_timeout: ModelInstallTimeout = 1800.0,
+    gpu_resource: GpuResource = None,
     max_sagas: MaxSagas = 8,
     max_spec_files: MaxSpecFiles = 10_000,
     max_spec_file_kb: MaxSpecFileKb = 1024,
@@ -270,6 +276,6 @@ def worker(
         max_concurrent_sagas=max_sagas, spec_limits=_spec_limits(max_spec_files, max_spec_file_kb),
         llm_url=llm_url, llm_model=llm_model, llm_api_key_env=llm_api_key_env, llm_api_key=llm_api_key,
         runner_env=allowlisted_env(os.environ), report_interval_s=report_interval, drain_grace_s=drain_grace,
-        runner_start=runner_start.value,
+        runner_start=runner_start.value, model_install_timeout_s=model_install_timeout, gpu_resource=gpu_resource,
     )
     _run_role(start_worker, settings, "worker")

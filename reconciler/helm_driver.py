@@ -32,8 +32,10 @@ port 8000 (the OpenAI API); its Release carries the ModelServing read back from 
 gateway routes to it as to a local model server. GPU classes mean what they mean for runners (the
 GPU pool's node label, GPUs counted in nvidia.com/gpu) unless the class is itself a device plugin's
 resource name (nvidia.com/gpu, amd.com/gpu, ...): see `gpu_resource_name`. Its `helm upgrade --wait`
-has the runners' timeout (`timeout_s`, under the saga's install step timeout): the pod's fetch of the
-weights and the server's start must fit in it, so large models need both raised.
+(and the rollback of a stuck model release) has a timeout of its own, `model_timeout_s` (the setting
+`model_install_timeout_s`, default 30 minutes): the pod's fetch of the weights and the server's start
+must fit in it. The saga's install and promote steps of a ModelDeployment are given that plus
+MODEL_STEP_MARGIN_S (`model_step_timeouts`, applied by the reconciler to the saga's input).
 
 Waiting and recovery. Installs run `helm upgrade --install --wait` WITHOUT --atomic
 (--rollback-on-failure in helm 4): a canary that does not become ready stays as it is (pods,
@@ -62,7 +64,6 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,7 @@ import yaml
 from .driver import InstallRequest, RecipeTrust
 from .errors import DriverError, InvalidSpec, LiveStateUnknown, NeedsHuman, PlntError, UnknownBackend
 from .registries import RegistryOptions
+from .settings import StepTimeouts
 from .specs import (
     BackendPlacement,
     Deployable,
@@ -87,6 +89,14 @@ log = logging.getLogger(__name__)
 DEFAULT_CHART = str(Path(__file__).resolve().parent.parent / "charts" / "workflow-runner")
 DEFAULT_MODEL_CHART = str(Path(__file__).resolve().parent.parent / "charts" / "model-server")
 RELEASE_NAME_MAX = 53  # Helm's limit (release names end up in labels with suffixes)
+# helm enforces its own --timeout; the helm process is killed this long after it, to cover its exit.
+HELM_EXIT_MARGIN_S = 20.0
+# What a model release's install or promote step needs beyond the model's helm --wait: helm's exit,
+# and one more helm call with the runners' timeout (150 s by default) and the status/list calls
+# around it: promote's uninstall of the canary, or install's uninstall of a stuck release. (A stuck
+# model release rolled back first waits the model's timeout twice: that attempt may time out, and
+# the step's retry finds the rollback done, or still pending and young: retried again.)
+MODEL_STEP_MARGIN_S = 300.0
 CANARY_SUFFIX = "-canary"
 # Where the runner reads its recipe: a directory in the chart's emptyDir (mounted at /var/lib/plnt),
 # which the init container fills with `plnt recipe fetch` (a subdirectory, so fetch's staging sits
@@ -281,6 +291,14 @@ def gpu_resource_name(gpu_class: str, configured: str | None = None) -> str:
     return "nvidia.com/gpu"
 
 
+def model_step_timeouts(timeouts: StepTimeouts, model_timeout_s: float) -> StepTimeouts:
+    """The saga's step timeouts for a ModelDeployment: install_release and promote_release at least
+    `model_timeout_s` (the helm --wait of a model release: weights fetch and server start) plus
+    MODEL_STEP_MARGIN_S; the other steps as they are."""
+    floor = model_timeout_s + MODEL_STEP_MARGIN_S
+    return timeouts.model_copy(update={step: max(timeouts.of(step), floor) for step in ("install_release", "promote_release")})
+
+
 def image_values(image: RunnerImage) -> dict[str, str]:
     return {"repository": image.repository, "tag": image.tag, "pullPolicy": image.pull_policy}
 
@@ -346,6 +364,21 @@ def registry_values(options: RegistryOptions, credentials_secret: str) -> dict[s
 # --- running helm ------------------------------------------------------------------------------
 
 HelmRunner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+
+
+def wait_seconds(args: Sequence[str], default: float) -> float:
+    """The `--timeout Ns` helm is given in `args` (what it waits at most), else `default`."""
+    if "--timeout" in args[:-1]:
+        value = args[list(args).index("--timeout") + 1]
+        if value.endswith("s") and value[:-1].isdigit():
+            return float(value[:-1])
+    return default
+
+
+def helm_runner(helm: str, timeout_s: float) -> HelmRunner:
+    """The driver's default runner: the real helm, killed HELM_EXIT_MARGIN_S after the --timeout it was
+    given (`timeout_s` for calls without one)."""
+    return lambda args: run_helm(args, helm=helm, timeout_s=wait_seconds(args, timeout_s) + HELM_EXIT_MARGIN_S)
 
 
 def run_helm(args: Sequence[str], *, helm: str = "helm", timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
@@ -534,12 +567,15 @@ class HelmDriver:
         credentials_secret: str = "",
         helm: str = "helm",
         timeout_s: float = 150.0,  # under the saga's 3-minute install/promote/remove activity timeouts
+        model_timeout_s: float = 1800.0,  # model releases: see model_step_timeouts
         stuck_after_s: float | None = None,
         runner: HelmRunner | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         """`chart` renders WorkflowRuns' releases, `model_chart` ModelDeployments'; `resources` and
-        `model_resources` are their servers' cpu/memory; `gpu_resource`: see `gpu_resource_name`."""
+        `model_resources` are their servers' cpu/memory; `gpu_resource`: see `gpu_resource_name`.
+        `timeout_s` is helm's --timeout for runner releases and every uninstall, `model_timeout_s` for
+        the upgrades and rollbacks of model-server releases (their pods fetch weights, then load them)."""
         if backend.spec.type != "kubernetes" or backend.spec.kubernetes is None:
             raise UnknownBackend(f"backend {backend.metadata.name!r} is of type {backend.spec.type}; "
                                  "the Helm driver needs type: kubernetes")
@@ -553,11 +589,12 @@ class HelmDriver:
         self._gpu_resource = gpu_resource
         self._registry_options = registry_options
         self._credentials_secret = credentials_secret
-        self._timeout_s = timeout_s
-        # A pending release younger than this may belong to a helm that is still running.
-        self._stuck_after_s = stuck_after_s if stuck_after_s is not None else timeout_s + 120.0
-        # helm enforces --timeout itself; the margin covers its own exit.
-        self._run = runner or partial(run_helm, helm=helm, timeout_s=timeout_s + 20.0)
+        self._timeouts = {"workflow": timeout_s, "deployment": model_timeout_s}
+        # A pending release younger than this may belong to a helm that is still running (the saga's
+        # step timeout does not stop a helm the activity started).
+        self._stuck_after = {key: stuck_after_s if stuck_after_s is not None else wait + 120.0
+                             for key, wait in self._timeouts.items()}
+        self._run = runner or helm_runner(helm, timeout_s)
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -680,11 +717,12 @@ class HelmDriver:
         status = status or await self.status(release)
         if status is None or not status.pending:
             return
+        key = _owner_key(status.config)
         if status.last_deployed is not None:
             age = (self._clock() - status.last_deployed).total_seconds()
-            if age < self._stuck_after_s:
+            if age < self._stuck_after[key]:
                 raise DriverError(f"helm release {release} is {status.status} since {age:.0f}s ago; "
-                                  f"treated as stuck after {self._stuck_after_s:.0f}s")
+                                  f"treated as stuck after {self._stuck_after[key]:.0f}s")
         result = await self._helm(["history", release, *self._target_flags(), "--max", "256", "-o", "json"],
                                   release=release)
         good = [rev.revision for rev in parse_history(result.stdout)
@@ -693,7 +731,7 @@ class HelmDriver:
             target = max(good)
             log.warning("helm-recover release=%s status=%s action=rollback to_revision=%s", release, status.status, target)
             await self._helm(["rollback", release, str(target), *self._target_flags(), "--wait",
-                              "--timeout", self._timeout(), "--history-max", "10"], release=release)
+                              "--timeout", self._timeout(key), "--history-max", "10"], release=release)
         else:
             log.warning("helm-recover release=%s status=%s action=uninstall (no good revision)", release, status.status)
             await self._uninstall(release)
@@ -726,7 +764,7 @@ class HelmDriver:
             await self._helm(
                 ["upgrade", "--install", release, chart, *self._target_flags(),
                  "--values", path, "--reset-values", "--labels", labels,
-                 "--wait", "--timeout", self._timeout(), "--history-max", "10", "-o", "json"],
+                 "--wait", "--timeout", self._timeout(key), "--history-max", "10", "-o", "json"],
                 release=release,
             )
         finally:
@@ -734,8 +772,9 @@ class HelmDriver:
 
     async def _uninstall(self, release: str) -> None:
         try:
-            await self._helm(["uninstall", release, *self._target_flags(), "--wait", "--timeout", self._timeout(),
-                              "--ignore-not-found"], release=release)
+            # Pods that stop need no fetch or load: the runners' timeout, whatever the release.
+            await self._helm(["uninstall", release, *self._target_flags(), "--wait", "--timeout",
+                              self._timeout("workflow"), "--ignore-not-found"], release=release)
         except _NotFound:
             pass  # gone already: what remove() wants
 
@@ -765,8 +804,9 @@ class HelmDriver:
             flags += ["--kubeconfig", self._target.kubeconfig]
         return flags
 
-    def _timeout(self) -> str:
-        return f"{int(self._timeout_s)}s"
+    def _timeout(self, key: str) -> str:
+        """helm's --timeout for a release whose values' owner block is `key` (see `_owner_key`)."""
+        return f"{int(self._timeouts[key])}s"
 
     def _values(self, request: InstallRequest) -> dict[str, Any]:
         """The values of the request's chart: a model server's for a ModelDeployment, else a runner's."""

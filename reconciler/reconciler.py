@@ -24,6 +24,7 @@ from .bulk import in_bulk_thread
 from .commit_trust import CommitVerifier
 from .driver import ReleaseDriver
 from .errors import PlntError
+from .helm_driver import model_step_timeouts
 from .loader import Problem, SpecSet
 from .plan import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
 from .saga_follow import RunningSagas
@@ -259,9 +260,17 @@ class Reconciler:
         else:
             # The input names the commit; the saga's activities read the spec, its backend and the
             # trust policies from plnt's own clone at that commit (it carries none of them).
+            retry = self._settings.retry
+            if run.kind == "ModelDeployment":
+                # A model release's helm --wait covers the weights fetch and the server's start
+                # (model_install_timeout_s), far longer than a runner's: its install and promote steps
+                # get that plus a margin. Given here, in the saga's input, and not by raising the
+                # defaults: a runner's steps keep their 3 minutes, and saga.py is unchanged, so recorded
+                # histories replay as they were (their input carries the timeouts they ran with).
+                retry = retry.model_copy(update={"step_timeouts": model_step_timeouts(
+                    retry.step_timeouts, self._settings.model_install_timeout_s)})
             saga = SagaInput(action="deploy", namespace=item.namespace, name=item.name, commit=commit,
-                             fingerprint=run.fingerprint(), version=run.version,
-                             retry=self._settings.retry)
+                             fingerprint=run.fingerprint(), version=run.version, retry=retry)
             if self._statuses.get(item.key) is None:
                 self._statuses.update_nowait(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
                                              attempted_version=saga.version, message=f"{item.action.value}: {item.reason}",

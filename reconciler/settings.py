@@ -179,6 +179,16 @@ class Settings(BaseModel):
     # Kubernetes backends (the Helm driver).
     helm_binary: str = "helm"
     helm_chart: str | None = Field(default=None, description="workflow-runner chart; None: the one in this checkout")
+    helm_model_chart: str | None = Field(
+        default=None, description="model-server chart (ModelDeployments); None: the one beside this package")
+    model_install_timeout_s: float = Field(
+        default=1800.0, gt=0, description="helm --wait of one model-server release (the weights fetch and the "
+        "server's start); the saga's install and promote steps of a ModelDeployment are given this plus a margin")
+    gpu_resource: str | None = Field(
+        default=None, max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
+        description="the extended resource model servers' GPUs are counted in (e.g. amd.com/gpu); None: the GPU "
+        "class itself when it is a device plugin's resource, else nvidia.com/gpu (helm_driver.gpu_resource_name)")
     runner_image: str = Field(default="plnt", description="runner image repository for Kubernetes backends")
     runner_image_tag: str = ""
     # --mirror-status: WorkflowRuns as plnt.work/v1 custom resources (plnt.reconciler.kube).

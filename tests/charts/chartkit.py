@@ -20,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PLNT_CHART = ROOT / "charts" / "plnt"
 RUNNER_CHART = ROOT / "charts" / "workflow-runner"
+MODEL_SERVER_CHART = ROOT / "charts" / "model-server"
 K8S_VERSION = "1.33"
 RELEASE, NAMESPACE = "prod", "plnt-system"
 FULLNAME = "prod-plnt"
@@ -139,6 +140,8 @@ PLNT_CASES: dict[str, dict[str, Any]] = {
         "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"},
                            "tokenSecret": {"secretName": "plnt-metrics-token"}},
         "runners": {"egress": [{"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"port": 443, "protocol": "TCP"}]}]},
+        "modelServers": {"installTimeoutSeconds": 3600, "gpuResource": "amd.com/gpu",
+                         "egress": [{"to": [{"ipBlock": {"cidr": "10.30.0.0/16"}}], "ports": [{"port": 4317, "protocol": "TCP"}]}]},
         "networkPolicy": {"temporal": {"to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}]},
                           "gatewayFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}]},
         "imagePullSecrets": [{"name": "regcred"}],
@@ -181,6 +184,23 @@ RUNNER_CASES: dict[str, tuple[str, list[str]]] = {
 def render_runner(helm: str, case: str) -> list[dict[str, Any]]:
     release, extra = RUNNER_CASES[case]
     return render(helm, RUNNER_CHART, {}, release=release, namespace="agents", extra=extra)
+
+
+# --- the model-server chart's values: the bare chart (llama.cpp on CPU) and a GPU canary with a claim
+# and registry credentials (tests/charts/test_model_server_chart.py walks every runtime) ---------------
+
+MODEL_SERVER_CASES: dict[str, tuple[str, list[str]]] = {
+    "defaults": ("chat", []),
+    "vllm-gpu-canary-claim": ("chat-canary", [
+        "--set", "track=canary", "--set", "runtime.type=vllm", "--set", "gpu.class=nvidia.com/gpu",
+        "--set", "gpu.count=2", "--set", "weights.persistentVolumeClaim=model-weights",
+        "--set", "weights.credentialsSecret=model-registry"]),
+}
+
+
+def render_model_server(helm: str, case: str) -> list[dict[str, Any]]:
+    release, extra = MODEL_SERVER_CASES[case]
+    return render(helm, MODEL_SERVER_CHART, {}, release=release, namespace="agents", extra=extra)
 
 
 # --- the `restricted` Pod Security Standard, field by field (tests/charts/test_pod_security.py) ---

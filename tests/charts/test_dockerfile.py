@@ -2,10 +2,11 @@
 
 What is checked: the final stage is a slim Python image, runs as a numeric non-root USER that
 matches the charts' runAsUser, keeps HOME/TMPDIR on /tmp (read-only root), installs the checkout
-with pip and the real helm CLI, places the workflow-runner chart where the Helm driver looks for
-it, and its ENTRYPOINT is the console script pyproject declares; every COPY source exists and is
-not excluded by .dockerignore. And every `plnt` subcommand and flag the two charts call exists in
-the REAL CLI (`plnt --help` as a process, and the CLI's own option table), except the commands
+with pip and the real helm CLI, places the workflow-runner and model-server charts where the Helm
+driver looks for them (DEFAULT_CHART, DEFAULT_MODEL_CHART), and its ENTRYPOINT is the console script
+pyproject declares; every COPY source exists and is not excluded by .dockerignore. And every `plnt`
+subcommand and flag the three charts call (the model-server chart: its init container's `plnt model
+fetch`; its servers run the runtimes' own images) exists in the REAL CLI (`plnt --help` as a process, and the CLI's own option table), except the commands
 listed in PENDING, which are being built on other branches of issue 9 (reconcile, worker,
 gateway): those are reported as skipped, never passed.
 
@@ -27,7 +28,17 @@ from typing import Any
 import pytest
 import yaml
 
-from .chartkit import PLNT_CASES, PLNT_CHART, ROOT, RUNNER_CASES, pod_templates, render, render_runner
+from .chartkit import (
+    MODEL_SERVER_CASES,
+    PLNT_CASES,
+    PLNT_CHART,
+    ROOT,
+    RUNNER_CASES,
+    pod_templates,
+    render,
+    render_model_server,
+    render_runner,
+)
 
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
@@ -98,12 +109,19 @@ def test_install_steps() -> None:
     assert re.search(r"pip install [^&]*\.(\s|$)", runs), "pip install . from the checkout"
     assert "tools/install_helm.sh" in runs, "the real helm CLI, as make install gets it"
     assert "git" in runs and "openssh-client" in runs
-    # The chart lands where the Helm driver looks for it, beside the installed package.
+    # The charts land where the Helm driver looks for them, beside the installed package, and the
+    # build fails unless both are there.
     from plnt.reconciler import helm_driver
 
     package_parent = Path(helm_driver.__file__).resolve().parent.parent
     assert Path(helm_driver.DEFAULT_CHART) == package_parent / "charts" / "workflow-runner"
-    assert 'cp -r charts/workflow-runner "$site/charts/workflow-runner"' in runs
+    assert Path(helm_driver.DEFAULT_MODEL_CHART) == package_parent / "charts" / "model-server"
+    copies = {rest for word, rest in instructions() if word == "COPY"}
+    for chart in ("workflow-runner", "model-server"):
+        assert f"charts/{chart} ./charts/{chart}" in copies, chart
+        assert f'cp -r charts/{chart} "$site/charts/{chart}"' in runs, chart
+    [check] = [line for line in runs.split("&&") if "assert" in line and "Chart.yaml" in line]
+    assert "h.DEFAULT_CHART" in check and "h.DEFAULT_MODEL_CHART" in check, check
 
 
 def ignored(path: str, patterns: list[str]) -> bool:
@@ -133,21 +151,28 @@ def test_copy_sources_exist_and_are_not_ignored() -> None:
 
 
 def chart_commands(helm: str) -> list[list[str]]:
-    """Every container's command line in both charts, as the image's ENTRYPOINT (plnt) makes it."""
+    """Every command line the plnt image runs in the three charts, as its ENTRYPOINT (plnt) makes it:
+    every container of charts/plnt and charts/workflow-runner, the init container of charts/model-server
+    (its server containers run the runtimes' images, not plnt's)."""
     lines: list[list[str]] = []
     docs = [doc for case in PLNT_CASES for doc in render(helm, PLNT_CHART, PLNT_CASES[case])]
     docs += [doc for case in RUNNER_CASES for doc in render_runner(helm, case)]
-    for _, template in pod_templates(docs):
-        for c in template["spec"].get("initContainers", []) + template["spec"]["containers"]:
-            lines.append(list(c.get("command", ["plnt"])) + list(c.get("args", [])))
+    containers = [c for _, template in pod_templates(docs)
+                  for c in template["spec"].get("initContainers", []) + template["spec"]["containers"]]
+    models = [doc for case in MODEL_SERVER_CASES for doc in render_model_server(helm, case)]
+    containers += [c for _, template in pod_templates(models) for c in template["spec"]["initContainers"]]
+    assert any(c.get("args", [])[:2] == ["model", "fetch"] for c in containers), "the model-server init container"
+    for c in containers:
+        lines.append(list(c.get("command", ["plnt"])) + list(c.get("args", [])))
     return lines
 
 
 def subcommand(line: list[str]) -> tuple[str, ...]:
-    """("reconcile",) or ("recipe", "fetch") for a plnt line; ("python", "-m", MODULE) otherwise."""
+    """("reconcile",), ("recipe", "fetch") or ("model", "fetch") for a plnt line; ("python", "-m",
+    MODULE) otherwise."""
     if line[0] == "plnt":
         words = [w for w in line[1:3] if not w.startswith("-")]
-        return tuple(words[:2]) if words[:1] == ["recipe"] else tuple(words[:1])
+        return tuple(words[:2]) if words[:1] in (["recipe"], ["model"]) else tuple(words[:1])
     assert line[:2] == ["python", "-m"], f"a chart runs {line[0]!r}: only plnt and python -m are in the image"
     return ("python", "-m", line[2])
 
@@ -164,16 +189,16 @@ def help_commands(*group: str) -> set[str]:
 @pytest.mark.integration  # runs helm and the plnt console script
 def test_every_command_the_charts_call_exists(helm: str) -> None:
     assert PLNT.is_file(), f"the plnt console script is missing at {PLNT}: make install"
-    top, recipe = help_commands(), help_commands("recipe")
-    assert {"up", "recipe"} <= top and "fetch" in recipe, (top, recipe)
+    top, recipe, model = help_commands(), help_commands("recipe"), help_commands("model")
+    assert {"up", "recipe", "model"} <= top and "fetch" in recipe and "fetch" in model, (top, recipe, model)
     missing_pending: set[str] = set()
     for line in chart_commands(helm):
         command = subcommand(line)
         if command[0] == "python":
             result = subprocess.run([sys.executable, "-m", command[2], "--help"], capture_output=True, text=True, check=False)
             assert result.returncode == 0 and "--recipe" in result.stdout, result.stderr
-        elif command[0] == "recipe":
-            assert command[1] in recipe, line
+        elif command[0] in ("recipe", "model"):
+            assert command[1] in (recipe if command[0] == "recipe" else model), line
         elif command[0] not in top:
             assert command[0] in PENDING, f"the charts run `plnt {command[0]}`, which the CLI does not have"
             missing_pending.add(command[0])

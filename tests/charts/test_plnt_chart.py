@@ -22,6 +22,7 @@ from .chartkit import (
     DNS_LABEL,
     DNS_SUBDOMAIN,
     FULLNAME,
+    MODEL_SERVER_CASES,
     NAMESPACE,
     PLNT_CASES,
     PLNT_CHART,
@@ -30,6 +31,7 @@ from .chartkit import (
     helm_template,
     merged,
     render,
+    render_model_server,
     render_runner,
     validate_strictly,
 )
@@ -164,13 +166,14 @@ RECONCILER_FLAGS = {"--repo", "--branch", "--path", "--state-dir", "--host", "--
                     "--temporal-api-key-file", "--internal-token-file", "--tokens-file", "--webhook-secret-file",
                     "--lease", "--lease-name", "--lease-namespace", "--mirror-status", "--git-credentials-file",
                     "--verify-commits", "--allowed-signers", "--gpg-keys", "--write-notes", "--forge", "--forge-api-url",
-                    "--forge-project", "--forge-token-file", "--require-approval", "--no-report-status", "--previews"}
+                    "--forge-project", "--forge-token-file", "--require-approval", "--no-report-status", "--previews",
+                    "--model-install-timeout"}
 FORGE_FLAGS = {"--write-notes", "--forge", "--forge-api-url", "--forge-project", "--forge-token-file", "--require-approval",
                "--no-report-status", "--previews"}
 WORKER_FLAGS = {"--repo", "--branch", "--path", "--state-dir", "--temporal-address", "--temporal-namespace",
                 "--temporal-tls-cert", "--temporal-tls-key", "--temporal-tls-ca", "--temporal-api-key-file",
                 "--control-url", "--internal-token-file", "--host", "--port", "--git-credentials-file",
-                "--verify-commits", "--allowed-signers", "--gpg-keys"}
+                "--verify-commits", "--allowed-signers", "--gpg-keys", "--model-install-timeout"}
 GATEWAY_FLAGS = {"--control-url", "--internal-token-file", "--host", "--port", "--tokens-file"}
 
 
@@ -218,7 +221,9 @@ def test_command_lines_with_every_option(helm: str) -> None:
     deployment = one(docs, "Deployment", f"{FULLNAME}-worker")
     worker = container(docs, "worker")
     args = worker["args"]
-    assert args[0] == "worker" and {a for a in args if a.startswith("--")} == WORKER_FLAGS | {"--verbose"}
+    assert args[0] == "worker" and {a for a in args if a.startswith("--")} == WORKER_FLAGS | {"--gpu-resource", "--verbose"}
+    assert (flag(args, "--model-install-timeout"), flag(args, "--gpu-resource")) == ("3600", "amd.com/gpu")
+    assert flag(reconciler["args"], "--model-install-timeout") == "3600", "the reconciler sizes the saga's steps with it"
     assert args[-1] == "--verbose", "extraArgs come last"
     assert flag(args, "--control-url") == control_url and flag(args, "--port") == "8081"
     assert mounted_file(deployment, worker, flag(args, "--temporal-tls-key")) == ("temporal-mtls", "tls.key")
@@ -258,6 +263,20 @@ def test_command_lines_plain(helm: str) -> None:
         deployment = one(docs, "Deployment", f"{FULLNAME}-{role}")
         c = container(docs, role)
         assert mounted_file(deployment, c, flag(c["args"], "--internal-token-file")) == (f"{FULLNAME}-internal-token", "token")
+
+
+def test_model_server_settings_default_and_reach_both_roles(helm: str) -> None:
+    """The reconciler (the saga's step timeouts) and the workers (helm's wait) get the same timeout;
+    --gpu-resource only when set, and only the workers (they render the values)."""
+    docs = render(helm, PLNT_CHART, PLNT_CASES["defaults"])
+    defaults = yaml.safe_load((PLNT_CHART / "values.yaml").read_text())["modelServers"]
+    assert defaults == {"installTimeoutSeconds": 1800, "gpuResource": "", "egress": []}
+    for role in ("reconciler", "worker"):
+        args = container(docs, role)["args"]
+        assert flag(args, "--model-install-timeout") == "1800" and "--gpu-resource" not in args, role
+    assert "--model-install-timeout" not in container(docs, "gateway")["args"]
+    reconciler = container(render(helm, PLNT_CHART, PLNT_CASES["all-on"]), "reconciler")
+    assert "--gpu-resource" not in reconciler["args"]
 
 
 def test_tls_without_ca_uses_system_cas(helm: str) -> None:
@@ -358,7 +377,7 @@ def test_network_policies(helm: str) -> None:
     docs = render(helm, PLNT_CHART, values)
     policies = {(d["metadata"]["namespace"], d["metadata"]["name"]): d["spec"] for d in docs if d["kind"] == "NetworkPolicy"}
     assert set(policies) == {(NAMESPACE, f"{FULLNAME}-{n}") for n in ("default-deny", "gateway", "reconciler", "worker")} | \
-        {(ns, f"{FULLNAME}-runners") for ns in values["deployNamespaces"]}
+        {(ns, f"{FULLNAME}-{pods}") for ns in values["deployNamespaces"] for pods in ("runners", "model-servers")}
     deny = policies[(NAMESPACE, f"{FULLNAME}-default-deny")]
     assert deny == {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "plnt", "app.kubernetes.io/instance": "prod"}},
                     "policyTypes": ["Ingress", "Egress"]}
@@ -400,14 +419,51 @@ def test_network_policies(helm: str) -> None:
         assert spec["egress"][2]["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
     runner_port = runner_deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
     assert runner_port == 8080 == values.get("runners", {}).get("port", 8080)
-    # Gateways and workers may reach runner pods in every deploy namespace.
+    # Gateways and workers may reach runner and model-server pods in every deploy namespace, on their ports.
     for role in ("gateway", "worker"):
-        [to_runners] = [r for r in policies[(NAMESPACE, f"{FULLNAME}-{role}")]["egress"]
-                        if any("podSelector" in p and p["podSelector"]["matchLabels"].get("app.kubernetes.io/name") == "workflow-runner"
-                               for p in r.get("to", []))]
-        assert [p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in to_runners["to"]] == values["deployNamespaces"]
+        for name, port in (("workflow-runner", 8080), ("model-server", 8000)):
+            [to_pods] = [r for r in policies[(NAMESPACE, f"{FULLNAME}-{role}")]["egress"]
+                         if any("podSelector" in p and p["podSelector"]["matchLabels"].get("app.kubernetes.io/name") == name
+                                for p in r.get("to", []))]
+            assert [p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in to_pods["to"]] == \
+                values["deployNamespaces"], (role, name)
+            assert to_pods["ports"] == [{"port": port, "protocol": "TCP"}], (role, name)
 
     assert not [d for d in render(helm, PLNT_CHART, PLNT_CASES["all-off"]) if d["kind"] == "NetworkPolicy"]
+
+
+def test_model_server_pods_get_a_policy_of_their_own(helm: str) -> None:
+    """Model-server pods (ModelDeployments): in on 8000 from gateways and workers only; out DNS, the
+    registries (the init container fetches the weights) and modelServers.egress, nothing else by default.
+    Checked against renders of the model-server chart: its pods' labels and the port its server listens on."""
+    for case, extra in (("defaults", []), ("all-on", [[{"ipBlock": {"cidr": "10.30.0.0/16"}}]])):
+        values = PLNT_CASES[case]
+        docs = render(helm, PLNT_CHART, values)
+        policies = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["kind"] == "NetworkPolicy"}
+        for namespace in values.get("deployNamespaces", ["plnt-runners"]):
+            policy = policies[(namespace, f"{FULLNAME}-model-servers")]
+            spec = policy["spec"]
+            check_labels(policy["metadata"]["labels"])
+            assert spec["policyTypes"] == ["Ingress", "Egress"]
+            assert spec["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "model-server",
+                                                           "app.kubernetes.io/part-of": "plnt"}}
+            assert spec["ingress"] == [{"from": [role_peer("gateway"), role_peer("worker")],
+                                        "ports": [{"port": 8000, "protocol": "TCP"}]}]
+            assert [ports(r) for r in spec["egress"]] == [{(53, "UDP"), (53, "TCP")}, {(443, "TCP")}] + \
+                [{(4317, "TCP")}] * len(extra)
+            assert [r.get("to") for r in spec["egress"][2:]] == extra
+    for case in MODEL_SERVER_CASES:
+        model_docs = render_model_server(helm, case)
+        [deployment] = [d for d in model_docs if d["kind"] == "Deployment"]
+        pod = deployment["spec"]["template"]
+        selector = spec["podSelector"]["matchLabels"]  # the same in every deploy namespace (above)
+        assert selector.items() <= pod["metadata"]["labels"].items(), "the policy selects the pods the model-server chart renders"
+        [server] = pod["spec"]["containers"]
+        assert server["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+        [service] = [d for d in model_docs if d["kind"] == "Service"]
+        assert service["spec"]["ports"][0]["targetPort"] == "http"
+        # The runner policy selects no model-server pod, nor the reverse.
+        assert pod["metadata"]["labels"]["app.kubernetes.io/name"] != "workflow-runner"
 
 
 # --- values.schema.json and the template guards: helm's real errors -----------------------------
@@ -433,6 +489,10 @@ def test_network_policies(helm: str) -> None:
     ({"git": {"verifyCommits": {"mode": "latest"}}}, "mode"),
     ({"forge": {"kind": "bitbucket"}}, "kind"),
     ({"forge": {"apiUrl": "api.github.com"}}, "apiUrl"),
+    ({"modelServers": {"installTimeoutSeconds": 0}}, "installTimeoutSeconds"),
+    ({"modelServers": {"installTimeoutSeconds": "30m"}}, "got string, want integer"),
+    ({"modelServers": {"gpuResource": "gpu"}}, "gpuResource"),
+    ({"modelServers": {"port": 9000}}, "additional properties 'port' not allowed"),
 ])
 def test_schema_rejects_unknown_keys_and_wrong_types(helm: str, change: dict[str, Any], expected: str) -> None:
     result = helm_template(helm, PLNT_CHART, merged(BASE, change))

@@ -3,11 +3,12 @@
 Expected, per role and namespace, as (apiGroup, resource, verb):
 - plnt's own API calls, from reconciler/kube_calls.py (API_CALLS, scope "plnt" -> the release's
   namespace, scope "mirror" -> each mirrorStatus namespace when mirroring is on);
-- plus what helm needs, DERIVED from rendering the workflow-runner chart with a matrix of its values
-  (chartkit.RUNNER_CASES: every kind it can render): the worker installs, upgrades, rolls back and
-  uninstalls those kinds (all seven verbs), keeps helm's release records (Secrets) and waits on a
-  Deployment's ReplicaSets and Pods (--wait); the reconciler reads the release records (`helm list`,
-  `helm get values`) in each deploy namespace.
+- plus what helm needs, DERIVED from rendering the charts the workers install with a matrix of their
+  values (chartkit.RUNNER_CASES for workflow-runner, MODEL_SERVER_CASES for model-server: every kind
+  they render): the worker installs, upgrades, rolls back and uninstalls those kinds (all seven
+  verbs), keeps helm's release records (Secrets) and waits on a Deployment's ReplicaSets and Pods
+  (--wait); the reconciler reads the release records (`helm list`, `helm get values`) in each deploy
+  namespace.
 
 Rendered with the real helm; the rules are what a cluster would get, but no API server evaluated
 them here (there is none): that they suffice for helm 4's server-side apply and kstatus waiting on a
@@ -23,15 +24,25 @@ from typing import Any
 import pytest
 from plnt.reconciler.kube_calls import API_CALLS
 
-from .chartkit import FULLNAME, NAMESPACE, PLNT_CASES, PLNT_CHART, RUNNER_CASES, render, render_runner
+from .chartkit import (
+    FULLNAME,
+    MODEL_SERVER_CASES,
+    NAMESPACE,
+    PLNT_CASES,
+    PLNT_CHART,
+    RUNNER_CASES,
+    render,
+    render_model_server,
+    render_runner,
+)
 
 pytestmark = pytest.mark.integration  # every test runs the real helm binary
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 ALL_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete")
 
-# apiVersion/kind -> (group, plural). A kind the workflow-runner chart starts rendering that is not
-# here fails the test: add it, and the worker's Role in charts/plnt/templates/rbac.yaml.
+# apiVersion/kind -> (group, plural). A kind the workflow-runner or model-server chart starts rendering
+# that is not here fails the test: add it, and the worker's Role in charts/plnt/templates/rbac.yaml.
 RESOURCES = {
     ("v1", "ConfigMap"): ("", "configmaps"),
     ("v1", "Service"): ("", "services"),
@@ -57,13 +68,20 @@ SSA_CREATES: set[Grant] = {("plnt.work", "workflowruns", "create")}
 
 @functools.cache
 def helm_needs(helm: str) -> set[Grant]:
-    rendered = {(doc["apiVersion"], doc["kind"]) for case in RUNNER_CASES for doc in render_runner(helm, case)}
+    rendered = {(doc["apiVersion"], doc["kind"]) for docs in deployed_kinds(helm).values() for doc in docs}
     unknown = rendered - set(RESOURCES)
-    assert not unknown, f"the workflow-runner chart renders kinds this test does not map yet: {sorted(unknown)}"
+    assert not unknown, f"the charts the workers install render kinds this test does not map yet: {sorted(unknown)}"
     needs = {(*RESOURCES[kind], verb) for kind in rendered for verb in ALL_VERBS} | RELEASE_STORAGE
     if any(kind == "Deployment" for _, kind in rendered):
         needs |= WAIT_ON_DEPLOYMENT
     return frozenset(needs)  # type: ignore[return-value]  # cached: never mutated by callers
+
+
+@functools.cache
+def deployed_kinds(helm: str) -> dict[str, list[dict[str, Any]]]:
+    """Every object of the charts the workers install, by chart, over their values matrices."""
+    return {"workflow-runner": [doc for case in RUNNER_CASES for doc in render_runner(helm, case)],
+            "model-server": [doc for case in MODEL_SERVER_CASES for doc in render_model_server(helm, case)]}
 
 
 def api_calls(role: str, scope: str) -> set[Grant]:
@@ -152,6 +170,14 @@ def test_helm_needs_follow_the_runner_chart(helm: str) -> None:
         assert {verb for _, r, verb in needs if r == resource} == set(ALL_VERBS), resource
     assert {verb for _, r, verb in needs if r == "secrets"} >= {"get", "list", "create", "update", "delete"}
     assert ("", "pods", "watch") in needs and ("", "pods", "delete") not in needs
+
+
+def test_the_model_server_chart_needs_nothing_the_runner_chart_does_not(helm: str) -> None:
+    """The worker's Role was written for the runner chart; the model-server chart's kinds (ConfigMap,
+    Service, Deployment) are among them, so its releases need no grant of their own."""
+    kinds = {chart: {(doc["apiVersion"], doc["kind"]) for doc in docs} for chart, docs in deployed_kinds(helm).items()}
+    assert kinds["model-server"] == {("v1", "ConfigMap"), ("v1", "Service"), ("apps/v1", "Deployment")}
+    assert kinds["model-server"] <= kinds["workflow-runner"]
 
 
 def test_a_chart_granting_more_fails(helm: str) -> None:

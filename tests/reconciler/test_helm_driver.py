@@ -629,6 +629,45 @@ def test_run_helm_without_a_binary_needs_a_human(tmp_path: Path) -> None:
         run_helm(["version"], helm=str(tmp_path / "no-helm"))
 
 
+async def test_runner_releases_keep_the_runners_timeout_whatever_the_model_timeout() -> None:
+    """Against the FAKE helm: `model_timeout_s` is for model-server releases only; a runner release's
+    rollback (of a stuck release) and upgrade wait `timeout_s`, and it is stuck after `timeout_s` + 120 s."""
+    specs = SpecCache()
+    specs.remember(RUN)
+    fake = (FakeHelm()
+            .expect("status", CANARY, stdout=status_json(CANARY, "pending-upgrade", 3, values()))  # 20 minutes old
+            .expect("history", CANARY, stdout=history_json((2, "deployed", "Upgrade complete"),
+                                                           (3, "pending-upgrade", "Preparing upgrade")))
+            .expect("rollback", CANARY, "2")
+            .expect("upgrade"))
+    await HelmDriver(BACKEND, specs, image=IMAGE, runner=fake, clock=lambda: NOW, model_timeout_s=3600).install(request())
+    fake.done()
+    assert [call[call.index("--timeout") + 1] for call in fake.calls if "--timeout" in call] == ["150s", "150s"]
+
+
+def test_the_default_runner_kills_helm_after_the_timeout_of_its_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's default runner with `run_helm` replaced by a recorder (a FAKE: no process runs): the
+    helm process is killed HELM_EXIT_MARGIN_S after the --timeout of its own call (a model upgrade's
+    1800s, not the runners' 150s), and after the driver's timeout_s for calls without one."""
+    from plnt.reconciler import helm_driver
+
+    seen: list[tuple[str, float]] = []
+
+    def recorder(args: Sequence[str], *, helm: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+        seen.append((helm, timeout_s))
+        return subprocess.CompletedProcess([helm, *args], 0, "", "")
+
+    monkeypatch.setattr(helm_driver, "run_helm", recorder)
+    runner = helm_driver.helm_runner("/opt/helm", 150.0)
+    runner(["upgrade", "--install", "chat", "model-server", "--wait", "--timeout", "1800s", "-o", "json"])
+    runner(["status", "chat", "-o", "json"])
+    runner(("uninstall", "chat", "--wait", "--timeout", "150s", "--ignore-not-found"))
+    assert seen == [("/opt/helm", 1820.0), ("/opt/helm", 170.0), ("/opt/helm", 170.0)]
+    assert helm_driver.HELM_EXIT_MARGIN_S == 20.0
+    assert helm_driver.wait_seconds(["status", "--timeout"], 5.0) == 5.0, "a flag without a value"
+    assert helm_driver.wait_seconds(["--timeout", "5m"], 5.0) == 5.0, "the driver writes seconds only"
+
+
 @pytest.mark.integration
 def test_run_helm_runs_the_real_binary() -> None:
     """The real helm binary (no FakeHelm), pointed at an API server address where nothing listens."""

@@ -33,10 +33,12 @@ from plnt.reconciler.driver import InstallRequest, RecipeTrust
 from plnt.reconciler.errors import DriverError, InvalidSpec
 from plnt.reconciler.helm_driver import (
     DEFAULT_MODEL_CHART,
+    MODEL_STEP_MARGIN_S,
     HelmConfigError,
     HelmDriver,
     SpecCache,
     gpu_resource_name,
+    model_step_timeouts,
     render_model_values,
 )
 from plnt.reconciler.registries import RegistryOptions
@@ -44,7 +46,7 @@ from plnt.reconciler.specs import ModelDeployment, PlntBackend, RecipeTrustPolic
 from plnt.reconciler.state import ModelServing
 
 from ..charts.chartkit import check_labels, find_helm, restricted_problems, validate_strictly
-from .test_helm_driver import IMAGE, NOT_FOUND, NOW, TARGET, FakeHelm, list_json, status_json
+from .test_helm_driver import IMAGE, NOT_FOUND, NOW, TARGET, FakeHelm, history_json, list_json, status_json
 
 ROOT_DIGEST = "sha256:" + "ab" * 32
 ROOT_JSON = json.dumps({"mediaType": "application/vnd.dev.sigstore.trustedroot+json;version=0.1", "tlogs": []})
@@ -103,11 +105,13 @@ def driver(fake: Any, *runs: ModelDeployment, **settings: Any) -> HelmDriver:
                       **settings)
 
 
-def model_upgrade_argv(release: str, track: str, path: str) -> list[str]:
-    return ["upgrade", "--install", release, DEFAULT_MODEL_CHART, *TARGET, "--values", path, "--reset-values",
+def model_upgrade_argv(release: str, track: str, path: str, timeout: str = "1800s",
+                       chart: str = DEFAULT_MODEL_CHART) -> list[str]:
+    """A model release's upgrade: the model's own helm wait (`model_timeout_s`, default 30 minutes)."""
+    return ["upgrade", "--install", release, chart, *TARGET, "--values", path, "--reset-values",
             "--labels", f"plnt.work/managed-by=plnt,plnt.work/model-deployment=chat,"
                         f"plnt.work/model-deployment-namespace=team-a,plnt.work/track={track}",
-            "--wait", "--timeout", "150s", "--history-max", "10", "-o", "json"]
+            "--wait", "--timeout", timeout, "--history-max", "10", "-o", "json"]
 
 
 CHAT = model()
@@ -290,6 +294,8 @@ async def test_promote_upgrades_stable_with_the_canarys_values_then_removes_the_
     release = await driver(fake, CHAT, CHAT_NEXT).promote("team-a", "chat")
     fake.done()
     assert fake.calls[2] == model_upgrade_argv("chat", "stable", fake.values_paths[0])
+    # The new stable pods fetch and load the weights (the model's wait); the canary only stops.
+    assert fake.calls[3] == ["uninstall", "chat-canary", *TARGET, "--wait", "--timeout", "150s", "--ignore-not-found"]
     [promoted] = fake.values_files
     assert promoted == {**canary, "track": "stable", "deployment": {**canary["deployment"], "trafficPercent": 0}}
     assert (release.track, release.version, release.traffic_percent) == ("stable", "1.1.0", 0)
@@ -308,6 +314,130 @@ async def test_remove_uninstalls_a_model_release_of_its_own_only() -> None:
     fake = FakeHelm().expect("status", "chat", rc=1, stderr=NOT_FOUND)
     await driver(fake, CHAT).remove("team-a", "chat", "stable")
     fake.done()
+
+
+async def test_a_model_release_waits_its_own_timeout_and_is_live_that_long() -> None:
+    """Against the FAKE helm: a model release's upgrade waits `model_timeout_s`; a pending model release
+    is a live helm until that wait and 120 s have passed (here 20 minutes old: live under the default
+    30 minutes, stuck under 10, then rolled back with the model's wait and upgraded)."""
+    fake = FakeHelm().expect("status", "chat-canary", rc=1, stderr=NOT_FOUND).expect("upgrade")
+    await driver(fake, CHAT, model_timeout_s=2400).install(request(CHAT))
+    fake.done()
+    assert fake.calls[1] == model_upgrade_argv("chat-canary", "canary", fake.values_paths[0], "2400s")
+
+    values = render_model_values(request(CHAT), CHAT.spec, BACKEND, IMAGE, resources=RESOURCES)
+    pending = status_json("chat-canary", "pending-upgrade", 3, values)  # last deployed 20 minutes before NOW
+    fake = FakeHelm().expect("status", "chat-canary", stdout=pending)
+    with pytest.raises(DriverError, match="pending-upgrade since 1198s ago; treated as stuck after 1920s"):
+        await driver(fake, CHAT).install(request(CHAT))
+    assert fake.commands() == ["status chat-canary"], "no rollback of a helm that may still be waiting"
+
+    fake = (FakeHelm().expect("status", "chat-canary", stdout=pending)
+            .expect("history", "chat-canary", stdout=history_json((2, "deployed", "Upgrade complete"),
+                                                                  (3, "pending-upgrade", "Preparing upgrade")))
+            .expect("rollback", "chat-canary", "2")
+            .expect("upgrade"))
+    await driver(fake, CHAT, model_timeout_s=600).install(request(CHAT))
+    fake.done()
+    assert fake.calls[2] == ["rollback", "chat-canary", "2", *TARGET, "--wait", "--timeout", "600s", "--history-max", "10"]
+    assert fake.calls[3] == model_upgrade_argv("chat-canary", "canary", fake.values_paths[0], "600s")
+
+
+def test_model_step_timeouts_cover_the_models_wait_and_leave_the_other_steps() -> None:
+    from plnt.reconciler.settings import StepTimeouts
+
+    defaults = StepTimeouts()
+    steps = model_step_timeouts(defaults, 1800)
+    assert MODEL_STEP_MARGIN_S == 300
+    assert (steps.install_release, steps.promote_release) == (2100, 2100)
+    assert steps.model_copy(update={"install_release": 180, "promote_release": 180}) == defaults
+    # The margin covers helm's exit after its wait plus one runner-timeout helm call (promote's uninstall).
+    assert MODEL_STEP_MARGIN_S >= 20 + 150 + 20
+    # Never lower than what the settings already give.
+    raised = StepTimeouts(install_release=5000)
+    assert (model_step_timeouts(raised, 600).install_release, model_step_timeouts(raised, 600).promote_release) == (5000, 900)
+
+
+async def test_plnts_model_settings_reach_the_helm_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_driver_set (what `plnt up` and `plnt worker` use) with `run_helm` replaced by the FAKE helm
+    (no process runs): the model chart, the model timeout and the GPU resource setting reach the model
+    release's upgrade; a LocalDriver that is never started."""
+    import shutil
+
+    from plnt.reconciler import helm_driver
+    from plnt.reconciler.app import make_driver_set
+    from plnt.reconciler.loader import SpecSet
+    from plnt.reconciler.local_driver import LocalDriver
+    from plnt.reconciler.settings import Settings
+    from plnt.reconciler.state import StateDir
+
+    chart = tmp_path / "charts" / "model-server"
+    shutil.copytree(DEFAULT_MODEL_CHART, chart)
+    state = StateDir(tmp_path / "state").ensure()
+    settings = Settings(repo=str(tmp_path), state_dir=state.root, helm_model_chart=str(chart),
+                        model_install_timeout_s=2400, gpu_resource="amd.com/gpu", runner_image="ghcr.io/acme/plnt",
+                        runner_image_tag="0.1.0")
+    fake = FakeHelm().expect("status", "chat-canary", rc=1, stderr=NOT_FOUND).expect("upgrade")
+    kills: list[float] = []
+
+    def run_helm(args: Any, *, helm: str, timeout_s: float) -> Any:
+        kills.append(timeout_s)
+        return fake(args)
+
+    monkeypatch.setattr(helm_driver, "run_helm", run_helm)
+    run = CASES["vllm-h100"][0]
+    drivers = make_driver_set(settings, LocalDriver(state), state)
+    drivers.assign(SpecSet(model_deployments={run.key: run}, backends={BACKEND.metadata.name: BACKEND}))
+    await drivers.install(request(run))
+    fake.done()
+    assert fake.calls[1] == model_upgrade_argv("chat-canary", "canary", fake.values_paths[0], "2400s", str(chart))
+    [values] = fake.values_files
+    assert values["gpu"] == {"class": "nvidia.com/h100", "count": 2, "resourceName": "amd.com/gpu"}
+    assert kills == [170.0, 2420.0], "status with the runners' timeout, the upgrade with the model's"
+
+
+def test_model_settings_defaults_and_refusals() -> None:
+    from plnt.reconciler.settings import Settings
+
+    settings = Settings(repo=".")
+    assert (settings.model_install_timeout_s, settings.gpu_resource, settings.helm_model_chart) == (1800, None, None)
+    for bad in ({"model_install_timeout_s": 0}, {"gpu_resource": "gpu"}, {"gpu_resource": "Nvidia.com/gpu"},
+                {"gpu_resource": ""}):
+        with pytest.raises(ValueError):
+            Settings(repo=".", **bad)
+
+
+def test_the_flags_reach_the_settings_of_each_role(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`plnt up`, `plnt reconcile` and `plnt worker` in-process (typer's CliRunner) with what would start
+    them replaced by a recorder (a FAKE: nothing starts): --model-install-timeout and --gpu-resource land
+    in the Settings; a bad resource name is a usage error."""
+    from plnt.reconciler import cli, cli_roles
+    from typer.testing import CliRunner
+
+    seen: dict[str, Any] = {}
+
+    async def up(settings: Any) -> None:
+        seen["up"] = settings
+
+    monkeypatch.setattr(cli, "_up", up)
+    monkeypatch.setattr(cli_roles, "_run_role", lambda start, settings, what: seen.__setitem__(what, settings))
+    repo = ["--repo", str(tmp_path)]
+    commands = {
+        "up": ["up", *repo, "--state-dir", str(tmp_path / "up"), "--model-install-timeout", "3600",
+               "--gpu-resource", "amd.com/gpu"],
+        "reconcile": ["reconcile", *repo, "--model-install-timeout", "3600"],
+        "worker": ["worker", *repo, "--model-install-timeout", "3600", "--gpu-resource", "amd.com/gpu"],
+    }
+    for what, argv in commands.items():
+        result = CliRunner().invoke(cli.app, argv, catch_exceptions=False)
+        assert result.exit_code == 0, (what, result.output)
+        assert seen[what].model_install_timeout_s == 3600, what
+    assert seen["up"].gpu_resource == seen["worker"].gpu_resource == "amd.com/gpu"
+    assert CliRunner().invoke(cli.app, ["reconcile", *repo]).exit_code == 0
+    assert seen["reconcile"].model_install_timeout_s == 1800 and seen["reconcile"].gpu_resource is None
+    del seen["worker"]
+    result = CliRunner().invoke(cli.app, ["worker", *repo, "--gpu-resource", "gpu"])
+    assert result.exit_code == 2 and "worker" not in seen and "pattern" in result.output, result.output
 
 
 async def test_live_reads_runner_and_model_releases_alike() -> None:

@@ -553,3 +553,99 @@ async def test_install_hands_the_driver_the_policies_and_roots_the_pull_verified
     [path] = {p.spec.trust_root.trusted_root_file for p in covering}
     assert request.trust.trusted_roots == {path: (spec_repo.path / path).read_text()}
     assert "trust" not in request.release().model_dump(), "a release record carries no policies"
+
+
+# --- a ModelDeployment's saga: install and promote wait for the model ----------------------------
+
+
+def scheduled_timeouts(history: WorkflowHistory) -> dict[str, float]:
+    """Each scheduled activity's start-to-close timeout, in seconds, as the saga's history holds it."""
+    out: dict[str, float] = {}
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attributes = event.activity_task_scheduled_event_attributes
+            out[attributes.activity_type.name] = attributes.start_to_close_timeout.ToTimedelta().total_seconds()
+    return out
+
+
+async def test_a_model_sagas_install_and_promote_wait_for_the_model(temporal_address: str,
+                                                                    temporal_namespace: str) -> None:
+    """saga.py takes each step's timeout from the saga's input: a ModelDeployment's input (as the
+    reconciler builds it, with model_step_timeouts) schedules install_release and promote_release with
+    the model's helm wait plus the margin, every other step as a WorkflowRun's; both histories replay.
+    FakeActivities on a real Temporal dev server."""
+    from plnt.reconciler.helm_driver import model_step_timeouts
+
+    model_retry = FAST_RETRY.model_copy(update={"step_timeouts": model_step_timeouts(FAST_RETRY.step_timeouts, 1800)})
+    saga = SagaInput(action="deploy", namespace="default", name="rr", commit=COMMIT, fingerprint=FINGERPRINT,
+                     version="1.0.0", retry=model_retry)
+    histories: list[Any] = []
+    model_run = await run_saga(temporal_address, temporal_namespace, FakeActivities(), raw=saga.model_dump(mode="json"),
+                               runner=SAGA_RUNNER, histories=histories)
+    runner_run = await run_saga(temporal_address, temporal_namespace, FakeActivities(), runner=SAGA_RUNNER,
+                                histories=histories)
+    assert model_run.phase is runner_run.phase is Phase.READY
+    model_history, runner_history = histories
+    runner_steps = {"validate": 30, "pull_recipe": 300, "install_release": 180, "smoke_test": 900, "promote_release": 180}
+    assert scheduled_timeouts(runner_history) == runner_steps
+    assert scheduled_timeouts(model_history) == {**runner_steps, "install_release": 2100, "promote_release": 2100}
+    for history in histories:
+        replayer = Replayer(workflows=[DeploySaga], workflow_runner=SAGA_RUNNER, data_converter=pydantic_data_converter)
+        await replayer.replay_workflow(history)  # raises on any difference
+
+
+class SagaInputSpy:
+    """The real Temporal client, with every saga input it starts recorded (a spy: each start goes on)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.inputs: dict[str, SagaInput] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def start_workflow(self, workflow: str, saga: SagaInput, **kwargs: Any) -> Any:
+        self.inputs[saga.key] = saga
+        return await self._client.start_workflow(workflow, saga, **kwargs)
+
+
+async def test_the_reconciler_gives_a_model_deployment_the_models_step_timeouts(
+        spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str) -> None:
+    """A real Reconciler pass over the example repository with a ModelDeployment added (a real git
+    repository, GitSource, DriverSet over a LocalDriver that is never started, a real Temporal dev
+    server where no worker polls, so the sagas wait): the ModelDeployment's saga input carries
+    install/promote timeouts of model_install_timeout_s + 300 s; the WorkflowRuns' carry plnt's own."""
+    from plnt.reconciler.drivers import DriverSet
+    from plnt.reconciler.reconciler import Reconciler
+    from plnt.reconciler.saga_io import saga_workflow_id
+    from plnt.reconciler.settings import Settings
+
+    spec_repo.write("modeldeployments/smollm2.yaml", (spec_repo.path / "models" / "smollm2.yaml").read_text())
+    spec_repo.commit("a ModelDeployment")
+    state = StateDir(tmp_path / "state").ensure()
+    client = SagaInputSpy(await connect(temporal_address, temporal_namespace, data_converter=pydantic_data_converter))
+    settings = Settings(repo=str(spec_repo.path), state_dir=state.root, temporal_namespace=temporal_namespace,
+                        model_install_timeout_s=2400)
+
+    def no_helm(backend: Any, specs: Any) -> Any:
+        raise AssertionError("no Kubernetes backend here")
+
+    reconciler = Reconciler(settings=settings, source=GitSource(str(spec_repo.path), state.source_clone),
+                            client=client, statuses=StatusStore(state.status_file),  # type: ignore[arg-type]
+                            driver=DriverSet(LocalDriver(state), state, make_helm=no_helm), state=state)
+    try:
+        await reconciler.reconcile_once()
+        model = client.inputs.pop("default/smollm2")
+        assert client.inputs, "the example's WorkflowRuns were started too"
+        steps = model.retry.step_timeouts
+        assert (steps.install_release, steps.promote_release) == (2700, 2700)
+        defaults = settings.retry.step_timeouts
+        assert steps.model_copy(update={"install_release": 180, "promote_release": 180}) == defaults
+        assert model.retry.model_copy(update={"step_timeouts": defaults}) == settings.retry
+        for key, saga in client.inputs.items():
+            assert saga.retry == settings.retry, key
+    finally:
+        for key in reconciler.running_sagas:
+            namespace, name = key.split("/")
+            await client.get_workflow_handle(saga_workflow_id(namespace, name)).terminate("test over")
+        await reconciler.close()

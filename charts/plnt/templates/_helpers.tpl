@@ -218,19 +218,77 @@ app.kubernetes.io/name: workflow-runner
 app.kubernetes.io/part-of: plnt
 {{- end -}}
 
-{{/* Egress to the runner pods of every deploy namespace, on the runner port. */}}
-{{- define "plnt.runnerEgress" -}}
+{{/*
+The labels the model-server chart puts on every model-server pod (its selectorLabels/labels):
+`app.kubernetes.io/name: model-server` and `app.kubernetes.io/part-of: plnt`; its server listens on
+8000, fixed in that chart (plnt's Helm driver routes to its Service on 8000). Both checked against a
+render of that chart by tests/charts/test_plnt_chart.py.
+*/}}
+{{- define "plnt.modelServerPodLabels" -}}
+app.kubernetes.io/name: model-server
+app.kubernetes.io/part-of: plnt
+{{- end -}}
+
+{{- define "plnt.modelServerPort" -}}
+8000
+{{- end -}}
+
+{{/*
+Egress to the pods the workers deploy, in every deploy namespace, on their port:
+(dict "ctx" $ "labels" "plnt.runnerPodLabels" "port" 8080).
+*/}}
+{{- define "plnt.deployedPodEgress" -}}
 - to:
-    {{- range .Values.deployNamespaces }}
+    {{- range .ctx.Values.deployNamespaces }}
     - namespaceSelector:
         matchLabels:
           kubernetes.io/metadata.name: {{ . }}
       podSelector:
         matchLabels:
-          {{- include "plnt.runnerPodLabels" $ | nindent 10 }}
+          {{- include $.labels $.ctx | nindent 10 }}
     {{- end }}
   ports:
-    - {port: {{ .Values.runners.port }}, protocol: TCP}
+    - {port: {{ .port }}, protocol: TCP}
+{{- end -}}
+
+{{/* Egress to the runner pods and the model-server pods of every deploy namespace (gateway, worker). */}}
+{{- define "plnt.deployedPodsEgress" -}}
+{{ include "plnt.deployedPodEgress" (dict "ctx" . "labels" "plnt.runnerPodLabels" "port" .Values.runners.port) }}
+{{ include "plnt.deployedPodEgress" (dict "ctx" . "labels" "plnt.modelServerPodLabels" "port" (include "plnt.modelServerPort" .)) }}
+{{- end -}}
+
+{{/*
+The policy of the pods the workers deploy, in one deploy namespace: in on their port from this
+release's gateways and workers only; out to DNS, the registries (their init container fetches the
+recipe or the weights) and the extra egress rules given.
+(dict "ctx" $ "namespace" NS "name" "runners" "labels" "plnt.runnerPodLabels" "port" 8080 "egress" LIST)
+*/}}
+{{- define "plnt.deployedPodPolicy" -}}
+{{- $np := .ctx.Values.networkPolicy -}}
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: {{ include "plnt.fullname" .ctx }}-{{ .name }}
+  namespace: {{ .namespace }}
+  labels:
+    {{- include "plnt.commonLabels" .ctx | nindent 4 }}
+spec:
+  podSelector:
+    matchLabels:
+      {{- include .labels .ctx | nindent 6 }}
+  policyTypes: ["Ingress", "Egress"]
+  ingress:
+    - from:
+        {{- include "plnt.rolePeer" (dict "ctx" .ctx "role" "gateway") | nindent 8 }}
+        {{- include "plnt.rolePeer" (dict "ctx" .ctx "role" "worker") | nindent 8 }}
+      ports:
+        - {port: {{ .port }}, protocol: TCP}
+  egress:
+    {{- include "plnt.egressRule" $np.dns | nindent 4 }}
+    {{- include "plnt.egressRule" $np.registries | nindent 4 }}
+    {{- range .egress }}
+    {{- include "plnt.egressRule" . | nindent 4 }}
+    {{- end }}
 {{- end -}}
 
 
