@@ -46,6 +46,8 @@ from .specs import (
     run_key,
 )
 
+DEPLOYABLE_KINDS = ("WorkflowRun", "ModelDeployment")  # what a saga rolls out, keyed namespace/name
+
 # A path into a YAML document: mapping keys and sequence indices, as pydantic's `loc`.
 DocPath = tuple[Any, ...]
 
@@ -982,33 +984,20 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
                 assert isinstance(model, Workflow)
                 key, label = f"{model.metadata.name}@{model.metadata.version}", "Workflow"
             where = f"{label}/{key}"
-            if where in docs:
-                first = docs[where]
-                name_path = ("metadata", "name")
-                problems.append(
-                    Problem(
-                        doc.file,
-                        doc.line(name_path),
-                        "metadata.name",
-                        f"duplicate {label} {key}; first declared at {first.file}:{first.line(name_path)}; "
-                        "rename or remove one of them",
-                    )
-                )
-                continue
+            # WorkflowRuns and ModelDeployments share a namespace's names: one saga, status row and
+            # gateway name each.
             other = f"{'ModelDeployment' if label == 'WorkflowRun' else 'WorkflowRun'}/{key}"
-            if label in ("WorkflowRun", "ModelDeployment") and other in docs:
-                first = docs[other]
+            taken_by = where if where in docs else other if label in DEPLOYABLE_KINDS and other in docs else None
+            if taken_by is not None:
+                first = docs[taken_by]
                 name_path = ("metadata", "name")
-                problems.append(
-                    Problem(
-                        doc.file,
-                        doc.line(name_path),
-                        "metadata.name",
-                        f"{label} {key} has the name of the {other.split('/')[0]} declared at "
-                        f"{first.file}:{first.line(name_path)}; WorkflowRuns and ModelDeployments share a "
-                        "namespace's names (one rollout, one status and one gateway name each): rename one",
-                    )
-                )
+                earlier = f"{first.file}:{first.line(name_path)}"
+                message = (f"duplicate {label} {key}; first declared at {earlier}; rename or remove one of them"
+                           if taken_by == where else
+                           f"{label} {key} has the name of the {taken_by.split('/')[0]} declared at {earlier}; "
+                           "WorkflowRuns and ModelDeployments share a namespace's names (one rollout, one status and "
+                           "one gateway name each): rename one")
+                problems.append(Problem(doc.file, doc.line(name_path), "metadata.name", message))
                 continue
             docs[where] = doc
             specs.locations[where] = (doc.file, doc.start)
