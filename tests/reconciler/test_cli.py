@@ -312,6 +312,24 @@ def test_plan_shows_install_for_an_added_workflowrun_and_uninstall_for_a_deleted
     assert "Plan: 0 to install, 0 to upgrade, 1 to uninstall, 1 unchanged." in result.stdout
 
 
+def test_plan_shows_a_model_deployment_and_its_new_weights_pin(spec_repo: SpecRepo) -> None:
+    base = spec_repo.git("rev-parse", "HEAD")
+    model = (EXAMPLE / "models" / "smollm2.yaml").read_text()
+    spec_repo.write("modeldeployments/smollm2.yaml", model)
+    added = spec_repo.commit("smollm2")
+    result = plnt("plan", "--repo", spec_repo.path, "--base", base, "--head", added, "-f", "json")
+    assert result.exit_code == 0, result.output
+    actions = {i["name"]: (i["action"], i["toVersion"]) for i in json.loads(result.stdout)["items"]}
+    assert actions["smollm2"] == ("install", "1.0.0")
+
+    spec_repo.write("modeldeployments/smollm2.yaml", re.sub(r'rootDigest: "sha256:[0-9a-f]{64}"',
+                                                             'rootDigest: "sha256:' + "b" * 64 + '"', model))
+    repinned = spec_repo.commit("smollm2 pinned to other weights")
+    result = plnt("plan", "--repo", spec_repo.path, "--base", added, "--head", repinned)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"^\s+model\.rootDigest: sha256:16399c.* -> sha256:bbbb", result.stdout, re.M), result.stdout
+
+
 def test_plan_head_defaults_to_the_branch(spec_repo: SpecRepo) -> None:
     base = spec_repo.git("rev-parse", "HEAD")
     main = bump(spec_repo, "1.3.0")
