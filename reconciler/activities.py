@@ -482,7 +482,8 @@ class SagaActivities:
             traffic_percent=run.spec.canary.traffic_percent, trust=trust,
             model=ModelServing(runtime=runtime.type, model_file=model_file, alias=run.metadata.name,
                                context_length=runtime.context_length, threads=runtime.threads,
-                               args=tuple(runtime.args), registry=model.registry, model_name=model.name),
+                               args=tuple(runtime.args), registry=model.registry, model_name=model.name,
+                               memory_mib=runtime.resources.memory_mi_b if runtime.resources else None),
         )))
         self._pulled.pop(digest, None)  # the release record references them from here on
         return release

@@ -219,6 +219,16 @@ def recipe_fetch_values(request: InstallRequest, spec: WorkflowRunSpec, options:
     }
 
 
+def model_resources(spec: ModelDeploymentSpec) -> dict[str, Any] | None:
+    """Kubernetes requests and limits from spec.runtime.resources (None: the driver's setting)."""
+    wanted = spec.runtime.resources
+    if wanted is None:
+        return None
+    memory = f"{wanted.memory_mi_b}Mi"
+    requests: dict[str, Any] = {"memory": memory, **({"cpu": f"{wanted.cpu:g}"} if wanted.cpu else {})}
+    return {"requests": requests, "limits": {"memory": memory}}
+
+
 def render_model_values(
     request: InstallRequest,
     spec: ModelDeploymentSpec,
@@ -815,7 +825,8 @@ class HelmDriver:
             if not isinstance(spec, ModelDeploymentSpec):
                 raise DriverError(f"{request.namespace}/{request.name}: a model-server install for a spec that is not "
                                   "a ModelDeployment's")
-            return render_model_values(request, spec, self._backend, self._image, resources=self._model_resources,
+            return render_model_values(request, spec, self._backend, self._image,
+                                       resources=model_resources(spec) or self._model_resources,
                                        registry_options=self._registry_options,
                                        credentials_secret=self._credentials_secret, gpu_resource=self._gpu_resource)
         if not isinstance(spec, WorkflowRunSpec):

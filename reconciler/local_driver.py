@@ -574,7 +574,7 @@ class LocalDriver:
             "--version", release.version,
             "--context", str(model.context_length),
             *(["--threads", str(model.threads)] if model.threads else []),
-            "--limit-memory-mib", str(limits.memory_mi_b),
+            "--limit-memory-mib", str(model.memory_mib or limits.memory_mi_b),
             "--limit-open-files", str(limits.open_files),
             "--limit-processes", str(limits.processes),
             "--", *model.args,

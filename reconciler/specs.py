@@ -195,6 +195,14 @@ class ModelSource(SpecModel):
     _known_scheme = field_validator("registry")(WorkflowSource._known_scheme.__func__)  # type: ignore[attr-defined]
 
 
+class ModelResources(SpecModel):
+    """What one model server may use. Local: memoryMiB is its address-space limit (instead of the
+    backend's runnerLimits.memoryMiB: weights are mapped into memory). Kubernetes: requests and limits."""
+
+    memory_mi_b: int = Field(ge=256, le=2**24, alias="memoryMiB", description="memory of one model server, MiB")
+    cpu: float | None = Field(default=None, gt=0, le=1024, description="Kubernetes: CPU cores requested")
+
+
 class ModelRuntime(SpecModel):
     """The server that serves the weights. llama.cpp runs on a local backend's CPU (and on
     Kubernetes); vLLM, TGI and SGLang run on Kubernetes backends only."""
@@ -204,6 +212,8 @@ class ModelRuntime(SpecModel):
     context_length: int = Field(default=2048, ge=128, le=1 << 20)
     threads: int | None = Field(default=None, ge=1, le=512, description="CPU threads (llama.cpp); default: its own")
     image: str | None = Field(default=None, min_length=1, description="Kubernetes: the runtime's container image")
+    resources: ModelResources | None = Field(default=None, description=(
+        "default: the backend's runnerLimits (local) or plnt's setting (Kubernetes)"))
 
     @field_validator("args")
     @classmethod

@@ -86,6 +86,7 @@ class ModelServing(BaseModel):
     context_length: int
     threads: int | None = None
     args: tuple[str, ...] = ()
+    memory_mib: int | None = None  # spec.runtime.resources.memoryMiB; None: the backend's runnerLimits
     registry: str = ""
     model_name: str = ""
 

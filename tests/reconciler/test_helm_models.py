@@ -38,6 +38,7 @@ from plnt.reconciler.helm_driver import (
     HelmDriver,
     SpecCache,
     gpu_resource_name,
+    model_resources,
     model_step_timeouts,
     render_model_values,
 )
@@ -805,3 +806,15 @@ async def test_validate_accepts_a_gpu_runtime_with_gpus_on_kubernetes(spec_repo:
     kit = Kit(tmp_path, spec_repo, "127.0.0.1:1")
     validated = await kit.run("validate", ValidateInput(saga=model_ref(spec_repo)))
     assert validated.backend_type == "kubernetes" and validated.spec["backend"]["gpuCount"] == 2
+
+
+async def test_spec_runtime_resources_become_the_servers_requests_and_limits_beside_its_gpus(helm: str) -> None:
+    """spec.runtime.resources wins over plnt's setting; the chart adds the GPU limit to them (REAL helm
+    renders the values the driver gave the FAKE helm)."""
+    run = model(runtime={"type": "vllm", "resources": {"memoryMiB": 24576, "cpu": 4}},
+                backend={"gpuClass": "nvidia.com/gpu", "gpuCount": 1})
+    docs, _ = await driver_docs(helm, run)
+    container = next(c for c in kinds(docs)["Deployment"]["spec"]["template"]["spec"]["containers"])
+    assert container["resources"]["requests"] == {"memory": "24576Mi", "cpu": "4"}
+    assert container["resources"]["limits"] == {"memory": "24576Mi", "nvidia.com/gpu": 1}
+    assert model_resources(model().spec) is None  # none asked: the driver's setting applies

@@ -432,3 +432,25 @@ async def test_a_start_in_flight_when_the_driver_shuts_down_leaves_no_runner(tmp
     assert runners_under(tmp_path) == {}
     assert driver._zygote.pid is None, "a zygote was started after shutdown"
     assert driver.snapshot() == {}, "a release was recorded after shutdown"
+
+
+def test_a_model_servers_memory_limit_is_its_specs_else_the_backends(tmp_path: Path) -> None:
+    """The command line a model release starts with (nothing is started here)."""
+    import sys
+
+    from plnt.reconciler.local_driver import MODEL_SERVER_SCRIPT
+    from plnt.reconciler.state import ModelServing
+
+    driver = LocalDriver(StateDir(tmp_path / "state"), model_python=sys.executable,
+                         limits_for=lambda namespace, name: RunnerLimits(memory_mi_b=2048))
+    serving = ModelServing(runtime="llama.cpp", model_file="m.gguf", alias="smollm2", context_length=1024,
+                           args=("--n_batch", "64"))
+    release = Release(release_id="default.smollm2.1.0.0.abc", namespace="default", name="smollm2", track="canary",
+                      version="1.0.0", spec_fingerprint="sha256:" + "a" * 64, recipe_digest="sha256:" + "b" * 64,
+                      recipe_dir=str(tmp_path / "model"), endpoint="", model=serving)
+    limits = RunnerLimits(memory_mi_b=2048)
+    argv = driver._model_argv(release, 8123, limits)
+    assert argv[:2] == [sys.executable, str(MODEL_SERVER_SCRIPT)]
+    assert argv[argv.index("--limit-memory-mib") + 1] == "2048" and argv[-3:] == ["--", "--n_batch", "64"]
+    bigger = release.model_copy(update={"model": serving.model_copy(update={"memory_mib": 16384})})
+    assert driver._model_argv(bigger, 8123, limits)[argv.index("--limit-memory-mib") + 1] == "16384"
