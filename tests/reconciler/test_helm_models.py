@@ -240,7 +240,8 @@ async def test_install_upgrades_the_model_server_chart_and_the_release_serves_op
         "recipe_dir": "/models/smollm2", "endpoint": "http://chat-canary.agents.svc.cluster.local:8000",
         "traffic_percent": 5, "pid": None, "pid_start": None, "port": None, "park_after_s": None, "parked": False,
         "model": {"runtime": "llama.cpp", "model_file": "weights/smollm2-q8_0.gguf", "alias": "chat",
-                  "context_length": 4096, "threads": None, "args": (), "registry": "oci://registry.example.com/models",
+                  "context_length": 4096, "threads": None, "args": (), "memory_mib": None,
+                  "registry": "oci://registry.example.com/models",
                   "model_name": "smollm2"},
         "llm_model": None,
     }
