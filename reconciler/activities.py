@@ -581,8 +581,8 @@ class SagaActivities:
     async def _collect_weights(self) -> None:
         """Removes from the store the weights no model release references (nor a pull not yet
         installed): after a promotion (the old stable's) or a removal (a rolled-back canary's)."""
-        if self._weights is None:
-            return
+        if self._weights is None or not await asyncio.to_thread(self._weights.holds_anything):
+            return  # every removal of 1,000 WorkflowRuns would read the live state (Helm: helm list) for nothing
         now = time.monotonic()
         self._pulled = {digest: at for digest, at in self._pulled.items() if now - at < PULLED_KEPT_S}
         try:

@@ -83,7 +83,7 @@ class CommitSpecs:
             raise UntrustedSagaInput(f"commit {commit} has {len(problems)} spec problem(s) and plnt starts no "
                                      f"saga for it: {problems[0]}")
         key = run_key(ref.namespace, ref.run_name)
-        run = specs.deployables().get(key)
+        run = specs.deployable(key)
         if ref.preview is not None:
             key = ref.key
             # (Previews are of WorkflowRuns: a pull request's ModelDeployment is not deployed beside the stable.)

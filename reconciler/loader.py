@@ -132,6 +132,10 @@ class SpecSet:
             return self.workflow_runs  # type: ignore[return-value] - not copied: read, never changed
         return {**self.workflow_runs, **self.model_deployments}
 
+    def deployable(self, key: str) -> Deployable | None:
+        """One of deployables(), without building that mapping (a lookup per saga start)."""
+        return self.workflow_runs.get(key) or self.model_deployments.get(key)
+
 
 class SpecError(Exception):
     def __init__(self, problems: list[Problem]) -> None:

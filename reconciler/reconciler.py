@@ -253,7 +253,7 @@ class Reconciler:
         return self._source.load(commit, limits)
 
     async def _start_saga(self, item: PlanItem, specs: SpecSet, commit: str) -> None:
-        run = specs.deployables().get(item.key)
+        run = specs.deployable(item.key)
         if item.action is Action.UNINSTALL or run is None:
             saga = SagaInput(action="uninstall", namespace=item.namespace, name=item.name, commit=commit,
                              retry=self._settings.retry)
@@ -305,7 +305,7 @@ class Reconciler:
     async def _heal_drift(self, specs: SpecSet) -> None:
         """Releases that stopped running out of band are restored (selfHeal, the default) or reported."""
         for key, releases in (await self._driver.drift()).items():
-            run = specs.deployables().get(key)
+            run = specs.deployable(key)
             if run is None or key in self._sagas:
                 continue  # being removed, or a saga owns it right now
             what = ", ".join(f"{r.track} {r.version}" for r in releases)

@@ -111,6 +111,14 @@ class WeightsStore:
     def model_dir(self, root_digest: str) -> Path:
         return self._models / root_digest.removeprefix("sha256:")
 
+    def holds_anything(self) -> bool:
+        """Whether a model, blob or partial transfer is in the store (else there is nothing to collect)."""
+        for directory in (self._models, self._blobs, self._partial):
+            with os.scandir(directory) as entries:
+                if any(entries):
+                    return True
+        return False
+
     def used_bytes(self) -> int:
         return sum(entry.stat().st_size for directory in (self._blobs, self._partial) for entry in os.scandir(directory))
 

@@ -219,3 +219,12 @@ def test_a_blob_from_an_earlier_pull_is_hashed_again_and_fetched_again_if_it_cha
     assert blob.name in hashed
     assert second.transferred_bytes == len(WEIGHTS) + 2  # the changed blob again, and the new file
     assert (second.directory / "model.gguf").read_bytes() == WEIGHTS
+
+
+def test_a_store_says_whether_it_holds_anything_to_collect(ca: TestSigstoreAuthority, tmp_path: Path) -> None:
+    store = WeightsStore(tmp_path / "store", budget_bytes=10 << 20)
+    assert not store.holds_anything()
+    publish(ca, tmp_path / "published", {"model.gguf": WEIGHTS})
+    pulled = store.pull(DirectoryWeightsSource(tmp_path / "published"), verifier(ca))
+    assert store.holds_anything()
+    assert store.collect(set()) == [pulled.root_digest] and not store.holds_anything()
