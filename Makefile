@@ -81,6 +81,7 @@ bench: install install-llm
 	  | tee $(BENCH_OUT)/gateway_overhead.txt
 	$(PY) bench/gateway_workers.py --workers 1,2 --requests 1500 --rounds 3 --busy-runs 1000 \
 	  | tee $(BENCH_OUT)/gateway_workers.txt
+	$(PY) bench/tracing_overhead.py --requests 3000 --concurrency 1,32 --rounds 6 --control | tee $(BENCH_OUT)/tracing_overhead.txt
 
 # charts/plnt end to end on a throwaway kind cluster (needs Docker, kind, kubectl). NOT run in `make
 # test`, and never run on the machines plnt is developed on (no Docker there): see charts/plnt/README.md.

@@ -10,10 +10,14 @@ project's machine, more than the whole proxy hop; see bench/gateway_overhead.py)
 - `POST /v1/chat/completions`: OpenAI chat completions (model = workflow name), translated to
   the runner's `POST /chat`; see openai_compat.py.
 
+Both take `X-Plnt-Preview: N` (the preview of pull request N) and `X-Plnt-Track: stable|canary` (that
+track while a canary runs: 409 `no_canary` when none does, 400 for another value).
+
 - `POST /hooks/git`: needs the raw body for the forge's signature and no bearer token
   when signed (see `Gateway.git_hook`, hooks.py).
 
-FastAPI serves the rest: `GET /v1/models`, `GET /workflows`, `GET /workflows/{name}/stats`,
+FastAPI serves the rest: `GET /v1/models`, `GET /workflows`, `GET /workflows/events` (the rows as
+Server-Sent Events), `GET /workflows/{name}/stats`, `GET /calls` (the last calls, calls.py),
 `GET /metrics`, `GET /healthz` (and whatever `plnt up` adds), after the token and scope check
 in `GatewayApp.__call__` (auth.required_scope: unlisted paths need `admin`).
 
@@ -37,6 +41,7 @@ retried: the runner may have done the work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -49,7 +54,7 @@ from urllib.parse import parse_qs
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from . import hooks
+from . import hooks, telemetry
 from . import limits as json_limits
 from . import openai_compat as oai
 from .auth import (
@@ -65,25 +70,33 @@ from .auth import (
     host_allowed,
     is_json_media,
     is_loopback_host,
+    is_ui_path,
     missing_scope_message,
     open_gateway_hosts,
     required_scope,
 )
+from .calls import MAX_LIMIT as MAX_CALLS_LIMIT
+from .calls import CallLog
 from .metrics import GatewayMetrics
 from .routes import (
     PREVIEW_HEADER,
+    TRACK_HEADER,
     AmbiguousRoute,
     Backend,
+    BadTrack,
+    NoCanary,
     PreviewNotFound,
     Route,
     RouteNotReady,
     Router,
     RouteTable,
     Track,
+    forced_track,
     preview_of,
     preview_target,
 )
 from .sse import COMMENT, SSEParser
+from .ui import mount_ui
 from .upstream import UpstreamClient, UpstreamConnectError, UpstreamError, UpstreamResponse, UpstreamTimeout
 
 log = logging.getLogger("plnt.gateway")
@@ -105,6 +118,7 @@ _JSON = b"application/json"
 # Runner addresses as the drivers make them (loopback processes, Kubernetes services).
 _RUNNER_URL = re.compile(r"https?://(?:127(?:\.\d{1,3}){3}|localhost|\[::1\]|[\w.-]+\.svc(?:\.cluster\.local)?)(?::\d+)?")
 _SSE = b"text/event-stream"
+_SPAN_NAMES = {"invoke": "POST /workflows/{name}/invoke", "chat": "POST /v1/chat/completions"}
 _NO_LABELS = ("", "", "", "")
 
 
@@ -153,7 +167,7 @@ class _Reply(Exception):
 class _Outcome:
     """What the metrics record about one request."""
 
-    __slots__ = ("code", "error_type", "labels", "started", "ttft")
+    __slots__ = ("code", "error_type", "labels", "span", "started", "ttft")
 
     def __init__(self) -> None:
         self.labels: tuple[str, str, str, str] = _NO_LABELS
@@ -161,6 +175,7 @@ class _Outcome:
         self.error_type: str | None = None
         self.ttft: float | None = None
         self.started = False  # response headers sent
+        self.span: Any = None  # the request's trace span, only when tracing is on (telemetry.ENABLED)
 
 
 async def _read_body(receive: Receive, content_length: bytes | None, limit: int) -> bytes:
@@ -264,6 +279,7 @@ class Gateway:
         self.max_body_bytes = max_body_bytes
         self.max_connections_per_runner = max_connections_per_runner
         self.client: UpstreamClient | None = None  # created in the app's lifespan (needs the loop)
+        self.calls = CallLog()  # GET /calls: the last calls, no body, no token (calls.py)
 
     # --- shared steps -----------------------------------------------------------------------
 
@@ -404,15 +420,19 @@ class Gateway:
     # --- POST /workflows/{name}/invoke --------------------------------------------------------
 
     async def invoke(self, scope: ASGIScope, receive: Receive, send: Send, name: str) -> None:
-        await self._measured("invoke", send, _INTERNAL_INVOKE, lambda t0, outcome: self._invoke(scope, receive, send, name, t0, outcome))
+        await self._measured("invoke", send, _INTERNAL_INVOKE, lambda t0, outcome: self._invoke(scope, receive, send, name, t0, outcome),
+                             scope)
 
     async def _measured(self, api: str, send: Send, internal_error: bytes,
-                        handle: Callable[[float, _Outcome], Awaitable[None]]) -> None:
+                        handle: Callable[[float, _Outcome], Awaitable[None]], scope: ASGIScope) -> None:
         """One fast-path request: errors become answers (unless the answer already started), and
         every request ends in the metrics with its outcome."""
         t0 = time.perf_counter()
         self.metrics.started(api)
         outcome = _Outcome()
+        if telemetry.ENABLED:  # off: this one check is all tracing costs a request
+            outcome.span = telemetry.start_span(_SPAN_NAMES[api], {"http.request.method": "POST"},
+                                                parent=telemetry.scope_parent(scope["headers"]), kind="server")
         try:
             await handle(t0, outcome)
         except _Reply as reply:
@@ -427,8 +447,25 @@ class Gateway:
             if not outcome.started:
                 await _respond(send, 500, internal_error, [])
         finally:
-            self.metrics.finished(api, outcome.labels, outcome.code, time.perf_counter() - t0,
-                                  outcome.error_type, outcome.ttft)
+            elapsed = time.perf_counter() - t0
+            self.metrics.finished(api, outcome.labels, outcome.code, elapsed, outcome.error_type, outcome.ttft)
+            self.calls.add(api, outcome.labels, outcome.code, elapsed, outcome.error_type)
+            if outcome.span is not None:
+                telemetry.end_request(outcome.span, outcome.code, outcome.error_type, outcome.labels, outcome.ttft)
+
+    def _forced(self, route: Route, header: bytes, *, openai: bool) -> tuple[Backend, Track]:
+        """The backend of the track X-Plnt-Track names: 400 for another value, 409 `no_canary`
+        when it names a canary and none is under test."""
+        try:
+            return self.router.choose_track(route, forced_track(header) or "stable")
+        except BadTrack as exc:
+            if openai:
+                raise _openai_error(400, str(exc), "invalid_request_error", None, "invalid_track") from None
+            raise _plnt_error(400, "invalid_track", str(exc)) from None
+        except NoCanary as exc:
+            if openai:
+                raise _openai_error(409, str(exc), "no_canary", "model", "no_canary") from None
+            raise _plnt_error(409, "no_canary", str(exc)) from None
 
     def _grant(self, authorization: bytes | None, *, openai: bool) -> Grant:
         """What the request's bearer token may use (everything when no tokens are configured)."""
@@ -545,8 +582,12 @@ class Gateway:
         if route.protocol == "openai":
             raise _plnt_error(404, "not_found", f"{route.namespace}/{name} is a ModelDeployment, not a workflow: "
                               f"POST /v1/chat/completions with \"model\": \"{name}\"")
+        forced = headers.get(_TRACK)
         try:
-            backend, track = self.router.choose(route, session=session.decode("latin-1") if session else None)
+            if forced is None:
+                backend, track = self.router.choose(route, session=session.decode("latin-1") if session else None)
+            else:  # X-Plnt-Track: the caller picks the track (routes.forced_track)
+                backend, track = self._forced(route, forced, openai=False)
         except RouteNotReady:
             raise _plnt_error(503, "not_ready", f"workflow {route.namespace}/{name} has no promoted release yet",
                               [(b"retry-after", b"5")]) from None
@@ -556,6 +597,8 @@ class Gateway:
         headers = [("content-type", content_type.decode("latin-1") if content_type else "application/json")]
         if stream:
             headers.append(("accept", "text/event-stream"))
+        if outcome.span is not None:  # the runner continues this trace (W3C traceparent)
+            headers.extend(telemetry.inject({}, outcome.span).items())
         response, backend, track = await self._exchange(
             table, route, target, backend, track, "/invoke", body, headers, stream, openai=False
         )
@@ -632,7 +675,8 @@ class Gateway:
     # --- POST /v1/chat/completions ------------------------------------------------------------
 
     async def chat(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
-        await self._measured("chat", send, _INTERNAL_CHAT, lambda t0, outcome: self._chat(scope, receive, send, t0, outcome))
+        await self._measured("chat", send, _INTERNAL_CHAT, lambda t0, outcome: self._chat(scope, receive, send, t0, outcome),
+                             scope)
 
     async def _chat(self, scope: ASGIScope, receive: Receive, send: Send, t0: float, outcome: _Outcome) -> None:
         headers = _pick_headers(scope)
@@ -684,8 +728,12 @@ class Gateway:
                                 "invalid_request_error", "model", "model_not_found")
         if not grant.may_chat(route.namespace, name, is_model=route.protocol == "openai"):
             raise _openai_error(403, f"this API key may not use model {model}", "permission_error", "model", "model_not_allowed")
+        forced = headers.get(_TRACK)
         try:
-            backend, track = self.router.choose(route, session=session.decode("latin-1") if session else None)
+            if forced is None:
+                backend, track = self.router.choose(route, session=session.decode("latin-1") if session else None)
+            else:  # X-Plnt-Track: the caller picks the track (routes.forced_track)
+                backend, track = self._forced(route, forced, openai=True)
         except RouteNotReady:
             raise _openai_error(503, f"model {model} has no promoted release yet", "server_error", None,
                                 "model_not_ready", [(b"retry-after", b"5")]) from None
@@ -697,6 +745,8 @@ class Gateway:
         headers = [("content-type", "application/json")]
         if request.stream:
             headers.append(("accept", "text/event-stream"))
+        if outcome.span is not None:  # the runner continues this trace (W3C traceparent)
+            headers.extend(telemetry.inject({}, outcome.span).items())
         response, backend, track = await self._exchange(
             table, route, target, backend, track, "/chat", oai.runner_chat_body(request), headers, request.stream, openai=True
         )
@@ -720,6 +770,8 @@ class Gateway:
         headers = [("content-type", "application/json")]
         if stream:
             headers.append(("accept", "text/event-stream"))
+        if outcome.span is not None:  # the model server continues this trace (W3C traceparent)
+            headers.extend(telemetry.inject({}, outcome.span).items())
         response, backend, track = await self._exchange(
             table, route, target, backend, track, "/v1/chat/completions", body, headers, stream, openai=True)
         outcome.labels = (route.namespace, route.name, backend.version, track)
@@ -906,7 +958,9 @@ class GatewayApp(FastAPI):
                     await gateway.git_hook(scope, receive, send)
                     return
             # /internal/ paths check their own token (the internal one), open gateway or not.
-            if gateway.tokens.enabled and path not in OPEN_PATHS and not path.startswith("/internal/"):
+            # The UI's shell (static, no data) is open too; its data calls carry a token (gateway/ui.py).
+            if (gateway.tokens.enabled and path not in OPEN_PATHS and not path.startswith("/internal/")
+                    and not is_ui_path(path)):
                 authorization = None
                 for key, value in scope["headers"]:
                     if key == b"authorization":
@@ -948,6 +1002,72 @@ def _grant(request: Request) -> Grant:
     return request.scope.get("plnt.grant", ALL)
 
 
+class _WorkflowEvents(Response):
+    """The body of one `GET /workflows/events` stream (see _add_workflow_events): sent until the
+    client hangs up; `release` runs whatever ends it."""
+
+    def __init__(self, rows: Callable[[], list[dict[str, Any]]], poll_s: float, keepalive_s: float,
+                 release: Callable[[], None]) -> None:
+        super().__init__(media_type="text/event-stream")
+        self.rows, self.poll_s, self.keepalive_s, self.release = rows, poll_s, keepalive_s, release
+
+    async def __call__(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                    (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
+            last: bytes | None = None
+            quiet_since = time.monotonic()
+            while not gone.is_set():
+                body = oai.dumps({"workflows": self.rows()})
+                now = time.monotonic()
+                if body != last:
+                    last, quiet_since = body, now
+                    await send({"type": "http.response.body", "body": b"event: workflows\ndata: " + body + b"\n\n",
+                                "more_body": True})
+                elif now - quiet_since >= self.keepalive_s:
+                    quiet_since = now
+                    await send({"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True})
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(gone.wait(), self.poll_s)
+        except OSError:
+            pass  # the connection broke while sending
+        finally:
+            watcher.cancel()
+            self.release()
+
+
+def _add_workflow_events(app: FastAPI, visible_rows: Callable[[Grant], list[dict[str, Any]]], *, poll_s: float,
+                         keepalive_s: float, max_streams: int) -> None:
+    """`GET /workflows/events`: `event: workflows` with `{"workflows": rows}` (the rows of GET /workflows
+    for this token) on connect and whenever they change (checked every `poll_s`, sent only on change),
+    `: keepalive` every `keepalive_s`; at most `max_streams` at once per process (then 503). A FastAPI
+    route: the invoke and chat hot paths are answered before FastAPI and never see it."""
+    open_streams = [0]
+
+    def release() -> None:
+        open_streams[0] -= 1
+
+    @app.get("/workflows/events")
+    async def workflow_events(request: Request) -> Response:
+        if open_streams[0] >= max_streams:
+            return _error(503, "too_many_streams", f"this gateway process already serves {max_streams} event "
+                          "streams; retry later, or poll GET /workflows", {"retry-after": "5"})
+        grant = _grant(request)
+        open_streams[0] += 1  # released when the stream ends (_WorkflowEvents.__call__)
+        return _WorkflowEvents(lambda: visible_rows(grant), poll_s, keepalive_s, release)
+
+    app.state.open_event_streams = lambda: open_streams[0]
+
+
 def create_app(
     router: Router,
     *,
@@ -962,6 +1082,9 @@ def create_app(
     host: str = "127.0.0.1",
     health: Callable[[], tuple[int, dict[str, Any]]] | None = None,
     wake: Wake | None = None,
+    events_poll_s: float = 0.5,
+    events_keepalive_s: float = 15.0,
+    max_event_streams: int = 64,
 ) -> GatewayApp:
     """Build the gateway app. The runner client lives in the app lifespan.
 
@@ -1006,19 +1129,33 @@ def create_app(
 
     app = GatewayApp(title="plnt gateway", lifespan=lifespan)
     app.gateway = gateway
+    mount_ui(app)  # GET /ui: the web UI (gateway/ui.py)
     app.state.metrics = gateway.metrics
 
-    @app.get("/workflows")
-    async def workflows(request: Request) -> JSONResponse:
+    def visible_rows(grant: Grant) -> list[dict[str, Any]]:
         """Every row for `read`; an invoke-only token sees its workflows. Runner endpoints only
         for `admin`: everyone else reaches runners through the gateway."""
-        grant = _grant(request)
         rows = list_workflows()
         if not grant.has(READ):
             rows = [row for row in rows if grant.allows(str(row.get("namespace")), str(row.get("name")))]
         if not grant.has(ADMIN):
             rows = [_without_runner_urls(row) for row in rows]
-        return JSONResponse(rows)
+        return rows
+
+    @app.get("/workflows")
+    async def workflows(request: Request) -> JSONResponse:
+        return JSONResponse(visible_rows(_grant(request)))
+
+    # GET /workflows/events: the rows as Server-Sent Events (the UI's live list); see events.py.
+    _add_workflow_events(app, visible_rows, poll_s=events_poll_s,
+                        keepalive_s=events_keepalive_s, max_streams=max_event_streams)
+
+    # GET /calls: this process's last calls (plnt up with workers: every process's, calls.CallsHub).
+    app.state.call_rows = gateway.calls.rows
+
+    @app.get("/calls")
+    async def calls(limit: int = 50) -> JSONResponse:
+        return JSONResponse(app.state.call_rows(max(0, min(limit, MAX_CALLS_LIMIT))))
 
     @app.get("/workflows/{name}/stats")
     async def workflow_stats(name: str, request: Request, namespace: str | None = None) -> JSONResponse:
@@ -1097,8 +1234,9 @@ def create_app(
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "Gateway", "GatewayApp", "create_app"]
 
 
+_TRACK = TRACK_HEADER.encode()
 _WANTED_HEADERS = frozenset({b"authorization", b"accept", b"content-type", b"content-length", b"x-session-id",
-                             PREVIEW_HEADER.encode()})
+                             PREVIEW_HEADER.encode(), _TRACK})
 
 
 def _pick_headers(scope: ASGIScope) -> dict[bytes, bytes]:

@@ -16,7 +16,8 @@ Scopes (see README "Gateway authentication"):
   workflows (`invoke=wf1,ns/wf2`, or the older bare list); `GET /v1/models` and `GET /workflows`
   show such a token only its workflows;
 - `read`: `GET /workflows` (every row), `/workflows/{name}/history`, `/workflows/{name}/stats`,
-  `/metrics`;
+  `/workflows/{name}/rollouts`, `/metrics`, `/calls`, `/plan`, `/plan/revisions`;
+- any valid token: `GET /workflows` and `GET /workflows/events` (its rows, as for `GET /workflows`);
 - `admin`: `POST /hooks/git`, `GET /source`, runner endpoints in `GET /workflows`, and any
   endpoint not listed here (fail closed);
 - `models`: `POST /v1/chat/completions` to ModelDeployments only (every model, no workflow);
@@ -27,6 +28,8 @@ Policy:
 - no tokens configured: every request is allowed (the gateway then runs open; `plnt up`
   allows that only on a loopback address unless --insecure-no-auth);
 - `GET /healthz` and `GET /readyz` are always open (probes carry no secrets);
+- the web UI's shell (`/ui`, `/ui/...`: static files, no data) is open; its data calls carry the
+  token the user enters, so the page sees what the token may see;
 - every other endpoint needs a valid token: a missing or unknown token is 401 with
   `WWW-Authenticate: Bearer`; a token without the scope an endpoint needs is 403 naming it.
 
@@ -61,6 +64,11 @@ SCOPES = (INVOKE, READ, ADMIN, MODELS)
 # The roles' own scope (GET /internal/routes): held by the internal token only (--internal-token-file),
 # never by a token-file line; an admin token is accepted too (see Grant.has).
 INTERNAL = "internal"
+
+
+def is_ui_path(path: str) -> bool:
+    """The web UI's static shell (gateway/ui.py): exactly `/ui` or under `/ui/` (not `/uix`)."""
+    return path == "/ui" or path.startswith("/ui/")
 
 
 @dataclass(frozen=True)
@@ -275,9 +283,10 @@ def exposure_problem(host: str, tokens: TokenSet, *, insecure_no_auth: bool) -> 
 def required_scope(path: str) -> str | None:
     """The scope a non-invoke endpoint needs; None: any valid token (the handler filters what it
     shows). Anything not listed needs `admin`, so a new endpoint is closed until it is listed."""
-    if path == "/workflows" or path == "/v1/models" or path.startswith("/v1/models/"):
+    if path in ("/workflows", "/workflows/events") or path == "/v1/models" or path.startswith("/v1/models/"):
         return None
-    if path == "/metrics" or (path.startswith("/workflows/") and path.endswith(("/history", "/stats"))):
+    if path in ("/metrics", "/calls", "/plan", "/plan/revisions") or (
+            path.startswith("/workflows/") and path.endswith(("/history", "/stats", "/rollouts"))):
         return READ
     if path.startswith("/internal/"):
         return INTERNAL

@@ -5,7 +5,8 @@ The same app as plnt up's gateway (`create_app`, same auth, limits and exposure 
 - `GET /healthz` 503 until a first table arrived, then 200 with the table's version and the state
   of the control connection (a gateway that lost the control plane still serves: it stays 200);
 - every other request 503 (`Retry-After`) until the first table: no table is not "no workflow";
-- the control plane's own endpoints (`/hooks/git`, `/source`, history) answered 404 naming it, or,
+- the control plane's own endpoints (`/hooks/git`, `/source`, history, rollouts, `/plan`,
+  `/plan/revisions`) answered 404 naming it, or,
   in a gateway worker of `plnt up` (workers.py, `forward_control`), forwarded to the control plane
   together with `/internal/` (a `plnt gateway` following plnt up's public port may land on a worker).
 """
@@ -18,6 +19,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import telemetry
 from .app import GatewayApp, create_app
 from .auth import TokenSet, is_loopback_host
 from .limits import HttpLimits
@@ -60,8 +62,8 @@ class _RoleApp:
 
     @staticmethod
     def _control_path(method: str, path: str) -> bool:
-        return (path in ("/hooks/git", "/source") or path.startswith("/hooks/")
-                or (path.startswith("/workflows/") and path.endswith("/history")))
+        return (path in ("/hooks/git", "/source", "/plan", "/plan/revisions") or path.startswith("/hooks/")
+                or (path.startswith("/workflows/") and path.endswith(("/history", "/rollouts"))))
 
     def _known_caller(self, scope: dict[str, Any]) -> bool:
         tokens = self.app.gateway.tokens
@@ -74,8 +76,9 @@ class _RoleApp:
         if scope["type"] == "http":
             path: str = scope["path"]
             answer = None
+            # /metrics and /calls: plnt up's process merges every gateway process's (the workers push theirs).
             if self.forward is not None and (self._control_path(scope["method"], path) or path.startswith("/internal/")
-                                             or path == "/metrics"):
+                                             or path in ("/metrics", "/calls")):
                 await self.forward(scope, receive, send)
                 return
             if self._control_path(scope["method"], path):
@@ -139,6 +142,7 @@ class GatewayRole:
     async def start(self, *, wait_for_table_s: float | None = None) -> None:
         """Listen and follow. `wait_for_table_s`: follow first and listen once a table arrived (or
         that long passed): a gateway worker joining a port others serve has no reason to answer 503."""
+        telemetry.setup("plnt-gateway")  # this process's traces (plnt gateway, or one of plnt up's workers)
         url = self.config.control_url
         if url.startswith("http://") and not is_loopback_host(url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[0]):
             log.warning("control-url-plaintext url=%s: the internal token travels unencrypted; use https:// "

@@ -203,6 +203,19 @@ class Router:
         index = bucket if bucket is not None else next(self._turn)
         return replicas[index % len(replicas)], "stable"
 
+    def choose_track(self, route: Route, track: Track) -> tuple[Backend, Track]:
+        """The backend of a track the request named (X-Plnt-Track, see forced_track): a stable
+        replica (round robin), or the canary under test. Raises RouteNotReady (stable: nothing
+        promoted) or NoCanary."""
+        if track == "canary":
+            if route.canary is None:
+                raise NoCanary(route)
+            return route.canary, "canary"
+        replicas = route.stable_replicas
+        if not replicas:
+            raise RouteNotReady(route)
+        return replicas[next(self._turn) % len(replicas)] if len(replicas) > 1 else replicas[0], "stable"
+
     def fallback(self, route: Route, failed: Backend) -> Backend | None:
         """Another stable replica to retry on after `failed` refused the connection, or None."""
         replicas = [b for b in route.stable_replicas if b.endpoint != failed.endpoint]
@@ -301,3 +314,34 @@ def preview_target(name: str, header: bytes | None) -> str:
         return preview_name(name, int(value))
     except ValueError as exc:
         raise PreviewNotFound(str(exc)) from None
+
+
+# --- X-Plnt-Track: a request that names its track (the playground's version pick) ----------------
+TRACK_HEADER = "x-plnt-track"
+
+
+class NoCanary(LookupError):
+    """X-Plnt-Track: canary for a workflow with no canary under test (the caller answers 409)."""
+
+    def __init__(self, route: Route) -> None:
+        self.route = route
+        super().__init__(f"no canary of {route.namespace}/{route.name} is under test; send X-Plnt-Track: stable "
+                         "or no X-Plnt-Track")
+
+
+class BadTrack(ValueError):
+    """An X-Plnt-Track value other than stable or canary (the caller answers 400)."""
+
+
+def forced_track(header: bytes | None) -> Track | None:
+    """The track an X-Plnt-Track header names; None without the header. Raises BadTrack."""
+    if header is None:
+        return None
+    if header == b"stable":
+        return "stable"
+    if header == b"canary":
+        return "canary"
+    value = header.decode("latin-1").strip().lower()
+    if value in ("stable", "canary"):
+        return value  # type: ignore[return-value]
+    raise BadTrack(f"X-Plnt-Track must be 'stable' or 'canary', not {value[:40]!r}")

@@ -55,6 +55,7 @@ from .saga_io import (
     SmokeInput,
     ValidatedSpec,
     ValidateInput,
+    recipe_inputs,
     saga_workflow_id,
 )
 from .smoke import Sample, SmokeResult, judge, measure, progress_of, summarise
@@ -351,7 +352,7 @@ class SagaActivities:
         check_requirements(pulled.workflow.requirements, run.spec.backend, recipe=run.spec.workflow.ref)
         return PulledRecipeInfo(digest=pulled.digest, version=pulled.version,
                                 signer=f"{pulled.signature.identity} ({pulled.signature.issuer})",
-                                transferred_bytes=pulled.transferred_bytes)
+                                transferred_bytes=pulled.transferred_bytes, inputs=recipe_inputs(pulled.workflow))
 
     async def _pull_weights(self, trusted: TrustedSaga, run: ModelDeployment) -> PulledRecipeInfo:
         """The model's signed manifest verified (the policies at the saga's commit, the spec's pin),

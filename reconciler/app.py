@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi.responses import JSONResponse
+from plnt.gateway import telemetry
 from plnt.gateway.app import create_app
 from plnt.gateway.auth import MODELS, Grant, TokenSet, exposure_problem, load_tokens
 from plnt.gateway.auth import is_loopback_host as _loopback
+from plnt.gateway.calls import CallsHub
 from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret
 from plnt.gateway.limits import HttpLimits
 from plnt.gateway.route_watch import RoutePublisher, add_control_routes
@@ -35,15 +37,17 @@ from .commit_trust import CommitVerifier
 from .drivers import DriverSet
 from .forge import Forge, make_forge
 from .helm_driver import DEFAULT_CHART, DEFAULT_MODEL_CHART, HelmDriver, RunnerImage, SpecLookup
-from .history import NoSaga, saga_history
+from .history import NoSaga, saga_history, saga_rollouts
 from .local_driver import LocalDriver, raise_open_files_limit
+from .metrics import ControlPlaneMetrics
+from .plan_view import add_plan_routes
 from .previews import PreviewController
 from .recipes import RecipeCache
 from .reconciler import Reconciler
 from .registries import RegistryOptions
 from .runner_reports import ReportedRunners
 from .saga import DeploySaga
-from .settings import Settings
+from .settings import Settings, SpecLimits
 from .source import GitSource
 from .specs import PlntBackend
 from .state import LiveWorkflow, Release, StateDir
@@ -339,7 +343,8 @@ def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, sou
     )
 
 
-def add_reconciler_routes(app: Any, reconciler: Reconciler, client: Client) -> None:
+def add_reconciler_routes(app: Any, reconciler: Reconciler, client: Client, *, source: GitSource | None = None,
+                          spec_limits: SpecLimits | None = None) -> None:
     """The control plane's own endpoints beside the gateway's (scopes: GET /source needs admin,
     history needs read, checked in front of every route)."""
 
@@ -348,14 +353,26 @@ def add_reconciler_routes(app: Any, reconciler: Reconciler, client: Client) -> N
         return reconciler.source_status
 
     @app.get("/workflows/{name}/history")
-    async def history(name: str, namespace: str = "default") -> Any:
+    async def history(name: str, namespace: str = "default", run: str | None = None) -> Any:
         try:
-            return (await saga_history(client, namespace, name)).model_dump(mode="json")
+            return (await saga_history(client, namespace, name, run)).model_dump(mode="json")
         except NoSaga as exc:
             return JSONResponse({"error": {"type": "not_found", "message": str(exc)}}, status_code=404)
 
+    # The UI's past rollouts and plan preview (history.saga_rollouts, plan_view.add_plan_routes).
+    @app.get("/workflows/{name}/rollouts")
+    async def rollouts(name: str, namespace: str = "default", limit: int = 20) -> Any:
+        try:
+            return [r.model_dump(mode="json") for r in await saga_rollouts(client, namespace, name, limit)]
+        except NoSaga as exc:
+            return JSONResponse({"error": {"type": "not_found", "message": str(exc)}}, status_code=404)
+
+    if source is not None:
+        add_plan_routes(app, source, spec_limits)
+
 
 async def start(settings: Settings) -> Plnt:
+    telemetry.setup("plnt")  # OTEL_* asks for traces, or nothing (before the Temporal client: its interceptor)
     tokens, webhook_secret = load_gateway_auth(settings)
     # Runners of WorkflowRuns bound to a ModelDeployment call it through the gateway: with tokens
     # required, they get this one (scope `models`: chat with models, nothing else), made per start.
@@ -397,8 +414,9 @@ async def start(settings: Settings) -> Plnt:
         approval = make_approval_gate(settings, state, source)
         if approval is not None:
             cleanups.append(approval.aclose)
+        control_metrics = ControlPlaneMetrics()  # the control plane's series, after the gateway's on GET /metrics
         reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses, driver=drivers,
-                                state=state, verifier=verifier, approval=approval)
+                                state=state, verifier=verifier, approval=approval, metrics=control_metrics)
 
         def list_workflows() -> list[dict[str, Any]]:
             return public_rows(statuses, drivers.snapshot())
@@ -418,7 +436,7 @@ async def start(settings: Settings) -> Plnt:
                                  health=lambda: (200, {"status": "ok", "worker": 0, "workers": worker_count}),
                                  wake=wake)
 
-        add_reconciler_routes(gateway_app, reconciler, client)
+        add_reconciler_routes(gateway_app, reconciler, client, source=source, spec_limits=settings.spec_limits)
         publisher = RoutePublisher()
         internal_token = settings.internal_token.get_secret_value() if settings.internal_token else None
         if internal_token is None and worker_count > 1:
@@ -431,6 +449,8 @@ async def start(settings: Settings) -> Plnt:
             worker_metrics = WorkerMetrics(gateway_app.gateway.metrics.render)
             worker_metrics.mount(gateway_app, internal_token)
             gateway_app.state.render_metrics = worker_metrics.render
+            CallsHub(gateway_app.gateway.calls).mount(gateway_app, internal_token)  # GET /calls: every process's
+        control_metrics.append_to(gateway_app)  # after the workers' sum: these are this process's alone
         http_limits = HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
                                  head_timeout_s=settings.gateway_header_timeout_s)
         apart = worker_count > 1 and not settings.control_plane_gateway
@@ -452,6 +472,7 @@ async def start(settings: Settings) -> Plnt:
 
             cleanups.append(attach_status_mirror(settings, statuses, reconciler))
         cleanups.extend(attach_rollout_followers(settings, statuses, source))
+        cleanups.append(control_metrics.attach(statuses))
 
         restarted = await driver.resume()
         if restarted:
@@ -464,6 +485,7 @@ async def start(settings: Settings) -> Plnt:
             activities=activities.all(),
             max_concurrent_activities=max(4, settings.max_concurrent_sagas * 2),
             max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+            interceptors=[control_metrics.interceptor()],
         )
         worker_task = asyncio.create_task(worker.run(), name="temporal-worker")
         plnt._tasks.append(worker_task)

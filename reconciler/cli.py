@@ -455,8 +455,7 @@ def plan(
 ) -> None:
     """What would change: against the live state in --state-dir, or between --base and --head (a pull request)."""
     from .parse_cache import DiskParseCache
-    from .plan import DesiredRun, LiveRun, render_markdown, render_text
-    from .plan import plan as make_plan
+    from .plan_view import InvalidRevision, InvalidSpecsAt, plan_between
     from .source import GitSource, SourceError
 
     with tempfile.TemporaryDirectory(prefix="plnt-plan-") as scratch:
@@ -466,57 +465,30 @@ def plan(
         if disk is not None:
             source.parse_cache = disk
         try:
-            head_commit = source.resolve(head) if head else source.fetch()
-            desired_specs = _load_or_exit(source, head_commit)
-            # A file unchanged between base and head gives the same (frozen) model object from the
-            # parse cache: its DesiredRun (a JSON dump of the spec) is made once, not once per side.
-            made: dict[int, DesiredRun] = {}
-
-            def desired_of(run: Any) -> DesiredRun:
-                if id(run) not in made:
-                    made[id(run)] = DesiredRun.from_spec(run)
-                return made[id(run)]
-
-            desired = {k: desired_of(r) for k, r in desired_specs.deployables().items()}
-            if base is not None:
-                base_commit = source.resolve(base)
-                base_specs = _load_or_exit(source, base_commit)
-                live = {
-                    key: LiveRun(namespace=d.namespace, name=d.name, version=d.version, fingerprint=d.fingerprint, spec=d.spec)
-                    for key, d in ((k, desired_of(r)) for k, r in base_specs.deployables().items())
-                }
-                title = f"plnt plan {base_commit[:12]}..{head_commit[:12]}"
-            else:
-                live = _live_from_state(state_dir)
-                title = f"plnt plan {head_commit[:12]} against {state_dir}"
-        except SourceError as exc:
+            # The same plan as the UI's preview (GET /plan): plan_view.plan_between.
+            view = plan_between(source, head=head, base=base, live=lambda: _live_from_state(state_dir),
+                                live_label=str(state_dir))
+        except InvalidSpecsAt as exc:
+            typer.echo(f"commit {exc.commit[:12]} has invalid specs:", err=True)
+            for problem in exc.problems:
+                typer.echo(str(problem), err=True)
+            raise typer.Exit(1) from exc
+        except (SourceError, InvalidRevision) as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from exc
         if disk is not None:
             disk.save()
-    items = make_plan(desired, live)
     if format is Format.json:
-        typer.echo(json.dumps({"head": head_commit, "base": base_commit if base else None,
-                               "items": [i.to_json() for i in items]}, indent=2))
+        typer.echo(json.dumps(view.cli_json(), indent=2))
     elif format is Format.markdown:
-        typer.echo(render_markdown(items, title=title), nl=False)
+        typer.echo(view.markdown(), nl=False)
     else:
-        typer.echo(f"{title}\n" + render_text(items), nl=False)
+        typer.echo(view.text(), nl=False)
 
 
 def _default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "plnt"
-
-
-def _load_or_exit(source: Any, commit: str) -> SpecSet:
-    specs, problems = source.load(commit)
-    if problems:
-        typer.echo(f"commit {commit[:12]} has invalid specs:", err=True)
-        for problem in problems:
-            typer.echo(str(problem), err=True)
-        raise typer.Exit(1)
-    return specs
 
 
 def _live_from_state(state_dir: Path) -> dict[str, Any]:
@@ -604,6 +576,8 @@ def history(
     namespace: Annotated[str, typer.Option(help="WorkflowRun namespace.")] = "default",
     url: Annotated[str, typer.Option(help="Gateway of a running plnt up.")] = "http://127.0.0.1:8000",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    run: Annotated[str | None, typer.Option(help="One saga run's id (GET /workflows/NAME/rollouts lists them; "
+                                            "default: the newest).")] = None,
     token: Annotated[str | None, typer.Option(envvar="PLNT_TOKEN", help=TOKEN_HELP)] = None,
     token_file: Annotated[Path | None, typer.Option(envvar="PLNT_TOKEN_FILE", help=TOKEN_FILE_HELP)] = None,
 ) -> None:
@@ -612,7 +586,8 @@ def history(
     token = _secret(token, token_file, "--token")
     try:
         with httpx.Client(trust_env=False, timeout=10, headers=_auth(token)) as client:
-            response = client.get(f"{url}/workflows/{name}/history", params={"namespace": namespace})
+            params = {"namespace": namespace, **({"run": run} if run else {})}
+            response = client.get(f"{url}/workflows/{name}/history", params=params)
     except httpx.HTTPError as exc:
         raise _fail(f"no plnt answers at {url} ({exc}); is plnt up running?", 2) from exc
     if response.status_code == 404:
@@ -625,6 +600,9 @@ def history(
     result = data.get("result") or {}
     typer.echo(f"saga {data['workflow_id']} run {data['run_id']}: {data['status']}"
                + (f" -> {result.get('phase')}: {result.get('reason')}" if result else ""))
+    if data.get("commit"):
+        signer = f", signed by {data['signer']}" if data.get("signer") else ""
+        typer.echo(f"commit {data['commit'][:12]} version {data.get('version') or '-'}{signer}")
     typer.echo(f"{'STEP':<18} {'STARTED':<26} {'DURATION':>10} {'ATTEMPTS':>8}  OUTCOME")
     for step in data["steps"]:
         duration = f"{step['duration_ms']:.0f} ms" if step["duration_ms"] is not None else "-"

@@ -42,6 +42,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from plnt.gateway import telemetry
 from plnt.gateway.upstream import UpstreamClient, UpstreamError
 from plnt.runner.idle import PARKED_FILE, read_parked
 
@@ -65,7 +66,10 @@ STOP_POLL_S = 0.01  # how often a stopping runner is checked for its exit (a pro
 
 # What of plnt's own environment a runner may see: nothing secret. PYTHONPATH only matters when plnt
 # itself is imported through it; SSL_CERT_* let an https model server with a private CA work.
-RUNNER_ENV_NAMES = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "SSL_CERT_FILE", "SSL_CERT_DIR"})
+# Tracing: only where to send spans, by which protocol, under which service name and how many
+# (telemetry.RUNNER_ENV_NAMES); never OTEL_EXPORTER_OTLP_HEADERS, which may hold a collector's credentials.
+RUNNER_ENV_NAMES = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "SSL_CERT_FILE", "SSL_CERT_DIR"}
+                             | telemetry.RUNNER_ENV_NAMES)
 RUNNER_ENV_PREFIXES = ("LC_",)
 MODEL_TOKEN_ENV = "PLNT_MODEL_TOKEN"  # a bound runner's token for the gateway (scope `models`)
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
+from plnt.gateway import telemetry
 from plnt.gateway.routes import preview_of
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -26,6 +28,7 @@ from .driver import ReleaseDriver
 from .errors import PlntError
 from .helm_driver import model_step_timeouts
 from .loader import Problem, SpecSet
+from .metrics import ControlPlaneMetrics
 from .plan import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
 from .saga_follow import RunningSagas
 from .saga_io import SagaInput, SagaResult, saga_workflow_id
@@ -54,10 +57,12 @@ class Reconciler:
         state: StateDir,
         verifier: CommitVerifier | None = None,
         approval: ApprovalGate | None = None,
+        metrics: ControlPlaneMetrics | None = None,
     ) -> None:
         self._settings = settings
         self._verifier = verifier
         self._approval = approval  # --require-approval
+        self.metrics = metrics or ControlPlaneMetrics()  # passes, fetches, commits seen (reconciler/metrics.py)
         self._source = source
         self._client = client
         self._statuses = statuses
@@ -108,13 +113,18 @@ class Reconciler:
             self._full_pass_due = False
             if full:
                 last_full = now
+            started, outcome = time.perf_counter(), "error"
             try:
                 await self.reconcile_once(full=full)
+                outcome = "ok"
             except PlntError as exc:
+                outcome = "skipped"
                 log.warning("reconcile-skipped reason=%s", redact(str(exc)))
                 self._record_source(error=str(exc))
             except Exception:  # noqa: BLE001 - the loop must outlive any one bad reconcile
                 log.exception("reconcile-failed")
+            finally:
+                self.metrics.pass_finished(full, outcome, time.perf_counter() - started)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(_first(self._wake.wait(), stop.wait()), timeout=self._settings.interval_s)
 
@@ -135,8 +145,9 @@ class Reconciler:
         the commit the last fetch found and leaves drift to the next full pass: during a rollout of
         1,000 WorkflowRuns a saga ends every few hundred ms, and each full pass is a `git fetch`
         and a check of every runner."""
+        pass_started_ns = time.time_ns()  # a pass that starts sagas is traced, from here (telemetry)
         if full or self._fetched is None:
-            self._fetched = await asyncio.to_thread(self._source.fetch)
+            self._fetched = await self._fetch()
         commit = self._fetched
         if self._verifier is not None and self._verifier.mode != "none":
             untrusted = await asyncio.to_thread(self._verifier.first_untrusted, self._source.git_dir, commit,
@@ -190,7 +201,15 @@ class Reconciler:
         # commit changing many WorkflowRuns should not start them one after the other. (Each writes
         # its Pending status before its first await, so in plan order.) A failed start fails the
         # pass, as before, once the others were started.
-        failed = [r for r in await asyncio.gather(*starts, return_exceptions=True) if isinstance(r, BaseException)]
+        if starts and telemetry.ENABLED:
+            # The trace of a rollout starts here: the commit seen, then one saga per WorkflowRun it changes.
+            with telemetry.span("reconcile", {"plnt.commit": commit, "plnt.sagas": len(starts),
+                                              "plnt.commit.previous": self.source_status.get("lastReconciledCommit")},
+                                start_time=pass_started_ns):
+                done = await asyncio.gather(*starts, return_exceptions=True)
+        else:
+            done = await asyncio.gather(*starts, return_exceptions=True)
+        failed = [r for r in done if isinstance(r, BaseException)]
         if failed:
             raise failed[0]
         if in_sync and not any(live_unknown(item.key) for item in items):
@@ -200,6 +219,17 @@ class Reconciler:
             await self._heal_drift(specs)
         self._record_source(commit=commit, reconciled=True, warnings=[str(w) for w in specs.warnings])
         return items
+
+    async def _fetch(self) -> str:
+        started = time.perf_counter()
+        try:
+            commit = await asyncio.to_thread(self._source.fetch)
+        except Exception:  # (a cancelled fetch, at shutdown, is no fetch error)
+            self.metrics.fetch_finished(False, time.perf_counter() - started)
+            raise
+        self.metrics.fetch_finished(True, time.perf_counter() - started)
+        self.metrics.commit_seen(commit)
+        return commit
 
     def _quiet_inputs(self, commit: str, specs: SpecSet, releases: dict[str, Any]) -> tuple[Any, ...] | None:
         """What a plan reads besides the commit's specs (the SpecSet object is kept per commit), or
@@ -275,13 +305,18 @@ class Reconciler:
                 self._statuses.update_nowait(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
                                              attempted_version=saga.version, message=f"{item.action.value}: {item.reason}",
                                              kind=run.kind)
+        traced = telemetry.span(f"saga {item.key}", {
+            "plnt.workflow": item.name, "plnt.namespace": item.namespace, "plnt.version": saga.version,
+            "plnt.commit": commit, "plnt.action": saga.action, "plnt.reason": item.reason,
+        }) if telemetry.ENABLED else contextlib.nullcontext()
         try:
-            handle = await self._client.start_workflow(
-                "DeploySaga", saga, id=saga.workflow_id, task_queue=self._settings.task_queue,
-                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-                result_type=SagaResult,
-            )
+            with traced:  # Temporal's interceptor: StartWorkflow, then the saga's spans, under this one
+                handle = await self._client.start_workflow(
+                    "DeploySaga", saga, id=saga.workflow_id, task_queue=self._settings.task_queue,
+                    id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                    result_type=SagaResult,
+                )
             log.info("saga-started workflowrun=%s action=%s version=%s commit=%s reason=%r",
                      item.key, item.action.value, item.to_version or item.from_version, commit[:12], item.reason)
         except WorkflowAlreadyStartedError:

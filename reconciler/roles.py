@@ -24,6 +24,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from plnt.gateway import telemetry
 from plnt.gateway.app import create_app
 from plnt.gateway.limits import HttpLimits
 from plnt.gateway.route_watch import InternalGuard, RoutePublisher, add_control_routes, internal_guard
@@ -50,6 +51,7 @@ from .app import (
     start_previews,
 )
 from .lease import FileLease, LeaderLease
+from .metrics import ControlPlaneMetrics
 from .reconciler import Reconciler
 from .runner_reports import RUNNERS_PATH, ReportedRunners, RunnerReport, RunnerReporter
 from .saga import DeploySaga
@@ -154,6 +156,7 @@ def _pod_namespace() -> str:
 async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = None) -> Role:
     """Serve the control API at once (standby until the lease is held), then reconcile while it is."""
     _require_temporal(settings, "reconcile")
+    telemetry.setup("plnt-reconciler")
     tokens, webhook_secret = load_gateway_auth(settings)
     state = StateDir(settings.state_dir).ensure()
     lease = lease or make_lease(settings, state)
@@ -192,6 +195,8 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     internal_token = settings.internal_token.get_secret_value() if settings.internal_token else None
     add_control_routes(control, publisher, internal_token)
     add_runner_reports(control, runners, internal_guard(control, internal_token))
+    control_metrics = ControlPlaneMetrics()  # after the app's own series on GET /metrics (reconciler/metrics.py)
+    control_metrics.append_to(control)
     server = GatewayServer(_StandbyGate(control, active.is_set), host=settings.host, port=settings.port,
                            limits=HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
                                              head_timeout_s=settings.gateway_header_timeout_s))
@@ -204,6 +209,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
         publisher.close()
 
     role._cleanups.append(close_publisher)
+    role._cleanups.append(control_metrics.attach(statuses))
     refresh_routes()
 
     async def lead() -> None:
@@ -216,14 +222,16 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
             recorder = PhaseRecorder(statuses)
             cleanups.append(recorder.report_progress(settings.temporal_namespace, settings.task_queue))
             worker = Worker(client, task_queue=settings.task_queue, workflows=[DeploySaga], workflow_runner=SAGA_RUNNER,
-                            activities=[recorder.record_phase], no_remote_activities=True)
+                            activities=[recorder.record_phase], no_remote_activities=True,
+                            interceptors=[control_metrics.interceptor()])
             worker_task = asyncio.create_task(worker.run(), name="temporal-workflow-worker")
             cleanups.append(worker.shutdown)
             approval = make_approval_gate(settings, state, source)
             if approval is not None:
                 cleanups.append(approval.aclose)
             reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses,
-                                    driver=drivers, state=state, verifier=verifier, approval=approval)
+                                    driver=drivers, state=state, verifier=verifier, approval=approval,
+                                    metrics=control_metrics)
             holder["reconciler"] = reconciler
             add_reconciler_routes(control, reconciler, client)
             cleanups.append(reconciler.close)
@@ -287,6 +295,7 @@ def add_runner_reports(app: FastAPI, runners: ReportedRunners, guard: InternalGu
 async def start_worker(settings: Settings) -> Role:
     """Run the saga's steps; host the local runners they install and report them."""
     _require_temporal(settings, "worker")
+    telemetry.setup("plnt-worker")
     if settings.control_url is None:
         raise ServerStartError("plnt worker needs --control-url URL: the reconciler's control API, where it reports "
                                "the runners it hosts")
@@ -326,6 +335,8 @@ async def start_worker(settings: Settings) -> Role:
                     ("reachable" if reporter.last_ok is not None else "not yet reached")}
 
         add_role_health(app, "worker", details)
+        step_metrics = ControlPlaneMetrics()  # the saga steps this worker runs, on its GET /metrics
+        step_metrics.mount(app)
         server = GatewayServer(app, host=settings.host, port=settings.port)
         role = Role("worker", server)
         restarted = await local.resume()
@@ -333,7 +344,8 @@ async def start_worker(settings: Settings) -> Role:
             log.info("releases-resumed count=%d", len(restarted))
         worker = Worker(client, task_queue=settings.task_queue, activities=activities.remote(),
                         max_concurrent_activities=max(4, settings.max_concurrent_sagas * 2),
-                        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE)
+                        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+                        interceptors=[step_metrics.interceptor()])
         role._tasks.append(asyncio.create_task(worker.run(), name="temporal-activity-worker"))
         cleanups.append(worker.shutdown)
         role._tasks.append(asyncio.create_task(reporter.run(role.stop_event), name="runner-reports"))

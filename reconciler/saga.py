@@ -109,7 +109,10 @@ class DeploySaga:
             "attempted_fingerprint": saga.fingerprint, "attempted_version": saga.version, "last_error": None,
         })
         pulled = await self._call("pull_recipe", PullInput(saga=ref), PulledRecipeInfo, saga)
-        await self._phase(saga, Phase.VERIFYING, f"{saga.version} verified: signed by {pulled.signer}", {})
+        # Data in the status write only (no new command): replay-safe for histories recorded before.
+        await self._phase(saga, Phase.VERIFYING, f"{saga.version} verified: signed by {pulled.signer}", {
+            "signer": pulled.signer or None, "inputs": pulled.inputs,
+        })
 
         percent = valid.traffic_percent
         await self._phase(saga, Phase.DEPLOYING, f"installing canary {saga.version}", {})

@@ -9,6 +9,7 @@ commit (`plnt.reconciler.commit_specs`) and refuses an input that disagrees (Unt
 
 from __future__ import annotations
 
+import string
 from typing import Any, Literal
 
 from plnt.gateway.routes import preview_of
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .settings import RetrySettings
 from .smoke import SmokeResult
-from .specs import NAME_PATTERN, VERSION_PATTERN
+from .specs import NAME_PATTERN, VERSION_PATTERN, Workflow
 from .state import Release, Track
 from .status import Phase
 
@@ -121,6 +122,8 @@ class PulledRecipeInfo(_Io):
     version: str
     signer: str = ""
     transferred_bytes: int = 0
+    # A recipe's input names (recipe_inputs), read as data from its workflow.yaml; None for model weights.
+    inputs: list[str] | None = None
 
 
 class InstallInput(_Io):
@@ -138,7 +141,43 @@ class ReleaseRef(_Io):
     track: Track = "canary"
 
 
+MAX_INPUTS = 64  # a form of more fields helps nobody; the status row stays small
+
+
+def recipe_inputs(workflow: Workflow) -> list[str]:
+    """The inputs a recipe expects, as data: every `{placeholder}` root name in its steps' params
+    (strings, also inside lists and mappings) that is not a step id, in order of first use.
+    `{a.b}`/`{a[0]}` name `a`; `{{literal}}`, positional `{}`/`{0}` and malformed templates name
+    nothing. The recipe's code is never imported (plnt only reads workflow.yaml)."""
+    step_ids = {step.id for step in workflow.steps}
+    names: list[str] = []
+
+    def scan(value: Any) -> None:
+        if isinstance(value, str):
+            if "{" not in value:
+                return
+            try:
+                parsed = list(string.Formatter().parse(value))
+            except ValueError:  # an unbalanced brace: the runner refuses it, and it names no input
+                return
+            for _, field, _, _ in parsed:
+                root = field.replace("[", ".").split(".", 1)[0] if field else ""
+                if root and not root.isdigit() and root not in step_ids and root not in names:
+                    names.append(root)
+        elif isinstance(value, list):
+            for item in value:
+                scan(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                scan(item)
+
+    for step in workflow.steps:
+        scan(step.params)
+    return names[:MAX_INPUTS]
+
+
 __all__ = [
     "InstallInput", "PhaseUpdate", "PullInput", "PulledRecipeInfo", "Release", "ReleaseRef", "SagaInput",
-    "SagaRef", "SagaResult", "SmokeInput", "SmokeResult", "ValidateInput", "ValidatedSpec", "saga_workflow_id",
+    "SagaRef", "SagaResult", "SmokeInput", "SmokeResult", "ValidateInput", "ValidatedSpec", "recipe_inputs",
+    "saga_workflow_id",
 ]

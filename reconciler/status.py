@@ -117,6 +117,10 @@ class WorkflowRunStatus(BaseModel):
     # The budgets of the smoke test under way or last run (the spec's canary.smokeTest, camelCase).
     smoke_budget: dict[str, Any] | None = None
     rollout: RolloutMark | None = None
+    # Who signed the recipe (or model) the newest rollout verified: "identity (issuer)".
+    signer: str | None = None
+    # A WorkflowRun's recipe inputs (its templates' placeholders, saga_io.recipe_inputs); None for models.
+    inputs: list[str] | None = None
     updated_at: float = 0.0
 
     @property
@@ -142,6 +146,10 @@ class WorkflowRunStatus(BaseModel):
             "smokeProgress": self.smoke_progress,
             # A preview release (reconciler/previews.py): the pull request number, reached with X-Plnt-Preview.
             "preview": of[1] if (of := preview_of(self.name)) is not None else None,
+            "signer": self.signer,
+            "rollout": self.rollout.model_dump(mode="json") if self.rollout is not None else None,
+            "smokeBudget": self.smoke_budget,
+            "inputs": self.inputs,
         }
 
 

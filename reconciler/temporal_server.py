@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from plnt.gateway import telemetry
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
@@ -155,6 +156,8 @@ async def connect(address: str, namespace: str = "default", *, timeout_s: float 
     """
     deadline = time.monotonic() + timeout_s
     delay = 0.1
+    if telemetry.ENABLED:  # traces of sagas and activities; workers made from this client get them too
+        kwargs["interceptors"] = [*kwargs.get("interceptors", ()), *telemetry.temporal_interceptors()]
     while True:
         try:
             return await Client.connect(address, namespace=namespace, **kwargs)

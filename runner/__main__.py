@@ -165,8 +165,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plnt.runner: {exc}", file=sys.stderr)
         return 2
 
+    from plnt.gateway import telemetry
     from plnt.gateway.server import QuietServer, uvicorn_config
     from plnt.runner.app import create_app
+
+    try:  # here, after a zygote's fork: the span exporter's thread does not survive a fork
+        telemetry.setup("plnt-runner")
+    except ValueError as exc:
+        print(f"plnt.runner: {exc}", file=sys.stderr)
+        return 2
 
     app = create_app(recipe, adapter, args.release_id, step_cache_size=args.step_cache_size,  # type: ignore[arg-type]
                      host=args.host)
@@ -199,7 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1  # plnt starts it again on another port
     server = QuietServer(config)
     server.TICK_S = RUNNER_TICK_S
-    server.run(sockets=[listener])
+    try:
+        server.run(sockets=[listener])
+    finally:
+        telemetry.shutdown()  # flush: a forked runner leaves by os._exit, which skips atexit
     return 0
 
 

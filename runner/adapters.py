@@ -30,10 +30,17 @@ import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from plnt.gateway import telemetry
+
 if TYPE_CHECKING:  # httpx is imported on first use: a MockBackend runner starts without it
     import httpx
 
 UpstreamErrorKind = Literal["unavailable", "timeout", "bad_status", "bad_response"]
+# gen_ai.provider.name of the LLM-call spans (plnt.gateway.telemetry): an OpenAI-compatible server
+# speaks OpenAI's API; the mock is plnt's own.
+OPENAI_PROVIDER = "openai"
+MOCK_PROVIDER = "plnt.mock"
+MOCK_MODEL = "mock"
 
 
 @runtime_checkable
@@ -80,14 +87,36 @@ class MockBackend:
         last = lines[-1].strip() if lines else ""
         return re.findall(r"\S+\s*", last)[: max(max_tokens, 0)]
 
-    async def stream(self, prompt: str, *, system: str | None = None, max_tokens: int = 256) -> AsyncIterator[str]:
+    async def _stream(self, prompt: str, max_tokens: int) -> AsyncIterator[str]:
         for token in self.tokens(prompt, max_tokens):
             if self.token_delay > 0:
                 await asyncio.sleep(self.token_delay)
             yield token
 
+    async def stream(self, prompt: str, *, system: str | None = None, max_tokens: int = 256) -> AsyncIterator[str]:
+        if not telemetry.ENABLED:
+            async for token in self._stream(prompt, max_tokens):
+                yield token
+            return
+        span = telemetry.start_llm_call(MOCK_PROVIDER, MOCK_MODEL, max_tokens, stream=True)
+        count, error = 0, None
+        try:
+            async for token in self._stream(prompt, max_tokens):
+                count += 1
+                yield token
+        except BaseException as exc:
+            error = exc if isinstance(exc, Exception) else None
+            raise
+        finally:  # its "tokens" are words: the counts a model server would report
+            telemetry.end_llm_call(span, input_tokens=len(prompt.split()), output_tokens=count, error=error)
+
     async def complete(self, prompt: str, *, system: str | None = None, max_tokens: int = 256) -> str:
-        return "".join([token async for token in self.stream(prompt, system=system, max_tokens=max_tokens)])
+        if not telemetry.ENABLED:
+            return "".join([token async for token in self._stream(prompt, max_tokens)])
+        span = telemetry.start_llm_call(MOCK_PROVIDER, MOCK_MODEL, max_tokens, stream=False)
+        tokens = [token async for token in self._stream(prompt, max_tokens)]
+        telemetry.end_llm_call(span, input_tokens=len(prompt.split()), output_tokens=len(tokens))
+        return "".join(tokens)
 
     async def aclose(self) -> None:
         return None
@@ -215,11 +244,26 @@ class HTTPBackend:
         return content
 
     async def complete(self, prompt: str, *, system: str | None = None, max_tokens: int = 256) -> str:
+        if not telemetry.ENABLED:
+            return await self._complete(prompt, system, max_tokens, None)
+        span = telemetry.start_llm_call(OPENAI_PROVIDER, self.model, max_tokens, stream=False, server=self.base_url)
+        usage: dict[str, Any] = {}
+        try:
+            text = await self._complete(prompt, system, max_tokens, usage, telemetry.inject({}, span))
+        except Exception as exc:
+            telemetry.end_llm_call(span, error=exc)
+            raise
+        telemetry.end_llm_call(span, **usage)
+        return text
+
+    async def _complete(self, prompt: str, system: str | None, max_tokens: int, usage: dict[str, Any] | None,
+                        trace_headers: dict[str, str] | None = None) -> str:
         import httpx
 
         client = self._http()
         try:
-            response = await client.post(self.url, json=self._body(prompt, system, max_tokens, stream=False))
+            response = await client.post(self.url, json=self._body(prompt, system, max_tokens, stream=False),
+                                         headers=trace_headers)
         except httpx.TransportError as exc:
             raise self._transport_error(exc, reading=False) from None
         if not 200 <= response.status_code < 300:
@@ -228,14 +272,34 @@ class HTTPBackend:
             data = json.loads(response.content)
         except ValueError:
             raise self._bad_response(f"body is not JSON: {response.text[:120]!r}") from None
+        if usage is not None:
+            _usage_of(data, usage)
         return self._content(data)
 
     async def stream(self, prompt: str, *, system: str | None = None, max_tokens: int = 256) -> AsyncIterator[str]:
+        if not telemetry.ENABLED:
+            async for token in self._stream(prompt, system, max_tokens, None, {}):
+                yield token
+            return
+        span = telemetry.start_llm_call(OPENAI_PROVIDER, self.model, max_tokens, stream=True, server=self.base_url)
+        usage: dict[str, Any] = {}
+        error = None
+        try:
+            async for token in self._stream(prompt, system, max_tokens, usage, telemetry.inject({}, span)):
+                yield token
+        except BaseException as exc:
+            error = exc if isinstance(exc, Exception) else None
+            raise
+        finally:
+            telemetry.end_llm_call(span, error=error, **usage)
+
+    async def _stream(self, prompt: str, system: str | None, max_tokens: int, usage: dict[str, Any] | None,
+                      trace_headers: dict[str, str]) -> AsyncIterator[str]:
         import httpx
 
         client = self._http()
         request = client.build_request("POST", self.url, json=self._body(prompt, system, max_tokens, stream=True),
-                                       headers={"accept": "text/event-stream"})
+                                       headers={"accept": "text/event-stream", **trace_headers})
         try:
             response = await client.send(request, stream=True)
         except httpx.TransportError as exc:
@@ -254,17 +318,19 @@ class HTTPBackend:
                 except ValueError:
                     raise self._bad_response("body is not JSON") from None
                 content = self._content(data)
+                if usage is not None:
+                    _usage_of(data, usage)
                 if content:
                     yield content
                 return
-            async for token in self._sse_tokens(response):
+            async for token in self._sse_tokens(response, usage):
                 yield token
         except httpx.TransportError as exc:
             raise self._transport_error(exc, reading=True) from None
         finally:
             await response.aclose()
 
-    async def _sse_tokens(self, response: httpx.Response) -> AsyncIterator[str]:
+    async def _sse_tokens(self, response: httpx.Response, usage: dict[str, Any] | None = None) -> AsyncIterator[str]:
         """The `delta.content` of each SSE event; ends at `data: [DONE]`.
 
         Events follow the SSE format: `data:` lines (several are joined with "\\n"), ended by
@@ -282,6 +348,8 @@ class HTTPBackend:
                 raise self._bad_response(f"SSE data is not JSON: {payload[:120]!r}") from None
             if not isinstance(chunk, dict):
                 raise self._bad_response(f"SSE data is not a JSON object: {payload[:120]!r}")
+            if usage is not None and chunk.get("usage"):  # servers asked for stream usage send it last
+                _usage_of(chunk, usage)
             if "error" in chunk or chunk.get("object") == "error":
                 error = chunk.get("error", chunk)
                 message = error.get("message") if isinstance(error, dict) else error
@@ -332,3 +400,14 @@ class HTTPBackend:
                 yield token
         if not finished:
             raise self._bad_response("the stream ended without data: [DONE]")
+
+
+def _usage_of(data: Any, usage: dict[str, Any]) -> None:
+    """The token counts of an OpenAI `usage` object, as end_llm_call's keywords (for the LLM-call span)."""
+    found = data.get("usage") if isinstance(data, dict) else None
+    if isinstance(found, dict):
+        for ours, theirs in (("input_tokens", "prompt_tokens"), ("output_tokens", "completion_tokens")):
+            if isinstance(found.get(theirs), int):
+                usage[ours] = found[theirs]
+    if isinstance(data, dict) and isinstance(data.get("model"), str):
+        usage["response_model"] = data["model"]

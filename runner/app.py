@@ -77,6 +77,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from plnt.gateway import telemetry
 from plnt.gateway.auth import LoopbackHostGuard, TokenSet, is_json_media, open_gateway_hosts
 from plnt.gateway.limits import JSONTooDeep
 from plnt.gateway.limits import loads as bounded_loads
@@ -220,10 +221,18 @@ def create_app(
             "cache": {"hits": result.cache_hits, "misses": result.cache_misses},
         }
 
-    async def run(inputs: dict[str, Any], max_tokens: int | None, sink: Any = None) -> dict[str, Any]:
-        """Run once; returns the result body. Raises StepFailed, or anything for `internal`."""
+    trace_attributes = {"plnt.recipe": workflow.name, "plnt.version": workflow.version, "plnt.release": release_id}
+
+    async def run(inputs: dict[str, Any], max_tokens: int | None, sink: Any = None,
+                  trace: Any = None) -> dict[str, Any]:
+        """Run once; returns the result body. Raises StepFailed, or anything for `internal`.
+        `trace`: the request's headers, read for its W3C traceparent when tracing is on."""
         counters["invocations"] += 1
-        result = await run_workflow(recipe, inputs, adapter, sink=sink, cache=cache, max_tokens=max_tokens)
+        if telemetry.ENABLED:  # the gateway's trace goes on: this invocation, its steps, their LLM calls
+            with telemetry.span("runner invoke", trace_attributes, parent=telemetry.extract(trace or {}), kind="server"):
+                result = await run_workflow(recipe, inputs, adapter, sink=sink, cache=cache, max_tokens=max_tokens)
+        else:
+            result = await run_workflow(recipe, inputs, adapter, sink=sink, cache=cache, max_tokens=max_tokens)
         try:
             return result_body(result)
         except (TypeError, ValueError) as exc:
@@ -237,16 +246,16 @@ def create_app(
         else:
             log.error("%s@%s: invocation failed", workflow.name, workflow.version, exc_info=exc)
 
-    async def answer_json(inputs: dict[str, Any], max_tokens: int | None) -> Response:
+    async def answer_json(inputs: dict[str, Any], max_tokens: int | None, trace: Any = None) -> Response:
         try:
-            body = await run(inputs, max_tokens)
+            body = await run(inputs, max_tokens, trace=trace)
         except Exception as exc:
             log_failure(exc)
             status, error = _failure(exc)
             return JSONResponse(error, status_code=status)
         return JSONResponse(body)
 
-    def answer_stream(inputs: dict[str, Any], max_tokens: int | None) -> Response:
+    def answer_stream(inputs: dict[str, Any], max_tokens: int | None, trace: Any = None) -> Response:
         async def events() -> AsyncIterator[bytes]:
             queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
@@ -255,7 +264,7 @@ def create_app(
 
             async def work() -> None:
                 try:
-                    body = await run(inputs, max_tokens, sink=on_token)
+                    body = await run(inputs, max_tokens, sink=on_token, trace=trace)
                 except Exception as exc:
                     log_failure(exc)
                     queue.put_nowait(("error", _failure(exc)[1]))
@@ -325,8 +334,8 @@ def create_app(
         except (RequestError, InvalidInput) as exc:
             return refuse(exc)
         if wants_event_stream(request):
-            return answer_stream(body, None)
-        return await answer_json(body, None)
+            return answer_stream(body, None, request.headers)
+        return await answer_json(body, None, request.headers)
 
     @app.post("/chat")
     async def chat(request: Request) -> Response:
@@ -355,7 +364,7 @@ def create_app(
         except (RequestError, InvalidInput) as exc:
             return refuse(exc)
         if stream or wants_event_stream(request):
-            return answer_stream(inputs, max_tokens)
-        return await answer_json(inputs, max_tokens)
+            return answer_stream(inputs, max_tokens, request.headers)
+        return await answer_json(inputs, max_tokens, request.headers)
 
     return app

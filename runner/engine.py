@@ -46,6 +46,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from plnt.gateway import telemetry
 from plnt.reconciler.specs import Step, Workflow, output_step, step_levels
 from plnt.runner.adapters import RuntimeAdapter
 from plnt.runner.cache import MISSING, StepCache, cache_key, is_cacheable
@@ -215,7 +216,16 @@ async def _execute(step: Step, ctx: StepContext, function: Any) -> Any:
 
 
 async def _run_step(run: _Invocation, step: Step, results: Mapping[str, Any]) -> tuple[Any, float, bool]:
-    """(result, milliseconds, answered from the cache)."""
+    """(result, milliseconds, answered from the cache); a span of its own when tracing is on."""
+    if not telemetry.ENABLED:
+        return await _step(run, step, results)
+    with telemetry.span(f"step {step.id}", {"plnt.step": step.id, "plnt.step.tool": step.tool}) as span:
+        value, ms, hit = await _step(run, step, results)
+        span.set_attribute("plnt.step.cached", hit)
+        return value, ms, hit
+
+
+async def _step(run: _Invocation, step: Step, results: Mapping[str, Any]) -> tuple[Any, float, bool]:
     started = time.perf_counter()
     recipe = run.recipe
     is_output = step.id == run.output_id

@@ -3,6 +3,8 @@
 #   docker-registry   the CNCF distribution OCI registry (Debian's package), for the OCI tests
 #   and the linter ShellCheck (package shellcheck), for tools/e2e_kind.sh (tests/charts)
 #   gnupg and openssh-client (gpg, ssh-keygen): signed git commits in the --verify-commits tests
+#   chromium: the headless browser the web UI tests (tests/ui) drive through Playwright
+#   prometheus (prometheus, promtool): rule checks/tests and the scrape test in tests/observability
 # Run by `make test` (through `make install-test-services`); root or passwordless sudo installs with
 # apt-get, anyone else gets the exact command to run. Nothing here is needed by `make up`.
 set -euo pipefail
@@ -12,6 +14,8 @@ command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 command -v gpg >/dev/null 2>&1 || missing+=(gnupg)                    # signed-commit tests
 command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)    # signed-commit tests
+[ -x /usr/bin/chromium ] || missing+=(chromium)                        # web UI tests (tests/ui)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)          # tests/observability
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ]; then
@@ -33,3 +37,5 @@ command -v docker-registry >/dev/null
 command -v shellcheck >/dev/null
 command -v gpg >/dev/null
 command -v ssh-keygen >/dev/null
+[ -x /usr/bin/chromium ]
+command -v promtool >/dev/null
