@@ -85,8 +85,14 @@ def serve_gateway(args: argparse.Namespace) -> None:
     telemetry.setup("plnt-gateway")
     route = Route("default", "echo", stable=Backend(args.runner, "1.0.0", "rel-bench"))
     app = create_app(Router(RouteTable([route])), list_workflows=list)
-    uvicorn.Server(uvicorn_config(app, "127.0.0.1", args.port, loop=args.loop, log_level="warning", access_log=False,
-                                  lifespan="on", proxy_headers=False)).run()
+    # uvicorn re-raises the SIGTERM it handled once it has stopped: leave by SystemExit instead, so that
+    # the last spans are flushed (plnt's own processes exit normally).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        uvicorn.Server(uvicorn_config(app, "127.0.0.1", args.port, loop=args.loop, log_level="warning",
+                                      access_log=False, lifespan="on", proxy_headers=False)).run()
+    finally:
+        telemetry.shutdown()
 
 
 def spawn(argv: list[str], cpus: set[int] | None, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -226,6 +232,14 @@ async def measure(args: argparse.Namespace) -> None:
             print(f"{concurrency:>11} {row['label']:>8} {cpu:>10.0f} {cpu / base:>7.3f} {lat[50]:>8.3f} "  # type: ignore[index,operator]
                   f"{lat[99]:>8.3f} {row['added_ms'][50]:>9.3f} {row['gateway_rps']:>7.0f} {row['errors']:>6}")  # type: ignore[index]
             summary[f"c{concurrency}_{row['label']}"] = {"cpu_us": cpu, "ratio": cpu / base, "p50_ms": lat[50]}  # type: ignore[dict-item,index,operator]
+    if args.control:
+        for concurrency in args.concurrency:
+            cpu = {k.split("_", 1)[1]: v["cpu_us"] for k, v in summary.items() if k.startswith(f"c{concurrency}_")}
+            untraced = [cpu[k] for k in ("baseline", "baseline2", "off", "off2")]
+            base = [cpu["baseline"], cpu["baseline2"]]
+            print(f"c{concurrency}: identical baseline processes differ by {abs(base[0] - base[1]) / min(base):.1%}; "
+                  f"the 4 untraced processes span {min(untraced):.0f}-{max(untraced):.0f} us/req; "
+                  f"on costs {cpu['on'] - sum(untraced) / 4:+.0f} us/req over their mean")
     print(f"\nreceiver got {received['spans']} spans in {received['requests']} export requests "
           "(the 'on' gateway's requests, warm-up included)")
     print("raw: " + json.dumps(summary))

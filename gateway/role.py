@@ -142,7 +142,7 @@ class GatewayRole:
     async def start(self, *, wait_for_table_s: float | None = None) -> None:
         """Listen and follow. `wait_for_table_s`: follow first and listen once a table arrived (or
         that long passed): a gateway worker joining a port others serve has no reason to answer 503."""
-        telemetry.setup("plnt-gateway")  # this process's traces (plnt gateway, or one of plnt up's workers)
+        telemetry.start("plnt-gateway")  # this process's traces (plnt gateway, or one of plnt up's workers)
         url = self.config.control_url
         if url.startswith("http://") and not is_loopback_host(url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[0]):
             log.warning("control-url-plaintext url=%s: the internal token travels unencrypted; use https:// "

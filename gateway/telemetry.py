@@ -132,6 +132,17 @@ def setup(default_service: str, environ: Mapping[str, str] | None = None) -> boo
     return True
 
 
+def start(default_service: str) -> bool:
+    """`setup` at a server's entry (plnt up, the roles): a bad OTEL_* setting is a ServerStartError, which
+    the CLI reports in one line."""
+    try:
+        return setup(default_service)
+    except ValueError as exc:
+        from plnt.gateway.server import ServerStartError
+
+        raise ServerStartError(f"tracing: {exc}") from None
+
+
 def _service_from(env: Mapping[str, str]) -> dict[str, str]:
     name = env.get("OTEL_SERVICE_NAME", "").strip()
     return {"service.name": name} if name else {}

@@ -372,7 +372,7 @@ def add_reconciler_routes(app: Any, reconciler: Reconciler, client: Client, *, s
 
 
 async def start(settings: Settings) -> Plnt:
-    telemetry.setup("plnt")  # OTEL_* asks for traces, or nothing (before the Temporal client: its interceptor)
+    telemetry.start("plnt")  # OTEL_* asks for traces, or nothing (before the Temporal client: its interceptor)
     tokens, webhook_secret = load_gateway_auth(settings)
     # Runners of WorkflowRuns bound to a ModelDeployment call it through the gateway: with tokens
     # required, they get this one (scope `models`: chat with models, nothing else), made per start.

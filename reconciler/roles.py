@@ -156,7 +156,7 @@ def _pod_namespace() -> str:
 async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = None) -> Role:
     """Serve the control API at once (standby until the lease is held), then reconcile while it is."""
     _require_temporal(settings, "reconcile")
-    telemetry.setup("plnt-reconciler")
+    telemetry.start("plnt-reconciler")
     tokens, webhook_secret = load_gateway_auth(settings)
     state = StateDir(settings.state_dir).ensure()
     lease = lease or make_lease(settings, state)
@@ -295,7 +295,7 @@ def add_runner_reports(app: FastAPI, runners: ReportedRunners, guard: InternalGu
 async def start_worker(settings: Settings) -> Role:
     """Run the saga's steps; host the local runners they install and report them."""
     _require_temporal(settings, "worker")
-    telemetry.setup("plnt-worker")
+    telemetry.start("plnt-worker")
     if settings.control_url is None:
         raise ServerStartError("plnt worker needs --control-url URL: the reconciler's control API, where it reports "
                                "the runners it hosts")

@@ -44,6 +44,7 @@ class Span:
     attributes: dict[str, Any]
     service: str
     events: list[str] = field(default_factory=list)
+    resource: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ms(self) -> float:
@@ -70,7 +71,7 @@ def spans_of(request: trace_service_pb2.ExportTraceServiceRequest) -> list[Span]
                     kind=KIND.get(s.kind, str(s.kind)), start_ns=s.start_time_unix_nano, end_ns=s.end_time_unix_nano,
                     status=STATUS.get(s.status.code, str(s.status.code)), status_message=s.status.message,
                     attributes={kv.key: _value(kv.value) for kv in s.attributes},
-                    service=str(resource.get("service.name", "")), events=[e.name for e in s.events],
+                    service=str(resource.get("service.name", "")), events=[e.name for e in s.events], resource=resource,
                 ))
     return found
 

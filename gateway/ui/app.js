@@ -249,17 +249,18 @@ function gateText(g) {
 function verdictCell(row) {
   const smoke = row.smokeTest;
   const progress = row.smokeProgress;
-  if (!smoke) {
-    if (progress && typeof progress === "object") {
-      return h("span", { class: "muted" }, `smoke test running ${progress.done ?? progress.invocations ?? ""}${progress.total ? `/${progress.total}` : ""}`);
-    }
-    return h("span", { class: "muted", text: "no smoke test yet" });
+  const gateList = (gates) => h("ul", { class: "gates" }, gates.map((g) =>
+    h("li", { class: g.verdict === "over budget" ? "over" : "", title: g.verdict }, gateText(g))));
+  // A canary under test: its smoke test so far (smoke_progress.py: {done, of, metrics}).
+  if (progress && typeof progress === "object" && (row.phase === "Canary" || !smoke)) {
+    return h("div", { class: "verdict" }, badge(`smoke test ${progress.done ?? "?"}/${progress.of ?? "?"}`, "progress"),
+      gateList(gatesOf(progress.metrics, row.smokeBudget)));
   }
+  if (!smoke) return h("span", { class: "muted", text: "no smoke test yet" });
   const gates = gatesOf(smoke.metrics, row.smokeBudget);
   return h("div", { class: "verdict" },
     badge(smoke.passed ? "passed" : "failed", smoke.passed ? "ok" : "bad"),
-    h("ul", { class: "gates" }, gates.map((g) =>
-      h("li", { class: g.verdict === "over budget" ? "over" : "", title: g.verdict }, gateText(g)))),
+    gateList(gates),
     !smoke.passed && smoke.reason ? h("div", { class: "reason", text: smoke.reason }) : null);
 }
 

@@ -63,4 +63,5 @@ async def test_reconcile_and_worker_roles_serve_their_metrics(split_roles: Roles
                        for name, labels in control)
         worker = samples((await client.get(f"http://127.0.0.1:{port}/metrics")).text)
         for step in ("validate", "pull_recipe", "install_release", "smoke_test", "promote_release"):
-            assert worker[("plnt_saga_step_duration_seconds_count", (("outcome", "ok"), ("step", step)))] == 1.0, step
+            assert worker.get(("plnt_saga_step_duration_seconds_count", (("outcome", "ok"), ("step", step))), 0) >= 1, \
+                (step, sorted(k for k in worker if k[0] == "plnt_saga_step_duration_seconds_count"))

@@ -61,3 +61,13 @@ def test_runners_get_where_to_send_spans_but_never_the_collectors_credentials(tm
     }
     assert "collector-secret" not in repr(env) and "client.key" not in repr(env)
     assert not any("HEADERS" in name or "KEY" in name or "CERTIFICATE" in name for name in telemetry.RUNNER_ENV_NAMES)
+
+
+def test_a_server_refuses_to_start_on_a_bad_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from plnt.gateway.server import ServerStartError
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", ENDPOINT)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
+    with pytest.raises(ServerStartError, match="tracing: .*http/protobuf or grpc"):
+        telemetry.start("plnt")
+    assert not telemetry.ENABLED

@@ -34,6 +34,7 @@ def test_spans_reach_a_real_receiver_with_the_standard_settings(tracing, http_re
     assert (outer.name, llm.name) == ("outer", "chat m")
     assert llm.parent_id == outer.span_id and llm.trace_id == outer.trace_id and llm.kind == "CLIENT"
     assert outer.service == "plnt-a" and outer.attributes == {"plnt.workflow": "w"}
+    assert outer.resource["deployment.environment"] == "test"  # OTEL_RESOURCE_ATTRIBUTES
     assert llm.attributes["gen_ai.operation.name"] == "chat" and llm.attributes["gen_ai.request.model"] == "m"
     assert (llm.attributes["gen_ai.usage.input_tokens"], llm.attributes["gen_ai.usage.output_tokens"]) == (3, 5)
     assert llm.attributes["server.port"] == 9

@@ -237,6 +237,17 @@ async def _workflows_stream_rollout_gates_and_rollback(
         assert await plan.locator("strong", has_text="upgrade").count() == 1
         assert "**" not in text and "`" not in text, text
         await shot(page, "plan.png")
+        # Markup inside a plan (spec values are the repository's text) stays text: the renderer
+        # builds elements for the Markdown subset only, and never parses HTML.
+        rendered = await page.evaluate("""async () => {
+            const { renderMarkdown } = await import('/ui/markdown.js');
+            const el = renderMarkdown('### <img src=x onerror=alert(1)>\\n\\n| a | b |\\n|---|---|\\n' +
+                                      '| <script>x</script> | `<b>` **<i>y</i>** a\\\\|b<br>c |');
+            return { tags: [...el.querySelectorAll('*')].map((e) => e.tagName.toLowerCase()), text: el.textContent };
+        }""")
+        assert set(rendered["tags"]) == {"h3", "table", "thead", "tbody", "tr", "th", "td", "code", "strong", "br"}, rendered
+        assert "<img src=x onerror=alert(1)>" in rendered["text"] and "<i>y</i>" in rendered["text"], rendered
+        assert "a|b" in rendered["text"], rendered
         assert status_of(plnt)["phase"] == "RolledBack"
         await page.goto("about:blank")  # closes the page's event stream before plnt stops (see leave_page)
 
