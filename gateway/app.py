@@ -1007,9 +1007,10 @@ class _WorkflowEvents(Response):
     client hangs up; `release` runs whatever ends it."""
 
     def __init__(self, rows: Callable[[], list[dict[str, Any]]], poll_s: float, keepalive_s: float,
-                 release: Callable[[], None]) -> None:
+                 release: Callable[[], None], stopping: Callable[[], bool]) -> None:
         super().__init__(media_type="text/event-stream")
         self.rows, self.poll_s, self.keepalive_s, self.release = rows, poll_s, keepalive_s, release
+        self.stopping = stopping  # the server is shutting down: end the stream (within poll_s)
 
     async def __call__(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
         gone = asyncio.Event()
@@ -1026,7 +1027,7 @@ class _WorkflowEvents(Response):
                                     (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
             last: bytes | None = None
             quiet_since = time.monotonic()
-            while not gone.is_set():
+            while not gone.is_set() and not self.stopping():
                 body = oai.dumps({"workflows": self.rows()})
                 now = time.monotonic()
                 if body != last:
@@ -1038,6 +1039,8 @@ class _WorkflowEvents(Response):
                     await send({"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True})
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(gone.wait(), self.poll_s)
+            if not gone.is_set():  # the server stops: end the response properly (the UI reconnects)
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             pass  # the connection broke while sending
         finally:
@@ -1063,7 +1066,8 @@ def _add_workflow_events(app: FastAPI, visible_rows: Callable[[Grant], list[dict
                           "streams; retry later, or poll GET /workflows", {"retry-after": "5"})
         grant = _grant(request)
         open_streams[0] += 1  # released when the stream ends (_WorkflowEvents.__call__)
-        return _WorkflowEvents(lambda: visible_rows(grant), poll_s, keepalive_s, release)
+        return _WorkflowEvents(lambda: visible_rows(grant), poll_s, keepalive_s, release,
+                               lambda: getattr(app.state, "stopping", False))
 
     app.state.open_event_streams = lambda: open_streams[0]
 

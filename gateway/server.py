@@ -261,6 +261,11 @@ class GatewayServer:
         """Graceful: stop accepting, let in-flight requests finish, run lifespan shutdown."""
         if self._task is None or self._server is None:
             return
+        # Endless responses (GET /workflows/events) end on this, or uvicorn would wait out its
+        # graceful timeout for them; wrappers (TrustForwarded, the gateway role) share the app's state.
+        state = getattr(self.app, "state", None)
+        if state is not None:
+            state.stopping = True
         self._server.request_exit()
         task, self._task = self._task, None
         await task

@@ -416,6 +416,7 @@ function rolloutView(container, rest) {
   let again = false;
   let lastKey = "";
   let stopped = false;
+  let followUp = 0;
 
   async function load() {
     if (loading) { again = true; return; }
@@ -436,6 +437,10 @@ function rolloutView(container, rest) {
       if (stopped) return;
       drawPast();
       drawHistory(history);
+      // A saga closes a moment after its last phase change: look again until nothing listed runs.
+      const running = Array.isArray(rollouts) && rollouts.some((r) => r.status === "RUNNING");
+      clearTimeout(followUp);
+      if (running) followUp = setTimeout(() => { if (!stopped) load(); }, 2000);
     } finally {
       loading = false;
       if (again && !stopped) { again = false; load(); }
@@ -482,7 +487,7 @@ function rolloutView(container, rest) {
   });
   const row0 = rowOf(namespace, name);
   lastKey = row0 ? JSON.stringify([row0.phase, row0.sagaId, row0.version, row0.canaryVersion, row0.smokeTest && row0.smokeTest.passed]) : "";
-  return () => { stopped = true; unsubscribe(); };
+  return () => { stopped = true; clearTimeout(followUp); unsubscribe(); };
 }
 
 // ---- view: playground --------------------------------------------------------------------------

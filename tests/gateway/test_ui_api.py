@@ -190,3 +190,34 @@ async def test_x_plnt_track_forces_stable_or_canary(start_server: StartServer, s
     assert chat_none.status_code == 409 and chat_none.json()["error"]["type"] == "no_canary"
     calls = (await gw.client.get("/calls", params={"limit": 1})).json()
     assert calls[0]["code"] == 409 and calls[0]["errorType"] == "no_canary"
+
+
+async def test_an_open_event_stream_does_not_hold_up_the_server_stopping() -> None:
+    """A UI tab left open keeps GET /workflows/events open: stopping the gateway ends the stream at
+    once instead of waiting out uvicorn's graceful timeout (30 s) for it."""
+    from plnt.gateway.app import create_app
+    from plnt.gateway.server import GatewayServer
+
+    app = create_app(Router(), list_workflows=lambda: [{"name": "a", "namespace": "default"}], events_poll_s=0.05)
+    server = GatewayServer(app, graceful_timeout_s=30.0)
+    await server.start()
+    first = asyncio.Event()
+
+    async def hold_stream() -> None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            async with client.stream("GET", "/workflows/events") as response:
+                async for chunk in response.aiter_raw():
+                    if b"event: workflows" in chunk:
+                        first.set()
+
+    reader = asyncio.create_task(hold_stream())
+    try:
+        await asyncio.wait_for(first.wait(), 10)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await asyncio.wait_for(server.stop(), 20)  # without the fix: about 30 s, so this times out
+        assert loop.time() - began < 10
+        await asyncio.wait_for(reader, 10)  # the stream ended cleanly, from the server's side
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
