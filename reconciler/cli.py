@@ -393,7 +393,8 @@ async def _up(settings: Settings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     plnt = await start(settings)
-    typer.echo(f"plnt is up: gateway {plnt.url}  (GET /workflows, POST /workflows/NAME/invoke); Ctrl-C stops", err=True)
+    typer.echo(f"plnt is up: gateway {plnt.url}  (GET /workflows, POST /workflows/NAME/invoke); "
+               f"UI {plnt.url}/ui; Ctrl-C stops", err=True)
     await stop.wait()
     typer.echo("plnt: stopping (runners, worker, gateway, Temporal)...", err=True)
     await plnt.stop()
