@@ -15,6 +15,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
+from plnt.gateway import telemetry
 from plnt.gateway.upstream import UpstreamClient, UpstreamError
 from pydantic import BaseModel, ConfigDict
 
@@ -138,20 +139,23 @@ async def measure(
             samples.append(await invoke(payloads[index % len(payloads)]))
 
     workers = min(concurrency, invocations)
+    # Tracing on: each smoke call continues the smoke_test activity's span, so the canary's runner
+    # spans sit in the rollout's trace.
+    trace = telemetry.inject({}) if telemetry.ENABLED else {}
     if not stream and protocol == "runner" and urlsplit(endpoint).scheme == "http":
         # A local runner (or a pod's plain-HTTP port): the gateway's own client for its runner hop,
         # a tenth of httpx's CPU per request; at 1,000 WorkflowRuns the smoke tests' httpx calls
         # were 14 % of plnt's event loop (bench/many_workflowruns.py, py-spy).
         upstream = UpstreamClient(read_timeout_s=timeout_s, connect_timeout_s=min(timeout_s, 5.0))
         try:
-            await asyncio.gather(*(worker(lambda payload: _invoke_upstream(upstream, endpoint, payload))
+            await asyncio.gather(*(worker(lambda payload: _invoke_upstream(upstream, endpoint, payload, trace))
                                    for _ in range(workers)))
         finally:
             await upstream.aclose()
         return samples
     async with httpx.AsyncClient(trust_env=False, timeout=timeout_s, verify=default_tls_context()) as client:
         invoke = _invoke_chat if protocol == "openai-chat" else _invoke_streaming if stream else _invoke
-        await asyncio.gather(*(worker(lambda payload: invoke(client, endpoint, payload)) for _ in range(workers)))
+        await asyncio.gather(*(worker(lambda payload: invoke(client, endpoint, payload, trace)) for _ in range(workers)))
     return samples
 
 
@@ -164,10 +168,10 @@ def progress_of(samples: Sequence[Sample], invocations: int) -> dict[str, Any]:
     return progress
 
 
-async def _invoke(client: httpx.AsyncClient, endpoint: str, payload: dict[str, Any]) -> Sample:
+async def _invoke(client: httpx.AsyncClient, endpoint: str, payload: dict[str, Any], trace: dict[str, str]) -> Sample:
     started = time.perf_counter()
     try:
-        response = await client.post(f"{endpoint}/invoke", json=payload)
+        response = await client.post(f"{endpoint}/invoke", json=payload, headers=trace)
     except httpx.HTTPError as exc:
         return Sample(latency_ms=(time.perf_counter() - started) * 1000, ok=False, error=f"{type(exc).__name__}: {exc}")
     latency = (time.perf_counter() - started) * 1000
@@ -180,11 +184,12 @@ async def _invoke(client: httpx.AsyncClient, endpoint: str, payload: dict[str, A
     return Sample(latency_ms=latency, ok=True)
 
 
-async def _invoke_upstream(client: UpstreamClient, endpoint: str, payload: dict[str, Any]) -> Sample:
+async def _invoke_upstream(client: UpstreamClient, endpoint: str, payload: dict[str, Any],
+                           trace: dict[str, str]) -> Sample:
     started = time.perf_counter()
     try:
         response = await client.request(endpoint, "POST", "/invoke", body=json.dumps(payload).encode(),
-                                        headers=(("content-type", "application/json"),))
+                                        headers=(("content-type", "application/json"), *trace.items()))
     except UpstreamError as exc:
         return Sample(latency_ms=(time.perf_counter() - started) * 1000, ok=False, error=f"{type(exc).__name__}: {exc}")
     latency = (time.perf_counter() - started) * 1000
@@ -197,14 +202,15 @@ async def _invoke_upstream(client: UpstreamClient, endpoint: str, payload: dict[
     return Sample(latency_ms=latency, ok=True)
 
 
-async def _invoke_streaming(client: httpx.AsyncClient, endpoint: str, payload: dict[str, Any]) -> Sample:
+async def _invoke_streaming(client: httpx.AsyncClient, endpoint: str, payload: dict[str, Any],
+                            trace: dict[str, str]) -> Sample:
     """One invocation as SSE (`event: token` ... `event: result` | `event: error`), timing the tokens."""
     started = time.perf_counter()
     token_times: list[float] = []
     event, outcome, error = "", None, None
     try:
         async with client.stream("POST", f"{endpoint}/invoke", json=payload,
-                                 headers={"accept": "text/event-stream"}) as response:
+                                 headers={"accept": "text/event-stream", **trace}) as response:
             if response.status_code != 200:
                 return await _http_failure(response, started)
             async for line in response.aiter_lines():
@@ -227,7 +233,7 @@ async def _invoke_streaming(client: httpx.AsyncClient, endpoint: str, payload: d
     return _timed(latency, started, token_times)
 
 
-async def _invoke_chat(client: httpx.AsyncClient, endpoint: str, payload: dict[str, Any]) -> Sample:
+async def _invoke_chat(client: httpx.AsyncClient, endpoint: str, payload: dict[str, Any], trace: dict[str, str]) -> Sample:
     """One streamed chat completion from an OpenAI-compatible model server: `data: {chunk}` lines up
     to `data: [DONE]`; a chunk whose delta carries content is a token (llama.cpp, vLLM and TGI send
     one per token)."""
@@ -236,7 +242,7 @@ async def _invoke_chat(client: httpx.AsyncClient, endpoint: str, payload: dict[s
     done, error = False, None
     try:
         async with client.stream("POST", f"{endpoint}/v1/chat/completions", json={**payload, "stream": True},
-                                 headers={"accept": "text/event-stream"}) as response:
+                                 headers={"accept": "text/event-stream", **trace}) as response:
             if response.status_code != 200:
                 return await _http_failure(response, started)
             async for line in response.aiter_lines():

@@ -96,6 +96,12 @@ async def test_a_rollout_and_an_invocation_are_each_one_trace(
                 assert ran and ran[0].end_ns > ran[0].start_ns, step  # the step's own span, with its duration
             done = _one(under_run, "CompleteWorkflow:DeploySaga")
             assert done.status == "UNSET" and done.attributes["plnt.phase"] == "Ready"
+            # The smoke test's calls continue its activity's span: the canary runner's spans are in this trace.
+            rollout = await _rollout_trace(http_receiver, commit, needs="runner invoke")
+            [smoke] = [s for s in rollout if s.name == "RunActivity:smoke_test"]
+            canary_calls = [s for s in rollout if s.name == "runner invoke"]
+            assert canary_calls and all(s.parent_id == smoke.span_id for s in canary_calls), \
+                [(s.name, s.parent_id) for s in canary_calls]
             print("\nrollout trace:\n" + trace_tree.render(rollout, attributes=trace_tree.ATTRIBUTES))
 
             # An invocation: gateway -> runner -> steps -> LLM call, one trace.
