@@ -552,6 +552,20 @@ function playgroundView(container, rest) {
     const [ns, ...name] = (target.value || "").split("/");
     return rowOf(ns, name.join("/"));
   };
+  // In chat mode the track (and its versions) is the picked model's: an id of GET /v1/models is
+  // `name`, or `namespace/name` when the name is in several namespaces; owned_by is the namespace.
+  const modelOwners = new Map();
+  const modelRow = () => {
+    const id = model.value || "";
+    return rowOf(modelOwners.get(id) || "default", id.includes("/") ? id.slice(id.indexOf("/") + 1) : id);
+  };
+  let modePicked = false;  // "Try" on a ModelDeployment opens the chat, until the user picks a mode
+  function pickModeFor() {
+    const row = !modePicked && wantName ? rowOf(wantNs, wantName) : null;
+    if (!row) return;
+    modePicked = true;
+    if (row.kind === "ModelDeployment") { modeChat.checked = true; setMode(); }
+  }
 
   function fillTargets() {
     const rows = (state.rows || []).filter((r) => (r.kind || "WorkflowRun") !== "ModelDeployment");
@@ -564,10 +578,11 @@ function playgroundView(container, rest) {
     }
     updateTrack();
     drawFields();
+    pickModeFor();
   }
 
   function updateTrack() {
-    const row = selectedRow();
+    const row = isChat() ? modelRow() : selectedRow();
     const canary = track.querySelector('option[value="canary"]');
     const hasCanary = Boolean(row && row.canaryVersion);
     canary.disabled = !hasCanary && !isChat();
@@ -609,8 +624,10 @@ function playgroundView(container, rest) {
     try {
       const body = await getJSON("/v1/models");
       const ids = (body.data || []).map((m) => m.id);
+      for (const m of body.data || []) modelOwners.set(m.id, m.owned_by);
       model.replaceChildren(...(ids.length ? ids.map((id) => h("option", { value: id, text: id })) : [h("option", { value: "", text: "no models" })]));
       if (wantName && ids.includes(wantName)) model.value = wantName;
+      updateTrack();
     } catch (err) {
       if (err.kind !== "unauthorized") model.replaceChildren(h("option", { value: "", text: `models unavailable: ${err.message}` }));
     }
@@ -761,6 +778,7 @@ function playgroundView(container, rest) {
 
   const setMode = () => {
     const chat = isChat();
+    modePicked = true;
     invokeOnly.hidden = chat;
     chatOnly.hidden = !chat;
     run.textContent = chat ? "Send" : "Invoke";
@@ -775,6 +793,7 @@ function playgroundView(container, rest) {
     syncRaw();
   });
   target.addEventListener("change", () => { updateTrack(); drawFields(); });
+  model.addEventListener("change", updateTrack);
   stop.addEventListener("click", () => controller && controller.abort());
   message.value = "Great service but slow parking";
 
