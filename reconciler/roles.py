@@ -30,6 +30,7 @@ from plnt.gateway.limits import HttpLimits
 from plnt.gateway.route_watch import InternalGuard, RoutePublisher, add_control_routes, internal_guard
 from plnt.gateway.routes import Router
 from plnt.gateway.server import GatewayServer, ServerStartError
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import ValidationError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
@@ -117,19 +118,39 @@ def _require_temporal(settings: Settings, role: str) -> None:
 
 class _StandbyGate:
     """In front of the control API: until this replica holds the lease, everything but the health
-    checks answers 503, so a Service sends nothing to a standby replica (its /readyz fails too)."""
+    checks and GET /metrics answers 503, so a Service sends nothing to a standby replica (its /readyz
+    fails too). /metrics answers (with its usual auth) because Prometheus scrapes every pod, standby
+    included, and a 503 there would read as `up == 0`: a false alarm."""
 
     def __init__(self, app: Any, active: Callable[[], bool]) -> None:
         self.app = app
         self._active = active
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and not self._active() and scope["path"] not in ("/healthz", "/readyz"):
+        if scope["type"] == "http" and not self._active() and scope["path"] not in ("/healthz", "/readyz", "/metrics"):
             response = JSONResponse({"error": {"type": "standby", "message": "this reconciler is on standby: "
                                                "another replica holds the lease"}}, status_code=503)
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def _serve_leader_metrics(app: Any, control_metrics: ControlPlaneMetrics, active: Callable[[], bool]) -> None:
+    """GET /metrics of the control API: `plnt_reconciler_leader` (1 on the Lease holder, 0 on a
+    standby) after the app's own series; the control plane's series on the Lease holder only. A
+    standby's statuses are whatever it loaded at start (stale, or a shared volume's copy): summed with
+    the leader's they would double-count workflows and could fire PlntSagaStuck."""
+    registry = CollectorRegistry()
+    Gauge("plnt_reconciler_leader", "1 when this reconciler holds the Lease (the active one), 0 on a standby.",
+          registry=registry).set_function(lambda: 1.0 if active() else 0.0)
+    own = app.state.render_metrics
+    control_metrics.append_to(app)
+    with_control_plane = app.state.render_metrics
+
+    def render() -> bytes:
+        return (with_control_plane() if active() else own()) + generate_latest(registry)
+
+    app.state.render_metrics = render
 
 
 def make_lease(settings: Settings, state: StateDir) -> LeaderLease:
@@ -196,7 +217,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     add_control_routes(control, publisher, internal_token)
     add_runner_reports(control, runners, internal_guard(control, internal_token))
     control_metrics = ControlPlaneMetrics()  # after the app's own series on GET /metrics (reconciler/metrics.py)
-    control_metrics.append_to(control)
+    _serve_leader_metrics(control, control_metrics, active.is_set)
     server = GatewayServer(_StandbyGate(control, active.is_set), host=settings.host, port=settings.port,
                            limits=HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
                                              head_timeout_s=settings.gateway_header_timeout_s))

@@ -3,9 +3,10 @@
 Across a matrix of values (chartkit.PLNT_CASES: autoscaling, ingress and hooks, ServiceMonitor,
 external Temporal with TLS + API key vs plain, PVC, status mirroring, one and several deploy
 namespaces, NetworkPolicies on and off) every rendered object passes kubernetes-validate's strict
-schemas for Kubernetes 1.33, except the ServiceMonitor: monitoring.coreos.com/v1 is a CRD that
-kubernetes-validate has no schema for, so its fields are checked by hand below against the
-Prometheus Operator's API reference. Nothing is applied to a cluster: there is none here.
+schemas for Kubernetes 1.33, except the ServiceMonitors and the PodMonitor: monitoring.coreos.com/v1
+is a CRD that kubernetes-validate has no schema for, so their fields are checked by hand below against
+the Prometheus Operator's API reference (the rest of the observability objects:
+test_plnt_observability.py). Nothing is applied to a cluster: there is none here.
 """
 
 from __future__ import annotations
@@ -91,28 +92,39 @@ def test_required_values_are_named_when_missing(helm: str) -> None:
 
 
 SERVICE_MONITOR_SPEC = {"selector", "namespaceSelector", "endpoints"}
+POD_MONITOR_SPEC = {"selector", "namespaceSelector", "podMetricsEndpoints"}
 SERVICE_MONITOR_ENDPOINT = {"port", "path", "scheme", "interval"}
+MONITOR_KINDS = {"ServiceMonitor", "PodMonitor"}
 
 
-def check_service_monitor(doc: dict[str, Any], gateway_service: dict[str, Any]) -> None:
+def check_service_monitor(doc: dict[str, Any], docs: list[dict[str, Any]]) -> None:
     """By hand: kubernetes-validate has no schema for monitoring.coreos.com/v1 (a CRD). Field names
-    and types as the Prometheus Operator's API reference gives them for ServiceMonitorSpec/Endpoint."""
-    assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+    and types as the Prometheus Operator's API reference gives them for ServiceMonitorSpec/Endpoint
+    and PodMonitorSpec/PodMetricsEndpoint. A ServiceMonitor's `port` names a port of the Service it
+    selects; a PodMonitor's a container port of the pods it selects."""
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["kind"] in MONITOR_KINDS
     assert set(doc) == {"apiVersion", "kind", "metadata", "spec"}
     assert set(doc["metadata"]) == {"name", "namespace", "labels"}
     spec = doc["spec"]
-    assert set(spec) == SERVICE_MONITOR_SPEC
+    assert set(spec) == (SERVICE_MONITOR_SPEC if doc["kind"] == "ServiceMonitor" else POD_MONITOR_SPEC)
     assert set(spec["selector"]) == {"matchLabels"}
-    assert spec["selector"]["matchLabels"].items() <= gateway_service["metadata"]["labels"].items()
+    selector = spec["selector"]["matchLabels"]
     assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
-    [endpoint] = spec["endpoints"]
+    if doc["kind"] == "ServiceMonitor":
+        [target] = [d for d in docs if d["kind"] == "Service" and selector.items() <= d["metadata"]["labels"].items()]
+        port_names = {port["name"] for port in target["spec"]["ports"]}
+        [endpoint] = spec["endpoints"]
+    else:
+        [target] = [d for d in docs if d["kind"] == "Deployment"
+                    and selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+        port_names = {port["name"] for c in target["spec"]["template"]["spec"]["containers"] for port in c["ports"]}
+        [endpoint] = spec["podMetricsEndpoints"]
     assert set(endpoint) - {"authorization"} == SERVICE_MONITOR_ENDPOINT
     if "authorization" in endpoint:  # SafeAuthorization: type + credentials (a SecretKeySelector)
         assert endpoint["authorization"]["type"] == "Bearer"
         assert set(endpoint["authorization"]["credentials"]) == {"name", "key"}
     assert endpoint["path"] == "/metrics" and endpoint["scheme"] == "http"
-    # `port` names a port of the selected Service.
-    assert endpoint["port"] in {port["name"] for port in gateway_service["spec"]["ports"]}
+    assert endpoint["port"] in port_names, (doc["metadata"]["name"], endpoint["port"], port_names)
     assert isinstance(endpoint["interval"], str) and endpoint["interval"].endswith("s")
 
 
@@ -121,8 +133,8 @@ def test_every_manifest_validates_strictly(helm: str, case: str) -> None:
     docs = render(helm, PLNT_CHART, PLNT_CASES[case])
     by_key = objects(docs)
     for doc in docs:
-        if doc["kind"] == "ServiceMonitor":
-            check_service_monitor(doc, one(docs, "Service", f"{FULLNAME}-gateway"))
+        if doc["kind"] in MONITOR_KINDS:
+            check_service_monitor(doc, docs)
         else:
             validate_strictly(doc, case)
         check_labels(doc["metadata"]["labels"])
@@ -137,12 +149,21 @@ def test_every_manifest_validates_strictly(helm: str, case: str) -> None:
 
 
 def test_service_monitor_sends_the_read_token(helm: str) -> None:
-    [monitor] = [d for d in render(helm, PLNT_CHART, PLNT_CASES["all-on"]) if d["kind"] == "ServiceMonitor"]
-    assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    assert monitor["spec"]["endpoints"][0]["authorization"] == {
-        "type": "Bearer", "credentials": {"name": "plnt-metrics-token", "key": "token"}}
-    [monitor] = [d for d in render(helm, PLNT_CHART, PLNT_CASES["tls-no-ca-existing-claim-mirror"]) if d["kind"] == "ServiceMonitor"]
-    assert "authorization" not in monitor["spec"]["endpoints"][0]
+    """The gateway and the reconciler serve /metrics behind the caller tokens; the worker's health
+    listener has none (tests/charts/test_plnt_observability.py covers the rest of the scraping)."""
+    docs = render(helm, PLNT_CHART, PLNT_CASES["all-on"])
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] in MONITOR_KINDS}
+    assert set(monitors) == {f"{FULLNAME}-{role}" for role in ("gateway", "reconciler", "worker")}
+    for role in ("gateway", "reconciler"):
+        monitor = monitors[f"{FULLNAME}-{role}"]
+        assert monitor["kind"] == "ServiceMonitor" and monitor["metadata"]["labels"]["release"] == "prometheus"
+        assert monitor["spec"]["endpoints"][0]["authorization"] == {
+            "type": "Bearer", "credentials": {"name": "plnt-metrics-token", "key": "token"}}
+    worker = monitors[f"{FULLNAME}-worker"]
+    assert worker["kind"] == "PodMonitor" and "authorization" not in worker["spec"]["podMetricsEndpoints"][0]
+    docs = render(helm, PLNT_CHART, PLNT_CASES["tls-no-ca-existing-claim-mirror"])
+    for monitor in (d for d in docs if d["kind"] == "ServiceMonitor"):
+        assert "authorization" not in monitor["spec"]["endpoints"][0]
 
 
 def test_the_default_objects(helm: str) -> None:
@@ -390,8 +411,10 @@ def test_network_policies(helm: str) -> None:
     defaults = yaml.safe_load((PLNT_CHART / "values.yaml").read_text())
     assert reconciler["ingress"][1] == {"from": defaults["networkPolicy"]["ingressController"],
                                         "ports": [{"port": 8080, "protocol": "TCP"}]}
-    assert len(reconciler["ingress"]) == 2
-    assert len(policies[(NAMESPACE, f"{FULLNAME}-reconciler")]["ingress"]) == 2
+    # serviceMonitor.enabled: Prometheus's pods scrape the control API's /metrics.
+    prometheus = {"from": defaults["networkPolicy"]["prometheusFrom"], "ports": [{"port": 8080, "protocol": "TCP"}]}
+    assert reconciler["ingress"][2] == prometheus
+    assert len(reconciler["ingress"]) == 3
     no_hooks = render(helm, PLNT_CHART, PLNT_CASES["pvc-single-ingress-no-hooks"])
     [spec] = [d["spec"] for d in no_hooks if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == f"{FULLNAME}-reconciler"]
     assert spec["ingress"] == [reconciler["ingress"][0]], "no ingress controller without hooks"
@@ -402,9 +425,15 @@ def test_network_policies(helm: str) -> None:
 
     gateway = policies[(NAMESPACE, f"{FULLNAME}-gateway")]
     assert gateway["ingress"] == [{"ports": [{"port": 8000, "protocol": "TCP"}],
-                                   "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}]}]
+                                   "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}]},
+                                  {**prometheus, "ports": [{"port": 8000, "protocol": "TCP"}]}], \
+        "gatewayFrom narrows the gateway: Prometheus is let in beside it"
     assert {"to": [role_peer("reconciler")], "ports": [{"port": 8080, "protocol": "TCP"}]} in gateway["egress"]
-    assert "ingress" not in policies[(NAMESPACE, f"{FULLNAME}-worker")], "nothing calls a worker"
+    assert policies[(NAMESPACE, f"{FULLNAME}-worker")]["ingress"] == [
+        {**prometheus, "ports": [{"port": 8081, "protocol": "TCP"}]}], "nothing but Prometheus calls a worker"
+    no_monitor = render(helm, PLNT_CHART, PLNT_CASES["defaults"])
+    [worker_policy] = [d["spec"] for d in no_monitor if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == f"{FULLNAME}-worker"]
+    assert "ingress" not in worker_policy, "without a monitor nothing calls a worker"
 
     # Runner pods: from gateways and workers only; out to DNS, registries and runners.egress.
     runner_pods = render_runner(helm, "defaults")

@@ -65,3 +65,29 @@ async def test_reconcile_and_worker_roles_serve_their_metrics(split_roles: Roles
         for step in ("validate", "pull_recipe", "install_release", "smoke_test", "promote_release"):
             assert worker.get(("plnt_saga_step_duration_seconds_count", (("outcome", "ok"), ("step", step))), 0) >= 1, \
                 (step, sorted(k for k in worker if k[0] == "plnt_saga_step_duration_seconds_count"))
+
+
+async def test_a_standby_reconciler_answers_metrics_with_leader_zero(split_roles: Roles) -> None:
+    """Prometheus scrapes every reconciler pod: a standby answers GET /metrics 200 (a 503 would be
+    `up == 0`, a false alarm) with `plnt_reconciler_leader` 0 and none of the control plane's series
+    (its statuses are a stale copy); the Lease holder says 1. Still the usual auth, and the rest of
+    the control API stays 503 on the standby. Real processes sharing one state directory's file lease."""
+    roles = split_roles
+    roles.reconciler()
+    standby_port = free_port()
+    roles.reconciler("standby", port=standby_port, wait_active=False)
+    standby_url = f"http://127.0.0.1:{standby_port}"
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        active = await client.get(f"{roles.control_url}/metrics", headers=AUTH)
+        standby = await client.get(f"{standby_url}/metrics", headers=AUTH)
+        assert active.status_code == 200 and standby.status_code == 200, standby.text
+        assert samples(active.text)[("plnt_reconciler_leader", ())] == 1.0
+        on_standby = samples(standby.text)
+        assert on_standby[("plnt_reconciler_leader", ())] == 0.0
+        assert ("plnt_workflows", (("kind", "WorkflowRun"), ("phase", "Ready"))) in samples(active.text)  # 0 or 1
+        assert not any(name.startswith(("plnt_workflows", "plnt_saga_", "plnt_rollouts")) for name, _ in on_standby), \
+            sorted({name for name, _ in on_standby})
+        assert any(name.startswith("plnt_gateway_") for name, _ in on_standby), "the standby's own series"
+        assert (await client.get(f"{standby_url}/metrics")).status_code == 401, "the same auth as on the leader"
+        refused = await client.get(f"{standby_url}/workflows", headers=AUTH)
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "standby"

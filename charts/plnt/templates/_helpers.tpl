@@ -98,6 +98,48 @@ seccompProfile:
   value: "1"
 {{- end -}}
 
+{{/*
+OpenTelemetry traces (tracing.*), the SDK's own OTEL_* variables, for one role:
+(dict "ctx" $ "role" "gateway"). Nothing at all when tracing.endpoint is empty (plnt then sets no
+tracer up: no cost). The headers (collector credentials) only from a Secret, never from values.
+*/}}
+{{- define "plnt.tracingEnv" -}}
+{{- $t := .ctx.Values.tracing -}}
+{{- if $t.endpoint -}}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ $t.endpoint | quote }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ $t.protocol | quote }}
+- name: OTEL_SERVICE_NAME
+  value: plnt-{{ .role }}
+{{- with $t.sampler }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ . | quote }}
+{{- end }}
+{{- with $t.samplerArg }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ . | quote }}
+{{- end }}
+{{- with $t.headers.secretName }}
+- name: OTEL_EXPORTER_OTLP_HEADERS
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $t.headers.key }}
+{{- end }}
+- name: PLNT_POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- $attributes := list (printf "k8s.namespace.name=%s" .ctx.Release.Namespace) "k8s.pod.name=$(PLNT_POD_NAME)" (printf "k8s.deployment.name=%s-%s" (include "plnt.fullname" .ctx) .role) }}
+{{- range $key, $value := $t.resourceAttributes }}
+{{- $attributes = append $attributes (printf "%s=%s" $key $value) }}
+{{- end }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ join "," $attributes | quote }}
+{{- end -}}
+{{- end -}}
+
 {{/* The Temporal flags the reconciler and the workers share, and the files they name. */}}
 {{- define "plnt.temporalArgs" -}}
 - --temporal-address
