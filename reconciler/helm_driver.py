@@ -23,6 +23,11 @@ read from the saga's commit; rendered into a ConfigMap with the trusted roots th
 registry settings, and registry credentials from a Secret named by `credentials_secret` (never
 the credentials themselves). A `file:` registry cannot be reached from a pod: InvalidSpec.
 
+Tracing. When the worker's environment asks for traces (the plnt chart's tracing.*), the runner
+container gets the same filtered OTEL_* variables a local runner gets (`tracing_values`), so a
+request's trace goes on from the gateway into the pod; nothing at all when it does not. Releases
+pick a change up at their next install (a new version, canary or promote).
+
 Models. An InstallRequest with `model` set is a ModelDeployment's release: `render_model_values`
 renders charts/model-server (its own chart, `model_chart`), named and placed exactly as a runner
 (`<name>`, `<name>-canary`; the backend's placement merged with the spec's), its init container
@@ -61,13 +66,14 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
+from plnt.gateway import telemetry
 
 from .driver import InstallRequest, RecipeTrust
 from .errors import DriverError, InvalidSpec, LiveStateUnknown, NeedsHuman, PlntError, UnknownBackend
@@ -98,6 +104,7 @@ HELM_EXIT_MARGIN_S = 20.0
 # the step's retry finds the rollback done, or still pending and young: retried again.)
 MODEL_STEP_MARGIN_S = 300.0
 CANARY_SUFFIX = "-canary"
+RUNNER_SERVICE_NAME = "plnt-runner"  # runner pods' OTEL_SERVICE_NAME, as a local runner's default
 # Where the runner reads its recipe: a directory in the chart's emptyDir (mounted at /var/lib/plnt),
 # which the init container fills with `plnt recipe fetch` (a subdirectory, so fetch's staging sits
 # beside it on the same filesystem).
@@ -172,12 +179,14 @@ def render_values(
     resources: dict[str, Any] | None = None,
     registry_options: RegistryOptions = RegistryOptions(),
     credentials_secret: str = "",
+    tracing: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The workflow-runner values for one release: pure, and exactly what `install` passes to helm.
 
     The pod's init container fetches exactly `request.recipe_digest` and verifies it against
     `request.trust` (the policies the saga verified with), reaching the registry with plnt's own
-    registry settings; credentials only as the name of a Secret in the backend's namespace."""
+    registry settings; credentials only as the name of a Secret in the backend's namespace.
+    `tracing`: `tracing_values(...)` of the worker's environment (empty: no `tracing` key at all)."""
     placement = placement_values(spec.backend, backend)
     autoscaling: dict[str, Any] = {}
     if spec.autoscaling is not None:
@@ -203,7 +212,21 @@ def render_values(
         "resources": resources or {},
         "service": {"port": 80},
         "recipeFetch": recipe_fetch_values(request, spec, registry_options, credentials_secret),
+        **(tracing or {}),
     }
+
+
+def tracing_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The workflow-runner chart's `tracing` block from plnt's own environment (the worker's OTEL_*,
+    set by the plnt chart's tracing.*): only telemetry.RUNNER_ENV_NAMES, the list the local driver
+    passes to its runners (never OTEL_EXPORTER_OTLP_HEADERS, client keys or certificates: recipe code
+    runs in the pod), with OTEL_SERVICE_NAME plnt-runner (the worker's own is plnt-worker). `{}` when
+    `environ` asks for no traces: the values, and so the pods, stay exactly as without tracing."""
+    if not telemetry.wanted(environ):
+        return {}
+    env = {name: value for name, value in environ.items() if name in telemetry.RUNNER_ENV_NAMES}
+    env["OTEL_SERVICE_NAME"] = RUNNER_SERVICE_NAME
+    return {"tracing": {"env": dict(sorted(env.items()))}}
 
 
 def recipe_fetch_values(request: InstallRequest, spec: WorkflowRunSpec, options: RegistryOptions,
@@ -581,11 +604,13 @@ class HelmDriver:
         stuck_after_s: float | None = None,
         runner: HelmRunner | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         """`chart` renders WorkflowRuns' releases, `model_chart` ModelDeployments'; `resources` and
         `model_resources` are their servers' cpu/memory; `gpu_resource`: see `gpu_resource_name`.
         `timeout_s` is helm's --timeout for runner releases and every uninstall, `model_timeout_s` for
-        the upgrades and rollbacks of model-server releases (their pods fetch weights, then load them)."""
+        the upgrades and rollbacks of model-server releases (their pods fetch weights, then load them).
+        `environ` (default: this process's) is read once for the runner pods' tracing (`tracing_values`)."""
         if backend.spec.type != "kubernetes" or backend.spec.kubernetes is None:
             raise UnknownBackend(f"backend {backend.metadata.name!r} is of type {backend.spec.type}; "
                                  "the Helm driver needs type: kubernetes")
@@ -607,6 +632,7 @@ class HelmDriver:
         self._run = runner or helm_runner(helm, timeout_s)
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
+        self._tracing = tracing_values(os.environ if environ is None else environ)
 
     @property
     def namespace(self) -> str:
@@ -833,7 +859,8 @@ class HelmDriver:
             raise DriverError(f"{request.namespace}/{request.name}: a runner install for a spec that is not a "
                               "WorkflowRun's")
         return render_values(request, spec, self._backend, self._image, resources=self._resources,
-                             registry_options=self._registry_options, credentials_secret=self._credentials_secret)
+                             registry_options=self._registry_options, credentials_secret=self._credentials_secret,
+                             tracing=self._tracing)
 
     def _spec_for(self, request: InstallRequest) -> AnySpec:
         spec = self._specs(request.namespace, request.name, request.spec_fingerprint)

@@ -240,6 +240,11 @@ def test_tracing_variables_on_all_three_roles_and_headers_from_the_secret(helm: 
         # The collector is reachable through the role's NetworkPolicy.
         egress = one(docs, "NetworkPolicy", f"{FULLNAME}-{role}")["spec"]["egress"]
         assert {"ports": [{"port": 4318, "protocol": "TCP"}, {"port": 4317, "protocol": "TCP"}]} in egress, role
+    # Runner pods export their spans too (the Helm driver gives them the filtered OTEL_*).
+    runner_policies = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-runners")]
+    assert runner_policies
+    for policy in runner_policies:
+        assert {"ports": [{"port": 4318, "protocol": "TCP"}, {"port": 4317, "protocol": "TCP"}]} in policy["spec"]["egress"]
 
     plain = render(helm, PLNT_CHART, merged(BASE, {"tracing": {"endpoint": "http://collector:4317", "protocol": "grpc"}}))
     for role in ROLES:
