@@ -1006,10 +1006,10 @@ class _WorkflowEvents(Response):
     """The body of one `GET /workflows/events` stream (see _add_workflow_events): sent until the
     client hangs up; `release` runs whatever ends it."""
 
-    def __init__(self, rows: Callable[[], list[dict[str, Any]]], poll_s: float, keepalive_s: float,
+    def __init__(self, rows_json: Callable[[], bytes], poll_s: float, keepalive_s: float,
                  release: Callable[[], None], stopping: Callable[[], bool]) -> None:
         super().__init__(media_type="text/event-stream")
-        self.rows, self.poll_s, self.keepalive_s, self.release = rows, poll_s, keepalive_s, release
+        self.rows_json, self.poll_s, self.keepalive_s, self.release = rows_json, poll_s, keepalive_s, release
         self.stopping = stopping  # the server is shutting down: end the stream (within poll_s)
 
     async def __call__(self, scope: ASGIScope, receive: Receive, send: Send) -> None:
@@ -1028,7 +1028,7 @@ class _WorkflowEvents(Response):
             last: bytes | None = None
             quiet_since = time.monotonic()
             while not gone.is_set() and not self.stopping():
-                body = oai.dumps({"workflows": self.rows()})
+                body = self.rows_json()
                 now = time.monotonic()
                 if body != last:
                     last, quiet_since = body, now
@@ -1055,6 +1055,20 @@ def _add_workflow_events(app: FastAPI, visible_rows: Callable[[Grant], list[dict
     `: keepalive` every `keepalive_s`; at most `max_streams` at once per process (then 503). A FastAPI
     route: the invoke and chat hot paths are answered before FastAPI and never see it."""
     open_streams = [0]
+    # One body per token's view and poll, however many streams (UI tabs) show it: at 1,000
+    # workflows the rows' JSON is the cost, not the sending.
+    made: dict[Grant, tuple[float, bytes]] = {}
+
+    def rows_json(grant: Grant) -> bytes:
+        now = time.monotonic()
+        last = made.get(grant)
+        if last is not None and now - last[0] < poll_s / 2:
+            return last[1]
+        if len(made) > 2 * max_streams:  # grants of streams long gone
+            made.clear()
+        body = oai.dumps({"workflows": visible_rows(grant)})
+        made[grant] = (now, body)
+        return body
 
     def release() -> None:
         open_streams[0] -= 1
@@ -1066,7 +1080,7 @@ def _add_workflow_events(app: FastAPI, visible_rows: Callable[[Grant], list[dict
                           "streams; retry later, or poll GET /workflows", {"retry-after": "5"})
         grant = _grant(request)
         open_streams[0] += 1  # released when the stream ends (_WorkflowEvents.__call__)
-        return _WorkflowEvents(lambda: visible_rows(grant), poll_s, keepalive_s, release,
+        return _WorkflowEvents(lambda: rows_json(grant), poll_s, keepalive_s, release,
                                lambda: getattr(app.state, "stopping", False))
 
     app.state.open_event_streams = lambda: open_streams[0]

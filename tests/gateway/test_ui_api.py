@@ -221,3 +221,44 @@ async def test_an_open_event_stream_does_not_hold_up_the_server_stopping() -> No
     finally:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
+
+
+async def test_streams_of_one_token_share_one_rows_computation_per_poll(start_gateway: StartGateway) -> None:
+    """Ten UI tabs on one token: the rows are listed and serialised about once per poll, not ten times."""
+    listed = [0]
+
+    def list_workflows() -> list[dict[str, Any]]:
+        listed[0] += 1
+        return [{"name": "assistant", "namespace": "default", "phase": "Ready"}]
+
+    poll_s = 0.2
+    gw = await start_gateway(Router(), list_workflows=list_workflows, events_poll_s=poll_s, events_keepalive_s=60)
+    stop = asyncio.Event()
+    opened = [0]
+
+    async def tab() -> None:
+        async with gw.client.stream("GET", "/workflows/events") as response:
+            assert response.status_code == 200
+            opened[0] += 1
+            async for _ in response.aiter_raw():
+                if stop.is_set():
+                    return
+
+    tabs = [asyncio.create_task(tab()) for _ in range(10)]
+    try:
+        await asyncio.wait_for(_until(lambda: opened[0] == 10), 10)
+        before, began = listed[0], asyncio.get_running_loop().time()
+        await asyncio.sleep(2.0)
+        polls = (asyncio.get_running_loop().time() - began) / poll_s
+        # Each stream polls every 0.2 s: unshared that is 10 x 10 = 100 listings in 2 s.
+        assert listed[0] - before <= 2 * polls + 2, (listed[0] - before, polls)
+    finally:
+        stop.set()
+        for task in tabs:
+            task.cancel()
+        await asyncio.gather(*tabs, return_exceptions=True)
+
+
+async def _until(check: Any) -> None:
+    while not check():
+        await asyncio.sleep(0.01)
