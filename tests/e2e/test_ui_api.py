@@ -141,15 +141,19 @@ async def test_calls_merge_every_gateway_process(
                 calls = (await clients[1].get("/calls", params={"limit": 50})).json()
                 return calls if len(calls) == 4 else None
 
-            calls = await wait_for(merged, timeout=5, what="the 4 calls of 3 workers in one log")
+            calls = await wait_for(merged, timeout=20, what="the 4 calls of 3 workers in one log")
             assert [c["at"] for c in calls] == sorted((c["at"] for c in calls), reverse=True)
             assert calls[0] == {**calls[0], "workflow": "", "code": 404, "errorType": "not_found", "api": "invoke"}
             assert [(c["workflow"], c["version"], c["track"], c["code"]) for c in calls[1:]] == \
                 [(NAME, "1.2.0", "stable", 200)] * 3
-            # Pushed promptly: a new call shows within a second, whichever process is asked.
+            # Pushed by the worker that served it, whichever process is asked (bounded wait: a loaded
+            # machine may delay the push; its cadence is calls.PUSH_S).
             await clients[3].post(f"/workflows/{NAME}/invoke", json=REVIEW)
-            await asyncio.sleep(1.0)
-            assert len((await clients[2].get("/calls")).json()) == 5
+
+            async def fifth() -> bool:
+                return len((await clients[2].get("/calls")).json()) == 5
+
+            await wait_for(fifth, timeout=20, what="the fifth call in the merged log")
         finally:
             for client in clients.values():
                 await client.aclose()

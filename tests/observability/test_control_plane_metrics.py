@@ -114,7 +114,7 @@ async def test_a_restart_does_not_count_old_rollouts_again_and_threads_may_write
     writer.start()
     writer.join()
     await wait_for(lambda: sample(m, "plnt_rollouts_total", namespace=NS, name=NAME, kind="WorkflowRun",
-                                  outcome="failed") == 1, timeout=5, what="the failed rollout counted")
+                                  outcome="failed") == 1, timeout=30, what="the failed rollout counted")
 
 
 async def test_previews_stay_out_of_the_per_workflow_series(tmp_path: Path) -> None:
@@ -183,7 +183,7 @@ async def test_a_git_server_gone_counts_fetch_errors(
                                            {"step": "install_release", "outcome": "ok"}) == 1
         spec_repo.path.rename(tmp_path / "gone")
         await hook(plnt)
-        await wait_for(lambda: (m.registry.get_sample_value("plnt_git_fetch_errors_total") or 0) >= 1, timeout=10,
+        await wait_for(lambda: (m.registry.get_sample_value("plnt_git_fetch_errors_total") or 0) >= 1, timeout=30,
                        what="a failed fetch counted")
         assert (m.registry.get_sample_value("plnt_reconcile_duration_seconds_count",
                                             {"pass": "full", "outcome": "skipped"}) or 0) >= 1
@@ -205,7 +205,7 @@ async def test_with_gateway_workers_the_sum_and_the_control_plane_share_one_expo
                               for family in text_string_to_metric_families(text) for s in family.samples)
                 return text if counted else None  # counted once the status write is on disk
 
-            text = await wait_for(scraped, timeout=10, what="the promotion counted on GET /metrics")
+            text = await wait_for(scraped, timeout=30, what="the promotion counted on GET /metrics")
         families = [f.name for f in text_string_to_metric_families(text)]
         assert len(families) == len(set(families)), sorted(n for n in families if families.count(n) > 1)
         assert {"plnt_gateway_requests", "plnt_rollouts", "plnt_workflows"} <= set(families)

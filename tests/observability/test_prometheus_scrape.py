@@ -110,7 +110,7 @@ async def test_prometheus_scrapes_plnt_and_the_canary_alert_fires(
                 async def scraped_at_zero() -> bool:
                     return await prom.value(f"{ROLLED_BACK} == 0") is not None
 
-                await wait_for(scraped_at_zero, timeout=15, what="plnt_rollouts_total{outcome=rolled_back} scraped at 0")
+                await wait_for(scraped_at_zero, timeout=30, what="plnt_rollouts_total{outcome=rolled_back} scraped at 0")
                 assert await prom.value('up{job="plnt"}') == 1.0
 
                 spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.4.0")
@@ -119,7 +119,7 @@ async def test_prometheus_scrapes_plnt_and_the_canary_alert_fires(
                 status = await wait_phase(plnt, "RolledBack", version="1.2.0")
                 assert "error rate 100%" in status["lastError"], status
 
-                firing = await wait_for(lambda: prom.firing("PlntCanaryFailingGates"), timeout=15,
+                firing = await wait_for(lambda: prom.firing("PlntCanaryFailingGates"), timeout=30,
                                         what="PlntCanaryFailingGates firing")
                 assert {(a["labels"]["namespace"], a["labels"]["name"]) for a in firing} == {("default", "review-responder")}
                 assert firing[0]["annotations"]["summary"].startswith("Canary of default/review-responder failed")

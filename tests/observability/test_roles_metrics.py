@@ -51,7 +51,7 @@ async def test_reconcile_and_worker_roles_serve_their_metrics(split_roles: Roles
             assert response.status_code == 200, response.text
             return response.text if samples(response.text).get(key) == 1.0 else None
 
-        text = await wait_for(promoted, timeout=10, what="the promotion counted on the control API's GET /metrics")
+        text = await wait_for(promoted, timeout=30, what="the promotion counted on the control API's GET /metrics")
         control = samples(text)
         families = [f.name for f in text_string_to_metric_families(text)]
         assert len(families) == len(set(families))

@@ -52,7 +52,7 @@ async def _rollout_trace(receiver, commit: str, *, needs: str) -> list:  # type:
         spans = receiver.collected.trace(roots[0].trace_id)
         return spans if any(s.name == needs for s in spans) else None
 
-    return await wait_for(found, timeout=15, what=f"the trace of commit {commit[:12]} with {needs}")
+    return await wait_for(found, timeout=30, what=f"the trace of commit {commit[:12]} with {needs}")
 
 
 async def test_a_rollout_and_an_invocation_are_each_one_trace(
@@ -117,7 +117,7 @@ async def test_a_rollout_and_an_invocation_are_each_one_trace(
                 return spans if sum(s.name.startswith("chat ") for s in spans) >= 1 and \
                     any(s.name == "runner invoke" for s in spans) else None
 
-            spans = await wait_for(request_trace, timeout=15, what="the invocation's trace with the runner's spans")
+            spans = await wait_for(request_trace, timeout=30, what="the invocation's trace with the runner's spans")
             gateway = _one(spans, "POST /workflows/{name}/invoke")
             assert gateway.parent_id == "" and gateway.kind == "SERVER" and gateway.service == "plnt"
             assert {k: gateway.attributes[k] for k in ("plnt.workflow", "plnt.namespace", "plnt.version", "plnt.track",
