@@ -104,7 +104,7 @@ class CallsHub:
         return taken
 
     def mount(self, app: Any, internal_token: str) -> None:
-        from .route_watch import internal_guard
+        from .route_watch import internal_guard, read_at_most
 
         guard = internal_guard(app, internal_token)
 
@@ -112,11 +112,9 @@ class CallsHub:
         async def put_calls(index: int, request: Request) -> Response:
             if (refused := guard(request, f"PUT {CALLS_PATH}")) is not None:
                 return refused
-            body = bytearray()
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > MAX_PUSH_BYTES:
-                    return Response(status_code=413)
+            body = await read_at_most(request, MAX_PUSH_BYTES)
+            if body is None:
+                return Response(status_code=413)
             try:
                 items = json.loads(body)
             except ValueError as exc:

@@ -297,6 +297,16 @@ def _json(status: int, kind: str, message: str, headers: dict[str, str] | None =
 InternalGuard = Callable[[Request, str], "Response | None"]
 
 
+async def read_at_most(request: Request, limit: int) -> bytes | None:
+    """The body of an `/internal/` request, or None once it passes `limit` bytes (answer 413)."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
 def internal_guard(app: Any, internal_token: str | None) -> InternalGuard:
     """The check in front of every `/internal/` endpoint of a control plane, whether or not the app
     has tokens: the internal token (scope `internal`) or an admin token of the app. Returns the
@@ -348,11 +358,9 @@ def add_control_routes(app: Any, publisher: RoutePublisher, internal_token: str 
             """200 {"endpoint"} once the release's runner serves again; 404 when it did not park."""
             if (refused := guard(request, "POST /internal/wake")) is not None:
                 return refused
-            body = b""
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > MAX_WAKE_BODY:
-                    return _json(413, "too_large", f"a wake request is at most {MAX_WAKE_BODY} bytes")
+            body = await read_at_most(request, MAX_WAKE_BODY)
+            if body is None:
+                return _json(413, "too_large", f"a wake request is at most {MAX_WAKE_BODY} bytes")
             try:
                 asked = WakeRequest.model_validate_json(body)
             except ValidationError as exc:

@@ -145,7 +145,7 @@ class WorkerMetrics:
         return merge_metrics([self.own(), *self.latest.values()])
 
     def mount(self, app: Any, internal_token: str) -> None:
-        from .route_watch import internal_guard
+        from .route_watch import internal_guard, read_at_most
 
         guard = internal_guard(app, internal_token)
 
@@ -153,16 +153,14 @@ class WorkerMetrics:
         async def put_metrics(index: int, request: Request) -> Response:
             if (refused := guard(request, f"PUT {METRICS_PATH}")) is not None:
                 return refused
-            body = bytearray()
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > MAX_METRICS_BYTES:
-                    return Response(status_code=413)
+            body = await read_at_most(request, MAX_METRICS_BYTES)
+            if body is None:
+                return Response(status_code=413)
             try:
-                merge_metrics([bytes(body)])  # refuse what would break the merged /metrics
+                merge_metrics([body])  # refuse what would break the merged /metrics
             except ValueError as exc:
                 return Response(f"not Prometheus text: {exc}", status_code=400)
-            self.latest[index] = bytes(body)
+            self.latest[index] = body
             return Response(status_code=204)
 
 
