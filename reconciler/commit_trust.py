@@ -6,7 +6,9 @@ unsigned or foreign commit cannot hide under a good merge. The trusted signers c
 settings, never from the repository they protect:
 
 - SSH signatures: `--allowed-signers FILE` in git's format (`gpg.ssh.allowedSignersFile`; principals,
-  `valid-after`/`valid-before` and `namespaces` honoured by ssh-keygen);
+  `valid-after`/`valid-before` and `namespaces` honoured by ssh-keygen; a refusal that the file
+  explains, such as a key limited to namespaces other than "git", names the entry's file:line:
+  plnt.reconciler.allowed_signers);
 - OpenPGP signatures: `--gpg-keys DIR` of public keys (`*.asc`, `*.gpg`, `*.pub`), imported into a
   keyring of plnt's own (GNUPGHOME in the state directory).
 
@@ -27,6 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from .allowed_signers import explain_refusal, read_ssh_signature
 from .errors import NeedsHuman
 
 log = logging.getLogger(__name__)
@@ -45,10 +48,12 @@ class CommitVerdict(BaseModel):
     trusted: bool
     signer: str | None = None  # principal (SSH) or user id and key (OpenPGP), when known
     reason: str | None = None  # why not: unsigned, unknown key, expired key, bad signature, ...
+    detail: str | None = None  # the allowed-signers entry (file:line) behind the reason, and what to change
 
     def problem(self) -> str:
         who = f" (signed by {self.signer})" if self.signer else ""
-        return f"commit {self.commit[:12]} is not trusted: {self.reason}{who}"
+        detail = f"; {self.detail}" if self.detail else ""
+        return f"commit {self.commit[:12]} is not trusted: {self.reason}{who}{detail}"
 
 
 _SSH_GOOD = re.compile(r'Good "git" signature for (?P<principal>\S+) with (?P<key>\S+ key \S+)')
@@ -151,8 +156,21 @@ class CommitVerifier:
             env=self._env(), capture_output=True, text=True, timeout=60,
         )
         verdict = parse_verdict(commit, done.returncode, done.stdout + done.stderr)
+        if not verdict.trusted and verdict.reason != "unsigned":
+            verdict = self._explained(git_dir, verdict)
         self._cache[commit] = verdict
         return verdict
+
+    def _explained(self, git_dir: Path, verdict: CommitVerdict) -> CommitVerdict:
+        """The verdict, with the allowed-signers entry that refused the commit's SSH key named when
+        ssh-keygen's own words do not say why (a key limited to other namespaces, past valid-before)."""
+        done = subprocess.run([self._git, f"--git-dir={git_dir}", "cat-file", "commit", verdict.commit],
+                              env=self._env(), capture_output=True, text=True, errors="replace", timeout=60)
+        signature = read_ssh_signature(done.stdout) if done.returncode == 0 else None
+        found = explain_refusal(self._allowed, signature, verdict.reason) if signature is not None else None
+        if found is None:
+            return verdict
+        return verdict.model_copy(update=found.model_dump())
 
     def to_check(self, git_dir: Path, head: str, last: str | None) -> list[str]:
         """The commits a new head brings: the head alone (`head`, or nothing reconciled yet), or every

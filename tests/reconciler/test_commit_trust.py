@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from plnt.reconciler.allowed_signers import parse_allowed_signers
 from plnt.reconciler.commit_trust import CommitVerificationError, CommitVerifier, parse_verdict
 
 from ..conftest import GIT_ENV
@@ -196,3 +197,77 @@ def test_all_finds_a_bad_commit_under_a_good_merge_head_does_not(repo: Repo, sig
     assert untrusted is not None and (untrusted.commit, untrusted.reason) == (bad, "unsigned")
     # Nothing reconciled yet: the head alone.
     assert strict.to_check(git_dir, head, None) == [head]
+
+
+# --- what the allowed-signers file adds to a refusal ---------------------------------------------------
+
+
+def _entry(signers: Signers, options: str, principal: str = "signer-a@example.com") -> str:
+    return f"{principal} {options} {(signers.root / 'signer-a.pub').read_text().strip()}"
+
+
+@pytest.mark.integration
+def test_a_key_limited_to_the_file_namespace_is_refused_as_such(repo: Repo, signers: Signers, tmp_path: Path) -> None:
+    """ssh-keygen says only "Could not verify signature": the refusal names the entry and the fix."""
+    commit = repo.commit("signer-a")
+    allowed = tmp_path / "allowed_signers"
+    allowed.write_text("# signers of release files\n" + _entry(signers, 'namespaces="file"') + "\n")
+    verdict = CommitVerifier("head", home=tmp_path / "s", allowed_signers=allowed).verify(repo.path / ".git", commit)
+    assert (verdict.trusted, verdict.reason) == (False, "the key's namespaces do not allow git"), verdict
+    assert verdict.signer is not None and verdict.signer.startswith("signer-a@example.com (ssh-ed25519 key SHA256:")
+    problem = verdict.problem()
+    assert f'{allowed.resolve()}:2 (namespaces="file")' in problem, problem
+    assert 'add git to namespaces="..." in that line (namespaces="file,git")' in problem, problem
+    assert "Could not verify" not in problem
+    # With git added, the same commit is trusted: the explanation decides nothing.
+    allowed.write_text(_entry(signers, 'namespaces="file,git"') + "\n")
+    assert CommitVerifier("head", home=tmp_path / "t", allowed_signers=allowed).verify(repo.path / ".git", commit).trusted
+
+
+@pytest.mark.integration
+def test_a_key_listed_for_git_on_another_line_is_not_blamed_on_its_namespaces(repo: Repo, signers: Signers,
+                                                                              tmp_path: Path) -> None:
+    """The attacker's key is unknown: an unrelated entry limited to "file" does not change the reason."""
+    commit = repo.commit("attacker")
+    allowed = tmp_path / "allowed_signers"
+    allowed.write_text(_entry(signers, 'namespaces="file"') + "\n")
+    verdict = CommitVerifier("head", home=tmp_path / "s", allowed_signers=allowed).verify(repo.path / ".git", commit)
+    assert verdict.trusted is False and verdict.detail is None and "namespaces" not in (verdict.reason or ""), verdict
+
+
+@pytest.mark.integration
+def test_an_expired_ssh_key_names_its_valid_before_entry(repo: Repo, signers: Signers, tmp_path: Path) -> None:
+    commit = repo.commit("signer-a")
+    expired = tmp_path / "allowed-expired"
+    expired.write_text("\n" + _entry(signers, 'namespaces="git",valid-before="20200101"') + "\n")
+    verdict = CommitVerifier("head", home=tmp_path / "s", allowed_signers=expired).verify(repo.path / ".git", commit)
+    assert (verdict.trusted, verdict.reason) == (False, "expired key")
+    assert f'{expired.resolve()}:2 (valid-before="20200101")' in verdict.problem(), verdict.problem()
+    assert "move valid-before later" in verdict.problem()
+
+
+@pytest.mark.integration  # ssh-keygen makes the key
+def test_allowed_signers_entries_are_parsed_as_ssh_keygen_reads_them(tmp_path: Path) -> None:
+    """Keys made by ssh-keygen; the file is written by hand in every form its manual allows."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
+    key = (tmp_path / "k.pub").read_text().split()
+    allowed = tmp_path / "allowed"
+    allowed.write_text("\n".join([
+        "# a comment",
+        f"a@example.com {key[0]} {key[1]} a comment",
+        f'"b@example.com,c@example.com" namespaces="git,file",valid-before="20300101" {key[0]} {key[1]}',
+        f"*@example.com cert-authority {key[0]} {key[1]}",
+        f'd@example.com Namespaces="file",valid-after="20200101" {key[0]} {key[1]}',
+        "not an entry",
+    ]) + "\n")
+    entries = parse_allowed_signers(allowed)
+    assert [(e.line, e.principals, e.namespaces, e.valid_before, e.cert_authority) for e in entries] == [
+        (2, "a@example.com", None, None, False),
+        (3, "b@example.com,c@example.com", "git,file", "20300101", False),
+        (4, "*@example.com", None, None, True),
+        (5, "d@example.com", "file", None, False),
+    ]
+    assert [e.allows("git") for e in entries] == [True, True, True, False]
+    # OpenSSH's pattern lists: wildcards, and a negated match refuses.
+    assert entries[0].model_copy(update={"namespaces": "g*"}).allows("git")
+    assert not entries[0].model_copy(update={"namespaces": "*,!git"}).allows("git")
