@@ -77,6 +77,12 @@ class WorkflowSource(SpecModel):
     def _known_scheme(cls, value: str) -> str:
         if not re.match(r"^(s3://|oci://|file:)", value):
             raise ValueError("registry must start with s3://, oci:// or file: (a local directory)")
+        # Refused here, at the spec's own line: read later, `..` would be reported as a refused name in
+        # the commit's tree (file:rel) or silently resolved against the host (file:///).
+        if value.startswith("file:") and ".." in value.removeprefix("file:").split("/"):
+            raise ValueError(f"{value!r}: a file registry path must not contain '..': name a directory inside the "
+                             "spec repository (file:registry) or under a directory plnt is started with "
+                             "--allow-file-registry DIR (file:///DIR/sub)")
         return value
 
 

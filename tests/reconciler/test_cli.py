@@ -225,6 +225,32 @@ def test_validate_spec_limits_can_be_raised(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.integration  # git: the reconciler reads the same spec from a real commit
+@pytest.mark.parametrize("registry", ["file:../x", "file://../x", "file:///a/../b"])
+def test_a_registry_path_holding_dotdot_is_the_specs_line_in_validate_and_in_the_reconciler(
+        spec_repo: SpecRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registry: str) -> None:
+    """Not "the commit's tree holds an entry named '..'": the spec's field, at its line, and what to do."""
+    from plnt.reconciler.source import GitSource
+
+    spec_repo.replace(RUN_FILE, "registry: file:registry", f"registry: {registry}")
+    commit = spec_repo.commit("a registry path with ..")
+    monkeypatch.chdir(spec_repo.path)
+    result = plnt("validate", ".")
+    assert result.exit_code == 1, result.output
+    [line] = result.stdout.splitlines()
+    match = PROBLEM_LINE.match(line)
+    assert match and (match["file"], match["line"], match["field"]) == (RUN_FILE, "13", "spec.workflow.registry"), line
+    assert match["message"].startswith(f"{registry!r}: a file registry path must not contain '..': name a directory "
+                                       "inside the spec repository (file:registry) or under a directory plnt is "
+                                       "started with --allow-file-registry DIR"), line
+    # What the reconciler refuses the commit with (Reconciler: `str(problem)` of GitSource.load): the same line.
+    source = GitSource(str(spec_repo.path), tmp_path / "clone")
+    assert source.fetch() == commit
+    _, problems = source.load(commit)
+    assert [str(p) for p in problems] == [line]
+    assert "tree holds" not in line
+
+
 def test_validate_warns_about_a_loose_identity_regex_without_failing(tmp_path: Path) -> None:
     policy = tmp_path / "trust.yaml"
     policy.write_text(LOOSE_POLICY)

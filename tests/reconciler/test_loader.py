@@ -732,3 +732,26 @@ def test_model_deployment_problems_name_file_line_and_field(
     specs, problems = load_directory(tmp_path)
     assert [(p.file, p.line, p.field) for p in problems] == [("z-model.yaml", line, field)], problems
     assert message in problems[0].message, problems[0].message
+
+
+# --- a file registry path holding '..' ----------------------------------------------------------
+
+DOTDOT_MESSAGE = ("a file registry path must not contain '..': name a directory inside the spec repository "
+                  "(file:registry) or under a directory plnt is started with --allow-file-registry DIR")
+
+
+@pytest.mark.parametrize("registry", ["file:../x", "file://../x", "file:///a/../b", "file://./registry/../..",
+                                      "file:registry/.."])
+def test_a_file_registry_path_holding_dotdot_is_the_specs_problem(tmp_path: Path, registry: str) -> None:
+    """Named at the spec's own line and field, not later as a refused name in the commit's tree."""
+    problems = load_one(tmp_path, BACKEND + "---\n" + RUN.replace('"file:registry"', f'"{registry}"'))
+    assert where(problems) == [("specs.yaml", 10, "spec.workflow.registry")]
+    assert problems[0].message.startswith(f"{registry!r}: {DOTDOT_MESSAGE}"), problems[0].message
+
+
+def test_a_name_that_only_starts_with_dots_passes_and_a_models_registry_is_checked_too(tmp_path: Path) -> None:
+    assert load_one(tmp_path, BACKEND + "---\n" + RUN.replace('"file:registry"', '"file:registry/..v2"')) == []
+    problems = load_one(tmp_path, BACKEND + "---\n" + POLICY + "---\n" + MODEL.replace("file:///srv/models",
+                                                                                        "file:///srv/../models"))
+    assert where(problems) == [("specs.yaml", 18, "spec.model.registry")]
+    assert DOTDOT_MESSAGE in problems[0].message
