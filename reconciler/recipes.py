@@ -33,7 +33,7 @@ from plnt.runner.recipe import RecipeError, check_recipe_dir
 from .archive import ExtractLimits, archive_digest, extract_archive
 from .errors import IntegrityMismatch, InvalidRecipe, RecipeNotFound, UnsafeArchive
 from .loader import SpecError, load_recipe
-from .registries import Fetched, RecipeRegistry, RegistryOptions, open_registry
+from .registries import MAX_BUNDLE_BYTES, Fetched, RecipeRegistry, RegistryOptions, open_registry, read_bounded
 from .specs import RecipeTrustPolicy, Workflow, WorkflowSource
 from .state import atomic_write_json, read_json
 from .trust import VerifiedSignature, verify_recipe
@@ -165,7 +165,10 @@ def pull_recipe(
         digest = f"sha256:{cached.name}"
         _check_pin(source, digest)
         bundle_file = cached / BUNDLE
-        signature = verify(cached.name, bundle_file.read_bytes() if bundle_file.exists() else None)
+        bundle = read_bounded(bundle_file, MAX_BUNDLE_BYTES, what=f"the bundle of recipe {source.ref} in the cache",
+                              remedy=f"remove {cached} and plnt fetches the recipe again") \
+            if bundle_file.exists() else None
+        signature = verify(cached.name, bundle)
         try:
             workflow = load_recipe(cached / "recipe" / "workflow.yaml")
         except SpecError as exc:  # an entry is checked before it is cached: only a damaged cache gets here
@@ -181,8 +184,9 @@ def pull_recipe(
     try:
         fetched = registry.fetch(source.name, source.version, staging, progress=progress)
         _check_pin(source, fetched.archive_sha256)
-        signature = verify(fetched.archive_sha256.removeprefix("sha256:"),
-                           fetched.bundle.read_bytes() if fetched.bundle is not None else None)
+        bundle = None if fetched.bundle is None else read_bounded(
+            fetched.bundle, MAX_BUNDLE_BYTES, what=f"the bundle of recipe {source.ref} from {registry.describe()}")
+        signature = verify(fetched.archive_sha256.removeprefix("sha256:"), bundle)
         try:
             extract_archive(fetched.archive, staging / "recipe", limits)
         except UnsafeArchive as exc:  # name the recipe and registry, not our staging path

@@ -19,8 +19,12 @@ bundle `recipe.tar.gz.sigstore.json`. One small interface, `RecipeRegistry`, cho
     the tag, as Helm does.
 
 Every fetch counts the bytes as they arrive against one cap, `max_download_bytes` (archive and
-bundle together; an OCI manifest has its own cap, MAX_MANIFEST_BYTES), and stops past it: what a
-registry announces (Content-Length, an OCI layer's size) only lets plnt refuse before reading.
+bundle together), and stops past it: what a registry announces (Content-Length, a file's size, an
+OCI layer's size) only lets plnt refuse before reading. Metadata, which plnt reads whole into
+memory, has a cap of its own per kind: MAX_BUNDLE_BYTES for a recipe's bundle, MAX_MANIFEST_BYTES
+for an OCI manifest, MAX_SIGNATURE_BYTES for a model's model.sig (weights_sources). Each is checked
+against the announced size before reading and enforced while reading (`read_bounded`,
+`read_chunks_bounded`): a file that grows during the read is stopped too.
 
 Every fetch hashes the bytes as they arrive and writes each file to `<final>.partial`; the files are
 renamed into place only when all of them are complete and verified (bundle first, archive last), so
@@ -45,6 +49,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -79,7 +84,11 @@ TITLE_ANNOTATION = "org.opencontainers.image.title"
 
 CHUNK_SIZE = 64 * 1024
 PROGRESS_EVERY = 1024 * 1024
-MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+# Metadata plnt reads whole into memory, a cap per kind (see read_bounded): far above real sizes,
+# far below what would hurt plnt's memory.
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024  # an OCI manifest or index (real ones: a few KiB)
+MAX_BUNDLE_BYTES = 1 << 20  # a recipe's Sigstore bundle (real ones: a few KiB)
+MAX_SIGNATURE_BYTES = 8 << 20  # a model's model.sig: a DSSE bundle whose manifest lists every file
 # Recipes unpack to at most max_recipe_bytes (256 MiB by default) and gzip never makes data much
 # smaller than incompressible, so a larger download cannot be a valid recipe: refuse it early.
 DEFAULT_MAX_DOWNLOAD_BYTES = 256 * 2**20
@@ -198,7 +207,9 @@ def _check_ref(name: str, version: str) -> None:
 class _Staging:
     """The files of one fetch. `write` streams chunks into `<final>.partial`, hashing and counting;
     `commit` renames every partial into place (the archive last). Leaving the `with` block without a
-    commit removes the partials."""
+    commit removes the partials. The bundle, read whole later, has its own cap, MAX_BUNDLE_BYTES."""
+
+    FILE_CAPS = {BUNDLE_NAME: MAX_BUNDLE_BYTES}
 
     def __init__(self, dest_dir: Path, progress: Progress | None, *, cap: int, registry: str) -> None:
         self.dest_dir = dest_dir
@@ -231,7 +242,7 @@ class _Staging:
             for chunk in chunks:
                 if not chunk:
                     continue
-                self._count(len(chunk), final_name)
+                self._count(len(chunk), final_name, size)
                 out.write(chunk)
                 digest.update(chunk)
                 size += len(chunk)
@@ -241,6 +252,7 @@ class _Staging:
 
     def check_announced(self, final_name: str, size: int) -> None:
         """Refuse before downloading what the registry itself says is over the cap."""
+        check_metadata_size(size, self.FILE_CAPS.get(final_name, size), what=self._what(final_name))
         if self.transferred + size > self.cap:
             raise self._too_large(final_name, f"announces {size} bytes")
 
@@ -251,8 +263,14 @@ class _Staging:
             f"--max-download-mb (max_download_bytes)"
         )
 
-    def _count(self, n: int, final_name: str) -> None:
+    def _what(self, final_name: str) -> str:
+        return f"{self._registry}: {final_name}"
+
+    def _count(self, n: int, final_name: str, written: int) -> None:
         # Counted before the chunk is written: bytes past the cap never reach the disk.
+        file_cap = self.FILE_CAPS.get(final_name)
+        if file_cap is not None and written + n > file_cap:
+            raise metadata_too_large(self._what(final_name), None, file_cap)
         if self.transferred + n > self.cap:
             raise self._too_large(final_name, f"went past {self.cap} bytes while downloading")
         self.transferred += n
@@ -289,6 +307,60 @@ def _sha256_file(path: Path) -> tuple[str, int]:
             digest.update(chunk)
             size += len(chunk)
     return "sha256:" + digest.hexdigest(), size
+
+
+# --- metadata, read whole into memory: bounded ---------------------------------------------------
+
+
+REPUBLISH = "publish it again as the signing or push tool wrote it"
+
+
+def metadata_too_large(what: str, size: int | None, limit: int, remedy: str = REPUBLISH) -> DownloadRefused:
+    """The refusal of a metadata file over its cap; `size` None: it grew past the cap while read."""
+    found = f"is {size} bytes" if size is not None else f"went past {limit} bytes while being read"
+    return DownloadRefused(f"{what} {found}, more than the {limit} bytes plnt reads for it (real ones are a few "
+                           f"KiB); refused without reading further: {remedy}")
+
+
+def check_metadata_size(size: int | None, limit: int, *, what: str, remedy: str = REPUBLISH) -> None:
+    """Refuse before reading when the size a source announces (st_size, Content-Length, an OCI
+    descriptor's size) is over `limit`; None: nothing announced, the read itself is bounded."""
+    if size is not None and size > limit:
+        raise metadata_too_large(what, size, limit, remedy)
+
+
+def read_chunks_bounded(chunks: Iterable[bytes], limit: int, *, what: str) -> bytes:
+    """The bytes of a stream, refused (DownloadRefused) past `limit` bytes: reading stops at the
+    first chunk that passes it, and a generator is closed (its connection with it)."""
+    body = bytearray()
+    try:
+        for chunk in chunks:
+            body.extend(chunk)
+            if len(body) > limit:
+                raise metadata_too_large(what, None, limit)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+    return bytes(body)
+
+
+def read_bounded(path: Path, limit: int, *, what: str, remedy: str = REPUBLISH) -> bytes:
+    """The bytes of the regular file `path`, refused (DownloadRefused) when over `limit`: its size
+    is checked before reading and at most limit + 1 bytes are read, so a file that grows meanwhile
+    is refused too. Not a FIFO or device (it could block or never end). FileNotFoundError as open's."""
+    what = f"{what} ({path})"
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        status = os.fstat(handle.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise DownloadRefused(f"{what} is not a regular file (a FIFO or a device); refused: {remedy}")
+        check_metadata_size(status.st_size, limit, what=what, remedy=remedy)
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise metadata_too_large(what, None, limit, remedy)
+    return data
 
 
 # --- file: ----------------------------------------------------------------------------------------
@@ -737,12 +809,10 @@ class OciRegistry:
                            stream=True) as response:
             if response.status_code != 200:
                 raise self._status_failure(response, what)
-            body = bytearray()
+            where = f"{self.describe()}: the manifest of {reference}"
+            check_metadata_size(_content_length(response), MAX_MANIFEST_BYTES, what=where)
             try:
-                for chunk in response.iter_content(CHUNK_SIZE):
-                    body.extend(chunk)
-                    if len(body) > MAX_MANIFEST_BYTES:
-                        raise InvalidRecipe(f"{reference}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
+                body = read_chunks_bounded(response.iter_content(CHUNK_SIZE), MAX_MANIFEST_BYTES, what=where)
             except (OSError, http.client.HTTPException, _requests_errors()) as exc:
                 raise RegistryUnavailable(f"{self.describe()}: transfer of the manifest of {reference} broke off: {exc}") from exc
             announced = response.headers.get("Docker-Content-Digest")
@@ -750,14 +820,14 @@ class OciRegistry:
         if announced:
             algorithm, _, expected_hex = announced.partition(":")
             if algorithm in ("sha256", "sha384", "sha512"):
-                actual = f"{algorithm}:{hashlib.new(algorithm, bytes(body)).hexdigest()}"
+                actual = f"{algorithm}:{hashlib.new(algorithm, body).hexdigest()}"
                 if actual != announced:
                     raise DigestMismatch(
                         f"{reference}: the registry announced manifest digest {announced} (Docker-Content-Digest) but "
                         f"the manifest served hashes to {actual} ({len(body)} bytes)"
                     )
         try:
-            manifest = json.loads(bytes(body))
+            manifest = json.loads(body)
         except ValueError as exc:
             raise InvalidRecipe(f"{reference}: the manifest is not JSON: {exc}") from exc
         if not isinstance(manifest, dict):
@@ -894,6 +964,12 @@ def _requests_errors() -> type[Exception]:
     import requests
 
     return requests.exceptions.RequestException
+
+
+def _content_length(response: Any) -> int | None:
+    """An HTTP answer's Content-Length, None when absent or not a number."""
+    value = response.headers.get("Content-Length", "")
+    return int(value) if value.strip().isdigit() else None
 
 
 def _oci_error_text(response: Any) -> str:

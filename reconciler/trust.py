@@ -58,6 +58,7 @@ from sigstore.verify import Verifier
 from sigstore_models.common.v1 import HashAlgorithm
 
 from .errors import RetryLater, VerificationFailed
+from .registries import MAX_BUNDLE_BYTES, MAX_SIGNATURE_BYTES
 from .specs import RecipeTrustPolicy, SignerSpec, TrustRootSpec
 from .weights_manifest import PAYLOAD_TYPE as DSSE_STATEMENT_TYPE
 from .weights_manifest import ManifestError, WeightsManifest, check_pin, parse_statement
@@ -65,7 +66,6 @@ from .weights_manifest import ManifestError, WeightsManifest, check_pin, parse_s
 OIDC_ISSUER_OID = ObjectIdentifier("1.3.6.1.4.1.57264.1.1")  # raw UTF-8 bytes (older Fulcio)
 OIDC_ISSUER_V2_OID = ObjectIdentifier("1.3.6.1.4.1.57264.1.8")  # DER UTF8String
 
-MAX_BUNDLE_BYTES = 1 << 20  # real bundles are a few KiB
 VERIFIER_CACHE_SIZE = 16
 
 # How far verification got, for picking the most telling reason when several policies reject.
@@ -318,8 +318,9 @@ def _parse_bundle(subject: str, bundle_json: bytes, *, dsse: bool = False) -> _P
         return VerificationFailed(f"{subject}: the signature bundle is not a valid Sigstore bundle ({detail}); {how}",
                                   "invalid-bundle")
 
-    if len(bundle_json) > MAX_BUNDLE_BYTES * (8 if dsse else 1):  # a manifest lists every file
-        raise invalid(f"{len(bundle_json)} bytes, more than the {MAX_BUNDLE_BYTES * (8 if dsse else 1)} allowed")
+    limit = MAX_SIGNATURE_BYTES if dsse else MAX_BUNDLE_BYTES  # a manifest lists every file
+    if len(bundle_json) > limit:
+        raise invalid(f"{len(bundle_json)} bytes, more than the {limit} allowed")
     try:
         document = json.loads(bundle_json)
         if not isinstance(document, dict):

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .errors import DigestMismatch, DownloadRefused, RecipeNotFound, RegistryUnavailable
+from .registries import MAX_SIGNATURE_BYTES, read_bounded
 from .trust import VerifiedWeights
 from .weights_manifest import ManifestError, WeightsManifest, canonical_name, check_directory, sha256_file
 
@@ -75,7 +76,12 @@ class DirectoryWeightsSource:
 
     def signature(self) -> bytes | None:
         path = self._root / SIGNATURE_NAME
-        return path.read_bytes() if path.is_file() else None
+        if not path.is_file():
+            return None
+        try:
+            return read_bounded(path, MAX_SIGNATURE_BYTES, what=f"{self.describe()}: {SIGNATURE_NAME}")
+        except FileNotFoundError:
+            return None  # removed meanwhile: unsigned, as if never there
 
     def read(self, name: str, offset: int) -> Iterator[bytes]:
         path = self._path(name)

@@ -57,6 +57,7 @@ from .registries import (
     _SHA256_DIGEST,
     BUNDLE_MEDIA_TYPE,
     CHUNK_SIZE,
+    MAX_SIGNATURE_BYTES,
     OCI_MANIFEST_MEDIA_TYPE,
     TITLE_ANNOTATION,
     FileRegistry,
@@ -69,11 +70,14 @@ from .registries import (
     _Layer,
     _requests_errors,
     _s3_error_code,
+    check_metadata_size,
     oci_tag,
     open_registry,
+    read_bounded,
+    read_chunks_bounded,
 )
 from .specs import NAME_PATTERN, VERSION_PATTERN
-from .trust import MAX_BUNDLE_BYTES, _parse_bundle
+from .trust import _parse_bundle
 from .weights import SIGNATURE_NAME, DirectoryWeightsSource, WeightsSource
 from .weights_manifest import ManifestError, WeightsManifest, canonical_name, parse_statement, sha256_file
 
@@ -84,7 +88,6 @@ EMPTY_MEDIA_TYPE = "application/vnd.oci.empty.v1+json"
 EMPTY_BLOB = b"{}"
 EMPTY_DESCRIPTOR = {"mediaType": EMPTY_MEDIA_TYPE, "digest": "sha256:" + hashlib.sha256(EMPTY_BLOB).hexdigest(),
                     "size": len(EMPTY_BLOB)}
-MAX_SIGNATURE_BYTES = MAX_BUNDLE_BYTES * 8  # what verify_weights_signature accepts for a manifest's bundle
 CHUNKED_UPLOAD_ABOVE = 16 << 20  # larger OCI blobs go up in 16 MiB PATCHes, never whole in memory
 _S3_MISSING = ("NoSuchKey", "404", "NotFound")
 
@@ -126,15 +129,6 @@ def _skip(chunks: Iterator[bytes], count: int) -> Iterator[bytes]:
             continue
         yield chunk[count:]
         count = 0
-
-
-def _read_all(chunks: Iterator[bytes], limit: int, what: str) -> bytes:
-    body = bytearray()
-    for chunk in chunks:
-        body.extend(chunk)
-        if len(body) > limit:
-            raise DownloadRefused(f"{what} is larger than {limit} bytes, more than a signed weights manifest takes; refused")
-    return bytes(body)
 
 
 # --- file: -----------------------------------------------------------------------------------------
@@ -247,7 +241,14 @@ class S3WeightsSource:
                                      f"{self.registry._s3_url(self.prefix)}/ in {self.registry.describe()}; "
                                      f"{_push_hint(self.name, self.version)}")
             return None  # published unsigned: verification refuses it
-        return _read_all(self._chunks(response, key, 0), MAX_SIGNATURE_BYTES, self.registry._s3_url(key))
+        what = f"{self.describe()}: {self.registry._s3_url(key)}"
+        length = response.get("ContentLength")
+        try:
+            check_metadata_size(length if isinstance(length, int) else None, MAX_SIGNATURE_BYTES, what=what)
+        except DownloadRefused:
+            response["Body"].close()  # nothing of the body is read
+            raise
+        return read_chunks_bounded(self._chunks(response, key, 0), MAX_SIGNATURE_BYTES, what=what)
 
     def read(self, name: str, offset: int) -> Iterator[bytes]:
         key = self.key(name)
@@ -358,9 +359,8 @@ class OciWeightsSource:
         if layer is None:
             return None  # published unsigned: verification refuses it
         what = f"{SIGNATURE_NAME} ({layer.digest}) of {self.reference}"
-        if layer.size > MAX_SIGNATURE_BYTES:
-            raise DownloadRefused(f"{what} announces {layer.size} bytes, more than {MAX_SIGNATURE_BYTES}; refused")
-        body = _read_all(self._blob(layer, 0, what), MAX_SIGNATURE_BYTES, what)
+        check_metadata_size(layer.size, MAX_SIGNATURE_BYTES, what=what)
+        body = read_chunks_bounded(self._blob(layer, 0, what), MAX_SIGNATURE_BYTES, what=what)
         actual = "sha256:" + hashlib.sha256(body).hexdigest()
         if actual != layer.digest:
             raise DigestMismatch(f"{what}: the manifest announces {layer.digest}, the registry served bytes hashing "
@@ -404,7 +404,7 @@ def signed_manifest(directory: Path, name: str) -> tuple[bytes, WeightsManifest]
         raise WeightsNotPublishable(f"{directory}: no {SIGNATURE_NAME}; sign the statement `plnt model manifest "
                                     f"{directory} --name {name}` prints (an OMS model signature) and save the bundle "
                                     f"as {signature}")
-    bundle = signature.read_bytes()
+    bundle = read_bounded(signature, MAX_SIGNATURE_BYTES, what=f"the signature of model {name}")
     payload = _parse_bundle(f"model {name}", bundle, dsse=True).dsse_payload
     assert payload is not None
     try:

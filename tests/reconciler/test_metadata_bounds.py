@@ -1,0 +1,273 @@
+"""Metadata plnt reads whole into memory (recipe bundles, model signatures, OCI manifests) is
+size-checked before and bounded during the read, from every source: a `file:` registry, the
+recipe cache, an author's directory (publish), S3 (a real moto_server) and OCI (the real CNCF
+distribution registry; the lying OCI stand-in, tests/oci_liar.py, for a manifest no real registry
+would serve).
+
+The huge files are sparse (`truncate`): they cost no disk. Memory is measured in this process:
+tracemalloc's peak (every Python allocation, whatever ran before) and the growth of the peak
+RSS (ru_maxrss), each under MEMORY_BOUND over the refusal.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import tracemalloc
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from plnt.reconciler import registries
+from plnt.reconciler.errors import DownloadRefused, VerificationFailed
+from plnt.reconciler.registries import (
+    BUNDLE_NAME,
+    MAX_BUNDLE_BYTES,
+    MAX_MANIFEST_BYTES,
+    MAX_SIGNATURE_BYTES,
+    RegistryOptions,
+    open_registry,
+    read_bounded,
+)
+from plnt.reconciler.weights import SIGNATURE_NAME, WeightsStore
+from plnt.reconciler.weights_sources import open_weights_source, publish_weights
+
+from ..oci_liar import LyingOci
+from ..services import OciServer, S3Bucket
+from ..sigstore_ca import TestSigstoreAuthority
+from .test_recipes import Publisher, pull
+from .test_weights_store import publish as author
+from .test_weights_store import verifier
+
+GiB, MiB = 1 << 30, 1 << 20
+MEMORY_BOUND = 64 * MiB
+NAME, VERSION = "smollm2", "1.0.0"
+RECIPE = "review-responder"
+
+
+@dataclass
+class Memory:
+    traced_peak: int = 0  # bytes: tracemalloc's peak over the block
+    rss_growth: int = 0  # bytes: how much the process's peak RSS grew over the block
+
+    def assert_bounded(self) -> None:
+        print(f"memory: tracemalloc peak {self.traced_peak / MiB:.2f} MiB, peak RSS grew {self.rss_growth / MiB:.2f} MiB")
+        assert self.traced_peak < MEMORY_BOUND, f"tracemalloc peak {self.traced_peak} bytes"
+        assert self.rss_growth < MEMORY_BOUND, f"peak RSS grew by {self.rss_growth} bytes"
+
+
+@contextmanager
+def measured() -> Iterator[Memory]:
+    memory = Memory()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    tracemalloc.start()
+    try:
+        yield memory
+    finally:
+        memory.traced_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        memory.rss_growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) * 1024
+
+
+def sparse(path: Path, size: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as handle:
+        handle.truncate(size)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ca() -> TestSigstoreAuthority:
+    return TestSigstoreAuthority("metadata-bounds")
+
+
+# --- the reader ------------------------------------------------------------------------------------
+
+
+def test_a_file_that_grows_while_read_is_stopped_at_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FAKES the size: os.fstat reports 100 bytes for a file of 2 MiB, as if it grew between the
+    size check and the read; the read stops one byte past the cap."""
+    path = tmp_path / "grows.json"
+    path.write_bytes(b"x" * (2 * MiB))
+    real_fstat = os.fstat
+
+    def small(fd: int) -> os.stat_result:
+        found = list(real_fstat(fd))
+        found[6] = 100  # st_size
+        return os.stat_result(found)
+
+    monkeypatch.setattr(registries.os, "fstat", small)
+    with pytest.raises(DownloadRefused, match=rf"a bundle \({path}\) went past {MiB} bytes while being read, more "
+                                              rf"than the {MiB} bytes plnt reads for it.*publish it again"):
+        read_bounded(path, MiB, what="a bundle")
+    monkeypatch.undo()
+    assert read_bounded(path, 2 * MiB, what="a bundle") == b"x" * (2 * MiB)
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    """A FIFO could block the read, or never end: refused as not a regular file, at once."""
+    fifo = tmp_path / "model.sig"
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+    reader = threading.Thread(target=lambda: outcome.append(_raised(lambda: read_bounded(fifo, MiB, what="model.sig"))),
+                              daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive():  # unblock the reader before failing
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("read_bounded waited for a writer of a FIFO")
+    assert isinstance(outcome[0], DownloadRefused) and "is not a regular file" in str(outcome[0])
+
+
+def _raised(call: object) -> BaseException:
+    try:
+        call()  # type: ignore[operator]
+    except BaseException as exc:  # noqa: BLE001 - returned to the test
+        return exc
+    return AssertionError("nothing raised")
+
+
+# --- model signatures --------------------------------------------------------------------------------
+
+
+def test_a_1_gib_model_sig_in_a_file_registry_is_refused_before_it_is_read(ca: TestSigstoreAuthority,
+                                                                           tmp_path: Path) -> None:
+    (tmp_path / "registry").mkdir()
+    entry = tmp_path / "registry" / NAME / VERSION
+    author(ca, entry, {"config.json": b"{}"})
+    sparse(entry / SIGNATURE_NAME, GiB)
+    store = WeightsStore(tmp_path / "store", budget_bytes=64 * MiB)
+    source = open_weights_source("file:registry", NAME, VERSION, RegistryOptions(), base_dir=tmp_path)
+    with measured() as memory, pytest.raises(DownloadRefused) as refused:
+        store.pull(source, verifier(ca))
+    memory.assert_bounded()
+    message = str(refused.value)
+    assert f"{entry / SIGNATURE_NAME}" in message and f"is {GiB} bytes" in message, message
+    assert f"more than the {MAX_SIGNATURE_BYTES} bytes" in message and "publish it again" in message, message
+    assert not refused.value.retryable
+    assert list((tmp_path / "store" / "models").iterdir()) == []
+
+
+def test_publishing_a_1_gib_model_sig_is_refused_before_it_is_read(ca: TestSigstoreAuthority, tmp_path: Path) -> None:
+    author(ca, tmp_path / "author", {"config.json": b"{}"})
+    sparse(tmp_path / "author" / SIGNATURE_NAME, GiB)
+    (tmp_path / "registry").mkdir()
+    with measured() as memory, pytest.raises(DownloadRefused, match=rf"signature of model {NAME} .*is {GiB} bytes"):
+        publish_weights(tmp_path / "author", "file:registry", NAME, VERSION, base_dir=tmp_path)
+    memory.assert_bounded()
+    assert list((tmp_path / "registry").iterdir()) == []
+
+
+@pytest.mark.integration
+def test_an_s3_model_sig_over_the_cap_is_refused_by_its_length_before_its_body_is_read(
+        s3_bucket: S3Bucket, tmp_path: Path) -> None:
+    """moto_server holds the object; plnt's memory over the refusal stays far below the object."""
+    prefix = f"models-{uuid.uuid4().hex[:8]}"
+    key = f"{prefix}/{NAME}/{VERSION}/{SIGNATURE_NAME}"
+    s3_bucket.client.put_object(Bucket=s3_bucket.name, Key=key, Body=b"\0" * (MAX_SIGNATURE_BYTES + MiB))
+    options = RegistryOptions(s3_endpoint_url=s3_bucket.endpoint_url, s3_region=s3_bucket.region, timeout_s=10)
+    source = open_weights_source(s3_bucket.url(prefix), NAME, VERSION, options)
+    source.read("absent.json", 1)  # the client's first request (its lazy setup) before measuring
+    with measured() as memory, pytest.raises(DownloadRefused) as refused:
+        source.signature()
+    memory.assert_bounded()
+    assert memory.traced_peak < MiB, "the body was read"
+    message = str(refused.value)
+    assert f"s3://{s3_bucket.name}/{key} is {MAX_SIGNATURE_BYTES + MiB} bytes" in message, message
+    assert f"more than the {MAX_SIGNATURE_BYTES} bytes" in message, message
+
+
+# --- recipe bundles ---------------------------------------------------------------------------------
+
+
+def test_a_large_bundle_in_a_file_registry_is_refused_before_it_is_copied_or_read(
+        ca: TestSigstoreAuthority, tmp_path: Path) -> None:
+    """128 MiB: under the download cap of a whole recipe (256 MiB), far over a bundle's."""
+    publisher = Publisher(tmp_path, ca)
+    archive, _, _ = publisher.build(sign=False)
+    registry = tmp_path / "registry"
+    open_registry(f"file://{registry}", RegistryOptions(file_roots=None)).push(RECIPE, "1.2.0", archive, None)
+    bundle = sparse(registry / RECIPE / "1.2.0" / BUNDLE_NAME, 128 * MiB)
+    with measured() as memory, pytest.raises(DownloadRefused) as refused:
+        pull(f"file://{registry}", ca, tmp_path / "cache")
+    memory.assert_bounded()
+    message = str(refused.value)
+    assert f"file registry {registry}: {BUNDLE_NAME} is {128 * MiB} bytes" in message, message
+    assert f"more than the {MAX_BUNDLE_BYTES} bytes" in message and bundle.stat().st_size == 128 * MiB, message
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["index"]  # no entry, no staging left
+
+
+def test_a_bundle_grown_in_the_recipe_cache_is_refused_before_it_is_read(ca: TestSigstoreAuthority,
+                                                                         tmp_path: Path) -> None:
+    publisher = Publisher(tmp_path, ca)
+    archive, bundle, digest = publisher.build()
+    registry = tmp_path / "registry"
+    open_registry(f"file://{registry}", RegistryOptions(file_roots=None)).push(RECIPE, "1.2.0", archive, bundle)
+    pulled = pull(f"file://{registry}", ca, tmp_path / "cache")
+    cached = pulled.directory.parent
+    sparse(cached / BUNDLE_NAME, GiB)
+    with measured() as memory, pytest.raises(DownloadRefused) as refused:
+        pull(f"file://{registry}", ca, tmp_path / "cache")
+    memory.assert_bounded()
+    message = str(refused.value)
+    assert f"bundle of recipe {RECIPE}@1.2.0 in the cache ({cached / BUNDLE_NAME}) is {GiB} bytes" in message, message
+    assert f"remove {cached} and plnt fetches the recipe again" in message, message
+
+
+@pytest.mark.integration
+def test_an_s3_bundle_over_its_cap_is_refused_before_it_is_fetched(s3_bucket: S3Bucket, ca: TestSigstoreAuthority,
+                                                                  tmp_path: Path) -> None:
+    archive, _, _ = Publisher(tmp_path, ca).build(sign=False)
+    big = tmp_path / "big.sigstore.json"
+    big.write_bytes(b" " * (2 * MiB))
+    options = RegistryOptions(s3_endpoint_url=s3_bucket.endpoint_url, s3_region=s3_bucket.region, timeout_s=10)
+    registry = open_registry(s3_bucket.url(f"recipes-{uuid.uuid4().hex[:8]}"), options)
+    registry.push(RECIPE, "1.2.0", archive, big)
+    with pytest.raises(DownloadRefused, match=rf"S3 registry .*: {BUNDLE_NAME} is {2 * MiB} bytes, more than the "
+                                              rf"{MAX_BUNDLE_BYTES} bytes"):
+        registry.fetch(RECIPE, "1.2.0", tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.integration
+def test_an_oci_bundle_layer_over_its_cap_is_refused_before_it_is_fetched(oci_registry: OciServer,
+                                                                          ca: TestSigstoreAuthority,
+                                                                          tmp_path: Path) -> None:
+    archive, _, _ = Publisher(tmp_path, ca).build(sign=False)
+    big = tmp_path / "big.sigstore.json"
+    big.write_bytes(b" " * (2 * MiB))
+    options = RegistryOptions(allow_insecure_http=(oci_registry.address,), timeout_s=10)
+    registry = open_registry(f"oci://{oci_registry.address}/plnt-tests/{uuid.uuid4().hex[:12]}", options)
+    registry.push(RECIPE, "1.2.0", archive, big)
+    with pytest.raises(DownloadRefused, match=rf"OCI registry .*: {BUNDLE_NAME} is {2 * MiB} bytes, more than the "
+                                              rf"{MAX_BUNDLE_BYTES} bytes"):
+        registry.fetch(RECIPE, "1.2.0", tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+# --- OCI manifests ----------------------------------------------------------------------------------
+
+
+@pytest.mark.integration  # a real HTTP server (the lying OCI stand-in)
+def test_an_oci_manifest_announced_over_its_cap_is_refused_by_its_length(tmp_path: Path) -> None:
+    with LyingOci() as liar:
+        liar.manifests[("plnt/" + RECIPE, "1.2.0")] = b"{" + b" " * MAX_MANIFEST_BYTES + b"}"
+        registry = open_registry(f"oci://{liar.address}/plnt",
+                                 RegistryOptions(allow_insecure_http=(liar.address,), timeout_s=10))
+        with pytest.raises(DownloadRefused, match=rf"the manifest of .*{RECIPE}:1.2.0 is {MAX_MANIFEST_BYTES + 2} "
+                                                  rf"bytes, more than the {MAX_MANIFEST_BYTES} bytes"):
+            registry.fetch(RECIPE, "1.2.0", tmp_path / "out")
+
+
+def test_the_caps_fit_real_metadata() -> None:
+    """Verification's own bounds are the same constants: nothing a fetch accepts is refused there for size."""
+    from plnt.reconciler import trust
+
+    assert trust.MAX_BUNDLE_BYTES == MAX_BUNDLE_BYTES and MAX_BUNDLE_BYTES <= MAX_SIGNATURE_BYTES
+    with pytest.raises(VerificationFailed, match=f"more than the {MAX_BUNDLE_BYTES} allowed"):
+        trust._parse_bundle("recipe x", b" " * (MAX_BUNDLE_BYTES + 1))
