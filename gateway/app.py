@@ -609,7 +609,7 @@ class Gateway:
                 outcome.code = response.status
                 if response.status >= 400:
                     outcome.error_type = _runner_error_type(response.body)
-                await _respond(send, response.status, response.body, plnt_headers,
+                await _respond(send, response.status, response.body, [*response.relayed_headers(), *plnt_headers],
                                response.header(b"content-type", _JSON))  # type: ignore[arg-type]
                 return
             await self._pass_stream(receive, send, response, plnt_headers, t0, outcome)
@@ -630,7 +630,7 @@ class Gateway:
             outcome.code = response.status
             if response.status >= 400:
                 outcome.error_type = _runner_error_type(body)
-            await _respond(send, response.status, body, plnt_headers, content_type)
+            await _respond(send, response.status, body, [*response.relayed_headers(), *plnt_headers], content_type)
             return
         await send(
             {
@@ -638,8 +638,9 @@ class Gateway:
                 "status": 200,
                 "headers": [
                     (b"content-type", content_type),
-                    (b"cache-control", b"no-cache"),
+                    (b"cache-control", response.stream_cache_control()),
                     (b"x-accel-buffering", b"no"),
+                    *response.relayed_headers(stream=True),
                     *plnt_headers,
                 ],
             }
@@ -780,11 +781,13 @@ class Gateway:
             content_type = response.header(b"content-type", b"application/json") or b"application/json"
             outcome.code = response.status
             if not stream:
-                await _respond(send, response.status, response.body, plnt_headers, content_type)
+                await _respond(send, response.status, response.body, [*response.relayed_headers(), *plnt_headers],
+                               content_type)
                 return
             await send({"type": "http.response.start", "status": response.status,
-                        "headers": [(b"content-type", content_type), (b"cache-control", b"no-cache"),
-                                    (b"x-accel-buffering", b"no"), *plnt_headers]})
+                        "headers": [(b"content-type", content_type), (b"cache-control", response.stream_cache_control()),
+                                    (b"x-accel-buffering", b"no"), *response.relayed_headers(stream=True),
+                                    *plnt_headers]})
             outcome.started = True
             gone: list[bool] = []
             watcher = asyncio.create_task(self._watch_disconnect(receive, response, gone))
@@ -1214,7 +1217,8 @@ def create_app(
         if health is None:
             return {"status": "ok"}
         code, body = health()
-        return JSONResponse(body, status_code=code)
+        # Not ready yet (a plnt gateway before its first route table): when to ask again.
+        return JSONResponse(body, status_code=code, headers=_HEALTH_RETRY_AFTER if code == 503 else None)
 
     # plnt up with gateway workers replaces it with the sum over its processes (workers.WorkerMetrics).
     app.state.render_metrics = gateway.metrics.render
@@ -1252,6 +1256,9 @@ def create_app(
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "Gateway", "GatewayApp", "create_app"]
 
 
+# A gateway's first route table usually arrives within a second (the follower retries from 0.5 s on);
+# 2 s is what its other requests answer meanwhile (role.py).
+_HEALTH_RETRY_AFTER = {"retry-after": "2"}
 _TRACK = TRACK_HEADER.encode()
 _WANTED_HEADERS = frozenset({b"authorization", b"accept", b"content-type", b"content-length", b"x-session-id",
                              PREVIEW_HEADER.encode(), _TRACK})

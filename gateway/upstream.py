@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import httptools
 
 __all__ = [
+    "HOP_BY_HOP",
     "UpstreamBroken",
     "UpstreamClient",
     "UpstreamConnectError",
@@ -37,6 +38,33 @@ __all__ = [
 
 # Pause reading from a streaming runner when this much is buffered and not yet forwarded.
 _STREAM_HIGH_WATER = 256 * 1024
+
+# Response headers the gateway relays from a runner or model server: every end-to-end header
+# (x-request-id, openai-processing-ms, vary, cache-control, ratelimit ...) but these.
+# Hop-by-hop (RFC 9110 7.6.1, with the older Keep-Alive, Proxy-Connection, Proxy-Authenticate):
+# they describe the gateway's own connection to the runner, not the caller's.
+HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate",
+                        b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
+_NOT_RELAYED = HOP_BY_HOP | {
+    # The gateway frames the body itself (content-length, or chunked for a stream it may end with
+    # an error event) and names its type itself; uvicorn sets server and date.
+    b"content-length", b"content-type", b"server", b"date",
+    # These act on the gateway's whole origin (every workflow, every model, the UI), for which no
+    # one backend speaks: a model server has no business setting cookies there, pinning HSTS,
+    # advertising other services, or challenging for credentials the gateway never forwards.
+    b"set-cookie", b"set-cookie2", b"strict-transport-security", b"alt-svc", b"www-authenticate",
+    # A redirect's target is the runner's loopback address.
+    b"location", b"content-location",
+}
+# A stream's own headers are the gateway's (see UpstreamResponse.stream_cache_control).
+_NOT_RELAYED_STREAM = _NOT_RELAYED | {b"cache-control", b"x-accel-buffering"}
+# By prefix: the gateway's own headers (a runner must not spoof X-Plnt-Version) and CORS, whose
+# preflights the gateway answers, not the backend.
+_NOT_RELAYED_PREFIXES = (b"x-plnt-", b"access-control-")
+# Connection values that name no other header (the common ones: no parsing for them).
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close", b"Keep-Alive", b"Close", b"upgrade", b"Upgrade"})
+# A stream's cache-control directives at least as strict as the gateway's default "no-cache".
+_NO_CACHE_DIRECTIVES = frozenset({b"no-cache", b"no-store"})
 
 
 class UpstreamError(Exception):
@@ -361,6 +389,34 @@ class UpstreamResponse:
             if key == name:
                 return value
         return default
+
+    def relayed_headers(self, *, stream: bool = False) -> list[tuple[bytes, bytes]]:
+        """The runner's end-to-end headers, for the gateway's answer to its caller: all but the
+        hop-by-hop ones (and those the upstream's Connection header names), those the gateway sets
+        itself, and those acting on the gateway's whole origin (see _NOT_RELAYED). `stream`: the
+        gateway also sets cache-control and x-accel-buffering itself."""
+        drop = _NOT_RELAYED_STREAM if stream else _NOT_RELAYED
+        named: set[bytes] | None = None
+        relayed: list[tuple[bytes, bytes]] = []
+        for name, value in self.headers:
+            if name in drop or name.startswith(_NOT_RELAYED_PREFIXES):
+                if name == b"connection" and value not in _PLAIN_CONNECTION:
+                    named = (named or set()) | {option.strip() for option in value.lower().split(b",")}
+                continue
+            relayed.append((name, value))
+        if named:
+            relayed = [(name, value) for name, value in relayed if name not in named]
+        return relayed
+
+    def stream_cache_control(self) -> bytes:
+        """Cache-control for a relayed stream: the gateway's "no-cache", or the runner's own when it
+        is at least as strict (no-store: a reply must not even be written to a cache)."""
+        value = self.header(b"cache-control")
+        if value is None or value == b"no-cache":
+            return b"no-cache"
+        # Whole directives only: `no-cache="set-cookie"` is weaker than no-cache.
+        directives = {directive.strip() for directive in value.lower().split(b",")}
+        return value if directives & _NO_CACHE_DIRECTIVES else b"no-cache"
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """Body pieces as they arrive (streamed responses only). Raises UpstreamError on failure."""
