@@ -61,6 +61,11 @@ _NOT_RELAYED_STREAM = _NOT_RELAYED | {b"cache-control", b"x-accel-buffering"}
 # By prefix: the gateway's own headers (a runner must not spoof X-Plnt-Version) and CORS, whose
 # preflights the gateway answers, not the backend.
 _NOT_RELAYED_PREFIXES = (b"x-plnt-", b"access-control-")
+# Whether to relay a header, by name, decided once per name (a runner sends the same few on every
+# answer); bounded, so a runner inventing names cannot grow it: past the bound, decided each time.
+_RELAY: dict[bytes, bool] = dict.fromkeys(_NOT_RELAYED, False)
+_RELAY_STREAM: dict[bytes, bool] = dict.fromkeys(_NOT_RELAYED_STREAM, False)
+_RELAY_MEMO_MAX = 512
 # Connection values that name no other header (the common ones: no parsing for them).
 _PLAIN_CONNECTION = frozenset({b"keep-alive", b"close", b"Keep-Alive", b"Close", b"upgrade", b"Upgrade"})
 # A stream's cache-control directives at least as strict as the gateway's default "no-cache".
@@ -395,15 +400,19 @@ class UpstreamResponse:
         hop-by-hop ones (and those the upstream's Connection header names), those the gateway sets
         itself, and those acting on the gateway's whole origin (see _NOT_RELAYED). `stream`: the
         gateway also sets cache-control and x-accel-buffering itself."""
-        drop = _NOT_RELAYED_STREAM if stream else _NOT_RELAYED
+        memo = _RELAY_STREAM if stream else _RELAY
         named: set[bytes] | None = None
         relayed: list[tuple[bytes, bytes]] = []
         for name, value in self.headers:
-            if name in drop or name.startswith(_NOT_RELAYED_PREFIXES):
-                if name == b"connection" and value not in _PLAIN_CONNECTION:
-                    named = (named or set()) | {option.strip() for option in value.lower().split(b",")}
-                continue
-            relayed.append((name, value))
+            keep = memo.get(name)
+            if keep is None:
+                keep = not name.startswith(_NOT_RELAYED_PREFIXES)
+                if len(memo) < _RELAY_MEMO_MAX:
+                    memo[name] = keep
+            if keep:
+                relayed.append((name, value))
+            elif name == b"connection" and value not in _PLAIN_CONNECTION:
+                named = (named or set()) | {option.strip() for option in value.lower().split(b",")}
         if named:
             relayed = [(name, value) for name, value in relayed if name not in named]
         return relayed
@@ -414,6 +423,8 @@ class UpstreamResponse:
         value = self.header(b"cache-control")
         if value is None or value == b"no-cache":
             return b"no-cache"
+        if value == b"no-store":
+            return value
         # Whole directives only: `no-cache="set-cookie"` is weaker than no-cache.
         directives = {directive.strip() for directive in value.lower().split(b",")}
         return value if directives & _NO_CACHE_DIRECTIVES else b"no-cache"
