@@ -72,7 +72,8 @@ class SshSignature(BaseModel):
 
 def _tokens(line: str) -> list[str]:
     """Whitespace-separated fields; a double-quoted run (`namespaces="a, b"`) never splits one."""
-    fields, current, quoted = [], "", False
+    fields: list[str] = []
+    current, quoted = "", False
     for char in line:
         if char == '"':
             quoted = not quoted

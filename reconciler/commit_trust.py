@@ -25,9 +25,9 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from .allowed_signers import explain_refusal, read_ssh_signature
 from .errors import NeedsHuman
@@ -49,6 +49,14 @@ class CommitVerdict(BaseModel):
     signer: str | None = None  # principal (SSH) or user id and key (OpenPGP), when known
     reason: str | None = None  # why not: unsigned, unknown key, expired key, bad signature, ...
     detail: str | None = None  # the allowed-signers entry (file:line) behind the reason, and what to change
+
+    @model_serializer(mode="wrap")
+    def _detail_only_when_known(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # GET /source's `untrusted` object keeps the shape it had when the file adds nothing.
+        data: dict[str, Any] = handler(self)
+        if data.get("detail") is None:
+            data.pop("detail", None)
+        return data
 
     def problem(self) -> str:
         who = f" (signed by {self.signer})" if self.signer else ""

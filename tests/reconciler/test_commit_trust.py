@@ -219,6 +219,7 @@ def test_a_key_limited_to_the_file_namespace_is_refused_as_such(repo: Repo, sign
     assert f'{allowed.resolve()}:2 (namespaces="file")' in problem, problem
     assert 'add git to namespaces="..." in that line (namespaces="file,git")' in problem, problem
     assert "Could not verify" not in problem
+    assert verdict.model_dump(mode="json")["detail"] == verdict.detail  # GET /source's `untrusted` carries it
     # With git added, the same commit is trusted: the explanation decides nothing.
     allowed.write_text(_entry(signers, 'namespaces="file,git"') + "\n")
     assert CommitVerifier("head", home=tmp_path / "t", allowed_signers=allowed).verify(repo.path / ".git", commit).trusted
