@@ -4,7 +4,8 @@ approvals, on GitHub, GitLab and Gitea REST APIs (async, httpx).
 Endpoints, fields and headers follow each forge's documentation; they are tested against a declared
 stand-in (tests/forge_standin.py), not against a live forge.
 
-Errors say what to do next: `ForgeUnavailable` (retry later: 5xx, timeouts, rate limits),
+Errors say what to do next: `ForgeUnavailable` (retry later: 5xx, timeouts, rate limits, and an
+answer that is not the API's: a body that is not JSON or JSON of another shape, e.g. a proxy's page),
 `ForgeRefused` (a human must fix the token: 401/403), `ForgeNotFound` (404), `ForgeBadRequest`
 (the forge rejected the request's content, e.g. GitHub's 1,000 statuses per sha and context).
 The token is sent in a header only and never appears in logs, errors or reprs.
@@ -13,15 +14,16 @@ The token is sent in a header only and never appears in logs, errors or reprs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar, cast
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from .redact import redact
 
@@ -82,6 +84,16 @@ class Review(BaseModel):
     reviewer: str
     state: str  # upper case: APPROVED, CHANGES_REQUESTED, COMMENTED, ...
     commit_id: str | None  # the head the review was made on; None when the forge cannot say
+    reviewer_id: int | None = None  # the forge's numeric user id (GitLab's member lookups need it)
+
+
+class Access(BaseModel):
+    """What the forge says a reviewer may do on the repository: whether their approval may count."""
+
+    reviewer: str
+    may_approve: bool  # GitHub/Gitea: write, maintain, admin or owner; GitLab: Maintainer or Owner
+    level: str         # in the forge's words: "read", "maintain", "Developer (30)", "none"
+    needs: str         # what may approve there, for the reason a review did not count
 
 
 class Forge(Protocol):
@@ -96,7 +108,128 @@ class Forge(Protocol):
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None: ...
     async def pull_request(self, number: int) -> PullRequest: ...
     async def approvals(self, pr: int) -> list[Review]: ...
+    async def access(self, review: Review) -> Access: ...
+    async def in_team(self, team: str, review: Review) -> bool: ...
     async def aclose(self) -> None: ...
+
+
+# ---- the answers plnt reads, field by field (other fields are ignored) ----
+# Every JSON body goes through _Base._read: a body that is not JSON, or JSON of another shape, is
+# ForgeUnavailable naming the endpoint and what was wrong, never a KeyError or AttributeError later.
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class _Id(_Answer):
+    id: int
+
+
+class _Comment(_Answer):
+    id: int
+    body: str | None = None
+    system: bool = False  # GitLab's "added 1 commit" notes
+
+
+class _Login(_Answer):
+    login: str
+
+
+class _Sha(_Answer):
+    sha: str
+
+
+class _Ref(_Answer):
+    ref: str | None = None
+
+
+class _GitHubPull(_Answer):
+    number: int
+    state: str
+    head: _Sha
+    base: _Ref | None = None
+    merged_at: str | None = None  # GitHub
+    merged: bool | None = None    # Gitea
+
+
+class _GitHubStatus(_Answer):
+    context: str
+    state: str
+    description: str | None = None
+    target_url: str | None = None
+
+
+class _GitHubCombined(_Answer):
+    statuses: list[_GitHubStatus]
+
+
+class _GitHubReview(_Answer):
+    user: _Login | None = None  # null: a deleted account
+    state: str
+    commit_id: str | None = None
+    dismissed: bool = False  # Gitea
+
+
+class _RepoPermission(_Answer):
+    permission: str
+    role_name: str | None = None
+
+
+class _TeamMembership(_Answer):
+    state: str  # active or pending (invited, not yet a member)
+
+
+class _GiteaTeam(_Answer):
+    id: int
+    name: str
+
+
+class _GiteaTeams(_Answer):
+    data: list[_GiteaTeam]
+
+
+class _GitLabStatus(_Answer):
+    name: str
+    status: str
+    description: str | None = None
+    target_url: str | None = None
+
+
+class _GitLabMR(_Answer):
+    iid: int
+    sha: str
+    state: str
+    target_branch: str | None = None
+
+
+class _GitLabApprovalSettings(_Answer):
+    reset_approvals_on_push: bool
+
+
+class _GitLabUser(_Answer):
+    id: int
+    username: str
+
+
+class _GitLabApprover(_Answer):
+    user: _GitLabUser
+
+
+class _GitLabApprovals(_Answer):
+    approved_by: list[_GitLabApprover]
+
+
+class _GitLabMember(_Answer):
+    access_level: int
+    state: str | None = None  # active, blocked, awaiting
+
+
+T = TypeVar("T")
+
+
+@functools.cache
+def _adapter(shape: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(shape)
 
 
 def marker_tag(marker: str) -> str:
@@ -180,12 +313,40 @@ class _Base:
     def _clean(self, text: str) -> str:
         return redact(text, self._token)
 
+    def _where(self, method: str, url: str | httpx.URL) -> str:
+        """The forge, the verb and the path (never the query or the token): what errors name."""
+        return self._clean(f"{self.kind} {method} {httpx.URL(url).path}")
+
+    def _read(self, resp: httpx.Response, shape: type[T]) -> T:
+        """The one checked reader of forge answers: `shape` (a pydantic model or list of them) read from
+        the JSON body, or ForgeUnavailable saying what came instead (bodies are not quoted: they may be
+        large, and are not the forge's API)."""
+        where = f"{self._where(resp.request.method, resp.request.url)}: HTTP {resp.status_code}"
+        try:
+            data = resp.json()
+        except ValueError:  # json.JSONDecodeError and UnicodeDecodeError both are
+            ctype = resp.headers.get("content-type") or "no content type"
+            raise ForgeUnavailable(f"{where} answered {len(resp.content)} bytes of {ctype} that are not JSON (not the "
+                                   "forge's API: a proxy, login or maintenance page in front of it?)") from None
+        try:
+            return cast(T, _adapter(shape).validate_python(data))
+        except ValidationError as e:
+            first = e.errors(include_url=False, include_input=False)[0]
+            at = ".".join(str(part) for part in first["loc"]) or "the body"
+            more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+            raise ForgeUnavailable(f"{where} answered JSON of an unexpected shape: {at}: {first['msg']}{more} (not the "
+                                   "forge's documented API: a proxy in front of it, or an API version plnt does not "
+                                   "know)") from None
+
+    async def _get(self, path: str, op: str, shape: type[T], *, params: dict[str, Any] | None = None) -> T:
+        return self._read(await self._request("GET", path, op, params=params), shape)
+
     async def _request(self, method: str, url: str, op: str, *, params: dict[str, Any] | None = None,
                        json: Any = None) -> httpx.Response:
         """One call, retried with backoff while the forge is unavailable; errors typed by what to do."""
         if not url.startswith("http"):
             url = self.api_url + url
-        where = self._clean(f"{self.kind} {method} {httpx.URL(url).path}")
+        where = self._where(method, url)
         last: ForgeUnavailable | None = None
         for attempt in range(1, self.attempts + 1):
             try:
@@ -221,14 +382,14 @@ class _Base:
         assert last is not None
         raise last
 
-    async def _pages(self, path: str, op: str) -> AsyncIterator[Any]:
+    async def _pages(self, path: str, op: str, item: type[T]) -> AsyncIterator[T]:
         """Every item of a paginated list: following Link rel=next (GitHub, Gitea) or x-next-page (GitLab)."""
         url: str | None = self.api_url + path
         params: dict[str, Any] | None = {self.page_param: self.per_page, "page": 1}
         while url:
             resp = await self._request("GET", url, op, params=params)
-            for item in resp.json():
-                yield item
+            for one in self._read(resp, list[item]):  # type: ignore[valid-type]
+                yield one
             url, params = self._next_page(resp, url, params)
 
     def _next_page(self, resp: httpx.Response, url: str,
@@ -251,13 +412,13 @@ class _Base:
 
     update_verb = "PATCH"
 
-    async def _list_comments(self, pr: int) -> list[dict[str, Any]]:
-        return [c async for c in self._pages(self._comments_path(pr), "comment")]
+    async def _list_comments(self, pr: int) -> list[_Comment]:
+        return [c async for c in self._pages(self._comments_path(pr), "comment", _Comment)]
 
     async def _write_comment(self, pr: int, existing: int | None, body: str) -> CommentRef:
         if existing is None:
             resp = await self._request("POST", self._comments_path(pr), "comment", json={"body": body})
-            return CommentRef(id=int(resp.json()["id"]), created=True)
+            return CommentRef(id=self._read(resp, _Id).id, created=True)
         await self._request(self.update_verb, self._comment_path(pr, existing), "comment", json={"body": body})
         return CommentRef(id=existing, created=False)
 
@@ -275,7 +436,7 @@ class _Base:
         """Update in place the one comment carrying `marker`, or create it; never a second one."""
         tag = marker_tag(marker)
         text = self._with_marker(body, marker)
-        found = [int(c["id"]) for c in await self._list_comments(pr) if tag in (c.get("body") or "")]
+        found = [c.id for c in await self._list_comments(pr) if tag in (c.body or "")]
         ref = await self._write_comment(pr, found[0] if found else None, text)
         for dup in found[1:]:  # a duplicate from a past race: keep only the first
             await self._delete_comment(pr, dup)
@@ -287,12 +448,12 @@ class _Base:
         numbered = re.compile(re.escape(f"<!-- {marker}:") + r"(\d+) -->")
         by_part: dict[int, list[int]] = {}
         for c in await self._list_comments(pr):
-            body = c.get("body") or ""
+            body = c.body or ""
             m = numbered.search(body)
             if m:
-                by_part.setdefault(int(m.group(1)), []).append(int(c["id"]))
+                by_part.setdefault(int(m.group(1)), []).append(c.id)
             elif marker_tag(marker) in body:
-                by_part.setdefault(0, []).append(int(c["id"]))  # part 0 never exists: deleted below
+                by_part.setdefault(0, []).append(c.id)  # part 0 never exists: deleted below
         refs = []
         for i, part in enumerate(parts, 1):
             ids = by_part.pop(i, [])
@@ -336,7 +497,12 @@ class GitHubForge(_Base):
         "comment": "'Pull requests: write' (fine-grained token) or the 'repo' / 'public_repo' scope (classic)",
         "status": "'Commit statuses: write' (fine-grained token) or the 'repo:status' scope (classic)",
         "read": "'Pull requests: read' and 'Contents: read' (fine-grained token) or the 'repo' scope (classic)",
+        "members": "'Metadata: read' on the repository and, for --approvers teams, 'Members: read' on the "
+                   "organization (fine-grained token), or the 'repo' and 'read:org' scopes (classic)",
     }
+    # Repository permissions whose approval counts (GitHub's `permission` says write for the maintain role).
+    approving = ("write", "admin")
+    approving_needs = "write, maintain or admin permission"
 
     def _auth_headers(self, token: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json",
@@ -368,25 +534,47 @@ class GitHubForge(_Base):
 
     async def commit_status(self, sha: str, context: str) -> CommitStatus | None:
         """The latest status of `context` on `sha` (the combined status lists the latest of each)."""
-        combined = (await self._request("GET", f"{self._repo}/commits/{sha}/status", "status",
-                                        params={self.page_param: 100})).json()
-        for s in combined.get("statuses") or []:
-            if (s.get("context") or "").lower() == context.lower():
-                return CommitStatus(state=s["state"] if s.get("state") in _STATES else "error", context=s["context"],
-                                    description=s.get("description") or "", target_url=s.get("target_url"))
+        combined = await self._get(f"{self._repo}/commits/{sha}/status", "status", _GitHubCombined,
+                                   params={self.page_param: 100})
+        for s in combined.statuses:
+            if s.context.lower() == context.lower():
+                return CommitStatus(state=s.state if s.state in _STATES else "error", context=s.context,
+                                    description=s.description or "", target_url=s.target_url)
         return None
 
     async def pull_request(self, number: int) -> PullRequest:
-        p = (await self._request("GET", f"{self._repo}/pulls/{number}", "read")).json()
-        return _github_pull(p)
+        return _github_pull(await self._get(f"{self._repo}/pulls/{number}", "read", _GitHubPull))
 
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None:
-        prs = [_github_pull(p) async for p in self._pages(f"{self._repo}/commits/{sha}/pulls", "read")]
+        prs = [_github_pull(p) async for p in self._pages(f"{self._repo}/commits/{sha}/pulls", "read", _GitHubPull)]
         return _pick(prs, sha)
 
     async def approvals(self, pr: int) -> list[Review]:
-        return [Review(reviewer=r["user"]["login"], state=r["state"].upper(), commit_id=r.get("commit_id"))
-                async for r in self._pages(f"{self._repo}/pulls/{pr}/reviews", "read")]
+        # A deleted account's review (user null) is left out: no one can say what it may approve.
+        # Gitea marks reviews made on an older head `stale`; commit_id says which head either way.
+        return [Review(reviewer=r.user.login, state=r.state.upper(), commit_id=r.commit_id)
+                async for r in self._pages(f"{self._repo}/pulls/{pr}/reviews", "read", _GitHubReview)
+                if r.user is not None and not r.dismissed]
+
+    async def access(self, review: Review) -> Access:
+        """The reviewer's permission on the repository (GitHub and Gitea: GET collaborators/{user}/permission)."""
+        try:
+            p = await self._get(f"{self._repo}/collaborators/{quote(review.reviewer, safe='')}/permission", "members",
+                                _RepoPermission)
+        except ForgeNotFound:  # no such account (any account may read a public repository)
+            return Access(reviewer=review.reviewer, may_approve=False, level="none", needs=self.approving_needs)
+        return Access(reviewer=review.reviewer, may_approve=p.permission in self.approving,
+                      level=p.role_name or p.permission, needs=self.approving_needs)
+
+    async def in_team(self, team: str, review: Review) -> bool:
+        """`team` (ORG/TEAM_SLUG) has the reviewer as an active member (a pending invitation is not one)."""
+        org, slug = team.split("/", 1)
+        try:
+            m = await self._get(f"/orgs/{quote(org, safe='')}/teams/{quote(slug, safe='')}/memberships/"
+                                f"{quote(review.reviewer, safe='')}", "members", _TeamMembership)
+        except ForgeNotFound:
+            return False
+        return m.state == "active"
 
 
 class GiteaForge(GitHubForge):
@@ -400,7 +588,10 @@ class GiteaForge(GitHubForge):
         "comment": "the 'write:issue' scope",
         "status": "the 'write:repository' scope",
         "read": "the 'read:repository' scope",
+        "members": "the 'read:repository' scope and, for --approvers teams, 'read:organization'",
     }
+    approving = ("write", "admin", "owner")
+    approving_needs = "write, admin or owner permission"
 
     def _auth_headers(self, token: str) -> dict[str, str]:
         return {"Authorization": f"token {token}", "Accept": "application/json"}
@@ -408,15 +599,23 @@ class GiteaForge(GitHubForge):
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None:
         # Gitea documents GET /repos/{owner}/{repo}/commits/{sha}/pull: one PR, 404 when none.
         try:
-            p = (await self._request("GET", f"{self._repo}/commits/{sha}/pull", "read")).json()
+            p = await self._get(f"{self._repo}/commits/{sha}/pull", "read", _GitHubPull)
         except ForgeNotFound:
             return None
         return _github_pull(p)
 
-    async def approvals(self, pr: int) -> list[Review]:
-        # Gitea marks reviews made on an older head `stale`; commit_id says which head either way.
-        return [Review(reviewer=r["user"]["login"], state=r["state"].upper(), commit_id=r.get("commit_id"))
-                async for r in self._pages(f"{self._repo}/pulls/{pr}/reviews", "read") if not r.get("dismissed")]
+    async def in_team(self, team: str, review: Review) -> bool:
+        """Gitea names teams, not slugs: the team is found by name in its organization, then asked for the member."""
+        org, name = team.split("/", 1)
+        found = await self._get(f"/orgs/{quote(org, safe='')}/teams/search", "members", _GiteaTeams, params={"q": name})
+        ids = [t.id for t in found.data if t.name.lower() == name.lower()]
+        if not ids:
+            return False
+        try:
+            await self._get(f"/teams/{ids[0]}/members/{quote(review.reviewer, safe='')}", "members", _Login)
+        except ForgeNotFound:
+            return False
+        return True
 
 
 class GitLabForge(_Base):
@@ -430,7 +629,13 @@ class GitLabForge(_Base):
         "comment": "the 'api' scope and at least the Reporter role on the project",
         "status": "the 'api' scope and at least the Developer role on the project",
         "read": "the 'read_api' scope and at least the Reporter role on the project",
+        "members": "the 'read_api' scope and at least the Reporter role on the project (and on each --approvers group)",
     }
+    # GitLab's default for a protected branch is "Allowed to merge: Maintainers": an approval counts from
+    # the Maintainer role up, not from Developer (who may push to unprotected branches only).
+    APPROVING_LEVEL = 40
+    ROLES: dict[int, str] = {0: "No access", 5: "Minimal access", 10: "Guest", 15: "Planner", 20: "Reporter",
+                             30: "Developer", 40: "Maintainer", 50: "Owner"}
     # plnt's states to GitLab's (pending, running, success, failed, canceled).
     STATES: dict[str, str] = {"pending": "pending", "success": "success", "failure": "failed", "error": "failed"}
     STATES_BACK: dict[str, State] = {"pending": "pending", "running": "pending", "success": "success",
@@ -456,9 +661,9 @@ class GitLabForge(_Base):
     def _comment_path(self, pr: int, comment_id: int) -> str:
         return f"{self._proj}/merge_requests/{pr}/notes/{comment_id}"
 
-    async def _list_comments(self, pr: int) -> list[dict[str, Any]]:
+    async def _list_comments(self, pr: int) -> list[_Comment]:
         # System notes ("added 1 commit") are never ours.
-        return [c for c in await super()._list_comments(pr) if not c.get("system")]
+        return [c for c in await super()._list_comments(pr) if not c.system]
 
     async def set_status(self, sha: str, state: State, context: str, description: str,
                          target_url: str | None = None) -> bool:
@@ -484,22 +689,20 @@ class GitLabForge(_Base):
 
     async def commit_status(self, sha: str, context: str) -> CommitStatus | None:
         # Without `all`, GitLab lists only the latest status of each name.
-        latest = (await self._request("GET", f"{self._proj}/repository/commits/{sha}/statuses", "status",
-                                      params={"name": context, "per_page": 100})).json()
+        latest = await self._get(f"{self._proj}/repository/commits/{sha}/statuses", "status", list[_GitLabStatus],
+                                 params={"name": context, "per_page": 100})
         for s in latest:
-            if s.get("name") == context:
-                return CommitStatus(state=self.STATES_BACK.get(s.get("status"), "error"), context=context,
-                                    description=s.get("description") or "", target_url=s.get("target_url"))
+            if s.name == context:
+                return CommitStatus(state=self.STATES_BACK.get(s.status, "error"), context=context,
+                                    description=s.description or "", target_url=s.target_url)
         return None
 
     async def pull_request(self, number: int) -> PullRequest:
-        m = (await self._request("GET", f"{self._proj}/merge_requests/{number}", "read")).json()
-        return _gitlab_pull(m)
+        return _gitlab_pull(await self._get(f"{self._proj}/merge_requests/{number}", "read", _GitLabMR))
 
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None:
-        resp = await self._request("GET", f"{self._proj}/repository/commits/{sha}/merge_requests", "read")
-        mrs = [_gitlab_pull(m) for m in resp.json()]
-        return _pick(mrs, sha)
+        mrs = await self._get(f"{self._proj}/repository/commits/{sha}/merge_requests", "read", list[_GitLabMR])
+        return _pick([_gitlab_pull(m) for m in mrs], sha)
 
     async def approvals(self, pr: int) -> list[Review]:
         """GitLab approvals carry no commit id. They are bound to the MR's head read before and after
@@ -507,35 +710,61 @@ class GitLabForge(_Base):
         approval listed then is one made on that head. Otherwise commit_id is None: not bindable."""
         mr_path = f"{self._proj}/merge_requests/{pr}"
         try:
-            rules = (await self._request("GET", f"{self._proj}/approvals", "read")).json()
-            resets = bool(rules.get("reset_approvals_on_push"))
+            rules = await self._get(f"{self._proj}/approvals", "read", _GitLabApprovalSettings)
+            resets = rules.reset_approvals_on_push
         except ForgeNotFound:  # approval settings not available on this tier
             resets = False
-        before = (await self._request("GET", mr_path, "read")).json()["sha"]
-        data = (await self._request("GET", f"{mr_path}/approvals", "read")).json()
-        after = (await self._request("GET", mr_path, "read")).json()["sha"]
+        before = (await self._get(mr_path, "read", _GitLabMR)).sha
+        data = await self._get(f"{mr_path}/approvals", "read", _GitLabApprovals)
+        after = (await self._get(mr_path, "read", _GitLabMR)).sha
         if before != after:
             raise ForgeUnavailable(f"gitlab: merge request {pr} was pushed to while reading its approvals; retry")
         commit = after if resets else None
-        return [Review(reviewer=a["user"]["username"], state="APPROVED", commit_id=commit)
-                for a in data.get("approved_by") or []]
+        return [Review(reviewer=a.user.username, state="APPROVED", commit_id=commit, reviewer_id=a.user.id)
+                for a in data.approved_by]
+
+    def _member_access(self, review: Review, member: _GitLabMember | None) -> Access:
+        needs = f"the {self.ROLES[self.APPROVING_LEVEL]} role or above"
+        if member is None:
+            return Access(reviewer=review.reviewer, may_approve=False, level="none (not a member)", needs=needs)
+        active = member.state in (None, "active")
+        level = f"{self.ROLES.get(member.access_level, 'access level')} ({member.access_level})"
+        return Access(reviewer=review.reviewer, may_approve=active and member.access_level >= self.APPROVING_LEVEL,
+                      level=level if active else f"{level}, {member.state}", needs=needs)
+
+    async def _member(self, group_or_project: str, review: Review) -> _GitLabMember | None:
+        """The reviewer's membership, inherited ones included (members/all); None when not a member."""
+        if review.reviewer_id is None:  # approvals always carry it; a review from elsewhere may not
+            raise ForgeBadRequest(f"gitlab: no user id for {review.reviewer!r}: its membership cannot be looked up")
+        try:
+            return await self._get(f"{group_or_project}/members/all/{review.reviewer_id}", "members", _GitLabMember)
+        except ForgeNotFound:
+            return None
+
+    async def access(self, review: Review) -> Access:
+        return self._member_access(review, await self._member(self._proj, review))
+
+    async def in_team(self, team: str, review: Review) -> bool:
+        """`team` is a group's full path (GROUP/SUBGROUP): the reviewer is an active member of it."""
+        member = await self._member(f"/groups/{quote(team, safe='')}", review)
+        return member is not None and member.state in (None, "active")
 
 
 _STATES = ("pending", "success", "failure", "error")
 
 
-def _github_pull(p: dict[str, Any]) -> PullRequest:
+def _github_pull(p: _GitHubPull) -> PullRequest:
     """GitHub says merged_at, Gitea merged; both say state open/closed. Merged reads as state "merged"."""
-    merged = p.get("merged_at") is not None if "merged_at" in p else bool(p.get("merged"))
-    return PullRequest(number=p["number"], head_sha=p["head"]["sha"], merged=merged, state="merged" if merged else p["state"],
-                       base_ref=(p.get("base") or {}).get("ref"))
+    merged = p.merged_at is not None if "merged_at" in p.model_fields_set else bool(p.merged)
+    return PullRequest(number=p.number, head_sha=p.head.sha, merged=merged, state="merged" if merged else p.state,
+                       base_ref=p.base.ref if p.base else None)
 
 
-def _gitlab_pull(m: dict[str, Any]) -> PullRequest:
+def _gitlab_pull(m: _GitLabMR) -> PullRequest:
     """GitLab's opened/closed/locked/merged read as open/closed/merged, as on the other forges."""
-    state = {"opened": "open", "locked": "open"}.get(m["state"], m["state"])
-    return PullRequest(number=m["iid"], head_sha=m["sha"], merged=m["state"] == "merged", state=state,
-                       base_ref=m.get("target_branch"))
+    state = {"opened": "open", "locked": "open"}.get(m.state, m.state)
+    return PullRequest(number=m.iid, head_sha=m.sha, merged=m.state == "merged", state=state,
+                       base_ref=m.target_branch)
 
 
 def _pick(prs: list[PullRequest], sha: str) -> PullRequest | None:

@@ -9,7 +9,15 @@ shapes of each API's documentation:
 - required fields and enums (422 on GitHub/Gitea, 400 on GitLab);
 - pagination with a small page size (Link rel="next" on GitHub/Gitea, x-next-page on GitLab);
 - GitHub's limit of 1,000 statuses per sha and context (422 beyond);
-- failures queued in `fail` (status, headers) are answered before the next request is served.
+- failures queued in `fail` (status, headers) are answered before the next request is served;
+- answers of the wrong shape queued in `garble` (path regex, bytes or a function of the payload): the
+  next request whose path matches gets those bytes (HTTP 200, text/html) or its payload changed;
+- who may approve: GitHub and Gitea `GET /repos/{owner}/{repo}/collaborators/{user}/permission`
+  ({"permission", "role_name"}), GitLab `GET /projects/:id/members/all/:user_id` and
+  `GET /groups/:id/members/all/:user_id` ({"access_level", "state"}, 404 for a non-member), GitHub
+  `GET /orgs/{org}/teams/{team_slug}/memberships/{user}` ({"state"}), Gitea
+  `GET /orgs/{org}/teams/search?q=` then `GET /teams/{id}/members/{user}`. A user not in `access`
+  has `default_access` (write, GitLab Maintainer: tests about something else need not list reviewers).
 
 Comments, statuses, reviews and pull requests live in memory; every request is recorded.
 """
@@ -21,8 +29,9 @@ import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from .http_thread import ThreadedHttp
 
@@ -56,9 +65,26 @@ class ForgeStandin:
     gitlab_reset_on_push: bool = True
     requests: list[Recorded] = field(default_factory=list)
     link_base: str | None = None  # a different origin in Link headers (to test the client refuses it)
+    # Wrong-shape answers: (path regex, raw bytes answered with 200 text/html, or a function of the payload).
+    garble: list[tuple[str, bytes | Callable[[Any], Any]]] = field(default_factory=list)
+    # Repository access by user: GitHub role (admin, maintain, write, triage, read), Gitea permission
+    # (owner, admin, write, read) or GitLab access level (10..50); "none" / 0: not a collaborator/member.
+    access: dict[str, str | int] = field(default_factory=dict)
+    default_access: str | int | None = None  # None: write (GitHub, Gitea), Maintainer 40 (GitLab)
+    teams: dict[str, set[str]] = field(default_factory=dict)  # "org/team" (GitLab: group path) -> members
+
+    def user_id(self, name: str) -> int:
+        """A GitLab user's numeric id: given on first use, the same for that name afterwards."""
+        with self._ids_lock:
+            return self._ids.setdefault(name, 100 + len(self._ids))
+
+    def _user_named(self, uid: int) -> str | None:
+        return next((n for n, i in self._ids.items() if i == uid), None)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._ids: dict[str, int] = {}
+        self._ids_lock = threading.Lock()
         self._next_id = 1000
         self._http = ThreadedHttp(self._handler())
 
@@ -106,15 +132,23 @@ class ForgeStandin:
                 with standin._lock:
                     standin.requests.append(rec)
                     failure = standin.fail.pop(0) if standin.fail else None
+                    garbled = next((g for g in standin.garble if re.search(g[0], split.path)), None)
+                    if garbled is not None:
+                        standin.garble.remove(garbled)
                 if failure:
                     return self._send(failure[0], {"message": "injected failure"}, failure[1])
+                if garbled is not None and isinstance(garbled[1], bytes):
+                    return self._send(200, garbled[1], {}, "text/html; charset=utf-8")
                 status, payload, headers = standin._route(rec, f"http://{self.headers.get('Host')}")
+                if garbled is not None and callable(garbled[1]):
+                    payload = garbled[1](payload)
                 self._send(status, payload, headers)
 
-            def _send(self, status: int, payload: Any, headers: dict[str, str]) -> None:
-                data = b"" if payload is None else json.dumps(payload).encode()
+            def _send(self, status: int, payload: Any, headers: dict[str, str],
+                      content_type: str = "application/json") -> None:
+                data = payload if isinstance(payload, bytes) else b"" if payload is None else json.dumps(payload).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -248,7 +282,47 @@ class ForgeStandin:
             if n not in self.pulls:
                 return 404, {"message": "Not Found"}, {}
             return self._page(rec, list(self.reviews.get(n, [])), base)
+        if (mt := re.fullmatch(re.escape(repo) + r"/collaborators/([^/]+)/permission", p)) and m == "GET":
+            if denied := self._denied("members"):
+                return denied
+            return self._permission(mt.group(1))
+        if mt := re.fullmatch(prefix + r"/orgs/([^/]+)/teams/([^/]+)/memberships/([^/]+)", p):
+            if self.kind != "github" or (denied := self._denied("members")):
+                return denied or (404, {"message": "Not Found"}, {})
+            team, user = f"{mt.group(1)}/{mt.group(2)}", mt.group(3)
+            if user not in self.teams.get(team, set()):
+                return 404, {"message": "Not Found"}, {}
+            return 200, {"url": f"{base}{p}", "role": "member", "state": "active"}, {}
+        if (mt := re.fullmatch(prefix + r"/orgs/([^/]+)/teams/search", p)) and self.kind == "gitea":
+            if denied := self._denied("members"):
+                return denied
+            q = rec.query.get("q", [""])[0].lower()
+            names = sorted(t.split("/", 1)[1] for t in self.teams if t.split("/", 1)[0] == mt.group(1))
+            return 200, {"ok": True, "data": [{"id": self._team_id(f"{mt.group(1)}/{n}"), "name": n}
+                                              for n in names if q in n.lower()]}, {}
+        if (mt := re.fullmatch(prefix + r"/teams/(\d+)/members/([^/]+)", p)) and self.kind == "gitea":
+            if denied := self._denied("members"):
+                return denied
+            team = next((t for t in self.teams if self._team_id(t) == int(mt.group(1))), None)
+            if team is None or mt.group(2) not in self.teams[team]:
+                return 404, {"message": "Not Found"}, {}
+            return 200, {"id": 7, "login": mt.group(2)}, {}
         return 404, {"message": "Not Found"}, {}
+
+    def _default_access(self) -> str | int:
+        if self.default_access is not None:
+            return self.default_access
+        return 40 if self.kind == "gitlab" else "write"
+
+    def _team_id(self, team: str) -> int:
+        return 500 + sorted(self.teams).index(team)
+
+    def _permission(self, user: str) -> tuple[int, Any, dict[str, str]]:
+        role = str(self.access.get(user, self._default_access()))
+        if self.kind == "github":  # `permission` is the legacy name: maintain reads write, triage read
+            legacy = {"maintain": "write", "triage": "read"}.get(role, role)
+            return 200, {"permission": legacy, "role_name": role, "user": {"login": user}}, {}
+        return 200, {"permission": role, "role_name": role, "user": {"login": user}}, {}
 
     def _github_pr(self, n: int, pr: dict[str, Any]) -> dict[str, Any]:
         closed = pr["merged"] or pr.get("closed", False)
@@ -281,6 +355,13 @@ class ForgeStandin:
     def _gitlab(self, rec: Recorded, base: str) -> tuple[int, Any, dict[str, str]]:
         proj = "/api/v4/projects/" + quote(self.project, safe="")
         p, m = rec.path, rec.method
+        if mt := re.fullmatch(r"/api/v4/groups/([^/]+)/members/all/(\d+)", p):
+            if denied := self._denied("members"):
+                return denied
+            user = self._user_named(int(mt.group(2)))
+            if user is None or user not in self.teams.get(unquote(mt.group(1)), set()):
+                return 404, {"message": "404 Not found"}, {}
+            return 200, {"id": int(mt.group(2)), "username": user, "state": "active", "access_level": 30}, {}
         if not p.startswith(proj):
             return 404, {"message": "404 Project Not Found"}, {}
         rest = p[len(proj):]
@@ -339,6 +420,14 @@ class ForgeStandin:
                 return denied
             sha = mt.group(1)
             return 200, [self._gitlab_mr(n, pr) for n, pr in self.pulls.items() if sha in pr["commits"]], {}
+        if mt := re.fullmatch(r"/members/all/(\d+)", rest):
+            if denied := self._denied("members"):
+                return denied
+            user = self._user_named(int(mt.group(1)))
+            level = int(self.access.get(user, self._default_access())) if user else 0
+            if not level:
+                return 404, {"message": "404 Not found"}, {}
+            return 200, {"id": int(mt.group(1)), "username": user, "state": "active", "access_level": level}, {}
         if rest == "/approvals":
             return 200, {"reset_approvals_on_push": self.gitlab_reset_on_push}, {}
         if mt := re.fullmatch(r"/merge_requests/(\d+)(/approvals)?", rest):
@@ -348,6 +437,7 @@ class ForgeStandin:
             if n not in self.pulls:
                 return 404, {"message": "404 Not found"}, {}
             if mt.group(2):
-                return 200, {"iid": n, "approved_by": [{"user": {"username": u}} for u in self.gitlab_approved_by.get(n, [])]}, {}
+                return 200, {"iid": n, "approved_by": [{"user": {"id": self.user_id(u), "username": u}}
+                                                       for u in self.gitlab_approved_by.get(n, [])]}, {}
             return 200, self._gitlab_mr(n, self.pulls[n]), {}
         return 404, {"message": "404 Not found"}, {}

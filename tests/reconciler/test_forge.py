@@ -16,6 +16,7 @@ from plnt.reconciler.forge import (
     ForgeRefused,
     ForgeUnavailable,
     GitLabForge,
+    Review,
     make_forge,
     marker_tag,
     split_body,
@@ -330,3 +331,113 @@ async def test_pull_request_by_number_open_closed_merged(standin: ForgeStandin) 
         with pytest.raises(ForgeNotFound):
             await forge.pull_request(99)
     assert states == [(3, HEAD, "open", False), (4, OLD, "closed", False), (5, SHA, "merged", True)]
+
+
+# --- answers of the wrong shape: classified as ForgeUnavailable, never a traceback ------------------
+
+GARBAGE = {
+    "non-UTF-8 bytes": b"\xff\xfe\x80\x81 not json \xc3\x28",
+    "an HTML page": b"<!DOCTYPE html><html><body><h1>502 Bad Gateway</h1></body></html>",
+    # a list where the API answers a dict (and a dict where it answers a list)
+    "the other container": lambda payload: {"items": payload} if isinstance(payload, list) else [payload],
+    "a dict missing keys": lambda payload: [{"message": "ok"}] if isinstance(payload, list) else {"message": "ok"},
+}
+
+# Each endpoint family: the path the garbage is answered on, and the call that reads it.
+FAMILIES = {
+    "comments": (r"/(issues/\d+/comments|merge_requests/\d+/notes)$",
+                 lambda forge: forge.upsert_comment(5, "plan", "plnt:plan")),
+    "status": (r"/commits/[0-9a-f]+/status(es)?$", lambda forge: forge.commit_status(HEAD, "plnt/plan")),
+    "pulls of a commit": (r"/commits/[0-9a-f]+/(pulls?|merge_requests)$",
+                          lambda forge: forge.pull_request_for_commit(HEAD)),
+    "pull request": (r"/(pulls|merge_requests)/5$", lambda forge: forge.pull_request(5)),
+    "reviews": (r"/(pulls/5/reviews|merge_requests/5/approvals)$", lambda forge: forge.approvals(5)),
+    "permission": (r"/(collaborators/[^/]+/permission|members/all/\d+)$",
+                   lambda forge: forge.access(Review(reviewer="signer-a", state="APPROVED", commit_id=HEAD,
+                                                     reviewer_id=100))),
+    "team": (r"/(teams/[^/]+/memberships/[^/]+|teams/search|groups/[^/]+/members/all/\d+)$",
+             lambda forge: forge.in_team("acme/deployers", Review(reviewer="signer-a", state="APPROVED",
+                                                                   commit_id=HEAD, reviewer_id=100))),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", list(FAMILIES))
+async def test_an_answer_of_the_wrong_shape_is_forge_unavailable(standin: ForgeStandin, family: str) -> None:
+    """Issue 24 (5): a body that is not JSON, or JSON of another shape, on any endpoint family of any
+    forge is ForgeUnavailable naming the forge, the endpoint and what was wrong (no UnicodeDecodeError,
+    no AttributeError: 'list' object has no attribute 'get'), and the token is in none of it."""
+    standin.pulls[5] = {"head_sha": HEAD, "merged": True, "commits": [HEAD]}
+    standin.add_comment(5, "someone else's comment")
+    standin.add_review(5, "signer-a", "APPROVED", HEAD)
+    standin.gitlab_approved_by[5] = ["signer-a"]
+    standin.teams["acme/deployers"] = {"signer-a"}
+    standin.user_id("signer-a")  # GitLab: id 100, as the Review in FAMILIES says
+    path, call = FAMILIES[family]
+    async with client(standin) as forge:
+        await forge.set_status(HEAD, "success", "plnt/plan", "plan sha256:0123456789ab")
+        await call(forge)  # the endpoint answers well: the call works
+        for garbage, answer in GARBAGE.items():
+            standin.garble.append((path, answer))
+            with pytest.raises(ForgeUnavailable) as caught:
+                await call(forge)
+            assert not standin.garble, f"the {family} call never read the garbled answer ({garbage})"
+            msg = str(caught.value)
+            assert msg.startswith(f"{standin.kind} GET /") and ": HTTP 200 answered " in msg, (garbage, msg)
+            what = "that are not JSON" if isinstance(answer, bytes) else "JSON of an unexpected shape"
+            assert what in msg and TOKEN not in msg and "\n" not in msg, (garbage, msg)
+
+
+@pytest.mark.integration
+async def test_the_shape_error_names_the_field() -> None:
+    with ForgeStandin("github", "owner/repo", TOKEN) as s:
+        s.pulls[5] = {"head_sha": HEAD, "merged": True, "commits": [HEAD]}
+        s.garble.append((r"/pulls/5$", lambda p: {**p, "head": ["not", "a", "dict"]}))
+        async with client(s) as forge:
+            with pytest.raises(ForgeUnavailable) as caught:
+                await forge.pull_request(5)
+    assert str(caught.value).startswith("github GET /repos/owner/repo/pulls/5: HTTP 200 answered JSON of an "
+                                        "unexpected shape: head: Input should be a valid dictionary")
+
+
+# --- who may approve: the permission and team endpoints ------------------------------------------
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("kind", "role", "may", "level"), [
+    ("github", "admin", True, "admin"), ("github", "maintain", True, "maintain"), ("github", "write", True, "write"),
+    ("github", "triage", False, "triage"), ("github", "read", False, "read"),
+    ("gitea", "owner", True, "owner"), ("gitea", "write", True, "write"), ("gitea", "read", False, "read"),
+    ("gitlab", 50, True, "Owner (50)"), ("gitlab", 40, True, "Maintainer (40)"),
+    ("gitlab", 30, False, "Developer (30)"), ("gitlab", 20, False, "Reporter (20)"),
+    ("gitlab", 0, False, "none (not a member)"),
+])
+async def test_access_as_the_forge_reports_it(kind: str, role: str | int, may: bool, level: str) -> None:
+    with ForgeStandin(kind, "owner/repo", TOKEN) as s:
+        s.access["alice"] = role
+        review = Review(reviewer="alice", state="APPROVED", commit_id=HEAD, reviewer_id=s.user_id("alice"))
+        async with client(s) as forge:
+            got = await forge.access(review)
+    assert (got.reviewer, got.may_approve, got.level) == ("alice", may, level)
+    if kind == "gitlab":  # GitLab's default "Allowed to merge" on a protected branch: Maintainers
+        assert got.needs == "the Maintainer role or above"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", KINDS)
+async def test_team_membership(kind: str) -> None:
+    with ForgeStandin(kind, "owner/repo", TOKEN) as s:
+        s.teams["acme/deployers"] = {"alice"}
+        s.teams["acme/others"] = {"bob"}
+
+        def review(user: str) -> Review:
+            return Review(reviewer=user, state="APPROVED", commit_id=HEAD, reviewer_id=s.user_id(user))
+
+        async with client(s) as forge:
+            got = [await forge.in_team("acme/deployers", review("alice")),
+                   await forge.in_team("acme/deployers", review("bob")),
+                   await forge.in_team("acme/nosuchteam", review("alice"))]
+        s.deny.add("members")
+        async with client(s) as forge:
+            with pytest.raises(ForgeRefused, match="the token needs"):
+                await forge.in_team("acme/deployers", review("alice"))
+    assert got == [True, False, False]
