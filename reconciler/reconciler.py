@@ -76,6 +76,9 @@ class Reconciler:
             self._running.tasks, self._running.fingerprints, self._running.cancelled)
         self._loaded: tuple[str, SpecSet, list[Problem]] | None = None
         self._desired_at: tuple[str, SpecSet, dict[str, DesiredRun]] | None = None
+        # The specs of the last commit this loop reconciled: while a newer commit is refused, they are
+        # what plnt keeps enforcing (drift healed), read again from the clone after a restart.
+        self._trusted: tuple[str, SpecSet] | None = None
         # The inputs of the last pass that found everything in sync, and its plan (see reconcile_once).
         self._quiet: tuple[Any, ...] | None = None
         self._quiet_items: list[PlanItem] = []
@@ -153,18 +156,17 @@ class Reconciler:
             untrusted = await asyncio.to_thread(self._verifier.first_untrusted, self._source.git_dir, commit,
                                                 self.source_status.get("lastReconciledCommit"))
             if untrusted is not None:
-                self._reject(commit, [untrusted.problem()], [], untrusted=untrusted.model_dump(mode="json"))
-                return []
+                return await self._refuse(commit, [untrusted.problem()], [], full=full,
+                                          untrusted=untrusted.model_dump(mode="json"))
         specs, problems = await self._load(commit)
         if problems:
-            self._reject_commit(commit, problems, specs.warnings)
-            return []
+            return await self._refuse(commit, [str(p) for p in problems], [str(w) for w in specs.warnings], full=full)
         if self._approval is not None:  # after the specs check: an invalid commit is reported as invalid
             held = await self._approval.first_unapproved(commit, self.source_status.get("lastReconciledCommit"))
             if held is not None:  # like an untrusted commit: nothing running changes
-                self._reject(commit, [held.problem()], [str(w) for w in specs.warnings],
-                             held=held.model_dump(mode="json"))
-                return []
+                return await self._refuse(commit, [held.problem()], [str(w) for w in specs.warnings], full=full,
+                                          held=held.model_dump(mode="json"))
+        self._trusted = (commit, specs)
         self._driver.assign(specs)
         for listener in self.spec_listeners:
             listener(commit, specs)
@@ -392,12 +394,41 @@ class Reconciler:
         if any(getattr(status, field) != value for field, value in fields.items()):
             self._statuses.update_nowait(item.namespace, item.name, **fields)
 
-    def _reject_commit(self, commit: str, problems: list[Problem], warnings: list[Problem]) -> None:
-        self._reject(commit, [str(problem) for problem in problems], [str(w) for w in warnings])
+    async def _refuse(self, commit: str, problems: list[str], warnings: list[str], *, full: bool,
+                      untrusted: dict[str, Any] | None = None, held: dict[str, Any] | None = None) -> list[PlanItem]:
+        """A refused commit (invalid, untrusted, held for approval) changes nothing that runs, and
+        stops nothing from being enforced: the last reconciled commit's releases are still healed
+        (before the statuses are written, so that they end on what is refused, beside what serves)."""
+        if full:
+            trusted = await self._last_trusted_specs()
+            if trusted is not None:
+                await self._heal_drift(trusted)
+        self._reject(commit, problems, warnings, untrusted=untrusted, held=held)
+        return []
+
+    async def _last_trusted_specs(self) -> SpecSet | None:
+        """The specs of the last reconciled commit: kept from the pass that reconciled it, or read
+        again from the clone (a restart while the newest commit is refused)."""
+        commit = self.source_status.get("lastReconciledCommit")
+        if not isinstance(commit, str):
+            return None  # nothing was ever reconciled: nothing plnt deployed to keep running
+        if self._trusted is None or self._trusted[0] != commit:
+            try:
+                specs, problems = await in_bulk_thread(self._read_specs, commit)
+            except Exception as exc:  # noqa: BLE001 - e.g. gone from the clone after a force-push: heal nothing, report the refusal
+                log.warning("trusted-specs-unreadable commit=%s error=%s", commit[:12], redact(str(exc)))
+                return None
+            if problems:  # it was valid when reconciled; a stricter plnt may disagree: heal nothing then
+                log.warning("trusted-specs-invalid commit=%s first=%r", commit[:12], str(problems[0]))
+                return None
+            self._trusted = (commit, specs)
+            self._driver.assign(specs)  # (after a restart: the driver has seen no specs yet)
+        return self._trusted[1]
 
     def _reject(self, commit: str, problems: list[str], warnings: list[str], *,
                 untrusted: dict[str, Any] | None = None, held: dict[str, Any] | None = None) -> None:
-        """Nothing running changes: the commit's problems go to GET /source and every status."""
+        """Nothing running changes: the commit's problems go to GET /source and every status, beside
+        what each still serves ("Ready 1.2.0; commit abc123 is held: ...")."""
         lines = problems[:MAX_SHOWN_PROBLEMS]
         if self.source_status.get("newestCommit") != commit or self.source_status.get("problems") != lines:
             log.error("commit-%s commit=%s problems=%d first=%r (nothing running was changed)",
@@ -406,8 +437,11 @@ class Reconciler:
         summary = (lines[0] if untrusted or held else
                    f"commit {commit[:12]} is invalid ({len(problems)} problem{'s' if len(problems) != 1 else ''}): {lines[0]}")
         for status in self._statuses.all():
-            if status.message != summary and preview_of(status.name) is None:  # a preview is its PR's
-                self._statuses.update(status.namespace, status.name, message=summary, last_error="\n".join(lines))
+            if preview_of(status.name) is not None:
+                continue  # a preview is its PR's
+            message = f"{status.phase.value} {status.version}; {summary}" if status.version else summary
+            if status.message != message:
+                self._statuses.update(status.namespace, status.name, message=message, last_error="\n".join(lines))
 
     def _record_source(self, *, commit: str | None = None, problems: list[str] | None = None,
                        reconciled: bool = False, error: str | None = None, warnings: list[str] | None = None,

@@ -210,8 +210,9 @@ async def test_hostile_spec_commit_is_refused_and_changes_nothing(
         assert all(PROBLEM_LINE.match(line) for line in source["problems"]), source["problems"]
         assert source["lastReconciledCommit"] != commit
         assert (await source_of(plnt))["problems"] == source["problems"]  # and it stays so
-        message = plnt.statuses.get("default/review-responder").message  # type: ignore[union-attr]
-        assert message.startswith(f"commit {commit[:12]} is invalid") and case.problem in message
+        status = plnt.statuses.get("default/review-responder")
+        assert status is not None  # what still serves, then what is refused
+        assert status.message.startswith(f"Ready 1.2.0; commit {commit[:12]} is invalid") and case.problem in status.message
 
         # Reported once, however many passes saw the commit; never a traceback.
         invalid = [r for r in caplog.records if r.getMessage().startswith(f"commit-invalid commit={commit[:12]}")]

@@ -152,7 +152,7 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
             await hook(plnt)
             status = await wait_for(lambda: (s := status_of(plnt)) and direct[:12] in s["message"] and s,
                                     what="the status to name the held commit")
-            assert status["message"].startswith(f"commit {direct[:12]} is held: no pull request brought commit")
+            assert status["message"].startswith(f"Ready 1.3.0; commit {direct[:12]} is held: no pull request brought commit")
             assert (status["phase"], status["version"]) == ("Ready", "1.3.0")
             assert (await get_source(plnt.url))["held"]["commit"] == direct
             assert (await invoke(plnt)).json()["version"] == "1.3.0"

@@ -55,7 +55,7 @@ async def test_only_signed_commits_deploy(spec_repo: SpecRepo, tmp_path: Path, t
         await hook(plnt)
         status = await wait_for(lambda: (s := status_of(plnt)) and bad[:12] in s["message"] and s,
                                 what="status to name the untrusted commit")
-        assert status["message"] == f"commit {bad[:12]} is not trusted: unsigned"
+        assert status["message"] == f"Ready 1.2.0; commit {bad[:12]} is not trusted: unsigned"
         assert (status["phase"], status["version"]) == ("Ready", "1.2.0")
         assert (await invoke(plnt)).json()["version"] == "1.2.0"
         assert plnt.reconciler.running_sagas == set()
