@@ -89,6 +89,7 @@ PROGRESS_EVERY = 1024 * 1024
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024  # an OCI manifest or index (real ones: a few KiB)
 MAX_BUNDLE_BYTES = 1 << 20  # a recipe's Sigstore bundle (real ones: a few KiB)
 MAX_SIGNATURE_BYTES = 8 << 20  # a model's model.sig: a DSSE bundle whose manifest lists every file
+MAX_TRUSTED_ROOT_BYTES = 1 << 20  # a policy's trustedRootFile (a Sigstore trusted root: some KiB)
 # Recipes unpack to at most max_recipe_bytes (256 MiB by default) and gzip never makes data much
 # smaller than incompressible, so a larger download cannot be a valid recipe: refuse it early.
 DEFAULT_MAX_DOWNLOAD_BYTES = 256 * 2**20

@@ -32,6 +32,7 @@ from .errors import InvalidSpec, RetryLater
 from .loader import DEFAULT_LIMITS, IGNORE_FILE, IgnoreRules, ParseCache, Problem, SourceFile, SpecSet, load_sources, read_specs
 from .parse_cache import MemoryParseCache
 from .redact import redact
+from .registries import CHUNK_SIZE, MAX_TRUSTED_ROOT_BYTES, metadata_too_large
 from .settings import SpecLimits
 
 log = logging.getLogger(__name__)
@@ -288,7 +289,7 @@ class GitSource:
         with self._lock:
             repo = self._open()
             prefix = f"{self.path}/" if self.path else ""
-            if (self._object(repo, f"{commit}:{self.path}") or ("", ""))[1] != "tree":
+            if (self._object(repo, f"{commit}:{self.path}") or ("", "", 0))[1] != "tree":
                 raise SourceError(f"commit {commit[:12]} has no directory {self.path!r}")
             rules = IgnoreRules()
             ignore = self._object(repo, f"{commit}:{prefix}{IGNORE_FILE}")
@@ -345,8 +346,10 @@ class GitSource:
         files = self.spec_files(commit, limits, known=lambda path, blob: cache.has(path, blob, limits))
         return load_sources(files, limits=limits, cache=cache)
 
-    def read_file(self, commit: str, path: str) -> bytes:
-        """One file of the repository at the commit (path relative to the repository root)."""
+    def read_file(self, commit: str, path: str, limit: int = MAX_TRUSTED_ROOT_BYTES) -> bytes:
+        """One file of the repository at the commit (path relative to the repository root); one of
+        more than `limit` bytes is refused (DownloadRefused) before it is read. Its callers read
+        policies' trusted roots, hence the default."""
         with self._lock:
             repo = self._open()
             path = path.strip("/")
@@ -358,6 +361,9 @@ class GitSource:
                 raise FileNotFoundError(f"{path} is not in the spec repository at {commit[:12]}")
             if found[1] != "blob":
                 raise FileNotFoundError(f"{path} in the spec repository at {commit[:12]} is not a file")
+            if found[2] > limit:
+                raise metadata_too_large(f"{path} in the spec repository at {commit[:12]}", found[2], limit,
+                                         "commit the file as the tool that wrote it did")
             return bytes(repo.odb.stream(bytes.fromhex(found[0])).read())
 
     def export(self, commit: str, subdir: str, dest: Path) -> bool:
@@ -372,7 +378,7 @@ class GitSource:
             what = refused_name(subdir) if subdir else None
             if what is not None:
                 raise UnreadableTree(subdir, what)
-            if (self._object(repo, f"{commit}:{subdir}") or ("", ""))[1] != "tree":
+            if (self._object(repo, f"{commit}:{subdir}") or ("", "", 0))[1] != "tree":
                 return False
             entries = list(self._entries(repo, f"{commit}:{subdir}", prefix=f"{subdir}/" if subdir else ""))
             dest.mkdir(parents=True, exist_ok=True)
@@ -382,21 +388,25 @@ class GitSource:
                     target.mkdir(parents=True, exist_ok=True)
                 elif entry.type == "blob" and entry.mode & 0o170000 == 0o100000:  # regular files only: no links
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(repo.odb.stream(bytes.fromhex(entry.sha)).read())
+                    # in chunks: a recipe archive or bundle is never whole in memory
+                    stream = repo.odb.stream(bytes.fromhex(entry.sha))
+                    with open(target, "wb") as out:
+                        while chunk := stream.read(CHUNK_SIZE):
+                            out.write(chunk)
             return True
 
     # --- reading trees with git itself (GitPython raises a bare ValueError at a refused name) ---
 
     @staticmethod
-    def _object(repo: git.Repo, spec: str) -> tuple[str, str] | None:
-        """(sha, type) of `commit:path`, or None; asked of GitPython's long-lived `cat-file --batch-check`."""
+    def _object(repo: git.Repo, spec: str) -> tuple[str, str, int] | None:
+        """(sha, type, size) of `commit:path`, or None; asked of GitPython's long-lived `cat-file --batch-check`."""
         if "\n" in spec or "\0" in spec:  # one query per line: a name holding one would desynchronise it
             return None
         try:
-            sha, kind, _ = repo.git.get_object_header(spec)
+            sha, kind, size = repo.git.get_object_header(spec)
         except ValueError:  # missing
             return None
-        return os.fsdecode(sha), os.fsdecode(kind)
+        return os.fsdecode(sha), os.fsdecode(kind), int(size)
 
     @staticmethod
     def _blobs(repo: git.Repo, shas: list[str]) -> dict[str, bytes]:

@@ -1,8 +1,8 @@
-"""Metadata plnt reads whole into memory (recipe bundles, model signatures, OCI manifests) is
-size-checked before and bounded during the read, from every source: a `file:` registry, the
-recipe cache, an author's directory (publish), S3 (a real moto_server) and OCI (the real CNCF
-distribution registry; the lying OCI stand-in, tests/oci_liar.py, for a manifest no real registry
-would serve).
+"""Metadata plnt reads whole into memory (recipe bundles, model signatures, OCI manifests,
+trusted roots) is size-checked before and bounded during the read, from every source: a `file:`
+registry, a registry inside the spec repository (a real git repository), the recipe cache, an
+author's directory (publish), S3 (a real moto_server) and OCI (the real CNCF distribution registry;
+the lying OCI stand-in, tests/oci_liar.py, for a manifest no real registry would serve).
 
 The huge files are sparse (`truncate`): they cost no disk. Memory is measured in this process:
 tracemalloc's peak (every Python allocation, whatever ran before) and the growth of the peak
@@ -24,18 +24,24 @@ from pathlib import Path
 import pytest
 from plnt.reconciler import registries
 from plnt.reconciler.errors import DownloadRefused, VerificationFailed
+from plnt.reconciler.loader import load_sources
+from plnt.reconciler.recipes import RecipeCache, pull_recipe
 from plnt.reconciler.registries import (
     BUNDLE_NAME,
     MAX_BUNDLE_BYTES,
     MAX_MANIFEST_BYTES,
     MAX_SIGNATURE_BYTES,
+    MAX_TRUSTED_ROOT_BYTES,
     RegistryOptions,
     open_registry,
     read_bounded,
 )
+from plnt.reconciler.source import GitSource
+from plnt.reconciler.specs import WorkflowSource
 from plnt.reconciler.weights import SIGNATURE_NAME, WeightsStore
 from plnt.reconciler.weights_sources import open_weights_source, publish_weights
 
+from ..conftest import SpecRepo
 from ..oci_liar import LyingOci
 from ..services import OciServer, S3Bucket
 from ..sigstore_ca import TestSigstoreAuthority
@@ -217,6 +223,55 @@ def test_a_bundle_grown_in_the_recipe_cache_is_refused_before_it_is_read(ca: Tes
     message = str(refused.value)
     assert f"bundle of recipe {RECIPE}@1.2.0 in the cache ({cached / BUNDLE_NAME}) is {GiB} bytes" in message, message
     assert f"remove {cached} and plnt fetches the recipe again" in message, message
+
+
+def _fill(path: Path, size: int) -> None:
+    """`size` real bytes (git stores what is committed), written a MiB at a time."""
+    with open(path, "wb") as out:
+        for _ in range(size // MiB):
+            out.write(b" " * MiB)
+
+
+def test_a_large_bundle_in_the_spec_repository_is_refused_and_never_whole_in_memory(spec_repo: SpecRepo,
+                                                                                     tmp_path: Path) -> None:
+    """A `file:registry` inside the spec repository: the export copies blobs in chunks, the bundle
+    is refused by its size when read."""
+    _fill(spec_repo.path / "registry/review-responder/1.3.0" / BUNDLE_NAME, 96 * MiB)
+    git = GitSource(str(spec_repo.path), tmp_path / "clone")
+    spec_repo.commit("a bundle of 96 MiB")
+    commit = git.fetch()
+    specs, _ = load_sources(git.spec_files(commit))
+    with measured() as memory, pytest.raises(DownloadRefused) as refused:
+        pull_recipe(WorkflowSource(ref="review-responder@1.3.0", registry="file:registry"), commit=commit,
+                    cache=RecipeCache(tmp_path / "cache"), policies=specs.trust_policies.values(),
+                    read_from_repo=git.read_file, export_from_repo=git.export)
+    memory.assert_bounded()
+    message = str(refused.value)
+    assert f"bundle of recipe review-responder@1.3.0 from file:registry in the spec repository at {commit[:12]}" \
+           in message and f"is {96 * MiB} bytes, more than the {MAX_BUNDLE_BYTES} bytes" in message, message
+
+
+def test_a_large_trusted_root_in_the_spec_repository_is_refused_before_it_is_read(spec_repo: SpecRepo,
+                                                                                  tmp_path: Path) -> None:
+    _fill(spec_repo.path / "trust/demo-trusted-root.json", 2 * MiB)
+    git = GitSource(str(spec_repo.path), tmp_path / "clone")
+    spec_repo.commit("a trusted root of 2 MiB")
+    commit = git.fetch()
+    with measured() as memory, pytest.raises(DownloadRefused) as refused:
+        git.read_file(commit, "trust/demo-trusted-root.json")
+    memory.assert_bounded()
+    assert memory.traced_peak < MiB, "the blob was read"
+    assert str(refused.value).startswith(
+        f"trust/demo-trusted-root.json in the spec repository at {commit[:12]} is {2 * MiB} bytes, more than the "
+        f"{MAX_TRUSTED_ROOT_BYTES} bytes"), refused.value
+    # Verification fails closed and says why.
+    specs, _ = load_sources(git.spec_files(commit))
+    with pytest.raises(VerificationFailed, match=rf"cannot read trustedRootFile trust/demo-trusted-root.json "
+                                                 rf"\(DownloadRefused: .* is {2 * MiB} bytes") as failed:
+        pull_recipe(WorkflowSource(ref="review-responder@1.3.0", registry="file:registry"), commit=commit,
+                    cache=RecipeCache(tmp_path / "cache"), policies=specs.trust_policies.values(),
+                    read_from_repo=git.read_file, export_from_repo=git.export)
+    assert failed.value.reason == "untrusted-root"
 
 
 @pytest.mark.integration
