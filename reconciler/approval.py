@@ -12,6 +12,12 @@ Consecutive first-parent commits of one PR (a rebase merge or a GitLab fast-forw
 each of the PR's commits on the first-parent line) are judged together: their plan runs from the
 parent of the first to the last, which is what `plnt review` planned for the PR.
 
+Only reviewers plnt trusts count, for approvals and change requests alike: those the forge reports
+with write permission on the repository or more (GitLab: the Maintainer role or more, its default
+"Allowed to merge"), and, with --approvers, only the users and teams listed there. Lookups are made
+once per pass; one that fails holds the commit as "forge unavailable", never counts as approval. The
+verdict lists whose approval counted and why each other did not.
+
 A merge commit and a squash commit are one first-parent commit each. Commits inside a merged
 branch are not judged one by one: the PR's approval covers them (`--verify-commits all` checks
 their signatures). An approved verdict is cached per commit (a merged PR's approval on its head
@@ -26,13 +32,15 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from .forge import Forge, ForgeError, ForgeNotFound, ForgeRefused, ForgeUnavailable, PullRequest, Review, State
+
+NOT_LISTED = "not in the approvers allowlist (--approvers)"
 from .loader import DEFAULT_LIMITS
 from .plan_digest import STATUS_CONTEXT, in_description, short
 from .recipes import RecipeCache
@@ -61,6 +69,18 @@ _WAY_OUT = ("take it off the branch (force-push), or an operator accepts it by r
 _DECIDING = ("APPROVED", "CHANGES_REQUESTED", "DISMISSED")
 
 
+class Ignored(BaseModel):
+    """A review that did not count, and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reviewer: str
+    why: str  # e.g. "read permission only (needs write, maintain or admin permission)", "approved an older head ..."
+
+    def __str__(self) -> str:
+        return f"{self.reviewer}: {self.why}"
+
+
 class ApprovalVerdict(BaseModel):
     """One commit's verdict (GET /source `held` when not approved)."""
 
@@ -70,7 +90,8 @@ class ApprovalVerdict(BaseModel):
     approved: bool
     pr: int | None = None
     head: str | None = None       # the PR's head commit, where the approval and the plan digest must be
-    approvers: tuple[str, ...] = ()
+    approvers: tuple[str, ...] = ()  # whose approval of the head counted
+    ignored: tuple[Ignored, ...] = ()  # each other review that would have decided, and why it did not count
     digest: str | None = None     # the short plan digest computed now (when it was computed)
     reason: str | None = None     # why held, and what to do
 
@@ -78,11 +99,36 @@ class ApprovalVerdict(BaseModel):
         return f"commit {self.commit[:12]} is held: {self.reason}"
 
 
+def latest_deciding(reviews: Sequence[Review]) -> dict[str, Review]:
+    """Each reviewer's latest deciding review (a comment decides nothing)."""
+    latest: dict[str, Review] = {}
+    for review in reviews:
+        if review.state in _DECIDING:
+            latest[review.reviewer] = review
+    return latest
+
+
+def count_reviews(reviews: Sequence[Review], head: str,
+                  distrusted: Mapping[str, str]) -> tuple[dict[str, Review], tuple[str, ...], tuple[Ignored, ...]]:
+    """The latest deciding reviews of trusted reviewers, whose approval of `head` counts, and each
+    review that does not count with why (`distrusted`: reviewer -> why they may not approve). Pure."""
+    latest = latest_deciding(reviews)
+    ignored = [Ignored(reviewer=name, why=distrusted[name]) for name, r in sorted(latest.items())
+               if name in distrusted and r.state != "DISMISSED"]
+    trusted = {name: r for name, r in latest.items() if name not in distrusted}
+    counted = tuple(sorted(name for name, r in trusted.items() if r.state == "APPROVED" and r.commit_id == head))
+    ignored += [Ignored(reviewer=name, why=f"approved an older head ({r.commit_id[:12]})")
+                for name, r in sorted(trusted.items())
+                if r.state == "APPROVED" and r.commit_id is not None and r.commit_id != head]
+    return trusted, counted, tuple(ignored)
+
+
 def judge_review(commit: str, pr: PullRequest | None, reviews: Sequence[Review], *,
-                 branch: str | None = None) -> ApprovalVerdict | None:
+                 branch: str | None = None, distrusted: Mapping[str, str] | None = None) -> ApprovalVerdict | None:
     """The review half of `judge`: a held verdict, or None when the PR is merged (into `branch`, the
-    tracked one, when the forge names its target) and approved on its head. Pure. (The gate calls it
-    first, so a commit no review approves costs no plan.)"""
+    tracked one, when the forge names its target) and approved on its head by a reviewer plnt trusts
+    (`distrusted`: reviewer -> why their reviews do not count). Pure. (The gate calls it first, so a
+    commit no review approves costs no plan.)"""
     c = commit[:12]
     if pr is None:
         return ApprovalVerdict(commit=commit, approved=False, reason=(
@@ -98,43 +144,51 @@ def judge_review(commit: str, pr: PullRequest | None, reviews: Sequence[Review],
         return ApprovalVerdict(**held, reason=(
             f"PR #{pr.number} that brought commit {c} was merged into {pr.base_ref}, not into the tracked branch "
             f"{branch}; a review for another branch does not approve this one: {_WAY_OUT}"))
-    approvals = [r for r in reviews if r.state == "APPROVED"]
+    distrusted = distrusted or {}
+    latest, on_head, ignored = count_reviews(reviews, pr.head_sha, distrusted)
+    held["ignored"] = ignored
+    # Why reviews of reviewers plnt does not trust did not count (the others' say so in the reason).
+    untrusted = [str(i) for i in ignored if i.reviewer in distrusted]
+    not_counted = f"; not counted: {', '.join(untrusted)}" if untrusted else ""
+    approvals = [r for r in reviews if r.state == "APPROVED" and r.reviewer not in distrusted]
     if approvals and all(r.commit_id is None for r in approvals):
         return ApprovalVerdict(**held, reason=(
             f"PR #{pr.number}'s approvals cannot be bound to its head {head}: the forge does not say which "
             "push they approved (GitLab: enable 'Remove all approvals when commits are added' "
             "(reset_approvals_on_push) on the project, then approve again)"))
-    latest: dict[str, Review] = {}  # each reviewer's latest deciding review (a comment decides nothing)
-    for review in reviews:
-        if review.state in _DECIDING:
-            latest[review.reviewer] = review
     blocking = sorted(name for name, r in latest.items() if r.state == "CHANGES_REQUESTED")
     if blocking:
         return ApprovalVerdict(**held, reason=(
             f"PR #{pr.number}: {', '.join(blocking)} requested changes and did not approve since; "
-            f"their approval of head {head} (or a dismissal of the review) releases it"))
-    on_head = sorted({r.reviewer for r in latest.values() if r.state == "APPROVED" and r.commit_id == pr.head_sha})
+            f"their approval of head {head} (or a dismissal of the review) releases it{not_counted}"))
     if not on_head:
         older = sorted({r.commit_id[:12] for r in approvals if r.commit_id and r.commit_id != pr.head_sha})
         if older:
             return ApprovalVerdict(**held, reason=(
-                f"PR #{pr.number} was approved only on an older push ({', '.join(older)}); approve head {head}"))
+                f"PR #{pr.number} was approved only on an older push ({', '.join(older)}); approve head {head}"
+                f"{not_counted}"))
+        if untrusted:
+            return ApprovalVerdict(**held, reason=(
+                f"PR #{pr.number} has no approving review from a reviewer who may approve{not_counted}; "
+                f"approve head {head} as one"))
         return ApprovalVerdict(**held, reason=f"PR #{pr.number} has no approving review; approve head {head}")
     return None
 
 
 def judge(commit: str, pr: PullRequest | None, reviews: Sequence[Review], *, posted: str | None,
-          computed: str | None, plan_problems: Sequence[str] = (), branch: str | None = None) -> ApprovalVerdict:
+          computed: str | None, plan_problems: Sequence[str] = (), branch: str | None = None,
+          distrusted: Mapping[str, str] | None = None) -> ApprovalVerdict:
     """One commit's verdict. `posted`: the description of the `plnt/plan` status on the PR's head
     (None: none posted); `computed`: the short digest of the commit's plan now (None when it cannot
-    be made, `plan_problems` saying why). Pure."""
-    held_by_review = judge_review(commit, pr, reviews, branch=branch)
+    be made, `plan_problems` saying why); `distrusted`: reviewer -> why their reviews do not count. Pure."""
+    held_by_review = judge_review(commit, pr, reviews, branch=branch, distrusted=distrusted)
     if held_by_review is not None:
         return held_by_review
     assert pr is not None
     head = pr.head_sha[:12]
-    approvers = tuple(sorted({r.reviewer for r in reviews if r.state == "APPROVED" and r.commit_id == pr.head_sha}))
-    base = {"commit": commit, "pr": pr.number, "head": pr.head_sha, "approvers": approvers, "digest": computed}
+    _, approvers, ignored = count_reviews(reviews, pr.head_sha, distrusted or {})
+    base = {"commit": commit, "pr": pr.number, "head": pr.head_sha, "approvers": approvers, "ignored": ignored,
+            "digest": computed}
     if computed is None:
         first = plan_problems[0] if plan_problems else "unknown reason"
         more = f" (and {len(plan_problems) - 1} more)" if len(plan_problems) > 1 else ""
@@ -183,8 +237,14 @@ class ApprovalGate:
 
     def __init__(self, forge: Forge, source: GitSource, *, cache: RecipeCache, registry_options: RegistryOptions,
                  limits: SpecLimits = DEFAULT_LIMITS, max_commits: int = MAX_COMMITS, recheck_s: float = RECHECK_S,
-                 report: bool = True, git: str = "git", clock: Callable[[], float] = time.monotonic) -> None:
+                 report: bool = True, git: str = "git", clock: Callable[[], float] = time.monotonic,
+                 approvers: Sequence[str] = ()) -> None:
         self.forge = forge
+        # --approvers: users (a name) and teams (ORG/TEAM; GitLab: a group's full path) whose approval may count.
+        self._users = {a.casefold() for a in approvers if "/" not in a}
+        self._teams = tuple(a for a in approvers if "/" in a)
+        self._allowlist = bool(approvers)
+        self._distrust: dict[str, str | None] = {}  # this pass's verdicts: reviewer -> why not trusted (None: trusted)
         self._source = source
         self._cache = cache
         self._registry_options = registry_options
@@ -221,6 +281,7 @@ class ApprovalGate:
         return verdict
 
     async def _judge_range(self, head: str, last_reconciled: str | None) -> tuple[ApprovalVerdict | None, float]:
+        self._distrust = {}  # a reviewer's permission or team may change between passes
         commits = await asyncio.to_thread(self._new_commits, head, last_reconciled)
         try:
             if len(commits) > self._max_commits:
@@ -301,10 +362,12 @@ class ApprovalGate:
     async def _judge_group(self, group: list[str], pr: PullRequest | None) -> ApprovalVerdict:
         last = group[-1]
         reviews: list[Review] = []
+        distrusted: dict[str, str] = {}
         if pr is not None and pr.merged:
             self.counters.forge_calls += 1
             reviews = await self.forge.approvals(pr.number)
-        held = judge_review(last, pr, reviews, branch=self._source.branch)
+            distrusted = await self._distrusted(reviews)
+        held = judge_review(last, pr, reviews, branch=self._source.branch, distrusted=distrusted)
         if held is not None:
             return held
         assert pr is not None
@@ -314,9 +377,39 @@ class ApprovalGate:
         made = await self._digest(parent, last)
         verdict = judge(last, pr, reviews, posted=status.description if status else None,
                         computed=short(made.digest) if made.digest else None, plan_problems=made.problems,
-                        branch=self._source.branch)
+                        branch=self._source.branch, distrusted=distrusted)
         log.info("approval commit=%s pr=%d head=%s approved=%s", last[:12], pr.number, pr.head_sha[:12], verdict.approved)
         return verdict
+
+    async def _distrusted(self, reviews: Sequence[Review]) -> dict[str, str]:
+        """Reviewer -> why their reviews do not count, for each reviewer whose latest review decides.
+        Forge errors propagate: a lookup that fails holds the commit, it never approves."""
+        out: dict[str, str] = {}
+        for name, review in sorted(latest_deciding(reviews).items()):
+            if review.state == "DISMISSED":
+                continue
+            if name not in self._distrust:
+                self._distrust[name] = await self._why_not_trusted(review)
+            why = self._distrust[name]
+            if why is not None:
+                out[name] = why
+        return out
+
+    async def _why_not_trusted(self, review: Review) -> str | None:
+        if self._allowlist and review.reviewer.casefold() not in self._users:
+            for team in self._teams:
+                self.counters.forge_calls += 1
+                if await self.forge.in_team(team, review):
+                    break
+            else:
+                return NOT_LISTED
+        self.counters.forge_calls += 1
+        access = await self.forge.access(review)
+        if access.may_approve:
+            return None
+        if access.level.startswith("none"):
+            return f"no access to the repository (needs {access.needs})"
+        return f"{access.level} permission only (needs {access.needs})"
 
     async def _digest(self, base: str | None, head: str) -> PlanDigest:
         key = (base or "", head)

@@ -94,6 +94,10 @@ ForgeTokenFile = Annotated[Path | None, typer.Option(help="File holding the forg
 RequireApproval = Annotated[bool, typer.Option("--require-approval", help=(
     "Deploy a commit only when the pull request that brought it was approved on its head commit and the plan "
     "digest `plnt review` posted there equals the one computed now; otherwise hold it, with the reason in status."))]
+Approvers = Annotated[list[str] | None, typer.Option("--approvers", help=(
+    "With --require-approval: count approvals only from these users and teams (comma-separated or repeated: "
+    "'alice,acme/deployers'; a team is ORG/TEAM_SLUG, on GitLab a group's full path), who also need write "
+    "permission on the repository (GitLab: Maintainer). Default: anyone with that permission."))]
 ReportStatus = Annotated[bool, typer.Option("--report-status/--no-report-status", help=(
     "With --forge: report each rollout on its commit as status plnt/NAMESPACE/NAME."))]
 WriteNotes = Annotated[bool, typer.Option("--write-notes", help=(
@@ -106,14 +110,16 @@ Previews = Annotated[list[str] | None, typer.Option("--previews", help=(
 
 def _forge_settings(forge: str | None, forge_api_url: str | None, forge_project: str | None,
                     forge_token_env: str | None, forge_token_file: Path | None, require_approval: bool,
-                    report_status: bool, write_notes: bool, previews: list[str] | None) -> dict[str, Any]:
+                    report_status: bool, write_notes: bool, previews: list[str] | None,
+                    approvers: list[str] | None = None) -> dict[str, Any]:
     try:
         token = _secret_from(forge_token_env, forge_token_file, "--forge-token")
     except ValueError as exc:
         raise _fail(str(exc), 2) from exc
     return dict(forge=forge, forge_api_url=forge_api_url, forge_project=forge_project, forge_token=token,
                 require_approval=require_approval, report_status=report_status, write_notes=write_notes,
-                previews=tuple(previews or ()))
+                previews=tuple(previews or ()),
+                approvers=tuple(a.strip() for option in approvers or () for a in option.split(",") if a.strip()))
 
 
 class Format(str, Enum):
@@ -256,6 +262,7 @@ def up(
     forge_token_env: ForgeTokenEnv = None,
     forge_token_file: ForgeTokenFile = None,
     require_approval: RequireApproval = False,
+    approvers: Approvers = None,
     report_status: ReportStatus = True,
     write_notes: WriteNotes = False,
     previews: Previews = None,
@@ -301,7 +308,7 @@ def up(
                             git_credentials_file=git_credentials_file, git_known_hosts=git_known_hosts,
                             verify_commits=verify_commits, allowed_signers=allowed_signers, gpg_keys=gpg_keys,
                             **_forge_settings(forge, forge_api_url, forge_project, forge_token_env, forge_token_file,
-                                              require_approval, report_status, write_notes, previews))
+                                              require_approval, report_status, write_notes, previews, approvers))
     except ValidationError as exc:
         typer.echo("error: " + "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()), err=True)
         raise typer.Exit(2) from exc

@@ -12,6 +12,7 @@ import typer
 from pydantic import ValidationError
 
 from .cli import (
+    Approvers,
     ForgeApiUrl,
     ForgeKind,
     ForgeProject,
@@ -172,6 +173,7 @@ def reconcile(
     forge_token_env: ForgeTokenEnv = None,
     forge_token_file: ForgeTokenFile = None,
     require_approval: RequireApproval = False,
+    approvers: Approvers = None,
     report_status: ReportStatus = True,
     write_notes: WriteNotes = False,
     previews: Previews = None,
@@ -197,7 +199,7 @@ def reconcile(
         retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
         model_install_timeout_s=model_install_timeout,
         **_forge_settings(forge, forge_api_url, forge_project, forge_token_env, forge_token_file,
-                          require_approval, report_status, write_notes, previews),
+                          require_approval, report_status, write_notes, previews, approvers),
     )
     _run_role(start_reconciler, settings, "reconcile")
 

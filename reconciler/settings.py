@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+# An --approvers entry: a forge user name, or ORG/TEAM (GitLab: a group's full path, GROUP/SUB/...).
+_APPROVER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*(/[A-Za-z0-9_.][A-Za-z0-9_.-]*)*")
 
 
 class StepTimeouts(BaseModel):
@@ -78,6 +82,9 @@ class Settings(BaseModel):
     require_approval: bool = Field(
         default=False, description="deploy a commit only if its pull request was approved on its head commit and "
         "the plan digest posted there (plnt review) equals the one computed now")
+    approvers: tuple[str, ...] = Field(
+        default=(), description="with require_approval: only these users and teams (ORG/TEAM; GitLab: a group's "
+        "full path) may approve, if they also have write permission (GitLab: Maintainer); empty: anyone with it")
     report_status: bool = Field(
         default=True, description="with a forge: each rollout's verdict as a commit status plnt/NAMESPACE/NAME")
     write_notes: bool = Field(
@@ -201,6 +208,12 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _forge_options(self) -> Settings:
+        if self.approvers and not self.require_approval:
+            raise ValueError("--approvers says who may approve for --require-approval: add --require-approval")
+        bad = [a for a in self.approvers if not _APPROVER.fullmatch(a)]
+        if bad:
+            raise ValueError(f"--approvers {', '.join(map(repr, bad))}: each is a user name or ORG/TEAM (GitLab: "
+                             "GROUP/SUBGROUP), e.g. --approvers alice,acme/deployers")
         if self.forge is not None:
             missing = [option for option, value in (("--forge-api-url", self.forge_api_url),
                                                      ("--forge-project", self.forge_project),

@@ -366,3 +366,183 @@ async def test_no_approval_status_without_report_status(world: World) -> None:
     assert (await world.judge(first)) is not None
     assert await world.forge.commit_status(direct, APPROVAL_CONTEXT) is None
     assert not [r for r in world.standin.requests if r.method == "POST"]
+
+
+# --- who may approve (issue 24, 3) ---------------------------------------------------------------
+
+READ_ONLY = "read permission only (needs write, maintain or admin permission)"
+
+
+def test_judge_counts_only_trusted_reviewers_and_says_why_the_others_did_not_count() -> None:
+    outsider = Review(reviewer="alice", state="APPROVED", commit_id=HEAD)
+    older = Review(reviewer="carol", state="APPROVED", commit_id=OLD)
+    held = judge(C, MERGED, [outsider, older], posted=POSTED, computed=DIGEST, branch="main",
+                 distrusted={"alice": READ_ONLY})
+    assert not held.approved and held.approvers == ()
+    assert [str(i) for i in held.ignored] == [f"alice: {READ_ONLY}", f"carol: approved an older head ({OLD[:12]})"]
+    assert held.reason == (f"PR #12 was approved only on an older push ({OLD[:12]}); approve head {HEAD[:12]}; "
+                           f"not counted: alice: {READ_ONLY}")
+    alone = judge(C, MERGED, [outsider], posted=POSTED, computed=DIGEST, distrusted={"alice": READ_ONLY})
+    assert alone.reason == (f"PR #12 has no approving review from a reviewer who may approve; not counted: "
+                            f"alice: {READ_ONLY}; approve head {HEAD[:12]} as one")
+    # The same reviews from trusted reviewers: alice's approval counts, carol's older one is still listed.
+    approved = judge(C, MERGED, [outsider, older], posted=POSTED, computed=DIGEST)
+    assert approved.approved and approved.approvers == ("alice",)
+    assert [str(i) for i in approved.ignored] == [f"carol: approved an older head ({OLD[:12]})"]
+    dumped = held.model_dump(mode="json")  # what GET /source shows
+    assert dumped["ignored"][0] == {"reviewer": "alice", "why": READ_ONLY}
+
+
+def test_a_change_request_from_an_untrusted_reviewer_does_not_block() -> None:
+    reviews = [APPROVED_HEAD, Review(reviewer="mallory", state="CHANGES_REQUESTED", commit_id=HEAD)]
+    blocked = judge(C, MERGED, reviews, posted=POSTED, computed=DIGEST)
+    assert not blocked.approved and "mallory requested changes" in (blocked.reason or "")
+    verdict = judge(C, MERGED, reviews, posted=POSTED, computed=DIGEST, distrusted={"mallory": "no access"})
+    assert verdict.approved and verdict.approvers == ("reviewer-a",)
+    assert [str(i) for i in verdict.ignored] == ["mallory: no access"]
+
+
+def test_approvers_setting_needs_require_approval_and_valid_entries() -> None:
+    from plnt.reconciler.settings import Settings
+    from pydantic import SecretStr, ValidationError
+
+    forge = {"repo": "x", "forge": "github", "forge_api_url": "https://api.github.com", "forge_project": "o/r",
+             "forge_token": SecretStr(TOKEN)}
+    assert Settings(**forge, require_approval=True, approvers=("alice", "acme/deployers")).approvers == (
+        "alice", "acme/deployers")
+    with pytest.raises(ValidationError, match="add --require-approval"):
+        Settings(**forge, approvers=("alice",))
+    with pytest.raises(ValidationError, match="each is a user name or ORG/TEAM"):
+        Settings(**forge, require_approval=True, approvers=("acme/",))
+
+
+# Each forge's words for a reviewer who may not approve, and for one who may.
+NO_WRITE = {"github": ("read", READ_ONLY),
+            "gitea": ("read", "read permission only (needs write, admin or owner permission)"),
+            "gitlab": (30, "Developer (30) permission only (needs the Maintainer role or above)")}
+MAY = {"github": "maintain", "gitea": "write", "gitlab": 40}
+
+
+@pytest.fixture(params=["github", "gitlab", "gitea"])
+async def world3(request: pytest.FixtureRequest, spec_repo: SpecRepo, tmp_path: Path) -> AsyncIterator[World]:
+    project = "group/specs" if request.param == "gitlab" else "owner/specs"
+    with ForgeStandin(request.param, project, TOKEN, page_size=2) as standin:
+        w = World(spec_repo, standin, tmp_path)
+        try:
+            yield w
+        finally:
+            await w.forge.aclose()
+
+
+async def merged_pr(w: World) -> tuple[int, str, str, str]:
+    """A PR bumping review-responder, reviewed (`plnt review`) and merged with a merge commit; not yet approved."""
+    first = w.repo.git("rev-parse", "HEAD")
+    head = w.branch("bump", "1.3.0")
+    pr = w.open_pr(head, [head])
+    await w.review(head)
+    w.repo.git("merge", "--no-ff", "-q", "-m", "Merge bump", "bump")
+    merge = w.repo.git("rev-parse", "HEAD")
+    w.merged(pr, merge)
+    return pr, first, head, merge
+
+
+def lookups(w: World) -> list[str]:
+    return [r.path for r in w.standin.requests if "/permission" in r.path or "/members/all/" in r.path]
+
+
+@pytest.mark.integration
+async def test_an_approval_without_write_permission_does_not_count(world3: World) -> None:
+    """Issue 24 (3): an approval on the head from an account the forge reports without write
+    permission (GitLab: below Maintainer) holds the commit, saying whose approval did not count and why."""
+    w = world3
+    kind = w.standin.kind
+    w.standin.access["outsider"] = NO_WRITE[kind][0]
+    w.standin.access["maintainer"] = MAY[kind]
+    pr, first, head, merge = await merged_pr(w)
+    w.approve(pr, head, "outsider")
+    held = await w.judge(first)
+    assert held is not None and held.commit == merge and held.approvers == ()
+    assert [str(i) for i in held.ignored] == [f"outsider: {NO_WRITE[kind][1]}"]
+    assert held.reason == (f"PR #{pr} has no approving review from a reviewer who may approve; not counted: "
+                           f"outsider: {NO_WRITE[kind][1]}; approve head {head[:12]} as one")
+
+    w.approve(pr, head, "maintainer")
+    assert await w.judge(first) is None
+    approved = w.gate._approved[merge]
+    assert approved.approvers == ("maintainer",) and [i.reviewer for i in approved.ignored] == ["outsider"]
+    status = await w.forge.commit_status(merge, APPROVAL_CONTEXT)
+    assert status is not None and status.description.startswith(f"approved: PR #{pr} by maintainer, plan ")
+
+
+@pytest.mark.integration
+async def test_the_approvers_allowlist_narrows_who_may_approve(world3: World) -> None:
+    w = world3
+    kind = w.standin.kind
+    w.gate = ApprovalGate(w.forge, w.source, cache=w.cache, registry_options=RegistryOptions(),
+                          clock=lambda: w.now, approvers=("carol", "acme/deployers"))
+    w.standin.teams["acme/deployers"] = {"dave", "erin"}
+    w.standin.access.update({"bob": MAY[kind], "dave": MAY[kind], "erin": NO_WRITE[kind][0]})
+    pr, first, head, merge = await merged_pr(w)
+    for user in ("bob", "erin"):  # write but not listed; listed (by team) but without write
+        w.approve(pr, head, user)
+    held = await w.judge(first)
+    assert held is not None and held.approvers == ()
+    assert [str(i) for i in held.ignored] == ["bob: not in the approvers allowlist (--approvers)",
+                                              f"erin: {NO_WRITE[kind][1]}"]
+    w.approve(pr, head, "dave")  # in the team, with write: counts
+    assert await w.judge(first) is None
+    assert w.gate._approved[merge].approvers == ("dave",)
+
+
+@pytest.mark.integration
+async def test_permission_lookups_are_made_once_per_pass(world3: World) -> None:
+    w = world3
+    first = w.repo.git("rev-parse", "HEAD")
+    prs = []
+    for i, version in enumerate(("1.3.0", "1.4.0")):  # two merged PRs, both approved by the same reviewer
+        head = w.branch(f"bump{i}", version)
+        pr = w.open_pr(head, [head])
+        await w.review(head)
+        w.approve(pr, head, "maintainer")
+        w.repo.git("merge", "--no-ff", "-q", "-m", f"Merge bump{i}", f"bump{i}")
+        w.merged(pr, w.repo.git("rev-parse", "HEAD"))
+        prs.append(pr)
+    assert await w.judge(first) is None
+    assert len(lookups(w)) == 1, lookups(w)
+
+
+@pytest.mark.integration
+async def test_a_failed_permission_lookup_holds_never_approves(world3: World) -> None:
+    w = world3
+    pr, first, head, merge = await merged_pr(w)
+    w.approve(pr, head, "maintainer")
+    w.standin.deny.add("members")  # the token may not read permissions: held, with what the token needs
+    held = await w.judge(first)
+    assert held is not None and held.reason is not None
+    assert held.reason.startswith("the forge refused plnt's token (") and "the token needs" in held.reason
+    w.standin.deny.clear()
+    w.standin.garble.append((r"/(collaborators/[^/]+/permission|members/all/\d+)$", b"<html>maintenance</html>"))
+    held = await w.judge(first)
+    assert held is not None and held.reason is not None and held.reason.startswith("forge unavailable, will retry (")
+    assert "that are not JSON" in held.reason
+    assert await w.judge(first) is None  # the forge answers again: approved
+
+
+# --- forge answers of the wrong shape reach the status as "forge unavailable" (issue 24, 5) ---------
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", ["pulls", "reviews", "status"])
+async def test_a_garbled_forge_answer_holds_as_forge_unavailable(world3: World, family: str) -> None:
+    w = world3
+    pr, first, head, merge = await merged_pr(w)
+    w.approve(pr, head, "maintainer")
+    path = {"pulls": r"/commits/[0-9a-f]+/(pulls?|merge_requests)$",
+            "reviews": r"/(pulls/\d+/reviews|merge_requests/\d+/approvals)$",
+            "status": r"/commits/[0-9a-f]+/status(es)?$"}[family]
+    w.standin.garble.append((path, lambda payload: [payload] if isinstance(payload, dict) else {"items": payload}))
+    held = await w.judge(first)
+    assert held is not None and held.commit == merge and held.approved is False
+    assert held.reason is not None and held.reason.startswith(f"forge unavailable, will retry ({w.standin.kind} GET /")
+    assert "answered JSON of an unexpected shape" in held.reason and TOKEN not in held.reason
+    assert held.problem().startswith(f"commit {merge[:12]} is held: forge unavailable")  # what GET /source lists
+    assert await w.judge(first) is None  # retried at the next pass: the forge answers well again
