@@ -835,12 +835,14 @@ def _trust_root_reader(policy: Path, trust_root: Path | None) -> Callable[[str],
     """Reads a policy's trustedRootFile: --trust-root when given, else that path relative to the
     policy file's directory, then to the current directory."""
 
+    from .registries import MAX_TRUSTED_ROOT_BYTES, read_bounded
+
     def read(path: str) -> bytes:
         if trust_root is not None:
-            return trust_root.read_bytes()
+            return read_bounded(trust_root, MAX_TRUSTED_ROOT_BYTES, what="--trust-root")
         for candidate in (policy.parent / path, Path(path)):
             if candidate.is_file():
-                return candidate.read_bytes()
+                return read_bounded(candidate, MAX_TRUSTED_ROOT_BYTES, what=f"trustedRootFile {path}")
         raise FileNotFoundError(f"{path} (relative to {policy.parent} or the current directory); pass --trust-root FILE")
 
     return read
@@ -930,7 +932,8 @@ def recipe_verify(
     from pydantic import ValidationError
 
     from .archive import archive_digest
-    from .errors import VerificationFailed
+    from .errors import DownloadRefused, VerificationFailed
+    from .registries import MAX_BUNDLE_BYTES, MAX_TRUSTED_ROOT_BYTES, read_bounded
     from .specs import RecipeTrustPolicy
     from .trust import verify_recipe
 
@@ -948,9 +951,15 @@ def recipe_verify(
     except ValidationError as exc:
         raise _fail(f"invalid signer options: {exc.errors()[0]['msg']}", 2) from exc
     try:
+        signature = read_bounded(bundle, MAX_BUNDLE_BYTES, what="the bundle") if bundle.is_file() else None
+    except DownloadRefused as exc:
+        typer.echo(f"REJECTED (invalid-bundle): {exc}")
+        raise typer.Exit(1) from exc
+    try:
         verified = verify_recipe(
-            archive_digest(artifact), bundle.read_bytes() if bundle.is_file() else None, recipe="*",
-            policies=[policy], load_trusted_root=lambda _path: trust_root.read_bytes() if trust_root else b"",
+            archive_digest(artifact), signature, recipe="*", policies=[policy],
+            load_trusted_root=lambda _path: read_bounded(trust_root, MAX_TRUSTED_ROOT_BYTES, what="--trust-root")
+            if trust_root else b"",
         )
     except VerificationFailed as exc:
         typer.echo(f"REJECTED ({exc.reason}): {exc}")

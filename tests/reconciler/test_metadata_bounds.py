@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from plnt.reconciler import registries
+from plnt.reconciler.cli import app
 from plnt.reconciler.errors import DownloadRefused, VerificationFailed
 from plnt.reconciler.loader import load_sources
 from plnt.reconciler.recipes import RecipeCache, pull_recipe
@@ -40,11 +41,14 @@ from plnt.reconciler.source import GitSource
 from plnt.reconciler.specs import WorkflowSource
 from plnt.reconciler.weights import SIGNATURE_NAME, WeightsStore
 from plnt.reconciler.weights_sources import open_weights_source, publish_weights
+from typer.testing import CliRunner
 
 from ..conftest import SpecRepo
 from ..oci_liar import LyingOci
 from ..services import OciServer, S3Bucket
 from ..sigstore_ca import TestSigstoreAuthority
+from .test_recipe_fetch import fetch, policy_file
+from .test_recipe_fetch import publish as publish_recipe
 from .test_recipes import Publisher, pull
 from .test_weights_store import publish as author
 from .test_weights_store import verifier
@@ -303,6 +307,34 @@ def test_an_oci_bundle_layer_over_its_cap_is_refused_before_it_is_fetched(oci_re
                                               rf"{MAX_BUNDLE_BYTES} bytes"):
         registry.fetch(RECIPE, "1.2.0", tmp_path / "out")
     assert list((tmp_path / "out").iterdir()) == []
+
+
+# --- the operator's command line: plnt recipe fetch / verify -------------------------------------
+
+
+def test_plnt_recipe_fetch_refuses_a_1_gib_trusted_root_before_reading_it(ca: TestSigstoreAuthority,
+                                                                          tmp_path: Path) -> None:
+    digest = publish_recipe(tmp_path / "reg", ca)
+    policy = policy_file(tmp_path, ca)
+    root = sparse(tmp_path / "huge-root.json", GiB)
+    with measured() as memory:
+        code, output = fetch(f"file://{tmp_path / 'reg'}", digest, policy, tmp_path / "recipe", "--trust-root", str(root))
+    memory.assert_bounded()
+    assert code == 1, output
+    assert "VerificationFailed: untrusted-root" in output and f"--trust-root ({root}) is {GiB} bytes" in output, output
+
+
+def test_plnt_recipe_verify_refuses_a_1_gib_bundle_before_reading_it(ca: TestSigstoreAuthority, tmp_path: Path) -> None:
+    archive, _, _ = Publisher(tmp_path, ca).build(sign=False)
+    bundle = sparse(tmp_path / "huge.sigstore.json", GiB)
+    ca.write_trusted_root(tmp_path / "root.json")
+    with measured() as memory:
+        result = CliRunner().invoke(app, ["recipe", "verify", str(archive), "--bundle", str(bundle), "--identity", "a@b",
+                                          "--issuer", "https://issuer.test", "--trust-root", str(tmp_path / "root.json")])
+    memory.assert_bounded()
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(f"REJECTED (invalid-bundle): the bundle ({bundle}) is {GiB} bytes, more than the "
+                                    f"{MAX_BUNDLE_BYTES} bytes plnt reads for it"), result.output
 
 
 # --- OCI manifests ----------------------------------------------------------------------------------
