@@ -14,7 +14,7 @@
         ├── InvalidRecipe         the recipe's workflow.yaml or module does not load
         ├── IntegrityMismatch     the recipe's digest differs from spec.workflow.integrityHash
         ├── DigestMismatch        a registry served bytes whose digest differs from what it announced
-        ├── DownloadRefused       a registry answered with more bytes than the cap, or a redirect plnt refuses
+        ├── DownloadRefused       more bytes than the cap (a download, or metadata read whole), or a redirect plnt refuses
         ├── UnsafeArchive         a recipe archive that safe extraction refuses (traversal, links, bombs)
         ├── VerificationFailed    no valid signature from a trusted signer (fails closed)
         └── UntrustedSagaInput    a saga's input disagrees with the commit it names (forged or stale)
@@ -86,8 +86,9 @@ class DigestMismatch(NeedsHuman):
 
 
 class DownloadRefused(NeedsHuman):
-    """A download stopped by plnt: more bytes than max_download_bytes, or a redirect to another host
-    or from HTTPS to HTTP."""
+    """A download stopped by plnt: more bytes than max_download_bytes, metadata read whole (a bundle,
+    a model.sig, an OCI manifest, a trusted root) over its cap (registries.read_bounded), or a
+    redirect to another host or from HTTPS to HTTP."""
 
 
 class UnsafeArchive(NeedsHuman):

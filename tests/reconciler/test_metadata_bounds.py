@@ -212,6 +212,30 @@ def test_a_large_bundle_in_a_file_registry_is_refused_before_it_is_copied_or_rea
     assert [p.name for p in (tmp_path / "cache").iterdir()] == ["index"]  # no entry, no staging left
 
 
+def test_a_bundle_that_grows_while_fetched_from_a_file_registry_is_stopped_at_its_cap(
+        ca: TestSigstoreAuthority, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FAKES the size: os.fstat reports 100 bytes for the 2 MiB bundle, as if it grew after the
+    size check; the copy stops at the bundle's cap, not at the recipe's download cap."""
+    archive, _, _ = Publisher(tmp_path, ca).build(sign=False)
+    big = tmp_path / "big.sigstore.json"
+    big.write_bytes(b" " * (2 * MiB))
+    registry = open_registry(f"file://{tmp_path / 'registry'}", RegistryOptions(file_roots=None))
+    registry.push(RECIPE, "1.2.0", archive, big)
+    real_fstat = os.fstat
+
+    def small(fd: int) -> os.stat_result:
+        found = list(real_fstat(fd))
+        found[6] = min(found[6], 100)  # st_size
+        return os.stat_result(found)
+
+    monkeypatch.setattr(registries.os, "fstat", small)
+    with pytest.raises(DownloadRefused, match=rf"file registry .*: {BUNDLE_NAME} went past {MAX_BUNDLE_BYTES} bytes "
+                                              rf"while being read"):
+        registry.fetch(RECIPE, "1.2.0", tmp_path / "out")
+    monkeypatch.undo()
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_a_bundle_grown_in_the_recipe_cache_is_refused_before_it_is_read(ca: TestSigstoreAuthority,
                                                                          tmp_path: Path) -> None:
     publisher = Publisher(tmp_path, ca)
