@@ -148,7 +148,9 @@ class _Conn(asyncio.Protocol):
     # --- httptools callbacks ------------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name.lower(), value))
+        # After the headers, a chunked body's trailer fields: not headers, and never relayed as such.
+        if not self.headers_done:
+            self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()

@@ -39,7 +39,7 @@ NOT_RELAYED = (b"Connection: keep-alive, X-Hop-Secret\r\nX-Hop-Secret: for-the-g
                b"Date: Thu, 01 Jan 1970 00:00:00 GMT\r\nSet-Cookie: session=from-a-backend; Path=/\r\n"
                b"X-Plnt-Version: 6.6.6-spoofed\r\nX-Plnt-Track: canary\r\n"
                b"Access-Control-Allow-Origin: https://evil.example\r\nStrict-Transport-Security: max-age=31536000\r\n")
-LEAKS = ("x-hop-secret", "keep-alive", "trailer", "set-cookie", "access-control-allow-origin", "strict-transport-security")
+LEAKS = ("x-hop-secret", "keep-alive", "trailer", "x-checksum", "set-cookie", "access-control-allow-origin", "strict-transport-security")
 
 
 def completion_json() -> bytes:
@@ -56,7 +56,8 @@ def chunk_json(delta: dict[str, str], finish: str | None = None) -> bytes:
 
 
 def chunked(*pieces: bytes) -> bytes:
-    return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
+    # With the trailer field the Trailer header announces: not merged into the relayed headers.
+    return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\nx-checksum: abc\r\n\r\n"
 
 
 def answering(content_type: bytes, pieces: tuple[bytes, ...], extra: bytes = b"") -> Responder:
