@@ -3,7 +3,8 @@ its CI job. Logic in review.py; this is options, exit codes and output.
 
 Exit codes: 0 the plan was made (and posted); 1 the plan cannot be made (invalid specs, a recipe that
 cannot be trusted): a required check then blocks the merge; 2 bad options or an unreadable
-repository/revision; 3 the forge refused the token or is unavailable.
+repository/revision; 3 the forge refused the token or is unavailable (down, rate-limiting, or answering
+something that is not its API: a body that is not JSON, or JSON of another shape).
 """
 
 from __future__ import annotations
@@ -137,7 +138,8 @@ async def _post(kind: str, api_url: str, project: str, token: str, pr: int, resu
     except ForgeError as exc:
         advice = ("check the token and its permissions (comments on pull requests, commit statuses)"
                   if isinstance(exc, ForgeRefused) else
-                  "the forge is unavailable or rate-limiting: re-run the job" if isinstance(exc, ForgeUnavailable) else
+                  "the forge is unavailable, rate-limiting or answered something that is not its API: re-run the job"
+                  if isinstance(exc, ForgeUnavailable) else
                   "check --api-url, --project and --pr")
         echo(f"error: could not post the plan on {kind} {project} #{pr}: {type(exc).__name__}: {exc}; {advice}", err=True)
         return 3

@@ -264,6 +264,36 @@ def test_forge_refusing_the_token_exits_3_without_the_token(spec_repo: SpecRepo,
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(("family", "garbage"), [
+    ("comments", b"\xff\xfe\x80 not utf-8 \xc3\x28"),
+    ("comments", b"<html><body>Sign in to continue</body></html>"),
+    ("status", "a list for a dict"),
+    ("status", "a dict missing keys"),
+])
+def test_a_forge_answer_of_the_wrong_shape_exits_3_with_one_line(spec_repo: SpecRepo, standin: ForgeStandin,
+                                                                 family: str, garbage: bytes | str) -> None:
+    """Issue 24 (5): a body that is not JSON, or JSON of another shape, is "forge unavailable": exit 3
+    and one line saying so (no traceback), naming the forge and the endpoint, never the token."""
+    pr_branch(spec_repo)
+    path = {"comments": r"/(issues/\d+/comments|merge_requests/\d+/notes)$",
+            "status": r"/commits/[0-9a-f]+/status(es)?$"}[family]
+    answer = (garbage if isinstance(garbage, bytes) else
+              (lambda p: [p] if isinstance(p, dict) else {"items": p}) if garbage == "a list for a dict" else
+              (lambda p: {"message": "ok"} if isinstance(p, dict) else [{"message": "ok"}]))
+    standin.garble.append((path, answer))
+    result = review_cli(spec_repo, forge=standin)
+    assert result.exit_code == 3, result.output
+    assert not standin.garble
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
+    assert line.startswith(f"error: could not post the plan on {standin.kind} {standin.project} #7: ForgeUnavailable: "
+                           f"{standin.kind} GET /"), line
+    assert ("that are not JSON" if isinstance(garbage, bytes) else "JSON of an unexpected shape") in line
+    assert line.endswith("re-run the job") and TOKEN not in result.output
+
+
+@pytest.mark.integration
 def test_main_moved_on_only_the_pull_requests_change_shows(spec_repo: SpecRepo, standin: ForgeStandin) -> None:
     branch_point = spec_repo.git("rev-parse", "main")
     head = pr_branch(spec_repo)
