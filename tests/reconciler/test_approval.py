@@ -161,15 +161,20 @@ class World:
         return made.digest
 
 
-@pytest.fixture(params=["github", "gitlab"])
-async def world(request: pytest.FixtureRequest, spec_repo: SpecRepo, tmp_path: Path) -> AsyncIterator[World]:
-    project = "group/specs" if request.param == "gitlab" else "owner/specs"
-    with ForgeStandin(request.param, project, TOKEN, page_size=2) as standin:
+async def make_world(kind: str, spec_repo: SpecRepo, tmp_path: Path) -> AsyncIterator[World]:
+    project = "group/specs" if kind == "gitlab" else "owner/specs"
+    with ForgeStandin(kind, project, TOKEN, page_size=2) as standin:
         w = World(spec_repo, standin, tmp_path)
         try:
             yield w
         finally:
             await w.forge.aclose()
+
+
+@pytest.fixture(params=["github", "gitlab"])
+async def world(request: pytest.FixtureRequest, spec_repo: SpecRepo, tmp_path: Path) -> AsyncIterator[World]:
+    async for w in make_world(request.param, spec_repo, tmp_path):
+        yield w
 
 
 @pytest.mark.integration
@@ -425,13 +430,9 @@ MAY = {"github": "maintain", "gitea": "write", "gitlab": 40}
 
 @pytest.fixture(params=["github", "gitlab", "gitea"])
 async def world3(request: pytest.FixtureRequest, spec_repo: SpecRepo, tmp_path: Path) -> AsyncIterator[World]:
-    project = "group/specs" if request.param == "gitlab" else "owner/specs"
-    with ForgeStandin(request.param, project, TOKEN, page_size=2) as standin:
-        w = World(spec_repo, standin, tmp_path)
-        try:
-            yield w
-        finally:
-            await w.forge.aclose()
+    """The World on each of the three forges."""
+    async for w in make_world(request.param, spec_repo, tmp_path):
+        yield w
 
 
 async def merged_pr(w: World) -> tuple[int, str, str, str]:
