@@ -30,7 +30,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
@@ -198,6 +198,11 @@ class Published:
         return RouteTable(self.routes)
 
     @cached_property
+    def endpoints(self) -> frozenset[str]:
+        """Every runner endpoint this version routes to (a drain waits for one without its runner)."""
+        return table_endpoints(self.routes)
+
+    @cached_property
     def json(self) -> bytes:
         # pydantic-core's serializer: ~2x json.dumps on a 1,000-route table (about 5 ms).
         return pydantic_core.to_json({
@@ -214,11 +219,54 @@ class Published:
         return parse_doc(self.json)
 
 
+def table_endpoints(routes: Iterable[Route]) -> frozenset[str]:
+    """The runner endpoints a table's routes name (stable replicas and canaries)."""
+    return frozenset(b.endpoint for r in routes for b in (*r.stable_replicas, r.canary) if b is not None)
+
+
+# A follower whose last poll ended this long ago, with no poll open since, is gone (killed, or cut off
+# from the control plane: a drain cannot wait for it). A live one polls again within milliseconds.
+FOLLOWER_GONE_S = 5.0
+MAX_FOLLOWERS = 10_000  # distinct follower ids kept (a gateway fleet is far smaller)
+
+
+@dataclass
+class FollowerMark:
+    """What one following gateway process said with its last poll: the version it serves and the
+    newest version it has drained (no request of its own in flight to a runner that version dropped)."""
+
+    epoch: str | None
+    applied: int
+    drained: int
+    polls_open: int = 0
+    seen: float = 0.0  # monotonic: when a poll of it last began or ended
+
+
+@dataclass(frozen=True)
+class DrainOutcome:
+    """How a wait for gateways to let go of one runner ended."""
+
+    drained: bool
+    waited_s: float
+    version: int | None  # the first published version without the runner
+    followers: int  # live following gateway processes waited for
+    lagging: tuple[str, ...] = ()  # what was still holding on at the bound
+
+    def describe(self) -> str:
+        if self.drained:
+            return f"drained in {self.waited_s:.2f}s (routes version {self.version}, {self.followers} following gateways)"
+        return f"not drained after {self.waited_s:.1f}s: {', '.join(self.lagging)}"
+
+
 class RoutePublisher:
     """Holds the current version and wakes long-polls when it changes.
 
     `publish` may be called from any thread (status changes come from activities); waiters live on
     the event loop that first called `wait_newer`.
+
+    It also keeps what each following gateway process reported with its polls (`follower=ID`,
+    `after=V`: it serves V; `drained=D`: none of its requests is still on a runner D dropped), so that
+    a runner leaving the routes is stopped only once every gateway has let go of it (`wait_released`).
     """
 
     def __init__(self, epoch: str | None = None) -> None:
@@ -228,6 +276,8 @@ class RoutePublisher:
         self._changed = asyncio.Event()  # replaced on every change; the old one is set
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._followers: dict[str, FollowerMark] = {}
+        self._followed = asyncio.Event()  # like _changed, for follower marks (only touched on the loop)
 
     @property
     def doc(self) -> Published | None:
@@ -271,6 +321,69 @@ class RoutePublisher:
         else:
             loop.call_soon_threadsafe(event.set)
 
+    # --- followers and drains (called on the event loop) -----------------------------------------------
+
+    def poll_began(self, follower: str, *, epoch: str | None, applied: int, drained: int) -> None:
+        mark = self._followers.get(follower)
+        if mark is None:
+            if len(self._followers) >= MAX_FOLLOWERS:
+                self._forget_gone(time.monotonic())
+            mark = self._followers[follower] = FollowerMark(epoch, applied, drained)
+        mark.epoch, mark.applied, mark.drained = epoch, applied, min(drained, applied)
+        mark.polls_open += 1
+        mark.seen = time.monotonic()
+        self._follower_moved()
+
+    def poll_ended(self, follower: str) -> None:
+        mark = self._followers.get(follower)
+        if mark is not None:
+            mark.polls_open = max(0, mark.polls_open - 1)
+            mark.seen = time.monotonic()
+            self._follower_moved()
+
+    def followers(self) -> dict[str, FollowerMark]:
+        return dict(self._followers)
+
+    def _follower_moved(self) -> None:
+        moved, self._followed = self._followed, asyncio.Event()
+        moved.set()
+
+    def _forget_gone(self, now: float) -> None:
+        for follower, mark in list(self._followers.items()):
+            if mark.polls_open == 0 and now - mark.seen > FOLLOWER_GONE_S:
+                del self._followers[follower]
+
+    def _lagging(self, version: int, now: float) -> list[str]:
+        """Live followers that have not drained `version` yet."""
+        self._forget_gone(now)
+        return [f"gateway {follower} (serves routes version {mark.applied}, drained {mark.drained})"
+                for follower, mark in self._followers.items()
+                if not (mark.epoch == self.epoch and mark.drained >= version)]
+
+    async def wait_released(self, endpoint: str, timeout_s: float) -> DrainOutcome:
+        """Wait, at most `timeout_s`, until a published version routes nothing to `endpoint` and every
+        following gateway process serves it with none of its requests still on that runner."""
+        started = time.monotonic()
+        deadline = started + max(0.0, timeout_s)
+        self._loop = asyncio.get_running_loop()
+        while True:  # the routes may not have let go yet (a status or a worker's report still on its way)
+            with self._lock:
+                doc, changed = self._doc, self._changed
+            if doc is not None and endpoint not in doc.endpoints:
+                break
+            if not await _until(changed, deadline):
+                return DrainOutcome(False, time.monotonic() - started, None, len(self._followers),
+                                    (f"the routes still name {endpoint}",))
+        version = doc.version
+        while True:
+            now = time.monotonic()
+            lagging = self._lagging(version, now)
+            if not lagging:
+                return DrainOutcome(True, now - started, version, len(self._followers))
+            # Woken by any follower's poll; at least once a second, so a gone follower is let go of.
+            if not await _until(self._followed, min(deadline, now + 1.0)) and time.monotonic() >= deadline:
+                return DrainOutcome(False, time.monotonic() - started, version, len(self._followers), tuple(lagging))
+
     async def wait_newer(self, after: int, timeout_s: float, *, epoch: str | None = None) -> Published | None:
         """The doc as soon as its version is > `after` (at once if `epoch` is given and not ours), else
         the current doc after `timeout_s`; None if nothing was published by then."""
@@ -288,6 +401,18 @@ class RoutePublisher:
                 await asyncio.wait_for(changed.wait(), remaining)
             except TimeoutError:
                 return self._doc
+
+
+async def _until(event: asyncio.Event, deadline: float) -> bool:
+    """True once `event` is set, False at the (monotonic) deadline."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return event.is_set()
+    try:
+        await asyncio.wait_for(event.wait(), remaining)
+    except TimeoutError:
+        return False
+    return True
 
 
 def _json(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -332,6 +457,33 @@ def internal_guard(app: Any, internal_token: str | None) -> InternalGuard:
     return check
 
 
+_FOLLOWER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class DrainRequest(BaseModel):
+    """`POST /internal/drain`: wait until no gateway routes to, or has a request on, one runner
+    (what a `plnt worker` asks before it stops a runner that left the routes)."""
+
+    model_config = _STRICT
+
+    endpoint: str = Field(max_length=2048, pattern=_ENDPOINT)
+    timeout_s: float = Field(gt=0, le=600)
+
+
+MAX_DRAIN_BODY = 4096
+
+
+async def release_everywhere(publisher: RoutePublisher, router: Router, endpoint: str, timeout_s: float) -> DrainOutcome:
+    """A runner leaving the routes is let go of everywhere: by this process's own requests (`router`)
+    and by every gateway process following `publisher`. At most `timeout_s`."""
+    own, followers = await asyncio.gather(router.drain_endpoint(endpoint, timeout_s=timeout_s),
+                                          publisher.wait_released(endpoint, timeout_s))
+    if own:
+        return followers
+    return DrainOutcome(False, followers.waited_s, followers.version, followers.followers,
+                        ("this process's own requests", *followers.lagging))
+
+
 class WakeRequest(BaseModel):
     """`POST /internal/wake`: start the parked runner of one release again (scale to zero)."""
 
@@ -371,19 +523,49 @@ def add_control_routes(app: Any, publisher: RoutePublisher, internal_token: str 
                              "a parked runner plnt can start")
             return JSONResponse({"endpoint": endpoint})
 
+    @app.post("/internal/drain", include_in_schema=False)
+    async def internal_drain(request: Request) -> Response:
+        """200 {drained, waited_s, version, followers, lagging} once every gateway let go of the
+        runner at `endpoint`, or at `timeout_s` (then drained is false and lagging says who holds on)."""
+        if (refused := guard(request, "POST /internal/drain")) is not None:
+            return refused
+        body = await read_at_most(request, MAX_DRAIN_BODY)
+        if body is None:
+            return _json(413, "too_large", f"a drain request is at most {MAX_DRAIN_BODY} bytes")
+        try:
+            asked = DrainRequest.model_validate_json(body)
+        except ValidationError as exc:
+            return _json(400, "bad_request", f"expected {{endpoint, timeout_s}}: {exc.errors()[0]['msg']}")
+        outcome = await release_everywhere(publisher, app.gateway.router, asked.endpoint, asked.timeout_s)
+        return JSONResponse({"drained": outcome.drained, "waited_s": round(outcome.waited_s, 3),
+                             "version": outcome.version, "followers": outcome.followers,
+                             "lagging": list(outcome.lagging)})
+
     @app.get("/internal/routes", include_in_schema=False)
     async def internal_routes(request: Request) -> Response:
         if (refused := guard(request, "GET /internal/routes")) is not None:
             return refused
         query = request.query_params
+        follower = query.get("follower") or None
         try:
             after = int(query.get("after", "-1"))
+            drained = int(query.get("drained", "-1"))
             wait = float(query.get("wait", str(DEFAULT_WAIT_S)))
             if not wait >= 0:  # also refuses NaN
                 raise ValueError("wait must be >= 0")
+            if follower is not None and not _FOLLOWER_ID.fullmatch(follower):
+                raise ValueError("follower must be 1 to 64 letters, digits, '-' or '_'")
         except ValueError as exc:
-            return _json(400, "bad_request", f"after=INT&epoch=STR&wait=SECONDS expected: {exc}")
-        doc = await publisher.wait_newer(after, min(wait, MAX_WAIT_S), epoch=query.get("epoch") or None)
+            return _json(400, "bad_request", f"after=INT&epoch=STR&wait=SECONDS[&follower=ID&drained=INT] expected: {exc}")
+        epoch = query.get("epoch") or None
+        if follower is None:  # a gateway that does not report what it drained: not waited for
+            doc = await publisher.wait_newer(after, min(wait, MAX_WAIT_S), epoch=epoch)
+        else:
+            publisher.poll_began(follower, epoch=epoch, applied=after, drained=drained)
+            try:
+                doc = await publisher.wait_newer(after, min(wait, MAX_WAIT_S), epoch=epoch)
+            finally:
+                publisher.poll_ended(follower)
         if publisher.closed:
             return _json(503, "stopping", "the control plane is stopping; retry", {"retry-after": "2"})
         if doc is None:
@@ -458,6 +640,13 @@ class RouteFollower:
         self.unreachable_since: float | None = None  # wall clock of the first failure of this outage
         self.last_error: str | None = None
         self.failures = 0  # in a row
+        # Reported with each poll, so the control plane stops a runner only once this process let go of
+        # it: who we are, and the newest version (of our epoch) none of our requests is behind.
+        self.follower_id = secrets.token_hex(8)
+        self._drained = -1
+        self._endpoints: frozenset[str] = frozenset()  # what the current table routes to
+        self._stale_watch: asyncio.Future[Any] | None = None
+        self._report_now = asyncio.Event()  # our requests on a dropped runner ended: say so at once
 
     # state ------------------------------------------------------------------------------------------
 
@@ -494,8 +683,20 @@ class RouteFollower:
         try:
             while True:
                 started = time.monotonic()
+                self._report_now.clear()
+                poll = asyncio.ensure_future(self.poll_once())
+                report = asyncio.ensure_future(self._report_now.wait())
                 try:
-                    taken = await self.poll_once()
+                    await asyncio.wait({poll, report}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    report.cancel()
+                    if not poll.done():  # (also when run itself is cancelled)
+                        poll.cancel()
+                        await asyncio.gather(poll, return_exceptions=True)
+                if poll.cancelled():
+                    continue  # a runner we dropped has no request of ours left: poll again, saying so
+                try:
+                    taken = poll.result()
                 except FollowError as exc:
                     self._failed(str(exc))
                     await self._sleep(self.backoff_s())
@@ -512,7 +713,8 @@ class RouteFollower:
     async def poll_once(self) -> bool:
         """One watch request; True if a new table was taken. FollowError on any failure."""
         params: dict[str, str] = {"after": str(self.doc.version if self.doc else -1),
-                                  "wait": f"{self.wait_s:g}"}
+                                  "wait": f"{self.wait_s:g}", "follower": self.follower_id,
+                                  "drained": str(self.drained_version())}
         if self.doc is not None:
             params["epoch"] = self.doc.epoch
         url = f"{self.control_url}/internal/routes"
@@ -550,11 +752,32 @@ class RouteFollower:
         if table is None:
             table = doc.to_table()
         self.router.replace(table)
+        if current is not None and doc.epoch != current.epoch:
+            self._drained = -1  # versions start again: what we drained of the old epoch says nothing
+        self._endpoints = table_endpoints(table)
         self.doc = doc
         self.received_at = time.time()
         log.info("routes-updated version=%d epoch=%s routes=%d%s", doc.version, doc.epoch, len(doc.routes),
                  " (control plane restarted: new epoch)" if current is not None and doc.epoch != current.epoch else "")
         return True
+
+    def drained_version(self) -> int:
+        """The newest version of our table's epoch that none of our requests is behind: the current
+        one once no request of ours is on a runner it dropped (requests pick runners from the current
+        table only, so such requests only end). Until then the last such version, and a watch on
+        those requests reports the new one when they end."""
+        if self.doc is None:
+            return -1
+        behind = self.router.endpoints_in_flight() - self._endpoints
+        if not behind:
+            self._drained = self.doc.version
+        elif self._stale_watch is None or self._stale_watch.done():
+            self._stale_watch = asyncio.ensure_future(self._watch_behind(behind))
+        return self._drained
+
+    async def _watch_behind(self, endpoints: frozenset[str]) -> None:
+        await asyncio.gather(*(self.router.drain_endpoint(e) for e in endpoints))
+        self._report_now.set()
 
     def _failed(self, reason: str) -> None:
         self.failures += 1

@@ -251,15 +251,22 @@ class Router:
     def in_flight_count(self, backend: Backend) -> int:
         return self._in_flight.get(backend.endpoint, 0)
 
+    def endpoints_in_flight(self) -> frozenset[str]:
+        return frozenset(self._in_flight)
+
     async def drain(self, backend: Backend, *, timeout_s: float | None = None) -> bool:
         """Wait until no request is using `backend` (call after `replace` took it out).
 
         Returns False if `timeout_s` elapsed first; stopping the runner gracefully is still
         fine then for requests it already received.
         """
-        if backend.endpoint not in self._in_flight:
+        return await self.drain_endpoint(backend.endpoint, timeout_s=timeout_s)
+
+    async def drain_endpoint(self, endpoint: str, *, timeout_s: float | None = None) -> bool:
+        """`drain` by the runner's endpoint (what requests are counted by)."""
+        if endpoint not in self._in_flight:
             return True
-        event = self._drained.setdefault(backend.endpoint, asyncio.Event())
+        event = self._drained.setdefault(endpoint, asyncio.Event())
         try:
             await asyncio.wait_for(event.wait(), timeout_s)
         except TimeoutError:

@@ -20,7 +20,7 @@ from plnt.gateway.auth import is_loopback_host as _loopback
 from plnt.gateway.calls import CallsHub
 from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret
 from plnt.gateway.limits import HttpLimits
-from plnt.gateway.route_watch import RoutePublisher, add_control_routes
+from plnt.gateway.route_watch import RoutePublisher, add_control_routes, release_everywhere
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
 from plnt.gateway.server import GatewayServer, ServerStartError, check_free, reuse_port_socket
 from plnt.gateway.workers import TrustForwarded, WorkerConfig, WorkerMetrics, WorkerSupervisor, auto_workers
@@ -604,11 +604,21 @@ def start_previews(settings: Settings, *, source: GitSource, client: Client, sta
     return previews, close
 
 
-def _drain_after_flush(holder: dict[str, Plnt], router: Router, release: Release, timeout_s: float) -> Awaitable[bool]:
-    """Router.drain once the routes no longer name `release` (a rebuild may still be pending)."""
-    if "plnt" in holder:
-        holder["plnt"].flush_routes()
-    return router.drain(Backend(release.endpoint, release.version, release.release_id), timeout_s=timeout_s)
+async def _drain_after_flush(holder: dict[str, Plnt], router: Router, release: Release, timeout_s: float) -> bool:
+    """Once the routes no longer name `release` (a rebuild may still be pending), wait until this
+    process and every gateway worker following its routes let go of the runner: each serves a table
+    without it and has no request left on it (route_watch.release_everywhere). At most `timeout_s`:
+    a runner stopped then still finishes, on SIGTERM, the requests it received."""
+    plnt = holder.get("plnt")
+    if plnt is None or plnt.publisher is None:
+        return await router.drain(Backend(release.endpoint, release.version, release.release_id), timeout_s=timeout_s)
+    plnt.flush_routes()
+    outcome = await release_everywhere(plnt.publisher, router, release.endpoint, timeout_s)
+    if outcome.drained:
+        log.info("runner-drained release=%s %s", release.release_id, outcome.describe())
+    else:
+        log.warning("runner-drain-timeout release=%s %s (stopping it anyway)", release.release_id, outcome.describe())
+    return outcome.drained
 
 
 def _closer(publisher: RoutePublisher) -> Callable[[], Awaitable[None]]:

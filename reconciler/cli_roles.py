@@ -251,7 +251,8 @@ def worker(
     runner_start: RunnerStartOption = RunnerStart.fork,
     report_interval: Annotated[float, typer.Option(help="Seconds between reports of the local runners.")] = 2.0,
     drain_grace: Annotated[float, typer.Option(help=(
-        "Seconds a retired local runner keeps serving after it left the routes (gateways elsewhere catch up)."))] = 2.0,
+        "Seconds a retired local runner keeps serving after it left the routes when the control plane cannot "
+        "confirm that every gateway let go of it (otherwise plnt waits for that, at most 10 s)."))] = 2.0,
     verbose: Verbose = False,
 ) -> None:
     """The worker role: run the saga's steps on Temporal; host and report the local runners they install."""

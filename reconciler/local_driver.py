@@ -658,8 +658,10 @@ class LocalDriver:
             self._reap(release.pid)
             return
         try:
-            if self._drain is not None:
-                # Records (so routes) changed first; let requests that chose this runner finish on it.
+            # Records (so routes) changed first; let requests that chose this runner finish on it. Not
+            # at shutdown: the runner leaves no routes then (the gateways stop, or lose every runner of
+            # this process), and a runner drains what it received on SIGTERM.
+            if self._drain is not None and not self._shutting_down:
                 await self._drain(release)
         finally:  # also when cancelled while draining: its record is gone already, so must it be
             await self._terminate(release.pid, release.pid_start, release.release_id)

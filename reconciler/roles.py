@@ -194,8 +194,8 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
         router.replace(table)
         publisher.publish(table, [status.public() for status in statuses.all()])
 
-    # Once per event-loop turn, however many changes it made. (Nothing drains here: the workers'
-    # gateways drain their own runners, after `plnt gateway` replicas saw the published routes.)
+    # Once per event-loop turn, however many changes it made. (Nothing drains here: a worker asks
+    # POST /internal/drain before it stops a runner, answered once every `plnt gateway` let go of it.)
     refresh_routes = TurnBatched(rebuild_routes)
 
     runners = ReportedRunners(on_change=refresh_routes)
@@ -329,10 +329,10 @@ async def start_worker(settings: Settings) -> Role:
         holder: dict[str, RunnerReporter] = {}
 
         async def drain(release: Release) -> None:
-            # Gateways run elsewhere: report the change, then give them time to drop this runner and
-            # finish what they sent it before it stops.
-            holder["reporter"].push_now()
-            await asyncio.sleep(settings.drain_grace_s)
+            # Gateways run elsewhere: report the change, then wait until the control plane says each
+            # dropped this runner and finished what it sent it, before it stops.
+            await holder["reporter"].drain(release, timeout_s=settings.runner_stop_timeout_s,
+                                           grace_s=settings.drain_grace_s)
 
         local = make_local_driver(settings, state, on_change=lambda: holder["reporter"].push_now(),
                                   drain=drain, limits_for=lambda ns, name: drivers.runner_limits(ns, name))

@@ -30,6 +30,7 @@ from .state import LiveWorkflow, Release, Track
 log = logging.getLogger(__name__)
 
 RUNNERS_PATH = "/internal/runners"
+DRAIN_PATH = "/internal/drain"  # gateway/route_watch.py: wait until every gateway let go of a runner
 
 
 class RunnerReport(BaseModel):
@@ -147,6 +148,35 @@ class RunnerReporter:
     def push_now(self) -> None:
         """Report at once (a runner started or stopped)."""
         self._now.set()
+
+    async def drain(self, release: Release, *, timeout_s: float, grace_s: float) -> bool:
+        """Before a runner that left this worker's records stops: report that at once, then wait
+        until the control plane says every gateway serves routes without it and has no request left
+        on it (`POST /internal/drain`, at most `timeout_s`). A control plane that cannot say (one
+        without the endpoint, or unreachable) gets the fixed `grace_s` instead."""
+        self.push_now()
+        url = self._url.removesuffix(RUNNERS_PATH) + DRAIN_PATH
+        started = time.monotonic()
+        try:
+            async with httpx.AsyncClient(timeout=timeout_s + self._timeout_s, transport=self._transport) as client:
+                response = await client.post(url, headers=self._headers,
+                                             json={"endpoint": release.endpoint, "timeout_s": timeout_s})
+            if response.status_code != 200:
+                raise ValueError(f"{response.status_code} {response.text[:300]}")
+            answer = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("drain-unconfirmed release=%s error=%s (waiting %.1fs instead)", release.release_id,
+                        redact(str(exc)) or type(exc).__name__, grace_s)
+            await asyncio.sleep(max(0.0, grace_s - (time.monotonic() - started)))
+            return False
+        drained = answer.get("drained") is True if isinstance(answer, dict) else False
+        if drained:
+            log.info("runner-drained release=%s waited=%.2fs followers=%s", release.release_id,
+                     time.monotonic() - started, answer.get("followers"))
+        else:
+            log.warning("runner-drain-timeout release=%s lagging=%s (stopping it anyway)", release.release_id,
+                        answer.get("lagging") if isinstance(answer, dict) else None)
+        return drained
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = self._interval_s

@@ -182,7 +182,8 @@ class Settings(BaseModel):
     report_interval_s: float = Field(default=2.0, gt=0, description="a worker reports its runners this often")
     drain_grace_s: float = Field(
         default=2.0, ge=0, description="a worker waits this long after a runner leaves the routes before "
-        "stopping it, so gateways elsewhere have dropped it and finished its requests")
+        "stopping it when the control plane cannot confirm that every gateway let go of it (POST "
+        "/internal/drain unanswered); otherwise it waits for that, at most runner_stop_timeout_s")
     # Kubernetes backends (the Helm driver).
     helm_binary: str = "helm"
     helm_chart: str | None = Field(default=None, description="workflow-runner chart; None: the one in this checkout")
