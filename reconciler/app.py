@@ -317,7 +317,8 @@ def make_approval_gate(settings: Settings, state: StateDir, source: GitSource) -
         raise ValueError("--require-approval needs a forge: add --forge, --forge-api-url, --forge-project "
                          "and --forge-token-env")
     return ApprovalGate(forge, source, cache=RecipeCache(state.recipes), registry_options=registry_options(settings),
-                        limits=settings.spec_limits, report=settings.report_status, approvers=settings.approvers)
+                        limits=settings.spec_limits, report=settings.report_status, approvers=settings.approvers,
+                        code_owners=settings.code_owners)
 
 
 def make_verifier(settings: Settings, state: StateDir) -> CommitVerifier | None:

@@ -16,7 +16,9 @@ Only reviewers plnt trusts count, for approvals and change requests alike: those
 with write permission on the repository or more (GitLab: the Maintainer role or more, its default
 "Allowed to merge"), and, with --approvers, only the users and teams listed there. Lookups are made
 once per pass; one that fails holds the commit as "forge unavailable", never counts as approval. The
-verdict lists whose approval counted and why each other did not.
+verdict lists whose approval counted and why each other did not. With --code-owners, each file the
+pull request changes also needs the approval of one of its owners in CODEOWNERS (codeowners.py), as
+the file was on the tracked branch before the pull request.
 
 A merge commit and a squash commit are one first-parent commit each. Commits inside a merged
 branch are not judged one by one: the PR's approval covers them (`--verify-commits all` checks
@@ -38,6 +40,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from .codeowners import LOCATIONS, MAX_BYTES as MAX_CODEOWNERS_BYTES, CodeOwnersError, Owners, owners_of, parse
+from .errors import PlntError
 from .forge import Forge, ForgeError, ForgeNotFound, ForgeRefused, ForgeUnavailable, PullRequest, Review, State
 
 NOT_LISTED = "not in the approvers allowlist (--approvers)"
@@ -238,8 +242,10 @@ class ApprovalGate:
     def __init__(self, forge: Forge, source: GitSource, *, cache: RecipeCache, registry_options: RegistryOptions,
                  limits: SpecLimits = DEFAULT_LIMITS, max_commits: int = MAX_COMMITS, recheck_s: float = RECHECK_S,
                  report: bool = True, git: str = "git", clock: Callable[[], float] = time.monotonic,
-                 approvers: Sequence[str] = ()) -> None:
+                 approvers: Sequence[str] = (), code_owners: bool = False) -> None:
         self.forge = forge
+        self._code_owners = code_owners
+        self._members: dict[tuple[str, str], bool] = {}  # this pass's team lookups: (team, reviewer) -> member
         # --approvers: users (a name) and teams (ORG/TEAM; GitLab: a group's full path) whose approval may count.
         self._users = {a.casefold() for a in approvers if "/" not in a}
         self._teams = tuple(a for a in approvers if "/" in a)
@@ -281,7 +287,7 @@ class ApprovalGate:
         return verdict
 
     async def _judge_range(self, head: str, last_reconciled: str | None) -> tuple[ApprovalVerdict | None, float]:
-        self._distrust = {}  # a reviewer's permission or team may change between passes
+        self._distrust, self._members = {}, {}  # a reviewer's permission or team may change between passes
         commits = await asyncio.to_thread(self._new_commits, head, last_reconciled)
         try:
             if len(commits) > self._max_commits:
@@ -371,9 +377,13 @@ class ApprovalGate:
         if held is not None:
             return held
         assert pr is not None
+        parent = await asyncio.to_thread(self._first_parent, group[0])
+        if self._code_owners:
+            held = await self._owners_held(last, parent, pr, reviews, distrusted)
+            if held is not None:
+                return held
         self.counters.forge_calls += 1
         status = await self.forge.commit_status(pr.head_sha, STATUS_CONTEXT)
-        parent = await asyncio.to_thread(self._first_parent, group[0])
         made = await self._digest(parent, last)
         verdict = judge(last, pr, reviews, posted=status.description if status else None,
                         computed=short(made.digest) if made.digest else None, plan_problems=made.problems,
@@ -395,11 +405,62 @@ class ApprovalGate:
                 out[name] = why
         return out
 
+    async def _in_team(self, team: str, review: Review) -> bool:
+        key = (team, review.reviewer)
+        if key not in self._members:
+            self.counters.forge_calls += 1
+            self._members[key] = await self.forge.in_team(team, review)
+        return self._members[key]
+
+    async def _owns(self, owners: Owners, review: Review) -> bool:
+        """The reviewer is one of the owners, by name or through a team (an e-mail owner never matches)."""
+        for owner in owners.owners:
+            if "@" in owner:
+                continue
+            if "/" in owner:
+                if await self._in_team(owner, review):
+                    return True
+            elif owner.casefold() == review.reviewer.casefold():
+                return True
+        return False
+
+    async def _owners_held(self, commit: str, parent: str | None, pr: PullRequest, reviews: Sequence[Review],
+                           distrusted: Mapping[str, str]) -> ApprovalVerdict | None:
+        """--code-owners: held unless each file the commit changes (since its first parent) has an approval
+        of the head from one of its owners, per CODEOWNERS as it was at the first parent."""
+        latest, approvers, ignored = count_reviews(reviews, pr.head_sha, distrusted)
+        held = {"commit": commit, "approved": False, "pr": pr.number, "head": pr.head_sha, "approvers": approvers,
+                "ignored": ignored}
+        if parent is None:  # a root commit: no CODEOWNERS before it
+            return None
+        try:
+            found = await asyncio.to_thread(self._codeowners_at, parent)
+            if found is None:
+                return None
+            where, text = found
+            rules = parse(text)
+            changed = await asyncio.to_thread(self._changed_paths, parent, commit)
+        except (CodeOwnersError, PlntError, OSError) as exc:
+            return ApprovalVerdict(**held, reason=(
+                f"CODEOWNERS at {parent[:12]} cannot be read: {exc}; fix it on the tracked branch (--code-owners)"))
+        missing: list[Owners] = []
+        for needed in owners_of(rules, changed):
+            if not [name for name in approvers if await self._owns(needed, latest[name])]:
+                missing.append(needed)
+        if not missing:
+            return None
+        first = missing[0]
+        section = f", section [{first.rule.section}]" if first.rule.section else ""
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        return ApprovalVerdict(**held, reason=(
+            f"PR #{pr.number}: {first.path} needs an approval from one of its code owners "
+            f"({', '.join('@' + o if '@' not in o else o for o in first.owners)}: {where} line {first.rule.line}"
+            f"{section} at {parent[:12]}){more}; approve head {pr.head_sha[:12]} as one of them"))
+
     async def _why_not_trusted(self, review: Review) -> str | None:
         if self._allowlist and review.reviewer.casefold() not in self._users:
             for team in self._teams:
-                self.counters.forge_calls += 1
-                if await self.forge.in_team(team, review):
+                if await self._in_team(team, review):
                     break
             else:
                 return NOT_LISTED
@@ -442,6 +503,23 @@ class ApprovalGate:
                         last[:12], done.stderr.strip()[:200])
             return [head]
         return done.stdout.split() or [head]
+
+    def _codeowners_at(self, commit: str) -> tuple[str, str] | None:
+        """(where, text) of the first CODEOWNERS file found at the commit, or None."""
+        for where in LOCATIONS:
+            try:
+                data = self._source.read_file(commit, where, limit=MAX_CODEOWNERS_BYTES)
+            except FileNotFoundError:
+                continue
+            return where, data.decode("utf-8", errors="replace")
+        return None
+
+    def _changed_paths(self, parent: str, commit: str) -> list[str]:
+        """Every path the commit changes since `parent`, both sides of a rename (relative to the repository root)."""
+        done = self._run_git("diff", "--name-only", "--no-renames", "-z", parent, commit)
+        if done.returncode != 0:
+            raise OSError(f"git diff {parent[:12]} {commit[:12]}: {done.stderr.strip()[:200]}")
+        return [p for p in done.stdout.split("\0") if p]
 
     def _first_parent(self, commit: str) -> str | None:
         done = self._run_git("rev-parse", "--verify", "--quiet", f"{commit}^1")

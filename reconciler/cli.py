@@ -98,6 +98,9 @@ Approvers = Annotated[list[str] | None, typer.Option("--approvers", help=(
     "With --require-approval: count approvals only from these users and teams (comma-separated or repeated: "
     "'alice,acme/deployers'; a team is ORG/TEAM_SLUG, on GitLab a group's full path), who also need write "
     "permission on the repository (GitLab: Maintainer). Default: anyone with that permission."))]
+CodeOwners = Annotated[bool, typer.Option("--code-owners", help=(
+    "With --require-approval: each file a pull request changes also needs an approval from one of its owners in "
+    "CODEOWNERS (.github/, .gitlab/, .gitea/, the root or docs/), as the file was on the tracked branch before it."))]
 ReportStatus = Annotated[bool, typer.Option("--report-status/--no-report-status", help=(
     "With --forge: report each rollout on its commit as status plnt/NAMESPACE/NAME."))]
 WriteNotes = Annotated[bool, typer.Option("--write-notes", help=(
@@ -111,7 +114,7 @@ Previews = Annotated[list[str] | None, typer.Option("--previews", help=(
 def _forge_settings(forge: str | None, forge_api_url: str | None, forge_project: str | None,
                     forge_token_env: str | None, forge_token_file: Path | None, require_approval: bool,
                     report_status: bool, write_notes: bool, previews: list[str] | None,
-                    approvers: list[str] | None = None) -> dict[str, Any]:
+                    approvers: list[str] | None = None, code_owners: bool = False) -> dict[str, Any]:
     try:
         token = _secret_from(forge_token_env, forge_token_file, "--forge-token")
     except ValueError as exc:
@@ -119,7 +122,8 @@ def _forge_settings(forge: str | None, forge_api_url: str | None, forge_project:
     return dict(forge=forge, forge_api_url=forge_api_url, forge_project=forge_project, forge_token=token,
                 require_approval=require_approval, report_status=report_status, write_notes=write_notes,
                 previews=tuple(previews or ()),
-                approvers=tuple(a.strip() for option in approvers or () for a in option.split(",") if a.strip()))
+                approvers=tuple(a.strip() for option in approvers or () for a in option.split(",") if a.strip()),
+                code_owners=code_owners)
 
 
 class Format(str, Enum):
@@ -263,6 +267,7 @@ def up(
     forge_token_file: ForgeTokenFile = None,
     require_approval: RequireApproval = False,
     approvers: Approvers = None,
+    code_owners: CodeOwners = False,
     report_status: ReportStatus = True,
     write_notes: WriteNotes = False,
     previews: Previews = None,
@@ -308,7 +313,8 @@ def up(
                             git_credentials_file=git_credentials_file, git_known_hosts=git_known_hosts,
                             verify_commits=verify_commits, allowed_signers=allowed_signers, gpg_keys=gpg_keys,
                             **_forge_settings(forge, forge_api_url, forge_project, forge_token_env, forge_token_file,
-                                              require_approval, report_status, write_notes, previews, approvers))
+                                              require_approval, report_status, write_notes, previews, approvers,
+                                              code_owners))
     except ValidationError as exc:
         typer.echo("error: " + "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors()), err=True)
         raise typer.Exit(2) from exc

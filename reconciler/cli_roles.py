@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from .cli import (
     Approvers,
+    CodeOwners,
     ForgeApiUrl,
     ForgeKind,
     ForgeProject,
@@ -174,6 +175,7 @@ def reconcile(
     forge_token_file: ForgeTokenFile = None,
     require_approval: RequireApproval = False,
     approvers: Approvers = None,
+    code_owners: CodeOwners = False,
     report_status: ReportStatus = True,
     write_notes: WriteNotes = False,
     previews: Previews = None,
@@ -199,7 +201,7 @@ def reconcile(
         retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
         model_install_timeout_s=model_install_timeout,
         **_forge_settings(forge, forge_api_url, forge_project, forge_token_env, forge_token_file,
-                          require_approval, report_status, write_notes, previews, approvers),
+                          require_approval, report_status, write_notes, previews, approvers, code_owners),
     )
     _run_role(start_reconciler, settings, "reconcile")
 

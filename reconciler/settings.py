@@ -85,6 +85,9 @@ class Settings(BaseModel):
     approvers: tuple[str, ...] = Field(
         default=(), description="with require_approval: only these users and teams (ORG/TEAM; GitLab: a group's "
         "full path) may approve, if they also have write permission (GitLab: Maintainer); empty: anyone with it")
+    code_owners: bool = Field(
+        default=False, description="with require_approval: each changed file also needs an approval from one of its "
+        "CODEOWNERS owners (the file as it was on the tracked branch before the pull request)")
     report_status: bool = Field(
         default=True, description="with a forge: each rollout's verdict as a commit status plnt/NAMESPACE/NAME")
     write_notes: bool = Field(
@@ -209,8 +212,9 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _forge_options(self) -> Settings:
-        if self.approvers and not self.require_approval:
-            raise ValueError("--approvers says who may approve for --require-approval: add --require-approval")
+        if (self.approvers or self.code_owners) and not self.require_approval:
+            raise ValueError("--approvers and --code-owners say who may approve for --require-approval: "
+                             "add --require-approval")
         bad = [a for a in self.approvers if not _APPROVER.fullmatch(a)]
         if bad:
             raise ValueError(f"--approvers {', '.join(map(repr, bad))}: each is a user name or ORG/TEAM (GitLab: "

@@ -415,8 +415,9 @@ def test_approvers_setting_needs_require_approval_and_valid_entries() -> None:
              "forge_token": SecretStr(TOKEN)}
     assert Settings(**forge, require_approval=True, approvers=("alice", "acme/deployers")).approvers == (
         "alice", "acme/deployers")
-    with pytest.raises(ValidationError, match="add --require-approval"):
-        Settings(**forge, approvers=("alice",))
+    for alone in ({"approvers": ("alice",)}, {"code_owners": True}):
+        with pytest.raises(ValidationError, match="add --require-approval"):
+            Settings(**forge, **alone)  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="each is a user name or ORG/TEAM"):
         Settings(**forge, require_approval=True, approvers=("acme/",))
 
@@ -547,3 +548,52 @@ async def test_a_garbled_forge_answer_holds_as_forge_unavailable(world3: World, 
     assert "answered JSON of an unexpected shape" in held.reason and TOKEN not in held.reason
     assert held.problem().startswith(f"commit {merge[:12]} is held: forge unavailable")  # what GET /source lists
     assert await w.judge(first) is None  # retried at the next pass: the forge answers well again
+
+
+# --- CODEOWNERS (--code-owners) ----------------------------------------------------------------------
+
+@pytest.mark.integration
+async def test_code_owners_of_each_changed_file_must_approve(world3: World) -> None:
+    """Each file the PR changes needs an approval of the head from one of its owners (a user or a
+    team), per CODEOWNERS as it was on the tracked branch before the PR: a PR that names its own
+    approver as owner does not get its way."""
+    w = world3
+    w.gate = ApprovalGate(w.forge, w.source, cache=w.cache, registry_options=RegistryOptions(),
+                          clock=lambda: w.now, code_owners=True)
+    w.standin.teams["acme/deployers"] = {"dave"}
+    w.repo.write(".github/CODEOWNERS", "* @maintainer\n/workflowruns/ @acme/deployers\n")
+    first = w.repo.commit("CODEOWNERS")
+    head = w.branch("bump", "1.3.0")
+    w.repo.git("checkout", "-q", "bump")
+    w.repo.write(".github/CODEOWNERS", "* @maintainer\n/workflowruns/ @maintainer\n")  # the PR names its own owner
+    head = w.repo.commit("workflowruns are mine now")
+    w.repo.git("checkout", "-q", "main")
+    pr = w.open_pr(head, [head])
+    await w.review(head)
+    w.repo.git("merge", "--no-ff", "-q", "-m", "Merge bump", "bump")
+    merge = w.repo.git("rev-parse", "HEAD")
+    w.merged(pr, merge)
+
+    w.approve(pr, head, "maintainer")  # owns CODEOWNERS (`*`), not workflowruns/ (before the PR)
+    held = await w.judge(first)
+    assert held is not None and held.commit == merge and held.approvers == ("maintainer",)
+    assert held.reason == (f"PR #{pr}: {RUN_FILE} needs an approval from one of its code owners (@acme/deployers: "
+                           f".github/CODEOWNERS line 2 at {first[:12]}); approve head {head[:12]} as one of them")
+    w.approve(pr, head, "dave")  # in acme/deployers
+    assert await w.judge(first) is None
+    assert w.gate._approved[merge].approvers == ("dave", "maintainer")
+
+
+@pytest.mark.integration
+async def test_an_unsupported_codeowners_line_holds_naming_it(world: World) -> None:
+    w = world
+    w.gate = ApprovalGate(w.forge, w.source, cache=w.cache, registry_options=RegistryOptions(),
+                          clock=lambda: w.now, code_owners=True)
+    w.repo.write("CODEOWNERS", "* @maintainer\n!secret.yaml @nobody\n")
+    first = w.repo.commit("CODEOWNERS")
+    pr, _, head, merge = await merged_pr(w)
+    w.approve(pr, head, "maintainer")
+    held = await w.judge(first)
+    assert held is not None and held.reason is not None
+    assert held.reason.startswith(f"CODEOWNERS at {first[:12]} cannot be read: CODEOWNERS line 2: '!secret.yaml': "
+                                  "negation and character classes are not supported")
