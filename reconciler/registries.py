@@ -796,6 +796,8 @@ class OciRegistry:
             self.client.auth.load_configs(container)
             manifest = self._manifest(name, version, reference)
             archive_layer, bundle_layer = self._recipe_layers(manifest, reference)
+            if bundle_layer is not None:  # an oversized bundle is refused before the archive is fetched
+                staging.check_announced(BUNDLE_NAME, bundle_layer.size)
             archive_sha256 = self._download(staging, name, archive_layer, ARCHIVE_NAME, reference)
             if bundle_layer is not None:
                 self._download(staging, name, bundle_layer, BUNDLE_NAME, reference)
