@@ -459,3 +459,137 @@ def test_plnt_up_refuses_an_empty_internal_token_file(tmp_path: Any) -> None:
     empty.write_text("")
     result = CliRunner().invoke(app, ["up", "--repo", str(tmp_path), "--internal-token-file", str(empty)])
     assert result.exit_code == 2 and "--internal-token-file" in result.output, result.output
+
+
+# --- letting go of a runner: followers' marks and POST /internal/drain ---------------------------------------
+
+
+def without_canary() -> RouteTable:
+    """table() after the canary C left it (a rollback; a promotion drops a stable the same way)."""
+    return RouteTable([Route("default", "a", stable=A, stable_replicas=(A, A2)), Route("agents", "b", stable=K8S)])
+
+
+async def test_a_runner_is_released_once_every_live_follower_drained_a_version_without_it() -> None:
+    publisher = RoutePublisher(epoch="e1")
+    publisher.publish(table(), ROWS)
+    publisher.poll_began("gw-1", epoch="e1", applied=1, drained=1)
+    publisher.poll_began("gw-2", epoch="e1", applied=1, drained=1)
+    waiting = asyncio.ensure_future(publisher.wait_released(C.endpoint, timeout_s=10))
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), "the routes still name the canary"
+    publisher.publish(without_canary(), ROWS)  # version 2; each follower's poll ends, and the next begins
+    for follower in ("gw-1", "gw-2"):
+        publisher.poll_ended(follower)
+    publisher.poll_began("gw-1", epoch="e1", applied=2, drained=2)
+    publisher.poll_began("gw-2", epoch="e1", applied=2, drained=1)  # a request of gw-2 is still on C
+    await asyncio.sleep(0.05)
+    assert not waiting.done(), "gw-2 has not let go of C"
+    publisher.poll_began("gw-2", epoch="e1", applied=2, drained=2)  # its request ended: it polls again
+    outcome = await asyncio.wait_for(waiting, 5)
+    assert outcome.drained and outcome.version == 2 and outcome.followers == 2, outcome
+    # A runner the routes never named is released at once.
+    assert (await publisher.wait_released("http://127.0.0.1:1", timeout_s=0)).drained
+
+
+@pytest.mark.parametrize(("mark", "drained"), [
+    ({"epoch": "e1", "applied": 2, "drained": 2}, True),
+    ({"epoch": "e1", "applied": 2, "drained": 1}, False),  # serves 2, still has a request on the runner
+    ({"epoch": "e1", "applied": 1, "drained": 1}, False),  # still serves the version naming the runner
+    ({"epoch": "e1", "applied": 1, "drained": 5}, False),  # claims more than it serves: taken as `applied`
+    ({"epoch": "e0", "applied": 9, "drained": 9}, False),  # versions of an earlier publisher say nothing
+    ({"epoch": None, "applied": 9, "drained": 9}, False),
+])
+async def test_what_a_follower_said_decides_whether_it_let_go(mark: dict[str, Any], drained: bool) -> None:
+    publisher = RoutePublisher(epoch="e1")
+    publisher.publish(table(), ROWS)
+    publisher.publish(without_canary(), ROWS)
+    publisher.poll_began("gw", **mark)
+    outcome = await publisher.wait_released(C.endpoint, timeout_s=0.3)
+    assert outcome.drained is drained, outcome
+    if not drained:
+        assert outcome.lagging and "gateway gw" in outcome.lagging[0], outcome
+
+
+async def test_a_gone_follower_is_not_waited_for_and_the_bound_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import plnt.gateway.route_watch as route_watch
+
+    monkeypatch.setattr(route_watch, "FOLLOWER_GONE_S", 0.3)
+    publisher = RoutePublisher(epoch="e1")
+    publisher.publish(table(), ROWS)
+    publisher.publish(without_canary(), ROWS)
+    publisher.poll_began("killed", epoch="e1", applied=1, drained=1)
+    publisher.poll_ended("killed")  # and never polls again
+    outcome = await asyncio.wait_for(publisher.wait_released(C.endpoint, timeout_s=10), 5)
+    assert outcome.drained and outcome.waited_s < 3, outcome
+    assert "killed" not in publisher.followers()
+    # One with a poll open is live however long ago it began: waited for, up to the bound.
+    publisher.poll_began("stuck", epoch="e1", applied=1, drained=1)
+    outcome = await publisher.wait_released(C.endpoint, timeout_s=0.5)
+    assert not outcome.drained and 0.5 <= outcome.waited_s < 3 and "stuck" in outcome.describe(), outcome
+    # Routes that keep naming the runner: refused at the bound, saying so.
+    outcome = await publisher.wait_released(A.endpoint, timeout_s=0.2)
+    assert not outcome.drained and outcome.version is None and "still name" in outcome.describe(), outcome
+
+
+class LongPollControl(FakeControl):
+    """STAND-IN for the control plane, as FakeControl, but with nothing scripted a poll stays open
+    (as a real long-poll does while nothing changes) instead of failing."""
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:  # type: ignore[override]
+        if not self.answers:
+            self.requests.append(request)
+            await asyncio.Event().wait()  # until the follower gives up on this poll
+        return super().__call__(request)
+
+
+async def test_follower_reports_what_it_drained_and_polls_again_when_its_requests_end() -> None:
+    """Against the LongPollControl stand-in: the polls carry follower= and drained=; a request on a
+    runner the new table dropped holds `drained` back, and its end starts a poll saying so."""
+    router = Router()
+    control = LongPollControl([doc(1), doc(2, routes=without_canary())])
+    follower = follower_with(control, router, [], stop_after=99)
+    assert await follower.poll_once()
+    router.enter(C)  # a request chose the canary under table 1
+    assert await follower.poll_once()  # table 2 drops C: that request is now behind
+    assert follower.drained_version() == 1
+    task = asyncio.ensure_future(follower.run())
+    try:
+        await asyncio.sleep(0.1)
+        asked = [dict(r.url.params) for r in control.requests]
+        assert [(a["after"], a["drained"]) for a in asked] == [("-1", "-1"), ("1", "1"), ("2", "1")], asked  # (open)
+        assert len({a["follower"] for a in asked}) == 1
+        router.leave(C)  # the request ended: a poll says drained=2 at once (not at the next answer)
+        await asyncio.sleep(0.1)
+        asked = [dict(r.url.params) for r in control.requests]
+        assert [(a["after"], a["drained"]) for a in asked[3:]] == [("2", "2")], asked
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_internal_drain_takes_the_internal_token_and_a_bounded_request() -> None:
+    app = create_app(Router(), list_workflows=list, tokens=token_set())
+    publisher = RoutePublisher(epoch="e1")
+    publisher.publish(table(), ROWS)
+    add_control_routes(app, publisher, TOKEN)
+
+    async def post(body: Any, token: str | None = TOKEN, raw: bytes | None = None) -> httpx.Response:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            if raw is not None:
+                return await client.post("/internal/drain", content=raw, headers=headers)
+            return await client.post("/internal/drain", json=body, headers=headers)
+
+    asked = {"endpoint": C.endpoint, "timeout_s": 0.3}
+    assert (await post(asked, token=None)).status_code == 401
+    assert (await post(asked, token="invoke-t")).status_code == 403
+    held = await post(asked)  # the routes still name C
+    assert held.status_code == 200 and held.json()["drained"] is False and "still name" in held.json()["lagging"][0]
+    publisher.publish(without_canary(), ROWS)
+    done = await post(asked)
+    assert done.status_code == 200 and done.json()["drained"] is True and done.json()["version"] == 2, done.text
+    for bad in ({"endpoint": "file:///etc"}, {**asked, "timeout_s": 0}, {**asked, "timeout_s": 601}, {**asked, "x": 1}, [1]):
+        assert (await post(bad)).status_code == 400, bad
+    assert (await post(None, raw=b"{" + b" " * 10_000)).status_code == 413
+    follower = await get(app, "/internal/routes?wait=0&follower=bad%20id", TOKEN)
+    assert follower.status_code == 400 and "follower must be" in follower.text
