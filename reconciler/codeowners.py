@@ -63,7 +63,7 @@ class Owners(BaseModel):
 def _regex(pattern: str, line: int) -> str:
     if pattern.startswith("!") or "[" in pattern or "]" in pattern:
         raise CodeOwnersError(f"CODEOWNERS line {line}: {pattern!r}: negation and character classes are not "
-                              "supported (by GitHub either); write the paths out")
+                              "supported (GitHub does not support them either); write the paths out")
     anchored = pattern.startswith("/") or "/" in pattern.rstrip("/")
     directory = pattern.endswith("/")
     body = pattern.strip("/")
