@@ -41,15 +41,23 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from .server import ServerStartError
+from .upstream import HOP_BY_HOP
 
 log = logging.getLogger("plnt.gateway.workers")
 
 # Headers a gateway worker adds when it forwards a control-plane request (see TrustForwarded).
 FORWARDER_HEADER = b"x-plnt-forwarder"
 FORWARDED_FOR_HEADER = b"x-plnt-forwarded-for"
-_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
-                         b"transfer-encoding", b"upgrade", FORWARDER_HEADER, FORWARDED_FOR_HEADER})
+# Never passed on by a forward: hop-by-hop ones (and those a Connection header names, see
+# _forwardable), the body's framing, and the forwarder's own (only the worker sets them).
+_NOT_FORWARDED = HOP_BY_HOP | {b"content-length", FORWARDER_HEADER, FORWARDED_FOR_HEADER}
 MAX_CONFIG_BYTES = 4 * 2**20  # a token file of thousands of tokens still fits
+
+
+def _forwardable(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The end-to-end headers of a forwarded request or answer (names lower case, as ASGI gives them)."""
+    named = {token.strip().lower() for k, v in headers if k == b"connection" for token in v.split(b",")}
+    return [(k, v) for k, v in headers if k not in _NOT_FORWARDED and k not in named]
 
 
 def auto_workers() -> int:
@@ -368,7 +376,7 @@ class ControlForwarder:
                 await _answer(send, 413, "body_too_large", f"request body is over the {self.max_body_bytes} byte limit")
                 return
         client = scope.get("client")
-        headers = [(k, v) for k, v in scope["headers"] if k not in _HOP_BY_HOP and k != b"content-length"]
+        headers = _forwardable(scope["headers"])
         headers += [(FORWARDER_HEADER, self._token),
                     (FORWARDED_FOR_HEADER, (client[0] if client else "0.0.0.0").encode("latin-1"))]
         url = self.control_url + scope["path"]
@@ -382,8 +390,8 @@ class ControlForwarder:
                           "retry, or check that plnt up is running")
             return
         try:
-            out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.multi_items()
-                   if k.lower().encode() not in _HOP_BY_HOP and k.lower() != "content-length"]
+            out = _forwardable([(k.lower().encode("latin-1"), v.encode("latin-1"))
+                                for k, v in response.headers.multi_items()])
             await send({"type": "http.response.start", "status": response.status_code, "headers": out})
             async for chunk in response.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

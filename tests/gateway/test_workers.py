@@ -99,3 +99,16 @@ def test_metrics_of_several_processes_add_up() -> None:
     created = [v for (n, _), v in samples.items() if n == "plnt_gateway_requests_created"]
     assert created and max(created) < 4e9  # the earliest, not a sum of timestamps
     assert merge_metrics([merged]) == merged  # merging one exposition changes nothing
+
+
+@pytest.mark.parametrize(("headers", "kept"), [
+    ([(b"x-request-id", b"1"), (b"accept", b"*/*")], [b"x-request-id", b"accept"]),
+    ([(b"connection", b"keep-alive, X-Hop"), (b"x-hop", b"secret"), (b"keep-alive", b"5"), (b"x-end", b"1")],
+     [b"x-end"]),
+    ([(b"transfer-encoding", b"chunked"), (b"te", b"trailers"), (b"upgrade", b"h2c"), (b"content-length", b"3")], []),
+    ([(FORWARDER_HEADER, b"forged"), (FORWARDED_FOR_HEADER, b"127.0.0.1"), (b"proxy-authorization", b"x")], []),
+])
+def test_a_forward_passes_only_end_to_end_headers(headers: list[tuple[bytes, bytes]], kept: list[bytes]) -> None:
+    from plnt.gateway.workers import _forwardable
+
+    assert [k for k, _ in _forwardable(headers)] == kept
