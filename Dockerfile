@@ -30,7 +30,7 @@ RUN pip install --no-cache-dir --upgrade pip \
 COPY tools/install_helm.sh ./tools/install_helm.sh
 RUN PYTHON=/opt/plnt/bin/python bash tools/install_helm.sh /opt/plnt/bin
 # The charts the Helm driver installs, where it looks for them: beside the installed package
-# (plnt.reconciler.helm_driver.DEFAULT_CHART = <site-packages>/plnt/charts/workflow-runner for
+# (plnt.reconciler.drivers.helm.DEFAULT_CHART = <site-packages>/plnt/charts/workflow-runner for
 # WorkflowRuns, DEFAULT_MODEL_CHART = <site-packages>/plnt/charts/model-server for ModelDeployments).
 COPY charts/workflow-runner ./charts/workflow-runner
 COPY charts/model-server ./charts/model-server
@@ -38,7 +38,7 @@ RUN site="$(python -c 'import pathlib, plnt.reconciler as r; print(pathlib.Path(
  && mkdir -p "$site/charts" \
  && cp -r charts/workflow-runner "$site/charts/workflow-runner" \
  && cp -r charts/model-server "$site/charts/model-server" \
- && python -c 'import os, plnt.reconciler.helm_driver as h; assert all(os.path.isfile(os.path.join(c, "Chart.yaml")) for c in (h.DEFAULT_CHART, h.DEFAULT_MODEL_CHART)), (h.DEFAULT_CHART, h.DEFAULT_MODEL_CHART)'
+ && python -c 'import os, plnt.reconciler.drivers.helm as h; assert all(os.path.isfile(os.path.join(c, "Chart.yaml")) for c in (h.DEFAULT_CHART, h.DEFAULT_MODEL_CHART)), (h.DEFAULT_CHART, h.DEFAULT_MODEL_CHART)'
 
 FROM ${PYTHON_IMAGE}
 # git for the spec repository (GitPython runs it), ssh for git@ URLs.

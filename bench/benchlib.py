@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from plnt.reconciler.archive import pack_recipe_to  # noqa: E402
+from plnt.reconciler.recipes.archive import pack_recipe_to  # noqa: E402
 
 from tests.sigstore_ca import TestSigstoreAuthority  # noqa: E402
 

@@ -85,7 +85,7 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = scratch / "plnt.log"
-    plnt = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "plnt.reconciler.cli"]
+    plnt = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "plnt.reconciler.cli.main"]
     with ForgeStandin("github", "owner/specs", TOKEN, page_size=30) as forge, open(log, "wb") as out:
         proc = subprocess.Popen(
             [*plnt, "up", "--repo", str(repo), "--state-dir", str(scratch / "state"), "--port", str(port),

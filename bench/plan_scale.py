@@ -82,7 +82,7 @@ def before_command(rev: str, scratch: Path) -> list[str]:
     package.mkdir(parents=True)
     for name in ("reconciler", "gateway", "runner"):
         (package / name).symlink_to(tree / name)
-    code = f"import sys; sys.path.insert(0, {str(package.parent)!r}); from plnt.reconciler.cli import main; main()"
+    code = f"import sys; sys.path.insert(0, {str(package.parent)!r}); from plnt.reconciler.cli.main import main; main()"
     return [sys.executable, "-c", code]
 
 
@@ -107,7 +107,7 @@ def run_plan(command: list[str], repo: Path, extra: list[str], env: dict[str, st
 
 def profile(repo: Path, top: int, cache: list[str], sort: str = "cumulative") -> str:
     """cProfile of this checkout's plan, in this process (`cache`: --no-cache, or a --cache-dir)."""
-    from plnt.reconciler.cli import app
+    from plnt.reconciler.cli.main import app
     from typer.testing import CliRunner
 
     profiler = cProfile.Profile()

@@ -36,15 +36,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_scale import before_command, build_repo  # noqa: E402  (same repository as the plan bench)
-from plnt.reconciler.drivers import DriverSet  # noqa: E402
-from plnt.reconciler.loader import load_sources  # noqa: E402
-from plnt.reconciler.local_driver import LocalDriver, process_start_time  # noqa: E402
-from plnt.reconciler.plan import Action  # noqa: E402
-from plnt.reconciler.reconciler import Reconciler  # noqa: E402
+from plnt.reconciler.drivers.driver_set import DriverSet  # noqa: E402
+from plnt.reconciler.specs.loader import load_sources  # noqa: E402
+from plnt.reconciler.drivers.local import LocalDriver, process_start_time  # noqa: E402
+from plnt.reconciler.plan.diff import Action  # noqa: E402
+from plnt.reconciler.control.loop import Reconciler  # noqa: E402
 from plnt.reconciler.settings import Settings  # noqa: E402
-from plnt.reconciler.source import GitSource  # noqa: E402
+from plnt.reconciler.source.git import GitSource  # noqa: E402
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir, atomic_write_json  # noqa: E402
-from plnt.reconciler.status import Phase, StatusStore  # noqa: E402
+from plnt.reconciler.control.status import Phase, StatusStore  # noqa: E402
 
 
 def no_helm(backend: Any) -> Any:
@@ -134,7 +134,7 @@ def main() -> None:
         before = None
         if args.before:
             command = before_command(args.before, scratch)
-            code = command[2].replace("from plnt.reconciler.cli import main; main()",
+            code = command[2].replace("from plnt.reconciler.cli.main import main; main()",
                                       f"import runpy; sys.argv = [{__file__!r}, '--runs', '{args.runs}', '--passes', "
                                       f"'{args.passes}', '--json-only']; runpy.run_path({__file__!r}, run_name='__main__')")
             done = subprocess.run([command[0], "-c", code], capture_output=True, text=True, check=True)

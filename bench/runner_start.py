@@ -1,6 +1,6 @@
 """Runner start, exec against fork: what one more WorkflowRun costs on a machine.
 
-Through the real local driver (plnt.reconciler.local_driver.LocalDriver.install: allowlisted
+Through the real local driver (plnt.reconciler.drivers.local.LocalDriver.install: allowlisted
 environment, own directory, runnerLimits, undumpable), each way in turn on its own scratch state:
 - start: `--starts` installs one after another, each a distinct recipe directory (a copy of
   review-responder 1.2.0): ms from install() to the runner answering /healthz (as the driver polls
@@ -28,8 +28,8 @@ from typing import Any
 import httpx
 from benchlib import ROOT, how_it_ran, print_json
 from benchlib import process_cpu_s as cpu_s
-from plnt.reconciler.driver import InstallRequest
-from plnt.reconciler.local_driver import LocalDriver
+from plnt.reconciler.drivers.protocol import InstallRequest
+from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.state import StateDir
 from plnt.runner.recipe import directory_digest
 

@@ -24,12 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from plnt.reconciler.commit_specs import CommitSpecs
-from plnt.reconciler.loader import load_directory
-from plnt.reconciler.saga_io import SagaRef
-from plnt.reconciler.source import GitSource
-from plnt.reconciler.specs import PlntBackend, RecipeTrustPolicy, WorkflowRun
-from plnt.reconciler.temporal_server import TemporalDevServer, connect
+from plnt.reconciler.source.commit_specs import CommitSpecs
+from plnt.reconciler.specs.loader import load_directory
+from plnt.reconciler.saga.io import SagaRef
+from plnt.reconciler.source.git import GitSource
+from plnt.reconciler.specs.models import PlntBackend, RecipeTrustPolicy, WorkflowRun
+from plnt.reconciler.saga.temporal_server import TemporalDevServer, connect
 from plnt.runner.recipe import check_recipe_dir, load_recipe_dir
 from temporalio import workflow
 from temporalio.worker import Worker

@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 from benchlib import BenchRepo, cache_entries, how_it_ran, print_json, standin_python
 from plnt.reconciler.app import start
-from plnt.reconciler.saga_io import saga_workflow_id
+from plnt.reconciler.saga.io import saga_workflow_id
 from plnt.reconciler.settings import Settings
 from temporalio.api.enums.v1 import EventType
 

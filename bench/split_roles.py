@@ -40,10 +40,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from plnt.gateway.bench import percentile, run_load  # noqa: E402
-from plnt.reconciler.local_driver import free_port  # noqa: E402
-from plnt.reconciler.temporal_server import TemporalDevServer  # noqa: E402
+from plnt.reconciler.drivers.local import free_port  # noqa: E402
+from plnt.reconciler.saga.temporal_server import TemporalDevServer  # noqa: E402
 
-PLNT = [sys.executable, "-m", "plnt.reconciler.cli"]
+PLNT = [sys.executable, "-m", "plnt.reconciler.cli.main"]
 RUN_FILE = "workflowruns/review-responder.yaml"
 BODY = json.dumps({"review": "Great service but slow parking", "brand_voice": "warm, brief"}).encode()
 TOKEN = "bench-internal-token-0123456789abcdef"
@@ -282,7 +282,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
 
 async def register_namespaces(address: str, *names: str) -> None:
     from google.protobuf.duration_pb2 import Duration
-    from plnt.reconciler.temporal_server import connect
+    from plnt.reconciler.saga.temporal_server import connect
     from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 
     client = await connect(address)

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from plnt.reconciler.commit_trust import CommitVerifier  # noqa: E402
+from plnt.reconciler.source.commit_trust import CommitVerifier  # noqa: E402
 
 GIT = {"GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@plnt.invalid",
        "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@plnt.invalid"}

@@ -274,7 +274,7 @@ class Router:
         return True
 
 
-# --- previews (reconciler/previews.py) ----------------------------------------------------------
+# --- previews (reconciler/review/previews.py) ----------------------------------------------------------
 # A preview of pull request N deploys WorkflowRun `name` as its own release `name--prN`: own runner,
 # own route, own status. It takes no regular traffic: the gateway reaches it only for a request that
 # carries `X-Plnt-Preview: N`, and a request naming `name--prN` without the header is answered 404.

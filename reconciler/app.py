@@ -29,31 +29,31 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from .activities import HEARTBEAT_THROTTLE, SagaActivities
-from .approval import ApprovalGate
-from .archive import ExtractLimits
-from .commit_specs import CommitSpecs
-from .commit_trust import CommitVerifier
-from .drivers import DriverSet
-from .forge import Forge, make_forge
-from .helm_driver import DEFAULT_CHART, DEFAULT_MODEL_CHART, HelmDriver, RunnerImage, SpecLookup
-from .history import NoSaga, saga_history, saga_rollouts
-from .local_driver import LocalDriver, raise_open_files_limit
-from .metrics import ControlPlaneMetrics
-from .plan_view import add_plan_routes
-from .previews import PreviewController
-from .recipes import RecipeCache
-from .reconciler import Reconciler
-from .registries import RegistryOptions
-from .runner_reports import ReportedRunners
-from .saga import DeploySaga
-from .settings import Settings, SpecLimits
-from .source import GitSource
-from .specs import PlntBackend
-from .state import LiveWorkflow, Release, StateDir
-from .status import StatusStore
-from .temporal_server import TemporalDevServer, connect, connect_external
-from .weights import WeightsStore
+from plnt.reconciler.saga.activities import HEARTBEAT_THROTTLE, SagaActivities
+from plnt.reconciler.review.approval import ApprovalGate
+from plnt.reconciler.recipes.archive import ExtractLimits
+from plnt.reconciler.source.commit_specs import CommitSpecs
+from plnt.reconciler.source.commit_trust import CommitVerifier
+from plnt.reconciler.drivers.driver_set import DriverSet
+from plnt.reconciler.review.forge import Forge, make_forge
+from plnt.reconciler.drivers.helm import DEFAULT_CHART, DEFAULT_MODEL_CHART, HelmDriver, RunnerImage, SpecLookup
+from plnt.reconciler.saga.history import NoSaga, saga_history, saga_rollouts
+from plnt.reconciler.drivers.local import LocalDriver, raise_open_files_limit
+from plnt.reconciler.control.metrics import ControlPlaneMetrics
+from plnt.reconciler.plan.view import add_plan_routes
+from plnt.reconciler.review.previews import PreviewController
+from plnt.reconciler.recipes.pull import RecipeCache
+from plnt.reconciler.control.loop import Reconciler
+from plnt.reconciler.recipes.registries import RegistryOptions
+from plnt.reconciler.drivers.reported import ReportedRunners
+from plnt.reconciler.saga.workflow import DeploySaga
+from plnt.reconciler.settings import Settings, SpecLimits
+from plnt.reconciler.source.git import GitSource
+from plnt.reconciler.specs.models import PlntBackend
+from plnt.reconciler.state import LiveWorkflow, Release, StateDir
+from plnt.reconciler.control.status import StatusStore
+from plnt.reconciler.saga.temporal_server import TemporalDevServer, connect, connect_external
+from plnt.reconciler.recipes.weights import WeightsStore
 
 log = logging.getLogger(__name__)
 
@@ -295,14 +295,14 @@ def attach_rollout_followers(settings: Settings, statuses: StatusStore,
     and a git note (--write-notes). Chained after statuses.on_change is set; returns the cleanups."""
     cleanups: list[Callable[[], Awaitable[None]]] = []
     if settings.forge is not None and settings.report_status:
-        from .rollout_report import attach_rollout_reporter
+        from plnt.reconciler.review.rollout_report import attach_rollout_reporter
 
         forge = make_forge_client(settings)
         assert forge is not None
         cleanups.append(forge.aclose)  # runs after the reporter stopped (cleanups run in reverse)
         cleanups.append(attach_rollout_reporter(forge, statuses))
     if settings.write_notes:
-        from .notes import attach_notes_writer
+        from plnt.reconciler.review.notes import attach_notes_writer
 
         cleanups.append(attach_notes_writer(source, statuses))
     return cleanups
@@ -469,7 +469,7 @@ async def start(settings: Settings) -> Plnt:
         holder["plnt"] = plnt
         statuses.on_change = plnt.refresh_routes
         if settings.mirror_status:  # after on_change is set: the mirror chains it
-            from .kube import attach_status_mirror
+            from plnt.reconciler.control.kube import attach_status_mirror
 
             cleanups.append(attach_status_mirror(settings, statuses, reconciler))
         cleanups.extend(attach_rollout_followers(settings, statuses, source))
@@ -587,7 +587,7 @@ async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, inte
 def start_previews(settings: Settings, *, source: GitSource, client: Client, statuses: StatusStore,
                    driver: Any, reconciler: Reconciler, verifier: CommitVerifier | None,
                    gateway_url: Callable[[], str], stop: asyncio.Event) -> tuple[PreviewController, Callable[[], Awaitable[None]]]:
-    """--previews (reconciler/previews.py): a PreviewController beside the reconciler, planning each
+    """--previews (reconciler/review/previews.py): a PreviewController beside the reconciler, planning each
     pull request against the branch's newest valid commit. Returns it and its cleanup."""
     forge = make_forge_client(settings)
     assert forge is not None  # Settings refuses --previews without --forge
@@ -611,9 +611,10 @@ async def _drain_after_flush(holder: dict[str, Plnt], router: Router, release: R
     without it and has no request left on it (route_watch.release_everywhere). At most `timeout_s`:
     a runner stopped then still finishes, on SIGTERM, the requests it received."""
     plnt = holder.get("plnt")
+    if plnt is not None:
+        plnt.flush_routes()
     if plnt is None or plnt.publisher is None:
         return await router.drain(Backend(release.endpoint, release.version, release.release_id), timeout_s=timeout_s)
-    plnt.flush_routes()
     outcome = await release_everywhere(plnt.publisher, router, release.endpoint, timeout_s)
     if outcome.drained:
         log.info("runner-drained release=%s %s", release.release_id, outcome.describe())

@@ -35,8 +35,8 @@ from pydantic import ValidationError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
-from .activities import HEARTBEAT_THROTTLE, PhaseRecorder
-from .app import (
+from plnt.reconciler.saga.activities import HEARTBEAT_THROTTLE, PhaseRecorder
+from plnt.reconciler.app import (
     SAGA_RUNNER,
     TurnBatched,
     add_reconciler_routes,
@@ -51,15 +51,15 @@ from .app import (
     make_verifier,
     start_previews,
 )
-from .lease import FileLease, LeaderLease
-from .metrics import ControlPlaneMetrics
-from .reconciler import Reconciler
-from .runner_reports import RUNNERS_PATH, ReportedRunners, RunnerReport, RunnerReporter
-from .saga import DeploySaga
-from .settings import Settings
-from .state import Release, StateDir
-from .status import StatusStore
-from .temporal_server import connect_external
+from plnt.reconciler.control.lease import FileLease, LeaderLease
+from plnt.reconciler.control.metrics import ControlPlaneMetrics
+from plnt.reconciler.control.loop import Reconciler
+from plnt.reconciler.drivers.reported import RUNNERS_PATH, ReportedRunners, RunnerReport, RunnerReporter
+from plnt.reconciler.saga.workflow import DeploySaga
+from plnt.reconciler.settings import Settings
+from plnt.reconciler.state import Release, StateDir
+from plnt.reconciler.control.status import StatusStore
+from plnt.reconciler.saga.temporal_server import connect_external
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def make_lease(settings: Settings, state: StateDir) -> LeaderLease:
     if settings.lease == "kubernetes":
         from kubernetes import client as k8s  # the kubernetes client only where it is used
 
-        from .kube import KubernetesLease, api_client
+        from plnt.reconciler.control.kube import KubernetesLease, api_client
 
         namespace = settings.lease_namespace or _pod_namespace()
         api = k8s.CoordinationV1Api(api_client(settings.kubeconfig))
@@ -216,7 +216,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     internal_token = settings.internal_token.get_secret_value() if settings.internal_token else None
     add_control_routes(control, publisher, internal_token)
     add_runner_reports(control, runners, internal_guard(control, internal_token))
-    control_metrics = ControlPlaneMetrics()  # after the app's own series on GET /metrics (reconciler/metrics.py)
+    control_metrics = ControlPlaneMetrics()  # after the app's own series on GET /metrics (reconciler/control/metrics.py)
     _serve_leader_metrics(control, control_metrics, active.is_set)
     server = GatewayServer(_StandbyGate(control, active.is_set), host=settings.host, port=settings.port,
                            limits=HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
@@ -257,7 +257,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
             add_reconciler_routes(control, reconciler, client)
             cleanups.append(reconciler.close)
             if settings.mirror_status:
-                from .kube import attach_status_mirror
+                from plnt.reconciler.control.kube import attach_status_mirror
 
                 cleanups.append(attach_status_mirror(settings, statuses, reconciler))
             cleanups.extend(attach_rollout_followers(settings, statuses, source))

@@ -73,7 +73,7 @@ class Settings(BaseModel):
         default="none", description="deploy only signed commits: the newest (head) or every new one (all)")
     allowed_signers: Path | None = Field(default=None, description="trusted SSH signers, git's allowed-signers format")
     gpg_keys: Path | None = Field(default=None, description="directory of trusted OpenPGP public keys")
-    # Pull-request review as deploy approval (reconciler/forge.py): where plnt reads approvals and
+    # Pull-request review as deploy approval (reconciler/review/forge.py): where plnt reads approvals and
     # writes each rollout's verdict. The token comes from a file or an env var, never the command line.
     forge: Literal["github", "gitlab", "gitea"] | None = Field(default=None, description="the spec repository's forge")
     forge_api_url: str | None = Field(default=None, description="its REST API, e.g. https://api.github.com")
@@ -202,7 +202,7 @@ class Settings(BaseModel):
         "class itself when it is a device plugin's resource, else nvidia.com/gpu (helm_driver.gpu_resource_name)")
     runner_image: str = Field(default="plnt", description="runner image repository for Kubernetes backends")
     runner_image_tag: str = ""
-    # --mirror-status: WorkflowRuns as plnt.work/v1 custom resources (plnt.reconciler.kube).
+    # --mirror-status: WorkflowRuns as plnt.work/v1 custom resources (plnt.reconciler.control.kube).
     mirror_status: bool = Field(default=False, description="apply WorkflowRun CRs and write their status")
     kubeconfig: Path | None = Field(default=None, description="for --mirror-status; None: in-cluster config")
     runner_registry_secret: str = Field(

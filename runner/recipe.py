@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import Any
 
 import yaml
-from plnt.reconciler.specs import Workflow, output_step, step_levels
+from plnt.reconciler.specs.models import Workflow, output_step, step_levels
 from pydantic import ValidationError
 
 WORKFLOW_FILE = "workflow.yaml"
@@ -120,7 +120,7 @@ def directory_digest(directory: Path) -> str:
 def _load_workflow(path: Path) -> Workflow:
     """Parse and validate `workflow.yaml`; prefer the reconciler's loader when it exists."""
     try:
-        from plnt.reconciler.loader import load_recipe  # type: ignore[import-not-found]
+        from plnt.reconciler.specs.loader import load_recipe  # type: ignore[import-not-found]
     except ImportError:
         load_recipe = None
     if load_recipe is not None:

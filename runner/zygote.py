@@ -236,7 +236,7 @@ def preload() -> None:
 
     # Imported on first use, in every runner: loading a recipe (the spec models), the first request
     # (anyio's backend, starlette's streams).
-    for lazy in ("difflib", "plnt.reconciler.loader", "plnt.reconciler.settings", "anyio._backends._asyncio",
+    for lazy in ("difflib", "plnt.reconciler.specs.loader", "plnt.reconciler.settings", "anyio._backends._asyncio",
                  "anyio.streams.memory", "anyio.streams.stapled", "fastapi.telemetry._runtime", "importlib.readers",
                  "importlib.resources.readers"):
         try:

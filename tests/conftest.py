@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf.duration_pb2 import Duration
-from plnt.reconciler.temporal_server import TemporalDevServer, connect
+from plnt.reconciler.saga.temporal_server import TemporalDevServer, connect
 from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 
 from .hygiene import (  # noqa: F401

@@ -1,6 +1,6 @@
 """A DECLARED STAND-IN for GitHub, GitLab and Gitea REST APIs: not a forge, and not proof that plnt
 works against a live one. No forge server can run on these machines, so this real HTTP server on
-127.0.0.1 implements only the endpoints reconciler/forge.py calls, with the request and response
+127.0.0.1 implements only the endpoints reconciler/review/forge.py calls, with the request and response
 shapes of each API's documentation:
 
 - auth headers (GitHub `Authorization: Bearer` + `Accept: application/vnd.github+json` +

@@ -1,5 +1,5 @@
 """A DECLARED STAND-IN for the Kubernetes API server: not Kubernetes, a small real HTTP server on
-127.0.0.1 that answers just the endpoints plnt's own client code calls (plnt.reconciler.kube_calls),
+127.0.0.1 that answers just the endpoints plnt's own client code calls (plnt.reconciler.control.kube_calls),
 so the real `kubernetes` Python client can be tested end to end without a cluster (none can run here).
 
 Shapes follow the Kubernetes API documentation (https://kubernetes.io/docs/reference/kubernetes-api/,

@@ -64,8 +64,8 @@ def gguf_of(llm_venv: Path) -> Path:
 
 def sign(llm_venv: Path) -> None:
     sys.path.insert(0, str(ROOT))
-    from plnt.reconciler.weights import SIGNATURE_NAME
-    from plnt.reconciler.weights_manifest import PAYLOAD_TYPE, manifest_of_directory
+    from plnt.reconciler.recipes.weights import SIGNATURE_NAME
+    from plnt.reconciler.recipes.weights_manifest import PAYLOAD_TYPE, manifest_of_directory
 
     from tests.sigstore_ca import TestSigstoreAuthority
 

@@ -1,5 +1,5 @@
-// The Markdown subset plnt's plan comments use (reconciler/plan.py render_markdown,
-// reconciler/review.py render_comment), rendered to DOM nodes: headings, paragraphs, pipe tables
+// The Markdown subset plnt's plan comments use (reconciler/plan/diff.py render_markdown,
+// reconciler/review/plan_review.py render_comment), rendered to DOM nodes: headings, paragraphs, pipe tables
 // (with `\|` inside cells), fenced code blocks, `code`, **bold** and <br>. Every piece of text goes
 // in through textContent/createTextNode: nothing is parsed as HTML, so a spec value cannot inject markup.
 

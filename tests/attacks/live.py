@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from plnt.reconciler.app import Plnt
-from plnt.reconciler.archive import pack_recipe_to
+from plnt.reconciler.recipes.archive import pack_recipe_to
 
 from ..conftest import EXAMPLE, SpecRepo
 from ..e2e.harness import invoke, running_plnt, settings_for, wait_phase

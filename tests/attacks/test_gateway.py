@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from plnt.reconciler.app import Plnt
-from plnt.reconciler.cli import app as cli_app
+from plnt.reconciler.cli.main import app as cli_app
 from typer.testing import CliRunner
 
 from ..e2e.harness import REVIEW, wait_for

@@ -32,9 +32,9 @@ from typing import Any
 
 import pytest
 from plnt.reconciler.app import Plnt
-from plnt.reconciler.archive import pack_recipe
+from plnt.reconciler.recipes.archive import pack_recipe
 from plnt.reconciler.errors import PlntError
-from plnt.reconciler.source import GitSource
+from plnt.reconciler.source.git import GitSource
 
 from ..conftest import EXAMPLE, GIT_ENV, SpecRepo
 from ..e2e.harness import hook, status_of, wait_for, wait_phase

@@ -25,9 +25,9 @@ from typing import Any
 import httpx
 import pytest
 from plnt.reconciler.app import Plnt
-from plnt.reconciler.archive import pack_recipe_to
-from plnt.reconciler.cli import app as cli
-from plnt.reconciler.registries import RegistryOptions, open_registry
+from plnt.reconciler.recipes.archive import pack_recipe_to
+from plnt.reconciler.cli.main import app as cli
+from plnt.reconciler.recipes.registries import RegistryOptions, open_registry
 from typer.testing import CliRunner
 
 from ..conftest import EXAMPLE

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from plnt.reconciler.local_driver import RUNNER_ENV_NAMES, allowlisted_env
+from plnt.reconciler.drivers.local import RUNNER_ENV_NAMES, allowlisted_env
 from pydantic import SecretStr
 
 from ..conftest import EXAMPLE
@@ -128,7 +128,7 @@ def secrets_in_env() -> Iterator[None]:
 
 
 def cli_environment() -> dict[str, Any]:
-    """The settings `plnt up` builds from its environment (reconciler/cli.py does the same)."""
+    """The settings `plnt up` builds from its environment (reconciler/cli/main.py does the same)."""
     return {"runner_env": allowlisted_env(os.environ), "llm_api_key_env": LLM_KEY_ENV,
             "llm_api_key": SecretStr(os.environ[LLM_KEY_ENV])}
 

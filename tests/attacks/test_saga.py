@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from plnt.reconciler.app import Plnt
-from plnt.reconciler.loader import load_directory
-from plnt.reconciler.saga_io import saga_workflow_id
-from plnt.reconciler.temporal_server import connect
+from plnt.reconciler.specs.loader import load_directory
+from plnt.reconciler.saga.io import saga_workflow_id
+from plnt.reconciler.saga.temporal_server import connect
 from temporalio import workflow
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import RetryPolicy
@@ -125,7 +125,7 @@ def evil_registry(tmp_path: Path, markers: Path) -> tuple[Path, TestSigstoreAuth
     registry = tmp_path / "evil-registry"
     entry = registry / "review-responder" / "1.3.0"
     entry.mkdir(parents=True)
-    from plnt.reconciler.archive import pack_recipe_to
+    from plnt.reconciler.recipes.archive import pack_recipe_to
 
     pack_recipe_to(recipe_with_marker(tmp_path, "1.3.0", markers), entry / "recipe.tar.gz")
     (entry / "recipe.tar.gz.sigstore.json").write_text(

@@ -193,7 +193,7 @@ async def test_hostile_spec_commit_is_refused_and_changes_nothing(
     case: Case, attack_repo: AttackRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="plnt.reconciler.reconciler")
+    caplog.set_level(logging.INFO, logger="plnt.reconciler.control.loop")
     async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace) as plnt:
         # The repository's work tree is the attacker's to write; plnt must write only in its state.
         outside = OutsideWrites([tmp_path], ignore=[plnt.state.root, attack_repo.path])
@@ -260,7 +260,7 @@ async def test_loose_identity_regex_is_a_warning_in_source_logged_once_and_the_c
 ) -> None:
     """An identityRegex with unescaped dots (it accepts recipes@attackXplnt.invalid too) deploys as
     before (trust.py applies it with re.fullmatch; the real signer matches) but is shown and logged."""
-    caplog.set_level(logging.INFO, logger="plnt.reconciler.reconciler")
+    caplog.set_level(logging.INFO, logger="plnt.reconciler.control.loop")
     async with live_plnt(attack_repo, tmp_path, temporal_address, temporal_namespace) as plnt:
         parses = ParseWindow(plnt)
         policy = attack_repo.path / "trust" / "policy.yaml"

@@ -98,8 +98,8 @@ def test_entrypoint_is_the_console_script() -> None:
     [entrypoint] = [rest for word, rest in final_stage() if word == "ENTRYPOINT"]
     assert json.loads(entrypoint) == ["plnt"], "exec form, the console script only: the charts pass the subcommand as args"
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"plnt": "plnt.reconciler.cli:main"}
-    from plnt.reconciler import cli
+    assert scripts == {"plnt": "plnt.reconciler.cli.main:main"}
+    from plnt.reconciler.cli import main as cli
 
     assert callable(cli.main)
 
@@ -111,9 +111,11 @@ def test_install_steps() -> None:
     assert "git" in runs and "openssh-client" in runs
     # The charts land where the Helm driver looks for them, beside the installed package, and the
     # build fails unless both are there.
-    from plnt.reconciler import helm_driver
+    import plnt.reconciler
+    from plnt.reconciler.drivers import helm as helm_driver
 
-    package_parent = Path(helm_driver.__file__).resolve().parent.parent
+    # (what the Dockerfile computes: the folder holding the plnt.reconciler package)
+    package_parent = Path(plnt.reconciler.__file__).resolve().parent.parent
     assert Path(helm_driver.DEFAULT_CHART) == package_parent / "charts" / "workflow-runner"
     assert Path(helm_driver.DEFAULT_MODEL_CHART) == package_parent / "charts" / "model-server"
     copies = {rest for word, rest in instructions() if word == "COPY"}
@@ -209,7 +211,7 @@ def test_every_command_the_charts_call_exists(helm: str) -> None:
 
 def cli_options() -> dict[tuple[str, ...], set[str]]:
     import typer
-    from plnt.reconciler.cli import app
+    from plnt.reconciler.cli.main import app
 
     root = typer.main.get_command(app)
     out: dict[tuple[str, ...], set[str]] = {}

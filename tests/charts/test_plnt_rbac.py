@@ -1,7 +1,7 @@
 """The plnt chart's RBAC grants exactly what plnt needs: no more, no less.
 
 Expected, per role and namespace, as (apiGroup, resource, verb):
-- plnt's own API calls, from reconciler/kube_calls.py (API_CALLS, scope "plnt" -> the release's
+- plnt's own API calls, from reconciler/control/kube_calls.py (API_CALLS, scope "plnt" -> the release's
   namespace, scope "mirror" -> each mirrorStatus namespace when mirroring is on);
 - plus what helm needs, DERIVED from rendering the charts the workers install with a matrix of their
   values (chartkit.RUNNER_CASES for workflow-runner, MODEL_SERVER_CASES for model-server: every kind
@@ -22,7 +22,7 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
-from plnt.reconciler.kube_calls import API_CALLS
+from plnt.reconciler.control.kube_calls import API_CALLS
 
 from .chartkit import (
     FULLNAME,

@@ -11,7 +11,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.local_driver import process_start_time
+from plnt.reconciler.drivers.local import process_start_time
 
 from ..conftest import SpecRepo
 from .harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
@@ -256,7 +256,7 @@ async def test_promotion_under_load_fails_no_request(
 async def test_wrongly_signed_recipe_never_deploys_and_the_old_version_keeps_serving(
     spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str, how: str,
 ) -> None:
-    from plnt.reconciler.archive import pack_recipe_to
+    from plnt.reconciler.recipes.archive import pack_recipe_to
 
     from ..sigstore_ca import TestSigstoreAuthority
 
@@ -291,7 +291,7 @@ async def test_deploys_a_signed_recipe_from_an_oci_or_s3_registry(
     spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str, kind: str,
     request: pytest.FixtureRequest,
 ) -> None:
-    from plnt.reconciler.registries import RegistryOptions, open_registry
+    from plnt.reconciler.recipes.registries import RegistryOptions, open_registry
 
     if kind == "oci":
         address = request.getfixturevalue("oci_registry").address

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from plnt.reconciler.local_driver import free_port, process_start_time
+from plnt.reconciler.drivers.local import free_port, process_start_time
 
 from ..conftest import SpecRepo
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 REVIEW = {"review": "Great service but slow parking", "brand_voice": "warm, brief"}
 CONSOLE_SCRIPT = Path(sys.executable).parent / "plnt"
-PLNT = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "plnt.reconciler.cli"]
+PLNT = [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "plnt.reconciler.cli.main"]
 
 
 # --- processes ----------------------------------------------------------------------------------

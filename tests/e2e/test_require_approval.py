@@ -21,9 +21,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from plnt.reconciler.approval import APPROVAL_CONTEXT
-from plnt.reconciler.forge import make_forge
-from plnt.reconciler.plan_digest import STATUS_CONTEXT
+from plnt.reconciler.review.approval import APPROVAL_CONTEXT
+from plnt.reconciler.review.forge import make_forge
+from plnt.reconciler.plan.digest import STATUS_CONTEXT
 from pydantic import SecretStr
 
 from ..conftest import PYTHON, SpecRepo
@@ -183,7 +183,7 @@ def _note(repo: SpecRepo, commit: str) -> str | None:
 def plnt_review(repo: SpecRepo, standin: ForgeStandin, tmp_path: Path, head: str, pr: int) -> None:
     token = tmp_path / "ci-forge.token"
     token.write_text(TOKEN + "\n")
-    done = subprocess.run([PYTHON, "-m", "plnt.reconciler.cli", "review", "--repo", str(repo.path), "--base", "main",
+    done = subprocess.run([PYTHON, "-m", "plnt.reconciler.cli.main", "review", "--repo", str(repo.path), "--base", "main",
                            "--head", head, "--forge", standin.kind, "--api-url", standin.api_url,
                            "--project", standin.project, "--pr", str(pr), "--token-file", str(token)],
                           capture_output=True, text=True, timeout=120)
@@ -206,7 +206,7 @@ async def test_plnt_reconcile_role_holds_what_no_review_approved(spec_repo: Spec
     (tmp_path / "internal.token").write_text("internal-token-of-the-approval-test\n")
     (tmp_path / "tokens").write_text("admin-token-of-the-approval-test\n")
     with ForgeStandin("gitea", "platform/specs", TOKEN) as standin:
-        process = _Process([PYTHON, "-m", "plnt.reconciler.cli", "reconcile", "--repo", str(spec_repo.path),
+        process = _Process([PYTHON, "-m", "plnt.reconciler.cli.main", "reconcile", "--repo", str(spec_repo.path),
                             "--state-dir", str(tmp_path / "state"), "--port", str(port), "--interval", "1",
                             "--internal-token-file", str(tmp_path / "internal.token"),
                             "--tokens-file", str(tmp_path / "tokens"),

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.notes import NOTES_REF
+from plnt.reconciler.review.notes import NOTES_REF
 from pydantic import SecretStr
 
 from ..conftest import SpecRepo

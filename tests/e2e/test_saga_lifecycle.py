@@ -122,7 +122,7 @@ async def test_gpu_class_the_backend_lacks_fails_validation_and_installs_nothing
 async def test_history_shows_each_step_of_the_newest_saga(
     spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
 ) -> None:
-    from plnt.reconciler.cli import app
+    from plnt.reconciler.cli.main import app
     from typer.testing import CliRunner
 
     settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
@@ -160,8 +160,8 @@ async def test_a_kubernetes_backend_goes_through_the_helm_driver(
     registry: a runner pod fetches its recipe itself and reaches no `file:` registry."""
     import shutil
 
-    from plnt.reconciler.helm_driver import DEFAULT_CHART
-    from plnt.reconciler.registries import RegistryOptions, open_registry
+    from plnt.reconciler.drivers.helm import DEFAULT_CHART
+    from plnt.reconciler.recipes.registries import RegistryOptions, open_registry
 
     helm = shutil.which("helm") or str(Path(__import__("sys").executable).parent / "helm")
     entry = spec_repo.path / "registry" / "review-responder" / "1.2.0"
@@ -204,7 +204,7 @@ async def test_a_slow_first_token_rolls_back_on_the_ttft_budget(
     leaves 1.0.0 room on a busy machine: at 300 ms a loaded CI machine once rolled 1.0.0 back.)"""
     import shutil
 
-    from plnt.reconciler.archive import pack_recipe_to
+    from plnt.reconciler.recipes.archive import pack_recipe_to
 
     from ..sigstore_ca import TestSigstoreAuthority
 

@@ -54,7 +54,7 @@ class Roles:
         return f"http://127.0.0.1:{self.control_port}"
 
     def _start(self, name: str, args: list[str], ready: str) -> _Process:
-        process = _Process([PYTHON, "-m", "plnt.reconciler.cli", *args], self.tmp / f"{name}.log")
+        process = _Process([PYTHON, "-m", "plnt.reconciler.cli.main", *args], self.tmp / f"{name}.log")
         self.processes.append(process)
         process.wait_ready(ready, ok=(200,), timeout_s=60)
         return process

@@ -113,7 +113,7 @@ async def test_rows_rollouts_timeline_plan_and_track_of_a_promotion_and_a_rollba
 
 
 def _cli() -> Any:
-    from plnt.reconciler.cli import app
+    from plnt.reconciler.cli.main import app
 
     return app
 

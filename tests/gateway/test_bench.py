@@ -10,7 +10,7 @@ from plnt.gateway.app import create_app
 from plnt.gateway.auth import TokenSet
 from plnt.gateway.bench import Load, Sample, percentile, stats_cache_counts, summarize
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
-from plnt.reconciler.cli import app as cli
+from plnt.reconciler.cli.main import app as cli
 from typer.testing import CliRunner
 
 from ..openai_peer import UvicornThread

@@ -430,7 +430,7 @@ async def test_role_sends_control_plane_endpoints_to_the_control_url(path: str) 
 
 
 def test_plnt_gateway_refuses_bad_options_with_exit_2(tmp_path: Any) -> None:
-    from plnt.reconciler.cli import app
+    from plnt.reconciler.cli.main import app
     from typer.testing import CliRunner
 
     token = tmp_path / "internal.token"
@@ -452,7 +452,7 @@ def test_plnt_gateway_refuses_bad_options_with_exit_2(tmp_path: Any) -> None:
 
 
 def test_plnt_up_refuses_an_empty_internal_token_file(tmp_path: Any) -> None:
-    from plnt.reconciler.cli import app
+    from plnt.reconciler.cli.main import app
     from typer.testing import CliRunner
 
     empty = tmp_path / "empty.token"

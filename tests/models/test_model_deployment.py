@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from plnt.reconciler.weights import SIGNATURE_NAME
-from plnt.reconciler.weights_manifest import PAYLOAD_TYPE, manifest_of_directory
+from plnt.reconciler.recipes.weights import SIGNATURE_NAME
+from plnt.reconciler.recipes.weights_manifest import PAYLOAD_TYPE, manifest_of_directory
 
 from ..conftest import SpecRepo
 from ..e2e.harness import hook, running_plnt, settings_for, status_of, wait_for, wait_phase

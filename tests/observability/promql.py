@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from plnt.gateway.metrics import GatewayMetrics
-from plnt.reconciler.metrics import ControlPlaneMetrics
+from plnt.reconciler.control.metrics import ControlPlaneMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "observability" / "prometheus" / "plnt-rules.yaml"

@@ -1,4 +1,4 @@
-"""reconciler/metrics.py: what the control plane's series say as statuses change (a real
+"""reconciler/control/metrics.py: what the control plane's series say as statuses change (a real
 StatusStore on disk; the saga's phase records are written the way PhaseRecorder writes them)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from plnt.gateway.metrics import GatewayMetrics
-from plnt.reconciler.metrics import ControlPlaneMetrics, smoke_gates
-from plnt.reconciler.status import Phase, RolloutMark, StatusStore
+from plnt.reconciler.control.metrics import ControlPlaneMetrics, smoke_gates
+from plnt.reconciler.control.status import Phase, RolloutMark, StatusStore
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..conftest import SpecRepo
@@ -173,7 +173,7 @@ async def test_a_git_server_gone_counts_fetch_errors(
     settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
     async with running_plnt(settings) as plnt:
         await wait_phase(plnt, "Ready", version="1.2.0")
-        m = plnt.reconciler.metrics
+        m = plnt.reconciler.control.metrics
         assert m.registry.get_sample_value("plnt_git_fetch_errors_total") == 0
         ok_at = m.registry.get_sample_value("plnt_git_last_fetch_success_timestamp_seconds")
         assert ok_at is not None and time.time() - ok_at < 30

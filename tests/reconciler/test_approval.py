@@ -1,4 +1,4 @@
-"""--require-approval (reconciler/approval.py).
+"""--require-approval (reconciler/review/approval.py).
 
 `judge` is pure and table-tested with hand-made PullRequest/Review values (plain data, no I/O).
 The gate runs against a real git repository (a copy of gitops-example, real signed recipes in its
@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.approval import APPROVAL_CONTEXT, ApprovalGate, ApprovalVerdict, judge
-from plnt.reconciler.forge import PullRequest, Review, make_forge
-from plnt.reconciler.plan_digest import STATUS_CONTEXT, short
-from plnt.reconciler.recipes import RecipeCache
-from plnt.reconciler.registries import RegistryOptions
-from plnt.reconciler.review import make_review, post
-from plnt.reconciler.source import GitSource
+from plnt.reconciler.review.approval import APPROVAL_CONTEXT, ApprovalGate, ApprovalVerdict, judge
+from plnt.reconciler.review.forge import PullRequest, Review, make_forge
+from plnt.reconciler.plan.digest import STATUS_CONTEXT, short
+from plnt.reconciler.recipes.pull import RecipeCache
+from plnt.reconciler.recipes.registries import RegistryOptions
+from plnt.reconciler.review.plan_review import make_review, post
+from plnt.reconciler.source.git import GitSource
 
 from ..conftest import SpecRepo
 from ..forge_standin import ForgeStandin

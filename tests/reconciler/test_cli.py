@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from plnt.reconciler.cli import app
-from plnt.reconciler.local_driver import free_port
-from plnt.reconciler.status import Phase, StatusStore
+from plnt.reconciler.cli.main import app
+from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.control.status import Phase, StatusStore
 from typer.testing import CliRunner
 
 from ..conftest import EXAMPLE, SpecRepo
@@ -230,7 +230,7 @@ def test_validate_spec_limits_can_be_raised(tmp_path: Path) -> None:
 def test_a_registry_path_holding_dotdot_is_the_specs_line_in_validate_and_in_the_reconciler(
         spec_repo: SpecRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, registry: str) -> None:
     """Not "the commit's tree holds an entry named '..'": the spec's field, at its line, and what to do."""
-    from plnt.reconciler.source import GitSource
+    from plnt.reconciler.source.git import GitSource
 
     spec_repo.replace(RUN_FILE, "registry: file:registry", f"registry: {registry}")
     commit = spec_repo.commit("a registry path with ..")

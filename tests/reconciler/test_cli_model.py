@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from plnt.reconciler.cli import app
-from plnt.reconciler.cli_model import TransferProgress
-from plnt.reconciler.weights_manifest import PAYLOAD_TYPE, manifest_of_directory
+from plnt.reconciler.cli.main import app
+from plnt.reconciler.cli.model import TransferProgress
+from plnt.reconciler.recipes.weights_manifest import PAYLOAD_TYPE, manifest_of_directory
 from typer.testing import CliRunner
 
 from ..services import OciServer

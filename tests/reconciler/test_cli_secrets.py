@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.cli import app
+from plnt.reconciler.cli.main import app
 from typer.testing import CliRunner
 
 from ..conftest import SpecRepo
@@ -102,7 +102,7 @@ def test_log_lines_and_tracebacks_lose_url_credentials() -> None:
     import logging
     import sys
 
-    from plnt.reconciler.cli import _RedactingFormatter
+    from plnt.reconciler.cli.main import _RedactingFormatter
 
     try:
         raise RuntimeError("git said: fatal: unable to access 'https://oauth2:tok-123@git.example/s.git/'")

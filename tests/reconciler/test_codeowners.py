@@ -1,10 +1,10 @@
-"""CODEOWNERS parsing and matching (reconciler/codeowners.py): pure, table-tested against the
+"""CODEOWNERS parsing and matching (reconciler/review/codeowners.py): pure, table-tested against the
 examples of GitHub's documentation and GitLab's sections."""
 
 from __future__ import annotations
 
 import pytest
-from plnt.reconciler.codeowners import CodeOwnersError, owners_of, parse
+from plnt.reconciler.review.codeowners import CodeOwnersError, owners_of, parse
 
 # GitHub's documented example, abridged (the owners of the last matching line win).
 GITHUB = """\

@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.allowed_signers import parse_allowed_signers
-from plnt.reconciler.commit_trust import CommitVerificationError, CommitVerifier, parse_verdict
+from plnt.reconciler.source.allowed_signers import parse_allowed_signers
+from plnt.reconciler.source.commit_trust import CommitVerificationError, CommitVerifier, parse_verdict
 
 from ..conftest import GIT_ENV
 

@@ -1,4 +1,4 @@
-"""CRDs generated from the spec models (plnt.reconciler.crds, `plnt crds`): the checked-in files match
+"""CRDs generated from the spec models (plnt.reconciler.specs.crds, `plnt crds`): the checked-in files match
 the models, they pass kubernetes-validate strictly, their schemas are structural, and every example
 spec validates against them while broken ones do not. Pure: no cluster, no server."""
 
@@ -14,8 +14,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from plnt.reconciler.cli import app
-from plnt.reconciler.crds import (
+from plnt.reconciler.cli.main import app
+from plnt.reconciler.specs.crds import (
     KINDS,
     CrdError,
     CrStatus,
@@ -27,8 +27,8 @@ from plnt.reconciler.crds import (
     kind_of,
     structural,
 )
-from plnt.reconciler.specs import KIND_MODELS, PLNT_API_VERSION, SpecModel
-from plnt.reconciler.status import Phase, WorkflowRunStatus
+from plnt.reconciler.specs.models import KIND_MODELS, PLNT_API_VERSION, SpecModel
+from plnt.reconciler.control.status import Phase, WorkflowRunStatus
 from pydantic import BaseModel, Field
 from typer.testing import CliRunner
 

@@ -1,4 +1,4 @@
-"""The forge client (reconciler/forge.py) against a DECLARED stand-in (tests/forge_standin.py) that
+"""The forge client (reconciler/review/forge.py) against a DECLARED stand-in (tests/forge_standin.py) that
 checks requests against the shapes of GitHub, GitLab and Gitea REST documentation. Not tried
 against a live forge."""
 
@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from plnt.reconciler.forge import (
+from plnt.reconciler.review.forge import (
     ForgeBadRequest,
     ForgeNotFound,
     ForgeRefused,

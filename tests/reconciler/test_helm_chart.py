@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 import yaml
-from plnt.reconciler.driver import InstallRequest, RecipeTrust
-from plnt.reconciler.helm_driver import (
+from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
+from plnt.reconciler.drivers.helm import (
     DEFAULT_CHART,
     HelmChartError,
     HelmDriver,
@@ -30,8 +30,8 @@ from plnt.reconciler.helm_driver import (
     classify,
     render_values,
 )
-from plnt.reconciler.registries import RegistryOptions
-from plnt.reconciler.specs import PlntBackend, RecipeTrustPolicy, WorkflowRun
+from plnt.reconciler.recipes.registries import RegistryOptions
+from plnt.reconciler.specs.models import PlntBackend, RecipeTrustPolicy, WorkflowRun
 
 from ..charts.chartkit import restricted_problems
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 import yaml
-from plnt.reconciler.driver import InstallRequest, RecipeTrust
+from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.errors import DriverError, InvalidSpec, NeedsHuman, UnknownBackend
-from plnt.reconciler.helm_driver import (
+from plnt.reconciler.drivers.helm import (
     DEFAULT_CHART,
     HelmChartError,
     HelmConfigError,
@@ -39,9 +39,9 @@ from plnt.reconciler.helm_driver import (
     render_values,
     run_helm,
 )
-from plnt.reconciler.loader import SourceFile, load_sources
-from plnt.reconciler.registries import RegistryOptions
-from plnt.reconciler.specs import PlntBackend, RecipeTrustPolicy, WorkflowRun
+from plnt.reconciler.specs.loader import SourceFile, load_sources
+from plnt.reconciler.recipes.registries import RegistryOptions
+from plnt.reconciler.specs.models import PlntBackend, RecipeTrustPolicy, WorkflowRun
 
 NOW = datetime(2025, 11, 29, 22, 0, 0, tzinfo=UTC)
 LONG_AGO = "2025-11-29T21:40:02.118372913Z"   # 20 minutes before NOW: a dead helm's pending release
@@ -649,7 +649,7 @@ def test_the_default_runner_kills_helm_after_the_timeout_of_its_call(monkeypatch
     """The driver's default runner with `run_helm` replaced by a recorder (a FAKE: no process runs): the
     helm process is killed HELM_EXIT_MARGIN_S after the --timeout of its own call (a model upgrade's
     1800s, not the runners' 150s), and after the driver's timeout_s for calls without one."""
-    from plnt.reconciler import helm_driver
+    from plnt.reconciler.drivers import helm as helm_driver
 
     seen: list[tuple[str, float]] = []
 
@@ -681,7 +681,7 @@ def test_run_helm_runs_the_real_binary() -> None:
     # A real failure to reach a cluster, mapped as the driver maps it.
     result = run_helm(["status", "x", "--kube-apiserver", "https://127.0.0.1:1", "-o", "json"], helm=str(helm))
     assert result.returncode == 1 and "connection refused" in result.stderr
-    from plnt.reconciler.helm_driver import classify
+    from plnt.reconciler.drivers.helm import classify
 
     error = classify("status", "x", result.stderr)
     assert type(error) is DriverError and error.retryable
@@ -689,9 +689,9 @@ def test_run_helm_runs_the_real_binary() -> None:
 
 def test_driver_set_routes_kubernetes_runs_to_helm_and_remembers_backends(tmp_path: Path) -> None:
     """DriverSet with a FAKE helm (canned output) and a real LocalDriver that is never started."""
-    from plnt.reconciler.drivers import DriverSet
-    from plnt.reconciler.loader import SpecSet
-    from plnt.reconciler.local_driver import LocalDriver
+    from plnt.reconciler.drivers.driver_set import DriverSet
+    from plnt.reconciler.specs.loader import SpecSet
+    from plnt.reconciler.drivers.local import LocalDriver
     from plnt.reconciler.state import StateDir
 
     state = StateDir(tmp_path / "state").ensure()
@@ -726,11 +726,11 @@ async def test_routes_come_from_every_backend_with_the_canary_share_and_sticky_s
 
     from plnt.gateway.routes import Router
     from plnt.reconciler.app import build_route_table
-    from plnt.reconciler.drivers import DriverSet
-    from plnt.reconciler.loader import SpecSet
-    from plnt.reconciler.local_driver import LocalDriver
+    from plnt.reconciler.drivers.driver_set import DriverSet
+    from plnt.reconciler.specs.loader import SpecSet
+    from plnt.reconciler.drivers.local import LocalDriver
     from plnt.reconciler.state import StateDir
-    from plnt.reconciler.status import StatusStore
+    from plnt.reconciler.control.status import StatusStore
 
     state = StateDir(tmp_path / "state").ensure()
     fake = (FakeHelm().expect("status", STABLE, rc=1, stderr=NOT_FOUND).expect("upgrade")

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 import yaml
-from plnt.reconciler.driver import InstallRequest, RecipeTrust
+from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.errors import DriverError, InvalidSpec
-from plnt.reconciler.helm_driver import (
+from plnt.reconciler.drivers.helm import (
     DEFAULT_MODEL_CHART,
     MODEL_STEP_MARGIN_S,
     HelmConfigError,
@@ -42,8 +42,8 @@ from plnt.reconciler.helm_driver import (
     model_step_timeouts,
     render_model_values,
 )
-from plnt.reconciler.registries import RegistryOptions
-from plnt.reconciler.specs import ModelDeployment, PlntBackend, RecipeTrustPolicy
+from plnt.reconciler.recipes.registries import RegistryOptions
+from plnt.reconciler.specs.models import ModelDeployment, PlntBackend, RecipeTrustPolicy
 from plnt.reconciler.state import ModelServing
 
 from ..charts.chartkit import check_labels, find_helm, restricted_problems, validate_strictly
@@ -366,10 +366,10 @@ async def test_plnts_model_settings_reach_the_helm_driver(tmp_path: Path, monkey
     release's upgrade; a LocalDriver that is never started."""
     import shutil
 
-    from plnt.reconciler import helm_driver
+    from plnt.reconciler.drivers import helm as helm_driver
     from plnt.reconciler.app import make_driver_set
-    from plnt.reconciler.loader import SpecSet
-    from plnt.reconciler.local_driver import LocalDriver
+    from plnt.reconciler.specs.loader import SpecSet
+    from plnt.reconciler.drivers.local import LocalDriver
     from plnt.reconciler.settings import Settings
     from plnt.reconciler.state import StateDir
 
@@ -413,7 +413,8 @@ def test_the_flags_reach_the_settings_of_each_role(tmp_path: Path, monkeypatch: 
     """`plnt up`, `plnt reconcile` and `plnt worker` in-process (typer's CliRunner) with what would start
     them replaced by a recorder (a FAKE: nothing starts): --model-install-timeout and --gpu-resource land
     in the Settings; a bad resource name is a usage error."""
-    from plnt.reconciler import cli, cli_roles
+    from plnt.reconciler.cli import main as cli
+    from plnt.reconciler.cli import roles as cli_roles
     from typer.testing import CliRunner
 
     seen: dict[str, Any] = {}
@@ -467,11 +468,11 @@ async def test_a_model_on_kubernetes_gets_an_openai_route_from_the_driver_set(tm
     """DriverSet with the FAKE helm and a real LocalDriver that is never started: the gateway's route
     for a model-server release is an OpenAI pass-through to its Service."""
     from plnt.reconciler.app import build_route_table
-    from plnt.reconciler.drivers import DriverSet
-    from plnt.reconciler.loader import SpecSet
-    from plnt.reconciler.local_driver import LocalDriver
+    from plnt.reconciler.drivers.driver_set import DriverSet
+    from plnt.reconciler.specs.loader import SpecSet
+    from plnt.reconciler.drivers.local import LocalDriver
     from plnt.reconciler.state import StateDir
-    from plnt.reconciler.status import StatusStore
+    from plnt.reconciler.control.status import StatusStore
 
     state = StateDir(tmp_path / "state").ensure()
     fake = FakeHelm().expect("status", "chat-canary", rc=1, stderr=NOT_FOUND).expect("upgrade")
@@ -592,7 +593,7 @@ async def test_the_stable_release_the_promotion_makes_renders_beside_the_canary(
 async def test_a_gpu_runtime_without_gpus_is_also_refused_by_the_chart(helm: str, runtime: str) -> None:
     """validate refuses it first (below); the chart is the second line, and the driver maps its
     failure to a chart error for a human."""
-    from plnt.reconciler.helm_driver import HelmChartError, classify
+    from plnt.reconciler.drivers.helm import HelmChartError, classify
 
     from ..charts.chartkit import helm_template
 
@@ -639,8 +640,8 @@ def repo_with_model(spec_repo: Any, authority: Any, registry: str, root: str, *,
 
 
 def model_ref(spec_repo: Any) -> Any:
-    from plnt.reconciler.loader import load_directory
-    from plnt.reconciler.saga_io import SagaRef
+    from plnt.reconciler.specs.loader import load_directory
+    from plnt.reconciler.saga.io import SagaRef
 
     specs, problems = load_directory(spec_repo.path)
     assert problems == [], problems
@@ -654,14 +655,14 @@ class Kit:
     for helm's cluster side: no release exists, upgrades are recorded)."""
 
     def __init__(self, tmp_path: Path, spec_repo: Any, oci_address: str) -> None:
-        from plnt.reconciler.activities import SagaActivities
-        from plnt.reconciler.commit_specs import CommitSpecs
-        from plnt.reconciler.drivers import DriverSet
-        from plnt.reconciler.local_driver import LocalDriver
-        from plnt.reconciler.source import GitSource
+        from plnt.reconciler.saga.activities import SagaActivities
+        from plnt.reconciler.source.commit_specs import CommitSpecs
+        from plnt.reconciler.drivers.driver_set import DriverSet
+        from plnt.reconciler.drivers.local import LocalDriver
+        from plnt.reconciler.source.git import GitSource
         from plnt.reconciler.state import StateDir
-        from plnt.reconciler.status import StatusStore
-        from plnt.reconciler.weights import WeightsStore
+        from plnt.reconciler.control.status import StatusStore
+        from plnt.reconciler.recipes.weights import WeightsStore
 
         from .test_helm_chart import RecordingHelm
 
@@ -715,7 +716,7 @@ async def test_the_saga_deploys_a_model_to_kubernetes_and_the_pod_would_fetch_wh
         spec_repo: Any, tmp_path: Path, oci_registry: Any, pushed: tuple[Any, str, str, dict[str, bytes]]) -> None:
     """validate, pull_recipe and install_release for real; helm is RecordingHelm; then the recorded
     values rendered by the real helm, and the init container's exact command run with `plnt`."""
-    from plnt.reconciler.saga_io import InstallInput, PullInput, ValidateInput
+    from plnt.reconciler.saga.io import InstallInput, PullInput, ValidateInput
 
     from .test_runner_pod_fetch import PodStandIn
 
@@ -756,7 +757,7 @@ async def test_the_saga_deploys_a_model_to_kubernetes_and_the_pod_would_fetch_wh
 async def test_pull_on_kubernetes_fails_closed_on_a_pin_the_signed_manifest_does_not_have(
         spec_repo: Any, tmp_path: Path, oci_registry: Any, pushed: tuple[Any, str, str, dict[str, bytes]]) -> None:
     """Real activities, registry and signature; helm is RecordingHelm (a STAND-IN), never reached."""
-    from plnt.reconciler.saga_io import InstallInput, PullInput
+    from plnt.reconciler.saga.io import InstallInput, PullInput
 
     authority, registry, _, _ = pushed
     other = "sha256:" + "0" * 64
@@ -784,7 +785,7 @@ async def test_validate_refuses_a_model_a_kubernetes_pod_could_not_serve(
         spec_repo: Any, tmp_path: Path, registry: str | None, runtime: str, gpu: str, policy: str,
         expected: str) -> None:
     """Real activities and repository; no registry is reached (validate reads the commit only)."""
-    from plnt.reconciler.saga_io import ValidateInput
+    from plnt.reconciler.saga.io import ValidateInput
 
     from ..sigstore_ca import TestSigstoreAuthority
 
@@ -798,7 +799,7 @@ async def test_validate_refuses_a_model_a_kubernetes_pod_could_not_serve(
 @pytest.mark.integration
 async def test_validate_accepts_a_gpu_runtime_with_gpus_on_kubernetes(spec_repo: Any, tmp_path: Path) -> None:
     """Real activities and repository (RecordingHelm, a STAND-IN, is never reached)."""
-    from plnt.reconciler.saga_io import ValidateInput
+    from plnt.reconciler.saga.io import ValidateInput
 
     from ..sigstore_ca import TestSigstoreAuthority
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from plnt.gateway import telemetry
-from plnt.reconciler.helm_driver import (
+from plnt.reconciler.drivers.helm import (
     RUNNER_SERVICE_NAME,
     HelmChartError,
     HelmDriver,
@@ -22,7 +22,7 @@ from plnt.reconciler.helm_driver import (
     render_values,
     tracing_values,
 )
-from plnt.reconciler.local_driver import allowlisted_env
+from plnt.reconciler.drivers.local import allowlisted_env
 
 from ..charts.chartkit import restricted_problems
 from .test_helm_chart import (

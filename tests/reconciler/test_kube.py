@@ -1,4 +1,4 @@
-"""plnt's Kubernetes client code (plnt.reconciler.kube) against a DECLARED STAND-IN API server.
+"""plnt's Kubernetes client code (plnt.reconciler.control.kube) against a DECLARED STAND-IN API server.
 
 No Kubernetes API server can run here. tests/kube_standin.py is a small real HTTP server on 127.0.0.1
 that answers the endpoints plnt calls with the shapes of the Kubernetes API documentation (Lease,
@@ -6,7 +6,7 @@ metav1.Status errors, server-side apply, the status subresource, Events); the re
 client reaches it through a generated kubeconfig. What the stand-in does not model (and so what is
 not proven here) is listed in its docstring and in README.md ("Kubernetes: CRDs and --mirror-status").
 
-Every request a test makes is checked, at teardown, against plnt.reconciler.kube_calls.API_CALLS:
+Every request a test makes is checked, at teardown, against plnt.reconciler.control.kube_calls.API_CALLS:
 a call the chart's RBAC would not grant fails the test.
 """
 
@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
-from plnt.reconciler.crds import MANAGED_BY_LABEL
-from plnt.reconciler.kube import KubernetesLease, StatusMirror, api_client, attach_status_mirror, cr_body
-from plnt.reconciler.kube_calls import API_CALLS
-from plnt.reconciler.loader import SpecSet
+from plnt.reconciler.specs.crds import MANAGED_BY_LABEL
+from plnt.reconciler.control.kube import KubernetesLease, StatusMirror, api_client, attach_status_mirror, cr_body
+from plnt.reconciler.control.kube_calls import API_CALLS
+from plnt.reconciler.specs.loader import SpecSet
 from plnt.reconciler.settings import Settings
-from plnt.reconciler.specs import WorkflowRun
-from plnt.reconciler.status import Phase, StatusStore
+from plnt.reconciler.specs.models import WorkflowRun
+from plnt.reconciler.control.status import Phase, StatusStore
 
 from ..kube_standin import TOKEN, KubeStandIn, Request, Stored, api_call_of
 
@@ -45,7 +45,7 @@ def check_rbac(requests: list[Request]) -> None:
         scope = "plnt" if namespace == LEASE_NS else "mirror" if namespace in MIRROR_NAMESPACES else "?"
         assert (group, resource, verb, scope) in GRANTED, (
             f"{request.method} {request.path}: {verb} {group or 'core'}/{resource} in {namespace} is not in "
-            "plnt.reconciler.kube_calls.API_CALLS (the chart's RBAC would refuse it)")
+            "plnt.reconciler.control.kube_calls.API_CALLS (the chart's RBAC would refuse it)")
 
 
 @pytest.fixture
@@ -176,7 +176,7 @@ async def test_api_down_is_unknown_not_lost_until_the_lease_duration_passes(stan
                                                                             caplog: pytest.LogCaptureFixture) -> None:
     """a's clock is the test's (`now`): "a lease duration without a renewal" is then a logical fact,
     whatever the machine's speed, and failed renewals are counted from the log, not waited for."""
-    caplog.set_level(logging.INFO, logger="plnt.reconciler.kube")
+    caplog.set_level(logging.INFO, logger="plnt.reconciler.control.kube")
     now = [0.0]
 
     def api_errors() -> int:
@@ -400,7 +400,7 @@ def test_mirror_forces_its_own_fields_back_but_leaves_someone_elses_cr_alone(
 
 async def test_mirror_survives_the_api_server_being_down_and_catches_up(
         standin: KubeStandIn, api: k8s.ApiClient, statuses: StatusStore, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="plnt.reconciler.kube")
+    caplog.set_level(logging.INFO, logger="plnt.reconciler.control.kube")
     mirror = StatusMirror(api, statuses, identity="plnt-test", request_timeout_s=0.5, max_backoff_s=0.5)
     statuses.on_change = mirror.status_changed
     stop = asyncio.Event()
@@ -487,7 +487,7 @@ async def test_attach_status_mirror_chains_on_change_and_follows_reconciled_spec
     ("PATCH", "/apis/plnt.work/v1/namespaces/default/plntbackends/x", {}),
 ])
 def test_the_rbac_check_refuses_a_call_api_calls_does_not_list(method: str, path: str, query: dict[str, str]) -> None:
-    with pytest.raises(AssertionError, match="not in plnt.reconciler.kube_calls.API_CALLS"):
+    with pytest.raises(AssertionError, match="not in plnt.reconciler.control.kube_calls.API_CALLS"):
         check_rbac([Request(method, path, query, "", None)])
 
 

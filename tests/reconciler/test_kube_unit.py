@@ -1,13 +1,13 @@
-"""plnt.reconciler.kube without any server: configuration errors and the shapes it builds."""
+"""plnt.reconciler.control.kube without any server: configuration errors and the shapes it builds."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.crds import MANAGED_BY_LABEL
-from plnt.reconciler.kube import KubeConfigError, KubernetesLease, api_client, cr_body
-from plnt.reconciler.specs import WorkflowRun
+from plnt.reconciler.specs.crds import MANAGED_BY_LABEL
+from plnt.reconciler.control.kube import KubeConfigError, KubernetesLease, api_client, cr_body
+from plnt.reconciler.specs.models import WorkflowRun
 
 
 def test_a_missing_kubeconfig_says_what_to_do(tmp_path: Path) -> None:

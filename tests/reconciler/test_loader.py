@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.loader import (
+from plnt.reconciler.specs.loader import (
     Problem,
     SourceFile,
     SpecError,
@@ -446,7 +446,7 @@ def test_read_directory_skips_hidden_directories(tmp_path: Path) -> None:
     ("x.tmp.yaml", True),
 ])
 def test_plntignore_rules(path: str, ignored: bool) -> None:
-    from plnt.reconciler.loader import IgnoreRules
+    from plnt.reconciler.specs.loader import IgnoreRules
 
     rules = IgnoreRules.parse("# recipes are not specs\nregistry/\n\n*.tmp.yaml\n")
     assert rules.ignores(path) is ignored

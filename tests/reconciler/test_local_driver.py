@@ -15,10 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from plnt.reconciler.driver import InstallRequest
+from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.errors import DriverError, InvalidRecipe
-from plnt.reconciler.local_driver import LocalDriver, allowlisted_env, process_start_time
-from plnt.reconciler.specs import RunnerLimits
+from plnt.reconciler.drivers.local import LocalDriver, allowlisted_env, process_start_time
+from plnt.reconciler.specs.models import RunnerLimits
 from plnt.reconciler.state import Release, StateDir
 from plnt.runner.recipe import directory_digest
 
@@ -371,7 +371,7 @@ async def test_a_runner_is_healthy_only_when_it_answers_as_its_release(tmp_path:
     """Real HTTP, a STAND-IN /healthz (a small Starlette app on uvicorn): the answer must name the
     release and the version; an error status, a body that is not JSON, or no listener is not healthy."""
     from plnt.gateway.server import GatewayServer
-    from plnt.reconciler.local_driver import free_port
+    from plnt.reconciler.drivers.local import free_port
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
@@ -438,7 +438,7 @@ def test_a_model_servers_memory_limit_is_its_specs_else_the_backends(tmp_path: P
     """The command line a model release starts with (nothing is started here)."""
     import sys
 
-    from plnt.reconciler.local_driver import MODEL_SERVER_SCRIPT
+    from plnt.reconciler.drivers.local import MODEL_SERVER_SCRIPT
     from plnt.reconciler.state import ModelServing
 
     driver = LocalDriver(StateDir(tmp_path / "state"), model_python=sys.executable,

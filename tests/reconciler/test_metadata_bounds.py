@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from plnt.reconciler import registries
-from plnt.reconciler.cli import app
+from plnt.reconciler.recipes import registries
+from plnt.reconciler.cli.main import app
 from plnt.reconciler.errors import DownloadRefused, VerificationFailed
-from plnt.reconciler.loader import load_sources
-from plnt.reconciler.recipes import RecipeCache, pull_recipe
-from plnt.reconciler.registries import (
+from plnt.reconciler.specs.loader import load_sources
+from plnt.reconciler.recipes.pull import RecipeCache, pull_recipe
+from plnt.reconciler.recipes.registries import (
     BUNDLE_NAME,
     MAX_BUNDLE_BYTES,
     MAX_MANIFEST_BYTES,
@@ -37,10 +37,10 @@ from plnt.reconciler.registries import (
     open_registry,
     read_bounded,
 )
-from plnt.reconciler.source import GitSource
-from plnt.reconciler.specs import WorkflowSource
-from plnt.reconciler.weights import SIGNATURE_NAME, WeightsStore
-from plnt.reconciler.weights_sources import open_weights_source, publish_weights
+from plnt.reconciler.source.git import GitSource
+from plnt.reconciler.specs.models import WorkflowSource
+from plnt.reconciler.recipes.weights import SIGNATURE_NAME, WeightsStore
+from plnt.reconciler.recipes.weights_sources import open_weights_source, publish_weights
 from typer.testing import CliRunner
 
 from ..conftest import SpecRepo
@@ -383,7 +383,7 @@ def test_an_oci_manifest_announced_over_its_cap_is_refused_by_its_length(tmp_pat
 
 def test_the_caps_fit_real_metadata() -> None:
     """Verification's own bounds are the same constants: nothing a fetch accepts is refused there for size."""
-    from plnt.reconciler import trust
+    from plnt.reconciler.recipes import trust
 
     assert trust.MAX_BUNDLE_BYTES == MAX_BUNDLE_BYTES and MAX_BUNDLE_BYTES <= MAX_SIGNATURE_BYTES
     with pytest.raises(VerificationFailed, match=f"more than the {MAX_BUNDLE_BYTES} allowed"):

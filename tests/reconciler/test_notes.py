@@ -1,4 +1,4 @@
-"""Rollout outcomes as git notes under refs/notes/plnt (reconciler/notes.py), with real git: a bare
+"""Rollout outcomes as git notes under refs/notes/plnt (reconciler/review/notes.py), with real git: a bare
 origin (file://), plnt's own clone (GitSource), another writer's clone. No fakes; the one test hook
 makes the other writer push at the exact moment that forces plnt's push to be rejected."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler.notes import NOTES_REF, NotesWriter, merge_note, note_line
-from plnt.reconciler.source import GitSource
-from plnt.reconciler.status import Phase, RolloutMark, StatusStore, WorkflowRunStatus
+from plnt.reconciler.review.notes import NOTES_REF, NotesWriter, merge_note, note_line
+from plnt.reconciler.source.git import GitSource
+from plnt.reconciler.control.status import Phase, RolloutMark, StatusStore, WorkflowRunStatus
 
 from ..conftest import GIT_ENV
 

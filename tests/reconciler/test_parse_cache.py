@@ -1,4 +1,4 @@
-"""The parse cache (plnt.reconciler.parse_cache) against real git repositories: files at an unchanged
+"""The parse cache (plnt.reconciler.source.parse_cache) against real git repositories: files at an unchanged
 blob id are neither read nor parsed again, a changed file, limit or plnt build is a miss, a corrupt
 disk cache is ignored, and the problems and specs are exactly those of a load without a cache."""
 
@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
-from plnt.reconciler import parse_cache
-from plnt.reconciler.cli import app
-from plnt.reconciler.loader import DEFAULT_LIMITS, SpecSet, load_sources
-from plnt.reconciler.parse_cache import DiskParseCache, MemoryParseCache
+from plnt.reconciler.source import parse_cache
+from plnt.reconciler.cli.main import app
+from plnt.reconciler.specs.loader import DEFAULT_LIMITS, SpecSet, load_sources
+from plnt.reconciler.source.parse_cache import DiskParseCache, MemoryParseCache
 from plnt.reconciler.settings import SpecLimits
-from plnt.reconciler.source import GitSource
+from plnt.reconciler.source.git import GitSource
 from typer.testing import CliRunner
 
 from ..conftest import SpecRepo

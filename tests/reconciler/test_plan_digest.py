@@ -1,10 +1,10 @@
-"""The plan digest (reconciler/plan_digest.py): pure, table-tested."""
+"""The plan digest (reconciler/plan/digest.py): pure, table-tested."""
 
 from __future__ import annotations
 
 import pytest
-from plnt.reconciler.plan import Action, DesiredRun, PlanItem
-from plnt.reconciler.plan_digest import RecipeEvidence, digest_of, in_description, short
+from plnt.reconciler.plan.diff import Action, DesiredRun, PlanItem
+from plnt.reconciler.plan.digest import RecipeEvidence, digest_of, in_description, short
 
 
 def _desired(key: str, fingerprint: str) -> DesiredRun:

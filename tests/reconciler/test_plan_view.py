@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler.loader import load_recipe
-from plnt.reconciler.plan_view import InvalidRevision, InvalidSpecsAt, plan_between, revisions
-from plnt.reconciler.saga_io import MAX_INPUTS, PulledRecipeInfo, recipe_inputs
+from plnt.reconciler.specs.loader import load_recipe
+from plnt.reconciler.plan.view import InvalidRevision, InvalidSpecsAt, plan_between, revisions
+from plnt.reconciler.saga.io import MAX_INPUTS, PulledRecipeInfo, recipe_inputs
 from plnt.reconciler.settings import SpecLimits
-from plnt.reconciler.source import GitSource
-from plnt.reconciler.specs import Workflow
-from plnt.reconciler.status import Phase, RolloutMark, WorkflowRunStatus
+from plnt.reconciler.source.git import GitSource
+from plnt.reconciler.specs.models import Workflow
+from plnt.reconciler.control.status import Phase, RolloutMark, WorkflowRunStatus
 from typer.testing import CliRunner
 
 from ..conftest import SpecRepo
@@ -79,7 +79,7 @@ def test_status_row_shows_signer_rollout_budget_and_inputs() -> None:
 
 @pytest.mark.integration  # git processes
 def test_plan_between_two_revisions_matches_plnt_plan(spec_repo: SpecRepo, tmp_path: Path) -> None:
-    from plnt.reconciler.cli import app
+    from plnt.reconciler.cli.main import app
 
     first = spec_repo.git("rev-parse", "HEAD")
     spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")

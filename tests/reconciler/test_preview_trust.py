@@ -9,10 +9,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.commit_specs import CommitSpecs
-from plnt.reconciler.commit_trust import CommitVerifier
+from plnt.reconciler.source.commit_specs import CommitSpecs
+from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.errors import UntrustedSagaInput
-from plnt.reconciler.source import GitSource
+from plnt.reconciler.source.git import GitSource
 
 from ..conftest import SpecRepo
 from .test_saga import ref_at
@@ -151,7 +151,7 @@ async def test_a_preview_uses_the_policies_of_the_commit_the_reconciler_names(sp
 
 
 def test_policy_commit_is_for_previews_only() -> None:
-    from plnt.reconciler.saga_io import SagaRef
+    from plnt.reconciler.saga.io import SagaRef
     from pydantic import ValidationError
 
     commit = "a" * 40

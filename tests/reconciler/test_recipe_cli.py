@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from plnt.reconciler.cli import app
+from plnt.reconciler.cli.main import app
 from typer.testing import CliRunner
 
 from ..conftest import EXAMPLE

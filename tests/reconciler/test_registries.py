@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from plnt.reconciler.errors import DigestMismatch, InvalidSpec, RecipeNotFound, RegistryUnavailable
-from plnt.reconciler.registries import (
+from plnt.reconciler.recipes.registries import (
     ARCHIVE_MEDIA_TYPE,
     ARCHIVE_NAME,
     BUNDLE_MEDIA_TYPE,

@@ -22,7 +22,7 @@ from plnt.reconciler.errors import (
     RegistryAuthFailed,
     RegistryUnavailable,
 )
-from plnt.reconciler.registries import (
+from plnt.reconciler.recipes.registries import (
     FileRegistry,
     RegistryOptions,
     _refuse_foreign_redirect,

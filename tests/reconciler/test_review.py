@@ -1,4 +1,4 @@
-"""`plnt review` (reconciler/review.py, reconciler/cli_review.py): real git repositories (the
+"""`plnt review` (reconciler/review/plan_review.py, reconciler/cli/review.py): real git repositories (the
 `spec_repo` fixture, pull request branches), real signed recipes from the example registry, pulled
 and verified; the command run in-process through typer's CliRunner, or as its CI job runs it (the
 shell step of action.yml, the GitLab job's script) in a subprocess. The forges are the DECLARED
@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 import yaml
-from plnt.reconciler.cli import app
-from plnt.reconciler.forge import marker_tag
-from plnt.reconciler.loader import load_sources
-from plnt.reconciler.plan import Action, PlanItem, plan
-from plnt.reconciler.plan_digest import PlanEvidence, RecipeEvidence, digest_of, in_description, recipe_evidence, short
-from plnt.reconciler.recipes import RecipeCache
-from plnt.reconciler.registries import RegistryOptions
-from plnt.reconciler.review import Review, as_live, counts, desired_runs, render_comment, status_of
-from plnt.reconciler.source import GitSource
+from plnt.reconciler.cli.main import app
+from plnt.reconciler.review.forge import marker_tag
+from plnt.reconciler.specs.loader import load_sources
+from plnt.reconciler.plan.diff import Action, PlanItem, plan
+from plnt.reconciler.plan.digest import PlanEvidence, RecipeEvidence, digest_of, in_description, recipe_evidence, short
+from plnt.reconciler.recipes.pull import RecipeCache
+from plnt.reconciler.recipes.registries import RegistryOptions
+from plnt.reconciler.review.plan_review import Review, as_live, counts, desired_runs, render_comment, status_of
+from plnt.reconciler.source.git import GitSource
 from typer.testing import CliRunner, Result
 
 from ..conftest import GIT_ENV, ROOT, SpecRepo

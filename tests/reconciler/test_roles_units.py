@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from plnt.reconciler.drivers import DriverSet
-from plnt.reconciler.lease import FileLease
-from plnt.reconciler.runner_reports import ReportedRunners, RunnerReport, RunnerReporter, RunnerReportReply
+from plnt.reconciler.drivers.driver_set import DriverSet
+from plnt.reconciler.control.lease import FileLease
+from plnt.reconciler.drivers.reported import ReportedRunners, RunnerReport, RunnerReporter, RunnerReportReply
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir
 
 
@@ -63,7 +63,7 @@ async def test_file_lease_acquire_returns_false_when_stopped(tmp_path: Path) -> 
 async def test_file_lease_is_freed_when_its_holder_is_killed(tmp_path: Path) -> None:
     """A reconciler killed with SIGKILL never blocks the next one: the kernel drops its lock."""
     path = tmp_path / "reconciler.lease"
-    code = ("import asyncio, sys; from pathlib import Path; from plnt.reconciler.lease import FileLease\n"
+    code = ("import asyncio, sys; from pathlib import Path; from plnt.reconciler.control.lease import FileLease\n"
             "async def main():\n"
             f"    assert await FileLease(Path({str(path)!r}), identity='doomed').acquire(asyncio.Event())\n"
             "    print('held', flush=True); await asyncio.sleep(60)\n"
@@ -214,7 +214,7 @@ async def test_reporter_backs_off_when_the_control_api_is_down_and_recovers(capl
 
 
 def test_role_commands_need_a_shared_temporal_and_a_control_url(tmp_path: Path) -> None:
-    from plnt.reconciler.cli import app
+    from plnt.reconciler.cli.main import app
     from typer.testing import CliRunner
 
     runner = CliRunner()
@@ -239,9 +239,9 @@ async def test_remove_anywhere_uninstalls_the_owned_release_and_leaves_another_r
     """Against the FAKE helm of test_helm_driver (canned `helm status`, recorded argv): a new worker
     (empty state dir) uninstalls team-a/review-responder's canary from the commit's backends, and
     does not touch a release of the same name that belongs to team-b."""
-    from plnt.reconciler.helm_driver import HelmDriver
-    from plnt.reconciler.local_driver import LocalDriver
-    from plnt.reconciler.specs import PlntBackend
+    from plnt.reconciler.drivers.helm import HelmDriver
+    from plnt.reconciler.drivers.local import LocalDriver
+    from plnt.reconciler.specs.models import PlntBackend
 
     from .test_helm_driver import BACKEND, CANARY, IMAGE, TARGET, FakeHelm, run, status_json, values
 

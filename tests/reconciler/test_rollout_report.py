@@ -1,4 +1,4 @@
-"""Rollout verdicts as commit statuses (reconciler/rollout_report.py).
+"""Rollout verdicts as commit statuses (reconciler/review/rollout_report.py).
 
 The description table is pure (statuses built by hand, no fakes needed). The reporter runs against
 the DECLARED forge stand-in (tests/forge_standin.py: a real HTTP server checking GitHub's and
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler.forge import make_forge
-from plnt.reconciler.rollout_report import RolloutReporter, context_for, rollout_reports, smoke_summary, verdict
-from plnt.reconciler.status import Phase, RolloutMark, StatusStore, WorkflowRunStatus
+from plnt.reconciler.review.forge import make_forge
+from plnt.reconciler.review.rollout_report import RolloutReporter, context_for, rollout_reports, smoke_summary, verdict
+from plnt.reconciler.control.status import Phase, RolloutMark, StatusStore, WorkflowRunStatus
 
 from ..forge_standin import ForgeStandin
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from plnt.reconciler.app import make_local_driver
-from plnt.reconciler.cli import app
+from plnt.reconciler.cli.main import app
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.state import StateDir
 from pydantic import ValidationError

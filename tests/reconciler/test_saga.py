@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler import saga_progress
-from plnt.reconciler.activities import SagaActivities
+from plnt.reconciler.saga import progress as saga_progress
+from plnt.reconciler.saga.activities import SagaActivities
 from plnt.reconciler.app import SAGA_RUNNER
-from plnt.reconciler.commit_specs import CommitSpecs
-from plnt.reconciler.loader import load_directory
-from plnt.reconciler.local_driver import LocalDriver
-from plnt.reconciler.saga import DeploySaga
-from plnt.reconciler.saga_io import (
+from plnt.reconciler.source.commit_specs import CommitSpecs
+from plnt.reconciler.specs.loader import load_directory
+from plnt.reconciler.drivers.local import LocalDriver
+from plnt.reconciler.saga.workflow import DeploySaga
+from plnt.reconciler.saga.io import (
     InstallInput,
     PhaseUpdate,
     PulledRecipeInfo,
@@ -40,11 +40,11 @@ from plnt.reconciler.saga_io import (
     ValidateInput,
 )
 from plnt.reconciler.settings import RetrySettings
-from plnt.reconciler.smoke import SmokeMetrics, SmokeResult
-from plnt.reconciler.source import GitSource
+from plnt.reconciler.saga.smoke import SmokeMetrics, SmokeResult
+from plnt.reconciler.source.git import GitSource
 from plnt.reconciler.state import StateDir
-from plnt.reconciler.status import Phase, StatusStore
-from plnt.reconciler.temporal_server import connect
+from plnt.reconciler.control.status import Phase, StatusStore
+from plnt.reconciler.saga.temporal_server import connect
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHistory
@@ -301,7 +301,7 @@ async def test_plnt_up_log_formatter_does_not_break_a_saga_that_logs(temporal_ad
     workflow task fails and the saga never ends (the formatter once imported git lazily)."""
     import logging
 
-    from plnt.reconciler.cli import _RedactingFormatter
+    from plnt.reconciler.cli.main import _RedactingFormatter
 
     records: list[str] = []
 
@@ -506,9 +506,9 @@ async def test_status_is_written_only_from_plnt_s_own_saga(clone: GitSource, tmp
 ])
 def test_recipe_requirements_against_the_workflowrun(needs: dict[str, Any], placement: dict[str, Any],
                                                       message: str | None) -> None:
-    from plnt.reconciler.activities import check_requirements
+    from plnt.reconciler.saga.activities import check_requirements
     from plnt.reconciler.errors import GpuClassUnavailable
-    from plnt.reconciler.specs import BackendPlacement, Requirements
+    from plnt.reconciler.specs.models import BackendPlacement, Requirements
 
     requirements, asked = Requirements.model_validate(needs), BackendPlacement.model_validate(placement)
     if message is None:
@@ -523,8 +523,8 @@ async def test_install_hands_the_driver_the_policies_and_roots_the_pull_verified
 ) -> None:
     """A recording driver (a STAND-IN for the Helm driver) receives, with the install, the trust
     policies covering the recipe and their trusted roots, read from the saga's commit."""
-    from plnt.reconciler.driver import InstallRequest
-    from plnt.reconciler.saga_io import PullInput
+    from plnt.reconciler.drivers.protocol import InstallRequest
+    from plnt.reconciler.saga.io import PullInput
 
     class RecordingDriver:
         def __init__(self) -> None:
@@ -574,7 +574,7 @@ async def test_a_model_sagas_install_and_promote_wait_for_the_model(temporal_add
     reconciler builds it, with model_step_timeouts) schedules install_release and promote_release with
     the model's helm wait plus the margin, every other step as a WorkflowRun's; both histories replay.
     FakeActivities on a real Temporal dev server."""
-    from plnt.reconciler.helm_driver import model_step_timeouts
+    from plnt.reconciler.drivers.helm import model_step_timeouts
 
     model_retry = FAST_RETRY.model_copy(update={"step_timeouts": model_step_timeouts(FAST_RETRY.step_timeouts, 1800)})
     saga = SagaInput(action="deploy", namespace="default", name="rr", commit=COMMIT, fingerprint=FINGERPRINT,
@@ -615,9 +615,9 @@ async def test_the_reconciler_gives_a_model_deployment_the_models_step_timeouts(
     repository, GitSource, DriverSet over a LocalDriver that is never started, a real Temporal dev
     server where no worker polls, so the sagas wait): the ModelDeployment's saga input carries
     install/promote timeouts of model_install_timeout_s + 300 s; the WorkflowRuns' carry plnt's own."""
-    from plnt.reconciler.drivers import DriverSet
-    from plnt.reconciler.reconciler import Reconciler
-    from plnt.reconciler.saga_io import saga_workflow_id
+    from plnt.reconciler.drivers.driver_set import DriverSet
+    from plnt.reconciler.control.loop import Reconciler
+    from plnt.reconciler.saga.io import saga_workflow_id
     from plnt.reconciler.settings import Settings
 
     spec_repo.write("modeldeployments/smollm2.yaml", (spec_repo.path / "models" / "smollm2.yaml").read_text())

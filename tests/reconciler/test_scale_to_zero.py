@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from plnt.reconciler.local_driver import LocalDriver, process_start_time
+from plnt.reconciler.drivers.local import LocalDriver, process_start_time
 from plnt.reconciler.state import Release, StateDir
 from plnt.runner.idle import PARKED_FILE
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from plnt.gateway.server import GatewayServer
-from plnt.reconciler.local_driver import free_port
-from plnt.reconciler.smoke import Sample, SmokeMetrics, judge, measure, percentile, summarise
-from plnt.reconciler.specs import SmokeTest
+from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.saga.smoke import Sample, SmokeMetrics, judge, measure, percentile, summarise
+from plnt.reconciler.specs.models import SmokeTest
 
 from ..gateway.fakes import FakeRunner
 
@@ -61,8 +61,8 @@ def test_judge_names_every_budget_missed(m: SmokeMetrics, budget: SmokeTest, pas
 
 
 def test_progress_of_a_running_smoke_test() -> None:
-    from plnt.reconciler.smoke import Sample, progress_of
-    from plnt.reconciler.smoke_progress import progress_from
+    from plnt.reconciler.saga.smoke import Sample, progress_of
+    from plnt.reconciler.saga.smoke_progress import progress_from
 
     assert progress_of([], 10) == {"done": 0, "of": 10}
     samples = [Sample(latency_ms=ms, ok=ms < 100, error=None if ms < 100 else "HTTP 500") for ms in (10, 20, 30, 400)]

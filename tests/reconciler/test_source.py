@@ -6,9 +6,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.loader import load_sources
+from plnt.reconciler.specs.loader import load_sources
 from plnt.reconciler.settings import SpecLimits
-from plnt.reconciler.source import GitSource, SourceError, UnreadableTree
+from plnt.reconciler.source.git import GitSource, SourceError, UnreadableTree
 
 from ..conftest import SpecRepo
 
@@ -108,7 +108,7 @@ def test_read_file_at_a_commit(spec_repo: SpecRepo, tmp_path: Path) -> None:
     ("./specs", True),
 ])
 def test_urls_pass_through_and_paths_become_absolute(given: str, expected_absolute: bool) -> None:
-    from plnt.reconciler.source import normalise_url
+    from plnt.reconciler.source.git import normalise_url
 
     result = normalise_url(given)
     if expected_absolute:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.source import GitSource, SourceError, redact, split_credentials
+from plnt.reconciler.source.git import GitSource, SourceError, redact, split_credentials
 
 from ..conftest import SpecRepo
 from ..git_http import GitHttpServer
@@ -117,7 +117,7 @@ def test_a_credentials_file_reaches_git_only(git_server: GitHttpServer, spec_rep
 
 def test_credentials_file_formats_and_refusals(tmp_path: Path) -> None:
     from plnt.reconciler.errors import InvalidSpec
-    from plnt.reconciler.source import read_credentials_file
+    from plnt.reconciler.source.git import read_credentials_file
 
     file = tmp_path / "credentials"
     file.write_text("ghp_onlyAToken\n")

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from plnt.reconciler.settings import Settings
-from plnt.reconciler.temporal_server import TemporalConnectError, client_options, connect_external
+from plnt.reconciler.saga.temporal_server import TemporalConnectError, client_options, connect_external
 from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 
@@ -204,7 +204,7 @@ def test_connection_options_as_temporal_clients_take_them(pki: Pki, tmp_path: Pa
 ])
 def test_cli_temporal_options_fail_with_one_clear_line(args: list[str], env: dict[str, str], message: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from plnt.reconciler import cli
+    from plnt.reconciler.cli import main as cli
 
     monkeypatch.setattr(cli, "_setup_logging", lambda verbose: None)  # `up` sets process-wide log levels
     result = CliRunner().invoke(cli.app, ["up", "--repo", "/nonexistent", *args], env=env)

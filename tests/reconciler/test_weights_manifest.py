@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from plnt.reconciler.errors import VerificationFailed
-from plnt.reconciler.specs import RecipeTrustPolicy
-from plnt.reconciler.trust import VerifiedWeights, verify_weights_signature
-from plnt.reconciler.weights_manifest import (
+from plnt.reconciler.specs.models import RecipeTrustPolicy
+from plnt.reconciler.recipes.trust import VerifiedWeights, verify_weights_signature
+from plnt.reconciler.recipes.weights_manifest import (
     PAYLOAD_TYPE,
     ManifestError,
     WeightsFile,

@@ -30,9 +30,9 @@ from plnt.reconciler.errors import (
     RegistryUnavailable,
     VerificationFailed,
 )
-from plnt.reconciler.registries import BUNDLE_MEDIA_TYPE, RegistryOptions, oci_tag
-from plnt.reconciler.weights import SIGNATURE_NAME, WeightsSource, WeightsStore
-from plnt.reconciler.weights_sources import (
+from plnt.reconciler.recipes.registries import BUNDLE_MEDIA_TYPE, RegistryOptions, oci_tag
+from plnt.reconciler.recipes.weights import SIGNATURE_NAME, WeightsSource, WeightsStore
+from plnt.reconciler.recipes.weights_sources import (
     EMPTY_DESCRIPTOR,
     MODEL_ARTIFACT_TYPE,
     WeightsNotPublishable,

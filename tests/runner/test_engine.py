@@ -193,8 +193,8 @@ def test_required_inputs_come_from_the_templates_the_bindings_render(tmp_path: P
 
 
 def test_workflow_yaml_parses_without_the_reconciler_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """sys.modules is patched so that importing plnt.reconciler.loader fails (a runner without it)."""
-    monkeypatch.setitem(sys.modules, "plnt.reconciler.loader", None)  # import fails: the fallback parses
+    """sys.modules is patched so that importing plnt.reconciler.specs.loader fails (a runner without it)."""
+    monkeypatch.setitem(sys.modules, "plnt.reconciler.specs.loader", None)  # import fails: the fallback parses
     assert load_recipe_dir(RECIPES / "1.2.0").workflow.steps[0].id == "classify_intent"
     with pytest.raises(RecipeError, match=r"workflow.yaml: steps.0.tool: Input should be"):
         load_recipe_dir(write_recipe(tmp_path, "- {id: s, tool: llm.summarize}"))

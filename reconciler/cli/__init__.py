@@ -1,0 +1,1 @@
+"""The `plnt` command line."""

@@ -1,0 +1,474 @@
+"""The reconcile loop: fetch, load, plan, start one saga per drift.
+
+Woken every `interval` seconds, by `POST /hooks/git`, and when a saga ends (so the newest spec
+of a WorkflowRun whose saga was running is picked up at once). A commit whose specs are invalid
+changes nothing that runs: the problems are recorded with the commit and shown in status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from plnt.gateway import telemetry
+from plnt.gateway.routes import preview_of
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
+
+from plnt.reconciler.review.approval import ApprovalGate
+from plnt.reconciler.bulk import in_bulk_thread
+from plnt.reconciler.source.commit_trust import CommitVerifier
+from plnt.reconciler.drivers.protocol import ReleaseDriver
+from plnt.reconciler.errors import PlntError
+from plnt.reconciler.drivers.helm import model_step_timeouts
+from plnt.reconciler.specs.loader import Problem, SpecSet
+from plnt.reconciler.control.metrics import ControlPlaneMetrics
+from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
+from plnt.reconciler.saga.follow import RunningSagas
+from plnt.reconciler.saga.io import SagaInput, SagaResult, saga_workflow_id
+from plnt.reconciler.settings import Settings
+from plnt.reconciler.saga.smoke_progress import follow_smoke_progress
+from plnt.reconciler.source.git import GitSource, redact
+from plnt.reconciler.state import StateDir, atomic_write_json, read_json
+from plnt.reconciler.control.status import FINAL_PHASES, Phase, StatusStore
+
+log = logging.getLogger(__name__)
+
+# Problems kept in status and GET /source for one invalid commit (10,000 bad files would make every
+# status write megabytes); `plnt validate` lists them all.
+MAX_SHOWN_PROBLEMS = 100
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        source: GitSource,
+        client: Client,
+        statuses: StatusStore,
+        driver: ReleaseDriver,
+        state: StateDir,
+        verifier: CommitVerifier | None = None,
+        approval: ApprovalGate | None = None,
+        metrics: ControlPlaneMetrics | None = None,
+    ) -> None:
+        self._settings = settings
+        self._verifier = verifier
+        self._approval = approval  # --require-approval
+        self.metrics = metrics or ControlPlaneMetrics()  # passes, fetches, commits seen (reconciler/control/metrics.py)
+        self._source = source
+        self._client = client
+        self._statuses = statuses
+        self._driver = driver
+        self._state = state
+        self._wake = asyncio.Event()  # a saga ended (a light pass), or wake() (a full one)
+        self._full_pass_due = True
+        self._fetched: str | None = None  # the commit the last fetch found
+        self._running = RunningSagas(self._wake)
+        self._sagas, self._saga_fingerprints, self._cancelled = (
+            self._running.tasks, self._running.fingerprints, self._running.cancelled)
+        self._loaded: tuple[str, SpecSet, list[Problem]] | None = None
+        self._desired_at: tuple[str, SpecSet, dict[str, DesiredRun]] | None = None
+        # The specs of the last commit this loop reconciled: while a newer commit is refused, they are
+        # what plnt keeps enforcing (drift healed), read again from the clone after a restart.
+        self._trusted: tuple[str, SpecSet] | None = None
+        # The inputs of the last pass that found everything in sync, and its plan (see reconcile_once).
+        self._quiet: tuple[Any, ...] | None = None
+        self._quiet_items: list[PlanItem] = []
+        self._plan = PlanMemo()
+        self.source_status: dict[str, Any] = read_json(state.source_file, default={}) or {}
+        # Called with (commit, specs) for every valid commit a pass reconciles (e.g. --mirror-status).
+        self.spec_listeners: list[Callable[[str, SpecSet], None]] = []
+
+    # --- loop --------------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        if self._approval is not None:  # a webhook may mean a review was submitted: judge a held commit again
+            self._approval.recheck()
+        self._full_pass_due = True
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.adopt_running_sagas()
+        progress = asyncio.create_task(follow_smoke_progress(self._client, self._statuses, stop), name="smoke-progress")
+        try:
+            await self._loop(stop)
+        finally:
+            progress.cancel()
+            await asyncio.gather(progress, return_exceptions=True)
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        last_full = asyncio.get_running_loop().time()
+        while not stop.is_set():
+            # Cleared before the pass, so a wake during the pass (a webhook, a saga ending) runs another.
+            self._wake.clear()
+            # Full when asked (a webhook, the interval) or when the interval passed since the last
+            # full one: saga ends that keep waking the loop must not keep it from fetching.
+            now = asyncio.get_running_loop().time()
+            full = self._full_pass_due or now - last_full >= self._settings.interval_s
+            self._full_pass_due = False
+            if full:
+                last_full = now
+            started, outcome = time.perf_counter(), "error"
+            try:
+                await self.reconcile_once(full=full)
+                outcome = "ok"
+            except PlntError as exc:
+                outcome = "skipped"
+                log.warning("reconcile-skipped reason=%s", redact(str(exc)))
+                self._record_source(error=str(exc))
+            except Exception:  # noqa: BLE001 - the loop must outlive any one bad reconcile
+                log.exception("reconcile-failed")
+            finally:
+                self.metrics.pass_finished(full, outcome, time.perf_counter() - started)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(_first(self._wake.wait(), stop.wait()), timeout=self._settings.interval_s)
+
+    async def close(self) -> None:
+        for task in self._sagas.values():
+            task.cancel()
+        await asyncio.gather(*self._sagas.values(), return_exceptions=True)
+        self._sagas.clear()
+
+    @property
+    def running_sagas(self) -> set[str]:
+        return set(self._sagas)
+
+    # --- one pass ----------------------------------------------------------------------------
+
+    async def reconcile_once(self, *, full: bool = True) -> list[PlanItem]:
+        """One pass. A light one (full=False: woken by a saga's end, to start the next sagas) plans
+        the commit the last fetch found and leaves drift to the next full pass: during a rollout of
+        1,000 WorkflowRuns a saga ends every few hundred ms, and each full pass is a `git fetch`
+        and a check of every runner."""
+        pass_started_ns = time.time_ns()  # a pass that starts sagas is traced, from here (telemetry)
+        if full or self._fetched is None:
+            self._fetched = await self._fetch()
+        commit = self._fetched
+        if self._verifier is not None and self._verifier.mode != "none":
+            untrusted = await asyncio.to_thread(self._verifier.first_untrusted, self._source.git_dir, commit,
+                                                self.source_status.get("lastReconciledCommit"))
+            if untrusted is not None:
+                return await self._refuse(commit, [untrusted.problem()], [], full=full,
+                                          untrusted=untrusted.model_dump(mode="json"))
+        specs, problems = await self._load(commit)
+        if problems:
+            return await self._refuse(commit, [str(p) for p in problems], [str(w) for w in specs.warnings], full=full)
+        if self._approval is not None:  # after the specs check: an invalid commit is reported as invalid
+            held = await self._approval.first_unapproved(commit, self.source_status.get("lastReconciledCommit"))
+            if held is not None:  # like an untrusted commit: nothing running changes
+                return await self._refuse(commit, [held.problem()], [str(w) for w in specs.warnings], full=full,
+                                          held=held.model_dump(mode="json"))
+        self._trusted = (commit, specs)
+        self._driver.assign(specs)
+        for listener in self.spec_listeners:
+            listener(commit, specs)
+        desired = self._desired(commit, specs)
+        releases = await self._driver.live()
+        quiet = self._quiet_inputs(commit, specs, releases)
+        if quiet is not None and quiet == self._quiet:
+            # Nothing the plan reads changed since a pass that found everything in sync: the plan
+            # would be the same, with nothing to do. Drift is still checked (and healed) every full pass.
+            if full:
+                await self._heal_drift(specs)
+            self._record_source(commit=commit, reconciled=True, warnings=[str(w) for w in specs.warnings])
+            return self._quiet_items
+        self._quiet = None
+        # Preview releases (`<name>--pr<N>`) belong to the PreviewController (reconciler/review/previews.py).
+        items = self._plan.plan(desired, releases, self._statuses.all(), self._saga_fingerprints,
+                                keep=lambda key: preview_of(key.split("/", 1)[1]) is None)
+        in_sync = all(item.action is Action.UNCHANGED and not item.waiting for item in items)
+        budget = self._settings.max_concurrent_sagas - len(self._sagas)
+        live_unknown = getattr(self._driver, "live_unknown", lambda key: None)
+        starts = []
+        for item in items:
+            unknown = live_unknown(item.key)
+            if unknown is not None and item.key not in self._sagas and self._was_deployed(item.key):
+                self._hold_unknown(item, unknown)
+            elif item.supersedes:
+                await self._cancel_saga(item)
+            elif item.needs_saga and budget > 0:
+                starts.append(self._start_saga(item, specs, commit))
+                budget -= 1
+            elif item.action is Action.UNCHANGED and not item.waiting:
+                self._observe(item, commit)
+        # All of this pass's sagas are started at once: each start is a Temporal round trip, and a
+        # commit changing many WorkflowRuns should not start them one after the other. (Each writes
+        # its Pending status before its first await, so in plan order.) A failed start fails the
+        # pass, as before, once the others were started.
+        if starts and telemetry.ENABLED:
+            # The trace of a rollout starts here: the commit seen, then one saga per WorkflowRun it changes.
+            with telemetry.span("reconcile", {"plnt.commit": commit, "plnt.sagas": len(starts),
+                                              "plnt.commit.previous": self.source_status.get("lastReconciledCommit")},
+                                start_time=pass_started_ns):
+                done = await asyncio.gather(*starts, return_exceptions=True)
+        else:
+            done = await asyncio.gather(*starts, return_exceptions=True)
+        failed = [r for r in done if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+        if in_sync and not any(live_unknown(item.key) for item in items):
+            # Taken after the pass (its status updates included): the next pass compares with it.
+            self._quiet, self._quiet_items = self._quiet_inputs(commit, specs, releases), items
+        if full:
+            await self._heal_drift(specs)
+        self._record_source(commit=commit, reconciled=True, warnings=[str(w) for w in specs.warnings])
+        return items
+
+    async def _fetch(self) -> str:
+        started = time.perf_counter()
+        try:
+            commit = await asyncio.to_thread(self._source.fetch)
+        except Exception:  # (a cancelled fetch, at shutdown, is no fetch error)
+            self.metrics.fetch_finished(False, time.perf_counter() - started)
+            raise
+        self.metrics.fetch_finished(True, time.perf_counter() - started)
+        self.metrics.commit_seen(commit)
+        return commit
+
+    def _quiet_inputs(self, commit: str, specs: SpecSet, releases: dict[str, Any]) -> tuple[Any, ...] | None:
+        """What a plan reads besides the commit's specs (the SpecSet object is kept per commit), or
+        None when it cannot be told cheaply (a status store without a revision, a live state not known)."""
+        revision = getattr(self._statuses, "revision", None)
+        unknown = getattr(self._driver, "any_live_unknown", None)
+        if revision is None or (unknown is not None and unknown()) or \
+                (unknown is None and hasattr(self._driver, "live_unknown")):
+            return None
+        return commit, id(specs), revision, dict(self._saga_fingerprints), releases
+
+    async def live_runs(self) -> dict[str, LiveRun]:
+        return live_from(await self._driver.live(), self._statuses.all(), self._saga_fingerprints)
+
+    async def adopt_running_sagas(self) -> None:
+        """After a restart, follow the sagas Temporal is still running instead of starting new ones."""
+        for status in self._statuses.all():
+            if preview_of(status.name) is not None:
+                continue  # the PreviewController follows its own sagas
+            handle = self._client.get_workflow_handle(saga_workflow_id(status.namespace, status.name), result_type=SagaResult)
+            try:
+                description = await handle.describe()
+            except RPCError:
+                continue
+            if description.status == WorkflowExecutionStatus.RUNNING:
+                log.info("saga-adopted workflowrun=%s saga=%s", status.key, handle.id)
+                deploys = None if status.phase is Phase.DELETING else status.attempted_fingerprint
+                self._running.follow(status.key, handle, deploys)
+
+    # --- internals ---------------------------------------------------------------------------
+
+    async def _load(self, commit: str) -> tuple[SpecSet, list[Problem]]:
+        if self._loaded is None or self._loaded[0] != commit:
+            # Reading and parsing in a thread: a large (or hostile, see SpecLimits) commit must not
+            # stall the gateway, which serves from this loop; a low-priority one, so that it does
+            # not take the CPU from gateway workers and runners either.
+            specs, problems = await in_bulk_thread(self._read_specs, commit)
+            for warning in specs.warnings:  # once per commit, as the commit is loaded once
+                log.warning("commit-warning commit=%s %s", commit[:12], warning)
+            self._loaded = (commit, specs, problems)
+        return self._loaded[1], self._loaded[2]
+
+    def _desired(self, commit: str, specs: SpecSet) -> dict[str, DesiredRun]:
+        """The desired side of the plan, built once per commit (a fingerprint is a JSON dump of the spec)."""
+        if self._desired_at is None or self._desired_at[0] != commit or self._desired_at[1] is not specs:
+            self._desired_at = (commit, specs, {key: DesiredRun.from_spec(run) for key, run in specs.deployables().items()})
+        return self._desired_at[2]
+
+    def _read_specs(self, commit: str) -> tuple[SpecSet, list[Problem]]:
+        limits = self._settings.spec_limits
+        return self._source.load(commit, limits)
+
+    async def _start_saga(self, item: PlanItem, specs: SpecSet, commit: str) -> None:
+        run = specs.deployable(item.key)
+        if item.action is Action.UNINSTALL or run is None:
+            saga = SagaInput(action="uninstall", namespace=item.namespace, name=item.name, commit=commit,
+                             retry=self._settings.retry)
+        else:
+            # The input names the commit; the saga's activities read the spec, its backend and the
+            # trust policies from plnt's own clone at that commit (it carries none of them).
+            retry = self._settings.retry
+            if run.kind == "ModelDeployment":
+                # A model release's helm --wait covers the weights fetch and the server's start
+                # (model_install_timeout_s), far longer than a runner's: its install and promote steps
+                # get that plus a margin. Given here, in the saga's input, and not by raising the
+                # defaults: a runner's steps keep their 3 minutes, and saga/workflow.py is unchanged, so recorded
+                # histories replay as they were (their input carries the timeouts they ran with).
+                retry = retry.model_copy(update={"step_timeouts": model_step_timeouts(
+                    retry.step_timeouts, self._settings.model_install_timeout_s)})
+            saga = SagaInput(action="deploy", namespace=item.namespace, name=item.name, commit=commit,
+                             fingerprint=run.fingerprint(), version=run.version, retry=retry)
+            if self._statuses.get(item.key) is None:
+                self._statuses.update_nowait(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
+                                             attempted_version=saga.version, message=f"{item.action.value}: {item.reason}",
+                                             kind=run.kind)
+        traced = telemetry.span(f"saga {item.key}", {
+            "plnt.workflow": item.name, "plnt.namespace": item.namespace, "plnt.version": saga.version,
+            "plnt.commit": commit, "plnt.action": saga.action, "plnt.reason": item.reason,
+        }) if telemetry.ENABLED else contextlib.nullcontext()
+        try:
+            with traced:  # Temporal's interceptor: StartWorkflow, then the saga's spans, under this one
+                handle = await self._client.start_workflow(
+                    "DeploySaga", saga, id=saga.workflow_id, task_queue=self._settings.task_queue,
+                    id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                    result_type=SagaResult,
+                )
+            log.info("saga-started workflowrun=%s action=%s version=%s commit=%s reason=%r",
+                     item.key, item.action.value, item.to_version or item.from_version, commit[:12], item.reason)
+        except WorkflowAlreadyStartedError:
+            # A saga for this WorkflowRun is still running: follow it, act on the newest spec when it ends.
+            handle = self._client.get_workflow_handle(saga.workflow_id, result_type=SagaResult)
+        self._running.follow(item.key, handle, saga.fingerprint)
+
+    async def _cancel_saga(self, item: PlanItem) -> None:
+        """The newest spec wins: cancel the running saga (it removes its canary); when it has
+        ended, the next pass starts a saga for the newest spec."""
+        if item.key in self._cancelled:
+            return
+        self._cancelled.add(item.key)
+        log.info("saga-superseded workflowrun=%s (a newer commit changed it; cancelling the running saga)", item.key)
+        try:
+            await self._client.get_workflow_handle(saga_workflow_id(item.namespace, item.name)).cancel()
+        except RPCError as exc:
+            log.warning("saga-cancel-failed workflowrun=%s error=%s", item.key, exc)
+            self._cancelled.discard(item.key)
+
+    async def _heal_drift(self, specs: SpecSet) -> None:
+        """Releases that stopped running out of band are restored (selfHeal, the default) or reported."""
+        for key, releases in (await self._driver.drift()).items():
+            run = specs.deployable(key)
+            if run is None or key in self._sagas:
+                continue  # being removed, or a saga owns it right now
+            what = ", ".join(f"{r.track} {r.version}" for r in releases)
+            if run.spec.self_heal:
+                healed = await self._driver.repair(run.metadata.namespace, run.metadata.name)
+                if not healed:
+                    continue  # could not restart (logged by the driver), or a worker was asked already
+                log.warning("drift-healed workflowrun=%s restored=%s", key, ", ".join(r.release_id for r in healed))
+                status = self._statuses.get(key)
+                if status is not None:
+                    self._statuses.update(run.metadata.namespace, run.metadata.name,
+                                          message=f"drift healed: {what} was not running and was restarted",
+                                          endpoint=next((r.endpoint for r in healed if r.track == "stable"), status.endpoint))
+            else:
+                message = f"drift: {what} is not running (selfHeal: false, so plnt only reports it)"
+                status = self._statuses.get(key)
+                if status is not None and status.message != message:
+                    log.warning("drift-detected workflowrun=%s releases=%s selfHeal=false", key, what)
+                    self._statuses.update(run.metadata.namespace, run.metadata.name, message=message)
+
+    def _was_deployed(self, key: str) -> bool:
+        """Status says plnt deployed it: then "not seen" on an unreadable backend is not "gone". (A
+        WorkflowRun never deployed goes ahead: its saga's first helm call says what is wrong.)"""
+        status = self._statuses.get(key)
+        return status is not None and status.deployed_fingerprint is not None
+
+    def _hold_unknown(self, item: PlanItem, why: str) -> None:
+        """Nothing is planned for a WorkflowRun whose live state cannot be read: it is not gone."""
+        message = f"{why}; nothing is planned for it until the backend can be read"
+        status = self._statuses.get(item.key)
+        if status is not None and status.message != message:
+            log.warning("plan-held workflowrun=%s reason=%r", item.key, why)
+            self._statuses.update(item.namespace, item.name, message=message)
+
+    def _observe(self, item: PlanItem, commit: str) -> None:
+        status = self._statuses.get(item.key)
+        if status is None or status.phase not in FINAL_PHASES:
+            return
+        fields: dict[str, Any] = {"observed_commit": commit}
+        if item.reason.startswith("drift:"):
+            fields.update(message=item.reason)
+        elif status.phase is Phase.READY:
+            fields.update(message=f"{status.version} in sync", last_error=None)
+        elif item.reason.startswith("in sync") and status.version is not None:
+            # What failed is no longer asked for (e.g. the commit was reverted): the stable release is the spec.
+            fields.update(phase=Phase.READY, message=f"{status.version} in sync", last_error=None)
+        else:  # RolledBack or Failed, and held until the spec changes
+            fields.update(message=item.reason)
+        if any(getattr(status, field) != value for field, value in fields.items()):
+            self._statuses.update_nowait(item.namespace, item.name, **fields)
+
+    async def _refuse(self, commit: str, problems: list[str], warnings: list[str], *, full: bool,
+                      untrusted: dict[str, Any] | None = None, held: dict[str, Any] | None = None) -> list[PlanItem]:
+        """A refused commit (invalid, untrusted, held for approval) changes nothing that runs, and
+        stops nothing from being enforced: the last reconciled commit's releases are still healed
+        (before the statuses are written, so that they end on what is refused, beside what serves)."""
+        if full:
+            trusted = await self._last_trusted_specs()
+            if trusted is not None:
+                await self._heal_drift(trusted)
+        self._reject(commit, problems, warnings, untrusted=untrusted, held=held)
+        return []
+
+    async def _last_trusted_specs(self) -> SpecSet | None:
+        """The specs of the last reconciled commit: kept from the pass that reconciled it, or read
+        again from the clone (a restart while the newest commit is refused)."""
+        commit = self.source_status.get("lastReconciledCommit")
+        if not isinstance(commit, str):
+            return None  # nothing was ever reconciled: nothing plnt deployed to keep running
+        if self._trusted is None or self._trusted[0] != commit:
+            try:
+                specs, problems = await in_bulk_thread(self._read_specs, commit)
+            except Exception as exc:  # noqa: BLE001 - e.g. gone from the clone after a force-push: heal nothing, report the refusal
+                log.warning("trusted-specs-unreadable commit=%s error=%s", commit[:12], redact(str(exc)))
+                return None
+            if problems:  # it was valid when reconciled; a stricter plnt may disagree: heal nothing then
+                log.warning("trusted-specs-invalid commit=%s first=%r", commit[:12], str(problems[0]))
+                return None
+            self._trusted = (commit, specs)
+            self._driver.assign(specs)  # (after a restart: the driver has seen no specs yet)
+        return self._trusted[1]
+
+    def _reject(self, commit: str, problems: list[str], warnings: list[str], *,
+                untrusted: dict[str, Any] | None = None, held: dict[str, Any] | None = None) -> None:
+        """Nothing running changes: the commit's problems go to GET /source and every status, beside
+        what each still serves ("Ready 1.2.0; commit abc123 is held: ...")."""
+        lines = problems[:MAX_SHOWN_PROBLEMS]
+        if self.source_status.get("newestCommit") != commit or self.source_status.get("problems") != lines:
+            log.error("commit-%s commit=%s problems=%d first=%r (nothing running was changed)",
+                      "untrusted" if untrusted else "held" if held else "invalid", commit[:12], len(problems), lines[0])
+        self._record_source(commit=commit, problems=lines, warnings=warnings, untrusted=untrusted, held=held)
+        summary = (lines[0] if untrusted or held else
+                   f"commit {commit[:12]} is invalid ({len(problems)} problem{'s' if len(problems) != 1 else ''}): {lines[0]}")
+        for status in self._statuses.all():
+            if preview_of(status.name) is not None:
+                continue  # a preview is its PR's
+            message = f"{status.phase.value} {status.version}; {summary}" if status.version else summary
+            if status.message != message:
+                self._statuses.update(status.namespace, status.name, message=message, last_error="\n".join(lines))
+
+    def _record_source(self, *, commit: str | None = None, problems: list[str] | None = None,
+                       reconciled: bool = False, error: str | None = None, warnings: list[str] | None = None,
+                       untrusted: dict[str, Any] | None = None, held: dict[str, Any] | None = None) -> None:
+        new = dict(self.source_status)
+        if commit is not None:
+            new["untrusted"] = untrusted  # the verdict of the first untrusted commit (--verify-commits)
+            if self._approval is not None or "held" in new:
+                new["held"] = held  # the verdict of the first unapproved commit (--require-approval)
+        # source.url holds no credentials; errors may quote a URL that does (git echoes them).
+        new.update({"repo": redact(self._source.url), "branch": self._source.branch, "path": self._source.path})
+        if commit is not None:
+            new["newestCommit"] = commit
+            new["problems"] = problems or []
+            new["warnings"] = warnings or []
+        if reconciled:
+            new["lastReconciledCommit"] = commit
+        new["fetchError"] = redact(error) if error is not None else None
+        if new != self.source_status:
+            self.source_status = new
+            atomic_write_json(self._state.source_file, new)
+
+
+async def _first(*aws: Any) -> None:
+    tasks = [asyncio.ensure_future(aw) for aw in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()

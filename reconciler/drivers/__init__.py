@@ -1,0 +1,1 @@
+"""Where runners run: the driver protocol, local processes (and the zygote), Helm."""

@@ -1,0 +1,273 @@
+"""Routes each WorkflowRun and ModelDeployment to the driver of its backend: local processes for
+`type: local`, Helm for `type: kubernetes` (one HelmDriver per backend: runner releases of
+charts/workflow-runner, model-server releases of charts/model-server).
+
+The reconciler calls `assign(specs)` with every valid spec set before it plans: that is when
+WorkflowRuns are mapped to backends and the Helm drivers learn the specs they render. The mapping
+and the backends are kept in STATE/backends.json, so a WorkflowRun removed from the repository is
+still uninstalled from the backend it ran on after a restart.
+
+Unknown is never "gone": when a cluster's live state cannot be read (unreachable, RBAC), `live()`
+answers the last state read from it, updated by plnt's own installs, promotions and removals and
+kept in STATE/helm-live.json, so the plan neither restores nor uninstalls anything there on the
+strength of a failed read.
+
+Routes: `snapshot()` is the local records plus that last known Helm state, so the gateway routes to
+Kubernetes releases (their Services) as to local runners; `on_change` fires whenever it changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from plnt.reconciler.drivers.protocol import InstallRequest
+from plnt.reconciler.errors import PlntError
+from plnt.reconciler.drivers.helm import HelmConfigError, HelmDriver, SpecCache, SpecLookup
+from plnt.reconciler.specs.loader import SpecSet
+from plnt.reconciler.drivers.local import LocalDriver
+from plnt.reconciler.drivers.reported import ReportedRunners
+from plnt.reconciler.specs.models import Deployable, PlntBackend, RunnerLimits, run_key, spec_fingerprint
+from plnt.reconciler.state import LiveWorkflow, Release, StateDir, Track, atomic_write_json, read_json
+
+log = logging.getLogger(__name__)
+
+MakeHelmDriver = Callable[[PlntBackend, SpecLookup], HelmDriver]
+
+
+class DriverSet:
+    def __init__(self, local: LocalDriver | ReportedRunners, state: StateDir, make_helm: MakeHelmDriver, *,
+                 on_change: Callable[[], None] | None = None) -> None:
+        """`local`: the runner processes themselves (`plnt up`, `plnt worker`), or on a reconciler of
+        split roles what the workers report of theirs (ReportedRunners)."""
+        self.local = local
+        self._make_helm = make_helm
+        self._on_change = on_change  # called when a Helm backend's known releases change (routes follow)
+        self._file = state.root / "backends.json"
+        saved = read_json(self._file, default={}) or {}
+        self._saved: dict[str, object] = saved
+        self._assigned: dict[str, str] = saved.get("workflowRuns", {})  # namespace/name -> backend name
+        self._backends = {name: PlntBackend.model_validate(doc) for name, doc in saved.get("backends", {}).items()}
+        self._specs = SpecCache()
+        self._remembered: SpecSet | None = None  # the spec set assign() last remembered
+        self._assigned_by: SpecSet | None = None  # the spec set the assignments are those of (None: changed since)
+        self._helm: dict[str, tuple[str, HelmDriver]] = {}  # backend -> (its spec fingerprint, driver)
+        # backend -> the live state last read from it (or changed by plnt since), for when it cannot be read
+        self._known_file = state.root / "helm-live.json"
+        known = read_json(self._known_file, default={}) or {}
+        self._known: dict[str, dict[str, LiveWorkflow]] = {
+            backend: {key: LiveWorkflow.model_validate(item) for key, item in items.items()}
+            for backend, items in known.items()
+        }
+        self._unknown: dict[str, str] = {}  # backend -> why its live state could not be read (logged once)
+
+    def assign(self, specs: SpecSet) -> None:
+        # The reconciler passes the same SpecSet on every poll of one commit: its runs are remembered
+        # already (SpecCache only adds; a fingerprint is a JSON dump, 1,000 of them per poll otherwise),
+        # and unless remember() moved a WorkflowRun since (a saga of another commit), assigned too.
+        if specs is self._remembered and self._assigned_by is specs:
+            return
+        remember = specs is not self._remembered
+        self._remembered = specs
+        self._assigned_by = specs
+        for run in specs.deployables().values():
+            if remember:
+                self._specs.remember(run)
+            self._assigned[run.key] = run.spec.backend.cluster
+        self._backends.update(specs.backends)
+        self._save()
+
+    def _save(self) -> None:
+        record = {
+            "workflowRuns": dict(self._assigned),
+            "backends": {name: b.model_dump(mode="json", by_alias=True) for name, b in self._backends.items()},
+        }
+        if record != self._saved:  # every poll assigns; write only what changed
+            atomic_write_json(self._file, record)
+            self._saved = record
+
+    def remember(self, run: Deployable, backend: PlntBackend) -> None:
+        """One WorkflowRun or ModelDeployment and its backend, as a saga's commit gives them: how a
+        worker, which never sees the reconciler's spec sets, knows where each release goes (and where
+        to remove it from)."""
+        self._specs.remember(run)
+        if self._assigned.get(run.key) == backend.metadata.name and self._backends.get(backend.metadata.name) == backend:
+            return
+        self._assigned[run.key] = backend.metadata.name
+        self._backends[backend.metadata.name] = backend
+        self._assigned_by = None  # the next assign() sets the reconciler's spec set's assignments again
+        self._save()
+
+    def driver_for(self, namespace: str, name: str) -> LocalDriver | HelmDriver:
+        backend = self._backends.get(self._assigned.get(run_key(namespace, name), ""))
+        if backend is None or backend.spec.type == "local":
+            return self.local
+        return self._helm_driver(backend)
+
+    def runner_limits(self, namespace: str, name: str) -> RunnerLimits:
+        """Limits of a local runner of this WorkflowRun: its backend's runnerLimits (the local
+        driver's lookup, so limits come from the assigned backend, not from a saga's input)."""
+        backend = self._backends.get(self._assigned.get(run_key(namespace, name), ""))
+        return backend.spec.runner_limits if backend is not None else RunnerLimits()
+
+    def park_after(self, namespace: str, name: str, fingerprint: str) -> float | None:
+        """Idle seconds after which this release's local runner parks: its backend's
+        scaleToZeroAfterSeconds when the spec it was made from says `replicas.min: 0`, else None."""
+        spec = self._specs(namespace, name, fingerprint)
+        backend = self._backends.get(self._assigned.get(run_key(namespace, name), ""))
+        if spec is None or backend is None or spec.replicas.min != 0 or backend.spec.type != "local":
+            return None
+        return backend.spec.scale_to_zero_after_seconds
+
+    async def wake(self, namespace: str, name: str, release_id: str) -> Release | None:
+        """Start a parked local runner again (LocalDriver.wake); None for anything else."""
+        if self.driver_for(namespace, name) is not self.local:
+            return None
+        wake = getattr(self.local, "wake", None)  # ReportedRunners (the reconcile role) cannot
+        return await wake(namespace, name, release_id) if wake is not None else None
+
+    # --- the driver interface, dispatched ----------------------------------------------------
+
+    async def install(self, request: InstallRequest) -> Release:
+        release = await self.driver_for(request.namespace, request.name).install(request)
+        self._note(request.namespace, request.name, {request.track: release})
+        return release
+
+    async def promote(self, namespace: str, name: str) -> Release:
+        release = await self.driver_for(namespace, name).promote(namespace, name)
+        self._note(namespace, name, {"stable": release, "canary": None})
+        return release
+
+    async def remove(self, namespace: str, name: str, track: Track) -> None:
+        await self.driver_for(namespace, name).remove(namespace, name, track)
+        self._note(namespace, name, {track: None})
+
+    def knows(self, namespace: str, name: str) -> bool:
+        """Whether this DriverSet knows the WorkflowRun's backend (it assigned or remembered it)."""
+        return run_key(namespace, name) in self._assigned
+
+    async def remove_anywhere(self, namespace: str, name: str, track: Track, backends: Iterable[PlntBackend]) -> None:
+        """Remove one track's release wherever it is: the local runner and each Kubernetes backend
+        given. For an uninstall on a worker that never saw the install (a new pod, an empty state
+        dir). A Helm release of the same name that belongs to another WorkflowRun is left alone."""
+        await self.local.remove(namespace, name, track)
+        for backend in backends:
+            if backend.spec.type != "kubernetes":
+                continue
+            try:
+                await self._helm_driver(backend).remove(namespace, name, track)
+            except HelmConfigError as exc:
+                log.info("remove-skipped backend=%s workflowrun=%s/%s: %s", backend.metadata.name, namespace, name, exc)
+                continue
+            self._backends.setdefault(backend.metadata.name, backend)
+            known = self._known.get(backend.metadata.name, {})
+            if run_key(namespace, name) in known:
+                self._assigned[run_key(namespace, name)] = backend.metadata.name
+                self._assigned_by = None
+                self._note(namespace, name, {track: None})
+
+    async def live(self) -> dict[str, LiveWorkflow]:
+        live = dict(await self.local.live())
+        for backend in self._kubernetes_backends():
+            name = backend.metadata.name
+            try:
+                found = await self._helm_driver(backend).live()
+            except PlntError as exc:  # an unreachable cluster must not stop reconciling the others
+                known = self._known.get(name, {})
+                if self._unknown.get(name) != str(exc):
+                    log.warning("live-state-unknown backend=%s releases_assumed=%d error=%s (the last state read "
+                                "stands: nothing there is restored or uninstalled until it can be read)",
+                                name, len(known), exc)
+                self._unknown[name] = str(exc)
+                live.update(known)
+                continue
+            if self._unknown.pop(name, None) is not None:
+                log.info("live-state-readable backend=%s releases=%d", name, len(found))
+            self._remember(name, found)
+            live.update(found)
+        return live
+
+    async def live_of(self, namespace: str, name: str) -> LiveWorkflow | None:
+        """One WorkflowRun's releases, as `live()` has them. With only local runners in use (the
+        embedded default) that is its one record file, not a look at every record (a saga step
+        asks twice; with 1,000 WorkflowRuns reading all of them was 3 % of plnt's CPU)."""
+        read_one = getattr(self.local, "record_of", None)  # a LocalDriver (ReportedRunners has none)
+        if read_one is not None and not self._kubernetes_backends():
+            found: LiveWorkflow | None = read_one(namespace, name)
+            return found
+        return (await self.live()).get(run_key(namespace, name))
+
+    def snapshot(self) -> dict[str, LiveWorkflow]:
+        """Every release plnt knows of, without I/O: the local driver's records and the last known
+        state of each Kubernetes backend in use (Helm releases' endpoints are their Services). What
+        the gateway's route table is built from."""
+        result = dict(self.local.snapshot())
+        for backend in self._kubernetes_backends():
+            result.update(self._known.get(backend.metadata.name, {}))
+        return result
+
+    def any_live_unknown(self) -> bool:
+        """Whether live_unknown may give a reason for some WorkflowRun (when not, it gives None for all)."""
+        return bool(self._unknown) or getattr(self.local, "unknown_reason", lambda: None)() is not None
+
+    def live_unknown(self, key: str) -> str | None:
+        """Why plnt cannot tell what runs for this WorkflowRun, or None: its backend's live state
+        could not be read at the last `live()` and no earlier read (STATE/helm-live.json) holds it.
+        The reconciler then plans nothing for one it deployed: absent from an unread cluster is not "gone"."""
+        backend = self._assigned.get(key, "")
+        if self.driver_for(*key.split("/", 1)) is self.local:
+            local_unknown = getattr(self.local, "unknown_reason", lambda: None)()
+            if local_unknown is not None:
+                return f"the local runners' state is not known yet ({local_unknown})"
+            return None
+        why = self._unknown.get(backend)
+        if why is None or key in self._known.get(backend, {}):
+            return None
+        return f"the live state of backend {backend!r} cannot be read ({why})"
+
+    async def drift(self) -> dict[str, list[Release]]:
+        # Helm is its own record: a release removed or changed by hand shows in live() and the
+        # plan installs or upgrades it back. Runner processes are tracked by plnt, so only they drift.
+        return await self.local.drift()
+
+    async def repair(self, namespace: str, name: str) -> list[Release]:
+        return await self.local.repair(namespace, name)
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _note(self, namespace: str, name: str, change: dict[str, Release | None]) -> None:
+        """Keep the last known live state of a Helm backend in step with what plnt itself changed."""
+        backend = self._assigned.get(run_key(namespace, name), "")
+        if self.driver_for(namespace, name) is self.local:
+            return
+        known = dict(self._known.get(backend, {}))
+        key = run_key(namespace, name)
+        item = (known.get(key) or LiveWorkflow(namespace=namespace, name=name)).model_copy(update=change)
+        if item.empty:
+            known.pop(key, None)
+        else:
+            known[key] = item
+        self._remember(backend, known)
+
+    def _remember(self, backend: str, live: dict[str, LiveWorkflow]) -> None:
+        if self._known.get(backend) == live:
+            return
+        self._known[backend] = dict(live)
+        atomic_write_json(self._known_file, {
+            name: {key: item.model_dump(mode="json") for key, item in items.items()}
+            for name, items in self._known.items()
+        })
+        if self._on_change is not None:
+            self._on_change()
+
+    def _kubernetes_backends(self) -> list[PlntBackend]:
+        used = set(self._assigned.values())
+        return [b for name, b in sorted(self._backends.items()) if b.spec.type == "kubernetes" and name in used]
+
+    def _helm_driver(self, backend: PlntBackend) -> HelmDriver:
+        fingerprint = spec_fingerprint(backend.spec)
+        known = self._helm.get(backend.metadata.name)
+        if known is None or known[0] != fingerprint:  # a changed backend gets a driver for its new settings
+            known = (fingerprint, self._make_helm(backend, self._specs))
+            self._helm[backend.metadata.name] = known
+        return known[1]

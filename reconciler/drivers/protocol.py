@@ -1,0 +1,93 @@
+"""The release driver: one Protocol, two implementations (local processes, Helm).
+
+Everything above the driver (plan, saga, gateway routes) is the same for both. Every method is
+idempotent, so a retried saga activity finds its own earlier work and continues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from plnt.reconciler.specs.loader import SpecSet
+from plnt.reconciler.specs.models import RecipeTrustPolicy
+from plnt.reconciler.state import LiveWorkflow, ModelServing, Release, Track
+
+
+class RecipeTrust(BaseModel):
+    """What the saga verified the recipe (or a model's weights) with, read from the saga's commit:
+    the RecipeTrustPolicies covering it and the trusted-root JSON of each `trustedRootFile` they name
+    (path -> text). A driver whose pods fetch and verify it themselves (Helm: the pod's init
+    container) hands these to them; the local driver runs plnt's verified copy and needs none."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policies: tuple[RecipeTrustPolicy, ...] = ()
+    trusted_roots: dict[str, str] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, policies: Iterable[RecipeTrustPolicy], read_root: Callable[[str], bytes]) -> RecipeTrust:
+        """These policies with the trusted root each `trustedRootFile` names, read by `read_root(path)`."""
+        policies = tuple(policies)
+        paths = sorted({p.spec.trust_root.trusted_root_file for p in policies if p.spec.trust_root.trusted_root_file})
+        return cls(policies=policies, trusted_roots={path: read_root(path).decode("utf-8") for path in paths})
+
+
+class InstallRequest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str
+    name: str
+    track: Track
+    version: str
+    spec_fingerprint: str
+    recipe_digest: str  # a recipe's archive digest, or a model's root digest (the signed manifest's pin)
+    # plnt's verified copy of it (a recipe's directory, a model's directory in the weights store); "" for
+    # a model on Kubernetes, whose pod fetches and verifies the weights itself (`model.registry`, `trust`)
+    recipe_dir: str
+    traffic_percent: int = 0
+    trust: RecipeTrust = RecipeTrust()  # a model's: the policies its weights were verified with
+    model: ModelServing | None = None  # a ModelDeployment's release: a model server, not a runner
+    llm_model: str | None = None  # a WorkflowRun bound to a ModelDeployment: its "namespace/name"
+
+    def release(self, endpoint: str = "") -> Release:
+        """The release this request makes, before a driver gives it an endpoint (and a process)."""
+        return Release(release_id=self.release_id, endpoint=endpoint, **self.model_dump(exclude={"trust"}))
+
+    @property
+    def release_id(self) -> str:
+        # Same spec, same id: a retried install finds the release it made before. The track is not
+        # part of it: a promoted canary keeps its id as the stable release.
+        return f"{self.namespace}.{self.name}.{self.version}.{self.spec_fingerprint[7:19]}"
+
+
+class ReleaseDriver(Protocol):
+    def assign(self, specs: SpecSet) -> None:
+        """Called with every valid spec set before a plan: which backend each WorkflowRun uses."""
+        ...
+
+    async def install(self, request: InstallRequest) -> Release:
+        """Install (or find) the release; returns once it is healthy."""
+        ...
+
+    async def promote(self, namespace: str, name: str) -> Release:
+        """Make the canary the stable release and remove the previous stable one."""
+        ...
+
+    async def remove(self, namespace: str, name: str, track: Track) -> None:
+        """Remove one track's release; nothing to remove is not an error."""
+        ...
+
+    async def live(self) -> dict[str, LiveWorkflow]:
+        """Every WorkflowRun with a release, by key namespace/name."""
+        ...
+
+    async def drift(self) -> dict[str, list[Release]]:
+        """Recorded releases that are not running as recorded (changed or removed out of band)."""
+        ...
+
+    async def repair(self, namespace: str, name: str) -> list[Release]:
+        """Restore one WorkflowRun's drifted releases to their records; returns what was restored."""
+        ...

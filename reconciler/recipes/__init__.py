@@ -1,0 +1,1 @@
+"""Pull and verify what a spec names: registries, archives, trust policies, model weights."""

@@ -1,0 +1,1 @@
+"""Pull requests as deploy approval: forges, plan review, approval, previews, notes, reports."""

@@ -1,0 +1,1 @@
+"""The durable canary saga on Temporal: workflow, activities, smoke test, progress, history."""

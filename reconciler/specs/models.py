@@ -1,0 +1,600 @@
+"""Spec models: the resources a spec repository holds, and the recipe a registry serves.
+
+`WorkflowRun`, `PlntBackend` and `RecipeTrustPolicy` (apiVersion plnt.work/v1) live in the spec repository;
+`Workflow` (apiVersion microagents.dev/v1) is a recipe's `workflow.yaml`.
+
+Models are strict: unknown fields and wrong types are errors, never coerced or ignored.
+Field names in YAML are camelCase (as in Kubernetes); attributes are snake_case.
+Cross-document checks (duplicates, backend references, GPU classes, step graphs) are in
+`plnt.reconciler.specs.loader`, where they can name the file and line.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+PLNT_API_VERSION = "plnt.work/v1"
+RECIPE_API_VERSION = "microagents.dev/v1"
+
+# RFC 1123 label, as Kubernetes requires for names it turns into DNS and labels.
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+# semver-ish: 1.2.0, 1.3.0-rc.1, 2.0.0+build.5
+VERSION_PATTERN = r"^[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.+-]+)?$"
+REF_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?@[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.+-]+)?$"
+INTEGRITY_PATTERN = r"^sha256:[0-9a-f]{64}$"
+
+
+class SpecModel(BaseModel):
+    """Base for every spec model: strict, immutable, camelCase in YAML."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+    )
+
+
+# --- plnt.work/v1 -------------------------------------------------------------------------
+
+
+class Metadata(SpecModel):
+    name: str = Field(pattern=NAME_PATTERN)
+    namespace: str = Field(default="default", pattern=NAME_PATTERN)
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class WorkflowSource(SpecModel):
+    """Which recipe to run: `name@version` from a registry, optionally pinned by digest."""
+
+    ref: str = Field(pattern=REF_PATTERN, description="recipe name@version, e.g. review-responder@1.2.0")
+    registry: str = Field(
+        min_length=1,
+        description="s3://bucket/prefix, oci://host/repo, or file:///abs/dir (file:relative/dir is "
+        "resolved against the root of the spec repository at the reconciled commit)",
+    )
+    integrity_hash: str | None = Field(default=None, pattern=INTEGRITY_PATTERN)
+
+    @property
+    def name(self) -> str:
+        return self.ref.split("@", 1)[0]
+
+    @property
+    def version(self) -> str:
+        return self.ref.split("@", 1)[1]
+
+    @field_validator("registry")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if not re.match(r"^(s3://|oci://|file:)", value):
+            raise ValueError("registry must start with s3://, oci:// or file: (a local directory)")
+        # Refused here, at the spec's own line: read later, `..` would be reported as a refused name in
+        # the commit's tree (file:rel) or silently resolved against the host (file:///).
+        if value.startswith("file:") and ".." in value.removeprefix("file:").split("/"):
+            raise ValueError(f"{value!r}: a file registry path must not contain '..': name a directory inside the "
+                             "spec repository (file:registry) or under a directory plnt is started with "
+                             "--allow-file-registry DIR (file:///DIR/sub)")
+        return value
+
+
+class Toleration(SpecModel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+class BackendPlacement(SpecModel):
+    """Where a WorkflowRun runs: a PlntBackend by name, and what it needs there."""
+
+    cluster: str = Field(pattern=NAME_PATTERN, description="metadata.name of a PlntBackend")
+    gpu_class: str | None = None
+    gpu_count: int = Field(default=0, ge=0)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _gpu_count_needs_class(self) -> BackendPlacement:
+        if self.gpu_count > 0 and self.gpu_class is None:
+            raise ValueError("gpuCount > 0 needs a gpuClass")
+        return self
+
+
+class Replicas(SpecModel):
+    """min: 0 is scale to zero (local backends only): the runner stops after its backend's scaleToZeroAfterSeconds without an invocation, and the next request starts it again."""  # noqa: E501
+
+    min: int = Field(default=1, ge=0)
+    max: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _max_not_below_min(self) -> Replicas:
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
+        return self
+
+
+class Autoscaling(SpecModel):
+    target_invocations_per_second: float = Field(gt=0)
+
+
+class SmokeTest(SpecModel):
+    """Invocations sent to the canary before promotion, and the budgets they must meet."""
+
+    invocations: int = Field(default=10, ge=1, le=10_000)
+    p95_budget_ms: float = Field(default=2500, gt=0)
+    error_budget_percent: float = Field(default=1, ge=0, le=100)
+    ttft_budget_ms: float | None = Field(default=None, gt=0)
+    tpot_budget_ms: float | None = Field(default=None, gt=0)
+    concurrency: int = Field(default=2, ge=1, le=256)
+
+
+class Canary(SpecModel):
+    traffic_percent: int = Field(default=5, ge=0, le=100)
+    smoke_test: SmokeTest = Field(default_factory=SmokeTest)
+
+
+class WorkflowRunSpec(SpecModel):
+    workflow: WorkflowSource
+    backend: BackendPlacement
+    model: str | None = Field(default=None, pattern=NAME_PATTERN, description=(
+        "metadata.name of a ModelDeployment in this namespace: the runners' LLM calls go to it through the "
+        "gateway (a model canary gets its share of them); default: plnt's --llm-url, or the offline mock"))
+    replicas: Replicas = Field(default_factory=Replicas)
+    autoscaling: Autoscaling | None = None
+    canary: Canary = Field(default_factory=Canary)
+    self_heal: bool = True
+
+
+class WorkflowRun(SpecModel):
+    api_version: Literal["plnt.work/v1"]
+    kind: Literal["WorkflowRun"]
+    metadata: Metadata
+    spec: WorkflowRunSpec
+
+    @property
+    def key(self) -> str:
+        return run_key(self.metadata.namespace, self.metadata.name)
+
+    @property
+    def version(self) -> str:
+        """The version a release of this spec serves (the recipe's)."""
+        return self.spec.workflow.version
+
+    def fingerprint(self) -> str:
+        """A stable digest of the spec: equal specs deploy the same release."""
+        return spec_fingerprint(self.spec)
+
+
+# --- ModelDeployment: signed weights served by a model runtime -------------------------------
+
+MODEL_RUNTIMES = ("llama.cpp", "vllm", "tgi", "sglang")
+LOCAL_MODEL_RUNTIMES = ("llama.cpp",)  # what a type: local backend can run (on its CPU)
+# Set by plnt for every runtime (where it listens, which file it serves): never from spec.runtime.args.
+RESERVED_RUNTIME_ARGS = ("--host", "--port", "--model", "--model_alias", "--served-model-name", "--model-id",
+                         "--model-path", "--api_key", "--api-key", "--config_file", "--hostname")
+DEFAULT_SMOKE_PROMPTS = ("Reply with one short sentence: what is a canary release?",)
+
+
+class ModelSource(SpecModel):
+    """Which weights to serve: NAME@VERSION from a registry, pinned by the root digest of the signed
+    manifest (sha256 over the per-file digests in name order, as the OpenSSF model-signing format)."""
+
+    registry: str = Field(min_length=1, description="s3://bucket/prefix, oci://host/repo, or file:///abs/dir "
+                          "(file:relative/dir: inside the spec repository at the reconciled commit)")
+    name: str = Field(pattern=NAME_PATTERN, description="the model's name in the registry and in its signed manifest")
+    version: str = Field(pattern=VERSION_PATTERN)
+    root_digest: str = Field(pattern=INTEGRITY_PATTERN, description="pin: the signed manifest's root digest "
+                             "(`plnt model manifest DIR --name NAME` prints it)")
+    trust_policy: str | None = Field(default=None, pattern=NAME_PATTERN, description=(
+        "metadata.name of the RecipeTrustPolicy that must accept the signature; default: any policy whose "
+        "spec.recipes globs cover the model's name"))
+
+    _known_scheme = field_validator("registry")(WorkflowSource._known_scheme.__func__)  # type: ignore[attr-defined]
+
+
+class ModelResources(SpecModel):
+    """What one model server may use. Local: memoryMiB is its address-space limit (instead of the
+    backend's runnerLimits.memoryMiB: weights are mapped into memory). Kubernetes: requests and limits."""
+
+    memory_mi_b: int = Field(ge=256, le=2**24, alias="memoryMiB", description="memory of one model server, MiB")
+    cpu: float | None = Field(default=None, gt=0, le=1024, description="Kubernetes: CPU cores requested")
+
+
+class ModelRuntime(SpecModel):
+    """The server that serves the weights. llama.cpp runs on a local backend's CPU (and on
+    Kubernetes); vLLM, TGI and SGLang run on Kubernetes backends only."""
+
+    type: Literal["llama.cpp", "vllm", "tgi", "sglang"]
+    args: list[str] = Field(default_factory=list, description="extra arguments for the runtime's server")
+    context_length: int = Field(default=2048, ge=128, le=1 << 20)
+    threads: int | None = Field(default=None, ge=1, le=512, description="CPU threads (llama.cpp); default: its own")
+    image: str | None = Field(default=None, min_length=1, description="Kubernetes: the runtime's container image")
+    resources: ModelResources | None = Field(default=None, description=(
+        "default: the backend's runnerLimits (local) or plnt's setting (Kubernetes)"))
+
+    @field_validator("args")
+    @classmethod
+    def _no_reserved_args(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            if arg.split("=", 1)[0] in RESERVED_RUNTIME_ARGS:
+                raise ValueError(f"{arg.split('=', 1)[0]} is set by plnt (where the server listens and what it "
+                                 "serves); remove it from spec.runtime.args")
+        return value
+
+
+class ModelCanary(SpecModel):
+    traffic_percent: int = Field(default=5, ge=0, le=100)
+    smoke_test: SmokeTest = Field(default_factory=lambda: SmokeTest(invocations=5, concurrency=1))
+    prompts: list[str] = Field(default_factory=lambda: list(DEFAULT_SMOKE_PROMPTS), min_length=1,
+                               description="user messages the smoke test sends, in turn")
+    max_tokens: int = Field(default=16, ge=1, le=4096, description="tokens each smoke-test reply may generate")
+
+
+class ModelReplicas(Replicas):
+    """A model server keeps its weights in memory: no scale to zero (min 1 or more)."""
+
+    min: int = Field(default=1, ge=1)
+
+
+class ModelDeploymentSpec(SpecModel):
+    model: ModelSource
+    runtime: ModelRuntime
+    backend: BackendPlacement
+    replicas: ModelReplicas = Field(default_factory=ModelReplicas)
+    canary: ModelCanary = Field(default_factory=ModelCanary)
+    self_heal: bool = True
+
+
+class ModelDeployment(SpecModel):
+    """Signed model weights served by a runtime, rolled out by the same saga as a WorkflowRun.
+    Its name shares the namespace's names with WorkflowRuns (one key per name): the gateway serves
+    it at /v1/chat/completions with model = its name."""
+
+    api_version: Literal["plnt.work/v1"]
+    kind: Literal["ModelDeployment"]
+    metadata: Metadata
+    spec: ModelDeploymentSpec
+
+    @property
+    def key(self) -> str:
+        return run_key(self.metadata.namespace, self.metadata.name)
+
+    @property
+    def version(self) -> str:
+        return self.spec.model.version
+
+    def fingerprint(self) -> str:
+        return spec_fingerprint(self.spec)
+
+
+Deployable = WorkflowRun | ModelDeployment  # what a saga rolls out
+
+
+DEFAULT_SCALE_TO_ZERO_AFTER_S = 300.0
+
+
+class KubernetesTarget(SpecModel):
+    context: str | None = None
+    namespace: str = Field(default="default", pattern=NAME_PATTERN)
+    kubeconfig: str | None = None
+
+
+class RunnerLimits(SpecModel):
+    """Resource limits of each runner process on a `type: local` backend, set (soft and hard) by the
+    runner before it imports any recipe code. memoryMiB caps the address space (RLIMIT_AS: virtual
+    memory, so leave room above the resident size; a runner starts at ~160 MiB); processes is
+    RLIMIT_NPROC, which Linux counts per user (every process and thread of plnt's user), and root
+    is not held by it."""
+
+    memory_mi_b: int = Field(default=2048, ge=256, le=2**22, alias="memoryMiB")
+    open_files: int = Field(default=1024, ge=64, le=2**20)
+    processes: int = Field(default=4096, ge=64, le=2**22)
+
+
+class PlntBackendSpec(SpecModel):
+    type: Literal["local", "kubernetes"]
+    gpu_classes: list[str] = Field(default_factory=list)
+    kubernetes: KubernetesTarget | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    runner_limits: RunnerLimits = Field(default_factory=RunnerLimits)
+    # Idle seconds after which the runner of a `replicas.min: 0` WorkflowRun stops (type: local).
+    scale_to_zero_after_seconds: float = Field(default=DEFAULT_SCALE_TO_ZERO_AFTER_S, ge=1, le=7 * 86400)
+
+    @model_validator(mode="after")
+    def _kubernetes_needs_target(self) -> PlntBackendSpec:
+        if self.type == "kubernetes" and self.kubernetes is None:
+            raise ValueError("type: kubernetes needs a kubernetes: {context, namespace} block")
+        if self.type == "local" and self.kubernetes is not None:
+            raise ValueError("kubernetes: is only allowed with type: kubernetes")
+        if self.type == "kubernetes" and self.runner_limits != RunnerLimits():
+            # Not silently ignored: pods get their limits from the chart's resources. (Compared with the
+            # defaults, not "was it set": dumped and re-read backends carry the defaults.)
+            raise ValueError("runnerLimits: is only allowed with type: local (Kubernetes runners: chart resources)")
+        if self.type == "kubernetes" and self.scale_to_zero_after_seconds != DEFAULT_SCALE_TO_ZERO_AFTER_S:
+            raise ValueError("scaleToZeroAfterSeconds: is only allowed with type: local (plnt does not scale "
+                             "Kubernetes runners to zero)")
+        return self
+
+
+class BackendMetadata(SpecModel):
+    """Cluster-wide resources (PlntBackend, RecipeTrustPolicy): a name, no namespace."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class PlntBackend(SpecModel):
+    api_version: Literal["plnt.work/v1"]
+    kind: Literal["PlntBackend"]
+    metadata: BackendMetadata
+    spec: PlntBackendSpec
+
+
+def loose_dots(pattern: str) -> list[int]:
+    """Offsets of each '.' in a regex that matches any one character where a literal dot was likely
+    meant: not escaped, not inside [...], not followed by a quantifier (`.*`, `.+` are wildcards on purpose)."""
+    found: list[int] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+            i += 1
+            i += pattern.startswith("^", i)
+            i += pattern.startswith("]", i)  # a ']' first in a class is a literal
+            continue
+        elif char == "." and pattern[i + 1 : i + 2] not in ("*", "+", "?", "{"):
+            found.append(i)
+        i += 1
+    return found
+
+
+class SignerSpec(SpecModel):
+    """Who may sign a recipe: an exact OIDC issuer plus an exact identity or a full-match regex.
+
+    The identity is matched against the signing certificate's email and URI SANs (a person's
+    email, or a CI workflow identity such as
+    https://github.com/acme/recipes/.github/workflows/release.yml@refs/tags/v1).
+    """
+
+    issuer: str = Field(min_length=1, description="exact OIDC issuer URL")
+    identity: str | None = Field(default=None, min_length=1, description="exact SAN (email or URI)")
+    identity_regex: str | None = Field(
+        default=None, min_length=1, description="regular expression that must match a whole SAN (re.fullmatch)"
+    )
+
+    @field_validator("identity_regex")
+    @classmethod
+    def _regex_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"identityRegex is not a valid regular expression: {exc}; fix or quote it") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _one_identity(self) -> SignerSpec:
+        if (self.identity is None) == (self.identity_regex is None):
+            raise ValueError("a signer needs exactly one of identity (exact) or identityRegex (full match)")
+        return self
+
+    def matches_identity(self, sans: list[str]) -> bool:
+        if self.identity is not None:
+            return self.identity in sans
+        assert self.identity_regex is not None
+        pattern = re.compile(self.identity_regex)
+        return any(pattern.fullmatch(san) for san in sans)
+
+    def regex_warnings(self) -> list[str]:
+        """Loose spots in identityRegex. It is applied with re.fullmatch (see matches_identity), so it
+        is anchored at both ends already and a missing ^ or $ is no risk; an unescaped '.' is."""
+        if self.identity_regex is None:
+            return []
+        dots = loose_dots(self.identity_regex)
+        if not dots:
+            return []
+        pattern = self.identity_regex
+        # A SAN that differs from the intended one only at the first dot, if the regex accepts it.
+        other = re.sub(r"\\(.)", r"\1", pattern[: dots[0]] + "X" + pattern[dots[0] + 1 :]).strip("^$")
+        example = f" ({other!r} is accepted too)" if re.fullmatch(pattern, other) else ""
+        return [f"an unescaped '.' in {pattern!r} matches any character, not only a dot{example}; "
+                "write '\\.' for a literal dot"]
+
+    def describe(self) -> str:
+        who = self.identity if self.identity is not None else f"/{self.identity_regex}/"
+        return f"{who} via {self.issuer}"
+
+
+class TrustRootSpec(SpecModel):
+    """Which Sigstore trust root signatures must chain to: exactly one of the two."""
+
+    public_good: bool | None = Field(
+        default=None, description="the Sigstore public-good root bundled with sigstore-python, used offline"
+    )
+    trusted_root_file: str | None = Field(
+        default=None, min_length=1, description="a trusted-root JSON file, relative to the spec repository root"
+    )
+
+    @field_validator("trusted_root_file")
+    @classmethod
+    def _relative_inside_repo(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = value.replace("\\", "/").split("/")
+            if value.startswith("/") or ".." in parts:
+                raise ValueError(
+                    f"trustedRootFile {value!r} must be a path relative to the spec repository root, without '..'"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TrustRootSpec:
+        if self.public_good is False:
+            raise ValueError("publicGood: false selects nothing; use publicGood: true or trustedRootFile")
+        if (self.public_good is None) == (self.trusted_root_file is None):
+            raise ValueError("trustRoot needs exactly one of publicGood: true or trustedRootFile")
+        return self
+
+    def describe(self) -> str:
+        return "Sigstore public-good root (offline)" if self.public_good else f"trusted root {self.trusted_root_file}"
+
+
+class RecipeTrustPolicySpec(SpecModel):
+    recipes: list[str] = Field(description="fnmatch globs over recipe names (at least one)")
+    trust_root: TrustRootSpec
+    signers: list[SignerSpec] = Field(description="at least one; a signature must match one of them")
+
+    @field_validator("recipes")
+    @classmethod
+    def _globs_not_empty(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError('recipes needs at least one recipe name or glob, e.g. [review-responder, "team-*"]')
+        for pattern in value:
+            if not pattern.strip():
+                raise ValueError("recipes entries must be non-empty name patterns, e.g. review-responder or team-*")
+        return value
+
+    @field_validator("signers")
+    @classmethod
+    def _some_signer(cls, value: list[SignerSpec]) -> list[SignerSpec]:
+        if not value:
+            raise ValueError("signers needs at least one {issuer, identity or identityRegex}; without one nothing is trusted")
+        return value
+
+
+class RecipeTrustPolicy(SpecModel):
+    """Which signers a recipe must be signed by, for the recipes whose names match `spec.recipes`.
+
+    Cluster-wide (no namespace). Several policies may cover the same recipe: a recipe is accepted
+    if ANY policy covering it accepts its signature; a recipe no policy covers is rejected.
+    """
+
+    api_version: Literal["plnt.work/v1"]
+    kind: Literal["RecipeTrustPolicy"]
+    metadata: BackendMetadata
+    spec: RecipeTrustPolicySpec
+
+    def covers(self, recipe_name: str) -> bool:
+        return any(fnmatch.fnmatchcase(recipe_name, pattern) for pattern in self.spec.recipes)
+
+
+# --- microagents.dev/v1 (the recipe) -------------------------------------------------------
+
+
+class RecipeMetadata(SpecModel):
+    name: str = Field(pattern=NAME_PATTERN)
+    version: str = Field(pattern=VERSION_PATTERN)
+
+
+class Runtime(SpecModel):
+    image: str | None = None
+    entrypoint: str = Field(
+        default="steps.py", description="the recipe's Python module, relative to workflow.yaml"
+    )
+
+
+StepTool = Literal["llm.classify", "llm.generate", "rag.query", "policy.moderate", "python"]
+
+
+class Step(SpecModel):
+    id: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    tool: StepTool
+    deps: list[str] = Field(default_factory=list)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Requirements(SpecModel):
+    gpu_class: str | None = None
+    gpu_count: int = Field(default=0, ge=0)
+    memory_gi_b: float | None = Field(default=None, gt=0, alias="memoryGiB")
+
+
+class Workflow(SpecModel):
+    api_version: Literal["microagents.dev/v1"]
+    kind: Literal["Workflow"]
+    metadata: RecipeMetadata
+    description: str = ""
+    runtime: Runtime = Field(default_factory=Runtime)
+    steps: list[Step] = Field(min_length=1)
+    output: str | None = Field(default=None, description="id of the step whose result is returned")
+    requirements: Requirements = Field(default_factory=Requirements)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+KIND_MODELS: dict[tuple[str, str], type[SpecModel]] = {
+    (PLNT_API_VERSION, "WorkflowRun"): WorkflowRun,
+    (PLNT_API_VERSION, "ModelDeployment"): ModelDeployment,
+    (PLNT_API_VERSION, "PlntBackend"): PlntBackend,
+    (PLNT_API_VERSION, "RecipeTrustPolicy"): RecipeTrustPolicy,
+    (RECIPE_API_VERSION, "Workflow"): Workflow,
+}
+
+
+def run_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def spec_fingerprint(model: BaseModel) -> str:
+    canonical = json.dumps(model.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists are leaves. Used to name what changed."""
+    if isinstance(data, dict) and data:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: data}
+
+
+def step_levels(steps: list[Step]) -> list[list[str]]:
+    """Step ids grouped into levels: every step's deps are in earlier levels.
+
+    Steps in one level are independent and may run concurrently. Raises ValueError on an
+    unknown dependency or a cycle (the loader reports those with file and line first).
+    """
+    ids = {step.id for step in steps}
+    pending = {step.id: set(step.deps) for step in steps}
+    for step in steps:
+        unknown = set(step.deps) - ids
+        if unknown:
+            raise ValueError(f"step {step.id} depends on unknown step(s) {sorted(unknown)}")
+    levels: list[list[str]] = []
+    done: set[str] = set()
+    while pending:
+        ready = [step.id for step in steps if step.id in pending and pending[step.id] <= done]
+        if not ready:
+            raise ValueError(f"steps {sorted(pending)} form a dependency cycle")
+        levels.append(ready)
+        done.update(ready)
+        for step_id in ready:
+            del pending[step_id]
+    return levels
+
+
+def output_step(workflow: Workflow) -> str:
+    """The step whose result the workflow returns: `output`, else the last step with no dependents."""
+    if workflow.output is not None:
+        return workflow.output
+    depended_on = {dep for step in workflow.steps for dep in step.deps}
+    sinks = [step.id for step in workflow.steps if step.id not in depended_on]
+    return sinks[-1]
