@@ -11,7 +11,7 @@ reads the environment). File format, one token per line:
     ci-deployer    scopes=admin                 # POST /hooks/git, GET /source
     app-backend    scopes=invoke,read invoke=summarize
 
-Scopes (see README "Gateway authentication"):
+Scopes (see docs/gateway.md, "Gateway authentication"):
 - `invoke`: POST /workflows/{name}/invoke and /v1/chat/completions, optionally limited to
   workflows (`invoke=wf1,ns/wf2`, or the older bare list); `GET /v1/models` and `GET /workflows`
   show such a token only its workflows;

@@ -1,4 +1,4 @@
-"""The `integration` marker check, hooked in by tests/conftest.py (see README.md, "Tests").
+"""The `integration` marker check, hooked in by tests/conftest.py (see docs/development.md, "Tests").
 
 `integration` means: the test starts a real service or process. `pytest -m "not integration"`
 must start none, so:
@@ -131,7 +131,7 @@ def pytest_runtest_makereport(item: pytest.Item,
     if not started:
         return report
     message = (f"{item.nodeid} is not marked integration, but it started: " + "; ".join(started[:10])
-               + ". Mark it @pytest.mark.integration (README.md, Tests), or test the code without starting it.")
+               + ". Mark it @pytest.mark.integration (docs/development.md, Tests), or test the code without starting it.")
     if report.passed:
         report.outcome = "failed"
         report.longrepr = message

@@ -4,7 +4,7 @@ No Kubernetes API server can run here. tests/kube_standin.py is a small real HTT
 that answers the endpoints plnt calls with the shapes of the Kubernetes API documentation (Lease,
 metav1.Status errors, server-side apply, the status subresource, Events); the real `kubernetes`
 client reaches it through a generated kubeconfig. What the stand-in does not model (and so what is
-not proven here) is listed in its docstring and in README.md ("Kubernetes: CRDs and --mirror-status").
+not proven here) is listed in its docstring and in docs/kubernetes.md ("CRDs and --mirror-status").
 
 Every request a test makes is checked, at teardown, against plnt.reconciler.control.kube_calls.API_CALLS:
 a call the chart's RBAC would not grant fails the test.

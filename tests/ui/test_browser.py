@@ -5,7 +5,7 @@ The runners' model server is the test peer of tests/openai_peer.py (OpenAI wire 
 like MockBackend), a STAND-IN for a model server: its per-token delay makes a stream's tokens arrive
 apart, so the page can be seen filling in. Recipes are signed by the example's test authority, a
 STAND-IN for Sigstore's public services. Each test saves
-screenshots to docs/screenshots/ (overwritten every run) for the README.
+screenshots to docs/screenshots/ (overwritten every run) for docs/observability.md.
 """
 
 from __future__ import annotations

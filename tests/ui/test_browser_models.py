@@ -7,7 +7,7 @@ the playground whose text is the real model's, streamed in.
 Stand-ins: the Sigstore authority that signs the weights and the recipes (tests/sigstore_ca.py and the
 example's test authority). The spec repository, the weights and the browser fixtures are those of
 tests/models/test_model_deployment.py and tests/ui/test_browser.py. Saves docs/screenshots/models.png
-and model-chat.png (overwritten every run) for the README.
+and model-chat.png (overwritten every run) for docs/observability.md.
 
 Needs `make install-llm` (part of `make test`)."""
 

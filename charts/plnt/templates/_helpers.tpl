@@ -56,7 +56,7 @@ http://{{ include "plnt.fullname" . }}-reconciler.{{ .Release.Namespace }}.svc:{
 {{- define "plnt.required" -}}
 {{- $_ := required "git.repo is required: the URL of the spec repository plnt tracks" .Values.git.repo -}}
 {{- $_ := required "temporal.address is required: HOST:PORT of your Temporal frontend" .Values.temporal.address -}}
-{{- $_ := required "auth.tokens.secretName is required: plnt refuses to serve on a non-loopback address without caller tokens (a Secret holding a tokens file, README \"Gateway authentication\")" .Values.auth.tokens.secretName -}}
+{{- $_ := required "auth.tokens.secretName is required: plnt refuses to serve on a non-loopback address without caller tokens (a Secret holding a tokens file, docs/gateway.md \"Gateway authentication\")" .Values.auth.tokens.secretName -}}
 {{- end -}}
 
 {{/*
