@@ -18,7 +18,10 @@ subprocess.
    target (GitHub's slugs: lower case, punctuation other than '-' and '_' dropped, spaces to '-',
    a repeated heading gets -1, -2, ...).
 3. README.md stays short: at most 200 lines.
-4. `plnt --help` lists every command that the CLI reference in docs/operations.md names.
+4. `plnt --help` lists every command that the CLI reference in docs/operations.md names, and
+   `plnt COMMAND --help` every option its rows give that command.
+5. Every `plnt` command line in a ```sh block (the commands the documents tell you to run) names a
+   real command, and every `--option` on it is one that command's `--help` lists.
 """
 import re
 import shutil
@@ -200,3 +203,66 @@ def test_every_command_of_the_cli_reference_is_in_plnt_help():
     assert result.returncode == 0, result.stderr
     listed = set(re.findall(r"^\W*([a-z][a-z-]*)\s{2,}", result.stdout, re.M))
     assert named <= listed, f"named in docs/operations.md but not in plnt --help: {sorted(named - listed)}"
+
+
+HELP_ENV = {"COLUMNS": "300", "PATH": "/usr/bin:/bin", "NO_COLOR": "1"}
+
+
+def options_of(command: tuple, cache: dict = {}) -> set:
+    """The --options that `plnt COMMAND --help` lists (empty when the command does not exist)."""
+    if command not in cache:
+        result = subprocess.run([*PLNT, *command, "--help"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=60, env=HELP_ENV)
+        cache[command] = set(re.findall(r"--[a-z][a-z0-9-]*", result.stdout)) if result.returncode == 0 else set()
+    return cache[command]
+
+
+def command_key(words: str) -> list:
+    """`up/reconcile ...` -> [("up",), ("reconcile",)]; `recipe pack ...` -> [("recipe", "pack")]."""
+    m = re.match(r"([a-z/]+)(?:\s+([a-z]+))?", words)
+    return [(name, m.group(2)) if name in ("recipe", "model") and m.group(2) else (name,) for name in m.group(1).split("/")]
+
+
+def option_words(text: str) -> list:
+    return re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text)
+
+
+@pytest.mark.integration
+def test_every_option_of_the_cli_reference_is_in_its_command_help():
+    text = (ROOT / "docs" / "operations.md").read_text()
+    section = text.split("## CLI reference", 1)[1].split("\n## ", 1)[0]
+    wrong, checked = [], 0
+    for row in re.findall(r"^\| (`plnt .*?) \| ", section, re.M):
+        for cell in re.findall(r"`plnt ([^`]+)`", row):
+            for command in command_key(cell):
+                known = options_of(command)
+                for option in option_words(cell):
+                    checked += 1
+                    if option not in known:
+                        wrong.append(f"plnt {' '.join(command)} {option}")
+    assert checked > 100, checked
+    assert not wrong, f"docs/operations.md names options that plnt's --help does not list: {wrong}"
+
+
+def shell_commands():
+    found = []
+    for doc in DOCS:
+        for info, line, body, _ in code_blocks(doc.read_text()):
+            if info not in ("sh", "bash", "shell", "console"):
+                continue
+            for command in re.sub(r"\\\n", " ", body).split("\n"):
+                command = command.split(" #")[0]
+                m = re.match(r"^\s*(?:\$ )?(?:[A-Z_]+=\S+\s+)*(?:\.venv/bin/)?plnt\s+(.*)", command)
+                if m:
+                    found.append(pytest.param(m.group(1), id=f"{rel(doc)}:{line}:plnt {m.group(1)[:40]}"))
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("words", shell_commands())
+def test_shell_command_names_real_options(words):
+    for command in command_key(words):
+        known = options_of(command)
+        assert known, f"plnt {' '.join(command)}: no such command"
+        unknown = [option for option in option_words(words) if option not in known]
+        assert not unknown, f"plnt {words}: plnt {' '.join(command)} --help does not list {unknown}"
