@@ -24,36 +24,35 @@ from plnt.gateway.route_watch import RoutePublisher, add_control_routes, release
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
 from plnt.gateway.server import GatewayServer, ServerStartError, check_free, reuse_port_socket
 from plnt.gateway.workers import TrustForwarded, WorkerConfig, WorkerMetrics, WorkerSupervisor, auto_workers
+from plnt.reconciler.control.loop import Reconciler
+from plnt.reconciler.control.metrics import ControlPlaneMetrics
+from plnt.reconciler.control.status import StatusStore
+from plnt.reconciler.drivers.driver_set import DriverSet
+from plnt.reconciler.drivers.helm import DEFAULT_CHART, DEFAULT_MODEL_CHART, HelmDriver, RunnerImage, SpecLookup
+from plnt.reconciler.drivers.local import LocalDriver, raise_open_files_limit
+from plnt.reconciler.drivers.reported import ReportedRunners
+from plnt.reconciler.plan.view import add_plan_routes
+from plnt.reconciler.recipes.archive import ExtractLimits
+from plnt.reconciler.recipes.pull import RecipeCache
+from plnt.reconciler.recipes.registries import RegistryOptions
+from plnt.reconciler.recipes.weights import WeightsStore
+from plnt.reconciler.review.approval import ApprovalGate
+from plnt.reconciler.review.forge import Forge, make_forge
+from plnt.reconciler.review.previews import PreviewController
+from plnt.reconciler.saga.activities import HEARTBEAT_THROTTLE, SagaActivities
+from plnt.reconciler.saga.history import NoSaga, saga_history, saga_rollouts
+from plnt.reconciler.saga.temporal_server import TemporalDevServer, connect, connect_external
+from plnt.reconciler.saga.workflow import DeploySaga
+from plnt.reconciler.settings import Settings, SpecLimits
+from plnt.reconciler.source.commit_specs import CommitSpecs
+from plnt.reconciler.source.commit_trust import CommitVerifier
+from plnt.reconciler.source.git import GitSource
+from plnt.reconciler.specs.models import PlntBackend
+from plnt.reconciler.state import LiveWorkflow, Release, StateDir
 from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
-
-from plnt.reconciler.saga.activities import HEARTBEAT_THROTTLE, SagaActivities
-from plnt.reconciler.review.approval import ApprovalGate
-from plnt.reconciler.recipes.archive import ExtractLimits
-from plnt.reconciler.source.commit_specs import CommitSpecs
-from plnt.reconciler.source.commit_trust import CommitVerifier
-from plnt.reconciler.drivers.driver_set import DriverSet
-from plnt.reconciler.review.forge import Forge, make_forge
-from plnt.reconciler.drivers.helm import DEFAULT_CHART, DEFAULT_MODEL_CHART, HelmDriver, RunnerImage, SpecLookup
-from plnt.reconciler.saga.history import NoSaga, saga_history, saga_rollouts
-from plnt.reconciler.drivers.local import LocalDriver, raise_open_files_limit
-from plnt.reconciler.control.metrics import ControlPlaneMetrics
-from plnt.reconciler.plan.view import add_plan_routes
-from plnt.reconciler.review.previews import PreviewController
-from plnt.reconciler.recipes.pull import RecipeCache
-from plnt.reconciler.control.loop import Reconciler
-from plnt.reconciler.recipes.registries import RegistryOptions
-from plnt.reconciler.drivers.reported import ReportedRunners
-from plnt.reconciler.saga.workflow import DeploySaga
-from plnt.reconciler.settings import Settings, SpecLimits
-from plnt.reconciler.source.git import GitSource
-from plnt.reconciler.specs.models import PlntBackend
-from plnt.reconciler.state import LiveWorkflow, Release, StateDir
-from plnt.reconciler.control.status import StatusStore
-from plnt.reconciler.saga.temporal_server import TemporalDevServer, connect, connect_external
-from plnt.reconciler.recipes.weights import WeightsStore
 
 log = logging.getLogger(__name__)
 

@@ -30,12 +30,6 @@ from plnt.gateway.limits import HttpLimits
 from plnt.gateway.route_watch import InternalGuard, RoutePublisher, add_control_routes, internal_guard
 from plnt.gateway.routes import Router
 from plnt.gateway.server import GatewayServer, ServerStartError
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
-from pydantic import ValidationError
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Worker
-
-from plnt.reconciler.saga.activities import HEARTBEAT_THROTTLE, PhaseRecorder
 from plnt.reconciler.app import (
     SAGA_RUNNER,
     TurnBatched,
@@ -52,14 +46,19 @@ from plnt.reconciler.app import (
     start_previews,
 )
 from plnt.reconciler.control.lease import FileLease, LeaderLease
-from plnt.reconciler.control.metrics import ControlPlaneMetrics
 from plnt.reconciler.control.loop import Reconciler
+from plnt.reconciler.control.metrics import ControlPlaneMetrics
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.reported import RUNNERS_PATH, ReportedRunners, RunnerReport, RunnerReporter
+from plnt.reconciler.saga.activities import HEARTBEAT_THROTTLE, PhaseRecorder
+from plnt.reconciler.saga.temporal_server import connect_external
 from plnt.reconciler.saga.workflow import DeploySaga
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.state import Release, StateDir
-from plnt.reconciler.control.status import StatusStore
-from plnt.reconciler.saga.temporal_server import connect_external
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from pydantic import ValidationError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +156,6 @@ def make_lease(settings: Settings, state: StateDir) -> LeaderLease:
     identity = settings.identity or default_identity()
     if settings.lease == "kubernetes":
         from kubernetes import client as k8s  # the kubernetes client only where it is used
-
         from plnt.reconciler.control.kube import KubernetesLease, api_client
 
         namespace = settings.lease_namespace or _pod_namespace()

@@ -27,9 +27,9 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 

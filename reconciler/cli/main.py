@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
-
-from plnt.reconciler.specs.loader import DEFAULT_LIMITS, Problem, SourceFile, SpecSet, load_sources, read_file_spec, read_tree
 from plnt.reconciler.redact import redact
 from plnt.reconciler.settings import RetrySettings, Settings, SpecLimits
+from plnt.reconciler.specs.loader import DEFAULT_LIMITS, Problem, SourceFile, SpecSet, load_sources, read_file_spec, read_tree
+from pydantic import ValidationError
 
 app = typer.Typer(
     name="plnt",
@@ -353,7 +352,6 @@ def up(
         pass
     except Exception as exc:  # noqa: BLE001 - one clear line, not a traceback, for start-up failures
         from plnt.gateway.server import ServerStartError
-
         from plnt.reconciler.errors import PlntError
 
         if not isinstance(exc, (PlntError, ServerStartError, OSError)):
@@ -468,9 +466,9 @@ def plan(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Parse every spec file; read and write no cache.")] = False,
 ) -> None:
     """What would change: against the live state in --state-dir, or between --base and --head (a pull request)."""
-    from plnt.reconciler.source.parse_cache import DiskParseCache
     from plnt.reconciler.plan.view import InvalidRevision, InvalidSpecsAt, plan_between
     from plnt.reconciler.source.git import GitSource, SourceError
+    from plnt.reconciler.source.parse_cache import DiskParseCache
 
     with tempfile.TemporaryDirectory(prefix="plnt-plan-") as scratch:
         source = GitSource(repo, Path(scratch) / "clone", branch=branch, path=path)
@@ -506,9 +504,9 @@ def _default_cache_dir() -> Path:
 
 
 def _live_from_state(state_dir: Path) -> dict[str, Any]:
+    from plnt.reconciler.control.status import WorkflowRunStatus, read_statuses
     from plnt.reconciler.plan.diff import live_from
     from plnt.reconciler.state import LiveWorkflow, read_json
-    from plnt.reconciler.control.status import WorkflowRunStatus, read_statuses
 
     statuses = [WorkflowRunStatus.model_validate(v) for v in read_statuses(state_dir / "status.json").values()]
     records = sorted((state_dir / "releases").glob("*.json")) if (state_dir / "releases").exists() else []
@@ -536,8 +534,8 @@ def status(
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 source = client.get(f"{url}/source").raise_for_status().json()
     except (httpx.HTTPError, ValueError):  # nothing there, or something that is not plnt (HTML, other JSON)
-        from plnt.reconciler.state import read_json
         from plnt.reconciler.control.status import WorkflowRunStatus, journal_path, read_statuses
+        from plnt.reconciler.state import read_json
 
         if not (state_dir / "status.json").exists() and not journal_path(state_dir / "status.json").exists():
             typer.echo(f"error: no plnt answers at {url} and {state_dir} holds no status; is plnt up running?", err=True)
@@ -725,9 +723,8 @@ def recipe_pack(
     output: Annotated[Path, typer.Option("-o", "--output", help="Archive to write.")] = Path("recipe.tar.gz"),
 ) -> None:
     """Pack a recipe directory into a deterministic gzip tar (same content, same bytes, same sha256)."""
-    from plnt.runner.recipe import RecipeError, check_recipe_dir
-
     from plnt.reconciler.recipes.archive import pack_recipe_to
+    from plnt.runner.recipe import RecipeError, check_recipe_dir
 
     try:
         recipe = check_recipe_dir(directory)  # as data: packing never runs the recipe's code
@@ -752,14 +749,13 @@ def recipe_sign(
     staging: Annotated[bool, typer.Option(help="Use the Sigstore staging instance.")] = False,
 ) -> None:
     """Sign keylessly with Sigstore: writes ARTIFACT.sigstore.json beside the archive."""
+    from plnt.reconciler.recipes.archive import archive_digest
     from sigstore.errors import Error as SigstoreError
     from sigstore.hashes import Hashed
     from sigstore.models import ClientTrustConfig
     from sigstore.oidc import IdentityError, IdentityToken, detect_credential
     from sigstore.sign import SigningContext
     from sigstore_models.common.v1 import HashAlgorithm
-
-    from plnt.reconciler.recipes.archive import archive_digest
 
     if not artifact.is_file():
         raise _fail(f"{artifact}: no such file", 2)
@@ -875,12 +871,11 @@ def recipe_fetch(
     import shutil
     import tempfile
 
-    from pydantic import ValidationError
-
     from plnt.reconciler.errors import PlntError
     from plnt.reconciler.recipes.pull import RecipeCache, pull_recipe, repo_subdir
     from plnt.reconciler.recipes.registries import RegistryOptions
     from plnt.reconciler.specs.models import WorkflowSource
+    from pydantic import ValidationError
 
     try:
         source = WorkflowSource.model_validate({"ref": ref, "registry": registry, "integrityHash": digest})
@@ -935,13 +930,12 @@ def recipe_verify(
         help="Trusted-root JSON; default: the Sigstore public-good root bundled with sigstore-python (offline).")] = None,
 ) -> None:
     """Verify an archive's signature offline, exactly as plnt does before deploying it."""
-    from pydantic import ValidationError
-
-    from plnt.reconciler.recipes.archive import archive_digest
     from plnt.reconciler.errors import DownloadRefused, VerificationFailed
+    from plnt.reconciler.recipes.archive import archive_digest
     from plnt.reconciler.recipes.registries import MAX_BUNDLE_BYTES, MAX_TRUSTED_ROOT_BYTES, read_bounded
-    from plnt.reconciler.specs.models import RecipeTrustPolicy
     from plnt.reconciler.recipes.trust import verify_recipe
+    from plnt.reconciler.specs.models import RecipeTrustPolicy
+    from pydantic import ValidationError
 
     bundle = bundle or artifact.with_name(artifact.name + ".sigstore.json")
     if not artifact.is_file():

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-
 from plnt.reconciler.cli.main import _fail, _load_trust_policies, _trust_root_reader
 
 if TYPE_CHECKING:

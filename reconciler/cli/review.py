@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-
 from plnt.reconciler.cli.main import MaxSpecFileKb, MaxSpecFiles, _fail, _secret_from, _setup_logging, _spec_limits, app
 from plnt.reconciler.redact import redact
 

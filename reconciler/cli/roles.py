@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
-
 from plnt.reconciler.cli.main import (
     Approvers,
     CodeOwners,
@@ -38,6 +36,7 @@ from plnt.reconciler.cli.main import (
     app,
 )
 from plnt.reconciler.settings import RetrySettings, Settings
+from pydantic import ValidationError
 
 Repo = Annotated[str, typer.Option(envvar="PLNT_REPO", help=(
     "Spec repository: a path, file://, https:// or ssh URL (or PLNT_REPO; credentials in a URL are never logged)."))]
@@ -90,7 +89,6 @@ def _settings(**fields: Any) -> Settings:
 
 def _run_role(start: Any, settings: Settings, what: str) -> None:
     from plnt.gateway.server import ServerStartError
-
     from plnt.reconciler.errors import PlntError
 
     async def main() -> int:
@@ -259,7 +257,6 @@ def worker(
 ) -> None:
     """The worker role: run the saga's steps on Temporal; host and report the local runners they install."""
     from plnt.reconciler.drivers.local import allowlisted_env
-
     from plnt.reconciler.roles import start_worker
 
     _setup_logging(verbose)

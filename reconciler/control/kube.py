@@ -28,15 +28,14 @@ from typing import TYPE_CHECKING, Any
 import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-
-from plnt.reconciler.specs.crds import GROUP, MANAGED_BY, MANAGED_BY_LABEL, VERSION, cr_status
+from plnt.reconciler.control.status import Phase, StatusStore, WorkflowRunStatus
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.redact import redact
-from plnt.reconciler.control.status import Phase, StatusStore, WorkflowRunStatus
+from plnt.reconciler.specs.crds import GROUP, MANAGED_BY, MANAGED_BY_LABEL, VERSION, cr_status
 
 if TYPE_CHECKING:
-    from plnt.reconciler.specs.loader import SpecSet
     from plnt.reconciler.settings import Settings
+    from plnt.reconciler.specs.loader import SpecSet
     from plnt.reconciler.specs.models import WorkflowRun
 
 log = logging.getLogger(__name__)

@@ -16,27 +16,26 @@ from typing import Any
 
 from plnt.gateway import telemetry
 from plnt.gateway.routes import preview_of
+from plnt.reconciler.bulk import in_bulk_thread
+from plnt.reconciler.control.metrics import ControlPlaneMetrics
+from plnt.reconciler.control.status import FINAL_PHASES, Phase, StatusStore
+from plnt.reconciler.drivers.helm import model_step_timeouts
+from plnt.reconciler.drivers.protocol import ReleaseDriver
+from plnt.reconciler.errors import PlntError
+from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
+from plnt.reconciler.review.approval import ApprovalGate
+from plnt.reconciler.saga.follow import RunningSagas
+from plnt.reconciler.saga.io import SagaInput, SagaResult, saga_workflow_id
+from plnt.reconciler.saga.smoke_progress import follow_smoke_progress
+from plnt.reconciler.settings import Settings
+from plnt.reconciler.source.commit_trust import CommitVerifier
+from plnt.reconciler.source.git import GitSource, redact
+from plnt.reconciler.specs.loader import Problem, SpecSet
+from plnt.reconciler.state import StateDir, atomic_write_json, read_json
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
-
-from plnt.reconciler.review.approval import ApprovalGate
-from plnt.reconciler.bulk import in_bulk_thread
-from plnt.reconciler.source.commit_trust import CommitVerifier
-from plnt.reconciler.drivers.protocol import ReleaseDriver
-from plnt.reconciler.errors import PlntError
-from plnt.reconciler.drivers.helm import model_step_timeouts
-from plnt.reconciler.specs.loader import Problem, SpecSet
-from plnt.reconciler.control.metrics import ControlPlaneMetrics
-from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
-from plnt.reconciler.saga.follow import RunningSagas
-from plnt.reconciler.saga.io import SagaInput, SagaResult, saga_workflow_id
-from plnt.reconciler.settings import Settings
-from plnt.reconciler.saga.smoke_progress import follow_smoke_progress
-from plnt.reconciler.source.git import GitSource, redact
-from plnt.reconciler.state import StateDir, atomic_write_json, read_json
-from plnt.reconciler.control.status import FINAL_PHASES, Phase, StatusStore
 
 log = logging.getLogger(__name__)
 

@@ -44,14 +44,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from plnt.gateway.routes import preview_of
+from plnt.reconciler.control.status import FINAL_PHASES, Phase, StatusStore, WorkflowRunStatus
+from plnt.reconciler.specs.models import SmokeTest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from temporalio import activity
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
-
-from plnt.reconciler.specs.models import SmokeTest
-from plnt.reconciler.control.status import FINAL_PHASES, Phase, StatusStore, WorkflowRunStatus
 
 log = logging.getLogger(__name__)
 

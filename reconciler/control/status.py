@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from plnt.gateway.routes import preview_of
-from pydantic import BaseModel, ConfigDict, Field
-
 from plnt.reconciler.state import append_durably, atomic_write_bytes, read_json
+from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
 

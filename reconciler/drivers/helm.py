@@ -74,10 +74,10 @@ from typing import Any
 
 import yaml
 from plnt.gateway import telemetry
-
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.errors import DriverError, InvalidSpec, LiveStateUnknown, NeedsHuman, PlntError, UnknownBackend
 from plnt.reconciler.recipes.registries import RegistryOptions
+from plnt.reconciler.recipes.trust import policies_for
 from plnt.reconciler.settings import StepTimeouts
 from plnt.reconciler.specs.models import (
     BackendPlacement,
@@ -88,7 +88,6 @@ from plnt.reconciler.specs.models import (
     spec_fingerprint,
 )
 from plnt.reconciler.state import LiveWorkflow, ModelServing, Release, Track
-from plnt.reconciler.recipes.trust import policies_for
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
-from plnt.reconciler.errors import DriverError, InvalidSpec
 from plnt.reconciler.drivers.local import runner_env
+from plnt.reconciler.errors import DriverError, InvalidSpec
 
 DEFAULT_CONTEXT = 2048
 READY_TIMEOUT_S = 60.0

@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from plnt.reconciler.specs.loader import SpecSet
 from plnt.reconciler.specs.models import RecipeTrustPolicy
 from plnt.reconciler.state import LiveWorkflow, ModelServing, Release, Track
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class RecipeTrust(BaseModel):

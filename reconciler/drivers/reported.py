@@ -20,12 +20,11 @@ import time
 from collections.abc import Callable
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
-
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.errors import DriverError
 from plnt.reconciler.redact import redact
 from plnt.reconciler.state import LiveWorkflow, Release, Track
+from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from plnt.reconciler.control.status import Phase, WorkflowRunStatus
 from plnt.reconciler.specs.models import Deployable, flatten
 from plnt.reconciler.state import LiveWorkflow
-from plnt.reconciler.control.status import Phase, WorkflowRunStatus
 
 
 class Action(str, Enum):

@@ -28,15 +28,21 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from plnt.runner.recipe import RecipeError, check_recipe_dir
-
-from plnt.reconciler.recipes.archive import ExtractLimits, archive_digest, extract_archive
 from plnt.reconciler.errors import IntegrityMismatch, InvalidRecipe, RecipeNotFound, UnsafeArchive
+from plnt.reconciler.recipes.archive import ExtractLimits, archive_digest, extract_archive
+from plnt.reconciler.recipes.registries import (
+    MAX_BUNDLE_BYTES,
+    Fetched,
+    RecipeRegistry,
+    RegistryOptions,
+    open_registry,
+    read_bounded,
+)
+from plnt.reconciler.recipes.trust import VerifiedSignature, verify_recipe
 from plnt.reconciler.specs.loader import SpecError, load_recipe
-from plnt.reconciler.recipes.registries import MAX_BUNDLE_BYTES, Fetched, RecipeRegistry, RegistryOptions, open_registry, read_bounded
 from plnt.reconciler.specs.models import RecipeTrustPolicy, Workflow, WorkflowSource
 from plnt.reconciler.state import atomic_write_json, read_json
-from plnt.reconciler.recipes.trust import VerifiedSignature, verify_recipe
+from plnt.runner.recipe import RecipeError, check_recipe_dir
 
 ARCHIVE = "recipe.tar.gz"
 BUNDLE = "recipe.tar.gz.sigstore.json"

@@ -51,17 +51,16 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import Prehashed
 from cryptography.x509.oid import ObjectIdentifier
+from plnt.reconciler.errors import RetryLater, VerificationFailed
+from plnt.reconciler.recipes.registries import MAX_BUNDLE_BYTES, MAX_SIGNATURE_BYTES
+from plnt.reconciler.recipes.weights_manifest import PAYLOAD_TYPE as DSSE_STATEMENT_TYPE
+from plnt.reconciler.recipes.weights_manifest import ManifestError, WeightsManifest, check_pin, parse_statement
+from plnt.reconciler.specs.models import RecipeTrustPolicy, SignerSpec, TrustRootSpec
 from sigstore.errors import CertValidationError, VerificationError
 from sigstore.hashes import Hashed
 from sigstore.models import Bundle, TrustedRoot
 from sigstore.verify import Verifier
 from sigstore_models.common.v1 import HashAlgorithm
-
-from plnt.reconciler.errors import RetryLater, VerificationFailed
-from plnt.reconciler.recipes.registries import MAX_BUNDLE_BYTES, MAX_SIGNATURE_BYTES
-from plnt.reconciler.specs.models import RecipeTrustPolicy, SignerSpec, TrustRootSpec
-from plnt.reconciler.recipes.weights_manifest import PAYLOAD_TYPE as DSSE_STATEMENT_TYPE
-from plnt.reconciler.recipes.weights_manifest import ManifestError, WeightsManifest, check_pin, parse_statement
 
 OIDC_ISSUER_OID = ObjectIdentifier("1.3.6.1.4.1.57264.1.1")  # raw UTF-8 bytes (older Fulcio)
 OIDC_ISSUER_V2_OID = ObjectIdentifier("1.3.6.1.4.1.57264.1.8")  # DER UTF8String

@@ -76,10 +76,10 @@ from plnt.reconciler.recipes.registries import (
     read_bounded,
     read_chunks_bounded,
 )
-from plnt.reconciler.specs.models import NAME_PATTERN, VERSION_PATTERN
 from plnt.reconciler.recipes.trust import _parse_bundle
 from plnt.reconciler.recipes.weights import SIGNATURE_NAME, DirectoryWeightsSource, WeightsSource
 from plnt.reconciler.recipes.weights_manifest import ManifestError, WeightsManifest, canonical_name, parse_statement, sha256_file
+from plnt.reconciler.specs.models import NAME_PATTERN, VERSION_PATTERN
 
 MODEL_ARTIFACT_TYPE = "application/vnd.plnt.model.v1"
 FILE_MEDIA_TYPE = "application/octet-stream"

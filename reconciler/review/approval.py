@@ -38,20 +38,29 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from plnt.reconciler.errors import PlntError
+from plnt.reconciler.review.codeowners import LOCATIONS, CodeOwnersError, Owners, owners_of, parse
+from plnt.reconciler.review.codeowners import MAX_BYTES as MAX_CODEOWNERS_BYTES
+from plnt.reconciler.review.forge import (
+    Forge,
+    ForgeError,
+    ForgeNotFound,
+    ForgeRefused,
+    ForgeUnavailable,
+    PullRequest,
+    Review,
+    State,
+)
 from pydantic import BaseModel, ConfigDict
 
-from plnt.reconciler.review.codeowners import LOCATIONS, MAX_BYTES as MAX_CODEOWNERS_BYTES, CodeOwnersError, Owners, owners_of, parse
-from plnt.reconciler.errors import PlntError
-from plnt.reconciler.review.forge import Forge, ForgeError, ForgeNotFound, ForgeRefused, ForgeUnavailable, PullRequest, Review, State
-
 NOT_LISTED = "not in the approvers allowlist (--approvers)"
-from plnt.reconciler.specs.loader import DEFAULT_LIMITS
 from plnt.reconciler.plan.digest import STATUS_CONTEXT, in_description, short
 from plnt.reconciler.recipes.pull import RecipeCache
 from plnt.reconciler.recipes.registries import RegistryOptions
 from plnt.reconciler.review.plan_review import review_commits
 from plnt.reconciler.settings import SpecLimits
 from plnt.reconciler.source.git import GitSource
+from plnt.reconciler.specs.loader import DEFAULT_LIMITS
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,8 @@ from typing import Any, Literal, Protocol, TypeVar, cast
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
-
 from plnt.reconciler.redact import redact
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 log = logging.getLogger(__name__)
 

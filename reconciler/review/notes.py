@@ -22,10 +22,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from plnt.gateway.routes import preview_of
-
+from plnt.reconciler.control.status import FINAL_PHASES, Phase, StatusStore, WorkflowRunStatus
 from plnt.reconciler.review.rollout_report import RetryLater, StatusFollower, smoke_summary
 from plnt.reconciler.source.git import GitSource, SourceError
-from plnt.reconciler.control.status import FINAL_PHASES, Phase, StatusStore, WorkflowRunStatus
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,9 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Generic, TypeVar
 
 from plnt.gateway.routes import preview_of
-
-from plnt.reconciler.review.forge import Forge, ForgeError, ForgeRefused, ForgeUnavailable, State
-from plnt.reconciler.redact import redact
 from plnt.reconciler.control.status import Phase, StatusStore, WorkflowRunStatus
+from plnt.reconciler.redact import redact
+from plnt.reconciler.review.forge import Forge, ForgeError, ForgeRefused, ForgeUnavailable, State
 
 log = logging.getLogger(__name__)
 

@@ -22,14 +22,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from plnt.runner.recipe import RecipeError, load_golden
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError
-
-from plnt.reconciler.saga import progress as saga_progress
-from plnt.reconciler.recipes.archive import ExtractLimits
-from plnt.reconciler.source.commit_specs import CommitSpecs, TrustedSaga
+from plnt.reconciler.control.status import Phase, RolloutMark, StatusStore
+from plnt.reconciler.drivers.model_runtime import gguf_file
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust, ReleaseDriver
 from plnt.reconciler.errors import (
     GpuClassUnavailable,
@@ -42,9 +36,12 @@ from plnt.reconciler.errors import (
     UnknownBackend,
     UntrustedSagaInput,
 )
-from plnt.reconciler.drivers.model_runtime import gguf_file
+from plnt.reconciler.recipes.archive import ExtractLimits
 from plnt.reconciler.recipes.pull import ExportFromRepo, ReadFromRepo, RecipeCache, pull_recipe
 from plnt.reconciler.recipes.registries import RegistryOptions
+from plnt.reconciler.recipes.trust import policies_for, verify_weights_signature
+from plnt.reconciler.recipes.weights import WeightsStore
+from plnt.reconciler.saga import progress as saga_progress
 from plnt.reconciler.saga.io import (
     InstallInput,
     PhaseUpdate,
@@ -59,6 +56,7 @@ from plnt.reconciler.saga.io import (
     saga_workflow_id,
 )
 from plnt.reconciler.saga.smoke import Sample, SmokeResult, judge, measure, progress_of, summarise
+from plnt.reconciler.source.commit_specs import CommitSpecs, TrustedSaga
 from plnt.reconciler.specs.models import (
     BackendPlacement,
     Deployable,
@@ -69,9 +67,10 @@ from plnt.reconciler.specs.models import (
     run_key,
 )
 from plnt.reconciler.state import LiveWorkflow, ModelServing, Release
-from plnt.reconciler.control.status import Phase, RolloutMark, StatusStore
-from plnt.reconciler.recipes.trust import policies_for, verify_weights_signature
-from plnt.reconciler.recipes.weights import WeightsStore
+from plnt.runner.recipe import RecipeError, load_golden
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -400,7 +399,9 @@ class SagaActivities:
     def _weights_check(self, trusted: TrustedSaga, run: ModelDeployment) -> tuple[Any, Callable[[bytes | None], Any]]:
         """Where the model's weights are published, and the check of their signature bundle (the
         model's policies, their trusted roots read from the saga's commit, the spec's pin)."""
-        from plnt.reconciler.recipes.weights_sources import open_weights_source  # (boto3/oras clients load only when models are used)
+        from plnt.reconciler.recipes.weights_sources import (
+            open_weights_source,  # (boto3/oras clients load only when models are used)
+        )
 
         model = run.spec.model
         policies = self._model_policies(trusted, run)

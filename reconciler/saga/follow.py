@@ -8,9 +8,8 @@ import asyncio
 import logging
 from typing import Any
 
-from temporalio.client import WorkflowHandle
-
 from plnt.reconciler.saga.io import SagaResult
+from temporalio.client import WorkflowHandle
 
 log = logging.getLogger(__name__)
 

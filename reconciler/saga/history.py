@@ -19,13 +19,12 @@ import asyncio
 from datetime import datetime
 from typing import Any
 
+from plnt.reconciler.saga.io import SagaResult, saga_workflow_id
 from pydantic import BaseModel
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
-
-from plnt.reconciler.saga.io import SagaResult, saga_workflow_id
 
 MAX_ROLLOUTS = 100
 MAX_DETAIL_KEYS = 12

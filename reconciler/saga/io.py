@@ -13,13 +13,12 @@ import string
 from typing import Any, Literal
 
 from plnt.gateway.routes import preview_of
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from plnt.reconciler.settings import RetrySettings
+from plnt.reconciler.control.status import Phase
 from plnt.reconciler.saga.smoke import SmokeResult
+from plnt.reconciler.settings import RetrySettings
 from plnt.reconciler.specs.models import NAME_PATTERN, VERSION_PATTERN, Workflow
 from plnt.reconciler.state import Release, Track
-from plnt.reconciler.control.status import Phase
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 COMMIT_PATTERN = r"^[0-9a-f]{40}$"
 FINGERPRINT_PATTERN = r"^sha256:[0-9a-f]{64}$"

@@ -17,10 +17,9 @@ from urllib.parse import urlsplit
 import httpx
 from plnt.gateway import telemetry
 from plnt.gateway.upstream import UpstreamClient, UpstreamError
-from pydantic import BaseModel, ConfigDict
-
 from plnt.reconciler.specs.models import SmokeTest
 from plnt.reconciler.tls_context import default_tls_context
+from pydantic import BaseModel, ConfigDict
 
 
 class Sample(BaseModel):

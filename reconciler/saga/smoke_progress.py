@@ -11,11 +11,10 @@ import contextlib
 import logging
 from typing import Any
 
+from plnt.reconciler.control.status import Phase, StatusStore
+from plnt.reconciler.saga.io import saga_workflow_id
 from temporalio.client import Client
 from temporalio.service import RPCError
-
-from plnt.reconciler.saga.io import saga_workflow_id
-from plnt.reconciler.control.status import Phase, StatusStore
 
 log = logging.getLogger(__name__)
 

@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from plnt.gateway import telemetry
+from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.errors import RetryLater
+from plnt.reconciler.settings import Settings
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
-
-from plnt.reconciler.errors import RetryLater
-from plnt.reconciler.drivers.local import free_port
-from plnt.reconciler.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
+    from plnt.reconciler.control.status import FINAL_PHASES, Phase
     from plnt.reconciler.errors import NON_RETRYABLE_ERROR_TYPES, UntrustedSagaInput
     from plnt.reconciler.saga.io import (
         InstallInput,
@@ -41,7 +42,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from plnt.reconciler.saga.progress import report as report_progress  # not `from . import`: the sandbox would load it again
     from plnt.reconciler.settings import RetrySettings
-    from plnt.reconciler.control.status import FINAL_PHASES, Phase
 
 
 

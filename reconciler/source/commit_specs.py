@@ -19,14 +19,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from plnt.gateway.routes import preview_name
-
 from plnt.reconciler.bulk import in_bulk_thread
-from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.errors import RetryLater, UntrustedSagaInput
-from plnt.reconciler.specs.loader import DEFAULT_LIMITS, Problem, SpecSet
 from plnt.reconciler.saga.io import SagaRef
 from plnt.reconciler.settings import SpecLimits
+from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource, SourceError
+from plnt.reconciler.specs.loader import DEFAULT_LIMITS, Problem, SpecSet
 from plnt.reconciler.specs.models import Deployable, PlntBackend, RecipeTrustPolicy, WorkflowRun, run_key
 
 

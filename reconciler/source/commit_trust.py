@@ -27,10 +27,9 @@ import subprocess
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
-
-from plnt.reconciler.source.allowed_signers import explain_refusal, read_ssh_signature
 from plnt.reconciler.errors import NeedsHuman
+from plnt.reconciler.source.allowed_signers import explain_refusal, read_ssh_signature
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 log = logging.getLogger(__name__)
 

@@ -27,13 +27,22 @@ from pathlib import Path
 from urllib.parse import SplitResult, unquote, urlsplit
 
 import git
-
 from plnt.reconciler.errors import InvalidSpec, RetryLater
-from plnt.reconciler.specs.loader import DEFAULT_LIMITS, IGNORE_FILE, IgnoreRules, ParseCache, Problem, SourceFile, SpecSet, load_sources, read_specs
-from plnt.reconciler.source.parse_cache import MemoryParseCache
-from plnt.reconciler.redact import redact
 from plnt.reconciler.recipes.registries import CHUNK_SIZE, MAX_TRUSTED_ROOT_BYTES, metadata_too_large
+from plnt.reconciler.redact import redact
 from plnt.reconciler.settings import SpecLimits
+from plnt.reconciler.source.parse_cache import MemoryParseCache
+from plnt.reconciler.specs.loader import (
+    DEFAULT_LIMITS,
+    IGNORE_FILE,
+    IgnoreRules,
+    ParseCache,
+    Problem,
+    SourceFile,
+    SpecSet,
+    load_sources,
+    read_specs,
+)
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,10 @@ from typing import Any
 
 import pydantic
 import yaml
-
+from plnt.reconciler.settings import SpecLimits
 from plnt.reconciler.specs import loader
-
 from plnt.reconciler.specs import models as specs
 from plnt.reconciler.specs.loader import DocPath, ParsedFile, Problem, SourceFile, _Document
-from plnt.reconciler.settings import SpecLimits
 from plnt.reconciler.specs.models import KIND_MODELS
 from plnt.reconciler.state import atomic_write_text
 

@@ -19,11 +19,10 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import yaml
+from plnt.reconciler.control.status import Phase, WorkflowRunStatus
+from plnt.reconciler.specs.models import NAME_PATTERN, ModelDeployment, PlntBackend, RecipeTrustPolicy, SpecModel, WorkflowRun
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-
-from plnt.reconciler.specs.models import NAME_PATTERN, ModelDeployment, PlntBackend, RecipeTrustPolicy, SpecModel, WorkflowRun
-from plnt.reconciler.control.status import Phase, WorkflowRunStatus
 
 GROUP = "plnt.work"
 VERSION = "v1"

@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
-
 from plnt.reconciler.settings import SpecLimits
 from plnt.reconciler.specs.models import (
     INTEGRITY_PATTERN,
@@ -45,6 +43,7 @@ from plnt.reconciler.specs.models import (
     WorkflowRun,
     run_key,
 )
+from pydantic import BaseModel, ValidationError
 
 DEPLOYABLE_KINDS = ("WorkflowRun", "ModelDeployment")  # what a saga rolls out, keyed namespace/name
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 from plnt.reconciler.app import Plnt
-from plnt.reconciler.recipes.archive import pack_recipe
 from plnt.reconciler.errors import PlntError
+from plnt.reconciler.recipes.archive import pack_recipe
 from plnt.reconciler.source.git import GitSource
 
 from ..conftest import EXAMPLE, GIT_ENV, SpecRepo

@@ -25,8 +25,8 @@ from typing import Any
 import httpx
 import pytest
 from plnt.reconciler.app import Plnt
-from plnt.reconciler.recipes.archive import pack_recipe_to
 from plnt.reconciler.cli.main import app as cli
+from plnt.reconciler.recipes.archive import pack_recipe_to
 from plnt.reconciler.recipes.registries import RegistryOptions, open_registry
 from typer.testing import CliRunner
 

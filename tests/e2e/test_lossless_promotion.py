@@ -121,7 +121,7 @@ async def test_promotions_under_load_lose_no_request(spec_repo: SpecRepo, tmp_pa
         up.kill()
 
 
-async def test_promotions_with_the_roles_apart_lose_no_request(roles: Roles) -> None:
+async def test_promotions_with_the_roles_apart_lose_no_request(roles: Roles) -> None:  # noqa: F811 - the fixture
     """The worker stops a retired runner only once the reconciler says both gateways let go of it."""
     roles.reconciler()
     worker = roles.worker()

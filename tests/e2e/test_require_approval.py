@@ -21,9 +21,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from plnt.reconciler.plan.digest import STATUS_CONTEXT
 from plnt.reconciler.review.approval import APPROVAL_CONTEXT
 from plnt.reconciler.review.forge import make_forge
-from plnt.reconciler.plan.digest import STATUS_CONTEXT
 from pydantic import SecretStr
 
 from ..conftest import PYTHON, SpecRepo

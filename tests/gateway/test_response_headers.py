@@ -15,7 +15,6 @@ import json
 from collections.abc import Awaitable, Callable
 
 import httpx
-import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 from plnt.gateway.role import GatewayRole, GatewayRoleConfig

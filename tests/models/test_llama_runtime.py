@@ -17,11 +17,11 @@ import httpx
 import pytest
 from plnt.reconciler.drivers.local import free_port
 from plnt.reconciler.drivers.model_runtime import LlamaCppServer, gguf_file, runtime_python
-from plnt.reconciler.saga.smoke import judge, measure, summarise
-from plnt.reconciler.specs.models import RecipeTrustPolicy, SmokeTest
 from plnt.reconciler.recipes.trust import verify_weights_signature
 from plnt.reconciler.recipes.weights import SIGNATURE_NAME, DirectoryWeightsSource, WeightsStore
 from plnt.reconciler.recipes.weights_manifest import PAYLOAD_TYPE, manifest_of_directory
+from plnt.reconciler.saga.smoke import judge, measure, summarise
+from plnt.reconciler.specs.models import RecipeTrustPolicy, SmokeTest
 
 from tests.sigstore_ca import TestSigstoreAuthority
 

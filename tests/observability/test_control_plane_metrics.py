@@ -173,7 +173,7 @@ async def test_a_git_server_gone_counts_fetch_errors(
     settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
     async with running_plnt(settings) as plnt:
         await wait_phase(plnt, "Ready", version="1.2.0")
-        m = plnt.reconciler.control.metrics
+        m = plnt.reconciler.metrics
         assert m.registry.get_sample_value("plnt_git_fetch_errors_total") == 0
         ok_at = m.registry.get_sample_value("plnt_git_last_fetch_success_timestamp_seconds")
         assert ok_at is not None and time.time() - ok_at < 30

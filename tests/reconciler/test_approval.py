@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.review.approval import APPROVAL_CONTEXT, ApprovalGate, ApprovalVerdict, judge
-from plnt.reconciler.review.forge import PullRequest, Review, make_forge
 from plnt.reconciler.plan.digest import STATUS_CONTEXT, short
 from plnt.reconciler.recipes.pull import RecipeCache
 from plnt.reconciler.recipes.registries import RegistryOptions
+from plnt.reconciler.review.approval import APPROVAL_CONTEXT, ApprovalGate, ApprovalVerdict, judge
+from plnt.reconciler.review.forge import PullRequest, Review, make_forge
 from plnt.reconciler.review.plan_review import make_review, post
 from plnt.reconciler.source.git import GitSource
 

@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from plnt.reconciler.cli.main import app
+from plnt.reconciler.control.status import Phase, WorkflowRunStatus
 from plnt.reconciler.specs.crds import (
     KINDS,
     CrdError,
@@ -28,7 +29,6 @@ from plnt.reconciler.specs.crds import (
     structural,
 )
 from plnt.reconciler.specs.models import KIND_MODELS, PLNT_API_VERSION, SpecModel
-from plnt.reconciler.control.status import Phase, WorkflowRunStatus
 from pydantic import BaseModel, Field
 from typer.testing import CliRunner
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 import yaml
-from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.drivers.helm import (
     DEFAULT_CHART,
     HelmChartError,
@@ -30,6 +29,7 @@ from plnt.reconciler.drivers.helm import (
     classify,
     render_values,
 )
+from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.recipes.registries import RegistryOptions
 from plnt.reconciler.specs.models import PlntBackend, RecipeTrustPolicy, WorkflowRun
 

@@ -21,8 +21,6 @@ from typing import Any
 
 import pytest
 import yaml
-from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
-from plnt.reconciler.errors import DriverError, InvalidSpec, NeedsHuman, UnknownBackend
 from plnt.reconciler.drivers.helm import (
     DEFAULT_CHART,
     HelmChartError,
@@ -39,8 +37,10 @@ from plnt.reconciler.drivers.helm import (
     render_values,
     run_helm,
 )
-from plnt.reconciler.specs.loader import SourceFile, load_sources
+from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
+from plnt.reconciler.errors import DriverError, InvalidSpec, NeedsHuman, UnknownBackend
 from plnt.reconciler.recipes.registries import RegistryOptions
+from plnt.reconciler.specs.loader import SourceFile, load_sources
 from plnt.reconciler.specs.models import PlntBackend, RecipeTrustPolicy, WorkflowRun
 
 NOW = datetime(2025, 11, 29, 22, 0, 0, tzinfo=UTC)
@@ -690,8 +690,8 @@ def test_run_helm_runs_the_real_binary() -> None:
 def test_driver_set_routes_kubernetes_runs_to_helm_and_remembers_backends(tmp_path: Path) -> None:
     """DriverSet with a FAKE helm (canned output) and a real LocalDriver that is never started."""
     from plnt.reconciler.drivers.driver_set import DriverSet
-    from plnt.reconciler.specs.loader import SpecSet
     from plnt.reconciler.drivers.local import LocalDriver
+    from plnt.reconciler.specs.loader import SpecSet
     from plnt.reconciler.state import StateDir
 
     state = StateDir(tmp_path / "state").ensure()
@@ -726,11 +726,11 @@ async def test_routes_come_from_every_backend_with_the_canary_share_and_sticky_s
 
     from plnt.gateway.routes import Router
     from plnt.reconciler.app import build_route_table
-    from plnt.reconciler.drivers.driver_set import DriverSet
-    from plnt.reconciler.specs.loader import SpecSet
-    from plnt.reconciler.drivers.local import LocalDriver
-    from plnt.reconciler.state import StateDir
     from plnt.reconciler.control.status import StatusStore
+    from plnt.reconciler.drivers.driver_set import DriverSet
+    from plnt.reconciler.drivers.local import LocalDriver
+    from plnt.reconciler.specs.loader import SpecSet
+    from plnt.reconciler.state import StateDir
 
     state = StateDir(tmp_path / "state").ensure()
     fake = (FakeHelm().expect("status", STABLE, rc=1, stderr=NOT_FOUND).expect("upgrade")

@@ -29,8 +29,6 @@ from typing import Any
 
 import pytest
 import yaml
-from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
-from plnt.reconciler.errors import DriverError, InvalidSpec
 from plnt.reconciler.drivers.helm import (
     DEFAULT_MODEL_CHART,
     MODEL_STEP_MARGIN_S,
@@ -42,6 +40,8 @@ from plnt.reconciler.drivers.helm import (
     model_step_timeouts,
     render_model_values,
 )
+from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
+from plnt.reconciler.errors import DriverError, InvalidSpec
 from plnt.reconciler.recipes.registries import RegistryOptions
 from plnt.reconciler.specs.models import ModelDeployment, PlntBackend, RecipeTrustPolicy
 from plnt.reconciler.state import ModelServing
@@ -366,11 +366,11 @@ async def test_plnts_model_settings_reach_the_helm_driver(tmp_path: Path, monkey
     release's upgrade; a LocalDriver that is never started."""
     import shutil
 
-    from plnt.reconciler.drivers import helm as helm_driver
     from plnt.reconciler.app import make_driver_set
-    from plnt.reconciler.specs.loader import SpecSet
+    from plnt.reconciler.drivers import helm as helm_driver
     from plnt.reconciler.drivers.local import LocalDriver
     from plnt.reconciler.settings import Settings
+    from plnt.reconciler.specs.loader import SpecSet
     from plnt.reconciler.state import StateDir
 
     chart = tmp_path / "charts" / "model-server"
@@ -468,11 +468,11 @@ async def test_a_model_on_kubernetes_gets_an_openai_route_from_the_driver_set(tm
     """DriverSet with the FAKE helm and a real LocalDriver that is never started: the gateway's route
     for a model-server release is an OpenAI pass-through to its Service."""
     from plnt.reconciler.app import build_route_table
-    from plnt.reconciler.drivers.driver_set import DriverSet
-    from plnt.reconciler.specs.loader import SpecSet
-    from plnt.reconciler.drivers.local import LocalDriver
-    from plnt.reconciler.state import StateDir
     from plnt.reconciler.control.status import StatusStore
+    from plnt.reconciler.drivers.driver_set import DriverSet
+    from plnt.reconciler.drivers.local import LocalDriver
+    from plnt.reconciler.specs.loader import SpecSet
+    from plnt.reconciler.state import StateDir
 
     state = StateDir(tmp_path / "state").ensure()
     fake = FakeHelm().expect("status", "chat-canary", rc=1, stderr=NOT_FOUND).expect("upgrade")
@@ -640,8 +640,8 @@ def repo_with_model(spec_repo: Any, authority: Any, registry: str, root: str, *,
 
 
 def model_ref(spec_repo: Any) -> Any:
-    from plnt.reconciler.specs.loader import load_directory
     from plnt.reconciler.saga.io import SagaRef
+    from plnt.reconciler.specs.loader import load_directory
 
     specs, problems = load_directory(spec_repo.path)
     assert problems == [], problems
@@ -655,14 +655,14 @@ class Kit:
     for helm's cluster side: no release exists, upgrades are recorded)."""
 
     def __init__(self, tmp_path: Path, spec_repo: Any, oci_address: str) -> None:
-        from plnt.reconciler.saga.activities import SagaActivities
-        from plnt.reconciler.source.commit_specs import CommitSpecs
+        from plnt.reconciler.control.status import StatusStore
         from plnt.reconciler.drivers.driver_set import DriverSet
         from plnt.reconciler.drivers.local import LocalDriver
+        from plnt.reconciler.recipes.weights import WeightsStore
+        from plnt.reconciler.saga.activities import SagaActivities
+        from plnt.reconciler.source.commit_specs import CommitSpecs
         from plnt.reconciler.source.git import GitSource
         from plnt.reconciler.state import StateDir
-        from plnt.reconciler.control.status import StatusStore
-        from plnt.reconciler.recipes.weights import WeightsStore
 
         from .test_helm_chart import RecordingHelm
 

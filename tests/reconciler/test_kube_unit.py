@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.specs.crds import MANAGED_BY_LABEL
 from plnt.reconciler.control.kube import KubeConfigError, KubernetesLease, api_client, cr_body
+from plnt.reconciler.specs.crds import MANAGED_BY_LABEL
 from plnt.reconciler.specs.models import WorkflowRun
 
 

@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plnt.reconciler.control.status import Phase, WorkflowRunStatus
 from plnt.reconciler.drivers.driver_set import DriverSet
-from plnt.reconciler.errors import LiveStateUnknown
 from plnt.reconciler.drivers.helm import HelmDriver, run_helm
-from plnt.reconciler.specs.loader import SpecSet
 from plnt.reconciler.drivers.local import LocalDriver
+from plnt.reconciler.errors import LiveStateUnknown
 from plnt.reconciler.plan.diff import Action, DesiredRun, live_from, plan
+from plnt.reconciler.specs.loader import SpecSet
 from plnt.reconciler.specs.models import PlntBackend
 from plnt.reconciler.state import StateDir
-from plnt.reconciler.control.status import Phase, WorkflowRunStatus
 
 from ..conftest import SpecRepo
 from .test_helm_driver import RUN, STABLE, FakeHelm, list_json, values
@@ -127,9 +127,9 @@ async def test_without_a_last_state_a_deployed_release_on_an_unreadable_cluster_
     client is a STAND-IN that fails the test if a saga is started; git, the specs and helm are real."""
     import yaml
     from plnt.reconciler.control.loop import Reconciler
+    from plnt.reconciler.control.status import StatusStore
     from plnt.reconciler.settings import Settings
     from plnt.reconciler.source.git import GitSource
-    from plnt.reconciler.control.status import StatusStore
 
     for path in ("workflowruns/review-responder.yaml", "backends/local.yaml"):
         spec_repo.remove(path)

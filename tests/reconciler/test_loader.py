@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from plnt.reconciler.settings import SpecLimits
 from plnt.reconciler.specs.loader import (
     Problem,
     SourceFile,
@@ -19,7 +20,6 @@ from plnt.reconciler.specs.loader import (
     read_specs,
     read_tree,
 )
-from plnt.reconciler.settings import SpecLimits
 
 RUN = """\
 apiVersion: plnt.work/v1

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from plnt.reconciler.drivers.local import LocalDriver, allowlisted_env, process_start_time
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.errors import DriverError, InvalidRecipe
-from plnt.reconciler.drivers.local import LocalDriver, allowlisted_env, process_start_time
 from plnt.reconciler.specs.models import RunnerLimits
 from plnt.reconciler.state import Release, StateDir
 from plnt.runner.recipe import directory_digest

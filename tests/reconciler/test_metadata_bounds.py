@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.recipes import registries
 from plnt.reconciler.cli.main import app
 from plnt.reconciler.errors import DownloadRefused, VerificationFailed
-from plnt.reconciler.specs.loader import load_sources
+from plnt.reconciler.recipes import registries
 from plnt.reconciler.recipes.pull import RecipeCache, pull_recipe
 from plnt.reconciler.recipes.registries import (
     BUNDLE_NAME,
@@ -37,10 +36,11 @@ from plnt.reconciler.recipes.registries import (
     open_registry,
     read_bounded,
 )
-from plnt.reconciler.source.git import GitSource
-from plnt.reconciler.specs.models import WorkflowSource
 from plnt.reconciler.recipes.weights import SIGNATURE_NAME, WeightsStore
 from plnt.reconciler.recipes.weights_sources import open_weights_source, publish_weights
+from plnt.reconciler.source.git import GitSource
+from plnt.reconciler.specs.loader import load_sources
+from plnt.reconciler.specs.models import WorkflowSource
 from typer.testing import CliRunner
 
 from ..conftest import SpecRepo

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plnt.reconciler.control.status import Phase, RolloutMark, StatusStore, WorkflowRunStatus
 from plnt.reconciler.review.notes import NOTES_REF, NotesWriter, merge_note, note_line
 from plnt.reconciler.source.git import GitSource
-from plnt.reconciler.control.status import Phase, RolloutMark, StatusStore, WorkflowRunStatus
 
 from ..conftest import GIT_ENV
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 from plnt.gateway.routes import PreviewNotFound, preview_name, preview_of, preview_target
-from plnt.reconciler.source.commit_specs import as_preview
+from plnt.reconciler.control.status import Phase, WorkflowRunStatus
 from plnt.reconciler.review.previews import admitted, comment_body, context_of, forge_status, pr_number, previewed
 from plnt.reconciler.saga.io import SagaRef
+from plnt.reconciler.source.commit_specs import as_preview
 from plnt.reconciler.specs.models import WorkflowRun
-from plnt.reconciler.control.status import Phase, WorkflowRunStatus
 from pydantic import ValidationError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "gitops-example" / "workflowruns" / "review-responder.yaml"

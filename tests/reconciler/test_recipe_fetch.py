@@ -9,8 +9,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.recipes.archive import pack_recipe_to
 from plnt.reconciler.cli.main import app
+from plnt.reconciler.recipes.archive import pack_recipe_to
 from plnt.reconciler.recipes.registries import RegistryOptions, open_registry
 from typer.testing import CliRunner
 

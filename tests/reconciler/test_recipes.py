@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler.recipes.archive import ExtractLimits, pack_recipe_to
 from plnt.reconciler.errors import (
     DigestMismatch,
     IntegrityMismatch,
@@ -22,6 +21,7 @@ from plnt.reconciler.errors import (
     UnsafeArchive,
     VerificationFailed,
 )
+from plnt.reconciler.recipes.archive import ExtractLimits, pack_recipe_to
 from plnt.reconciler.recipes.pull import RecipeCache, pull_recipe, repo_subdir
 from plnt.reconciler.recipes.registries import RegistryOptions, open_registry
 from plnt.reconciler.source.git import GitSource

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.control.lease import FileLease
+from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.reported import ReportedRunners, RunnerReport, RunnerReporter, RunnerReportReply
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from plnt.gateway.routes import Router
 from plnt.reconciler.app import Plnt, _drain_after_flush, build_route_table
-from plnt.reconciler.state import LiveWorkflow, Release
 from plnt.reconciler.control.status import Phase, StatusStore
+from plnt.reconciler.state import LiveWorkflow, Release
 
 
 class CountingDriver:

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 import yaml
-from plnt.reconciler.recipes.archive import pack_recipe_to
-from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.drivers.helm import HelmDriver
+from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
+from plnt.reconciler.recipes.archive import pack_recipe_to
 from plnt.reconciler.recipes.registries import RegistryOptions, open_registry
 from plnt.reconciler.specs.models import RecipeTrustPolicy, WorkflowRun
 

@@ -19,13 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plnt.reconciler.app import SAGA_RUNNER
+from plnt.reconciler.control.status import Phase, StatusStore
+from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.saga import progress as saga_progress
 from plnt.reconciler.saga.activities import SagaActivities
-from plnt.reconciler.app import SAGA_RUNNER
-from plnt.reconciler.source.commit_specs import CommitSpecs
-from plnt.reconciler.specs.loader import load_directory
-from plnt.reconciler.drivers.local import LocalDriver
-from plnt.reconciler.saga.workflow import DeploySaga
 from plnt.reconciler.saga.io import (
     InstallInput,
     PhaseUpdate,
@@ -39,12 +37,14 @@ from plnt.reconciler.saga.io import (
     ValidatedSpec,
     ValidateInput,
 )
-from plnt.reconciler.settings import RetrySettings
 from plnt.reconciler.saga.smoke import SmokeMetrics, SmokeResult
-from plnt.reconciler.source.git import GitSource
-from plnt.reconciler.state import StateDir
-from plnt.reconciler.control.status import Phase, StatusStore
 from plnt.reconciler.saga.temporal_server import connect
+from plnt.reconciler.saga.workflow import DeploySaga
+from plnt.reconciler.settings import RetrySettings
+from plnt.reconciler.source.commit_specs import CommitSpecs
+from plnt.reconciler.source.git import GitSource
+from plnt.reconciler.specs.loader import load_directory
+from plnt.reconciler.state import StateDir
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHistory
@@ -506,8 +506,8 @@ async def test_status_is_written_only_from_plnt_s_own_saga(clone: GitSource, tmp
 ])
 def test_recipe_requirements_against_the_workflowrun(needs: dict[str, Any], placement: dict[str, Any],
                                                       message: str | None) -> None:
-    from plnt.reconciler.saga.activities import check_requirements
     from plnt.reconciler.errors import GpuClassUnavailable
+    from plnt.reconciler.saga.activities import check_requirements
     from plnt.reconciler.specs.models import BackendPlacement, Requirements
 
     requirements, asked = Requirements.model_validate(needs), BackendPlacement.model_validate(placement)
@@ -615,8 +615,8 @@ async def test_the_reconciler_gives_a_model_deployment_the_models_step_timeouts(
     repository, GitSource, DriverSet over a LocalDriver that is never started, a real Temporal dev
     server where no worker polls, so the sagas wait): the ModelDeployment's saga input carries
     install/promote timeouts of model_install_timeout_s + 300 s; the WorkflowRuns' carry plnt's own."""
-    from plnt.reconciler.drivers.driver_set import DriverSet
     from plnt.reconciler.control.loop import Reconciler
+    from plnt.reconciler.drivers.driver_set import DriverSet
     from plnt.reconciler.saga.io import saga_workflow_id
     from plnt.reconciler.settings import Settings
 

@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plnt.reconciler.control.loop import Reconciler
+from plnt.reconciler.control.status import Phase, StatusStore
 from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.local import LocalDriver
-from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.saga.io import SagaResult, saga_workflow_id
+from plnt.reconciler.saga.temporal_server import connect
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.git import GitSource
 from plnt.reconciler.state import StateDir
-from plnt.reconciler.control.status import Phase, StatusStore
-from plnt.reconciler.saga.temporal_server import connect
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 from plnt.reconciler.control import status as status_module
+from plnt.reconciler.control.status import Phase, StatusStore, journal_path, read_statuses
 from plnt.reconciler.state import append_durably as real_append_durably
 from plnt.reconciler.state import atomic_write_bytes as real_atomic_write_bytes
 from plnt.reconciler.state import atomic_write_json
-from plnt.reconciler.control.status import Phase, StatusStore, journal_path, read_statuses
 
 
 def _whole(store: StatusStore, path: Path) -> bytes:

@@ -22,8 +22,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from plnt.reconciler.settings import Settings
 from plnt.reconciler.saga.temporal_server import TemporalConnectError, client_options, connect_external
+from plnt.reconciler.settings import Settings
 from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 

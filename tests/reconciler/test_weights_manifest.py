@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from plnt.reconciler.errors import VerificationFailed
-from plnt.reconciler.specs.models import RecipeTrustPolicy
 from plnt.reconciler.recipes.trust import VerifiedWeights, verify_weights_signature
 from plnt.reconciler.recipes.weights_manifest import (
     PAYLOAD_TYPE,
@@ -27,6 +26,7 @@ from plnt.reconciler.recipes.weights_manifest import (
     manifest_of_directory,
     parse_statement,
 )
+from plnt.reconciler.specs.models import RecipeTrustPolicy
 
 from tests.sigstore_ca import TestSigstoreAuthority
 

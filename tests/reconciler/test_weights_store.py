@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from plnt.reconciler.errors import DigestMismatch, DownloadRefused, RecipeNotFound, RegistryUnavailable, VerificationFailed
-from plnt.reconciler.specs.models import RecipeTrustPolicy
 from plnt.reconciler.recipes.trust import VerifiedWeights, verify_weights_signature
 from plnt.reconciler.recipes.weights import SIGNATURE_NAME, DirectoryWeightsSource, WeightsStore
 from plnt.reconciler.recipes.weights_manifest import PAYLOAD_TYPE, manifest_of_directory
+from plnt.reconciler.specs.models import RecipeTrustPolicy
 
 from tests.sigstore_ca import TestSigstoreAuthority
 
@@ -195,8 +195,7 @@ def test_a_blob_from_an_earlier_pull_is_hashed_again_and_fetched_again_if_it_cha
         ca: TestSigstoreAuthority, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Blobs this pull fetched were hashed as they streamed and are not read again; a blob an earlier
     pull left (which may have changed on disk since) is hashed again, and a changed one is fetched again."""
-    from plnt.reconciler.recipes import weights
-    from plnt.reconciler.recipes import weights_manifest
+    from plnt.reconciler.recipes import weights, weights_manifest
 
     store = WeightsStore(tmp_path / "store", budget_bytes=10 << 20)
     publish(ca, tmp_path / "first", {"model.gguf": WEIGHTS})
