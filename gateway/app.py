@@ -385,8 +385,8 @@ class Gateway:
     async def _wake(self, route: Route, backend: Backend) -> str | None:
         assert self.wake is not None
         try:
-            endpoint = await asyncio.wait_for(self.wake(route.namespace, route.name, backend.release_id),
-                                              self.request_timeout_s)
+            async with asyncio.timeout(self.request_timeout_s):
+                endpoint = await self.wake(route.namespace, route.name, backend.release_id)
         except Exception as exc:
             log.warning("runner-wake-failed workflow=%s/%s release=%s: %s", route.namespace, route.name,
                         backend.release_id, exc or type(exc).__name__)
@@ -1041,7 +1041,8 @@ class _WorkflowEvents(Response):
                     quiet_since = now
                     await send({"type": "http.response.body", "body": b": keepalive\n\n", "more_body": True})
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(gone.wait(), self.poll_s)
+                    async with asyncio.timeout(self.poll_s):
+                        await gone.wait()
             if not gone.is_set():  # the server stops: end the response properly (the UI reconnects)
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:

@@ -398,7 +398,8 @@ class RoutePublisher:
             if remaining <= 0 or closed:
                 return doc
             try:
-                await asyncio.wait_for(changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
             except TimeoutError:
                 return self._doc
 
@@ -409,7 +410,8 @@ async def _until(event: asyncio.Event, deadline: float) -> bool:
     if remaining <= 0:
         return event.is_set()
     try:
-        await asyncio.wait_for(event.wait(), remaining)
+        async with asyncio.timeout(remaining):
+            await event.wait()
     except TimeoutError:
         return False
     return True

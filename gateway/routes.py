@@ -268,7 +268,8 @@ class Router:
             return True
         event = self._drained.setdefault(endpoint, asyncio.Event())
         try:
-            await asyncio.wait_for(event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
         except TimeoutError:
             return False
         return True

@@ -45,8 +45,9 @@ class QuietServer(uvicorn.Server):
         should_exit = await self.on_tick(counter)
         while not should_exit:
             counter = (counter + 10) % 864000  # on_tick refreshes the Date header when counter % 10 == 0
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.TICK_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.TICK_S):
+                    await self._wake.wait()
             should_exit = await self.on_tick(counter)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
@@ -69,7 +70,8 @@ class QuietServer(uvicorn.Server):
         while self.server_state.connections and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.005)
         try:
-            await asyncio.wait_for(self._wait_tasks_to_complete(), timeout=self.config.timeout_graceful_shutdown)
+            async with asyncio.timeout(self.config.timeout_graceful_shutdown):
+                await self._wait_tasks_to_complete()
         except TimeoutError:
             log.error("Cancel %s running task(s), timeout graceful shutdown exceeded", len(self.server_state.tasks))
             for task in self.server_state.tasks:

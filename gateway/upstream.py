@@ -318,7 +318,8 @@ class _Pool:
             waiter = self.loop.create_future()
             self.waiters.append(waiter)
             try:
-                await asyncio.wait_for(waiter, self.client.read_timeout_s)
+                async with asyncio.timeout(self.client.read_timeout_s):  # (not wait_for: see _connect)
+                    await waiter
             except TimeoutError:
                 raise UpstreamTimeout(
                     f"all {self.client.max_connections} connections to {self.host}:{self.port} stayed busy "
@@ -339,10 +340,10 @@ class _Pool:
     async def _connect(self) -> _Conn:
         conn = _Conn(self)
         try:
-            await asyncio.wait_for(
-                self.loop.create_connection(lambda: conn, self.host, self.port),
-                self.client.connect_timeout_s,
-            )
+            # Not asyncio.wait_for: on 3.11 a cancel landing in the turn the connect ends is dropped
+            # (the connect's outcome is returned), and a cancelled health poll polls on.
+            async with asyncio.timeout(self.client.connect_timeout_s):
+                await self.loop.create_connection(lambda: conn, self.host, self.port)
         except TimeoutError:
             raise UpstreamTimeout(
                 f"connecting to {self.host}:{self.port} took over {self.client.connect_timeout_s:g}s"

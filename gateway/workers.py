@@ -245,7 +245,8 @@ class WorkerSupervisor:
         for index in range(1, self.count + 1):
             self._tasks.append(asyncio.create_task(self._watch(index), name=f"{self.what}-{index}"))
         try:
-            done = await asyncio.wait_for(asyncio.gather(*ready), ready_timeout_s)
+            async with asyncio.timeout(ready_timeout_s):
+                done = await asyncio.gather(*ready)
         except TimeoutError:
             done = [False]
         if not all(done):
@@ -311,7 +312,8 @@ class WorkerSupervisor:
             if process.stdin is not None:
                 process.stdin.close()
         try:
-            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in live)), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(p.wait() for p in live))
         except TimeoutError:
             for process in live:
                 if process.returncode is None:

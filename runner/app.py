@@ -276,7 +276,8 @@ def create_app(
                 while True:
                     if queue.empty():
                         try:
-                            event, data = await asyncio.wait_for(queue.get(), ping_interval_s)
+                            async with asyncio.timeout(ping_interval_s):
+                                event, data = await queue.get()
                         except TimeoutError:
                             yield b": ping\n\n"
                             continue

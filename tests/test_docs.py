@@ -23,6 +23,7 @@ subprocess.
 5. Every `plnt` command line in a ```sh block (the commands the documents tell you to run) names a
    real command, and every `--option` on it is one that command's `--help` lists.
 """
+import functools
 import re
 import shutil
 import subprocess
@@ -208,13 +209,12 @@ def test_every_command_of_the_cli_reference_is_in_plnt_help():
 HELP_ENV = {"COLUMNS": "300", "PATH": "/usr/bin:/bin", "NO_COLOR": "1"}
 
 
-def options_of(command: tuple, cache: dict = {}) -> set:
+@functools.cache
+def options_of(command: tuple) -> frozenset:
     """The --options that `plnt COMMAND --help` lists (empty when the command does not exist)."""
-    if command not in cache:
-        result = subprocess.run([*PLNT, *command, "--help"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=60, env=HELP_ENV)
-        cache[command] = set(re.findall(r"--[a-z][a-z0-9-]*", result.stdout)) if result.returncode == 0 else set()
-    return cache[command]
+    result = subprocess.run([*PLNT, *command, "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60, env=HELP_ENV)
+    return frozenset(re.findall(r"--[a-z][a-z0-9-]*", result.stdout)) if result.returncode == 0 else frozenset()
 
 
 def command_key(words: str) -> list:

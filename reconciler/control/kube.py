@@ -84,8 +84,9 @@ def _micro_time(when: datetime) -> datetime:
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(stop.wait(), max(0.0, seconds))
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(0.0, seconds)):
+            await stop.wait()
 
 
 # --- leader election -----------------------------------------------------------------------------
@@ -619,7 +620,8 @@ def attach_status_mirror(settings: Settings, statuses: StatusStore, reconciler: 
 
     async def cleanup() -> None:
         stop.set()
-        with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=15)
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            async with asyncio.timeout(15):
+                await task
 
     return cleanup

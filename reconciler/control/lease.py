@@ -8,6 +8,7 @@ the lease waits; it starts reconciling only once it holds it, and stops at once 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
@@ -58,10 +59,9 @@ class FileLease:
                     log.info("lease-standby lease=%s holder=%s (another reconciler is active; waiting)",
                              self.path, self._holder() or "unknown")
                     waiting_logged = True
-                try:
-                    await asyncio.wait_for(stop.wait(), self._poll_s)
-                except TimeoutError:
-                    pass
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._poll_s):
+                        await stop.wait()
                 continue
             os.ftruncate(fd, 0)
             os.write(fd, f"{self.identity}\n".encode())

@@ -127,8 +127,9 @@ class Reconciler:
                 log.exception("reconcile-failed")
             finally:
                 self.metrics.pass_finished(full, outcome, time.perf_counter() - started)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(_first(self._wake.wait(), stop.wait()), timeout=self._settings.interval_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._settings.interval_s):
+                    await _first(self._wake.wait(), stop.wait())
 
     async def close(self) -> None:
         for task in self._sagas.values():

@@ -219,8 +219,9 @@ class PreviewController:
                 log.warning("previews-skipped reason=%s", redact(str(exc)))
             except Exception:  # noqa: BLE001 - the loop must outlive any one bad pass
                 log.exception("previews-failed")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(_first(self._wake.wait(), stop.wait()), timeout=self._settings.interval_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._settings.interval_s):
+                    await _first(self._wake.wait(), stop.wait())
 
     async def close(self) -> None:
         for task in self._sagas.values():

@@ -198,7 +198,8 @@ class StatusFollower(Generic[K, V]):
             stop.set()
             self._wake.set()
             try:
-                await asyncio.wait_for(task, timeout=self._drain_s + 10)
+                async with asyncio.timeout(self._drain_s + 10):
+                    await task
             except (TimeoutError, asyncio.CancelledError):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -232,7 +233,8 @@ class StatusFollower(Generic[K, V]):
         # by the next start: every start delivers what the statuses say).
         self._collect()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._flush(None), timeout=self._drain_s)
+            async with asyncio.timeout(self._drain_s):
+                await self._flush(None)
 
     def _collect(self) -> None:
         try:

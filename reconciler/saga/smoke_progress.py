@@ -56,5 +56,6 @@ async def follow_smoke_progress(client: Client, statuses: StatusStore, stop: asy
                     statuses.update_nowait(status.namespace, status.name, smoke_progress=progress)
             elif status.smoke_progress is not None:
                 statuses.update_nowait(status.namespace, status.name, smoke_progress=None)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=every_s)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(every_s):
+                await stop.wait()

@@ -168,3 +168,32 @@ async def test_failures_are_classified(raw_server) -> None:  # type: ignore[no-u
     with pytest.raises(UpstreamBroken):
         await client.request((await raw_server(hang_up)).url, "POST", "/invoke", body=b"{}")
     await client.aclose()
+
+
+@pytest.mark.parametrize("listening", [False, True], ids=["refused", "answered"])
+async def test_a_cancelled_request_is_cancelled_whenever_the_cancel_lands(raw_server, listening: bool) -> None:  # type: ignore[no-untyped-def]
+    """A cancel that lands in the same loop turn as the connect's outcome must not be lost (Python
+    3.11's asyncio.wait_for returned the outcome then). A lost cancel kept a cancelled install polling
+    a starting runner's health for its whole start timeout. Stepped one loop turn at a time, so one
+    step is that turn."""
+    client = UpstreamClient(read_timeout_s=1.0, connect_timeout_s=1.0)
+    endpoint = (await raw_server(ok())).url if listening else f"http://127.0.0.1:{free_port()}"
+    outcomes: dict[str, int] = {}
+    for turns in range(40):
+        task = asyncio.create_task(client.request(endpoint, "GET", "/healthz"))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        cancelled_before_done = not task.done()
+        task.cancel()
+        try:
+            await task
+            outcome = "answered"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+        except UpstreamConnectError:
+            outcome = "refused"
+        if cancelled_before_done:
+            assert outcome == "cancelled", f"cancelled after {turns} loop turns, the request ended {outcome}"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    assert outcomes.get("cancelled", 0) >= 1, outcomes
+    await client.aclose()

@@ -6,6 +6,7 @@ line), a STAND-IN for a model server."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import shutil
 import sys
@@ -309,12 +310,15 @@ def test_each_load_gets_its_own_module() -> None:
 
 async def test_versions_differ_by_reply_and_speed(monkeypatch: pytest.MonkeyPatch) -> None:
     """asyncio.sleep is replaced by a recorder: 1.5.0's slowness is the wait its steps ask for,
-    counted, not timed (and the test does not wait it out)."""
+    counted, not timed (and the test does not wait it out). Only the workflow's own sleeps count:
+    those in this test's context (its tasks inherit it), not another thread's or a leftover task's."""
     slept: dict[str, list[float]] = {}
     real_sleep = asyncio.sleep
+    recording: contextvars.ContextVar[bool] = contextvars.ContextVar("recording", default=False)
+    recording.set(True)
 
     async def recording_sleep(delay: float) -> None:
-        if delay > 0:
+        if delay > 0 and recording.get():
             slept[version].append(delay)
         await real_sleep(0)
 
