@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 import pydantic_core
@@ -404,6 +404,17 @@ class RoutePublisher:
                 return self._doc
 
 
+async def _read_request(request: Request, shape: type[_Asked], max_bytes: int, what: str) -> _Asked | Response:
+    """The request's JSON body as `shape`, or the 413/400 answer that names what was expected."""
+    body = await read_at_most(request, max_bytes)
+    if body is None:
+        return _json(413, "too_large", f"{what} is at most {max_bytes} bytes")
+    try:
+        return shape.model_validate_json(body)
+    except ValidationError as exc:
+        return _json(400, "bad_request", f"expected {{{', '.join(shape.model_fields)}}}: {exc.errors()[0]['msg']}")
+
+
 async def _until(event: asyncio.Event, deadline: float) -> bool:
     """True once `event` is set, False at the (monotonic) deadline."""
     remaining = deadline - time.monotonic()
@@ -496,6 +507,9 @@ class WakeRequest(BaseModel):
     release_id: str = Field(min_length=1, max_length=512)
 
 
+_Asked = TypeVar("_Asked", bound=BaseModel)
+
+
 MAX_WAKE_BODY = 4096
 
 
@@ -512,13 +526,9 @@ def add_control_routes(app: Any, publisher: RoutePublisher, internal_token: str 
             """200 {"endpoint"} once the release's runner serves again; 404 when it did not park."""
             if (refused := guard(request, "POST /internal/wake")) is not None:
                 return refused
-            body = await read_at_most(request, MAX_WAKE_BODY)
-            if body is None:
-                return _json(413, "too_large", f"a wake request is at most {MAX_WAKE_BODY} bytes")
-            try:
-                asked = WakeRequest.model_validate_json(body)
-            except ValidationError as exc:
-                return _json(400, "bad_request", f"expected {{namespace, name, release_id}}: {exc.errors()[0]['msg']}")
+            asked = await _read_request(request, WakeRequest, MAX_WAKE_BODY, "a wake request")
+            if isinstance(asked, Response):
+                return asked
             endpoint = await wake(asked.namespace, asked.name, asked.release_id)
             if endpoint is None:
                 return _json(404, "not_parked", f"release {asked.release_id} of {asked.namespace}/{asked.name} is not "
@@ -531,13 +541,9 @@ def add_control_routes(app: Any, publisher: RoutePublisher, internal_token: str 
         runner at `endpoint`, or at `timeout_s` (then drained is false and lagging says who holds on)."""
         if (refused := guard(request, "POST /internal/drain")) is not None:
             return refused
-        body = await read_at_most(request, MAX_DRAIN_BODY)
-        if body is None:
-            return _json(413, "too_large", f"a drain request is at most {MAX_DRAIN_BODY} bytes")
-        try:
-            asked = DrainRequest.model_validate_json(body)
-        except ValidationError as exc:
-            return _json(400, "bad_request", f"expected {{endpoint, timeout_s}}: {exc.errors()[0]['msg']}")
+        asked = await _read_request(request, DrainRequest, MAX_DRAIN_BODY, "a drain request")
+        if isinstance(asked, Response):
+            return asked
         outcome = await release_everywhere(publisher, app.gateway.router, asked.endpoint, asked.timeout_s)
         return JSONResponse({"drained": outcome.drained, "waited_s": round(outcome.waited_s, 3),
                              "version": outcome.version, "followers": outcome.followers,
