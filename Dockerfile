@@ -21,6 +21,7 @@ WORKDIR /src
 RUN python -m venv /opt/plnt
 ENV PATH=/opt/plnt/bin:$PATH
 COPY pyproject.toml README.md ./
+COPY core ./core
 COPY reconciler ./reconciler
 COPY gateway ./gateway
 COPY runner ./runner

@@ -38,8 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from plnt.core.upstream import UpstreamClient, UpstreamError  # noqa: E402
 from plnt.gateway.bench import Load, percentile, run_load  # noqa: E402
-from plnt.gateway.upstream import UpstreamClient, UpstreamError  # noqa: E402
 from plnt.reconciler.drivers.local import free_port  # noqa: E402
 
 RESULT = {"workflow": "echo", "version": "1.0.0", "output": "ok", "steps": {"echo": {"ms": 0.01, "cached": False}},
@@ -126,9 +126,10 @@ def serve_gateway(args: argparse.Namespace) -> None:
 
     if args.gateway_src:
         _import_gateway_from(args.gateway_src)
+    from plnt.core.auth import TokenSet
+    from plnt.core.routes import Backend, Route, RouteTable
     from plnt.gateway.app import create_app
-    from plnt.gateway.auth import TokenSet
-    from plnt.gateway.routes import Backend, Route, Router, RouteTable
+    from plnt.gateway.router import Router
 
     route = Route("default", "echo", stable=Backend(args.runner, "1.0.0", "rel-bench"))
     tokens = TokenSet.parse(plain_tokens=[args.token]) if args.token else None
@@ -136,7 +137,7 @@ def serve_gateway(args: argparse.Namespace) -> None:
     options = dict(loop=args.loop, log_level="warning", access_log=False, lifespan="on", proxy_headers=False)
     if args.http == "httptools" and not args.gateway_src:
         # As GatewayServer (what `plnt up` uses) configures uvicorn: with the HTTP limits.
-        from plnt.gateway.server import uvicorn_config
+        from plnt.core.server import uvicorn_config
 
         uvicorn.Server(uvicorn_config(app, "127.0.0.1", args.port, **options)).run()
         return

@@ -55,8 +55,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from benchlib import BULK_RUN, descendants, git, how_it_ran, print_json, pss_kib  # noqa: E402
 from benchlib import process_cpu_s as cpu_s  # noqa: E402
+from plnt.core.upstream import UpstreamClient, UpstreamError  # noqa: E402
 from plnt.gateway.bench import Load, Sample, percentile, run_load  # noqa: E402
-from plnt.gateway.upstream import UpstreamClient, UpstreamError  # noqa: E402
 from plnt.reconciler.drivers.local import free_port  # noqa: E402
 
 PLNT = [str(Path(sys.executable).parent / "plnt")]

@@ -13,8 +13,8 @@ import timeit
 
 import uvicorn
 import uvloop
-from plnt.gateway.auth import TokenSet, host_allowed, is_json_media, open_gateway_hosts
-from plnt.gateway.limits import HttpLimits, http_protocol, loads
+from plnt.core.auth import TokenSet, host_allowed, is_json_media, open_gateway_hosts
+from plnt.core.limits import HttpLimits, http_protocol, loads
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 

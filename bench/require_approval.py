@@ -32,11 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from plnt.reconciler.review.approval import ApprovalGate, plan_digest_between  # noqa: E402
-from plnt.reconciler.review.forge import make_forge  # noqa: E402
 from plnt.reconciler.plan.digest import STATUS_CONTEXT, short  # noqa: E402
 from plnt.reconciler.recipes.pull import RecipeCache  # noqa: E402
 from plnt.reconciler.recipes.registries import RegistryOptions  # noqa: E402
+from plnt.reconciler.review.approval import ApprovalGate, plan_digest_between  # noqa: E402
+from plnt.reconciler.review.forge import make_forge  # noqa: E402
 from plnt.reconciler.source.git import GitSource  # noqa: E402
 
 from tests.forge_standin import ForgeStandin  # noqa: E402

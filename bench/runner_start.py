@@ -28,10 +28,10 @@ from typing import Any
 import httpx
 from benchlib import ROOT, how_it_ran, print_json
 from benchlib import process_cpu_s as cpu_s
-from plnt.reconciler.drivers.protocol import InstallRequest
+from plnt.core.recipe import directory_digest
 from plnt.reconciler.drivers.local import LocalDriver
+from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.state import StateDir
-from plnt.runner.recipe import directory_digest
 
 TEMPLATE = ROOT / "gitops-example" / "recipes" / "review-responder" / "1.2.0"
 

@@ -24,10 +24,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from plnt.reconciler.specs import loader
-
+from plnt.core.specs import loader
+from plnt.core.specs.loader import SourceFile, load_sources
 from plnt.reconciler.source import git as source
-from plnt.reconciler.specs.loader import SourceFile, load_sources
 
 ROOT = Path(__file__).resolve().parent.parent
 GIT = ["git", "-c", "user.name=plnt-bench", "-c", "user.email=bench@plnt.invalid"]

@@ -77,10 +77,11 @@ def serve_gateway(args: argparse.Namespace) -> None:
 
     if args.gateway_src:
         go._import_gateway_from(args.gateway_src)
-    from plnt.gateway import telemetry
+    from plnt.core import telemetry
+    from plnt.core.routes import Backend, Route, RouteTable
+    from plnt.core.server import uvicorn_config
     from plnt.gateway.app import create_app
-    from plnt.gateway.routes import Backend, Route, Router, RouteTable
-    from plnt.gateway.server import uvicorn_config
+    from plnt.gateway.router import Router
 
     telemetry.setup("plnt-gateway")
     route = Route("default", "echo", stable=Backend(args.runner, "1.0.0", "rel-bench"))

@@ -53,11 +53,9 @@ from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-
-from . import hooks, telemetry
-from . import limits as json_limits
-from . import openai_compat as oai
-from .auth import (
+from plnt.core import limits as json_limits
+from plnt.core import telemetry
+from plnt.core.auth import (
     ADMIN,
     ALL,
     FOREIGN_HOST_MESSAGE,
@@ -75,10 +73,7 @@ from .auth import (
     open_gateway_hosts,
     required_scope,
 )
-from .calls import MAX_LIMIT as MAX_CALLS_LIMIT
-from .calls import CallLog
-from .metrics import GatewayMetrics
-from .routes import (
+from plnt.core.routes import (
     PREVIEW_HEADER,
     TRACK_HEADER,
     AmbiguousRoute,
@@ -88,16 +83,21 @@ from .routes import (
     PreviewNotFound,
     Route,
     RouteNotReady,
-    Router,
     RouteTable,
     Track,
     forced_track,
     preview_of,
     preview_target,
 )
-from .sse import COMMENT, SSEParser
-from .ui import mount_ui
-from .upstream import UpstreamClient, UpstreamConnectError, UpstreamError, UpstreamResponse, UpstreamTimeout
+from plnt.core.upstream import UpstreamClient, UpstreamConnectError, UpstreamError, UpstreamResponse, UpstreamTimeout
+from plnt.gateway import hooks
+from plnt.gateway import openai_compat as oai
+from plnt.gateway.calls import MAX_LIMIT as MAX_CALLS_LIMIT
+from plnt.gateway.calls import CallLog
+from plnt.gateway.metrics import GatewayMetrics
+from plnt.gateway.router import Router
+from plnt.gateway.sse import COMMENT, SSEParser
+from plnt.gateway.ui import mount_ui
 
 log = logging.getLogger("plnt.gateway")
 

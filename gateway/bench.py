@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .upstream import UpstreamClient, UpstreamError
+from plnt.core.upstream import UpstreamClient, UpstreamError
 
 _TOKEN = b"event: token"
 _RESULT = b"event: result"

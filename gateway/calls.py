@@ -104,7 +104,7 @@ class CallsHub:
         return taken
 
     def mount(self, app: Any, internal_token: str) -> None:
-        from .route_watch import internal_guard, read_at_most
+        from plnt.gateway.route_watch import internal_guard, read_at_most
 
         guard = internal_guard(app, internal_token)
 

@@ -19,13 +19,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import telemetry
-from .app import GatewayApp, create_app
-from .auth import TokenSet, is_loopback_host
-from .limits import HttpLimits
-from .route_watch import DEFAULT_WAIT_S, ControlWaker, RouteFollower
-from .routes import Router
-from .server import GatewayServer
+from plnt.core import telemetry
+from plnt.core.auth import TokenSet, is_loopback_host
+from plnt.core.limits import HttpLimits
+from plnt.core.server import GatewayServer
+from plnt.gateway.app import GatewayApp, create_app
+from plnt.gateway.route_watch import DEFAULT_WAIT_S, ControlWaker, RouteFollower
+from plnt.gateway.router import Router
 
 log = logging.getLogger("plnt.gateway.role")
 
@@ -119,7 +119,7 @@ class GatewayRole:
                          host=config.host, health=self.health, wake=self.waker)
         self.forwarder = None
         if forward_control:
-            from .workers import ControlForwarder
+            from plnt.gateway.workers import ControlForwarder
 
             self.forwarder = ControlForwarder(config.control_url, config.internal_token, config.max_body_bytes)
         self.app = _RoleApp(app, self.follower, self.forwarder)

@@ -39,10 +39,10 @@ import httpx
 import pydantic_core
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from plnt.core.auth import INTERNAL, Grant, TokenSet, missing_scope_message
+from plnt.core.routes import Backend, Route, RouteTable
+from plnt.gateway.router import Router
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from .auth import INTERNAL, Grant, TokenSet, missing_scope_message
-from .routes import Backend, Route, Router, RouteTable
 
 log = logging.getLogger("plnt.gateway.route_watch")
 

@@ -38,10 +38,9 @@ from typing import Any
 import httpx
 from fastapi import Request
 from fastapi.responses import Response
+from plnt.core.server import ServerStartError
+from plnt.core.upstream import HOP_BY_HOP
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
-
-from .server import ServerStartError
-from .upstream import HOP_BY_HOP
 
 log = logging.getLogger("plnt.gateway.workers")
 
@@ -153,7 +152,7 @@ class WorkerMetrics:
         return merge_metrics([self.own(), *self.latest.values()])
 
     def mount(self, app: Any, internal_token: str) -> None:
-        from .route_watch import internal_guard, read_at_most
+        from plnt.gateway.route_watch import internal_guard, read_at_most
 
         guard = internal_guard(app, internal_token)
 
@@ -422,8 +421,8 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 async def _run_worker(config: WorkerConfig) -> None:
-    from .auth import TokenSet
-    from .role import GatewayRole, GatewayRoleConfig
+    from plnt.core.auth import TokenSet
+    from plnt.gateway.role import GatewayRole, GatewayRoleConfig
 
     tokens = TokenSet.parse(config.tokens_text.get_secret_value() if config.tokens_text else None,
                             [t.get_secret_value() for t in config.plain_tokens], source=config.tokens_source)
@@ -453,7 +452,7 @@ async def _run_worker(config: WorkerConfig) -> None:
         pushing = asyncio.create_task(push_metrics(role.app.app.gateway.metrics.render, config.control_url,
                                                    config.index, config.internal_token.get_secret_value()))
         # ... and its GET /calls merges theirs (each pushes its new calls, calls.py).
-        from .calls import push_calls
+        from plnt.gateway.calls import push_calls
 
         pushing_calls = asyncio.create_task(push_calls(role.app.app.gateway.calls, config.control_url,
                                                        config.index, config.internal_token.get_secret_value()))

@@ -13,16 +13,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi.responses import JSONResponse
-from plnt.gateway import telemetry
+from plnt.core import telemetry
+from plnt.core.auth import MODELS, Grant, TokenSet, exposure_problem, load_tokens
+from plnt.core.auth import is_loopback_host as _loopback
+from plnt.core.limits import HttpLimits
+from plnt.core.routes import Backend, Route, RouteTable
+from plnt.core.server import GatewayServer, ServerStartError, check_free, reuse_port_socket
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.models import PlntBackend
 from plnt.gateway.app import create_app
-from plnt.gateway.auth import MODELS, Grant, TokenSet, exposure_problem, load_tokens
-from plnt.gateway.auth import is_loopback_host as _loopback
 from plnt.gateway.calls import CallsHub
 from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret
-from plnt.gateway.limits import HttpLimits
 from plnt.gateway.route_watch import RoutePublisher, add_control_routes, release_everywhere
-from plnt.gateway.routes import Backend, Route, Router, RouteTable
-from plnt.gateway.server import GatewayServer, ServerStartError, check_free, reuse_port_socket
+from plnt.gateway.router import Router
 from plnt.gateway.workers import TrustForwarded, WorkerConfig, WorkerMetrics, WorkerSupervisor, auto_workers
 from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
@@ -43,11 +46,10 @@ from plnt.reconciler.saga.activities import HEARTBEAT_THROTTLE, SagaActivities
 from plnt.reconciler.saga.history import NoSaga, saga_history, saga_rollouts
 from plnt.reconciler.saga.temporal_server import TemporalDevServer, connect, connect_external
 from plnt.reconciler.saga.workflow import DeploySaga
-from plnt.reconciler.settings import Settings, SpecLimits
+from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.commit_specs import CommitSpecs
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource
-from plnt.reconciler.specs.models import PlntBackend
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir
 from pydantic import SecretStr
 from temporalio.client import Client
@@ -554,7 +556,7 @@ async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, inte
         workers = count
     else:
         private = GatewayServer(TrustForwarded(app, internal_token), host="127.0.0.1", port=0, lifespan=False,
-                                limits=plnt.gateway.limits)
+                                limits=plnt.core.limits)
         await private.start()
         cleanups.append(private.stop)
         port = plnt.gateway.port

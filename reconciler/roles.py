@@ -24,12 +24,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from plnt.gateway import telemetry
+from plnt.core import telemetry
+from plnt.core.limits import HttpLimits
+from plnt.core.server import GatewayServer, ServerStartError
 from plnt.gateway.app import create_app
-from plnt.gateway.limits import HttpLimits
 from plnt.gateway.route_watch import InternalGuard, RoutePublisher, add_control_routes, internal_guard
-from plnt.gateway.routes import Router
-from plnt.gateway.server import GatewayServer, ServerStartError
+from plnt.gateway.router import Router
 from plnt.reconciler.app import (
     SAGA_RUNNER,
     TurnBatched,

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
+from plnt.core.specs.limits import SpecLimits
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 # An --approvers entry: a forge user name, or ORG/TEAM (GitLab: a group's full path, GROUP/SUB/...).
@@ -38,20 +39,6 @@ class RetrySettings(BaseModel):
     maximum_interval_s: float = Field(default=30.0, gt=0)
     maximum_attempts: int = Field(default=3, ge=1, description="attempts in all, the first included")
     step_timeouts: StepTimeouts = Field(default_factory=StepTimeouts)
-
-
-class SpecLimits(BaseModel):
-    """What reading one commit's specs may cost: hostile YAML gets a FILE:LINE problem, not a frozen
-    or exhausted plnt. Aliases may expand a file to `alias_factor` nodes per byte (plus 10,000)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_file_bytes: int = Field(default=2**20, gt=0, description="size of one spec file")
-    max_files: int = Field(default=10_000, gt=0, description="spec files under the spec path")
-    max_total_bytes: int = Field(default=32 * 2**20, gt=0, description="all spec files together")
-    max_depth: int = Field(default=64, gt=0, description="nesting of mappings and lists")
-    alias_factor: int = Field(default=10, gt=0, description="nodes built per byte of a file, aliases expanded")
-    max_nodes: int = Field(default=2_000_000, gt=0, description="nodes built for all files, aliases expanded")
 
 
 def default_llm_venv() -> Path:
@@ -130,7 +117,7 @@ class Settings(BaseModel):
     max_recipe_files: int = Field(default=10_000, gt=0)
     max_recipe_file_bytes: int = Field(default=64 * 2**20, gt=0)
     spec_limits: SpecLimits = Field(default_factory=SpecLimits)
-    # Gateway (see plnt.gateway.auth and plnt.gateway.app).
+    # Gateway (see plnt.core.auth and plnt.gateway.app).
     gateway_tokens: tuple[SecretStr, ...] = Field(
         default=(), description="bearer tokens allowed to use every workflow (the CLI reads PLNT_GATEWAY_TOKENS)")
     gateway_tokens_file: Path | None = Field(

@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from plnt.runner.recipe import RecipeError, load_recipe_dir
+    from plnt.core.recipe import RecipeError
+    from plnt.runner.recipe import load_recipe_dir
 
     try:
         recipe = load_recipe_dir(args.recipe)
@@ -165,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plnt.runner: {exc}", file=sys.stderr)
         return 2
 
-    from plnt.gateway import telemetry
-    from plnt.gateway.server import QuietServer, uvicorn_config
+    from plnt.core import telemetry
+    from plnt.core.server import QuietServer, uvicorn_config
     from plnt.runner.app import create_app
 
     try:  # here, after a zygote's fork: the span exporter's thread does not survive a fork
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                      host=args.host)
     served: Any = app
     if args.park_after_idle_s is not None:
-        from plnt.runner.idle import IdleParker, write_parked
+        from plnt.core.parking import write_parked
+        from plnt.runner.idle import IdleParker
 
         here = Path.cwd()  # the runner's own directory: plnt starts it there and looks there
         idle_s = args.park_after_idle_s

@@ -30,13 +30,13 @@ import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from plnt.gateway import telemetry
+from plnt.core import telemetry
 
 if TYPE_CHECKING:  # httpx is imported on first use: a MockBackend runner starts without it
     import httpx
 
 UpstreamErrorKind = Literal["unavailable", "timeout", "bad_status", "bad_response"]
-# gen_ai.provider.name of the LLM-call spans (plnt.gateway.telemetry): an OpenAI-compatible server
+# gen_ai.provider.name of the LLM-call spans (plnt.core.telemetry): an OpenAI-compatible server
 # speaks OpenAI's API; the mock is plnt's own.
 OPENAI_PROVIDER = "openai"
 MOCK_PROVIDER = "plnt.mock"

@@ -77,10 +77,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from plnt.gateway import telemetry
-from plnt.gateway.auth import LoopbackHostGuard, TokenSet, is_json_media, open_gateway_hosts
-from plnt.gateway.limits import JSONTooDeep
-from plnt.gateway.limits import loads as bounded_loads
+from plnt.core import telemetry
+from plnt.core.auth import LoopbackHostGuard, TokenSet, is_json_media, open_gateway_hosts
+from plnt.core.limits import JSONTooDeep
+from plnt.core.limits import loads as bounded_loads
 from plnt.runner.adapters import RuntimeAdapter, UpstreamError
 from plnt.runner.cache import DEFAULT_CAPACITY, StepCache
 from plnt.runner.engine import InvalidInput, StepFailed, WorkflowResult, check_inputs, required_inputs, run_workflow

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from plnt.reconciler.specs.models import Step
+from plnt.core.specs.models import Step
 
 DEFAULT_CAPACITY = 1024
 CACHEABLE_TOOLS = frozenset({"llm.classify", "rag.query", "policy.moderate", "python"})

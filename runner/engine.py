@@ -46,8 +46,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from plnt.gateway import telemetry
-from plnt.reconciler.specs.models import Step, Workflow, output_step, step_levels
+from plnt.core import telemetry
+from plnt.core.specs.models import Step, Workflow, output_step, step_levels
 from plnt.runner.adapters import RuntimeAdapter
 from plnt.runner.cache import MISSING, StepCache, cache_key, is_cacheable
 from plnt.runner.recipe import Recipe

@@ -11,45 +11,11 @@ the listener closes first, and a request accepted before that is still answered.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import stat
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-PARKED_FILE = "parked.json"
 INVOCATION_PATHS = frozenset({"/invoke", "/chat"})
-
-
-def write_parked(directory: Path, idle_s: float) -> None:
-    """Record, atomically, that this process parks (read by plnt's local driver, `read_parked`)."""
-    final = directory / PARKED_FILE
-    scratch = directory / f".{PARKED_FILE}.{os.getpid()}"
-    scratch.write_text(json.dumps({"pid": os.getpid(), "idleSeconds": idle_s}))
-    os.replace(scratch, final)
-
-
-def read_parked(directory: Path) -> int | None:
-    """The pid that parked in `directory`, or None (no file, or not one plnt can read).
-
-    plnt reads it, and recipe code can write there: only a regular file, not through a symlink,
-    without blocking (a FIFO), at most 4 KiB."""
-    try:
-        fd = os.open(directory / PARKED_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        raw = json.loads(os.read(fd, 4096))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    pid = raw.get("pid") if isinstance(raw, dict) else None
-    return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
 
 
 class IdleParker:

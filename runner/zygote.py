@@ -46,20 +46,7 @@ import threading
 import traceback
 from typing import Any, NoReturn
 
-MAX_MESSAGE = 1 << 16
-CMDLINE_ROOM = " " * 4096  # the zygote's last argument: room for each child's own command line
-MAX_ENV_BYTES = 1 << 20
-
-
-def encode(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode()
-
-
-def decode(data: bytes) -> dict[str, Any]:
-    message = json.loads(data)
-    if not isinstance(message, dict):
-        raise ValueError(f"zygote message must be a JSON object, got {type(message).__name__}")
-    return message
+from plnt.core.zygote_protocol import MAX_ENV_BYTES, MAX_MESSAGE, decode, encode
 
 
 def check_request(message: dict[str, Any]) -> tuple[int, list[str], str, str]:
@@ -130,7 +117,7 @@ def warm_up() -> None:
     import tempfile
 
     import httpx
-    from plnt.gateway.server import QuietServer, uvicorn_config
+    from plnt.core.server import QuietServer, uvicorn_config
     from plnt.runner.adapters import MockBackend
     from plnt.runner.app import create_app
     from plnt.runner.recipe import load_recipe_dir
@@ -217,7 +204,7 @@ def preload() -> None:
 
     import fastapi  # noqa: F401
     import httpx  # noqa: F401  (the http backend imports it on first use)
-    import plnt.gateway.server  # noqa: F401
+    import plnt.core.server  # noqa: F401
     import plnt.runner.__main__  # noqa: F401
     import plnt.runner.adapters  # noqa: F401
     import plnt.runner.app  # noqa: F401
@@ -236,7 +223,7 @@ def preload() -> None:
 
     # Imported on first use, in every runner: loading a recipe (the spec models), the first request
     # (anyio's backend, starlette's streams).
-    for lazy in ("difflib", "plnt.reconciler.specs.loader", "plnt.reconciler.settings", "anyio._backends._asyncio",
+    for lazy in ("difflib", "plnt.core.specs.loader", "plnt.reconciler.settings", "anyio._backends._asyncio",
                  "anyio.streams.memory", "anyio.streams.stapled", "fastapi.telemetry._runtime", "importlib.readers",
                  "importlib.resources.readers"):
         try:

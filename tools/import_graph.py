@@ -5,7 +5,10 @@ notes quote. Reads the source as text (ast); runs nothing of plnt.
     python tools/import_graph.py --edges    # and every edge between packages, with one example each
 
 Packages: plnt.reconciler's subpackages (reconciler.saga, reconciler.drivers, ...; a top-level module
-such as reconciler.app counts as its own), plnt.gateway, plnt.runner. A circle is a set of modules
+such as reconciler.app counts as its own), plnt.gateway, plnt.runner, plnt.core (the shared contracts
+the roles import). Edges between roles count imports from one role into another, not into core;
+the composition roots (COMPOSITION_ROOTS: `plnt up` and each role's entry) are counted apart, as they
+are where the roles are wired together. A circle is a set of modules
 that import each other, directly or through others (a strongly connected component of more than one
 module); imports under `if TYPE_CHECKING:` count too (they are read by type checkers and humans).
 """
@@ -20,7 +23,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROLES = {"reconciler": "plnt.reconciler", "gateway": "plnt.gateway", "runner": "plnt.runner"}
+ROLES = {"core": "plnt.core", "reconciler": "plnt.reconciler", "gateway": "plnt.gateway", "runner": "plnt.runner"}
+# Where the roles are wired together: plnt up (app), the apart roles' entries (roles) and the CLI.
+COMPOSITION_ROOTS = ("plnt.reconciler.app", "plnt.reconciler.roles", "plnt.reconciler.cli")
+
+
+def is_composition_root(module: str) -> bool:
+    return any(module == root or module.startswith(root + ".") for root in COMPOSITION_ROOTS)
 BIG = 400  # lines
 
 
@@ -127,16 +136,27 @@ def main() -> None:
     for lines, name in big:
         print(f"  {lines:5d}  {name}")
     roles: dict[tuple[str, str], set[str]] = defaultdict(set)
+    from_roots: set[str] = set()
+    to_core = 0
     packages: dict[tuple[str, str], set[str]] = defaultdict(set)
     for source, targets in edges.items():
         for target in targets:
-            if role_of(source) != role_of(target):
-                roles[(role_of(source), role_of(target))].add(f"{source} -> {target}")
+            if role_of(target) == "core" and role_of(source) != "core":
+                to_core += 1
+            elif role_of(source) != role_of(target):
+                if is_composition_root(source):
+                    from_roots.add(f"{source} -> {target}")
+                else:
+                    roles[(role_of(source), role_of(target))].add(f"{source} -> {target}")
             if package_of(source) != package_of(target):
                 packages[(package_of(source), package_of(target))].add(f"{source} -> {target}")
-    print(f"import edges between roles (module -> module): {sum(len(v) for v in roles.values())}")
+    print(f"import edges between roles (module -> module; not from the composition roots, not into core): "
+          f"{sum(len(v) for v in roles.values())}")
     for (a, b), why in sorted(roles.items()):
         print(f"  {a} -> {b}: {len(why)}")
+        for edge in sorted(why):
+            print(f"      {edge}")
+    print(f"from the composition roots into other roles: {len(from_roots)}; from the roles into core: {to_core}")
     found = circles(edges)
     print(f"circles (modules importing each other): {len(found)}")
     for component in found:

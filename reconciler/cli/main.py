@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.loader import DEFAULT_LIMITS, Problem, SourceFile, SpecSet, load_sources, read_file_spec, read_tree
 from plnt.reconciler.redact import redact
-from plnt.reconciler.settings import RetrySettings, Settings, SpecLimits
-from plnt.reconciler.specs.loader import DEFAULT_LIMITS, Problem, SourceFile, SpecSet, load_sources, read_file_spec, read_tree
+from plnt.reconciler.settings import RetrySettings, Settings
 from pydantic import ValidationError
 
 app = typer.Typer(
@@ -275,7 +276,7 @@ def up(
     """Run plnt: Temporal, a worker, the reconciler and the gateway; deploy through local runner processes."""
     import os
 
-    from plnt.gateway.auth import exposure_problem, load_tokens
+    from plnt.core.auth import exposure_problem, load_tokens
     from plnt.reconciler.drivers.local import allowlisted_env
 
     _setup_logging(verbose)
@@ -351,7 +352,7 @@ def up(
     except KeyboardInterrupt:
         pass
     except Exception as exc:  # noqa: BLE001 - one clear line, not a traceback, for start-up failures
-        from plnt.gateway.server import ServerStartError
+        from plnt.core.server import ServerStartError
         from plnt.reconciler.errors import PlntError
 
         if not isinstance(exc, (PlntError, ServerStartError, OSError)):
@@ -504,7 +505,8 @@ def _default_cache_dir() -> Path:
 
 
 def _live_from_state(state_dir: Path) -> dict[str, Any]:
-    from plnt.reconciler.control.status import WorkflowRunStatus, read_statuses
+    from plnt.core.status import WorkflowRunStatus
+    from plnt.reconciler.control.status import read_statuses
     from plnt.reconciler.plan.diff import live_from
     from plnt.reconciler.state import LiveWorkflow, read_json
 
@@ -534,7 +536,8 @@ def status(
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 source = client.get(f"{url}/source").raise_for_status().json()
     except (httpx.HTTPError, ValueError):  # nothing there, or something that is not plnt (HTML, other JSON)
-        from plnt.reconciler.control.status import WorkflowRunStatus, journal_path, read_statuses
+        from plnt.core.status import WorkflowRunStatus
+        from plnt.reconciler.control.status import journal_path, read_statuses
         from plnt.reconciler.state import read_json
 
         if not (state_dir / "status.json").exists() and not journal_path(state_dir / "status.json").exists():
@@ -723,8 +726,8 @@ def recipe_pack(
     output: Annotated[Path, typer.Option("-o", "--output", help="Archive to write.")] = Path("recipe.tar.gz"),
 ) -> None:
     """Pack a recipe directory into a deterministic gzip tar (same content, same bytes, same sha256)."""
+    from plnt.core.recipe import RecipeError, check_recipe_dir
     from plnt.reconciler.recipes.archive import pack_recipe_to
-    from plnt.runner.recipe import RecipeError, check_recipe_dir
 
     try:
         recipe = check_recipe_dir(directory)  # as data: packing never runs the recipe's code
@@ -871,10 +874,10 @@ def recipe_fetch(
     import shutil
     import tempfile
 
+    from plnt.core.specs.models import WorkflowSource
     from plnt.reconciler.errors import PlntError
     from plnt.reconciler.recipes.pull import RecipeCache, pull_recipe, repo_subdir
     from plnt.reconciler.recipes.registries import RegistryOptions
-    from plnt.reconciler.specs.models import WorkflowSource
     from pydantic import ValidationError
 
     try:
@@ -930,11 +933,11 @@ def recipe_verify(
         help="Trusted-root JSON; default: the Sigstore public-good root bundled with sigstore-python (offline).")] = None,
 ) -> None:
     """Verify an archive's signature offline, exactly as plnt does before deploying it."""
+    from plnt.core.specs.models import RecipeTrustPolicy
     from plnt.reconciler.errors import DownloadRefused, VerificationFailed
     from plnt.reconciler.recipes.archive import archive_digest
     from plnt.reconciler.recipes.registries import MAX_BUNDLE_BYTES, MAX_TRUSTED_ROOT_BYTES, read_bounded
     from plnt.reconciler.recipes.trust import verify_recipe
-    from plnt.reconciler.specs.models import RecipeTrustPolicy
     from pydantic import ValidationError
 
     bundle = bundle or artifact.with_name(artifact.name + ".sigstore.json")
@@ -1013,7 +1016,7 @@ def gateway(
     long-poll watch on its GET /internal/routes); keeps serving its last table while it is unreachable."""
     import os
 
-    from plnt.gateway.auth import exposure_problem, load_tokens
+    from plnt.core.auth import exposure_problem, load_tokens
     from plnt.gateway.role import GatewayRoleConfig
 
     _setup_logging(verbose)
@@ -1055,7 +1058,7 @@ def gateway(
     except KeyboardInterrupt:
         pass
     except Exception as exc:  # noqa: BLE001 - one clear line for start-up failures
-        from plnt.gateway.server import ServerStartError
+        from plnt.core.server import ServerStartError
 
         if not isinstance(exc, (ServerStartError, OSError)):
             raise
@@ -1116,7 +1119,7 @@ def crds(
         help="Write one file per CRD into this directory (charts/plnt/crds); default: one YAML stream on stdout.")] = None,
 ) -> None:
     """The CustomResourceDefinitions of WorkflowRun, ModelDeployment, PlntBackend and RecipeTrustPolicy, generated from the models."""
-    from plnt.reconciler.specs.crds import crd_files, crds_yaml
+    from plnt.reconciler.control.crds import crd_files, crds_yaml
 
     if out is None:
         typer.echo(crds_yaml(), nl=False)

@@ -88,7 +88,7 @@ def _settings(**fields: Any) -> Settings:
 
 
 def _run_role(start: Any, settings: Settings, what: str) -> None:
-    from plnt.gateway.server import ServerStartError
+    from plnt.core.server import ServerStartError
     from plnt.reconciler.errors import PlntError
 
     async def main() -> int:

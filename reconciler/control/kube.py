@@ -28,15 +28,16 @@ from typing import TYPE_CHECKING, Any
 import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from plnt.reconciler.control.status import Phase, StatusStore, WorkflowRunStatus
+from plnt.core.status import Phase, WorkflowRunStatus
+from plnt.reconciler.control.crds import GROUP, MANAGED_BY, MANAGED_BY_LABEL, VERSION, cr_status
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.redact import redact
-from plnt.reconciler.specs.crds import GROUP, MANAGED_BY, MANAGED_BY_LABEL, VERSION, cr_status
 
 if TYPE_CHECKING:
+    from plnt.core.specs.loader import SpecSet
+    from plnt.core.specs.models import WorkflowRun
     from plnt.reconciler.settings import Settings
-    from plnt.reconciler.specs.loader import SpecSet
-    from plnt.reconciler.specs.models import WorkflowRun
 
 log = logging.getLogger(__name__)
 

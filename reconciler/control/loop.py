@@ -14,11 +14,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from plnt.gateway import telemetry
-from plnt.gateway.routes import preview_of
+from plnt.core import telemetry
+from plnt.core.routes import preview_of
+from plnt.core.specs.loader import Problem, SpecSet
+from plnt.core.status import FINAL_PHASES, Phase
 from plnt.reconciler.bulk import in_bulk_thread
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
-from plnt.reconciler.control.status import FINAL_PHASES, Phase, StatusStore
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.helm import model_step_timeouts
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import PlntError
@@ -30,7 +32,6 @@ from plnt.reconciler.saga.smoke_progress import follow_smoke_progress
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource, redact
-from plnt.reconciler.specs.loader import Problem, SpecSet
 from plnt.reconciler.state import StateDir, atomic_write_json, read_json
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy

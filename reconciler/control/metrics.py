@@ -43,9 +43,10 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from plnt.gateway.routes import preview_of
-from plnt.reconciler.control.status import FINAL_PHASES, Phase, StatusStore, WorkflowRunStatus
-from plnt.reconciler.specs.models import SmokeTest
+from plnt.core.routes import preview_of
+from plnt.core.specs.models import SmokeTest
+from plnt.core.status import FINAL_PHASES, Phase, WorkflowRunStatus
+from plnt.reconciler.control.status import StatusStore
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector

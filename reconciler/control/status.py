@@ -22,13 +22,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from plnt.gateway.routes import preview_of
+from plnt.core.status import WorkflowRunStatus
 from plnt.reconciler.state import append_durably, atomic_write_bytes, read_json
-from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
 
@@ -60,96 +58,6 @@ def read_statuses(path: Path) -> dict[str, Any]:
         elif isinstance(change.get("status"), dict):
             statuses[change["key"]] = change["status"]
     return statuses
-
-
-class Phase(str, Enum):
-    PENDING = "Pending"
-    VERIFYING = "Verifying"
-    DEPLOYING = "Deploying"
-    CANARY = "Canary"
-    READY = "Ready"
-    ROLLED_BACK = "RolledBack"
-    FAILED = "Failed"
-    DELETING = "Deleting"
-
-
-FINAL_PHASES = {Phase.READY, Phase.ROLLED_BACK, Phase.FAILED}
-
-
-class RolloutMark(BaseModel):
-    """The saga's own last phase record: which commit that rollout deploys, where it stands, when.
-    Written only by the saga (PhaseRecorder), so a later "in sync" or "invalid commit" update of the
-    status never changes the verdict reported on the rollout's commit (plnt.reconciler.review.rollout_report)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    commit: str
-    phase: Phase
-    message: str = ""
-    at: float = 0.0
-
-
-class WorkflowRunStatus(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    namespace: str
-    name: str
-    kind: str = "WorkflowRun"  # or "ModelDeployment": what the row is (the reconciler sets it)
-    phase: Phase = Phase.PENDING
-    version: str | None = Field(default=None, description="version serving as stable")
-    canary_version: str | None = None
-    canary_percent: int = 0
-    endpoint: str | None = None
-    observed_commit: str | None = None
-    message: str = ""
-    last_error: str | None = None
-    saga_id: str | None = None
-    # The spec the newest saga tried and how it ended: a failed spec is not retried until it changes.
-    attempted_fingerprint: str | None = None
-    attempted_version: str | None = None
-    smoke_test: dict[str, Any] | None = None
-    # A running smoke test's numbers so far ({done, of, metrics}), read from its heartbeats while Canary.
-    smoke_progress: dict[str, Any] | None = None
-    # The spec of the promoted release, so a plan can name what a new commit changes.
-    deployed_spec: dict[str, Any] | None = None
-    deployed_fingerprint: str | None = None
-    # The budgets of the smoke test under way or last run (the spec's canary.smokeTest, camelCase).
-    smoke_budget: dict[str, Any] | None = None
-    rollout: RolloutMark | None = None
-    # Who signed the recipe (or model) the newest rollout verified: "identity (issuer)".
-    signer: str | None = None
-    # A WorkflowRun's recipe inputs (its templates' placeholders, saga_io.recipe_inputs); None for models.
-    inputs: list[str] | None = None
-    updated_at: float = 0.0
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    def public(self) -> dict[str, Any]:
-        """The shape of `GET /workflows` and `plnt status --json`."""
-        return {
-            "name": self.name,
-            "namespace": self.namespace,
-            "kind": self.kind,
-            "phase": self.phase.value,
-            "version": self.version,
-            "canaryVersion": self.canary_version,
-            "canaryPercent": self.canary_percent,
-            "endpoint": self.endpoint,
-            "observedCommit": self.observed_commit,
-            "message": self.message,
-            "lastError": self.last_error,
-            "sagaId": self.saga_id,
-            "smokeTest": self.smoke_test,
-            "smokeProgress": self.smoke_progress,
-            # A preview release (reconciler/review/previews.py): the pull request number, reached with X-Plnt-Preview.
-            "preview": of[1] if (of := preview_of(self.name)) is not None else None,
-            "signer": self.signer,
-            "rollout": self.rollout.model_dump(mode="json") if self.rollout is not None else None,
-            "smokeBudget": self.smoke_budget,
-            "inputs": self.inputs,
-        }
 
 
 class StatusStore:

@@ -21,13 +21,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
+from plnt.core.specs.loader import SpecSet
+from plnt.core.specs.models import Deployable, PlntBackend, RunnerLimits, run_key, spec_fingerprint
 from plnt.reconciler.drivers.helm import HelmConfigError, HelmDriver, SpecCache, SpecLookup
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.drivers.reported import ReportedRunners
 from plnt.reconciler.errors import PlntError
-from plnt.reconciler.specs.loader import SpecSet
-from plnt.reconciler.specs.models import Deployable, PlntBackend, RunnerLimits, run_key, spec_fingerprint
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir, Track, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)

@@ -73,13 +73,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from plnt.gateway import telemetry
-from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
-from plnt.reconciler.errors import DriverError, InvalidSpec, LiveStateUnknown, NeedsHuman, PlntError, UnknownBackend
-from plnt.reconciler.recipes.registries import RegistryOptions
-from plnt.reconciler.recipes.trust import policies_for
-from plnt.reconciler.settings import StepTimeouts
-from plnt.reconciler.specs.models import (
+from plnt.core import telemetry
+from plnt.core.specs.models import (
     BackendPlacement,
     Deployable,
     ModelDeploymentSpec,
@@ -87,6 +82,11 @@ from plnt.reconciler.specs.models import (
     WorkflowRunSpec,
     spec_fingerprint,
 )
+from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
+from plnt.reconciler.errors import DriverError, InvalidSpec, LiveStateUnknown, NeedsHuman, PlntError, UnknownBackend
+from plnt.reconciler.recipes.registries import RegistryOptions
+from plnt.reconciler.recipes.trust import policies_for
+from plnt.reconciler.settings import StepTimeouts
 from plnt.reconciler.state import LiveWorkflow, ModelServing, Release, Track
 
 log = logging.getLogger(__name__)

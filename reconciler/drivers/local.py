@@ -42,14 +42,14 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from plnt.gateway import telemetry
-from plnt.gateway.upstream import UpstreamClient, UpstreamError
+from plnt.core import telemetry
+from plnt.core.parking import PARKED_FILE, read_parked
+from plnt.core.specs.models import RunnerLimits
+from plnt.core.upstream import UpstreamClient, UpstreamError
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.drivers.zygote import ForkedRunner, ZygoteClient, ZygoteError
 from plnt.reconciler.errors import DriverError, InvalidRecipe, InvalidSpec
-from plnt.reconciler.specs.models import RunnerLimits
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir, Track, atomic_write_json, read_json
-from plnt.runner.idle import PARKED_FILE, read_parked
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from plnt.reconciler.specs.loader import SpecSet
-from plnt.reconciler.specs.models import RecipeTrustPolicy
+from plnt.core.specs.loader import SpecSet
+from plnt.core.specs.models import RecipeTrustPolicy
 from plnt.reconciler.state import LiveWorkflow, ModelServing, Release, Track
 from pydantic import BaseModel, ConfigDict, Field
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from plnt.runner.zygote import CMDLINE_ROOM, MAX_MESSAGE, decode, encode
+from plnt.core.zygote_protocol import CMDLINE_ROOM, MAX_MESSAGE, decode, encode
 
 log = logging.getLogger(__name__)
 

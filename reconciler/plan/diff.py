@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from plnt.reconciler.control.status import Phase, WorkflowRunStatus
-from plnt.reconciler.specs.models import Deployable, flatten
+from plnt.core.specs.models import Deployable, flatten
+from plnt.core.status import Phase, WorkflowRunStatus
 from plnt.reconciler.state import LiveWorkflow
 
 

@@ -19,11 +19,11 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from plnt.core.specs.loader import SpecSet
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.diff import Action, DesiredRun, PlanItem
 from plnt.reconciler.recipes.pull import ExportFromRepo, ReadFromRepo, RecipeCache, pull_recipe
 from plnt.reconciler.recipes.registries import RegistryOptions
-from plnt.reconciler.specs.loader import SpecSet
 
 STATUS_CONTEXT = "plnt/plan"
 _SHORT = 12

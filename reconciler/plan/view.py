@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.loader import DEFAULT_LIMITS, Problem, SpecSet
 from plnt.reconciler.plan.diff import DesiredRun, LiveRun, PlanItem, render_markdown, render_text
 from plnt.reconciler.plan.diff import plan as make_plan
-from plnt.reconciler.settings import SpecLimits
 from plnt.reconciler.source.git import GitSource, SourceError
-from plnt.reconciler.specs.loader import DEFAULT_LIMITS, Problem, SpecSet
 
 MAX_REVISIONS = 200
 # What a revision may look like here: a sha, a branch, a tag, origin/branch, HEAD~2 ... Never an

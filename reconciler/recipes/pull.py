@@ -28,6 +28,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from plnt.core.recipe import RecipeError, check_recipe_dir
+from plnt.core.specs.loader import SpecError, load_recipe
+from plnt.core.specs.models import RecipeTrustPolicy, Workflow, WorkflowSource
 from plnt.reconciler.errors import IntegrityMismatch, InvalidRecipe, RecipeNotFound, UnsafeArchive
 from plnt.reconciler.recipes.archive import ExtractLimits, archive_digest, extract_archive
 from plnt.reconciler.recipes.registries import (
@@ -39,10 +42,7 @@ from plnt.reconciler.recipes.registries import (
     read_bounded,
 )
 from plnt.reconciler.recipes.trust import VerifiedSignature, verify_recipe
-from plnt.reconciler.specs.loader import SpecError, load_recipe
-from plnt.reconciler.specs.models import RecipeTrustPolicy, Workflow, WorkflowSource
 from plnt.reconciler.state import atomic_write_json, read_json
-from plnt.runner.recipe import RecipeError, check_recipe_dir
 
 ARCHIVE = "recipe.tar.gz"
 BUNDLE = "recipe.tar.gz.sigstore.json"

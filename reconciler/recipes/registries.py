@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 from urllib.parse import urljoin, urlsplit
 
+from plnt.core.specs.models import NAME_PATTERN, VERSION_PATTERN
 from plnt.reconciler.errors import (
     DigestMismatch,
     DownloadRefused,
@@ -68,7 +69,6 @@ from plnt.reconciler.errors import (
     RegistryAuthFailed,
     RegistryUnavailable,
 )
-from plnt.reconciler.specs.models import NAME_PATTERN, VERSION_PATTERN
 
 ARCHIVE_NAME = "recipe.tar.gz"
 BUNDLE_NAME = "recipe.tar.gz.sigstore.json"

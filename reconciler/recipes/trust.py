@@ -51,11 +51,11 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import Prehashed
 from cryptography.x509.oid import ObjectIdentifier
+from plnt.core.specs.models import RecipeTrustPolicy, SignerSpec, TrustRootSpec
 from plnt.reconciler.errors import RetryLater, VerificationFailed
 from plnt.reconciler.recipes.registries import MAX_BUNDLE_BYTES, MAX_SIGNATURE_BYTES
 from plnt.reconciler.recipes.weights_manifest import PAYLOAD_TYPE as DSSE_STATEMENT_TYPE
 from plnt.reconciler.recipes.weights_manifest import ManifestError, WeightsManifest, check_pin, parse_statement
-from plnt.reconciler.specs.models import RecipeTrustPolicy, SignerSpec, TrustRootSpec
 from sigstore.errors import CertValidationError, VerificationError
 from sigstore.hashes import Hashed
 from sigstore.models import Bundle, TrustedRoot

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from plnt.core.specs.models import NAME_PATTERN, VERSION_PATTERN
 from plnt.reconciler.errors import (
     DigestMismatch,
     DownloadRefused,
@@ -79,7 +80,6 @@ from plnt.reconciler.recipes.registries import (
 from plnt.reconciler.recipes.trust import _parse_bundle
 from plnt.reconciler.recipes.weights import SIGNATURE_NAME, DirectoryWeightsSource, WeightsSource
 from plnt.reconciler.recipes.weights_manifest import ManifestError, WeightsManifest, canonical_name, parse_statement, sha256_file
-from plnt.reconciler.specs.models import NAME_PATTERN, VERSION_PATTERN
 
 MODEL_ARTIFACT_TYPE = "application/vnd.plnt.model.v1"
 FILE_MEDIA_TYPE = "application/octet-stream"

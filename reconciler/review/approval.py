@@ -54,13 +54,13 @@ from plnt.reconciler.review.forge import (
 from pydantic import BaseModel, ConfigDict
 
 NOT_LISTED = "not in the approvers allowlist (--approvers)"
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.loader import DEFAULT_LIMITS
 from plnt.reconciler.plan.digest import STATUS_CONTEXT, in_description, short
 from plnt.reconciler.recipes.pull import RecipeCache
 from plnt.reconciler.recipes.registries import RegistryOptions
 from plnt.reconciler.review.plan_review import review_commits
-from plnt.reconciler.settings import SpecLimits
 from plnt.reconciler.source.git import GitSource
-from plnt.reconciler.specs.loader import DEFAULT_LIMITS
 
 log = logging.getLogger(__name__)
 

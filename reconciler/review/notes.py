@@ -21,8 +21,9 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from plnt.gateway.routes import preview_of
-from plnt.reconciler.control.status import FINAL_PHASES, Phase, StatusStore, WorkflowRunStatus
+from plnt.core.routes import preview_of
+from plnt.core.status import FINAL_PHASES, Phase, WorkflowRunStatus
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.review.rollout_report import RetryLater, StatusFollower, smoke_summary
 from plnt.reconciler.source.git import GitSource, SourceError
 

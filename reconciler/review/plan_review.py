@@ -20,15 +20,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.loader import DEFAULT_LIMITS, SpecSet, load_sources
 from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, plan, render_markdown
 from plnt.reconciler.plan.digest import STATUS_CONTEXT, PlanEvidence, digest_of, recipe_evidence, short
 from plnt.reconciler.recipes.pull import RecipeCache
 from plnt.reconciler.recipes.registries import RegistryOptions
 from plnt.reconciler.redact import redact
 from plnt.reconciler.review.forge import Forge, State, split_body
-from plnt.reconciler.settings import SpecLimits
 from plnt.reconciler.source.git import GitSource, SourceError
-from plnt.reconciler.specs.loader import DEFAULT_LIMITS, SpecSet, load_sources
 
 MARKER = "plnt:plan"
 

@@ -11,7 +11,7 @@ identity (status, runner, route, saga id `plnt-<namespace>-<name>--pr<N>`). The 
 ref instead of the tracked branch (every other saga keeps the branch check).
 
 A preview takes no regular traffic: the gateway routes to it only a request carrying
-`X-Plnt-Preview: N` (gateway/routes.py `preview_target`). When the pull request is closed or
+`X-Plnt-Preview: N` (core/routes.py `preview_target`). When the pull request is closed or
 merged, or its ref disappears, or it no longer changes the WorkflowRun, an uninstall saga removes
 the preview. A new push replaces it (the newest spec wins, as for the branch).
 
@@ -35,8 +35,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from plnt.gateway.routes import preview_name, preview_of
-from plnt.reconciler.control.status import Phase, StatusStore, WorkflowRunStatus
+from plnt.core.routes import preview_name, preview_of
+from plnt.core.specs.loader import SpecSet, load_sources
+from plnt.core.specs.models import WorkflowRun
+from plnt.core.status import Phase, WorkflowRunStatus
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.diff import Action, DesiredRun, PlanItem, live_from, plan
@@ -48,8 +51,6 @@ from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.commit_specs import as_preview
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource, redact
-from plnt.reconciler.specs.loader import SpecSet, load_sources
-from plnt.reconciler.specs.models import WorkflowRun
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError

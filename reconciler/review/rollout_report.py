@@ -20,8 +20,9 @@ import logging
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Generic, TypeVar
 
-from plnt.gateway.routes import preview_of
-from plnt.reconciler.control.status import Phase, StatusStore, WorkflowRunStatus
+from plnt.core.routes import preview_of
+from plnt.core.status import Phase, WorkflowRunStatus
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.redact import redact
 from plnt.reconciler.review.forge import Forge, ForgeError, ForgeRefused, ForgeUnavailable, State
 

@@ -22,7 +22,18 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from plnt.reconciler.control.status import Phase, RolloutMark, StatusStore
+from plnt.core.recipe import RecipeError, load_golden
+from plnt.core.specs.models import (
+    BackendPlacement,
+    Deployable,
+    ModelDeployment,
+    RecipeTrustPolicy,
+    Requirements,
+    WorkflowRun,
+    run_key,
+)
+from plnt.core.status import Phase, RolloutMark
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.model_runtime import gguf_file
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust, ReleaseDriver
 from plnt.reconciler.errors import (
@@ -57,17 +68,7 @@ from plnt.reconciler.saga.io import (
 )
 from plnt.reconciler.saga.smoke import Sample, SmokeResult, judge, measure, progress_of, summarise
 from plnt.reconciler.source.commit_specs import CommitSpecs, TrustedSaga
-from plnt.reconciler.specs.models import (
-    BackendPlacement,
-    Deployable,
-    ModelDeployment,
-    RecipeTrustPolicy,
-    Requirements,
-    WorkflowRun,
-    run_key,
-)
 from plnt.reconciler.state import LiveWorkflow, ModelServing, Release
-from plnt.runner.recipe import RecipeError, load_golden
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError

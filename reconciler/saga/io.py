@@ -12,11 +12,11 @@ from __future__ import annotations
 import string
 from typing import Any, Literal
 
-from plnt.gateway.routes import preview_of
-from plnt.reconciler.control.status import Phase
+from plnt.core.routes import preview_of
+from plnt.core.specs.models import NAME_PATTERN, VERSION_PATTERN, Workflow
+from plnt.core.status import Phase
 from plnt.reconciler.saga.smoke import SmokeResult
 from plnt.reconciler.settings import RetrySettings
-from plnt.reconciler.specs.models import NAME_PATTERN, VERSION_PATTERN, Workflow
 from plnt.reconciler.state import Release, Track
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 

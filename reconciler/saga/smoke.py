@@ -15,9 +15,9 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
-from plnt.gateway import telemetry
-from plnt.gateway.upstream import UpstreamClient, UpstreamError
-from plnt.reconciler.specs.models import SmokeTest
+from plnt.core import telemetry
+from plnt.core.specs.models import SmokeTest
+from plnt.core.upstream import UpstreamClient, UpstreamError
 from plnt.reconciler.tls_context import default_tls_context
 from pydantic import BaseModel, ConfigDict
 

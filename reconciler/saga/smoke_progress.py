@@ -11,7 +11,8 @@ import contextlib
 import logging
 from typing import Any
 
-from plnt.reconciler.control.status import Phase, StatusStore
+from plnt.core.status import Phase
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.saga.io import saga_workflow_id
 from temporalio.client import Client
 from temporalio.service import RPCError

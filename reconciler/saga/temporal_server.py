@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from plnt.gateway import telemetry
+from plnt.core import telemetry
 from plnt.reconciler.drivers.local import free_port
 from plnt.reconciler.errors import RetryLater
 from plnt.reconciler.settings import Settings
@@ -156,7 +156,9 @@ async def connect(address: str, namespace: str = "default", *, timeout_s: float 
     deadline = time.monotonic() + timeout_s
     delay = 0.1
     if telemetry.ENABLED:  # traces of sagas and activities; workers made from this client get them too
-        kwargs["interceptors"] = [*kwargs.get("interceptors", ()), *telemetry.temporal_interceptors()]
+        from plnt.reconciler.saga import tracing  # (imports the OpenTelemetry SDK: only when tracing is on)
+
+        kwargs["interceptors"] = [*kwargs.get("interceptors", ()), *tracing.temporal_interceptors()]
     while True:
         try:
             return await Client.connect(address, namespace=namespace, **kwargs)

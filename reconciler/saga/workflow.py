@@ -24,7 +24,7 @@ from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
-    from plnt.reconciler.control.status import FINAL_PHASES, Phase
+    from plnt.core.status import FINAL_PHASES, Phase
     from plnt.reconciler.errors import NON_RETRYABLE_ERROR_TYPES, UntrustedSagaInput
     from plnt.reconciler.saga.io import (
         InstallInput,

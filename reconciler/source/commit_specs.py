@@ -18,15 +18,15 @@ import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from plnt.gateway.routes import preview_name
+from plnt.core.routes import preview_name
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.loader import DEFAULT_LIMITS, Problem, SpecSet
+from plnt.core.specs.models import Deployable, PlntBackend, RecipeTrustPolicy, WorkflowRun, run_key
 from plnt.reconciler.bulk import in_bulk_thread
 from plnt.reconciler.errors import RetryLater, UntrustedSagaInput
 from plnt.reconciler.saga.io import SagaRef
-from plnt.reconciler.settings import SpecLimits
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource, SourceError
-from plnt.reconciler.specs.loader import DEFAULT_LIMITS, Problem, SpecSet
-from plnt.reconciler.specs.models import Deployable, PlntBackend, RecipeTrustPolicy, WorkflowRun, run_key
 
 
 def as_preview(run: WorkflowRun, pr: int) -> WorkflowRun:

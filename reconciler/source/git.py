@@ -27,12 +27,8 @@ from pathlib import Path
 from urllib.parse import SplitResult, unquote, urlsplit
 
 import git
-from plnt.reconciler.errors import InvalidSpec, RetryLater
-from plnt.reconciler.recipes.registries import CHUNK_SIZE, MAX_TRUSTED_ROOT_BYTES, metadata_too_large
-from plnt.reconciler.redact import redact
-from plnt.reconciler.settings import SpecLimits
-from plnt.reconciler.source.parse_cache import MemoryParseCache
-from plnt.reconciler.specs.loader import (
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.loader import (
     DEFAULT_LIMITS,
     IGNORE_FILE,
     IgnoreRules,
@@ -43,6 +39,10 @@ from plnt.reconciler.specs.loader import (
     load_sources,
     read_specs,
 )
+from plnt.reconciler.errors import InvalidSpec, RetryLater
+from plnt.reconciler.recipes.registries import CHUNK_SIZE, MAX_TRUSTED_ROOT_BYTES, metadata_too_large
+from plnt.reconciler.redact import redact
+from plnt.reconciler.source.parse_cache import MemoryParseCache
 
 log = logging.getLogger(__name__)
 

@@ -33,11 +33,11 @@ from typing import Any
 
 import pydantic
 import yaml
-from plnt.reconciler.settings import SpecLimits
-from plnt.reconciler.specs import loader
-from plnt.reconciler.specs import models as specs
-from plnt.reconciler.specs.loader import DocPath, ParsedFile, Problem, SourceFile, _Document
-from plnt.reconciler.specs.models import KIND_MODELS
+from plnt.core.specs import loader
+from plnt.core.specs import models as specs
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.loader import DocPath, ParsedFile, Problem, SourceFile, _Document
+from plnt.core.specs.models import KIND_MODELS
 from plnt.reconciler.state import atomic_write_text
 
 log = logging.getLogger(__name__)

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plnt.core.specs.loader import load_directory
 from plnt.reconciler.app import Plnt
 from plnt.reconciler.saga.io import saga_workflow_id
 from plnt.reconciler.saga.temporal_server import connect
-from plnt.reconciler.specs.loader import load_directory
 from temporalio import workflow
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import RetryPolicy

@@ -30,10 +30,11 @@ from typing import Any
 
 import httpx
 import pytest
+from plnt.core.routes import Backend, Route, RouteTable
+from plnt.core.server import GatewayServer
 from plnt.gateway.app import create_app
 from plnt.gateway.route_watch import RoutePublisher, add_control_routes
-from plnt.gateway.routes import Backend, Route, Router, RouteTable
-from plnt.gateway.server import GatewayServer
+from plnt.gateway.router import Router
 from plnt.reconciler.drivers.local import free_port
 
 from ..conftest import SpecRepo

@@ -8,9 +8,10 @@ from typing import Any
 
 import httpx
 import pytest
+from plnt.core.routes import Backend, Route
+from plnt.core.server import GatewayServer
 from plnt.gateway.app import GatewayApp, create_app
-from plnt.gateway.routes import Backend, Route, Router
-from plnt.gateway.server import GatewayServer
+from plnt.gateway.router import Router
 
 StartServer = Callable[..., Awaitable[GatewayServer]]
 

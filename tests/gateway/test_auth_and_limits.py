@@ -6,7 +6,7 @@ from __future__ import annotations
 import hmac
 
 import pytest
-from plnt.gateway.auth import (
+from plnt.core.auth import (
     ALL,
     INVOKE,
     READ,
@@ -18,7 +18,8 @@ from plnt.gateway.auth import (
     is_loopback_host,
     parse_token_file,
 )
-from plnt.gateway.routes import Router, RouteTable
+from plnt.core.routes import RouteTable
+from plnt.gateway.router import Router
 
 from .conftest import StartGateway, StartServer, backend, route
 from .fakes import FakeRunner

@@ -6,10 +6,11 @@ import json
 import math
 
 import pytest
+from plnt.core.auth import TokenSet
+from plnt.core.routes import Backend, Route, RouteTable
 from plnt.gateway.app import create_app
-from plnt.gateway.auth import TokenSet
 from plnt.gateway.bench import Load, Sample, percentile, stats_cache_counts, summarize
-from plnt.gateway.routes import Backend, Route, Router, RouteTable
+from plnt.gateway.router import Router
 from plnt.reconciler.cli.main import app as cli
 from typer.testing import CliRunner
 

@@ -20,8 +20,9 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from plnt.gateway.routes import Backend, Route, Router, RouteTable, Track
-from plnt.gateway.server import GatewayServer, ServerStartError
+from plnt.core.routes import Backend, Route, RouteTable, Track
+from plnt.core.server import GatewayServer, ServerStartError
+from plnt.gateway.router import Router
 from plnt.reconciler.drivers.local import free_port
 
 from .conftest import MakeGateway, StartServer, backend, route

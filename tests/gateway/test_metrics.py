@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from plnt.gateway.routes import Router, RouteTable
+from plnt.core.routes import RouteTable
+from plnt.gateway.router import Router
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import StartGateway, StartServer, backend, route

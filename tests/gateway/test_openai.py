@@ -12,8 +12,9 @@ import json
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
-from plnt.gateway.auth import Grant, TokenSet
-from plnt.gateway.routes import Backend, Router, RouteTable
+from plnt.core.auth import Grant, TokenSet
+from plnt.core.routes import Backend, RouteTable
+from plnt.gateway.router import Router
 from plnt.reconciler.drivers.local import free_port
 
 from .conftest import StartGateway, StartServer, backend, route

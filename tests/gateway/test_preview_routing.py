@@ -5,7 +5,8 @@ runners (FakeRunner, tests/gateway/fakes.py) standing in for plnt.runner; the ga
 from __future__ import annotations
 
 import httpx
-from plnt.gateway.routes import Router, RouteTable
+from plnt.core.routes import RouteTable
+from plnt.gateway.router import Router
 
 from .conftest import StartGateway, StartServer, backend, route
 from .fakes import FakeRunner

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 pytestmark = pytest.mark.integration  # real listening servers and processes
-from plnt.gateway.server import QuietServer, uvicorn_config
+from plnt.core.server import QuietServer, uvicorn_config
 from plnt.reconciler.drivers.local import free_port
 
 
@@ -80,7 +80,7 @@ def test_sigterm_wakes_a_runner_style_server_at_once() -> None:
     port = free_port()
     script = textwrap.dedent(f"""
         import sys
-        from plnt.gateway.server import QuietServer, uvicorn_config
+        from plnt.core.server import QuietServer, uvicorn_config
         from tests.gateway.test_quiet_server import hello
         server = QuietServer(uvicorn_config(hello, "127.0.0.1", {port}, log_config=None, lifespan="off"))
         server.TICK_S = 60.0

@@ -17,10 +17,11 @@ from collections.abc import Awaitable, Callable
 import httpx
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
+from plnt.core.routes import Backend, Route, RouteTable
+from plnt.core.upstream import UpstreamResponse
 from plnt.gateway.role import GatewayRole, GatewayRoleConfig
 from plnt.gateway.route_watch import RouteTableDoc, routes_doc
-from plnt.gateway.routes import Backend, Route, Router, RouteTable
-from plnt.gateway.upstream import UpstreamResponse
+from plnt.gateway.router import Router
 
 from .conftest import StartGateway
 from .test_upstream import RawServer, Responder, raw_server  # noqa: F401 - the fixture

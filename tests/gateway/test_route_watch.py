@@ -16,8 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
+from plnt.core.auth import ADMIN, INTERNAL, READ, Grant, TokenFileError, TokenSet, parse_token_file, required_scope
+from plnt.core.routes import Backend, Route, RouteTable
 from plnt.gateway.app import create_app
-from plnt.gateway.auth import ADMIN, INTERNAL, READ, Grant, TokenFileError, TokenSet, parse_token_file, required_scope
 from plnt.gateway.role import GatewayRole, GatewayRoleConfig
 from plnt.gateway.route_watch import (
     RouteDocError,
@@ -28,7 +29,7 @@ from plnt.gateway.route_watch import (
     parse_doc,
     routes_doc,
 )
-from plnt.gateway.routes import Backend, Route, Router, RouteTable
+from plnt.gateway.router import Router
 
 TOKEN = "internal-s3cret-do-not-log"
 A = Backend("http://127.0.0.1:9001", "1.2.0", "default.a.1.2.0.x")

@@ -7,7 +7,8 @@ import math
 import random
 
 import pytest
-from plnt.gateway.routes import AmbiguousRoute, Backend, Route, RouteNotReady, Router, RouteTable
+from plnt.core.routes import AmbiguousRoute, Backend, Route, RouteNotReady, RouteTable
+from plnt.gateway.router import Router
 
 V1 = Backend(endpoint="http://127.0.0.1:9001", version="v1", release_id="r1")
 V2 = Backend(endpoint="http://127.0.0.1:9002", version="v2", release_id="r2")

@@ -11,8 +11,9 @@ import random
 
 import httpx
 import pytest
-from plnt.gateway.routes import Backend, Route, Router, RouteTable, session_bucket
-from plnt.gateway.upstream import UpstreamClient
+from plnt.core.routes import Backend, Route, RouteTable, session_bucket
+from plnt.core.upstream import UpstreamClient
+from plnt.gateway.router import Router
 from plnt.reconciler.drivers.local import free_port
 
 from .conftest import StartGateway, StartServer, backend, route

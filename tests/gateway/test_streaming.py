@@ -8,7 +8,8 @@ import asyncio
 
 import httpx
 import pytest
-from plnt.gateway.routes import Router, RouteTable
+from plnt.core.routes import RouteTable
+from plnt.gateway.router import Router
 
 from .conftest import StartGateway, StartServer, backend, route
 from .fakes import FakeRunner

@@ -10,9 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
-from plnt.gateway.auth import READ, required_scope
+from plnt.core.auth import READ, required_scope
+from plnt.core.routes import BadTrack, RouteTable, forced_track
 from plnt.gateway.calls import CallLog, CallsHub, call_json
-from plnt.gateway.routes import BadTrack, Router, RouteTable, forced_track
+from plnt.gateway.router import Router
 from plnt.gateway.sse import SSEParser
 
 from .conftest import StartGateway, StartServer, backend, route
@@ -68,7 +69,7 @@ async def test_workflow_events_send_rows_on_connect_and_on_change_only(start_gat
 
 
 async def test_workflow_events_filter_rows_per_token_and_are_bounded(start_gateway: StartGateway) -> None:
-    from plnt.gateway.auth import TokenSet
+    from plnt.core.auth import TokenSet
 
     rows = [{"name": "assistant", "namespace": "default", "endpoint": "http://127.0.0.1:9"},
             {"name": "other", "namespace": "default", "endpoint": "http://127.0.0.1:9"}]
@@ -195,8 +196,8 @@ async def test_x_plnt_track_forces_stable_or_canary(start_server: StartServer, s
 async def test_an_open_event_stream_does_not_hold_up_the_server_stopping() -> None:
     """A UI tab left open keeps GET /workflows/events open: stopping the gateway ends the stream at
     once instead of waiting out uvicorn's graceful timeout (30 s) for it."""
+    from plnt.core.server import GatewayServer
     from plnt.gateway.app import create_app
-    from plnt.gateway.server import GatewayServer
 
     app = create_app(Router(), list_workflows=lambda: [{"name": "a", "namespace": "default"}], events_poll_s=0.05)
     server = GatewayServer(app, graceful_timeout_s=30.0)

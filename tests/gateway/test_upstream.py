@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from plnt.gateway.upstream import UpstreamBroken, UpstreamClient, UpstreamConnectError, UpstreamTimeout
+from plnt.core.upstream import UpstreamBroken, UpstreamClient, UpstreamConnectError, UpstreamTimeout
 from plnt.reconciler.drivers.local import free_port
 
 pytestmark = pytest.mark.integration

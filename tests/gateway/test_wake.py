@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from plnt.gateway.routes import Backend, Router, RouteTable
-from plnt.gateway.server import GatewayServer
+from plnt.core.routes import Backend, RouteTable
+from plnt.core.server import GatewayServer
+from plnt.gateway.router import Router
 
 from .conftest import StartGateway, route
 from .fakes import FakeRunner

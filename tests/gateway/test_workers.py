@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 from plnt.gateway.app import create_app
-from plnt.gateway.routes import Router
+from plnt.gateway.router import Router
 from plnt.gateway.workers import FORWARDED_FOR_HEADER, FORWARDER_HEADER, TrustForwarded, WorkerConfig
 
 TOKEN = "internal-token-4c1d-never-shown"

@@ -15,9 +15,10 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
+from plnt.core.routes import Backend, Route, RouteTable
+from plnt.core.server import GatewayServer
 from plnt.gateway.app import create_app
-from plnt.gateway.routes import Backend, Route, Router, RouteTable
-from plnt.gateway.server import GatewayServer
+from plnt.gateway.router import Router
 from plnt.reconciler.drivers.local import free_port
 from plnt.reconciler.drivers.model_runtime import LlamaCppServer, runtime_python
 
@@ -26,7 +27,7 @@ from .test_llama_runtime import LLM_VENV, smollm2_gguf  # noqa: F401 - the fixtu
 pytestmark = [pytest.mark.integration, pytest.mark.real_inference]
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hi."}]
-# What the gateway sets itself or never relays (gateway/upstream.py): everything else must come through.
+# What the gateway sets itself or never relays (core/upstream.py): everything else must come through.
 GATEWAYS_OWN = {"content-length", "content-type", "server", "date", "transfer-encoding", "connection", "keep-alive",
                 "cache-control", "x-accel-buffering"}
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from plnt.core.specs.models import RecipeTrustPolicy, SmokeTest
 from plnt.reconciler.drivers.local import free_port
 from plnt.reconciler.drivers.model_runtime import LlamaCppServer, gguf_file, runtime_python
 from plnt.reconciler.recipes.trust import verify_weights_signature
 from plnt.reconciler.recipes.weights import SIGNATURE_NAME, DirectoryWeightsSource, WeightsStore
 from plnt.reconciler.recipes.weights_manifest import PAYLOAD_TYPE, manifest_of_directory
 from plnt.reconciler.saga.smoke import judge, measure, summarise
-from plnt.reconciler.specs.models import RecipeTrustPolicy, SmokeTest
 
 from tests.sigstore_ca import TestSigstoreAuthority
 

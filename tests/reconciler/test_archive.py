@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from plnt.core.recipe import directory_digest
 from plnt.reconciler.errors import NeedsHuman, UnsafeArchive
 from plnt.reconciler.recipes import archive as archive_mod
 from plnt.reconciler.recipes.archive import ExtractLimits, archive_digest, extract_archive, pack_recipe, pack_recipe_to
-from plnt.runner.recipe import directory_digest
 
 from ..conftest import EXAMPLE
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
+from plnt.core.status import Phase
 from plnt.reconciler.cli.main import app
-from plnt.reconciler.control.status import Phase, StatusStore
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.local import free_port
 from typer.testing import CliRunner
 

@@ -1,4 +1,4 @@
-"""CRDs generated from the spec models (plnt.reconciler.specs.crds, `plnt crds`): the checked-in files match
+"""CRDs generated from the spec models (plnt.reconciler.control.crds, `plnt crds`): the checked-in files match
 the models, they pass kubernetes-validate strictly, their schemas are structural, and every example
 spec validates against them while broken ones do not. Pure: no cluster, no server."""
 
@@ -14,9 +14,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from plnt.core.specs.models import KIND_MODELS, PLNT_API_VERSION, SpecModel
+from plnt.core.status import Phase, WorkflowRunStatus
 from plnt.reconciler.cli.main import app
-from plnt.reconciler.control.status import Phase, WorkflowRunStatus
-from plnt.reconciler.specs.crds import (
+from plnt.reconciler.control.crds import (
     KINDS,
     CrdError,
     CrStatus,
@@ -28,7 +29,6 @@ from plnt.reconciler.specs.crds import (
     kind_of,
     structural,
 )
-from plnt.reconciler.specs.models import KIND_MODELS, PLNT_API_VERSION, SpecModel
 from pydantic import BaseModel, Field
 from typer.testing import CliRunner
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from plnt.core.specs.models import PlntBackend, RecipeTrustPolicy, WorkflowRun
 from plnt.reconciler.drivers.helm import (
     DEFAULT_CHART,
     HelmChartError,
@@ -31,7 +32,6 @@ from plnt.reconciler.drivers.helm import (
 )
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.recipes.registries import RegistryOptions
-from plnt.reconciler.specs.models import PlntBackend, RecipeTrustPolicy, WorkflowRun
 
 from ..charts.chartkit import restricted_problems
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 import yaml
+from plnt.core.specs.loader import SourceFile, load_sources
+from plnt.core.specs.models import PlntBackend, RecipeTrustPolicy, WorkflowRun
 from plnt.reconciler.drivers.helm import (
     DEFAULT_CHART,
     HelmChartError,
@@ -40,8 +42,6 @@ from plnt.reconciler.drivers.helm import (
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.errors import DriverError, InvalidSpec, NeedsHuman, UnknownBackend
 from plnt.reconciler.recipes.registries import RegistryOptions
-from plnt.reconciler.specs.loader import SourceFile, load_sources
-from plnt.reconciler.specs.models import PlntBackend, RecipeTrustPolicy, WorkflowRun
 
 NOW = datetime(2025, 11, 29, 22, 0, 0, tzinfo=UTC)
 LONG_AGO = "2025-11-29T21:40:02.118372913Z"   # 20 minutes before NOW: a dead helm's pending release
@@ -689,9 +689,9 @@ def test_run_helm_runs_the_real_binary() -> None:
 
 def test_driver_set_routes_kubernetes_runs_to_helm_and_remembers_backends(tmp_path: Path) -> None:
     """DriverSet with a FAKE helm (canned output) and a real LocalDriver that is never started."""
+    from plnt.core.specs.loader import SpecSet
     from plnt.reconciler.drivers.driver_set import DriverSet
     from plnt.reconciler.drivers.local import LocalDriver
-    from plnt.reconciler.specs.loader import SpecSet
     from plnt.reconciler.state import StateDir
 
     state = StateDir(tmp_path / "state").ensure()
@@ -724,12 +724,12 @@ async def test_routes_come_from_every_backend_with_the_canary_share_and_sticky_s
     release: helm is the FAKE helm (canned output; no cluster), the LocalDriver is real but never started."""
     import random
 
-    from plnt.gateway.routes import Router
+    from plnt.core.specs.loader import SpecSet
+    from plnt.gateway.router import Router
     from plnt.reconciler.app import build_route_table
     from plnt.reconciler.control.status import StatusStore
     from plnt.reconciler.drivers.driver_set import DriverSet
     from plnt.reconciler.drivers.local import LocalDriver
-    from plnt.reconciler.specs.loader import SpecSet
     from plnt.reconciler.state import StateDir
 
     state = StateDir(tmp_path / "state").ensure()

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 import yaml
+from plnt.core.specs.models import ModelDeployment, PlntBackend, RecipeTrustPolicy
 from plnt.reconciler.drivers.helm import (
     DEFAULT_MODEL_CHART,
     MODEL_STEP_MARGIN_S,
@@ -43,7 +44,6 @@ from plnt.reconciler.drivers.helm import (
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.errors import DriverError, InvalidSpec
 from plnt.reconciler.recipes.registries import RegistryOptions
-from plnt.reconciler.specs.models import ModelDeployment, PlntBackend, RecipeTrustPolicy
 from plnt.reconciler.state import ModelServing
 
 from ..charts.chartkit import check_labels, find_helm, restricted_problems, validate_strictly
@@ -366,11 +366,11 @@ async def test_plnts_model_settings_reach_the_helm_driver(tmp_path: Path, monkey
     release's upgrade; a LocalDriver that is never started."""
     import shutil
 
+    from plnt.core.specs.loader import SpecSet
     from plnt.reconciler.app import make_driver_set
     from plnt.reconciler.drivers import helm as helm_driver
     from plnt.reconciler.drivers.local import LocalDriver
     from plnt.reconciler.settings import Settings
-    from plnt.reconciler.specs.loader import SpecSet
     from plnt.reconciler.state import StateDir
 
     chart = tmp_path / "charts" / "model-server"
@@ -467,11 +467,11 @@ async def test_live_reads_runner_and_model_releases_alike() -> None:
 async def test_a_model_on_kubernetes_gets_an_openai_route_from_the_driver_set(tmp_path: Path) -> None:
     """DriverSet with the FAKE helm and a real LocalDriver that is never started: the gateway's route
     for a model-server release is an OpenAI pass-through to its Service."""
+    from plnt.core.specs.loader import SpecSet
     from plnt.reconciler.app import build_route_table
     from plnt.reconciler.control.status import StatusStore
     from plnt.reconciler.drivers.driver_set import DriverSet
     from plnt.reconciler.drivers.local import LocalDriver
-    from plnt.reconciler.specs.loader import SpecSet
     from plnt.reconciler.state import StateDir
 
     state = StateDir(tmp_path / "state").ensure()
@@ -640,8 +640,8 @@ def repo_with_model(spec_repo: Any, authority: Any, registry: str, root: str, *,
 
 
 def model_ref(spec_repo: Any) -> Any:
+    from plnt.core.specs.loader import load_directory
     from plnt.reconciler.saga.io import SagaRef
-    from plnt.reconciler.specs.loader import load_directory
 
     specs, problems = load_directory(spec_repo.path)
     assert problems == [], problems

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 import pytest
-from plnt.gateway import telemetry
+from plnt.core import telemetry
 from plnt.reconciler.drivers.helm import (
     RUNNER_SERVICE_NAME,
     HelmChartError,

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from plnt.core.specs.loader import SourceFile, load_sources
 from plnt.reconciler.drivers import local as local_driver
 from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.local import LocalDriver, process_start_time
-from plnt.reconciler.specs.loader import SourceFile, load_sources
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir, atomic_write_json
 
 from .test_loader import BACKEND, RUN

@@ -22,13 +22,14 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from plnt.core.specs.loader import SpecSet
+from plnt.core.specs.models import WorkflowRun
+from plnt.core.status import Phase
+from plnt.reconciler.control.crds import MANAGED_BY_LABEL
 from plnt.reconciler.control.kube import KubernetesLease, StatusMirror, api_client, attach_status_mirror, cr_body
 from plnt.reconciler.control.kube_calls import API_CALLS
-from plnt.reconciler.control.status import Phase, StatusStore
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.settings import Settings
-from plnt.reconciler.specs.crds import MANAGED_BY_LABEL
-from plnt.reconciler.specs.loader import SpecSet
-from plnt.reconciler.specs.models import WorkflowRun
 
 from ..kube_standin import TOKEN, KubeStandIn, Request, Stored, api_call_of
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from plnt.core.specs.models import WorkflowRun
+from plnt.reconciler.control.crds import MANAGED_BY_LABEL
 from plnt.reconciler.control.kube import KubeConfigError, KubernetesLease, api_client, cr_body
-from plnt.reconciler.specs.crds import MANAGED_BY_LABEL
-from plnt.reconciler.specs.models import WorkflowRun
 
 
 def test_a_missing_kubeconfig_says_what_to_do(tmp_path: Path) -> None:

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler.control.status import Phase, WorkflowRunStatus
+from plnt.core.specs.loader import SpecSet
+from plnt.core.specs.models import PlntBackend
+from plnt.core.status import Phase, WorkflowRunStatus
 from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.helm import HelmDriver, run_helm
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.errors import LiveStateUnknown
 from plnt.reconciler.plan.diff import Action, DesiredRun, live_from, plan
-from plnt.reconciler.specs.loader import SpecSet
-from plnt.reconciler.specs.models import PlntBackend
 from plnt.reconciler.state import StateDir
 
 from ..conftest import SpecRepo

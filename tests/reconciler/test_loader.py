@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.settings import SpecLimits
-from plnt.reconciler.specs.loader import (
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.loader import (
     Problem,
     SourceFile,
     SpecError,
@@ -446,7 +446,7 @@ def test_read_directory_skips_hidden_directories(tmp_path: Path) -> None:
     ("x.tmp.yaml", True),
 ])
 def test_plntignore_rules(path: str, ignored: bool) -> None:
-    from plnt.reconciler.specs.loader import IgnoreRules
+    from plnt.core.specs.loader import IgnoreRules
 
     rules = IgnoreRules.parse("# recipes are not specs\nregistry/\n\n*.tmp.yaml\n")
     assert rules.ignores(path) is ignored

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler.settings import SpecLimits
-from plnt.reconciler.specs import loader
-from plnt.reconciler.specs.loader import SourceFile, _Budget, _parse_file, load_sources, read_tree
+from plnt.core.specs import loader
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.loader import SourceFile, _Budget, _parse_file, load_sources, read_tree
 
 from .test_loader import BACKEND, RECIPE, RUN, merged_mappings, nested_aliases
 

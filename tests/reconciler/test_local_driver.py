@@ -15,12 +15,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from plnt.core.recipe import directory_digest
+from plnt.core.specs.models import RunnerLimits
 from plnt.reconciler.drivers.local import LocalDriver, allowlisted_env, process_start_time
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.errors import DriverError, InvalidRecipe
-from plnt.reconciler.specs.models import RunnerLimits
 from plnt.reconciler.state import Release, StateDir
-from plnt.runner.recipe import directory_digest
 
 from ..conftest import EXAMPLE
 from ..hygiene import runners_under
@@ -370,7 +370,7 @@ async def test_a_forged_pid_file_does_not_make_plnt_kill_another_process(tmp_pat
 async def test_a_runner_is_healthy_only_when_it_answers_as_its_release(tmp_path: Path) -> None:
     """Real HTTP, a STAND-IN /healthz (a small Starlette app on uvicorn): the answer must name the
     release and the version; an error status, a body that is not JSON, or no listener is not healthy."""
-    from plnt.gateway.server import GatewayServer
+    from plnt.core.server import GatewayServer
     from plnt.reconciler.drivers.local import free_port
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse, PlainTextResponse, Response

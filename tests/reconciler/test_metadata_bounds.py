@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from plnt.core.specs.loader import load_sources
+from plnt.core.specs.models import WorkflowSource
 from plnt.reconciler.cli.main import app
 from plnt.reconciler.errors import DownloadRefused, VerificationFailed
 from plnt.reconciler.recipes import registries
@@ -39,8 +41,6 @@ from plnt.reconciler.recipes.registries import (
 from plnt.reconciler.recipes.weights import SIGNATURE_NAME, WeightsStore
 from plnt.reconciler.recipes.weights_sources import open_weights_source, publish_weights
 from plnt.reconciler.source.git import GitSource
-from plnt.reconciler.specs.loader import load_sources
-from plnt.reconciler.specs.models import WorkflowSource
 from typer.testing import CliRunner
 
 from ..conftest import SpecRepo

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler.control.status import Phase, RolloutMark, StatusStore, WorkflowRunStatus
+from plnt.core.status import Phase, RolloutMark, WorkflowRunStatus
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.review.notes import NOTES_REF, NotesWriter, merge_note, note_line
 from plnt.reconciler.source.git import GitSource
 

@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.loader import DEFAULT_LIMITS, SpecSet, load_sources
 from plnt.reconciler.cli.main import app
-from plnt.reconciler.settings import SpecLimits
 from plnt.reconciler.source import parse_cache
 from plnt.reconciler.source.git import GitSource
 from plnt.reconciler.source.parse_cache import DiskParseCache, MemoryParseCache
-from plnt.reconciler.specs.loader import DEFAULT_LIMITS, SpecSet, load_sources
 from typer.testing import CliRunner
 
 from ..conftest import SpecRepo

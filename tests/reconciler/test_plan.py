@@ -108,7 +108,7 @@ def test_markdown_escapes_pipes() -> None:
 
 
 def test_live_from_combines_releases_statuses_and_running_sagas() -> None:
-    from plnt.reconciler.control.status import Phase, WorkflowRunStatus
+    from plnt.core.status import Phase, WorkflowRunStatus
     from plnt.reconciler.plan.diff import live_from
     from plnt.reconciler.state import LiveWorkflow, Release
 
@@ -155,7 +155,7 @@ def test_the_memo_plans_what_plan_plans_and_decides_again_only_what_changed(monk
     """PlanMemo (the reconciler's plan, asked after every saga's end) gives exactly
     plan(desired, live_from(...)) after each change, and decides again only the WorkflowRuns whose
     inputs are not the same objects as last time."""
-    from plnt.reconciler.control.status import Phase, WorkflowRunStatus
+    from plnt.core.status import Phase, WorkflowRunStatus
     from plnt.reconciler.plan import diff as plan_module
     from plnt.reconciler.plan.diff import PlanMemo, live_from
     from plnt.reconciler.state import LiveWorkflow, Release

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler.control.status import Phase, RolloutMark, WorkflowRunStatus
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.loader import load_recipe
+from plnt.core.specs.models import Workflow
+from plnt.core.status import Phase, RolloutMark, WorkflowRunStatus
 from plnt.reconciler.plan.view import InvalidRevision, InvalidSpecsAt, plan_between, revisions
 from plnt.reconciler.saga.io import MAX_INPUTS, PulledRecipeInfo, recipe_inputs
-from plnt.reconciler.settings import SpecLimits
 from plnt.reconciler.source.git import GitSource
-from plnt.reconciler.specs.loader import load_recipe
-from plnt.reconciler.specs.models import Workflow
 from typer.testing import CliRunner
 
 from ..conftest import SpecRepo

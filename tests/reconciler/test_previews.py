@@ -1,4 +1,4 @@
-"""Pure decisions of previews (reconciler/review/previews.py, gateway/routes.py): which ref is which pull
+"""Pure decisions of previews (reconciler/review/previews.py, core/routes.py): which ref is which pull
 request, preview naming and routing, what a pull request changes, what the forge is told. Table
 tests on values; no I/O and no fakes (the WorkflowRuns are parsed from gitops-example)."""
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from plnt.gateway.routes import PreviewNotFound, preview_name, preview_of, preview_target
-from plnt.reconciler.control.status import Phase, WorkflowRunStatus
+from plnt.core.routes import PreviewNotFound, preview_name, preview_of, preview_target
+from plnt.core.specs.models import WorkflowRun
+from plnt.core.status import Phase, WorkflowRunStatus
 from plnt.reconciler.review.previews import admitted, comment_body, context_of, forge_status, pr_number, previewed
 from plnt.reconciler.saga.io import SagaRef
 from plnt.reconciler.source.commit_specs import as_preview
-from plnt.reconciler.specs.models import WorkflowRun
 from pydantic import ValidationError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "gitops-example" / "workflowruns" / "review-responder.yaml"

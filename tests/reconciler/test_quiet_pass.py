@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plnt.core.status import Phase
 from plnt.reconciler.control.loop import Reconciler
-from plnt.reconciler.control.status import Phase, StatusStore
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.local import LocalDriver, process_start_time
 from plnt.reconciler.plan.diff import Action

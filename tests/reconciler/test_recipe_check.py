@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from plnt.runner.recipe import RecipeError, check_recipe_dir, load_golden
+from plnt.core.recipe import RecipeError, check_recipe_dir, load_golden
 
 from ..conftest import EXAMPLE
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plnt.core.specs.models import RecipeTrustPolicy, WorkflowSource
 from plnt.reconciler.errors import (
     DigestMismatch,
     IntegrityMismatch,
@@ -25,7 +26,6 @@ from plnt.reconciler.recipes.archive import ExtractLimits, pack_recipe_to
 from plnt.reconciler.recipes.pull import RecipeCache, pull_recipe, repo_subdir
 from plnt.reconciler.recipes.registries import RegistryOptions, open_registry
 from plnt.reconciler.source.git import GitSource
-from plnt.reconciler.specs.models import RecipeTrustPolicy, WorkflowSource
 
 from ..conftest import EXAMPLE, SpecRepo
 from ..services import OciServer, S3Bucket
@@ -285,7 +285,7 @@ def test_registry_inside_the_spec_repository(spec_repo: SpecRepo, tmp_path: Path
     """The example's own demo registry and trust policy, read from a commit."""
     git = GitSource(str(spec_repo.path), tmp_path / "clone")
     commit = git.fetch()
-    from plnt.reconciler.specs.loader import load_sources
+    from plnt.core.specs.loader import load_sources
 
     specs, problems = load_sources(git.spec_files(commit))
     assert problems == []

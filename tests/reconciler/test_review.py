@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from plnt.core.specs.loader import load_sources
 from plnt.reconciler.cli.main import app
 from plnt.reconciler.plan.diff import Action, PlanItem, plan
 from plnt.reconciler.plan.digest import PlanEvidence, RecipeEvidence, digest_of, in_description, recipe_evidence, short
@@ -25,7 +26,6 @@ from plnt.reconciler.recipes.registries import RegistryOptions
 from plnt.reconciler.review.forge import marker_tag
 from plnt.reconciler.review.plan_review import Review, as_live, counts, desired_runs, render_comment, status_of
 from plnt.reconciler.source.git import GitSource
-from plnt.reconciler.specs.loader import load_sources
 from typer.testing import CliRunner, Result
 
 from ..conftest import GIT_ENV, ROOT, SpecRepo

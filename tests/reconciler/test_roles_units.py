@@ -239,9 +239,9 @@ async def test_remove_anywhere_uninstalls_the_owned_release_and_leaves_another_r
     """Against the FAKE helm of test_helm_driver (canned `helm status`, recorded argv): a new worker
     (empty state dir) uninstalls team-a/review-responder's canary from the commit's backends, and
     does not touch a release of the same name that belongs to team-b."""
+    from plnt.core.specs.models import PlntBackend
     from plnt.reconciler.drivers.helm import HelmDriver
     from plnt.reconciler.drivers.local import LocalDriver
-    from plnt.reconciler.specs.models import PlntBackend
 
     from .test_helm_driver import BACKEND, CANARY, IMAGE, TARGET, FakeHelm, run, status_json, values
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler.control.status import Phase, RolloutMark, StatusStore, WorkflowRunStatus
+from plnt.core.status import Phase, RolloutMark, WorkflowRunStatus
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.review.forge import make_forge
 from plnt.reconciler.review.rollout_report import RolloutReporter, context_for, rollout_reports, smoke_summary, verdict
 

@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from plnt.gateway.routes import Router
+from plnt.core.status import Phase
+from plnt.gateway.router import Router
 from plnt.reconciler.app import Plnt, _drain_after_flush, build_route_table
-from plnt.reconciler.control.status import Phase, StatusStore
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.state import LiveWorkflow, Release
 
 

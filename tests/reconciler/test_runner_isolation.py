@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import yaml
+from plnt.core.specs.loader import SpecSet
+from plnt.core.specs.models import PlntBackend, RunnerLimits, WorkflowRun
 from plnt.reconciler.cli.main import app
 from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.local import LocalDriver
-from plnt.reconciler.specs.loader import SpecSet
-from plnt.reconciler.specs.models import PlntBackend, RunnerLimits, WorkflowRun
 from plnt.reconciler.state import StateDir
 from pydantic import ValidationError
 from typer.testing import CliRunner

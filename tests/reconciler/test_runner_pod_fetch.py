@@ -27,11 +27,11 @@ from typing import Any
 
 import pytest
 import yaml
+from plnt.core.specs.models import RecipeTrustPolicy, WorkflowRun
 from plnt.reconciler.drivers.helm import HelmDriver
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.recipes.archive import pack_recipe_to
 from plnt.reconciler.recipes.registries import RegistryOptions, open_registry
-from plnt.reconciler.specs.models import RecipeTrustPolicy, WorkflowRun
 
 from ..conftest import EXAMPLE
 from ..services import S3_ACCESS_KEY, S3_REGION, S3_SECRET_KEY, OciServer, S3Bucket

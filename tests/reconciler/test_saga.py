@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plnt.core.specs.loader import load_directory
+from plnt.core.status import Phase
 from plnt.reconciler.app import SAGA_RUNNER
-from plnt.reconciler.control.status import Phase, StatusStore
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.saga import progress as saga_progress
 from plnt.reconciler.saga.activities import SagaActivities
@@ -43,7 +45,6 @@ from plnt.reconciler.saga.workflow import DeploySaga
 from plnt.reconciler.settings import RetrySettings
 from plnt.reconciler.source.commit_specs import CommitSpecs
 from plnt.reconciler.source.git import GitSource
-from plnt.reconciler.specs.loader import load_directory
 from plnt.reconciler.state import StateDir
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
@@ -506,9 +507,9 @@ async def test_status_is_written_only_from_plnt_s_own_saga(clone: GitSource, tmp
 ])
 def test_recipe_requirements_against_the_workflowrun(needs: dict[str, Any], placement: dict[str, Any],
                                                       message: str | None) -> None:
+    from plnt.core.specs.models import BackendPlacement, Requirements
     from plnt.reconciler.errors import GpuClassUnavailable
     from plnt.reconciler.saga.activities import check_requirements
-    from plnt.reconciler.specs.models import BackendPlacement, Requirements
 
     requirements, asked = Requirements.model_validate(needs), BackendPlacement.model_validate(placement)
     if message is None:

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plnt.core.status import Phase
 from plnt.reconciler.control.loop import Reconciler
-from plnt.reconciler.control.status import Phase, StatusStore
+from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.saga.io import SagaResult, saga_workflow_id

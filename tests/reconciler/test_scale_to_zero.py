@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from plnt.core.parking import PARKED_FILE
 from plnt.reconciler.drivers.local import LocalDriver, process_start_time
 from plnt.reconciler.state import Release, StateDir
-from plnt.runner.idle import PARKED_FILE
 
 from .test_local_driver import request
 

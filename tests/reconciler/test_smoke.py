@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from plnt.gateway.server import GatewayServer
+from plnt.core.server import GatewayServer
+from plnt.core.specs.models import SmokeTest
 from plnt.reconciler.drivers.local import free_port
 from plnt.reconciler.saga.smoke import Sample, SmokeMetrics, judge, measure, percentile, summarise
-from plnt.reconciler.specs.models import SmokeTest
 
 from ..gateway.fakes import FakeRunner
 

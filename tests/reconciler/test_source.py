@@ -6,9 +6,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.settings import SpecLimits
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.loader import load_sources
 from plnt.reconciler.source.git import GitSource, SourceError, UnreadableTree
-from plnt.reconciler.specs.loader import load_sources
 
 from ..conftest import SpecRepo
 

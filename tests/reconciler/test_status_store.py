@@ -11,8 +11,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from plnt.core.status import Phase
 from plnt.reconciler.control import status as status_module
-from plnt.reconciler.control.status import Phase, StatusStore, journal_path, read_statuses
+from plnt.reconciler.control.status import StatusStore, journal_path, read_statuses
 from plnt.reconciler.state import append_durably as real_append_durably
 from plnt.reconciler.state import atomic_write_bytes as real_atomic_write_bytes
 from plnt.reconciler.state import atomic_write_json

@@ -12,10 +12,10 @@ import json
 from typing import Any
 
 import pytest
+from plnt.core.specs.models import RecipeTrustPolicy
 from plnt.reconciler.errors import VerificationFailed
 from plnt.reconciler.recipes import trust
 from plnt.reconciler.recipes.trust import VerifiedSignature, policies_for, verify_recipe
-from plnt.reconciler.specs.models import RecipeTrustPolicy
 
 from tests.sigstore_ca import TestSigstoreAuthority
 

@@ -6,8 +6,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.specs.loader import Problem, SourceFile, SpecError, load_directory, load_recipe, load_sources
-from plnt.reconciler.specs.models import KIND_MODELS, RecipeTrustPolicy
+from plnt.core.specs.loader import Problem, SourceFile, SpecError, load_directory, load_recipe, load_sources
+from plnt.core.specs.models import KIND_MODELS, RecipeTrustPolicy
 
 POLICY = """\
 apiVersion: plnt.work/v1

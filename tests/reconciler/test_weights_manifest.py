@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plnt.core.specs.models import RecipeTrustPolicy
 from plnt.reconciler.errors import VerificationFailed
 from plnt.reconciler.recipes.trust import VerifiedWeights, verify_weights_signature
 from plnt.reconciler.recipes.weights_manifest import (
@@ -26,7 +27,6 @@ from plnt.reconciler.recipes.weights_manifest import (
     manifest_of_directory,
     parse_statement,
 )
-from plnt.reconciler.specs.models import RecipeTrustPolicy
 
 from tests.sigstore_ca import TestSigstoreAuthority
 

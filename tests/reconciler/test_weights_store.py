@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plnt.core.specs.models import RecipeTrustPolicy
 from plnt.reconciler.errors import DigestMismatch, DownloadRefused, RecipeNotFound, RegistryUnavailable, VerificationFailed
 from plnt.reconciler.recipes.trust import VerifiedWeights, verify_weights_signature
 from plnt.reconciler.recipes.weights import SIGNATURE_NAME, DirectoryWeightsSource, WeightsStore
 from plnt.reconciler.recipes.weights_manifest import PAYLOAD_TYPE, manifest_of_directory
-from plnt.reconciler.specs.models import RecipeTrustPolicy
 
 from tests.sigstore_ca import TestSigstoreAuthority
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from plnt.core.recipe import directory_digest
 from plnt.reconciler.drivers.local import LocalDriver, _is_runner, process_start_time
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.drivers.zygote import ZygoteClient
 from plnt.reconciler.state import StateDir
-from plnt.runner.recipe import directory_digest
 
 from ..conftest import EXAMPLE
 

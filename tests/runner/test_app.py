@@ -190,7 +190,7 @@ def test_runner_process_serves_invokes_and_stops_cleanly_on_sigterm() -> None:
 
 @pytest.mark.integration
 def test_runner_process_refuses_oversized_heads_with_431() -> None:
-    """The runner is served with the gateway's HTTP limits (gateway/limits.py)."""
+    """The runner is served with the gateway's HTTP limits (core/limits.py)."""
     port = free_port()
     process = subprocess.Popen(runner_command(RECIPES / "1.2.0", port), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

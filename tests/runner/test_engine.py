@@ -9,13 +9,13 @@ import asyncio
 import contextvars
 import hashlib
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from plnt.core.recipe import RecipeError, directory_digest, matches
 from plnt.runner.adapters import MockBackend
 from plnt.runner.engine import InvalidInput, StepFailed, check_inputs, required_inputs, run_workflow
-from plnt.runner.recipe import Recipe, RecipeError, directory_digest, load_recipe_dir, matches
+from plnt.runner.recipe import Recipe, load_recipe_dir
 from plnt.runner.tools import Tools
 
 from .helpers import EXAMPLE_RECIPES, write_recipe
@@ -193,11 +193,11 @@ def test_required_inputs_come_from_the_templates_the_bindings_render(tmp_path: P
     assert required_inputs(example) == ("review", "brand_voice")
 
 
-def test_workflow_yaml_parses_without_the_reconciler_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """sys.modules is patched so that importing plnt.reconciler.specs.loader fails (a runner without it)."""
-    monkeypatch.setitem(sys.modules, "plnt.reconciler.specs.loader", None)  # import fails: the fallback parses
+def test_workflow_yaml_problems_are_named_at_file_and_line(tmp_path: Path) -> None:
+    """The runner reads workflow.yaml with the spec loader of plnt.core, as plnt does: the same
+    FILE:LINE problem either way (there is no second, line-less parser in the runner any more)."""
     assert load_recipe_dir(RECIPES / "1.2.0").workflow.steps[0].id == "classify_intent"
-    with pytest.raises(RecipeError, match=r"workflow.yaml: steps.0.tool: Input should be"):
+    with pytest.raises(RecipeError, match=r"workflow.yaml:\d+: steps\[0\]\.tool: Input should be .*\(got 'llm.summarize'\)"):
         load_recipe_dir(write_recipe(tmp_path, "- {id: s, tool: llm.summarize}"))
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.runner.idle import PARKED_FILE, IdleParker, read_parked, write_parked
+from plnt.core.parking import PARKED_FILE, read_parked, write_parked
+from plnt.runner.idle import IdleParker
 
 
 class StandInApp:

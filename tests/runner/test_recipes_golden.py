@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.specs.models import output_step, step_levels
+from plnt.core.recipe import load_golden, matches
+from plnt.core.specs.models import output_step, step_levels
 from plnt.runner.adapters import MockBackend
 from plnt.runner.engine import StepFailed, run_workflow
-from plnt.runner.recipe import load_golden, load_recipe_dir, matches
+from plnt.runner.recipe import load_recipe_dir
 
 from .helpers import EXAMPLE_RECIPES
 

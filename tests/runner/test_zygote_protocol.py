@@ -8,7 +8,8 @@ import os
 import signal
 
 import pytest
-from plnt.runner.zygote import check_request, decode, encode, exit_code, read_env
+from plnt.core.zygote_protocol import decode, encode
+from plnt.runner.zygote import check_request, exit_code, read_env
 
 
 def test_encode_decode_round_trip() -> None:

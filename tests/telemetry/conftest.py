@@ -10,7 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from plnt.gateway import telemetry
+from plnt.core import telemetry
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from plnt.gateway import telemetry
+from plnt.core import telemetry
 from plnt.reconciler.drivers.local import allowlisted_env, runner_env
 
 ENDPOINT = "http://127.0.0.1:4318"
@@ -64,7 +64,7 @@ def test_runners_get_where_to_send_spans_but_never_the_collectors_credentials(tm
 
 
 def test_a_server_refuses_to_start_on_a_bad_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from plnt.gateway.server import ServerStartError
+    from plnt.core.server import ServerStartError
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", ENDPOINT)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 import pytest
-from plnt.gateway import telemetry
+from plnt.core import telemetry
 from plnt.reconciler.drivers.local import allowlisted_env
 
 from ..conftest import SpecRepo

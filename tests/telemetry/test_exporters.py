@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from plnt.gateway import telemetry
+from plnt.core import telemetry
 
 pytestmark = pytest.mark.integration
 

@@ -32,7 +32,7 @@ PROGRAM = textwrap.dedent("""
     import asyncio, json, sys
     from pathlib import Path
     import httpx
-    from plnt.gateway import telemetry
+    from plnt.core import telemetry
     import plnt.gateway.app, plnt.reconciler.app  # everything plnt up imports
     from plnt.runner.adapters import MockBackend
     from plnt.runner.app import create_app

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from plnt.core.auth import TokenSet, is_ui_path
 from plnt.gateway.app import create_app
-from plnt.gateway.auth import TokenSet, is_ui_path
-from plnt.gateway.routes import Router
+from plnt.gateway.router import Router
 from plnt.gateway.ui import CONTENT_SECURITY_POLICY, UI_DIR, load_files
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Temporal's TracingInterceptor, with a saga's outcome on its spans (see plnt.gateway.telemetry).
+"""Temporal's TracingInterceptor, with a saga's outcome on its spans (see plnt.core.telemetry).
 
 Imported only when tracing is on (it imports the OpenTelemetry SDK). Temporal's interceptor gives
 the saga's workflow zero-length spans (RunWorkflow at its start, CompleteWorkflow at its end) and
@@ -15,7 +15,7 @@ import opentelemetry.trace
 import temporalio.worker
 import temporalio.workflow
 from opentelemetry.trace import Status, StatusCode
-from plnt.gateway.telemetry import SAGA_FAILED_PHASES
+from plnt.core import telemetry
 from temporalio.contrib.opentelemetry import TracingInterceptor, TracingWorkflowInboundInterceptor
 
 _FAILED = "plnt.failed"
@@ -67,3 +67,13 @@ class _SagaWorkflowInterceptor(TracingWorkflowInboundInterceptor):
             self._completed_span(f"CompleteWorkflow:{workflow_type}", additional_attributes=attributes,
                                  kind=opentelemetry.trace.SpanKind.INTERNAL)
             return result
+
+
+SAGA_FAILED_PHASES = frozenset({"Failed", "RolledBack"})
+
+
+def temporal_interceptors() -> list[Any]:
+    """The interceptors a Temporal client (and the workers made from it) gets: none when off."""
+    if not telemetry.ENABLED:
+        return []
+    return [SagaTracingInterceptor(telemetry.tracer())]

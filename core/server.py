@@ -18,8 +18,7 @@ from collections.abc import Generator
 from typing import Any
 
 import uvicorn
-
-from .limits import HttpLimits, http_protocol
+from plnt.core.limits import HttpLimits, http_protocol
 
 log = logging.getLogger("uvicorn.error")  # where uvicorn's own shutdown logs
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from plnt.reconciler.settings import SpecLimits
-from plnt.reconciler.specs.models import (
+from plnt.core.specs.limits import SpecLimits
+from plnt.core.specs.models import (
     INTEGRITY_PATTERN,
     KIND_MODELS,
     LOCAL_MODEL_RUNTIMES,

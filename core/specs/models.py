@@ -6,7 +6,7 @@
 Models are strict: unknown fields and wrong types are errors, never coerced or ignored.
 Field names in YAML are camelCase (as in Kubernetes); attributes are snake_case.
 Cross-document checks (duplicates, backend references, GPU classes, step graphs) are in
-`plnt.reconciler.specs.loader`, where they can name the file and line.
+`plnt.core.specs.loader`, where they can name the file and line.
 """
 
 from __future__ import annotations

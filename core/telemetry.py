@@ -138,7 +138,7 @@ def start(default_service: str) -> bool:
     try:
         return setup(default_service)
     except ValueError as exc:
-        from plnt.gateway.server import ServerStartError
+        from plnt.core.server import ServerStartError
 
         raise ServerStartError(f"tracing: {exc}") from None
 
@@ -276,17 +276,3 @@ def end_llm_call(span_: Span, *, input_tokens: int | None = None, output_tokens:
         span_.record_exception(error)
         fail(span_, str(error)[:300])
     span_.end()
-
-
-# --- Temporal ------------------------------------------------------------------------------------------
-
-SAGA_FAILED_PHASES = frozenset({"Failed", "RolledBack"})
-
-
-def temporal_interceptors() -> list[Any]:
-    """The interceptors a Temporal client (and the workers made from it) gets: none when off."""
-    if not ENABLED:
-        return []
-    from plnt.gateway.telemetry_temporal import SagaTracingInterceptor
-
-    return [SagaTracingInterceptor(tracer())]

@@ -1,0 +1,140 @@
+"""The gateway's router: holds the current `RouteTable` (plnt.core.routes), picks the backend of
+each request (weighted or by session bucket: see plnt.core.routes), and counts requests in flight
+per runner so a retired runner is stopped only once they ended (`drain`)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from plnt.core.routes import Backend, NoCanary, Route, RouteNotReady, RouteTable, Track, session_bucket
+
+
+class Router:
+    """Holds the current `RouteTable`; the reconciler swaps it, request handlers read it.
+
+    Everything runs on one asyncio loop and `replace` is a single reference assignment, so
+    no lock is needed: a reader sees either the old or the new table, never a mix.
+
+    Retiring a runner (promotion, rollback) without losing requests:
+        router.replace(new_table)          # no new request picks the old runner
+        await router.drain(old_backend)    # requests that already picked it have finished
+        stop the old runner (gracefully)
+    Skipping `drain` is *almost* safe: a request that picked the old runner just before
+    `replace` may reach it while it shuts down. A refused connect is retried on the new
+    table, but a reused keep-alive connection the runner closes under the request fails
+    (ReadError) and cannot safely be retried: the runner may have started the work.
+    """
+
+    def __init__(self, table: RouteTable | None = None, *, rng: random.Random | None = None) -> None:
+        self._table = table if table is not None else RouteTable()
+        # Injectable so tests (and benchmarks) can make the canary split reproducible.
+        self._rng = rng if rng is not None else random.Random()
+        self._turn = itertools.count()  # round robin over stable replicas
+        self._in_flight: dict[str, int] = {}  # endpoint -> requests using it right now
+        self._drained: dict[str, asyncio.Event] = {}  # endpoint -> set when it reaches 0
+
+    @property
+    def table(self) -> RouteTable:
+        return self._table
+
+    def replace(self, table: RouteTable) -> None:
+        self._table = table
+
+    def choose(
+        self, route: Route, rng: random.Random | None = None, *, session: str | None = None
+    ) -> tuple[Backend, Track]:
+        """Pick the backend for one request: the canary with probability canary_percent/100,
+        or, with a `session` id, by the session's bucket (same session, same version).
+
+        Raises RouteNotReady when nothing is promoted, even if a canary exists: a canary
+        alone must never take all the traffic.
+        """
+        replicas = route.stable_replicas
+        if not replicas:
+            raise RouteNotReady(route)
+        bucket = session_bucket(route, session) if session else None
+        if route.canary is not None and route.canary_percent > 0:
+            if bucket is not None:
+                if bucket < route.canary_percent * 100:
+                    return route.canary, "canary"
+            elif (rng or self._rng).random() * 100 < route.canary_percent:  # uniform in [0, 1)
+                return route.canary, "canary"
+        if len(replicas) == 1:
+            return replicas[0], "stable"
+        index = bucket if bucket is not None else next(self._turn)
+        return replicas[index % len(replicas)], "stable"
+
+    def choose_track(self, route: Route, track: Track) -> tuple[Backend, Track]:
+        """The backend of a track the request named (X-Plnt-Track, see forced_track): a stable
+        replica (round robin), or the canary under test. Raises RouteNotReady (stable: nothing
+        promoted) or NoCanary."""
+        if track == "canary":
+            if route.canary is None:
+                raise NoCanary(route)
+            return route.canary, "canary"
+        replicas = route.stable_replicas
+        if not replicas:
+            raise RouteNotReady(route)
+        return replicas[next(self._turn) % len(replicas)] if len(replicas) > 1 else replicas[0], "stable"
+
+    def fallback(self, route: Route, failed: Backend) -> Backend | None:
+        """Another stable replica to retry on after `failed` refused the connection, or None."""
+        replicas = [b for b in route.stable_replicas if b.endpoint != failed.endpoint]
+        if not replicas:
+            return None
+        return replicas[next(self._turn) % len(replicas)]
+
+    @contextmanager
+    def in_flight(self, backend: Backend) -> Iterator[None]:
+        """Count a request against `backend` for `drain`. Enter it right after `choose`,
+        with no await in between, so `drain` can never miss a request."""
+        self.enter(backend)
+        try:
+            yield
+        finally:
+            self.leave(backend)
+
+    def enter(self, backend: Backend) -> None:
+        """`in_flight` without a block (for a stream that outlives the handler's frame);
+        every `enter` needs exactly one `leave`."""
+        endpoint = backend.endpoint
+        self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
+
+    def leave(self, backend: Backend) -> None:
+        endpoint = backend.endpoint
+        self._in_flight[endpoint] -= 1
+        if self._in_flight[endpoint] == 0:
+            del self._in_flight[endpoint]
+            event = self._drained.pop(endpoint, None)
+            if event is not None:
+                event.set()
+
+    def in_flight_count(self, backend: Backend) -> int:
+        return self._in_flight.get(backend.endpoint, 0)
+
+    def endpoints_in_flight(self) -> frozenset[str]:
+        return frozenset(self._in_flight)
+
+    async def drain(self, backend: Backend, *, timeout_s: float | None = None) -> bool:
+        """Wait until no request is using `backend` (call after `replace` took it out).
+
+        Returns False if `timeout_s` elapsed first; stopping the runner gracefully is still
+        fine then for requests it already received.
+        """
+        return await self.drain_endpoint(backend.endpoint, timeout_s=timeout_s)
+
+    async def drain_endpoint(self, endpoint: str, *, timeout_s: float | None = None) -> bool:
+        """`drain` by the runner's endpoint (what requests are counted by)."""
+        if endpoint not in self._in_flight:
+            return True
+        event = self._drained.setdefault(endpoint, asyncio.Event())
+        try:
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+        except TimeoutError:
+            return False
+        return True
