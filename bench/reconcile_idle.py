@@ -39,13 +39,13 @@ from plan_scale import before_command, build_repo  # noqa: E402  (same repositor
 from plnt.core.specs.loader import load_sources  # noqa: E402
 from plnt.core.status import Phase  # noqa: E402
 from plnt.reconciler.control.loop import Reconciler  # noqa: E402
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.driver_set import DriverSet  # noqa: E402
 from plnt.reconciler.drivers.local import LocalDriver, process_start_time  # noqa: E402
 from plnt.reconciler.plan.diff import Action  # noqa: E402
 from plnt.reconciler.settings import Settings  # noqa: E402
 from plnt.reconciler.source.git import GitSource  # noqa: E402
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir, atomic_write_json  # noqa: E402
+from plnt.reconciler.status_store import StatusStore
 
 
 def no_helm(backend: Any) -> Any:

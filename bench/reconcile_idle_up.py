@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import BenchRepo, _kind, descendants, how_it_ran, memory_pss, print_json
-from plnt.reconciler.control.status import read_statuses
+from plnt.reconciler.status_store import read_statuses
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -21,9 +21,9 @@ from typing import Any
 from benchlib import how_it_ran, print_json
 from plnt.core.status import Phase
 from plnt.reconciler.app import build_route_table
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir, atomic_write_json
+from plnt.reconciler.status_store import StatusStore
 
 
 def best_ms(call: Callable[[], Any], repeat: int, rounds: int) -> float:

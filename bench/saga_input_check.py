@@ -27,9 +27,9 @@ from pathlib import Path
 from plnt.core.recipe import check_recipe_dir
 from plnt.core.specs.loader import load_directory
 from plnt.core.specs.models import PlntBackend, RecipeTrustPolicy, WorkflowRun
+from plnt.reconciler.saga.commit_specs import CommitSpecs
 from plnt.reconciler.saga.io import SagaRef
 from plnt.reconciler.saga.temporal_server import TemporalDevServer, connect
-from plnt.reconciler.source.commit_specs import CommitSpecs
 from plnt.reconciler.source.git import GitSource
 from plnt.runner.recipe import load_recipe_dir
 from temporalio import workflow

@@ -1,6 +1,6 @@
 """The status of a WorkflowRun or ModelDeployment: what `plnt status`, `GET /workflows`, the CRD
 status and the rollout reports show. Data only; the store that persists it is
-plnt.reconciler.control.status."""
+plnt.reconciler.status_store."""
 
 from __future__ import annotations
 

@@ -29,7 +29,6 @@ from plnt.gateway.router import Router
 from plnt.gateway.workers import TrustForwarded, WorkerConfig, WorkerMetrics, WorkerSupervisor, auto_workers
 from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.helm import DEFAULT_CHART, DEFAULT_MODEL_CHART, HelmDriver, RunnerImage, SpecLookup
 from plnt.reconciler.drivers.local import LocalDriver, raise_open_files_limit
@@ -43,14 +42,15 @@ from plnt.reconciler.review.approval import ApprovalGate
 from plnt.reconciler.review.forge import Forge, make_forge
 from plnt.reconciler.review.previews import PreviewController
 from plnt.reconciler.saga.activities import HEARTBEAT_THROTTLE, SagaActivities
+from plnt.reconciler.saga.commit_specs import CommitSpecs
 from plnt.reconciler.saga.history import NoSaga, saga_history, saga_rollouts
 from plnt.reconciler.saga.temporal_server import TemporalDevServer, connect, connect_external
 from plnt.reconciler.saga.workflow import DeploySaga
 from plnt.reconciler.settings import Settings
-from plnt.reconciler.source.commit_specs import CommitSpecs
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir
+from plnt.reconciler.status_store import StatusStore
 from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter

@@ -48,13 +48,13 @@ from plnt.reconciler.app import (
 from plnt.reconciler.control.lease import FileLease, LeaderLease
 from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.reported import RUNNERS_PATH, ReportedRunners, RunnerReport, RunnerReporter
 from plnt.reconciler.saga.activities import HEARTBEAT_THROTTLE, PhaseRecorder
 from plnt.reconciler.saga.temporal_server import connect_external
 from plnt.reconciler.saga.workflow import DeploySaga
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.state import Release, StateDir
+from plnt.reconciler.status_store import StatusStore
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import ValidationError
 from temporalio.contrib.pydantic import pydantic_data_converter

@@ -4,7 +4,7 @@
       source/               clone of the spec repository (no work tree)
       source.json           repository, branch, last reconciled commit, problems of the newest commit
       status.json           status of every WorkflowRun (as of its last compaction)
-      status.journal        the changes since, one JSON line each (reconciler/control/status.py)
+      status.journal        the changes since, one JSON line each (reconciler/status_store.py)
       releases/NS.NAME.json live releases of one WorkflowRun (stable and canary), local driver
       recipes/HEX/          pulled recipes, by content digest
       runners/RELEASE.log   output of each runner process

@@ -506,9 +506,9 @@ def _default_cache_dir() -> Path:
 
 def _live_from_state(state_dir: Path) -> dict[str, Any]:
     from plnt.core.status import WorkflowRunStatus
-    from plnt.reconciler.control.status import read_statuses
     from plnt.reconciler.plan.diff import live_from
     from plnt.reconciler.state import LiveWorkflow, read_json
+    from plnt.reconciler.status_store import read_statuses
 
     statuses = [WorkflowRunStatus.model_validate(v) for v in read_statuses(state_dir / "status.json").values()]
     records = sorted((state_dir / "releases").glob("*.json")) if (state_dir / "releases").exists() else []
@@ -537,8 +537,8 @@ def status(
                 source = client.get(f"{url}/source").raise_for_status().json()
     except (httpx.HTTPError, ValueError):  # nothing there, or something that is not plnt (HTML, other JSON)
         from plnt.core.status import WorkflowRunStatus
-        from plnt.reconciler.control.status import journal_path, read_statuses
         from plnt.reconciler.state import read_json
+        from plnt.reconciler.status_store import journal_path, read_statuses
 
         if not (state_dir / "status.json").exists() and not journal_path(state_dir / "status.json").exists():
             typer.echo(f"error: no plnt answers at {url} and {state_dir} holds no status; is plnt up running?", err=True)

@@ -30,9 +30,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from plnt.core.status import Phase, WorkflowRunStatus
 from plnt.reconciler.control.crds import GROUP, MANAGED_BY, MANAGED_BY_LABEL, VERSION, cr_status
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.redact import redact
+from plnt.reconciler.status_store import StatusStore
 
 if TYPE_CHECKING:
     from plnt.core.specs.loader import SpecSet

@@ -20,7 +20,6 @@ from plnt.core.specs.loader import Problem, SpecSet
 from plnt.core.status import FINAL_PHASES, Phase
 from plnt.reconciler.bulk import in_bulk_thread
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.helm import model_step_timeouts
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import PlntError
@@ -33,6 +32,7 @@ from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource, redact
 from plnt.reconciler.state import StateDir, atomic_write_json, read_json
+from plnt.reconciler.status_store import StatusStore
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError

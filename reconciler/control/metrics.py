@@ -46,7 +46,7 @@ from typing import Any
 from plnt.core.routes import preview_of
 from plnt.core.specs.models import SmokeTest
 from plnt.core.status import FINAL_PHASES, Phase, WorkflowRunStatus
-from plnt.reconciler.control.status import StatusStore
+from plnt.reconciler.status_store import StatusStore
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector

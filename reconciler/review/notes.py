@@ -23,9 +23,9 @@ from typing import Any
 
 from plnt.core.routes import preview_of
 from plnt.core.status import FINAL_PHASES, Phase, WorkflowRunStatus
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.review.rollout_report import RetryLater, StatusFollower, smoke_summary
 from plnt.reconciler.source.git import GitSource, SourceError
+from plnt.reconciler.status_store import StatusStore
 
 log = logging.getLogger(__name__)
 

@@ -39,18 +39,18 @@ from plnt.core.routes import preview_name, preview_of
 from plnt.core.specs.loader import SpecSet, load_sources
 from plnt.core.specs.models import WorkflowRun
 from plnt.core.status import Phase, WorkflowRunStatus
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.diff import Action, DesiredRun, PlanItem, live_from, plan
 from plnt.reconciler.review.forge import Forge, ForgeError, ForgeNotFound, State
 from plnt.reconciler.review.rollout_report import verdict
+from plnt.reconciler.saga.commit_specs import as_preview
 from plnt.reconciler.saga.follow import RunningSagas
 from plnt.reconciler.saga.io import SagaInput, SagaResult, saga_workflow_id
 from plnt.reconciler.settings import Settings
-from plnt.reconciler.source.commit_specs import as_preview
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource, redact
+from plnt.reconciler.status_store import StatusStore
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError

@@ -22,9 +22,9 @@ from typing import Any, Generic, TypeVar
 
 from plnt.core.routes import preview_of
 from plnt.core.status import Phase, WorkflowRunStatus
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.redact import redact
 from plnt.reconciler.review.forge import Forge, ForgeError, ForgeRefused, ForgeUnavailable, State
+from plnt.reconciler.status_store import StatusStore
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,6 @@ from plnt.core.specs.models import (
     run_key,
 )
 from plnt.core.status import Phase, RolloutMark
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.model_runtime import gguf_file
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust, ReleaseDriver
 from plnt.reconciler.errors import (
@@ -53,6 +52,7 @@ from plnt.reconciler.recipes.registries import RegistryOptions
 from plnt.reconciler.recipes.trust import policies_for, verify_weights_signature
 from plnt.reconciler.recipes.weights import WeightsStore
 from plnt.reconciler.saga import progress as saga_progress
+from plnt.reconciler.saga.commit_specs import CommitSpecs, TrustedSaga
 from plnt.reconciler.saga.io import (
     InstallInput,
     PhaseUpdate,
@@ -67,8 +67,8 @@ from plnt.reconciler.saga.io import (
     saga_workflow_id,
 )
 from plnt.reconciler.saga.smoke import Sample, SmokeResult, judge, measure, progress_of, summarise
-from plnt.reconciler.source.commit_specs import CommitSpecs, TrustedSaga
 from plnt.reconciler.state import LiveWorkflow, ModelServing, Release
+from plnt.reconciler.status_store import StatusStore
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError

@@ -4,7 +4,7 @@ be added without breaking histories already recorded.
 A saga's input is not trusted (anyone who reaches the Temporal namespace can start one, or schedule
 an activity on plnt's task queue): it only NAMES a commit and what plnt computed from it. Every
 activity reads the spec, its backend and the trust policies again from plnt's own clone at that
-commit (`plnt.reconciler.source.commit_specs`) and refuses an input that disagrees (UntrustedSagaInput).
+commit (`plnt.reconciler.saga.commit_specs`) and refuses an input that disagrees (UntrustedSagaInput).
 """
 
 from __future__ import annotations

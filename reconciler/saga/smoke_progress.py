@@ -12,8 +12,8 @@ import logging
 from typing import Any
 
 from plnt.core.status import Phase
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.saga.io import saga_workflow_id
+from plnt.reconciler.status_store import StatusStore
 from temporalio.client import Client
 from temporalio.service import RPCError
 

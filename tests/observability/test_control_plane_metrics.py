@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from plnt.core.status import Phase, RolloutMark
 from plnt.gateway.metrics import GatewayMetrics
 from plnt.reconciler.control.metrics import ControlPlaneMetrics, smoke_gates
-from plnt.reconciler.control.status import StatusStore
+from plnt.reconciler.status_store import StatusStore
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..conftest import SpecRepo

@@ -26,7 +26,7 @@ async def test_bulk_threads_are_niced_and_the_loop_is_not() -> None:
 async def test_the_reconcilers_spec_parse_runs_on_a_bulk_thread(spec_repo: SpecRepo, tmp_path: Path,
                                                                 monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Through CommitSpecs, as a saga step and the reconciler read a commit: the parse's thread is niced."""
-    from plnt.reconciler.source.commit_specs import CommitSpecs
+    from plnt.reconciler.saga.commit_specs import CommitSpecs
 
     source = GitSource(str(spec_repo.path), tmp_path / "clone")
     commit = source.fetch()

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.saga.activities import SagaActivities
+from plnt.reconciler.saga.commit_specs import CommitSpecs
 from plnt.reconciler.saga.io import ReleaseRef, saga_workflow_id
 from plnt.reconciler.saga.temporal_server import connect
-from plnt.reconciler.source.commit_specs import CommitSpecs
 from plnt.reconciler.source.git import GitSource
 from plnt.reconciler.state import StateDir
+from plnt.reconciler.status_store import StatusStore
 from temporalio.client import WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError

@@ -16,8 +16,8 @@ import pytest
 from click.testing import Result
 from plnt.core.status import Phase
 from plnt.reconciler.cli.main import app
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.status_store import StatusStore
 from typer.testing import CliRunner
 
 from ..conftest import EXAMPLE, SpecRepo

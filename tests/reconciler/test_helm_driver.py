@@ -727,10 +727,10 @@ async def test_routes_come_from_every_backend_with_the_canary_share_and_sticky_s
     from plnt.core.specs.loader import SpecSet
     from plnt.gateway.router import Router
     from plnt.reconciler.app import build_route_table
-    from plnt.reconciler.control.status import StatusStore
     from plnt.reconciler.drivers.driver_set import DriverSet
     from plnt.reconciler.drivers.local import LocalDriver
     from plnt.reconciler.state import StateDir
+    from plnt.reconciler.status_store import StatusStore
 
     state = StateDir(tmp_path / "state").ensure()
     fake = (FakeHelm().expect("status", STABLE, rc=1, stderr=NOT_FOUND).expect("upgrade")

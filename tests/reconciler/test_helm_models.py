@@ -469,10 +469,10 @@ async def test_a_model_on_kubernetes_gets_an_openai_route_from_the_driver_set(tm
     for a model-server release is an OpenAI pass-through to its Service."""
     from plnt.core.specs.loader import SpecSet
     from plnt.reconciler.app import build_route_table
-    from plnt.reconciler.control.status import StatusStore
     from plnt.reconciler.drivers.driver_set import DriverSet
     from plnt.reconciler.drivers.local import LocalDriver
     from plnt.reconciler.state import StateDir
+    from plnt.reconciler.status_store import StatusStore
 
     state = StateDir(tmp_path / "state").ensure()
     fake = FakeHelm().expect("status", "chat-canary", rc=1, stderr=NOT_FOUND).expect("upgrade")
@@ -655,14 +655,14 @@ class Kit:
     for helm's cluster side: no release exists, upgrades are recorded)."""
 
     def __init__(self, tmp_path: Path, spec_repo: Any, oci_address: str) -> None:
-        from plnt.reconciler.control.status import StatusStore
         from plnt.reconciler.drivers.driver_set import DriverSet
         from plnt.reconciler.drivers.local import LocalDriver
         from plnt.reconciler.recipes.weights import WeightsStore
         from plnt.reconciler.saga.activities import SagaActivities
-        from plnt.reconciler.source.commit_specs import CommitSpecs
+        from plnt.reconciler.saga.commit_specs import CommitSpecs
         from plnt.reconciler.source.git import GitSource
         from plnt.reconciler.state import StateDir
+        from plnt.reconciler.status_store import StatusStore
 
         from .test_helm_chart import RecordingHelm
 

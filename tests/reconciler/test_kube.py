@@ -28,8 +28,8 @@ from plnt.core.status import Phase
 from plnt.reconciler.control.crds import MANAGED_BY_LABEL
 from plnt.reconciler.control.kube import KubernetesLease, StatusMirror, api_client, attach_status_mirror, cr_body
 from plnt.reconciler.control.kube_calls import API_CALLS
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.settings import Settings
+from plnt.reconciler.status_store import StatusStore
 
 from ..kube_standin import TOKEN, KubeStandIn, Request, Stored, api_call_of
 

@@ -127,9 +127,9 @@ async def test_without_a_last_state_a_deployed_release_on_an_unreadable_cluster_
     client is a STAND-IN that fails the test if a saga is started; git, the specs and helm are real."""
     import yaml
     from plnt.reconciler.control.loop import Reconciler
-    from plnt.reconciler.control.status import StatusStore
     from plnt.reconciler.settings import Settings
     from plnt.reconciler.source.git import GitSource
+    from plnt.reconciler.status_store import StatusStore
 
     for path in ("workflowruns/review-responder.yaml", "backends/local.yaml"):
         spec_repo.remove(path)

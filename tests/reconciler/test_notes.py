@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 from plnt.core.status import Phase, RolloutMark, WorkflowRunStatus
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.review.notes import NOTES_REF, NotesWriter, merge_note, note_line
 from plnt.reconciler.source.git import GitSource
+from plnt.reconciler.status_store import StatusStore
 
 from ..conftest import GIT_ENV
 

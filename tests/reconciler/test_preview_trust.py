@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from plnt.reconciler.errors import UntrustedSagaInput
-from plnt.reconciler.source.commit_specs import CommitSpecs
+from plnt.reconciler.saga.commit_specs import CommitSpecs
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource
 

@@ -12,8 +12,8 @@ from plnt.core.routes import PreviewNotFound, preview_name, preview_of, preview_
 from plnt.core.specs.models import WorkflowRun
 from plnt.core.status import Phase, WorkflowRunStatus
 from plnt.reconciler.review.previews import admitted, comment_body, context_of, forge_status, pr_number, previewed
+from plnt.reconciler.saga.commit_specs import as_preview
 from plnt.reconciler.saga.io import SagaRef
-from plnt.reconciler.source.commit_specs import as_preview
 from pydantic import ValidationError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "gitops-example" / "workflowruns" / "review-responder.yaml"

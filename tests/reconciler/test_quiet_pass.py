@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from plnt.core.status import Phase
 from plnt.reconciler.control.loop import Reconciler
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.local import LocalDriver, process_start_time
 from plnt.reconciler.plan.diff import Action
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.git import GitSource
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir, atomic_write_json
+from plnt.reconciler.status_store import StatusStore
 
 from ..conftest import SpecRepo
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from plnt.core.status import Phase, RolloutMark, WorkflowRunStatus
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.review.forge import make_forge
 from plnt.reconciler.review.rollout_report import RolloutReporter, context_for, rollout_reports, smoke_summary, verdict
+from plnt.reconciler.status_store import StatusStore
 
 from ..forge_standin import ForgeStandin
 

@@ -12,8 +12,8 @@ from typing import Any
 from plnt.core.status import Phase
 from plnt.gateway.router import Router
 from plnt.reconciler.app import Plnt, _drain_after_flush, build_route_table
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.state import LiveWorkflow, Release
+from plnt.reconciler.status_store import StatusStore
 
 
 class CountingDriver:

@@ -22,10 +22,10 @@ import pytest
 from plnt.core.specs.loader import load_directory
 from plnt.core.status import Phase
 from plnt.reconciler.app import SAGA_RUNNER
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.saga import progress as saga_progress
 from plnt.reconciler.saga.activities import SagaActivities
+from plnt.reconciler.saga.commit_specs import CommitSpecs
 from plnt.reconciler.saga.io import (
     InstallInput,
     PhaseUpdate,
@@ -43,9 +43,9 @@ from plnt.reconciler.saga.smoke import SmokeMetrics, SmokeResult
 from plnt.reconciler.saga.temporal_server import connect
 from plnt.reconciler.saga.workflow import DeploySaga
 from plnt.reconciler.settings import RetrySettings
-from plnt.reconciler.source.commit_specs import CommitSpecs
 from plnt.reconciler.source.git import GitSource
 from plnt.reconciler.state import StateDir
+from plnt.reconciler.status_store import StatusStore
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHistory

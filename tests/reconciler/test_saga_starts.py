@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from plnt.core.status import Phase
 from plnt.reconciler.control.loop import Reconciler
-from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.saga.io import SagaResult, saga_workflow_id
@@ -22,6 +21,7 @@ from plnt.reconciler.saga.temporal_server import connect
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.git import GitSource
 from plnt.reconciler.state import StateDir
+from plnt.reconciler.status_store import StatusStore
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 

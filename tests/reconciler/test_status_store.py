@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from plnt.core.status import Phase
-from plnt.reconciler.control import status as status_module
-from plnt.reconciler.control.status import StatusStore, journal_path, read_statuses
+from plnt.reconciler import status_store as status_module
 from plnt.reconciler.state import append_durably as real_append_durably
 from plnt.reconciler.state import atomic_write_bytes as real_atomic_write_bytes
 from plnt.reconciler.state import atomic_write_json
+from plnt.reconciler.status_store import StatusStore, journal_path, read_statuses
 
 
 def _whole(store: StatusStore, path: Path) -> bytes:
