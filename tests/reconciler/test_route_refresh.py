@@ -1,11 +1,10 @@
 """Route rebuilds are batched per event-loop turn (Plnt.refresh_routes), and a drain flushes a pending
-rebuild first. Unit tests of that scheduling: the driver is a stand-in that only counts snapshots
-(a fake, declared), the router and status store are plnt's own."""
+rebuild first. Unit tests of that scheduling: the driver is the declared FAKE (tests/fake_driver.py,
+counting snapshots), the router and status store are plnt's own."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +14,11 @@ from plnt.reconciler.app import Plnt, _drain_after_flush, build_route_table
 from plnt.reconciler.state import LiveWorkflow, Release
 from plnt.reconciler.status_store import StatusStore
 
-
-class CountingDriver:
-    """Fake: release records from a dict, counting how often the routes read them."""
-
-    def __init__(self) -> None:
-        self.live: dict[str, LiveWorkflow] = {}
-        self.snapshots = 0
-
-    def snapshot(self) -> dict[str, LiveWorkflow]:
-        self.snapshots += 1
-        return dict(self.live)
+from tests.fake_driver import FakeDriver
 
 
-def _plnt(tmp_path: Path) -> tuple[Plnt, CountingDriver]:
-    driver = CountingDriver()
+def _plnt(tmp_path: Path) -> tuple[Plnt, FakeDriver]:
+    driver = FakeDriver()
     statuses = StatusStore(tmp_path / "status.json")
     none: Any = None
     plnt = Plnt(settings=none, state=none, client=none, statuses=statuses, driver=driver,  # type: ignore[arg-type]
@@ -57,17 +46,9 @@ async def test_many_changes_in_one_turn_rebuild_once(tmp_path: Path) -> None:
     assert driver.snapshots == 2
 
 
-class SlowDriver(CountingDriver):
-    """Fake: a snapshot that takes 30 ms, as 1,000 release records and statuses might."""
-
-    def snapshot(self) -> dict[str, LiveWorkflow]:
-        time.sleep(0.03)
-        return super().snapshot()
-
-
 async def test_a_costly_rebuild_is_not_repeated_on_the_next_turn(tmp_path: Path) -> None:
     plnt, _ = _plnt(tmp_path)
-    driver = SlowDriver()
+    driver = FakeDriver(snapshot_cost_s=0.03)  # as 1,000 release records and statuses might cost
     plnt.driver = driver  # type: ignore[assignment]
     plnt.statuses.update("default", "a", phase=Phase.PENDING)
     await asyncio.sleep(0)
@@ -93,13 +74,13 @@ def test_without_a_loop_the_rebuild_is_immediate(tmp_path: Path) -> None:
 async def test_drain_flushes_a_pending_rebuild_first(tmp_path: Path) -> None:
     plnt, driver = _plnt(tmp_path)
     old = _release("stable")
-    driver.live["default/a"] = LiveWorkflow(namespace="default", name="a", stable=old)
+    driver.records["default/a"] = LiveWorkflow(namespace="default", name="a", stable=old)
     plnt.flush_routes()
     plnt.refresh_routes()
     await asyncio.sleep(0)
     route = plnt.router.table.lookup("a", "default")
     assert route is not None and route.stable is not None
-    driver.live.clear()  # the release record is gone (promoted away) ...
+    driver.records.clear()  # the release record is gone (promoted away) ...
     plnt.refresh_routes()  # ... and its rebuild is pending when the driver drains the old runner
     assert await _drain_after_flush({"plnt": plnt}, plnt.router, old, 1.0)
     route = plnt.router.table.lookup("a", "default")

@@ -55,6 +55,8 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Replayer, Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from tests.fake_driver import FakeDriver
+
 from ..conftest import SpecRepo
 
 pytestmark = pytest.mark.integration
@@ -522,18 +524,9 @@ def test_recipe_requirements_against_the_workflowrun(needs: dict[str, Any], plac
 async def test_install_hands_the_driver_the_policies_and_roots_the_pull_verified_with(
     spec_repo: SpecRepo, clone: GitSource, tmp_path: Path,
 ) -> None:
-    """A recording driver (a STAND-IN for the Helm driver) receives, with the install, the trust
-    policies covering the recipe and their trusted roots, read from the saga's commit."""
-    from plnt.reconciler.drivers.protocol import InstallRequest
+    """The driver (the declared FAKE, tests/fake_driver.py, in the Helm driver's place) receives, with
+    the install, the trust policies covering the recipe and their trusted roots, read from the saga's commit."""
     from plnt.reconciler.saga.io import PullInput
-
-    class RecordingDriver:
-        def __init__(self) -> None:
-            self.requests: list[InstallRequest] = []
-
-        async def install(self, request: InstallRequest) -> Release:
-            self.requests.append(request)
-            return request.release("http://recorded.invalid")
 
     spec_repo.write("trust/other.yaml", (spec_repo.path / "trust" / "policy.yaml").read_text()
                     .replace("name: ", "name: translate-only-", 1).replace("review-responder", "translate"))
@@ -542,11 +535,11 @@ async def test_install_hands_the_driver_the_policies_and_roots_the_pull_verified
     activities = real_activities(tmp_path, clone)
     ref = ref_at(spec_repo)
     pulled = await ActivityEnvironment().run(activities.pull_recipe, PullInput(saga=ref))
-    driver = RecordingDriver()
+    driver = FakeDriver(endpoint="http://recorded.invalid")
     activities._driver = driver  # type: ignore[assignment]
     await ActivityEnvironment().run(activities.install_release,
                                     InstallInput(saga=ref, track="canary", recipe_digest=pulled.digest))
-    [request] = driver.requests
+    [(request,)] = driver.called("install")
     assert request.recipe_digest == pulled.digest
     specs, _ = load_directory(spec_repo.path)
     covering = [p for p in specs.trust_policies.values() if p.covers("review-responder")]
