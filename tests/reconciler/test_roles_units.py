@@ -17,6 +17,8 @@ from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.reported import ReportedRunners, RunnerReport, RunnerReporter, RunnerReportReply
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir
 
+from tests.fake_driver import FakeDriver
+
 
 def release(track: str = "stable", version: str = "1.0.0") -> Release:
     return Release(release_id=f"default.wf.{version}.abc", namespace="default", name="wf", track=track,
@@ -131,23 +133,6 @@ def test_driver_set_holds_plans_for_local_workflowruns_until_a_worker_reports(tm
 # --- RunnerReporter (the worker's side), against an httpx MockTransport stand-in -------------------
 
 
-class FakeLocal:
-    """A stand-in for the LocalDriver: one release, drifted until repaired."""
-
-    def __init__(self) -> None:
-        self.repaired: list[str] = []
-
-    def snapshot(self) -> dict[str, LiveWorkflow]:
-        return live(release())
-
-    async def drift(self) -> dict[str, list[Release]]:
-        return {} if self.repaired else {"default/wf": [release()]}
-
-    async def repair(self, namespace: str, name: str) -> list[Release]:
-        self.repaired.append(f"{namespace}/{name}")
-        return [release()]
-
-
 async def test_reporter_sends_the_token_and_heals_what_the_reply_asks_against_a_fake_control_api() -> None:
     seen: list[httpx.Request] = []
 
@@ -156,18 +141,18 @@ async def test_reporter_sends_the_token_and_heals_what_the_reply_asks_against_a_
         report = RunnerReport.model_validate_json(request.content)
         return httpx.Response(200, json={"repair": sorted(report.drift)})
 
-    local = FakeLocal()
+    local = FakeDriver(records=live(release()), drifted={"default/wf": [release()]})  # drifted until repaired
     reporter = RunnerReporter(worker="w1", control_url="http://control.test", token="s3cret", local=local,
                               interval_s=0.05, transport=httpx.MockTransport(control))
     stop = asyncio.Event()
     task = asyncio.create_task(reporter.run(stop))
     deadline = time.monotonic() + 5
-    while not local.repaired or len(seen) < 3:
+    while not local.called("repair") or len(seen) < 3:
         assert time.monotonic() < deadline
         await asyncio.sleep(0.02)
     stop.set()
     await asyncio.wait_for(task, 5)
-    assert local.repaired == ["default/wf"]
+    assert local.called("repair") == [("default", "wf")]
     assert seen[0].method == "PUT" and seen[0].url.path == "/internal/runners"
     assert seen[0].headers["authorization"] == "Bearer s3cret"
     assert RunnerReport.model_validate_json(seen[-1].content).drift == {}
@@ -185,7 +170,7 @@ async def test_reporter_backs_off_when_the_control_api_is_down_and_recovers(capl
             raise httpx.ConnectError("refused")
         return httpx.Response(200, json={"repair": []})
 
-    reporter = RunnerReporter(worker="w1", control_url="http://control.test", token="s3cret", local=FakeLocal(),
+    reporter = RunnerReporter(worker="w1", control_url="http://control.test", token="s3cret", local=FakeDriver(records=live(release())),
                               interval_s=0.05, transport=httpx.MockTransport(control))
     stop = asyncio.Event()
     task = asyncio.create_task(reporter.run(stop))
