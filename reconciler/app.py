@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 # plnt's workers run DeploySaga outside Temporal's workflow sandbox. The sandbox guards workflow code
 # against non-determinism (it is not a security boundary: the saga is plnt's own code, and recipe code
 # never runs in plnt), and it imports the saga's modules again for every saga, a large share of plnt's
-# CPU per saga. The saga tests (tests/reconciler/test_saga.py) run every path of DeploySaga inside the
+# CPU per saga. The saga tests (tests/reconciler/saga/test_saga.py) run every path of DeploySaga inside the
 # sandbox, so a non-deterministic call in it still fails them.
 SAGA_RUNNER = UnsandboxedWorkflowRunner()
 

@@ -14,13 +14,13 @@ from google.protobuf.duration_pb2 import Duration
 from plnt.reconciler.saga.temporal_server import TemporalDevServer, connect
 from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 
-from .hygiene import (  # noqa: F401
+from tests.hygiene import (  # noqa: F401
     no_runner_outlives_its_test,
     pytest_collection_modifyitems,
     pytest_runtest_makereport,
     pytest_runtest_protocol,
 )
-from .services import oci_registry, s3_bucket, s3_server  # noqa: F401
+from tests.services import oci_registry, s3_bucket, s3_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "gitops-example"

@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from .http_thread import ThreadedHttp
+from tests.http_thread import ThreadedHttp
 
 GITHUB_STATES = {"pending", "success", "failure", "error"}
 GITEA_STATES = {"pending", "success", "failure", "error", "warning"}

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from .http_thread import ThreadedHttp
+from tests.http_thread import ThreadedHttp
 
 
 class GitHttpServer:

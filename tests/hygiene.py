@@ -38,9 +38,9 @@ SERVICE_FIXTURES = frozenset({
     "temporal_address", "temporal_namespace",  # Temporal dev server (tests/conftest.py)
     "oci_registry", "s3_server", "s3_bucket",  # docker-registry, moto_server (tests/services.py)
     "start_server", "start_gateway", "make_gateway",  # uvicorn servers (tests/gateway/conftest.py)
-    "raw_server",  # asyncio servers (tests/gateway/test_upstream.py)
+    "raw_server",  # asyncio servers (tests/core/test_upstream.py)
     "peer_server",  # the OpenAI-wire test peer (tests/openai_peer.py), uvicorn in a thread
-    "helm",  # the real helm binary (tests/reconciler/test_helm_chart.py)
+    "helm",  # the real helm binary (tests/reconciler/drivers/test_helm_chart.py)
 })
 
 # Programs a unit test may run: git builds the throwaway repositories tests read.

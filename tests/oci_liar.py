@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from .http_thread import ThreadedHttp
+from tests.http_thread import ThreadedHttp
 
 ARCHIVE_MEDIA_TYPE = "application/vnd.plnt.recipe.v1.tar+gzip"
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"

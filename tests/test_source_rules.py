@@ -38,7 +38,7 @@ def test_the_rule_sees_wait_for(source: str, expected: list[int]) -> None:
 def test_no_asyncio_wait_for_in_product_code() -> None:
     """On Python 3.11 (which plnt supports), asyncio.wait_for drops a cancellation that lands in the
     loop turn the awaited thing finishes: a cancelled install kept polling a runner's health for its
-    whole start timeout (tests/gateway/test_upstream.py). `async with asyncio.timeout(...)` does not."""
+    whole start timeout (tests/core/test_upstream.py). `async with asyncio.timeout(...)` does not."""
     found = [f"{path.relative_to(ROOT)}:{line}" for package in PRODUCT for path in sorted((ROOT / package).rglob("*.py"))
              for line in wait_for_calls(path.read_text())]
     assert found == [], f"use `async with asyncio.timeout(...)` instead of asyncio.wait_for at {found}"

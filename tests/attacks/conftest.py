@@ -1,1 +1,1 @@
-from .live import attack_repo  # noqa: F401
+from tests.attacks.live import attack_repo  # noqa: F401

@@ -20,9 +20,9 @@ import pytest
 from plnt.reconciler.app import Plnt
 from plnt.reconciler.recipes.archive import pack_recipe_to
 
-from ..conftest import EXAMPLE, SpecRepo
-from ..e2e.harness import invoke, running_plnt, settings_for, wait_phase
-from ..sigstore_ca import TestSigstoreAuthority
+from tests.conftest import EXAMPLE, SpecRepo
+from tests.e2e.harness import invoke, running_plnt, settings_for, wait_phase
+from tests.sigstore_ca import TestSigstoreAuthority
 
 RUN_FILE = "workflowruns/review-responder.yaml"
 IDENTITY = "recipes@attack.plnt.invalid"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .live import AttackRepo, OutsideWrites, assert_still_serving, live_plnt
+from tests.attacks.live import AttackRepo, OutsideWrites, assert_still_serving, live_plnt
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from plnt.reconciler.app import Plnt
 from plnt.reconciler.cli.main import app as cli_app
 from typer.testing import CliRunner
 
-from ..e2e.harness import REVIEW, wait_for
-from .live import AttackRepo, OutsideWrites, assert_still_serving, live_plnt
+from tests.attacks.live import AttackRepo, OutsideWrites, assert_still_serving, live_plnt
+from tests.e2e.harness import REVIEW, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -36,10 +36,10 @@ from plnt.reconciler.errors import PlntError
 from plnt.reconciler.recipes.archive import pack_recipe
 from plnt.reconciler.source.git import GitSource
 
-from ..conftest import EXAMPLE, GIT_ENV, SpecRepo
-from ..e2e.harness import hook, status_of, wait_for, wait_phase
-from ..sigstore_ca import TestSigstoreAuthority
-from .live import ISSUER, RUN_FILE, AttackRepo, OutsideWrites, assert_still_serving, live_plnt
+from tests.attacks.live import ISSUER, RUN_FILE, AttackRepo, OutsideWrites, assert_still_serving, live_plnt
+from tests.conftest import EXAMPLE, GIT_ENV, SpecRepo
+from tests.e2e.harness import hook, status_of, wait_for, wait_phase
+from tests.sigstore_ca import TestSigstoreAuthority
 
 pytestmark = pytest.mark.integration
 

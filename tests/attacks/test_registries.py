@@ -30,11 +30,11 @@ from plnt.reconciler.recipes.archive import pack_recipe_to
 from plnt.reconciler.recipes.registries import RegistryOptions, open_registry
 from typer.testing import CliRunner
 
-from ..conftest import EXAMPLE
-from ..e2e.harness import hook, running_plnt, settings_for, status_of, wait_for, wait_phase
-from ..git_http import GitHttpServer
-from ..oci_liar import LyingOci, Redirect, Serve
-from .live import IDENTITY, ISSUER, AttackRepo, OutsideWrites, assert_still_serving, live_plnt
+from tests.attacks.live import IDENTITY, ISSUER, AttackRepo, OutsideWrites, assert_still_serving, live_plnt
+from tests.conftest import EXAMPLE
+from tests.e2e.harness import hook, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.git_http import GitHttpServer
+from tests.oci_liar import LyingOci, Redirect, Serve
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,9 @@ import pytest
 from plnt.reconciler.drivers.local import RUNNER_ENV_NAMES, allowlisted_env
 from pydantic import SecretStr
 
-from ..conftest import EXAMPLE
-from ..e2e.harness import hook, invoke, wait_phase
-from .live import AttackRepo, OutsideWrites, assert_still_serving, live_plnt
+from tests.attacks.live import AttackRepo, OutsideWrites, assert_still_serving, live_plnt
+from tests.conftest import EXAMPLE
+from tests.e2e.harness import hook, invoke, wait_phase
 
 pytestmark = pytest.mark.integration
 

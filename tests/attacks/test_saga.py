@@ -27,10 +27,10 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from ..conftest import EXAMPLE
-from ..e2e.harness import wait_for, wait_phase
-from ..sigstore_ca import TestSigstoreAuthority
-from .live import AttackRepo, OutsideWrites, assert_still_serving, live_plnt
+from tests.attacks.live import AttackRepo, OutsideWrites, assert_still_serving, live_plnt
+from tests.conftest import EXAMPLE
+from tests.e2e.harness import wait_for, wait_phase
+from tests.sigstore_ca import TestSigstoreAuthority
 
 pytestmark = pytest.mark.integration
 

@@ -19,9 +19,9 @@ import httpx
 import pytest
 from plnt.reconciler.app import Plnt
 
-from ..e2e.harness import wait_for
-from ..reconciler.test_source import commit_with_entry
-from .live import AttackRepo, OutsideWrites, assert_still_serving, live_plnt
+from tests.attacks.live import AttackRepo, OutsideWrites, assert_still_serving, live_plnt
+from tests.e2e.harness import wait_for
+from tests.reconciler.source.test_source import commit_with_entry
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .chartkit import find_helm
+from tests.charts.chartkit import find_helm
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .chartkit import (
+from tests.charts.chartkit import (
     MODEL_SERVER_CASES,
     PLNT_CASES,
     PLNT_CHART,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .chartkit import ROOT
+from tests.charts.chartkit import ROOT
 
 SCRIPT = ROOT / "tools" / "e2e_kind.sh"
 WORKFLOW = ROOT / ".github" / "workflows" / "e2e-kind.yml"

@@ -29,9 +29,18 @@ from typing import Any
 import pytest
 import yaml
 
-from ..services import OciServer
-from ..sigstore_ca import TestSigstoreAuthority
-from .chartkit import ROOT, check_labels, helm_template, merged, pod_templates, render, restricted_problems, validate_strictly
+from tests.charts.chartkit import (
+    ROOT,
+    check_labels,
+    helm_template,
+    merged,
+    pod_templates,
+    render,
+    restricted_problems,
+    validate_strictly,
+)
+from tests.services import OciServer
+from tests.sigstore_ca import TestSigstoreAuthority
 
 pytestmark = pytest.mark.integration  # every test runs the real helm binary
 
@@ -393,8 +402,8 @@ def test_the_rendered_fetch_command_puts_the_file_the_server_loads(helm: str, tm
     """The exact init container command (args, env, the ConfigMap's files where the pod mounts them)
     with the project's `plnt`, against weights pushed to the real OCI registry; then a pin the
     weights do not have: exit 1, and the model directory stays empty."""
-    cli_model = pytest.importorskip("tests.reconciler.test_cli_model", reason="`plnt model` (cli_model.py) is not here")
-    from ..reconciler.test_runner_pod_fetch import PodStandIn
+    cli_model = pytest.importorskip("tests.reconciler.cli.test_cli_model", reason="`plnt model` (cli_model.py) is not here")
+    from tests.reconciler.drivers.test_runner_pod_fetch import PodStandIn
 
     authority = TestSigstoreAuthority("model-server-chart")
     files = cli_model.author_dir(tmp_path / "author", "chart")

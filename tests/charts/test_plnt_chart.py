@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .chartkit import (
+from tests.charts.chartkit import (
     BASE,
     DNS_LABEL,
     DNS_SUBDOMAIN,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .chartkit import (
+from tests.charts.chartkit import (
     BASE,
     FULLNAME,
     NAMESPACE,
@@ -30,7 +30,7 @@ from .chartkit import (
     render,
     validate_strictly,
 )
-from .test_plnt_chart import MONITOR_KINDS, check_service_monitor, container, objects, one
+from tests.charts.test_plnt_chart import MONITOR_KINDS, check_service_monitor, container, objects, one
 
 RULES = ROOT / "observability" / "prometheus" / "plnt-rules.yaml"
 DASHBOARD = ROOT / "observability" / "grafana" / "plnt-dashboard.json"

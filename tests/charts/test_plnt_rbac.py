@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from plnt.reconciler.control.kube_calls import API_CALLS
 
-from .chartkit import (
+from tests.charts.chartkit import (
     FULLNAME,
     MODEL_SERVER_CASES,
     NAMESPACE,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from .chartkit import PLNT_CASES, PLNT_CHART, RUNNER_CASES, pod_templates, render, render_runner, restricted_problems
+from tests.charts.chartkit import PLNT_CASES, PLNT_CHART, RUNNER_CASES, pod_templates, render, render_runner, restricted_problems
 
 pytestmark = pytest.mark.integration  # every test runs the real helm binary
 

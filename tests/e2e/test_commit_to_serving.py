@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from plnt.reconciler.drivers.local import process_start_time
 
-from ..conftest import SpecRepo
-from .harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.conftest import SpecRepo
+from tests.e2e.harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
 
 pytestmark = pytest.mark.integration
 
@@ -258,7 +258,7 @@ async def test_wrongly_signed_recipe_never_deploys_and_the_old_version_keeps_ser
 ) -> None:
     from plnt.reconciler.recipes.archive import pack_recipe_to
 
-    from ..sigstore_ca import TestSigstoreAuthority
+    from tests.sigstore_ca import TestSigstoreAuthority
 
     settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
     async with running_plnt(settings) as plnt:
@@ -325,7 +325,7 @@ async def test_runners_use_an_openai_compatible_model_server(
     that one variable)."""
     from pydantic import SecretStr
 
-    from ..openai_peer import OpenAIPeer
+    from tests.openai_peer import OpenAIPeer
 
     with OpenAIPeer() as peer:
         peer.configure(api_key="sk-test-123")

@@ -24,9 +24,9 @@ import pytest
 from plnt.reconciler.drivers.local import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..conftest import SpecRepo
-from .test_plnt_up_process import REVIEW, PlntUp, alive, cmdline
-from .test_split_gateway import GatewayProc, deploy
+from tests.conftest import SpecRepo
+from tests.e2e.test_plnt_up_process import REVIEW, PlntUp, alive, cmdline
+from tests.e2e.test_split_gateway import GatewayProc, deploy
 
 pytestmark = pytest.mark.integration
 
@@ -204,7 +204,7 @@ async def test_plnt_gateway_workers_follow_through_plnt_up_workers_and_die_with_
         gateway.process.wait()
         import subprocess
 
-        from .test_plnt_up_process import PLNT
+        from tests.e2e.test_plnt_up_process import PLNT
 
         with open(gateway.log_file, "wb") as out:
             gateway.process = subprocess.Popen(
@@ -234,7 +234,7 @@ async def test_plnt_gateway_workers_follow_through_plnt_up_workers_and_die_with_
         clients = {}
 
         # plnt gateway stopped: its worker goes with it.
-        from .test_plnt_up_process import descendants
+        from tests.e2e.test_plnt_up_process import descendants
 
         gateway_children = descendants(gateway.process.pid)
         assert any("plnt.gateway.workers" in cmdline(pid) for pid in gateway_children), gateway_children

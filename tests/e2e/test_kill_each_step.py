@@ -24,9 +24,9 @@ import httpx
 import pytest
 from temporalio.client import Client
 
-from ..attacks.live import AttackRepo, attack_repo  # noqa: F401 - the fixture
-from ..conftest import EXAMPLE
-from .test_plnt_up_process import REVIEW, PlntUp, alive, cmdline, gateway_port, started  # noqa: F401 - the fixture
+from tests.attacks.live import AttackRepo, attack_repo  # noqa: F401 - the fixture
+from tests.conftest import EXAMPLE
+from tests.e2e.test_plnt_up_process import REVIEW, PlntUp, alive, cmdline, gateway_port, started  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.integration
 

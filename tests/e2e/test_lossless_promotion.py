@@ -23,11 +23,11 @@ import httpx
 import pytest
 from plnt.reconciler.drivers.local import free_port
 
-from ..conftest import SpecRepo
-from .test_plnt_up_process import REVIEW, PlntUp
-from .test_split_gateway import GatewayProc, deploy
-from .test_split_roles import AUTH, Roles, roles  # noqa: F401 - roles: the fixture
-from .test_split_roles import wait_phase as wait_role_phase
+from tests.conftest import SpecRepo
+from tests.e2e.test_plnt_up_process import REVIEW, PlntUp
+from tests.e2e.test_split_gateway import GatewayProc, deploy
+from tests.e2e.test_split_roles import AUTH, Roles, roles  # noqa: F401 - roles: the fixture
+from tests.e2e.test_split_roles import wait_phase as wait_role_phase
 
 pytestmark = pytest.mark.integration
 

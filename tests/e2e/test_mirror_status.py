@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from ..conftest import SpecRepo
-from ..kube_standin import KubeStandIn
-from ..reconciler.test_kube import check_rbac
-from .harness import hook, running_plnt, settings_for, wait_for, wait_phase
+from tests.conftest import SpecRepo
+from tests.e2e.harness import hook, running_plnt, settings_for, wait_for, wait_phase
+from tests.kube_standin import KubeStandIn
+from tests.reconciler.control.test_kube import check_rbac
 
 pytestmark = pytest.mark.integration
 

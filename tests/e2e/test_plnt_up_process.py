@@ -21,7 +21,7 @@ import httpx
 import pytest
 from plnt.reconciler.drivers.local import free_port, process_start_time
 
-from ..conftest import SpecRepo
+from tests.conftest import SpecRepo
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,9 @@ import httpx
 import pytest
 from plnt.reconciler.app import Plnt
 
-from ..conftest import SpecRepo
-from ..forge_standin import ForgeStandin
-from .harness import REVIEW, hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.conftest import SpecRepo
+from tests.e2e.harness import REVIEW, hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.forge_standin import ForgeStandin
 
 pytestmark = pytest.mark.integration
 
@@ -256,7 +256,7 @@ async def test_previews_with_the_roles_apart(tmp_path: Path, spec_repo: SpecRepo
     """`plnt reconcile` (the controller, the forge) + `plnt worker --previews` (the preview saga's steps,
     the commit checked against its own fetch of the pull request's ref) + `plnt gateway` (routes by header):
     separate processes, no shared disk."""
-    from .test_split_roles import AUTH, Roles
+    from tests.e2e.test_split_roles import AUTH, Roles
 
     roles = Roles(tmp_path, spec_repo, temporal_address, temporal_namespace)
     token_file = tmp_path / "forge.token"

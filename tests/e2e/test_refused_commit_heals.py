@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from ..conftest import SpecRepo
-from ..forge_standin import ForgeStandin
-from .harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
-from .test_commit_to_serving import RUN_FILE, _alive
+from tests.conftest import SpecRepo
+from tests.e2e.harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.e2e.test_commit_to_serving import RUN_FILE, _alive
+from tests.forge_standin import ForgeStandin
 
 pytestmark = pytest.mark.integration
 

@@ -26,10 +26,10 @@ from plnt.reconciler.review.approval import APPROVAL_CONTEXT
 from plnt.reconciler.review.forge import make_forge
 from pydantic import SecretStr
 
-from ..conftest import PYTHON, SpecRepo
-from ..forge_standin import ForgeStandin
-from .harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
-from .test_previews import invoke_preview
+from tests.conftest import PYTHON, SpecRepo
+from tests.e2e.harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.e2e.test_previews import invoke_preview
+from tests.forge_standin import ForgeStandin
 
 pytestmark = pytest.mark.integration
 
@@ -196,7 +196,7 @@ async def test_plnt_reconcile_role_holds_what_no_review_approved(spec_repo: Spec
     reach the gate (roles.start_reconciler), the token from a file never shows in its log."""
     import socket
 
-    from ..services import _Process
+    from tests.services import _Process
 
     first = spec_repo.git("rev-parse", "HEAD")
     with socket.socket() as sock:

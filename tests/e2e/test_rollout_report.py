@@ -12,9 +12,9 @@ import pytest
 from plnt.reconciler.review.notes import NOTES_REF
 from pydantic import SecretStr
 
-from ..conftest import SpecRepo
-from ..forge_standin import ForgeStandin
-from .harness import hook, invoke, running_plnt, settings_for, wait_for, wait_phase
+from tests.conftest import SpecRepo
+from tests.e2e.harness import hook, invoke, running_plnt, settings_for, wait_for, wait_phase
+from tests.forge_standin import ForgeStandin
 
 pytestmark = pytest.mark.integration
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..conftest import SpecRepo
-from ..forge_standin import ForgeStandin
-from ..services import _Process
-from .test_split_roles import Roles, wait_phase
+from tests.conftest import SpecRepo
+from tests.e2e.test_split_roles import Roles, wait_phase
+from tests.forge_standin import ForgeStandin
+from tests.services import _Process
 
 pytestmark = pytest.mark.integration
 

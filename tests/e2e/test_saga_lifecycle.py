@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import SpecRepo
-from ..services import OciServer
-from .harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
-from .test_commit_to_serving import RUN_FILE, _alive, runner_pids
+from tests.conftest import SpecRepo
+from tests.e2e.harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.e2e.test_commit_to_serving import RUN_FILE, _alive, runner_pids
+from tests.services import OciServer
 
 pytestmark = pytest.mark.integration
 
@@ -206,7 +206,7 @@ async def test_a_slow_first_token_rolls_back_on_the_ttft_budget(
 
     from plnt.reconciler.recipes.archive import pack_recipe_to
 
-    from ..sigstore_ca import TestSigstoreAuthority
+    from tests.sigstore_ca import TestSigstoreAuthority
 
     # 1.0.1: the same recipe, two seconds slower to its first token. Signed by a test authority
     # that a second trust policy in the spec repository trusts for post-generator.

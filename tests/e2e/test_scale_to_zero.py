@@ -13,8 +13,8 @@ import httpx
 import pytest
 from plnt.reconciler.drivers.local import process_start_time
 
-from ..conftest import SpecRepo
-from .harness import invoke, running_plnt, settings_for, wait_for, wait_phase
+from tests.conftest import SpecRepo
+from tests.e2e.harness import invoke, running_plnt, settings_for, wait_for, wait_phase
 
 pytestmark = pytest.mark.integration
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from ..conftest import SpecRepo
-from ..forge_standin import ForgeStandin
-from .harness import hook, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.conftest import SpecRepo
+from tests.e2e.harness import hook, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.forge_standin import ForgeStandin
 
 pytestmark = pytest.mark.integration
 

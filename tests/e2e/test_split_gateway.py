@@ -37,9 +37,9 @@ from plnt.gateway.route_watch import RoutePublisher, add_control_routes
 from plnt.gateway.router import Router
 from plnt.reconciler.drivers.local import free_port
 
-from ..conftest import SpecRepo
-from ..gateway.fakes import FakeRunner
-from .test_plnt_up_process import PLNT, REVIEW, PlntUp
+from tests.conftest import SpecRepo
+from tests.e2e.test_plnt_up_process import PLNT, REVIEW, PlntUp
+from tests.gateway.fakes import FakeRunner
 
 pytestmark = pytest.mark.integration
 

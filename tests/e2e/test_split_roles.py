@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ..conftest import PYTHON, SpecRepo
-from ..services import _Process
-from .harness import REVIEW
+from tests.conftest import PYTHON, SpecRepo
+from tests.e2e.harness import REVIEW
+from tests.services import _Process
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from ..conftest import SpecRepo
-from .harness import REVIEW, hook, running_plnt, settings_for, wait_for, wait_phase
+from tests.conftest import SpecRepo
+from tests.e2e.harness import REVIEW, hook, running_plnt, settings_for, wait_for, wait_phase
 
 pytestmark = pytest.mark.integration
 
@@ -121,7 +121,7 @@ def _cli() -> Any:
 async def test_calls_merge_every_gateway_process(
     spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
 ) -> None:
-    from .test_gateway_workers import pinned_clients
+    from tests.e2e.test_gateway_workers import pinned_clients
 
     settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
                             gateway_workers=3)

@@ -12,9 +12,9 @@ from plnt.reconciler.saga.commit_specs import CommitSpecs
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource
 
-from ..conftest import SpecRepo
-from ..reconciler.test_saga import ref_at
-from .harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.conftest import SpecRepo
+from tests.e2e.harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.reconciler.saga.test_saga import ref_at
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from plnt.core.auth import (
 from plnt.core.routes import RouteTable
 from plnt.gateway.router import Router
 
-from .conftest import StartGateway, StartServer, backend, route
-from .fakes import FakeRunner
+from tests.gateway.conftest import StartGateway, StartServer, backend, route
+from tests.gateway.fakes import FakeRunner
 
 TOKEN_FILE = """\
 # gateway tokens

@@ -14,8 +14,8 @@ from plnt.gateway.router import Router
 from plnt.reconciler.cli.main import app as cli
 from typer.testing import CliRunner
 
-from ..openai_peer import UvicornThread
-from .fakes import FakeRunner
+from tests.gateway.fakes import FakeRunner
+from tests.openai_peer import UvicornThread
 
 
 def test_percentile_interpolates() -> None:

@@ -25,7 +25,7 @@ from plnt.core.server import GatewayServer, ServerStartError
 from plnt.gateway.router import Router
 from plnt.reconciler.drivers.local import free_port
 
-from .conftest import MakeGateway, StartServer, backend, route
+from tests.gateway.conftest import MakeGateway, StartServer, backend, route
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from plnt.gateway.app import create_app
 from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret, verify
 from plnt.gateway.router import Router
 
-from .conftest import StartGateway, StartServer, backend, route
-from .fakes import FakeRunner
+from tests.gateway.conftest import StartGateway, StartServer, backend, route
+from tests.gateway.fakes import FakeRunner
 
 SECRET = b"hook-secret"
 JSON = {"content-type": "application/json"}

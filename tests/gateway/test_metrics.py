@@ -11,8 +11,8 @@ from plnt.core.routes import RouteTable
 from plnt.gateway.router import Router
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import StartGateway, StartServer, backend, route
-from .fakes import FakeRunner
+from tests.gateway.conftest import StartGateway, StartServer, backend, route
+from tests.gateway.fakes import FakeRunner
 
 pytestmark = pytest.mark.integration
 

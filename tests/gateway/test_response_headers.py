@@ -3,7 +3,7 @@
 `Retry-After` on a `/healthz` that is not ready yet.
 
 Stand-ins, declared: the model servers and runners behind the gateway are `RawServer`s
-(tests/gateway/test_upstream.py) answering hand-written HTTP bytes, the header set of an
+(tests/core/test_upstream.py) answering hand-written HTTP bytes, the header set of an
 OpenAI-compatible server (llama.cpp, OpenAI) plus hop-by-hop and spoofing ones no library server
 would send on cue. The gateway, its HTTP client and the `openai` client are the real ones.
 tests/models/test_llama_headers.py does the same through a real llama.cpp server."""
@@ -23,8 +23,8 @@ from plnt.gateway.role import GatewayRole, GatewayRoleConfig
 from plnt.gateway.route_watch import RouteTableDoc, routes_doc
 from plnt.gateway.router import Router
 
-from .conftest import StartGateway
-from .test_upstream import RawServer, Responder, raw_server  # noqa: F401 - the fixture
+from tests.core.test_upstream import RawServer, Responder, raw_server  # noqa: F401 - the fixture
+from tests.gateway.conftest import StartGateway
 
 StartRaw = Callable[[Responder], Awaitable[RawServer]]
 REQUEST_ID = "req_7f3a9c0e5b1d"

@@ -352,7 +352,7 @@ async def test_internal_routes_parameters() -> None:
 
 async def test_internal_wake_takes_the_internal_token_and_a_bounded_request() -> None:
     """POST /internal/wake with a recording stand-in for the driver's wake (LocalDriver.wake is
-    tested with real runners in tests/reconciler/test_scale_to_zero.py)."""
+    tested with real runners in tests/reconciler/drivers/test_scale_to_zero.py)."""
     asked: list[tuple[str, str, str]] = []
 
     async def wake(namespace: str, name: str, release_id: str) -> str | None:

@@ -16,8 +16,8 @@ from plnt.core.upstream import UpstreamClient
 from plnt.gateway.router import Router
 from plnt.reconciler.drivers.local import free_port
 
-from .conftest import StartGateway, StartServer, backend, route
-from .fakes import FakeRunner
+from tests.gateway.conftest import StartGateway, StartServer, backend, route
+from tests.gateway.fakes import FakeRunner
 
 # No module-wide mark: tests that request a server fixture are marked integration by tests/hygiene.py.
 

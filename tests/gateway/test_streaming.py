@@ -11,8 +11,8 @@ import pytest
 from plnt.core.routes import RouteTable
 from plnt.gateway.router import Router
 
-from .conftest import StartGateway, StartServer, backend, route
-from .fakes import FakeRunner
+from tests.gateway.conftest import StartGateway, StartServer, backend, route
+from tests.gateway.fakes import FakeRunner
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ from plnt.gateway.calls import CallLog, CallsHub, call_json
 from plnt.gateway.router import Router
 from plnt.gateway.sse import SSEParser
 
-from .conftest import StartGateway, StartServer, backend, route
-from .fakes import FakeRunner
+from tests.gateway.conftest import StartGateway, StartServer, backend, route
+from tests.gateway.fakes import FakeRunner
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,7 @@
 every request waiting for that release is sent on when it serves again.
 
 `wake` here is a recording stand-in for plnt's (LocalDriver.wake, tested with real runners in
-tests/reconciler/test_scale_to_zero.py and through plnt up in tests/e2e/test_scale_to_zero.py): it
+tests/reconciler/drivers/test_scale_to_zero.py and through plnt up in tests/e2e/test_scale_to_zero.py): it
 starts a STAND-IN runner (tests/gateway/fakes.py) on the parked port."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from plnt.core.routes import Backend, RouteTable
 from plnt.core.server import GatewayServer
 from plnt.gateway.router import Router
 
-from .conftest import StartGateway, route
-from .fakes import FakeRunner
+from tests.gateway.conftest import StartGateway, route
+from tests.gateway.fakes import FakeRunner
 
 pytestmark = pytest.mark.integration
 

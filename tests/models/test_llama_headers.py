@@ -22,7 +22,7 @@ from plnt.gateway.router import Router
 from plnt.reconciler.drivers.local import free_port
 from plnt.reconciler.drivers.model_runtime import LlamaCppServer, runtime_python
 
-from .test_llama_runtime import LLM_VENV, smollm2_gguf  # noqa: F401 - the fixture
+from tests.models.test_llama_runtime import LLM_VENV, smollm2_gguf  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_inference]
 

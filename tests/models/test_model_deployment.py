@@ -21,10 +21,10 @@ import pytest
 from plnt.reconciler.recipes.weights import SIGNATURE_NAME
 from plnt.reconciler.recipes.weights_manifest import PAYLOAD_TYPE, manifest_of_directory
 
-from ..conftest import SpecRepo
-from ..e2e.harness import hook, running_plnt, settings_for, status_of, wait_for, wait_phase
-from ..sigstore_ca import TestSigstoreAuthority
-from .test_llama_runtime import LLM_VENV, smollm2_gguf  # noqa: F401 - the fixture
+from tests.conftest import SpecRepo
+from tests.e2e.harness import hook, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.models.test_llama_runtime import LLM_VENV, smollm2_gguf  # noqa: F401 - the fixture
+from tests.sigstore_ca import TestSigstoreAuthority
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_inference]
 

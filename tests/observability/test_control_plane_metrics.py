@@ -19,8 +19,8 @@ from plnt.reconciler.control.metrics import ControlPlaneMetrics, smoke_gates
 from plnt.reconciler.status_store import StatusStore
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..conftest import SpecRepo
-from ..e2e.harness import hook, running_plnt, settings_for, wait_for, wait_phase
+from tests.conftest import SpecRepo
+from tests.e2e.harness import hook, running_plnt, settings_for, wait_for, wait_phase
 
 NS, NAME = "default", "review-responder"
 BUDGET = {"invocations": 10, "p95BudgetMs": 2500, "errorBudgetPercent": 1}

@@ -23,9 +23,9 @@ import pytest
 from plnt.reconciler.drivers.local import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..conftest import SpecRepo
-from ..e2e.harness import hook, running_plnt, settings_for, wait_for, wait_phase
-from .promql import RULES, dashboard_exprs, substitute, tool, variable_queries
+from tests.conftest import SpecRepo
+from tests.e2e.harness import hook, running_plnt, settings_for, wait_for, wait_phase
+from tests.observability.promql import RULES, dashboard_exprs, substitute, tool, variable_queries
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..conftest import SpecRepo
-from ..e2e.harness import wait_for
-from ..e2e.test_split_roles import AUTH, Roles, free_port, wait_phase
+from tests.conftest import SpecRepo
+from tests.e2e.harness import wait_for
+from tests.e2e.test_split_roles import AUTH, Roles, free_port, wait_phase
 
 pytestmark = pytest.mark.integration
 

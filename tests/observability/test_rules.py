@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .promql import (
+from tests.observability.promql import (
     RULE_TESTS,
     RULES,
     SERIES_NAME,

@@ -10,7 +10,7 @@ from plnt.reconciler import bulk
 from plnt.reconciler.bulk import BULK_NICE, in_bulk_thread
 from plnt.reconciler.source.git import GitSource
 
-from ..conftest import SpecRepo
+from tests.conftest import SpecRepo
 
 
 def nice_of_this_thread() -> int:

@@ -20,7 +20,7 @@ from plnt.runner.adapters import MockBackend
 from plnt.runner.app import create_app
 from plnt.runner.recipe import load_recipe_dir
 
-from .helpers import GENERATE_STEPS, TEN_TOKENS, parse_sse, write_recipe
+from tests.runner.helpers import GENERATE_STEPS, TEN_TOKENS, parse_sse, write_recipe
 
 RECIPES = Path(__file__).resolve().parents[2] / "gitops-example" / "recipes" / "review-responder"
 REVIEW = {"review": "Great service but slow parking", "brand_voice": "warm, brief"}

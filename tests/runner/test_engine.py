@@ -18,7 +18,7 @@ from plnt.runner.engine import InvalidInput, StepFailed, check_inputs, required_
 from plnt.runner.recipe import Recipe, load_recipe_dir
 from plnt.runner.tools import Tools
 
-from .helpers import EXAMPLE_RECIPES, write_recipe
+from tests.runner.helpers import EXAMPLE_RECIPES, write_recipe
 
 RECIPES = Path(__file__).resolve().parents[2] / "gitops-example" / "recipes" / "review-responder"
 VERSIONS = ["1.2.0", "1.3.0", "1.4.0", "1.5.0"]

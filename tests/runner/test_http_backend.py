@@ -13,7 +13,7 @@ import pytest
 from plnt.reconciler.drivers.local import free_port
 from plnt.runner.adapters import HTTPBackend, RuntimeAdapter, UpstreamError
 
-from ..openai_peer import OpenAIPeer
+from tests.openai_peer import OpenAIPeer
 
 # No module-wide mark: tests that request a server fixture are marked integration by tests/hygiene.py.
 

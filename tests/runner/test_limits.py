@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from ..conftest import EXAMPLE
+from tests.conftest import EXAMPLE
 
 pytestmark = pytest.mark.integration  # each case runs a real Python process
 

@@ -15,7 +15,7 @@ from plnt.runner.adapters import MockBackend
 from plnt.runner.engine import StepFailed, run_workflow
 from plnt.runner.recipe import load_recipe_dir
 
-from .helpers import EXAMPLE_RECIPES
+from tests.runner.helpers import EXAMPLE_RECIPES
 
 RECIPE_DIRS = sorted(p.parent for p in EXAMPLE_RECIPES.glob("*/*/workflow.yaml"))
 BROKEN = {("review-responder", "1.4.0"): "safety_check"}

@@ -21,9 +21,9 @@ from plnt.runner.adapters import HTTPBackend, MockBackend
 from plnt.runner.app import create_app
 from plnt.runner.recipe import load_recipe_dir
 
-from ..openai_peer import OpenAIPeer, UvicornThread
-from .helpers import EXAMPLE_RECIPES, GENERATE_STEPS, TEN_TOKENS, parse_sse, write_recipe
-from .test_app import runner_command, wait_healthy
+from tests.openai_peer import OpenAIPeer, UvicornThread
+from tests.runner.helpers import EXAMPLE_RECIPES, GENERATE_STEPS, TEN_TOKENS, parse_sse, write_recipe
+from tests.runner.test_app import runner_command, wait_healthy
 
 pytestmark = pytest.mark.integration
 

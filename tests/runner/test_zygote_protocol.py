@@ -1,5 +1,5 @@
 """The zygote's protocol pieces (plnt.runner.zygote), pure: request checks, message decoding, exit
-codes, the environment pipe. No zygote runs here (tests/reconciler/test_zygote_runners.py forks real ones)."""
+codes, the environment pipe. No zygote runs here (tests/reconciler/drivers/test_zygote_runners.py forks real ones)."""
 
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ import pytest
 from plnt.core import telemetry
 from plnt.reconciler.drivers.local import allowlisted_env
 
-from ..conftest import SpecRepo
-from ..e2e.harness import hook, invoke, running_plnt, settings_for, wait_for, wait_phase
-from .conftest import trace_tree
+from tests.conftest import SpecRepo
+from tests.e2e.harness import hook, invoke, running_plnt, settings_for, wait_for, wait_phase
+from tests.telemetry.conftest import trace_tree
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +58,7 @@ async def _rollout_trace(receiver, commit: str, *, needs: str) -> list:  # type:
 async def test_a_rollout_and_an_invocation_are_each_one_trace(
     spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str, tracing, http_receiver,
 ) -> None:
-    from ..openai_peer import OpenAIPeer
+    from tests.openai_peer import OpenAIPeer
 
     assert tracing(http_receiver.endpoint, setup=False, OTEL_EXPORTER_OTLP_HEADERS=SECRET_HEADER)
     spec_repo.remove(RUN_FILE)

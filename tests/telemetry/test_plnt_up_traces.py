@@ -16,8 +16,8 @@ import httpx
 import pytest
 from plnt.reconciler.drivers.local import free_port
 
-from ..conftest import SpecRepo
-from ..e2e.test_plnt_up_process import REVIEW, PlntUp
+from tests.conftest import SpecRepo
+from tests.e2e.test_plnt_up_process import REVIEW, PlntUp
 
 pytestmark = pytest.mark.integration
 

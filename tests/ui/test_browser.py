@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from ..conftest import SpecRepo
-from ..e2e.harness import hook, running_plnt, settings_for, status_of, wait_phase
-from ..openai_peer import OpenAIPeer
+from tests.conftest import SpecRepo
+from tests.e2e.harness import hook, running_plnt, settings_for, status_of, wait_phase
+from tests.openai_peer import OpenAIPeer
 
 pytestmark = pytest.mark.integration
 

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from ..conftest import SpecRepo
-from ..e2e.harness import running_plnt, settings_for, wait_phase
-from ..models.test_llama_runtime import LLM_VENV, smollm2_gguf  # noqa: F401 - the fixture
-from ..models.test_model_deployment import EMAIL, model_repo  # noqa: F401 - the fixture
-from ..sigstore_ca import TestSigstoreAuthority
-from .test_browser import browser, page, shot  # noqa: F401 - the fixtures
+from tests.conftest import SpecRepo
+from tests.e2e.harness import running_plnt, settings_for, wait_phase
+from tests.models.test_llama_runtime import LLM_VENV, smollm2_gguf  # noqa: F401 - the fixture
+from tests.models.test_model_deployment import EMAIL, model_repo  # noqa: F401 - the fixture
+from tests.sigstore_ca import TestSigstoreAuthority
+from tests.ui.test_browser import browser, page, shot  # noqa: F401 - the fixtures
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_inference]
 

@@ -1,0 +1,443 @@
+"""The forge client (reconciler/review/forge.py) against a DECLARED stand-in (tests/forge_standin.py) that
+checks requests against the shapes of GitHub, GitLab and Gitea REST documentation. Not tried
+against a live forge."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from plnt.reconciler.review.forge import (
+    ForgeBadRequest,
+    ForgeNotFound,
+    ForgeRefused,
+    ForgeUnavailable,
+    GitLabForge,
+    Review,
+    make_forge,
+    marker_tag,
+    split_body,
+)
+
+from tests.forge_standin import ForgeStandin
+
+KINDS = ["github", "gitlab", "gitea"]
+TOKEN = "s3cr3t-token-value-XYZ"
+SHA = "a" * 40
+HEAD = "b" * 40
+OLD = "c" * 40
+
+
+@pytest.fixture(params=KINDS)
+def standin(request: pytest.FixtureRequest) -> Iterator[ForgeStandin]:
+    project = "group/sub/name" if request.param == "gitlab" else "owner/repo"
+    with ForgeStandin(request.param, project, TOKEN, page_size=3) as s:
+        yield s
+
+
+def client(s: ForgeStandin, token: str = TOKEN):  # type: ignore[no-untyped-def]
+    return make_forge(s.kind, s.api_url, s.project, token, per_page=50, backoff=0.01)
+
+
+def test_split_body_at_lines() -> None:
+    text = "".join(f"line {i:05d} " + "x" * 80 + "\n" for i in range(2000))
+    parts = split_body(text, 65_536)
+    assert len(parts) > 1
+    assert all(len(p) <= 65_536 - 200 for p in parts)
+    assert parts[0].startswith(f"(part 1/{len(parts)})")
+    # nothing lost, cut only at line ends
+    assert "".join(p.split("\n\n", 1)[1] for p in parts) == text
+    assert split_body("short", 65_536) == ["short"]
+
+
+@pytest.mark.integration
+async def test_upsert_creates_once_then_updates_across_pages(standin: ForgeStandin) -> None:
+    for i in range(10):  # many other comments: the marker's comment is past several pages
+        standin.add_comment(7, f"unrelated {i}")
+    async with client(standin) as forge:
+        first = await forge.upsert_comment(7, "plan v1", "plnt:plan")
+        for i in range(4):
+            standin.add_comment(7, f"later {i}")
+        second = await forge.upsert_comment(7, "plan v2", "plnt:plan")
+    assert first.created and not second.created and first.id == second.id
+    ours = [c for c in standin.comments[7] if marker_tag("plnt:plan") in c["body"]]
+    assert len(ours) == 1 and "plan v2" in ours[0]["body"]
+    pages = {int(r.query["page"][0]) for r in standin.requests if r.method == "GET" and "page" in r.query}
+    assert max(pages) >= 5  # 10 + 1 + 4 comments, 3 a page: every page was read
+    if standin.kind == "gitlab":  # the project path is sent URL-encoded as the id
+        assert all("/projects/group%2Fsub%2Fname/" in r.path for r in standin.requests)
+
+
+@pytest.mark.integration
+async def test_long_plan_in_parts_and_leftovers_deleted(standin: ForgeStandin) -> None:
+    for i in range(5):
+        standin.add_comment(3, f"noise {i}")
+    limit = 2_000
+    long_plan = "".join(f"- change {i}: " + "y" * 60 + "\n" for i in range(100))
+    async with client(standin) as forge:
+        parts = split_body(long_plan, limit)
+        assert len(parts) >= 3
+        refs = await forge.upsert_comments(3, parts, "plnt:plan")
+        assert all(r.created for r in refs)
+        ours = [c for c in standin.comments[3] if "plnt:plan:" in c["body"]]
+        assert len(ours) == len(parts)
+        short = split_body(long_plan[:2500], limit)
+        assert 1 < len(short) < len(parts)
+        refs2 = await forge.upsert_comments(3, short, "plnt:plan")
+    assert not any(r.created for r in refs2)
+    assert [r.id for r in refs2] == [r.id for r in refs[: len(short)]]
+    ours = [c for c in standin.comments[3] if "plnt:plan:" in c["body"]]
+    assert len(ours) == len(short)
+    assert len([c for c in standin.comments[3] if c["body"].startswith("noise")]) == 5
+
+
+@pytest.mark.integration
+async def test_statuses_mapped_and_truncated(standin: ForgeStandin) -> None:
+    long = "smoke p95 812ms/1000ms budget, errors 0.1%/1% " * 10
+    async with client(standin) as forge:
+        for state in ("pending", "success", "failure", "error"):
+            await forge.set_status(SHA, state, "plnt/ns/app", long, target_url="https://ci.example/1")  # type: ignore[arg-type]
+        limit = forge.description_limit
+    key = "status" if standin.kind == "gitlab" else "state"
+    got = [s[key] for s in standin.statuses]
+    if standin.kind == "gitlab":
+        assert got == ["pending", "success", "failed"]  # error maps to failed too: unchanged, not posted again
+        assert all(s["name"] == "plnt/ns/app" for s in standin.statuses)
+    else:
+        assert got == ["pending", "success", "failure", "error"]
+        assert all(s["context"] == "plnt/ns/app" for s in standin.statuses)
+    assert all(len(s["description"]) <= limit for s in standin.statuses)
+    if standin.kind == "github":
+        assert limit == 140
+
+
+@pytest.mark.integration
+async def test_github_1000_statuses_per_context_is_a_bad_request() -> None:
+    with ForgeStandin("github", "owner/repo", TOKEN) as s:
+        s.statuses.extend({"sha": SHA, "context": "plnt/plan", "state": "pending"} for _ in range(1000))
+        async with client(s) as forge:
+            with pytest.raises(ForgeBadRequest, match="maximum number of statuses"):
+                await forge.set_status(SHA, "success", "plnt/plan", "ok")
+            await forge.set_status(SHA, "success", "plnt/other", "ok")  # another context is fine
+
+
+@pytest.mark.integration
+async def test_pull_request_for_commit(standin: ForgeStandin) -> None:
+    standin.pulls[12] = {"head_sha": HEAD, "merged": True, "commits": [OLD, HEAD, SHA]}
+    async with client(standin) as forge:
+        pr = await forge.pull_request_for_commit(SHA)
+        none = await forge.pull_request_for_commit("d" * 40)
+    assert pr is not None and pr.number == 12 and pr.head_sha == HEAD and pr.merged
+    assert none is None
+
+
+@pytest.mark.integration
+async def test_approvals_with_commit_ids_across_pages(standin: ForgeStandin) -> None:
+    standin.pulls[5] = {"head_sha": HEAD, "merged": False, "commits": [OLD, HEAD]}
+    if standin.kind == "gitlab":
+        standin.gitlab_approved_by[5] = ["signer-a", "signer-b"]
+    else:
+        standin.add_review(5, "signer-a", "APPROVED", OLD)
+        for i in range(5):
+            standin.add_review(5, f"c{i}", "COMMENTED", OLD)
+        standin.add_review(5, "signer-b", "APPROVED", HEAD)
+    async with client(standin) as forge:
+        reviews = await forge.approvals(5)
+    approved = {(r.reviewer, r.commit_id) for r in reviews if r.state == "APPROVED"}
+    if standin.kind == "gitlab":
+        # bound to the head read around them, since the project resets approvals on push
+        assert approved == {("signer-a", HEAD), ("signer-b", HEAD)}
+    else:
+        assert approved == {("signer-a", OLD), ("signer-b", HEAD)}
+        assert len(reviews) == 7  # crossed pages of 3
+
+
+@pytest.mark.integration
+async def test_gitlab_approvals_unbound_without_reset_on_push() -> None:
+    with ForgeStandin("gitlab", "g/n", TOKEN) as s:
+        s.pulls[5] = {"head_sha": HEAD, "merged": False, "commits": [HEAD]}
+        s.gitlab_approved_by[5] = ["signer-a"]
+        s.gitlab_reset_on_push = False
+        async with client(s) as forge:
+            assert isinstance(forge, GitLabForge)
+            reviews = await forge.approvals(5)
+    assert [(r.reviewer, r.commit_id) for r in reviews] == [("signer-a", None)]
+
+
+@pytest.mark.integration
+async def test_bad_token_and_missing_permission_refused(standin: ForgeStandin,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with client(standin, token="wrong-" + TOKEN) as forge:
+        with pytest.raises(ForgeRefused) as bad:
+            await forge.upsert_comment(1, "x", "plnt:plan")
+        assert TOKEN not in repr(forge)
+    assert "401" in str(bad.value) and TOKEN not in str(bad.value)
+    standin.deny.add("status")
+    async with client(standin) as forge:
+        with pytest.raises(ForgeRefused) as denied:
+            await forge.set_status(SHA, "pending", "plnt/plan", "x")
+    msg = str(denied.value)
+    assert "403" in msg and TOKEN not in msg
+    expected = {"github": "Commit statuses: write", "gitlab": "Developer role", "gitea": "write:repository"}
+    assert expected[standin.kind] in msg
+    assert TOKEN not in caplog.text
+
+
+@pytest.mark.integration
+async def test_500_then_200_is_retried(standin: ForgeStandin, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    standin.fail.extend([(500, {}), (502, {})])
+    async with client(standin) as forge:
+        await forge.set_status(SHA, "success", "plnt/plan", "ok")
+    assert len(standin.statuses) == 1
+    # the status read before the post failed twice, then read and post went through
+    assert [r.method for r in standin.requests] == ["GET", "GET", "GET", "POST"]
+    assert "retry" in caplog.text and TOKEN not in caplog.text
+
+
+@pytest.mark.integration
+async def test_429_retry_after_honoured(standin: ForgeStandin) -> None:
+    standin.fail.append((429, {"Retry-After": "0.3"}))
+    async with client(standin) as forge:
+        t0 = time.monotonic()
+        await forge.set_status(SHA, "success", "plnt/plan", "ok")
+        elapsed = time.monotonic() - t0
+    assert elapsed >= 0.3 and len(standin.statuses) == 1
+
+
+@pytest.mark.integration
+async def test_unavailable_after_bounded_retries(standin: ForgeStandin, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    standin.fail.extend([(503, {})] * 10)
+    async with make_forge(standin.kind, standin.api_url, standin.project, TOKEN, attempts=3, backoff=0.01) as forge:
+        with pytest.raises(ForgeUnavailable):
+            await forge.set_status(SHA, "success", "plnt/plan", "ok")
+    assert len(standin.requests) == 3
+    assert TOKEN not in caplog.text
+
+
+@pytest.mark.integration
+async def test_long_retry_after_not_slept() -> None:
+    with ForgeStandin("github", "o/r", TOKEN) as s:
+        s.fail.append((429, {"Retry-After": "3600"}))
+        async with make_forge("github", s.api_url, s.project, TOKEN, max_retry_after=5) as forge:
+            with pytest.raises(ForgeUnavailable) as e:
+                await forge.set_status(SHA, "success", "plnt/plan", "ok")
+    assert e.value.retry_after == 3600
+
+
+def test_make_forge_rejects_unknown() -> None:
+    with pytest.raises(ValueError):
+        make_forge("bitbucket", "http://127.0.0.1:1", "o/r", TOKEN)
+
+
+@pytest.mark.integration
+async def test_gitlab_repeated_pending_is_not_an_error() -> None:
+    # GitLab answers 400 "Cannot transition status via :enqueue from :pending" to a repeat; GitHub does not.
+    with ForgeStandin("gitlab", "g/n", TOKEN) as s:
+        async with client(s) as forge:
+            await forge.set_status(SHA, "pending", "plnt/ns/app", "canary 10%")
+            await forge.set_status(SHA, "pending", "plnt/ns/app", "canary 50%")
+            await forge.set_status(SHA, "success", "plnt/ns/app", "ready")
+    assert [x["status"] for x in s.statuses] == ["pending", "success"]
+
+
+@pytest.mark.integration
+async def test_github_secondary_rate_limit_403_is_retried() -> None:
+    with ForgeStandin("github", "o/r", TOKEN) as s:
+        s.fail.append((403, {"Retry-After": "0.1"}))
+        async with client(s) as forge:
+            await forge.set_status(SHA, "success", "plnt/plan", "ok")
+    assert len(s.statuses) == 1
+
+
+@pytest.mark.integration
+async def test_single_comment_replaced_by_parts(standin: ForgeStandin) -> None:
+    async with client(standin) as forge:
+        await forge.upsert_comment(4, "short plan", "plnt:plan")
+        await forge.upsert_comments(4, ["(part 1/2)\n\na", "(part 2/2)\n\nb"], "plnt:plan")
+    bodies = [c["body"] for c in standin.comments[4]]
+    assert len(bodies) == 2 and all("plnt:plan:" in b for b in bodies)
+
+
+@pytest.mark.integration
+async def test_pagination_link_host_not_followed() -> None:
+    # Next links naming another host: their page is read from the API's own origin (the token stays there).
+    with ForgeStandin("github", "o/r", TOKEN, link_base="http://127.0.0.2:9") as s:
+        for i in range(5):
+            s.add_comment(1, f"c{i}")
+        s.add_comment(1, marker_tag("plnt:plan") + "\nold")
+        async with client(s) as forge:
+            ref = await forge.upsert_comment(1, "new", "plnt:plan")
+    assert not ref.created and len(s.comments[1]) == 6
+    assert {r.query.get("page", ["1"])[0] for r in s.requests if r.method == "GET"} == {"1", "2"}
+
+
+@pytest.mark.integration
+async def test_github_primary_rate_limit_waits_for_reset() -> None:
+    with ForgeStandin("github", "o/r", TOKEN) as s:
+        s.fail.append((403, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(int(time.time()) + 3600)}))
+        async with make_forge("github", s.api_url, s.project, TOKEN, max_retry_after=5) as forge:
+            with pytest.raises(ForgeUnavailable) as e:
+                await forge.set_status(SHA, "success", "plnt/plan", "ok")
+    assert e.value.retry_after is not None and e.value.retry_after > 3000
+
+
+async def test_unreachable_forge_is_unavailable(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with make_forge("gitea", f"http://127.0.0.1:{port}/api/v1", "o/r", TOKEN, attempts=2, backoff=0.01) as forge:
+        with pytest.raises(ForgeUnavailable, match="ConnectError"):
+            await forge.approvals(1)
+    assert TOKEN not in caplog.text
+
+
+@pytest.mark.integration
+async def test_unchanged_status_is_not_posted_again(standin: ForgeStandin) -> None:
+    async with client(standin) as forge:
+        posted = [await forge.set_status(SHA, "pending", "plnt/ns/app", "canary 10%") for _ in range(20)]
+        posted.append(await forge.set_status(SHA, "success", "plnt/ns/app", "ready"))
+        posted.append(await forge.set_status(SHA, "success", "plnt/ns/app", "ready"))
+    assert posted == [True] + [False] * 19 + [True, False]
+    assert len(standin.statuses) == 2
+
+
+@pytest.mark.integration
+async def test_commit_status_reads_back_the_latest_of_a_context(standin: ForgeStandin) -> None:
+    async with client(standin) as forge:
+        assert await forge.commit_status(HEAD, "plnt/plan") is None
+        await forge.set_status(HEAD, "pending", "plnt/plan", "planning")
+        await forge.set_status(HEAD, "failure", "plnt/plan", "plan sha256:0123456789ab")
+        await forge.set_status(HEAD, "success", "other/check", "fine")
+        got = await forge.commit_status(HEAD, "plnt/plan")
+    assert got is not None
+    assert (got.state, got.context, got.description) == ("failure", "plnt/plan", "plan sha256:0123456789ab")
+
+
+@pytest.mark.integration
+async def test_pull_request_by_number_open_closed_merged(standin: ForgeStandin) -> None:
+    standin.pulls[3] = {"head_sha": HEAD, "merged": False, "commits": [HEAD]}
+    standin.pulls[4] = {"head_sha": OLD, "merged": False, "closed": True, "commits": [OLD]}
+    standin.pulls[5] = {"head_sha": SHA, "merged": True, "commits": [SHA]}
+    async with client(standin) as forge:
+        states = [(pr.number, pr.head_sha, pr.state, pr.merged) for pr in
+                  [await forge.pull_request(n) for n in (3, 4, 5)]]
+        with pytest.raises(ForgeNotFound):
+            await forge.pull_request(99)
+    assert states == [(3, HEAD, "open", False), (4, OLD, "closed", False), (5, SHA, "merged", True)]
+
+
+# --- answers of the wrong shape: classified as ForgeUnavailable, never a traceback ------------------
+
+GARBAGE = {
+    "non-UTF-8 bytes": b"\xff\xfe\x80\x81 not json \xc3\x28",
+    "an HTML page": b"<!DOCTYPE html><html><body><h1>502 Bad Gateway</h1></body></html>",
+    # a list where the API answers a dict (and a dict where it answers a list)
+    "the other container": lambda payload: {"items": payload} if isinstance(payload, list) else [payload],
+    "a dict missing keys": lambda payload: [{"message": "ok"}] if isinstance(payload, list) else {"message": "ok"},
+}
+
+# Each endpoint family: the path the garbage is answered on, and the call that reads it.
+FAMILIES = {
+    "comments": (r"/(issues/\d+/comments|merge_requests/\d+/notes)$",
+                 lambda forge: forge.upsert_comment(5, "plan", "plnt:plan")),
+    "status": (r"/commits/[0-9a-f]+/status(es)?$", lambda forge: forge.commit_status(HEAD, "plnt/plan")),
+    "pulls of a commit": (r"/commits/[0-9a-f]+/(pulls?|merge_requests)$",
+                          lambda forge: forge.pull_request_for_commit(HEAD)),
+    "pull request": (r"/(pulls|merge_requests)/5$", lambda forge: forge.pull_request(5)),
+    "reviews": (r"/(pulls/5/reviews|merge_requests/5/approvals)$", lambda forge: forge.approvals(5)),
+    "permission": (r"/(collaborators/[^/]+/permission|members/all/\d+)$",
+                   lambda forge: forge.access(Review(reviewer="signer-a", state="APPROVED", commit_id=HEAD,
+                                                     reviewer_id=100))),
+    "team": (r"/(teams/[^/]+/memberships/[^/]+|teams/search|groups/[^/]+/members/all/\d+)$",
+             lambda forge: forge.in_team("acme/deployers", Review(reviewer="signer-a", state="APPROVED",
+                                                                   commit_id=HEAD, reviewer_id=100))),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", list(FAMILIES))
+async def test_an_answer_of_the_wrong_shape_is_forge_unavailable(standin: ForgeStandin, family: str) -> None:
+    """Issue 24 (5): a body that is not JSON, or JSON of another shape, on any endpoint family of any
+    forge is ForgeUnavailable naming the forge, the endpoint and what was wrong (no UnicodeDecodeError,
+    no AttributeError: 'list' object has no attribute 'get'), and the token is in none of it."""
+    standin.pulls[5] = {"head_sha": HEAD, "merged": True, "commits": [HEAD]}
+    standin.add_comment(5, "someone else's comment")
+    standin.add_review(5, "signer-a", "APPROVED", HEAD)
+    standin.gitlab_approved_by[5] = ["signer-a"]
+    standin.teams["acme/deployers"] = {"signer-a"}
+    standin.user_id("signer-a")  # GitLab: id 100, as the Review in FAMILIES says
+    path, call = FAMILIES[family]
+    async with client(standin) as forge:
+        await forge.set_status(HEAD, "success", "plnt/plan", "plan sha256:0123456789ab")
+        await call(forge)  # the endpoint answers well: the call works
+        for garbage, answer in GARBAGE.items():
+            standin.garble.append((path, answer))
+            with pytest.raises(ForgeUnavailable) as caught:
+                await call(forge)
+            assert not standin.garble, f"the {family} call never read the garbled answer ({garbage})"
+            msg = str(caught.value)
+            assert msg.startswith(f"{standin.kind} GET /") and ": HTTP 200 answered " in msg, (garbage, msg)
+            what = "that are not JSON" if isinstance(answer, bytes) else "JSON of an unexpected shape"
+            assert what in msg and TOKEN not in msg and "\n" not in msg, (garbage, msg)
+
+
+@pytest.mark.integration
+async def test_the_shape_error_names_the_field() -> None:
+    with ForgeStandin("github", "owner/repo", TOKEN) as s:
+        s.pulls[5] = {"head_sha": HEAD, "merged": True, "commits": [HEAD]}
+        s.garble.append((r"/pulls/5$", lambda p: {**p, "head": ["not", "a", "dict"]}))
+        async with client(s) as forge:
+            with pytest.raises(ForgeUnavailable) as caught:
+                await forge.pull_request(5)
+    assert str(caught.value).startswith("github GET /repos/owner/repo/pulls/5: HTTP 200 answered JSON of an "
+                                        "unexpected shape: head: Input should be a valid dictionary")
+
+
+# --- who may approve: the permission and team endpoints ------------------------------------------
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("kind", "role", "may", "level"), [
+    ("github", "admin", True, "admin"), ("github", "maintain", True, "maintain"), ("github", "write", True, "write"),
+    ("github", "triage", False, "triage"), ("github", "read", False, "read"),
+    ("gitea", "owner", True, "owner"), ("gitea", "write", True, "write"), ("gitea", "read", False, "read"),
+    ("gitlab", 50, True, "Owner (50)"), ("gitlab", 40, True, "Maintainer (40)"),
+    ("gitlab", 30, False, "Developer (30)"), ("gitlab", 20, False, "Reporter (20)"),
+    ("gitlab", 0, False, "none (not a member)"),
+])
+async def test_access_as_the_forge_reports_it(kind: str, role: str | int, may: bool, level: str) -> None:
+    with ForgeStandin(kind, "owner/repo", TOKEN) as s:
+        s.access["alice"] = role
+        review = Review(reviewer="alice", state="APPROVED", commit_id=HEAD, reviewer_id=s.user_id("alice"))
+        async with client(s) as forge:
+            got = await forge.access(review)
+    assert (got.reviewer, got.may_approve, got.level) == ("alice", may, level)
+    if kind == "gitlab":  # GitLab's default "Allowed to merge" on a protected branch: Maintainers
+        assert got.needs == "the Maintainer role or above"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", KINDS)
+async def test_team_membership(kind: str) -> None:
+    with ForgeStandin(kind, "owner/repo", TOKEN) as s:
+        s.teams["acme/deployers"] = {"alice"}
+        s.teams["acme/others"] = {"bob"}
+
+        def review(user: str) -> Review:
+            return Review(reviewer=user, state="APPROVED", commit_id=HEAD, reviewer_id=s.user_id(user))
+
+        async with client(s) as forge:
+            got = [await forge.in_team("acme/deployers", review("alice")),
+                   await forge.in_team("acme/deployers", review("bob")),
+                   await forge.in_team("acme/nosuchteam", review("alice"))]
+        s.deny.add("members")
+        async with client(s) as forge:
+            with pytest.raises(ForgeRefused, match="the token needs"):
+                await forge.in_team("acme/deployers", review("alice"))
+    assert got == [True, False, False]
