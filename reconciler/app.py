@@ -18,12 +18,13 @@ from plnt.gateway.app import create_app
 from plnt.gateway.auth import MODELS, Grant, TokenSet, exposure_problem, load_tokens
 from plnt.gateway.auth import is_loopback_host as _loopback
 from plnt.gateway.calls import CallsHub
+from plnt.gateway.control_relay import TrustForwarded
 from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret
 from plnt.gateway.limits import HttpLimits
 from plnt.gateway.route_watch import RoutePublisher, add_control_routes, release_everywhere
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
 from plnt.gateway.server import GatewayServer, ServerStartError, check_free, reuse_port_socket
-from plnt.gateway.workers import TrustForwarded, WorkerConfig, WorkerMetrics, WorkerSupervisor, auto_workers
+from plnt.gateway.workers import WorkerConfig, WorkerMetrics, WorkerSupervisor, auto_workers
 from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
 from plnt.reconciler.control.status import StatusStore
