@@ -5,7 +5,7 @@ real OTLP/HTTP receiver (tools/trace_tree.py, its own process) and three gateway
 `create_app` served by uvicorn as `plnt up` serves it; bench/gateway_overhead.py's setup), all routing
 to that runner:
 
-  baseline  plnt's gateway/ copied with its tracing code cut out of gateway/app.py (no check at all)
+  baseline  plnt's gateway/ copied with its tracing code cut out of gateway/forward.py (no check at all)
   off       this gateway, no OTEL_* variables (tracing not set up: one boolean checked per request)
   on        this gateway, OTEL_EXPORTER_OTLP_ENDPOINT=the receiver (a span per request, traceparent to
             the runner, batch-exported over OTLP/HTTP)
@@ -44,11 +44,12 @@ _TRACING_GUARDS = ("if telemetry.ENABLED", "if outcome.span is not None")
 
 
 def baseline_gateway(into: Path) -> tuple[Path, int]:
-    """A copy of gateway/ whose app.py has every tracing block removed (the `if telemetry.ENABLED:` and
-    `if outcome.span is not None:` statements with their bodies); (its directory, blocks removed)."""
+    """A copy of gateway/ whose forward.py (the hot paths' shared steps) has every tracing block removed
+    (the `if telemetry.ENABLED:` and `if outcome.span is not None:` statements with their bodies); (its
+    directory, blocks removed)."""
     target = into / "gateway"
     shutil.copytree(ROOT / "gateway", target, ignore=shutil.ignore_patterns("__pycache__"))
-    lines = (target / "app.py").read_text().splitlines(keepends=True)
+    lines = (target / "forward.py").read_text().splitlines(keepends=True)
     out: list[str] = []
     cut_indent: int | None = None
     removed = 0
@@ -63,10 +64,10 @@ def baseline_gateway(into: Path) -> tuple[Path, int]:
             continue
         out.append(line)
     text = "".join(out)
-    compile(text, "app.py", "exec")
+    compile(text, "forward.py", "exec")
     if removed < 3 or "telemetry.start_span" in text:
-        raise SystemExit(f"could not cut the tracing code out of gateway/app.py ({removed} blocks): update this bench")
-    (target / "app.py").write_text(text)
+        raise SystemExit(f"could not cut the tracing code out of gateway/forward.py ({removed} blocks): update this bench")
+    (target / "forward.py").write_text(text)
     return target, removed
 
 
@@ -202,7 +203,7 @@ async def measure(args: argparse.Namespace) -> None:
         pinned = f"gateways on cpu {cores[-1]}, runner+receiver+load on {sorted(others or [])}" if pin else "no"
         print(f"tracing overhead: loop={args.loop} http={args.http} runner=plnt.runner (MockBackend, echo recipe) "
               f"receiver=OTLP/HTTP (tools/trace_tree.py) cores={len(cores)} pinned={pinned}")
-        print(f"  baseline = gateway/ with {removed} tracing blocks cut out of app.py; off = no OTEL_*; "
+        print(f"  baseline = gateway/ with {removed} tracing blocks cut out of forward.py; off = no OTEL_*; "
               f"on = OTEL_EXPORTER_OTLP_ENDPOINT set (BatchSpanProcessor, OTLP/HTTP protobuf)")
         print(f"  {args.requests} requests per path and concurrency in {args.rounds} alternating rounds")
         for concurrency in args.concurrency:

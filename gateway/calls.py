@@ -1,6 +1,6 @@
 """The invocation log: the last calls a gateway answered (`GET /calls`), kept in memory with a bound.
 
-Each gateway process records its own calls where the metrics record them (`Gateway._measured`): one
+Each gateway process records its own calls where the metrics record them (`forward.Gateway.measured`): one
 tuple appended to a bounded deque, no body, no token, no header. Under `plnt up` with gateway worker
 processes a call lands on any process, so the workers push their new calls to plnt up's process
 (`push_calls`, like `push_metrics`: only when there is something new, at most every PUSH_S) and

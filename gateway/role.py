@@ -24,6 +24,7 @@ from plnt.core.auth import TokenSet, is_loopback_host
 from plnt.core.limits import HttpLimits
 from plnt.core.server import GatewayServer
 from plnt.gateway.app import GatewayApp, create_app
+from plnt.gateway.control_relay import ControlForwarder
 from plnt.gateway.route_watch import DEFAULT_WAIT_S, ControlWaker, RouteFollower
 from plnt.gateway.router import Router
 
@@ -54,10 +55,10 @@ class _RoleApp:
     """ASGI in front of the gateway app: what a gateway without a table, or without a control plane's
     endpoints, answers. Everything else goes to the gateway app unchanged (the hot paths included)."""
 
-    def __init__(self, app: GatewayApp, follower: RouteFollower, forward: Any = None) -> None:
+    def __init__(self, app: GatewayApp, follower: RouteFollower, forward: ControlForwarder | None = None) -> None:
         self.app = app
         self.follower = follower
-        self.forward = forward  # workers.ControlForwarder, or None
+        self.forward = forward
         self.state = app.state  # tests and helpers reach the app's state through the served app
 
     @staticmethod
@@ -119,8 +120,6 @@ class GatewayRole:
                          host=config.host, health=self.health, wake=self.waker)
         self.forwarder = None
         if forward_control:
-            from plnt.gateway.workers import ControlForwarder
-
             self.forwarder = ControlForwarder(config.control_url, config.internal_token, config.max_body_bytes)
         self.app = _RoleApp(app, self.follower, self.forwarder)
         self.server = GatewayServer(self.app, host=config.host, port=config.port, reuse_port=reuse_port,

@@ -23,10 +23,11 @@ from plnt.core.specs.limits import SpecLimits
 from plnt.core.specs.models import PlntBackend
 from plnt.gateway.app import create_app
 from plnt.gateway.calls import CallsHub
+from plnt.gateway.control_relay import TrustForwarded
 from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret
 from plnt.gateway.route_watch import RoutePublisher, add_control_routes, release_everywhere
 from plnt.gateway.router import Router
-from plnt.gateway.workers import TrustForwarded, WorkerConfig, WorkerMetrics, WorkerSupervisor, auto_workers
+from plnt.gateway.workers import WorkerConfig, WorkerMetrics, WorkerSupervisor, auto_workers
 from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
 from plnt.reconciler.drivers.driver_set import DriverSet

@@ -9,8 +9,9 @@ from typing import Any
 import httpx
 import pytest
 from plnt.gateway.app import create_app
+from plnt.gateway.control_relay import FORWARDED_FOR_HEADER, FORWARDER_HEADER, TrustForwarded
 from plnt.gateway.router import Router
-from plnt.gateway.workers import FORWARDED_FOR_HEADER, FORWARDER_HEADER, TrustForwarded, WorkerConfig
+from plnt.gateway.workers import WorkerConfig
 
 TOKEN = "internal-token-4c1d-never-shown"
 
@@ -109,6 +110,6 @@ def test_metrics_of_several_processes_add_up() -> None:
     ([(FORWARDER_HEADER, b"forged"), (FORWARDED_FOR_HEADER, b"127.0.0.1"), (b"proxy-authorization", b"x")], []),
 ])
 def test_a_forward_passes_only_end_to_end_headers(headers: list[tuple[bytes, bytes]], kept: list[bytes]) -> None:
-    from plnt.gateway.workers import _forwardable
+    from plnt.gateway.control_relay import _forwardable
 
     assert [k for k, _ in _forwardable(headers)] == kept

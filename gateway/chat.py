@@ -1,0 +1,235 @@
+"""`POST /v1/chat/completions`: OpenAI chat completions, `model` = a workflow's name (or
+`namespace/name`), translated to the runner's `POST /chat` (openai_compat.py). A ModelDeployment's
+server speaks the OpenAI API itself: its requests go through as sent, its answers come back as given.
+
+Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`: 400 for malformed or too deeply
+nested JSON and for a model name in several namespaces; the rest as forward.py and app.py say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from plnt.core import limits as json_limits
+from plnt.core.auth import MODELS
+from plnt.core.routes import PREVIEW_HEADER, AmbiguousRoute, PreviewNotFound, preview_target
+from plnt.core.upstream import UpstreamError, UpstreamTimeout
+from plnt.gateway import openai_compat as oai
+from plnt.gateway.forward import SSE, Exchange, Gateway, Outcome, request_headers
+from plnt.gateway.relay import StreamShape, relay, watch_disconnect, whole_body
+from plnt.gateway.replies import OPENAI, ASGIScope, Receive, Send, json_position, not_invocable, openai_error, respond
+from plnt.gateway.sse import COMMENT, Event, SSEParser
+
+
+def _model_failure_event(kind: str, failure: str, last: bytes) -> bytes:
+    return b"data: " + oai.error_body(f"model server stream failed: {failure}", "server_error", None, kind) + b"\n\n"
+
+
+# A model server's stream: OpenAI chunks, the first with "content" is the first token.
+MODEL_STREAM = StreamShape(is_token=lambda chunk: b'"content"' in chunk, failure_event=_model_failure_event)
+
+
+async def chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send) -> None:
+    await gateway.measured("chat", OPENAI, scope, send, lambda outcome: _chat(gateway, scope, receive, send, outcome))
+
+
+async def _chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send, outcome: Outcome) -> None:
+    headers = request_headers(scope)
+    grant = gateway.grant(headers.get(b"authorization"), OPENAI)
+    body = await gateway.json_body(receive, headers, OPENAI)
+    try:
+        request = oai.parse_chat_request(json_limits.loads(body))
+    except json_limits.JSONTooDeep as exc:
+        raise openai_error(400, f"could not accept the JSON body: {exc}", "invalid_request_error", None,
+                           "invalid_json") from None
+    except json.JSONDecodeError as exc:
+        raise openai_error(400, f"could not parse the JSON body: {json_position(exc)}",
+                           "invalid_request_error", None, "invalid_json") from None
+    except UnicodeDecodeError as exc:
+        raise openai_error(400, f"the body is not UTF-8 at byte {exc.start}", "invalid_request_error",
+                           None, "invalid_json") from None
+    except oai.InvalidRequest as exc:
+        raise openai_error(400, exc.message, "invalid_request_error", exc.param, "invalid_request") from None
+
+    model = request.model
+    namespace, _, name = model.rpartition("/")
+    if not (grant.allows(namespace, name) if namespace else grant.allows_name(name)) and not grant.has(MODELS):
+        raise openai_error(403, not_invocable(grant, f"model {model}", "API key"), "permission_error",
+                           "model", "model_not_allowed")
+    try:  # X-Plnt-Preview: N goes to the preview of pull request N, and only then (routes.preview_target)
+        target = preview_target(name, headers.get(PREVIEW_HEADER.encode()))
+    except PreviewNotFound as exc:
+        raise openai_error(404, str(exc), "invalid_request_error", "model", "model_not_found") from None
+    table = gateway.router.table  # one snapshot for the whole request
+    try:
+        route = table.lookup(target, namespace or None)
+    except AmbiguousRoute as exc:
+        choices = ", ".join(f"{ns}/{name}" for ns in exc.namespaces)
+        raise openai_error(400, f"model {name!r} is ambiguous; use one of {choices}", "invalid_request_error",
+                           "model", "model_ambiguous") from None
+    if route is None:
+        preview = "" if target == name else f" with a preview for pull request {target.rsplit('--pr', 1)[1]}"
+        raise openai_error(404, f"The model `{model}`{preview} does not exist (GET /v1/models lists the workflows)",
+                           "invalid_request_error", "model", "model_not_found")
+    is_model = route.protocol == "openai"
+    if not grant.may_chat(route.namespace, name, is_model=is_model):
+        raise openai_error(403, f"this API key may not use model {model}", "permission_error", "model", "model_not_allowed")
+    chosen = gateway.choose(route, headers, OPENAI, f"model {model}")
+
+    # A ModelDeployment's server takes the request as sent; a workflow's runner its own chat body.
+    path, runner_body = ("/v1/chat/completions", body) if is_model else ("/chat", oai.runner_chat_body(request))
+    exchange = await gateway.forward(table, route, target, name, chosen, path, runner_body,
+                                     content_type="application/json", stream=request.stream, outcome=outcome,
+                                     errors=OPENAI)
+    try:
+        if is_model:
+            await relay(exchange, receive, send, outcome, OPENAI, MODEL_STREAM if request.stream else None)
+        elif request.stream:
+            await _chat_stream(exchange, receive, send, request, outcome)
+        else:
+            result = _chat_result(exchange.response.status, exchange.response.body)
+            outcome.code = 200
+            await respond(send, 200, oai.completion_body(oai.new_id(), model, result, request), exchange.plnt_headers())
+    finally:
+        exchange.release()
+
+
+def _chat_result(status: int, body: bytes) -> dict[str, Any]:
+    """The runner's result JSON, or a Reply in OpenAI's error shape."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        data = None
+    if status == 200 and isinstance(data, dict):
+        return data
+    if status == 200:
+        raise openai_error(502, "the runner answered something that is not a JSON result", "server_error",
+                           None, "bad_upstream_response")
+    error = data.get("error") if isinstance(data, dict) else None
+    error = error if isinstance(error, dict) else {}
+    message = error.get("message") if isinstance(error.get("message"), str) else f"runner answered {status}"
+    code = error.get("type") if isinstance(error.get("type"), str) else "runner_error"
+    if status < 500:
+        return_status = 400 if status == 422 else status
+        param = error.get("field") if isinstance(error.get("field"), str) else None
+        raise openai_error(return_status, message, "invalid_request_error", param, code)
+    raise openai_error(status, message, "server_error", None, code)
+
+
+class _ChunkTranslation:
+    """A runner's SSE events (`token`, `result`, `error`, comments) as OpenAI stream chunks."""
+
+    def __init__(self, writer: oai.ChunkWriter, request: oai.ChatRequest) -> None:
+        self.writer = writer
+        self.request = request
+        self.streamed: list[str] = []  # the token texts sent so far
+        self.finished = False  # a result or an error ended the stream
+        self.failed = False  # ... an error
+
+    def chunks(self, event: Event) -> list[bytes]:
+        writer = self.writer
+        if event.event == "token":
+            try:
+                text = json.loads(event.data).get("text")
+            except (ValueError, AttributeError, RecursionError):
+                text = None
+            if isinstance(text, str) and text:
+                self.streamed.append(text)
+                return [writer.content(text)]
+        elif event.event == "result":
+            self.finished = True
+            return self._result(event.data)
+        elif event.event == "error":
+            try:
+                error = json.loads(event.data).get("error") or {}
+            except (ValueError, AttributeError, RecursionError):
+                error = {}
+            message = error.get("message") if isinstance(error, dict) else None
+            code = error.get("type") if isinstance(error, dict) else None
+            self.finished = self.failed = True
+            return [writer.error(message or "the workflow failed", "server_error", code or "runner_error")]
+        elif event.event == COMMENT:
+            return [b": ping\n\n"]
+        return []
+
+    def _result(self, data: str) -> list[bytes]:
+        try:
+            result = json.loads(data)
+        except (ValueError, RecursionError):
+            result = {}
+        result = result if isinstance(result, dict) else {}
+        reply = oai.reply_text(result.get("output"))
+        sent = "".join(self.streamed)
+        out = []
+        if reply.startswith(sent) and len(reply) > len(sent):
+            # Nothing (or only part) was streamed as tokens: send the rest now.
+            out.append(self.writer.content(reply[len(sent):]))
+        out.append(self.writer.stop())
+        if self.request.include_usage:
+            out.append(self.writer.usage(oai.usage(result, self.request, reply, len(self.streamed) or None)))
+        out.append(self.writer.DONE)
+        return out
+
+
+async def _chat_stream(exchange: Exchange, receive: Receive, send: Send, request: oai.ChatRequest,
+                       outcome: Outcome) -> None:
+    response = exchange.response
+    content_type = response.header(b"content-type", b"") or b""
+    if response.status != 200 or not content_type.startswith(SSE):
+        _chat_result(response.status, await whole_body(response, OPENAI))  # raises for errors
+        raise openai_error(502, "the runner did not stream although asked to", "server_error", None,
+                           "bad_upstream_response")
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"text/event-stream; charset=utf-8"),
+                (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no"),
+                *exchange.plnt_headers(),
+            ],
+        }
+    )
+    outcome.started = True
+    outcome.code = 200
+    writer = oai.ChunkWriter(oai.new_id(), request.model, f"plnt-{exchange.backend.version}")
+    await send({"type": "http.response.body", "body": writer.first(), "more_body": True})
+    translation = _ChunkTranslation(writer, request)
+    parser = SSEParser()
+    gone: list[bool] = []
+    watcher = asyncio.create_task(watch_disconnect(receive, response, gone))
+    try:
+        async for chunk in response.chunks():
+            out: list[bytes] = []
+            for event in parser.feed(chunk):
+                out.extend(translation.chunks(event))
+                if translation.finished:
+                    break
+            if translation.failed:
+                outcome.error_type = "stream_error"
+            if out:
+                if outcome.ttft is None and translation.streamed:
+                    outcome.ttft = time.perf_counter() - outcome.t0
+                await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+            if translation.finished:
+                break
+        if not translation.finished:
+            outcome.error_type = "stream_error"
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": writer.error("the runner ended the stream without a result", "server_error",
+                                             "upstream_error")})
+    except UpstreamError as exc:
+        if gone:
+            outcome.code, outcome.error_type = 499, "client_disconnected"
+            return
+        kind = "upstream_timeout" if isinstance(exc, UpstreamTimeout) else "upstream_error"
+        outcome.error_type = kind
+        await send({"type": "http.response.body", "more_body": True,
+                    "body": writer.error(f"runner stream failed: {exc}", "server_error", kind)})
+    finally:
+        watcher.cancel()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

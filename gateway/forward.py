@@ -1,0 +1,314 @@
+"""What both hot paths (invoke.py, chat.py) do with a request: measure it, check its token and body,
+choose the backend of its route and send it to that runner (relay.py brings the answer back).
+
+Choosing: X-Plnt-Track names the track (routes.forced_track); otherwise the router splits stable and
+canary (by X-Session-Id when sent). Sending: a refused connect (nothing reached the runner) is retried
+once: on the new route table if it was swapped since the request looked (a promotion replaced the
+runner), else on another stable replica, else (scale to zero) on the same release once `wake` started
+its parked runner again; concurrent requests for one parked release share one wake. Any other failure
+is not retried: the runner may have done the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from plnt.core import telemetry
+from plnt.core.auth import ALL, Grant, TokenSet, is_json_media
+from plnt.core.routes import (
+    PREVIEW_HEADER,
+    TRACK_HEADER,
+    AmbiguousRoute,
+    Backend,
+    BadTrack,
+    NoCanary,
+    Route,
+    RouteNotReady,
+    RouteTable,
+    Track,
+    forced_track,
+)
+from plnt.core.upstream import UpstreamClient, UpstreamConnectError, UpstreamError, UpstreamResponse, UpstreamTimeout
+from plnt.gateway.calls import CallLog
+from plnt.gateway.metrics import GatewayMetrics
+from plnt.gateway.replies import (
+    ASGIScope,
+    BodyTooLarge,
+    ClientGone,
+    ErrorShape,
+    Headers,
+    Receive,
+    Reply,
+    Send,
+    read_body,
+    respond,
+)
+from plnt.gateway.router import Router
+
+log = logging.getLogger("plnt.gateway")
+
+Wake = Callable[[str, str, str], Awaitable[str | None]]  # (namespace, name, release id) -> endpoint or None
+
+SSE = b"text/event-stream"
+_SPAN_NAMES = {"invoke": "POST /workflows/{name}/invoke", "chat": "POST /v1/chat/completions"}
+_NO_LABELS = ("", "", "", "")
+_TRACK = TRACK_HEADER.encode()
+_WANTED_HEADERS = frozenset({b"authorization", b"accept", b"content-type", b"content-length", b"x-session-id",
+                             PREVIEW_HEADER.encode(), _TRACK})
+
+
+def request_headers(scope: ASGIScope) -> dict[bytes, bytes]:
+    """The few request headers the hot paths read (ASGI header names are lower-case bytes)."""
+    return {key: value for key, value in scope["headers"] if key in _WANTED_HEADERS}
+
+
+class Outcome:
+    """What the metrics record about one request."""
+
+    __slots__ = ("code", "error_type", "labels", "span", "started", "t0", "ttft")
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0  # request received (perf_counter)
+        self.labels: tuple[str, str, str, str] = _NO_LABELS
+        self.code = 500
+        self.error_type: str | None = None
+        self.ttft: float | None = None
+        self.started = False  # response headers sent
+        self.span: Any = None  # the request's trace span, only when tracing is on (telemetry.ENABLED)
+
+
+class Exchange:
+    """A runner's answer to a forwarded request, and the backend that gave it: counted in flight
+    until `release`."""
+
+    __slots__ = ("_router", "backend", "response", "track")
+
+    def __init__(self, router: Router, response: UpstreamResponse, backend: Backend, track: Track) -> None:
+        self._router = router
+        self.response = response
+        self.backend = backend
+        self.track = track
+
+    def plnt_headers(self) -> Headers:
+        """Which release answered (X-Plnt-Version) on which track (X-Plnt-Track)."""
+        return [(b"x-plnt-version", self.backend.version.encode()), (b"x-plnt-track", self.track.encode())]
+
+    def release(self) -> None:
+        self.response.close()  # idempotent: a no-op once the body was read to its end
+        self._router.leave(self.backend)
+
+
+class Waker:
+    """Starts a parked runner (scale to zero) again for the requests its connect refused; concurrent
+    requests for one release share one wake."""
+
+    def __init__(self, wake: Wake, metrics: GatewayMetrics, timeout_s: float) -> None:
+        self.wake = wake
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+        self._waking: dict[str, asyncio.Future[str | None]] = {}  # release id -> the wake in progress
+
+    async def woken(self, route: Route, backend: Backend) -> Backend | None:
+        """Where `backend`'s runner listens once started again; None if it did not park or cannot start."""
+        waking = self._waking.get(backend.release_id)
+        if waking is None:
+            waking = self._waking[backend.release_id] = asyncio.ensure_future(self._wake(route, backend))
+            waking.add_done_callback(lambda done: (self._waking.pop(backend.release_id, None),
+                                                   done.cancelled() or done.exception()))  # retrieved: logged in _wake
+        try:
+            endpoint = await asyncio.shield(waking)  # one request giving up does not cancel the others' wake
+        except Exception:  # noqa: BLE001 - logged in _wake; the request gets the refused connect's 502
+            return None
+        if endpoint is None:
+            return None
+        return Backend(endpoint=endpoint, version=backend.version, release_id=backend.release_id)
+
+    async def _wake(self, route: Route, backend: Backend) -> str | None:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                endpoint = await self.wake(route.namespace, route.name, backend.release_id)
+        except Exception as exc:
+            log.warning("runner-wake-failed workflow=%s/%s release=%s: %s", route.namespace, route.name,
+                        backend.release_id, exc or type(exc).__name__)
+            raise
+        if endpoint is not None:
+            self.metrics.woke(route.namespace, route.name)
+        return endpoint
+
+
+class Gateway:
+    """What the hot paths of one gateway app share: its route table, tokens, metrics and runner client,
+    and the steps every request takes."""
+
+    def __init__(
+        self,
+        router: Router,
+        *,
+        tokens: TokenSet,
+        metrics: GatewayMetrics,
+        request_timeout_s: float,
+        max_body_bytes: int,
+        allowed_hosts: frozenset[bytes] | None = None,
+        wake: Wake | None = None,
+    ) -> None:
+        self.router = router
+        self.tokens = tokens
+        self.metrics = metrics
+        self.request_timeout_s = request_timeout_s
+        self.max_body_bytes = max_body_bytes
+        self.allowed_hosts = allowed_hosts  # open loopback mode: the Host names it answers
+        self.waker = Waker(wake, metrics, request_timeout_s) if wake is not None else None
+        self.client: UpstreamClient | None = None  # created in the app's lifespan (needs the loop)
+        self.calls = CallLog()  # GET /calls: the last calls, no body, no token (calls.py)
+
+    async def measured(self, api: str, errors: ErrorShape, scope: ASGIScope, send: Send,
+                       handle: Callable[[Outcome], Awaitable[None]]) -> None:
+        """One hot-path request: errors become answers (unless the answer already started), and
+        every request ends in the metrics with its outcome."""
+        outcome = Outcome(time.perf_counter())
+        self.metrics.started(api)
+        if telemetry.ENABLED:  # off: this one check is all tracing costs a request
+            outcome.span = telemetry.start_span(_SPAN_NAMES[api], {"http.request.method": "POST"},
+                                                parent=telemetry.scope_parent(scope["headers"]), kind="server")
+        try:
+            await handle(outcome)
+        except Reply as reply:
+            outcome.code, outcome.error_type = reply.status, reply.error_type
+            if not outcome.started:
+                await respond(send, reply.status, reply.body, reply.headers)
+        except ClientGone:
+            outcome.code, outcome.error_type = 499, "client_disconnected"
+        except Exception:
+            log.exception("%s-failed", api)
+            outcome.code, outcome.error_type = 500, "internal"
+            if not outcome.started:
+                await respond(send, 500, errors.internal, [])
+        finally:
+            elapsed = time.perf_counter() - outcome.t0
+            self.metrics.finished(api, outcome.labels, outcome.code, elapsed, outcome.error_type, outcome.ttft)
+            self.calls.add(api, outcome.labels, outcome.code, elapsed, outcome.error_type)
+            if outcome.span is not None:
+                telemetry.end_request(outcome.span, outcome.code, outcome.error_type, outcome.labels, outcome.ttft)
+
+    def grant(self, authorization: bytes | None, errors: ErrorShape) -> Grant:
+        """What the request's bearer token may use (everything when no tokens are configured)."""
+        if not self.tokens.enabled:
+            return ALL
+        found = self.tokens.check_header(authorization)
+        if found is None:
+            raise errors.unauthorized(authorization is not None)
+        return found
+
+    async def json_body(self, receive: Receive, headers: dict[bytes, bytes], errors: ErrorShape) -> bytes:
+        """The request body, sent as JSON (415 otherwise) and within `max_body_bytes` (413)."""
+        content_type = headers.get(b"content-type")
+        if not is_json_media(content_type):
+            raise errors.unsupported_type(content_type)
+        try:
+            return await read_body(receive, headers.get(b"content-length"), self.max_body_bytes)
+        except BodyTooLarge as exc:
+            raise errors.too_large(self.max_body_bytes, exc) from None
+
+    def choose(self, route: Route, headers: dict[bytes, bytes], errors: ErrorShape, what: str) -> tuple[Backend, Track]:
+        """The backend for this request: the track X-Plnt-Track names (400 for another value, 409
+        `no_canary` when it names a canary and none is under test), else the router's pick.
+        `what` names the route in the 503 of a route with nothing promoted yet."""
+        forced = headers.get(_TRACK)
+        try:
+            if forced is None:
+                session = headers.get(b"x-session-id")
+                return self.router.choose(route, session=session.decode("latin-1") if session else None)
+            return self.router.choose_track(route, forced_track(forced) or "stable")
+        except BadTrack as exc:
+            raise errors.bad_track(str(exc)) from None
+        except NoCanary as exc:
+            raise errors.no_canary(str(exc)) from None
+        except RouteNotReady:
+            raise errors.not_ready(what) from None
+
+    async def forward(
+        self, table: RouteTable, route: Route, target: str, name: str, chosen: tuple[Backend, Track],
+        path: str, body: bytes, *, content_type: str, stream: bool, outcome: Outcome, errors: ErrorShape,
+    ) -> Exchange:
+        """POST `body` to `path` of the chosen backend of `route` (`target` in `table`; `name` as the
+        caller named it, for the metrics), retrying a refused connect once. The caller must `release`
+        the exchange."""
+        backend, track = chosen
+        outcome.labels = (route.namespace, name, backend.version, track)
+        headers = [("content-type", content_type)]
+        if stream:
+            headers.append(("accept", "text/event-stream"))
+        if outcome.span is not None:  # the runner continues this trace (W3C traceparent)
+            headers.extend(telemetry.inject({}, outcome.span).items())
+        try:
+            response = await self._send(backend, path, body, headers, stream)
+        except UpstreamConnectError as exc:
+            retry = self._retry_target(table, route, target, backend)
+            woke = False
+            if retry is None and self.waker is not None:
+                woken = await self.waker.woken(route, backend)
+                if woken is not None:
+                    retry, woke = (woken, track), True
+            if retry is None:
+                raise self._failed(exc, route, target, backend, errors) from None
+            if not woke:
+                self.metrics.retried(route.namespace, target)
+            log.info("%s workflow=%s/%s from=%s to=%s", "retry-on-woken-runner" if woke else "retry-on-replica",
+                     route.namespace, target, backend.endpoint, retry[0].endpoint)
+            backend, track = retry
+            try:
+                response = await self._send(backend, path, body, headers, stream)
+            except UpstreamError as exc2:
+                raise self._failed(exc2, route, target, backend, errors) from None
+        except UpstreamError as exc:
+            raise self._failed(exc, route, target, backend, errors) from None
+        outcome.labels = (route.namespace, name, backend.version, track)
+        return Exchange(self.router, response, backend, track)
+
+    async def _send(self, backend: Backend, path: str, body: bytes, headers: list[tuple[str, str]],
+                    stream: bool) -> UpstreamResponse:
+        """One attempt; on return `backend` is counted in flight, on error it is not."""
+        client = self.client
+        assert client is not None
+        self.router.enter(backend)
+        try:
+            return await client.request(backend.endpoint, "POST", path, body=body, headers=headers, stream=stream)
+        except BaseException:
+            self.router.leave(backend)
+            raise
+
+    def _retry_target(self, table: RouteTable, route: Route, name: str, failed: Backend) -> tuple[Backend, Track] | None:
+        """Where to retry after `failed` refused the connection, or None."""
+        router = self.router
+        current = router.table
+        if current is not table:
+            # A promotion or rollback swapped the table since this request looked: the new
+            # table has the runner that replaced the refusing one.
+            try:
+                fresh = current.lookup(name, route.namespace)
+                if fresh is None:
+                    return None
+                candidate, track = router.choose(fresh)
+            except (AmbiguousRoute, RouteNotReady):
+                return None
+            if candidate.endpoint != failed.endpoint:
+                return candidate, track
+            other = router.fallback(fresh, failed)
+            return (other, "stable") if other is not None else None
+        other = router.fallback(route, failed)
+        return (other, "stable") if other is not None else None
+
+    def _failed(self, exc: UpstreamError, route: Route, name: str, backend: Backend, errors: ErrorShape) -> Reply:
+        who = f"runner {backend.version} of workflow {route.namespace}/{name}"
+        if isinstance(exc, UpstreamConnectError):
+            status, kind, message = 502, "upstream_unavailable", f"{who} is unreachable at {backend.endpoint}"
+        elif isinstance(exc, UpstreamTimeout):
+            status, kind, message = 504, "upstream_timeout", f"{who} did not answer within {self.request_timeout_s:g}s"
+        else:
+            status, kind, message = 502, "upstream_error", f"{who} failed: {exc}"
+        log.debug("upstream-failed %s: %s", who, exc)
+        return errors.upstream(status, kind, message)
