@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_scale import before_command, build_repo  # noqa: E402  (same repository as the plan bench)
 from plnt.reconciler.drivers.driver_set import DriverSet  # noqa: E402
 from plnt.reconciler.specs.loader import load_sources  # noqa: E402
-from plnt.reconciler.drivers.local import LocalDriver, process_start_time  # noqa: E402
+from plnt.reconciler.drivers.local import LocalDriver  # noqa: E402
+from plnt.reconciler.drivers.processes import process_start_time  # noqa: E402
 from plnt.reconciler.plan.diff import Action  # noqa: E402
 from plnt.reconciler.control.loop import Reconciler  # noqa: E402
 from plnt.reconciler.settings import Settings  # noqa: E402

@@ -29,7 +29,8 @@ from plnt.reconciler.control.metrics import ControlPlaneMetrics
 from plnt.reconciler.control.status import StatusStore
 from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.helm import DEFAULT_CHART, DEFAULT_MODEL_CHART, HelmDriver, RunnerImage, SpecLookup
-from plnt.reconciler.drivers.local import LocalDriver, raise_open_files_limit
+from plnt.reconciler.drivers.local import LocalDriver
+from plnt.reconciler.drivers.processes import raise_open_files_limit
 from plnt.reconciler.drivers.reported import ReportedRunners
 from plnt.reconciler.plan.view import add_plan_routes
 from plnt.reconciler.recipes.archive import ExtractLimits

@@ -45,7 +45,6 @@ KNOWN_CIRCLES = [
     ["plnt.gateway.role", "plnt.gateway.workers"],
     ["plnt.gateway.telemetry", "plnt.gateway.telemetry_temporal"],
     ["plnt.reconciler.cli.main", "plnt.reconciler.cli.model", "plnt.reconciler.cli.review", "plnt.reconciler.cli.roles"],
-    ["plnt.reconciler.drivers.local", "plnt.reconciler.drivers.zygote"],
 ]
 
 

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from plnt.reconciler.drivers.processes import process_start_time
 from plnt.runner.zygote import CMDLINE_ROOM, MAX_MESSAGE, decode, encode
 
 log = logging.getLogger(__name__)
@@ -175,8 +176,6 @@ class ForkedRunner:
         return self._zygote.alive
 
     def _gone(self) -> bool:
-        from plnt.reconciler.drivers.local import process_start_time  # (local_driver imports this module)
-
         if self.poll() is not None:
             return True
         # Gone from /proc: its exit report is on its way, unless the zygote (its parent) is gone too.
@@ -272,8 +271,6 @@ class ZygoteClient:
 
     async def spawn(self, argv: list[str], runner_dir: Path, log_path: Path, env: Mapping[str, str],
                     timeout_s: float = 30.0) -> ForkedRunner:
-        from plnt.reconciler.drivers.local import process_start_time
-
         zygote = await asyncio.to_thread(self._ensure)  # the first start imports for ~1 s: not on the loop
         future = zygote.request(argv, runner_dir, log_path, env)
         answer = asyncio.wrap_future(future)

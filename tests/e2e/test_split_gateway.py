@@ -34,7 +34,7 @@ from plnt.gateway.app import create_app
 from plnt.gateway.route_watch import RoutePublisher, add_control_routes
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
 from plnt.gateway.server import GatewayServer
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 
 from ..conftest import SpecRepo
 from ..gateway.fakes import FakeRunner

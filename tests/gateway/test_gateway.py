@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from plnt.gateway.routes import Backend, Route, Router, RouteTable, Track
 from plnt.gateway.server import GatewayServer, ServerStartError
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 
 from .conftest import MakeGateway, StartServer, backend, route
 

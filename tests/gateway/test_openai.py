@@ -14,7 +14,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 from plnt.gateway.auth import Grant, TokenSet
 from plnt.gateway.routes import Backend, Router, RouteTable
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 
 from .conftest import StartGateway, StartServer, backend, route
 from .fakes import FakeRunner

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from plnt.gateway.routes import Backend, Route, Router, RouteTable, session_bucket
 from plnt.gateway.upstream import UpstreamClient
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 
 from .conftest import StartGateway, StartServer, backend, route
 from .fakes import FakeRunner

@@ -18,8 +18,8 @@ from openai.types.chat import ChatCompletionMessageParam
 from plnt.gateway.app import create_app
 from plnt.gateway.routes import Backend, Route, Router, RouteTable
 from plnt.gateway.server import GatewayServer
-from plnt.reconciler.drivers.local import free_port
 from plnt.reconciler.drivers.model_runtime import LlamaCppServer, runtime_python
+from plnt.reconciler.drivers.processes import free_port
 
 from .test_llama_runtime import LLM_VENV, smollm2_gguf  # noqa: F401 - the fixture
 

@@ -16,7 +16,7 @@ import pytest
 from click.testing import Result
 from plnt.reconciler.cli.main import app
 from plnt.reconciler.control.status import Phase, StatusStore
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 from typer.testing import CliRunner
 
 from ..conftest import EXAMPLE, SpecRepo

@@ -18,7 +18,8 @@ import pytest
 from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.control.status import Phase, StatusStore
 from plnt.reconciler.drivers.driver_set import DriverSet
-from plnt.reconciler.drivers.local import LocalDriver, process_start_time
+from plnt.reconciler.drivers.local import LocalDriver
+from plnt.reconciler.drivers.processes import process_start_time
 from plnt.reconciler.plan.diff import Action
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.git import GitSource

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from plnt.gateway.server import GatewayServer
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 from plnt.reconciler.saga.smoke import Sample, SmokeMetrics, judge, measure, percentile, summarise
 from plnt.reconciler.specs.models import SmokeTest
 
