@@ -40,7 +40,8 @@ from plnt.reconciler.recipes.weights import WeightsStore
 from plnt.reconciler.review.approval import ApprovalGate
 from plnt.reconciler.review.forge import Forge, make_forge
 from plnt.reconciler.review.previews import PreviewController
-from plnt.reconciler.saga.activities import HEARTBEAT_THROTTLE, SagaActivities
+from plnt.reconciler.saga.activities import SagaActivities
+from plnt.reconciler.saga.activities.base import HEARTBEAT_THROTTLE
 from plnt.reconciler.saga.history import NoSaga, saga_history, saga_rollouts
 from plnt.reconciler.saga.temporal_server import TemporalDevServer, connect, connect_external
 from plnt.reconciler.saga.workflow import DeploySaga

@@ -507,7 +507,7 @@ async def test_status_is_written_only_from_plnt_s_own_saga(clone: GitSource, tmp
 def test_recipe_requirements_against_the_workflowrun(needs: dict[str, Any], placement: dict[str, Any],
                                                       message: str | None) -> None:
     from plnt.reconciler.errors import GpuClassUnavailable
-    from plnt.reconciler.saga.activities import check_requirements
+    from plnt.reconciler.saga.activities.pull import check_requirements
     from plnt.reconciler.specs.models import BackendPlacement, Requirements
 
     requirements, asked = Requirements.model_validate(needs), BackendPlacement.model_validate(placement)
