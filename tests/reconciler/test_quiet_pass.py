@@ -152,7 +152,7 @@ async def test_a_pass_woken_by_a_saga_end_neither_fetches_nor_checks_drift(
     async with looping(spec_repo, tmp_path, monkeypatch, interval_s=60.0) as (reconciler, counter):
         await counter.next_pass()
         assert (counter.fetches, counter.drifts) == (1, 1)  # the first pass is full
-        reconciler._wake.set()  # what RunningSagas does when a saga ends
+        reconciler._wake.set()  # what SagaLauncher does when a saga ends
         await counter.next_pass()
         assert (counter.passes, counter.fetches, counter.drifts) == (2, 1, 1)
         reconciler.wake()  # a webhook
