@@ -214,11 +214,11 @@ class RunnerProcesses:
 
     async def terminate(self, pid: int, start: str | None, release_id: str) -> None:
         """SIGTERM (the runner drains and exits), SIGKILL after the stop timeout; forget the pid."""
-        _signal(pid, signal.SIGTERM)
+        signal_process(pid, signal.SIGTERM)
         await self.wait_exit(pid, start)
         if self.alive(pid, start):
             log.warning("runner-kill release=%s pid=%s (no exit %.0fs after SIGTERM)", release_id, pid, self.stop_timeout_s)
-            _signal(pid, signal.SIGKILL)
+            signal_process(pid, signal.SIGKILL)
         self.reap(pid)
         log.info("runner-stopped release=%s pid=%s", release_id, pid)
 
@@ -233,7 +233,7 @@ class RunnerProcesses:
         so it also works while the install is being cancelled."""
         if release.pid is not None and self.alive(release.pid, release.pid_start):
             log.warning("runner-abandoned release=%s pid=%s: install did not complete", release.release_id, release.pid)
-            _signal(release.pid, signal.SIGKILL)
+            signal_process(release.pid, signal.SIGKILL)
         self.reap(release.pid)
 
     def reap(self, pid: int | None) -> None:
@@ -277,7 +277,8 @@ class RunnerProcesses:
         return stopped
 
 
-def _signal(pid: int, signum: signal.Signals) -> None:
+def signal_process(pid: int, signum: signal.Signals) -> None:
+    """Send `signum` to `pid`; one already gone is not an error (it is what a stop wants)."""
     try:
         os.kill(pid, signum)
     except ProcessLookupError:

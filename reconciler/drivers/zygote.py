@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from plnt.reconciler.drivers.processes import process_start_time
+from plnt.reconciler.drivers.processes import process_start_time, signal_process
 from plnt.runner.zygote import CMDLINE_ROOM, MAX_MESSAGE, decode, encode
 
 log = logging.getLogger(__name__)
@@ -89,10 +89,7 @@ class _Zygote:
             if future is None or not future.set_running_or_notify_cancel():
                 if "pid" in message:  # its start was cancelled or timed out: nobody will record or stop it
                     log.warning("zygote-runner-abandoned pid=%s: its start was cancelled", message["pid"])
-                    try:
-                        os.kill(int(message["pid"]), signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    signal_process(int(message["pid"]), signal.SIGKILL)
                 return
             if "pid" in message:
                 future.set_result(int(message["pid"]))
@@ -192,10 +189,7 @@ class ForkedRunner:
         return self.returncode
 
     def kill(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        signal_process(self.pid, signal.SIGKILL)
 
 
 async def _give_up(future: concurrent.futures.Future[int], answer: asyncio.Future[int]) -> None:
@@ -214,10 +208,7 @@ async def _give_up(future: concurrent.futures.Future[int], answer: asyncio.Futur
     except BaseException:
         return  # the fork failed, or the zygote went away: no runner
     log.warning("zygote-runner-abandoned pid=%s: its start was cancelled", pid)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    signal_process(pid, signal.SIGKILL)
 
 
 class ZygoteClient:
