@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from plnt.core.upstream import UpstreamClient, UpstreamError  # noqa: E402
 from plnt.gateway.bench import Load, percentile, run_load  # noqa: E402
-from plnt.reconciler.drivers.local import free_port  # noqa: E402
+from plnt.reconciler.drivers.processes import free_port  # noqa: E402
 
 RESULT = {"workflow": "echo", "version": "1.0.0", "output": "ok", "steps": {"echo": {"ms": 0.01, "cached": False}},
           "release": "rel-bench", "cache": {"hits": 0, "misses": 1}}

@@ -57,7 +57,7 @@ from benchlib import BULK_RUN, descendants, git, how_it_ran, print_json, pss_kib
 from benchlib import process_cpu_s as cpu_s  # noqa: E402
 from plnt.core.upstream import UpstreamClient, UpstreamError  # noqa: E402
 from plnt.gateway.bench import Load, Sample, percentile, run_load  # noqa: E402
-from plnt.reconciler.drivers.local import free_port  # noqa: E402
+from plnt.reconciler.drivers.processes import free_port  # noqa: E402
 
 PLNT = [str(Path(sys.executable).parent / "plnt")]
 PAYLOAD = json.dumps({"review": "Great service but slow parking", "brand_voice": "warm, brief"}).encode()

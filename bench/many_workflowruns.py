@@ -93,7 +93,7 @@ async def main() -> None:
                         runner_start="exec" if args.standin_runners else args.runner_start)  # stand-ins are exec'd
     plnt = await start(settings)
     if args.standin_runners:
-        plnt.driver._python = standin_python(repo.scratch)  # bench-only: see --standin-runners
+        plnt.driver._spawner._python = standin_python(repo.scratch)  # bench-only: see --standin-runners
     samples: list[dict[str, Any]] = []
 
     async def sample_apart() -> tuple[dict[str, Any], float]:

@@ -72,7 +72,7 @@ from benchlib import descendants, git, how_it_ran, print_json  # noqa: E402
 from benchlib import process_cpu_s as cpu_s  # noqa: E402
 from plnt.core.upstream import UpstreamClient, UpstreamError  # noqa: E402
 from plnt.gateway.bench import percentile  # noqa: E402
-from plnt.reconciler.drivers.local import free_port  # noqa: E402
+from plnt.reconciler.drivers.processes import free_port  # noqa: E402
 
 PLNT = str(Path(sys.executable).parent / "plnt")
 MODEL = "smollm2"

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchlib import how_it_ran, print_json  # noqa: E402
-from plnt.core.specs.models import RecipeTrustPolicy, WorkflowSource  # noqa: E402
-from plnt.reconciler.drivers.local import free_port  # noqa: E402
+from plnt.core.specs.models import RecipeTrustPolicy, WorkflowSource
+from plnt.reconciler.drivers.processes import free_port  # noqa: E402
 from plnt.reconciler.recipes.archive import archive_digest, pack_recipe_to  # noqa: E402
 from plnt.reconciler.recipes.pull import RecipeCache, pull_recipe  # noqa: E402
 from plnt.reconciler.recipes.registries import RegistryOptions, open_registry  # noqa: E402

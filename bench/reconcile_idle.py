@@ -40,7 +40,8 @@ from plnt.core.specs.loader import load_sources  # noqa: E402
 from plnt.core.status import Phase  # noqa: E402
 from plnt.reconciler.control.loop import Reconciler  # noqa: E402
 from plnt.reconciler.drivers.driver_set import DriverSet  # noqa: E402
-from plnt.reconciler.drivers.local import LocalDriver, process_start_time  # noqa: E402
+from plnt.reconciler.drivers.local import LocalDriver  # noqa: E402
+from plnt.reconciler.drivers.processes import process_start_time  # noqa: E402
 from plnt.reconciler.plan.diff import Action  # noqa: E402
 from plnt.reconciler.settings import Settings  # noqa: E402
 from plnt.reconciler.source.git import GitSource  # noqa: E402

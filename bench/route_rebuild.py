@@ -63,11 +63,11 @@ def main() -> None:
             atomic_write_json(state.releases / f"default.{name}.json", live.model_dump(mode="json"))
             statuses.update("default", name, phase=Phase.CANARY, version="1.0.0")
         driver = LocalDriver(state)
-        snapshot = driver._scan()
+        snapshot = driver._records._scan()
         built: dict[str, Any] = {}
         build_route_table(snapshot, statuses, built)
         results = {
-            "scan_ms": best_ms(driver._scan, args.repeat, args.rounds),
+            "scan_ms": best_ms(driver._records._scan, args.repeat, args.rounds),
             "route_table_from_scratch_ms": best_ms(lambda: build_route_table(snapshot, statuses), args.repeat,
                                                    args.rounds),
             "route_table_reusing_ms": best_ms(lambda: build_route_table(snapshot, statuses, built), args.repeat,

@@ -108,7 +108,7 @@ def instrument(plnt: Any, clock: Clock) -> None:
         return await once(**kwargs)
 
     reconciler.reconcile_once = timed_once
-    wait_healthy, healthy = driver._wait_healthy, driver._healthy
+    wait_healthy, healthy = driver._processes.wait_healthy, driver._processes.healthy
 
     async def timed_wait_healthy(release: Any, child: Any) -> bool:
         clock.mark("runner spawned (Popen returned)")
@@ -123,7 +123,7 @@ def instrument(plnt: Any, clock: Clock) -> None:
             clock.extra["last_failed_poll"] = time.time()
         return ok
 
-    driver._wait_healthy, driver._healthy = timed_wait_healthy, timed_healthy
+    driver._processes.wait_healthy, driver._processes.healthy = timed_wait_healthy, timed_healthy
     refresh = plnt.statuses.on_change
 
     def on_change() -> None:
@@ -212,7 +212,7 @@ async def main() -> None:
                         runner_start="exec" if args.standin_runners else args.runner_start)  # stand-ins are exec'd
     plnt = await start(settings)
     if args.standin_runners:
-        plnt.driver._python = standin_python(repo.scratch)  # bench-only: see --standin-runners
+        plnt.driver._spawner._python = standin_python(repo.scratch)  # bench-only: see --standin-runners
     clock = Clock()
     armed = instrument(plnt, clock)
     profiles: list[dict[str, Any]] = []

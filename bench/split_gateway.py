@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from benchlib import BULK_RUN, git  # noqa: E402
 from plnt.gateway.bench import Load, percentile, run_load  # noqa: E402
-from plnt.reconciler.drivers.local import free_port  # noqa: E402
+from plnt.reconciler.drivers.processes import free_port  # noqa: E402
 
 PLNT = [str(Path(sys.executable).parent / "plnt")]
 RUN_FILE = "workflowruns/review-responder.yaml"

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from plnt.gateway.bench import percentile, run_load  # noqa: E402
-from plnt.reconciler.drivers.local import free_port  # noqa: E402
+from plnt.reconciler.drivers.processes import free_port  # noqa: E402
 from plnt.reconciler.saga.temporal_server import TemporalDevServer  # noqa: E402
 
 PLNT = [sys.executable, "-m", "plnt.reconciler.cli.main"]

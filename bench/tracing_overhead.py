@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import gateway_overhead as go  # noqa: E402
-from plnt.reconciler.drivers.local import free_port  # noqa: E402
+from plnt.reconciler.drivers.processes import free_port  # noqa: E402
 
 _TRACING_GUARDS = ("if telemetry.ENABLED", "if outcome.span is not None")
 

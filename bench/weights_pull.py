@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchlib import how_it_ran, print_json  # noqa: E402
-from plnt.core.specs.models import RecipeTrustPolicy  # noqa: E402
-from plnt.reconciler.drivers.local import free_port  # noqa: E402
+from plnt.core.specs.models import RecipeTrustPolicy
+from plnt.reconciler.drivers.processes import free_port  # noqa: E402
 from plnt.reconciler.errors import RegistryUnavailable  # noqa: E402
 from plnt.reconciler.recipes.registries import RegistryOptions  # noqa: E402
 from plnt.reconciler.recipes.trust import VerifiedWeights, verify_weights_signature  # noqa: E402

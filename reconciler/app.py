@@ -32,7 +32,8 @@ from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
 from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.helm import DEFAULT_CHART, DEFAULT_MODEL_CHART, HelmDriver, RunnerImage, SpecLookup
-from plnt.reconciler.drivers.local import LocalDriver, raise_open_files_limit
+from plnt.reconciler.drivers.local import LocalDriver
+from plnt.reconciler.drivers.processes import raise_open_files_limit
 from plnt.reconciler.drivers.reported import ReportedRunners
 from plnt.reconciler.plan.view import add_plan_routes
 from plnt.reconciler.recipes.archive import ExtractLimits
@@ -42,7 +43,8 @@ from plnt.reconciler.recipes.weights import WeightsStore
 from plnt.reconciler.review.approval import ApprovalGate
 from plnt.reconciler.review.forge import Forge, make_forge
 from plnt.reconciler.review.previews import PreviewController
-from plnt.reconciler.saga.activities import HEARTBEAT_THROTTLE, SagaActivities
+from plnt.reconciler.saga.activities import SagaActivities
+from plnt.reconciler.saga.activities.base import HEARTBEAT_THROTTLE
 from plnt.reconciler.saga.commit_specs import CommitSpecs
 from plnt.reconciler.saga.history import NoSaga, saga_history, saga_rollouts
 from plnt.reconciler.saga.temporal_server import TemporalDevServer, connect, connect_external

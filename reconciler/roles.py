@@ -49,7 +49,8 @@ from plnt.reconciler.control.lease import FileLease, LeaderLease
 from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
 from plnt.reconciler.drivers.reported import RUNNERS_PATH, ReportedRunners, RunnerReport, RunnerReporter
-from plnt.reconciler.saga.activities import HEARTBEAT_THROTTLE, PhaseRecorder
+from plnt.reconciler.saga.activities.base import HEARTBEAT_THROTTLE
+from plnt.reconciler.saga.activities.recorder import PhaseRecorder
 from plnt.reconciler.saga.temporal_server import connect_external
 from plnt.reconciler.saga.workflow import DeploySaga
 from plnt.reconciler.settings import Settings

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import httpx
 import pytest
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 
 S3_REGION = "us-east-1"
 S3_ACCESS_KEY = "plnt-test-access-key"

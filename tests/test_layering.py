@@ -33,7 +33,6 @@ PURE_FOR_THE_PLAN = {"plnt.core.specs.models", "plnt.core.status", "plnt.reconci
 ROLES = ("plnt.reconciler", "plnt.gateway", "plnt.runner")
 KNOWN_CIRCLES = [
     ["plnt.reconciler.cli.main", "plnt.reconciler.cli.model", "plnt.reconciler.cli.review", "plnt.reconciler.cli.roles"],
-    ["plnt.reconciler.drivers.local", "plnt.reconciler.drivers.zygote"],
 ]
 
 

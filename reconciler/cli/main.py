@@ -277,7 +277,7 @@ def up(
     import os
 
     from plnt.core.auth import exposure_problem, load_tokens
-    from plnt.reconciler.drivers.local import allowlisted_env
+    from plnt.reconciler.drivers.spawn import allowlisted_env
 
     _setup_logging(verbose)
     env_tokens = tuple(t.strip() for t in os.environ.get("PLNT_GATEWAY_TOKENS", "").split(",") if t.strip())

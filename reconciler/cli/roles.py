@@ -256,7 +256,7 @@ def worker(
     verbose: Verbose = False,
 ) -> None:
     """The worker role: run the saga's steps on Temporal; host and report the local runners they install."""
-    from plnt.reconciler.drivers.local import allowlisted_env
+    from plnt.reconciler.drivers.spawn import allowlisted_env
     from plnt.reconciler.roles import start_worker
 
     _setup_logging(verbose)

@@ -25,18 +25,15 @@ from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
 from plnt.reconciler.review.approval import ApprovalGate
-from plnt.reconciler.saga.follow import RunningSagas
-from plnt.reconciler.saga.io import SagaInput, SagaResult, saga_workflow_id
+from plnt.reconciler.saga.io import SagaInput
+from plnt.reconciler.saga.launch import SagaLauncher, poll
 from plnt.reconciler.saga.smoke_progress import follow_smoke_progress
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource, redact
 from plnt.reconciler.state import StateDir, atomic_write_json, read_json
 from plnt.reconciler.status_store import StatusStore
-from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +68,8 @@ class Reconciler:
         self._wake = asyncio.Event()  # a saga ended (a light pass), or wake() (a full one)
         self._full_pass_due = True
         self._fetched: str | None = None  # the commit the last fetch found
-        self._running = RunningSagas(self._wake)
-        self._sagas, self._saga_fingerprints, self._cancelled = (
-            self._running.tasks, self._running.fingerprints, self._running.cancelled)
+        self._last_full = 0.0  # (loop time) of the last full pass
+        self._sagas = SagaLauncher(client, settings.task_queue, self._wake)
         self._loaded: tuple[str, SpecSet, list[Problem]] | None = None
         self._desired_at: tuple[str, SpecSet, dict[str, DesiredRun]] | None = None
         # The specs of the last commit this loop reconciled: while a newer commit is refused, they are
@@ -105,42 +101,34 @@ class Reconciler:
             await asyncio.gather(progress, return_exceptions=True)
 
     async def _loop(self, stop: asyncio.Event) -> None:
-        last_full = asyncio.get_running_loop().time()
-        while not stop.is_set():
-            # Cleared before the pass, so a wake during the pass (a webhook, a saga ending) runs another.
-            self._wake.clear()
-            # Full when asked (a webhook, the interval) or when the interval passed since the last
-            # full one: saga ends that keep waking the loop must not keep it from fetching.
-            now = asyncio.get_running_loop().time()
-            full = self._full_pass_due or now - last_full >= self._settings.interval_s
-            self._full_pass_due = False
-            if full:
-                last_full = now
-            started, outcome = time.perf_counter(), "error"
-            try:
-                await self.reconcile_once(full=full)
-                outcome = "ok"
-            except PlntError as exc:
-                outcome = "skipped"
-                log.warning("reconcile-skipped reason=%s", redact(str(exc)))
-                self._record_source(error=str(exc))
-            except Exception:  # noqa: BLE001 - the loop must outlive any one bad reconcile
-                log.exception("reconcile-failed")
-            finally:
-                self.metrics.pass_finished(full, outcome, time.perf_counter() - started)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._settings.interval_s):
-                    await _first(self._wake.wait(), stop.wait())
+        self._last_full = asyncio.get_running_loop().time()
+        await poll(stop, self._wake, self._settings.interval_s, self._pass, what="reconcile",
+                   on_skipped=lambda exc: self._record_source(error=str(exc)))
+
+    async def _pass(self) -> None:
+        # Full when asked (a webhook, the interval) or when the interval passed since the last
+        # full one: saga ends that keep waking the loop must not keep it from fetching.
+        now = asyncio.get_running_loop().time()
+        full = self._full_pass_due or now - self._last_full >= self._settings.interval_s
+        self._full_pass_due = False
+        if full:
+            self._last_full = now
+        started, outcome = time.perf_counter(), "error"
+        try:
+            await self.reconcile_once(full=full)
+            outcome = "ok"
+        except PlntError:
+            outcome = "skipped"
+            raise
+        finally:
+            self.metrics.pass_finished(full, outcome, time.perf_counter() - started)
 
     async def close(self) -> None:
-        for task in self._sagas.values():
-            task.cancel()
-        await asyncio.gather(*self._sagas.values(), return_exceptions=True)
-        self._sagas.clear()
+        await self._sagas.close()
 
     @property
     def running_sagas(self) -> set[str]:
-        return set(self._sagas)
+        return self._sagas.running
 
     # --- one pass ----------------------------------------------------------------------------
 
@@ -183,7 +171,7 @@ class Reconciler:
             return self._quiet_items
         self._quiet = None
         # Preview releases (`<name>--pr<N>`) belong to the PreviewController (reconciler/review/previews.py).
-        items = self._plan.plan(desired, releases, self._statuses.all(), self._saga_fingerprints,
+        items = self._plan.plan(desired, releases, self._statuses.all(), self._sagas.fingerprints,
                                 keep=lambda key: preview_of(key.split("/", 1)[1]) is None)
         in_sync = all(item.action is Action.UNCHANGED and not item.waiting for item in items)
         budget = self._settings.max_concurrent_sagas - len(self._sagas)
@@ -194,7 +182,8 @@ class Reconciler:
             if unknown is not None and item.key not in self._sagas and self._was_deployed(item.key):
                 self._hold_unknown(item, unknown)
             elif item.supersedes:
-                await self._cancel_saga(item)
+                await self._sagas.cancel(item.namespace, item.name,
+                                         why="a newer commit changed it; cancelling the running saga")
             elif item.needs_saga and budget > 0:
                 starts.append(self._start_saga(item, specs, commit))
                 budget -= 1
@@ -242,25 +231,15 @@ class Reconciler:
         if revision is None or (unknown is not None and unknown()) or \
                 (unknown is None and hasattr(self._driver, "live_unknown")):
             return None
-        return commit, id(specs), revision, dict(self._saga_fingerprints), releases
+        return commit, id(specs), revision, dict(self._sagas.fingerprints), releases
 
     async def live_runs(self) -> dict[str, LiveRun]:
-        return live_from(await self._driver.live(), self._statuses.all(), self._saga_fingerprints)
+        return live_from(await self._driver.live(), self._statuses.all(), self._sagas.fingerprints)
 
     async def adopt_running_sagas(self) -> None:
-        """After a restart, follow the sagas Temporal is still running instead of starting new ones."""
-        for status in self._statuses.all():
-            if preview_of(status.name) is not None:
-                continue  # the PreviewController follows its own sagas
-            handle = self._client.get_workflow_handle(saga_workflow_id(status.namespace, status.name), result_type=SagaResult)
-            try:
-                description = await handle.describe()
-            except RPCError:
-                continue
-            if description.status == WorkflowExecutionStatus.RUNNING:
-                log.info("saga-adopted workflowrun=%s saga=%s", status.key, handle.id)
-                deploys = None if status.phase is Phase.DELETING else status.attempted_fingerprint
-                self._running.follow(status.key, handle, deploys)
+        """After a restart, follow the sagas Temporal is still running instead of starting new ones
+        (not a preview's: the PreviewController follows its own)."""
+        await self._sagas.adopt(status for status in self._statuses.all() if preview_of(status.name) is None)
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -308,37 +287,14 @@ class Reconciler:
                 self._statuses.update_nowait(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
                                              attempted_version=saga.version, message=f"{item.action.value}: {item.reason}",
                                              kind=run.kind)
+        # Around the start: Temporal's interceptor puts StartWorkflow, then the saga's spans, under this span.
         traced = telemetry.span(f"saga {item.key}", {
             "plnt.workflow": item.name, "plnt.namespace": item.namespace, "plnt.version": saga.version,
             "plnt.commit": commit, "plnt.action": saga.action, "plnt.reason": item.reason,
         }) if telemetry.ENABLED else contextlib.nullcontext()
-        try:
-            with traced:  # Temporal's interceptor: StartWorkflow, then the saga's spans, under this one
-                handle = await self._client.start_workflow(
-                    "DeploySaga", saga, id=saga.workflow_id, task_queue=self._settings.task_queue,
-                    id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-                    result_type=SagaResult,
-                )
+        if await self._sagas.start(item.key, saga, traced):
             log.info("saga-started workflowrun=%s action=%s version=%s commit=%s reason=%r",
                      item.key, item.action.value, item.to_version or item.from_version, commit[:12], item.reason)
-        except WorkflowAlreadyStartedError:
-            # A saga for this WorkflowRun is still running: follow it, act on the newest spec when it ends.
-            handle = self._client.get_workflow_handle(saga.workflow_id, result_type=SagaResult)
-        self._running.follow(item.key, handle, saga.fingerprint)
-
-    async def _cancel_saga(self, item: PlanItem) -> None:
-        """The newest spec wins: cancel the running saga (it removes its canary); when it has
-        ended, the next pass starts a saga for the newest spec."""
-        if item.key in self._cancelled:
-            return
-        self._cancelled.add(item.key)
-        log.info("saga-superseded workflowrun=%s (a newer commit changed it; cancelling the running saga)", item.key)
-        try:
-            await self._client.get_workflow_handle(saga_workflow_id(item.namespace, item.name)).cancel()
-        except RPCError as exc:
-            log.warning("saga-cancel-failed workflowrun=%s error=%s", item.key, exc)
-            self._cancelled.discard(item.key)
 
     async def _heal_drift(self, specs: SpecSet) -> None:
         """Releases that stopped running out of band are restored (selfHeal, the default) or reported."""
@@ -465,11 +421,3 @@ class Reconciler:
             self.source_status = new
             atomic_write_json(self._state.source_file, new)
 
-
-async def _first(*aws: Any) -> None:
-    tasks = [asyncio.ensure_future(aw) for aw in aws]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()

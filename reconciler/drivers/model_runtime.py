@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from plnt.reconciler.drivers.local import runner_env
+from plnt.reconciler.drivers.spawn import runner_env
 from plnt.reconciler.errors import DriverError, InvalidSpec
 
 DEFAULT_CONTEXT = 2048

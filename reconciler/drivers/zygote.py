@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from plnt.core.zygote_protocol import CMDLINE_ROOM, MAX_MESSAGE, decode, encode
+from plnt.reconciler.drivers.processes import process_start_time, signal_process
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +89,7 @@ class _Zygote:
             if future is None or not future.set_running_or_notify_cancel():
                 if "pid" in message:  # its start was cancelled or timed out: nobody will record or stop it
                     log.warning("zygote-runner-abandoned pid=%s: its start was cancelled", message["pid"])
-                    try:
-                        os.kill(int(message["pid"]), signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    signal_process(int(message["pid"]), signal.SIGKILL)
                 return
             if "pid" in message:
                 future.set_result(int(message["pid"]))
@@ -175,8 +173,6 @@ class ForkedRunner:
         return self._zygote.alive
 
     def _gone(self) -> bool:
-        from plnt.reconciler.drivers.local import process_start_time  # (local_driver imports this module)
-
         if self.poll() is not None:
             return True
         # Gone from /proc: its exit report is on its way, unless the zygote (its parent) is gone too.
@@ -193,10 +189,7 @@ class ForkedRunner:
         return self.returncode
 
     def kill(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        signal_process(self.pid, signal.SIGKILL)
 
 
 async def _give_up(future: concurrent.futures.Future[int], answer: asyncio.Future[int]) -> None:
@@ -215,10 +208,7 @@ async def _give_up(future: concurrent.futures.Future[int], answer: asyncio.Futur
     except BaseException:
         return  # the fork failed, or the zygote went away: no runner
     log.warning("zygote-runner-abandoned pid=%s: its start was cancelled", pid)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    signal_process(pid, signal.SIGKILL)
 
 
 class ZygoteClient:
@@ -272,8 +262,6 @@ class ZygoteClient:
 
     async def spawn(self, argv: list[str], runner_dir: Path, log_path: Path, env: Mapping[str, str],
                     timeout_s: float = 30.0) -> ForkedRunner:
-        from plnt.reconciler.drivers.local import process_start_time
-
         zygote = await asyncio.to_thread(self._ensure)  # the first start imports for ~1 s: not on the loop
         future = zygote.request(argv, runner_dir, log_path, env)
         answer = asyncio.wrap_future(future)

@@ -27,7 +27,6 @@ told) are pure functions below; the controller does the I/O.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fnmatch
 import logging
 import time
@@ -40,21 +39,17 @@ from plnt.core.specs.loader import SpecSet, load_sources
 from plnt.core.specs.models import WorkflowRun
 from plnt.core.status import Phase, WorkflowRunStatus
 from plnt.reconciler.drivers.protocol import ReleaseDriver
-from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.diff import Action, DesiredRun, PlanItem, live_from, plan
 from plnt.reconciler.review.forge import Forge, ForgeError, ForgeNotFound, State
 from plnt.reconciler.review.rollout_report import verdict
 from plnt.reconciler.saga.commit_specs import as_preview
-from plnt.reconciler.saga.follow import RunningSagas
-from plnt.reconciler.saga.io import SagaInput, SagaResult, saga_workflow_id
+from plnt.reconciler.saga.io import SagaInput
+from plnt.reconciler.saga.launch import SagaLauncher, poll
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.commit_trust import CommitVerifier
-from plnt.reconciler.source.git import GitSource, redact
+from plnt.reconciler.source.git import GitSource
 from plnt.reconciler.status_store import StatusStore
-from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +179,6 @@ class PreviewController:
         self._max_pulls = max_pulls
         self._settings = settings
         self._source = source
-        self._client = client
         self._statuses = statuses
         self._driver = driver
         self._forge = forge
@@ -192,9 +186,7 @@ class PreviewController:
         self._gateway_url = gateway_url
         self._base: tuple[str, SpecSet] | None = None  # the tracked branch's last reconciled commit
         self._wake = asyncio.Event()
-        self._running = RunningSagas(self._wake, what="preview-saga", subject="preview")
-        self._sagas, self._saga_fingerprints, self._cancelled = (
-            self._running.tasks, self._running.fingerprints, self._running.cancelled)
+        self._sagas = SagaLauncher(client, settings.task_queue, self._wake, what="preview-saga", subject="preview")
         self._specs: dict[str, tuple[dict[str, WorkflowRun], str | None]] = {}  # sha -> (runs, problem)
         self._reported: dict[int, _Reported] = {}
         self._closed: dict[int, tuple[str, float]] = {}  # pr -> (head sha, when the forge said it is not open)
@@ -211,31 +203,21 @@ class PreviewController:
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            self._wake.clear()
-            try:
-                if self._base is not None:
-                    await self.reconcile_once()
-            except PlntError as exc:
-                log.warning("previews-skipped reason=%s", redact(str(exc)))
-            except Exception:  # noqa: BLE001 - the loop must outlive any one bad pass
-                log.exception("previews-failed")
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._settings.interval_s):
-                    await _first(self._wake.wait(), stop.wait())
+        await poll(stop, self._wake, self._settings.interval_s, self._pass, what="previews")
+
+    async def _pass(self) -> None:
+        if self._base is not None:  # (none until the branch's first valid commit)
+            await self.reconcile_once()
 
     async def close(self) -> None:
-        for task in self._sagas.values():
-            task.cancel()
-        await asyncio.gather(*self._sagas.values(), return_exceptions=True)
-        self._sagas.clear()
+        await self._sagas.close()
 
     # --- one pass --------------------------------------------------------------------------
 
     async def reconcile_once(self) -> list[PlanItem]:
         assert self._base is not None
         if not self._adopted:
-            await self._adopt_running_sagas()
+            await self._sagas.adopt(status for status in self._statuses.all() if preview_of(status.name) is not None)
             self._adopted = True
         base_commit, base = self._base
         previewing = {pr for status in self._statuses.all() if (pr := _pr_of(status.name))}
@@ -267,14 +249,14 @@ class PreviewController:
                     continue
                 desired[run.key] = DesiredRun.from_spec(run)
         live = {key: run for key, run in live_from(await self._driver.live(), self._statuses.all(),
-                                                   self._saga_fingerprints).items()
+                                                   self._sagas.fingerprints).items()
                 if (of := preview_of(run.name)) is not None and of[1] not in held and key not in base.workflow_runs}
         items = plan(desired, live)
         budget = self._settings.max_concurrent_sagas - len(self._sagas)
         for item in items:
             pr = _pr_of(item.name)
             if item.supersedes:
-                await self._cancel_saga(item)
+                await self._sagas.cancel(item.namespace, item.name, why="a newer push changed it")
             elif item.needs_saga and budget > 0:
                 pull = pulls.get(pr)
                 commit = pull.sha if pull is not None and item.action is not Action.UNINSTALL else base_commit
@@ -398,43 +380,9 @@ class PreviewController:
             self._statuses.update(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
                                   attempted_version=saga.version,
                                   message=f"preview of #{pr}: {item.action.value}: {item.reason}")
-        try:
-            handle = await self._client.start_workflow(
-                "DeploySaga", saga, id=saga.workflow_id, task_queue=self._settings.task_queue,
-                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-                result_type=SagaResult,
-            )
+        if await self._sagas.start(item.key, saga):
             log.info("preview-saga-started preview=%s pr=%d action=%s version=%s commit=%s",
                      item.key, pr, item.action.value, item.to_version or item.from_version, commit[:12])
-        except WorkflowAlreadyStartedError:
-            handle = self._client.get_workflow_handle(saga.workflow_id, result_type=SagaResult)
-        self._running.follow(item.key, handle, saga.fingerprint)
-
-    async def _cancel_saga(self, item: PlanItem) -> None:
-        if item.key in self._cancelled:
-            return
-        self._cancelled.add(item.key)
-        log.info("preview-saga-superseded preview=%s (a newer push changed it)", item.key)
-        try:
-            await self._client.get_workflow_handle(saga_workflow_id(item.namespace, item.name)).cancel()
-        except RPCError as exc:
-            log.warning("preview-saga-cancel-failed preview=%s error=%s", item.key, exc)
-            self._cancelled.discard(item.key)
-
-    async def _adopt_running_sagas(self) -> None:
-        for status in self._statuses.all():
-            if preview_of(status.name) is None:
-                continue
-            handle = self._client.get_workflow_handle(saga_workflow_id(status.namespace, status.name),
-                                                      result_type=SagaResult)
-            try:
-                description = await handle.describe()
-            except RPCError:
-                continue
-            if description.status == WorkflowExecutionStatus.RUNNING:
-                deploys = None if status.phase is Phase.DELETING else status.attempted_fingerprint
-                self._running.follow(status.key, handle, deploys)
 
     # --- the pull request's statuses and comment -------------------------------------------
 
@@ -451,7 +399,7 @@ class PreviewController:
             except ForgeError as exc:
                 log.warning("preview-report-failed pr=%d error=%s", pull.pr, exc)
         for pr in closed:
-            if by_pr.get(pr) or any(_pr_of(key.split("/", 1)[1]) == pr for key in self._sagas):
+            if by_pr.get(pr) or any(_pr_of(key.split("/", 1)[1]) == pr for key in self._sagas.running):
                 continue  # still being removed
             try:
                 await self._report_removed(pr)
@@ -509,7 +457,7 @@ class PreviewController:
 
     @property
     def running_sagas(self) -> set[str]:
-        return set(self._sagas)
+        return self._sagas.running
 
 
 def _base_name(name: str) -> str:
@@ -520,15 +468,6 @@ def _base_name(name: str) -> str:
 def _pr_of(name: str) -> int:
     of = preview_of(name)
     return of[1] if of is not None else 0
-
-
-async def _first(*aws: Any) -> None:
-    tasks = [asyncio.ensure_future(aw) for aw in aws]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
 
 
 __all__ = ["MARKER", "PreviewController", "PullRef", "comment_body", "context_of", "forge_status", "pr_number",

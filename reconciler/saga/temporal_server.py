@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from plnt.core import telemetry
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 from plnt.reconciler.errors import RetryLater
 from plnt.reconciler.settings import Settings
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from plnt.reconciler.drivers.local import RUNNER_ENV_NAMES, allowlisted_env
+from plnt.reconciler.drivers.spawn import RUNNER_ENV_NAMES, allowlisted_env
 from pydantic import SecretStr
 
 from tests.attacks.live import AttackRepo, OutsideWrites, assert_still_serving, live_plnt

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from plnt.core.upstream import UpstreamBroken, UpstreamClient, UpstreamConnectError, UpstreamTimeout
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 
 pytestmark = pytest.mark.integration
 

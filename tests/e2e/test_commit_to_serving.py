@@ -11,7 +11,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from plnt.reconciler.drivers.local import process_start_time
+from plnt.reconciler.drivers.processes import process_start_time
 
 from tests.conftest import SpecRepo
 from tests.e2e.harness import hook, invoke, running_plnt, settings_for, status_of, wait_for, wait_phase

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import SpecRepo

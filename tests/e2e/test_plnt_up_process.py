@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from plnt.reconciler.drivers.local import free_port, process_start_time
+from plnt.reconciler.drivers.processes import free_port, process_start_time
 
 from tests.conftest import SpecRepo
 

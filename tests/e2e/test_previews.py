@@ -148,7 +148,7 @@ async def test_a_pull_request_is_previewed_replaced_and_removed(
 
 
 def _alive(pid: int) -> bool:
-    from plnt.reconciler.drivers.local import process_start_time
+    from plnt.reconciler.drivers.processes import process_start_time
 
     return process_start_time(pid) is not None
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from plnt.reconciler.drivers.local import process_start_time
+from plnt.reconciler.drivers.processes import process_start_time
 
 from tests.conftest import SpecRepo
 from tests.e2e.harness import invoke, running_plnt, settings_for, wait_for, wait_phase

@@ -35,7 +35,7 @@ from plnt.core.server import GatewayServer
 from plnt.gateway.app import create_app
 from plnt.gateway.route_watch import RoutePublisher, add_control_routes
 from plnt.gateway.router import Router
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 
 from tests.conftest import SpecRepo
 from tests.e2e.test_plnt_up_process import PLNT, REVIEW, PlntUp

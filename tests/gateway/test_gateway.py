@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 from plnt.core.routes import Backend, Route, RouteTable, Track
 from plnt.core.server import GatewayServer, ServerStartError
 from plnt.gateway.router import Router
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 
 from tests.gateway.conftest import MakeGateway, StartServer, backend, route
 

@@ -15,7 +15,7 @@ from openai import AsyncOpenAI, OpenAI
 from plnt.core.auth import Grant, TokenSet
 from plnt.core.routes import Backend, RouteTable
 from plnt.gateway.router import Router
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 
 from tests.gateway.conftest import StartGateway, StartServer, backend, route
 from tests.gateway.fakes import FakeRunner

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.integration  # real listening servers and processes
 from plnt.core.server import QuietServer, uvicorn_config
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 
 
 async def hello(scope, receive, send):  # noqa: ANN001 - a bare ASGI app

@@ -14,7 +14,7 @@ import pytest
 from plnt.core.routes import Backend, Route, RouteTable, session_bucket
 from plnt.core.upstream import UpstreamClient
 from plnt.gateway.router import Router
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 
 from tests.gateway.conftest import StartGateway, StartServer, backend, route
 from tests.gateway.fakes import FakeRunner

@@ -19,8 +19,8 @@ from plnt.core.routes import Backend, Route, RouteTable
 from plnt.core.server import GatewayServer
 from plnt.gateway.app import create_app
 from plnt.gateway.router import Router
-from plnt.reconciler.drivers.local import free_port
 from plnt.reconciler.drivers.model_runtime import LlamaCppServer, runtime_python
+from plnt.reconciler.drivers.processes import free_port
 
 from tests.models.test_llama_runtime import LLM_VENV, smollm2_gguf  # noqa: F401 - the fixture
 

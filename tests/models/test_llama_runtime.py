@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 from plnt.core.specs.models import RecipeTrustPolicy, SmokeTest
-from plnt.reconciler.drivers.local import free_port
 from plnt.reconciler.drivers.model_runtime import LlamaCppServer, gguf_file, runtime_python
+from plnt.reconciler.drivers.processes import free_port
 from plnt.reconciler.recipes.trust import verify_weights_signature
 from plnt.reconciler.recipes.weights import SIGNATURE_NAME, DirectoryWeightsSource, WeightsStore
 from plnt.reconciler.recipes.weights_manifest import PAYLOAD_TYPE, manifest_of_directory

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import SpecRepo

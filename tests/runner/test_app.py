@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 from plnt.runner.adapters import MockBackend
 from plnt.runner.app import create_app
 from plnt.runner.recipe import load_recipe_dir

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 from plnt.runner.adapters import HTTPBackend, RuntimeAdapter, UpstreamError
 
 from tests.openai_peer import OpenAIPeer

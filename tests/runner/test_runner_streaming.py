@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 from plnt.runner.adapters import HTTPBackend, MockBackend
 from plnt.runner.app import create_app
 from plnt.runner.recipe import load_recipe_dir

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from plnt.core import telemetry
-from plnt.reconciler.drivers.local import allowlisted_env, runner_env
+from plnt.reconciler.drivers.spawn import allowlisted_env, runner_env
 
 ENDPOINT = "http://127.0.0.1:4318"
 

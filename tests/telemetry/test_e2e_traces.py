@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from plnt.core import telemetry
-from plnt.reconciler.drivers.local import allowlisted_env
+from plnt.reconciler.drivers.spawn import allowlisted_env
 
 from tests.conftest import SpecRepo
 from tests.e2e.harness import hook, invoke, running_plnt, settings_for, wait_for, wait_phase

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 
 from tests.conftest import SpecRepo
 from tests.e2e.test_plnt_up_process import REVIEW, PlntUp

@@ -16,7 +16,7 @@ import pytest
 from click.testing import Result
 from plnt.core.status import Phase
 from plnt.reconciler.cli.main import app
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 from plnt.reconciler.status_store import StatusStore
 from typer.testing import CliRunner
 

@@ -18,7 +18,8 @@ import pytest
 from plnt.core.status import Phase
 from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.drivers.driver_set import DriverSet
-from plnt.reconciler.drivers.local import LocalDriver, process_start_time
+from plnt.reconciler.drivers.local import LocalDriver
+from plnt.reconciler.drivers.processes import process_start_time
 from plnt.reconciler.plan.diff import Action
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.git import GitSource
@@ -152,7 +153,7 @@ async def test_a_pass_woken_by_a_saga_end_neither_fetches_nor_checks_drift(
     async with looping(spec_repo, tmp_path, monkeypatch, interval_s=60.0) as (reconciler, counter):
         await counter.next_pass()
         assert (counter.fetches, counter.drifts) == (1, 1)  # the first pass is full
-        reconciler._wake.set()  # what RunningSagas does when a saga ends
+        reconciler._wake.set()  # what SagaLauncher does when a saga ends
         await counter.next_pass()
         assert (counter.passes, counter.fetches, counter.drifts) == (2, 1, 1)
         reconciler.wake()  # a webhook

@@ -707,7 +707,7 @@ class Kit:
 def pushed(tmp_path: Path, oci_registry: Any) -> tuple[Any, str, str, dict[str, bytes]]:
     """Weights (one model.gguf) signed by the test Sigstore authority and pushed with `plnt model
     push` to the real OCI registry: (authority, registry URL, root digest, the files)."""
-    from tests.reconciler import test_cli_model as cli_model
+    from tests.reconciler.cli import test_cli_model as cli_model
     from tests.sigstore_ca import TestSigstoreAuthority
 
     authority = TestSigstoreAuthority("helm-models")

@@ -22,7 +22,7 @@ from plnt.reconciler.drivers.helm import (
     render_values,
     tracing_values,
 )
-from plnt.reconciler.drivers.local import allowlisted_env
+from plnt.reconciler.drivers.spawn import allowlisted_env
 
 from tests.charts.chartkit import restricted_problems
 from tests.reconciler.drivers.test_helm_chart import (

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 from plnt.core.specs.loader import SourceFile, load_sources
-from plnt.reconciler.drivers import local as local_driver
+from plnt.reconciler.drivers import processes
 from plnt.reconciler.drivers.driver_set import DriverSet
-from plnt.reconciler.drivers.local import LocalDriver, process_start_time
+from plnt.reconciler.drivers.local import LocalDriver
+from plnt.reconciler.drivers.processes import process_start_time
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir, atomic_write_json
 
 from tests.core.test_loader import BACKEND, RUN
@@ -44,13 +45,13 @@ def counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[LocalDrive
     state = StateDir(tmp_path / "state").ensure()
     driver = LocalDriver(state)
     scans: list[int] = []
-    scan = driver._scan
+    scan = driver._records._scan
 
     def counting() -> dict[str, LiveWorkflow]:
         scans.append(1)
         return scan()
 
-    monkeypatch.setattr(driver, "_scan", counting)
+    monkeypatch.setattr(driver._records, "_scan", counting)
     return driver, state, scans
 
 
@@ -106,14 +107,14 @@ def test_a_running_child_is_checked_without_reading_proc_each_time(tmp_path: Pat
     child = subprocess.Popen(["sleep", "60"])
     try:
         start = process_start_time(child.pid)
-        driver._children[child.pid] = child  # as _start registers the runners it starts
+        driver._processes.track(child)  # as _start registers the runners it starts
         reads: list[int] = []
 
         def counting(pid: int) -> str | None:
             reads.append(pid)
             return process_start_time(pid)
 
-        monkeypatch.setattr(local_driver, "process_start_time", counting)
+        monkeypatch.setattr(processes, "process_start_time", counting)
         release = record(state, "a", pid=child.pid, start=start)
         assert all(driver.is_running(release) for _ in range(5))
         assert len(reads) == 1
@@ -133,7 +134,7 @@ def test_a_stranger_process_is_still_read_from_proc(tmp_path: Path, monkeypatch:
     """A runner left by an earlier plnt is not this driver's child: its start time is read every check."""
     driver = LocalDriver(StateDir(tmp_path / "state").ensure())
     reads: list[int] = []
-    monkeypatch.setattr(local_driver, "process_start_time", lambda pid: reads.append(pid) or process_start_time(pid))
+    monkeypatch.setattr(processes, "process_start_time", lambda pid: reads.append(pid) or process_start_time(pid))
     release = record(driver._state, "a", pid=os.getpid(), start=process_start_time(os.getpid()))
     assert driver.is_running(release) and driver.is_running(release)
     assert len(reads) == 2

@@ -17,8 +17,10 @@ import httpx
 import pytest
 from plnt.core.recipe import directory_digest
 from plnt.core.specs.models import RunnerLimits
-from plnt.reconciler.drivers.local import LocalDriver, allowlisted_env, process_start_time
+from plnt.reconciler.drivers.local import LocalDriver
+from plnt.reconciler.drivers.processes import process_start_time
 from plnt.reconciler.drivers.protocol import InstallRequest
+from plnt.reconciler.drivers.spawn import allowlisted_env
 from plnt.reconciler.errors import DriverError, InvalidRecipe
 from plnt.reconciler.state import Release, StateDir
 
@@ -371,7 +373,7 @@ async def test_a_runner_is_healthy_only_when_it_answers_as_its_release(tmp_path:
     """Real HTTP, a STAND-IN /healthz (a small Starlette app on uvicorn): the answer must name the
     release and the version; an error status, a body that is not JSON, or no listener is not healthy."""
     from plnt.core.server import GatewayServer
-    from plnt.reconciler.drivers.local import free_port
+    from plnt.reconciler.drivers.processes import free_port
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
@@ -398,14 +400,15 @@ async def test_a_runner_is_healthy_only_when_it_answers_as_its_release(tmp_path:
         ]
         for response, healthy in cases:
             answer["now"] = response
-            assert await driver._healthy(release, "1.0.0") is healthy, response.body
+            assert await driver._processes.healthy(release, "1.0.0") is healthy, response.body
     finally:
         await server.stop()
     gone = release.model_copy(update={"endpoint": f"http://127.0.0.1:{free_port()}"})
-    assert await driver._healthy(gone, "1.0.0") is False
+    assert await driver._processes.healthy(gone, "1.0.0") is False
 
 
-@pytest.mark.parametrize(("runner_start", "held_step"), [("fork", "_spawn"), ("exec", "_spawn"), ("fork", "_healthy")])
+@pytest.mark.parametrize(("runner_start", "held_step"), [("fork", "_spawner.spawn"), ("exec", "_spawner.spawn"),
+                                                    ("fork", "_processes.healthy")])
 async def test_a_start_in_flight_when_the_driver_shuts_down_leaves_no_runner(tmp_path: Path, runner_start: str,
                                                                             held_step: str) -> None:
     """plnt's stop can find a runner start in flight (an install, or the reconciler's last drift heal).
@@ -415,14 +418,15 @@ async def test_a_start_in_flight_when_the_driver_shuts_down_leaves_no_runner(tmp
     runner and no zygote is left."""
     driver = LocalDriver(StateDir(tmp_path / "state"), runner_start=runner_start)  # type: ignore[arg-type]
     reached, held = asyncio.Event(), asyncio.Event()
-    real_step = getattr(driver, held_step)
+    part, step = held_step.split(".")  # the driver's part whose step is held, and that step
+    real_step = getattr(getattr(driver, part), step)
 
     async def step_held(*args: object, **kwargs: object) -> object:
         reached.set()
         await held.wait()
         return await real_step(*args, **kwargs)
 
-    setattr(driver, held_step, step_held)
+    setattr(getattr(driver, part), step, step_held)
     install = asyncio.create_task(driver.install(request("1.2.0")))
     await asyncio.wait_for(reached.wait(), timeout=60)
     await driver.shutdown()
@@ -438,7 +442,7 @@ def test_a_model_servers_memory_limit_is_its_specs_else_the_backends(tmp_path: P
     """The command line a model release starts with (nothing is started here)."""
     import sys
 
-    from plnt.reconciler.drivers.local import MODEL_SERVER_SCRIPT
+    from plnt.reconciler.drivers.processes import MODEL_SERVER_SCRIPT
     from plnt.reconciler.state import ModelServing
 
     driver = LocalDriver(StateDir(tmp_path / "state"), model_python=sys.executable,
@@ -449,8 +453,8 @@ def test_a_model_servers_memory_limit_is_its_specs_else_the_backends(tmp_path: P
                       version="1.0.0", spec_fingerprint="sha256:" + "a" * 64, recipe_digest="sha256:" + "b" * 64,
                       recipe_dir=str(tmp_path / "model"), endpoint="", model=serving)
     limits = RunnerLimits(memory_mi_b=2048)
-    argv = driver._model_argv(release, 8123, limits)
+    argv = driver._spawner.model_argv(release, 8123, limits)
     assert argv[:2] == [sys.executable, str(MODEL_SERVER_SCRIPT)]
     assert argv[argv.index("--limit-memory-mib") + 1] == "2048" and argv[-3:] == ["--", "--n_batch", "64"]
     bigger = release.model_copy(update={"model": serving.model_copy(update={"memory_mib": 16384})})
-    assert driver._model_argv(bigger, 8123, limits)[argv.index("--limit-memory-mib") + 1] == "16384"
+    assert driver._spawner.model_argv(bigger, 8123, limits)[argv.index("--limit-memory-mib") + 1] == "16384"

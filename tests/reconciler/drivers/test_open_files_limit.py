@@ -12,7 +12,7 @@ CODE = """
 import resource
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-from plnt.reconciler.drivers.local import raise_open_files_limit
+from plnt.reconciler.drivers.processes import raise_open_files_limit
 raise_open_files_limit()
 now = resource.getrlimit(resource.RLIMIT_NOFILE)
 expected = hard if hard != resource.RLIM_INFINITY else 1 << 20

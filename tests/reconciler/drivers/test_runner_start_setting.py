@@ -35,4 +35,4 @@ def test_the_setting_reaches_the_local_driver(tmp_path: Path, way: str) -> None:
     driver = make_local_driver(Settings(repo="/r", runner_start=way), StateDir(tmp_path),  # type: ignore[arg-type]
                                on_change=lambda: None, drain=lambda release: None,  # type: ignore[arg-type,return-value]
                                limits_for=lambda namespace, name: None)
-    assert driver._runner_start == way
+    assert driver._spawner.runner_start == way

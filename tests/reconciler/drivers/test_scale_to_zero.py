@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 from plnt.core.parking import PARKED_FILE
-from plnt.reconciler.drivers.local import LocalDriver, process_start_time
+from plnt.reconciler.drivers.local import LocalDriver
+from plnt.reconciler.drivers.processes import process_start_time
 from plnt.reconciler.state import Release, StateDir
 
 from tests.reconciler.drivers.test_local_driver import request
@@ -127,7 +128,7 @@ async def test_a_parked_file_naming_another_process_is_not_parking(driver: Local
                 (directory / PARKED_FILE).symlink_to(tmp_path / "elsewhere.json")
             else:
                 os.mkfifo(directory / PARKED_FILE)
-            assert not driver._parked_itself(release, alive_too=True), forge
+            assert not driver._parking.parked_itself(release, alive_too=True), forge
     finally:
         os.kill(release.pid, signal.SIGKILL)
     assert await gone(release.pid)

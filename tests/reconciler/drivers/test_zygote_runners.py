@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 from plnt.core.recipe import directory_digest
-from plnt.reconciler.drivers.local import LocalDriver, _is_runner, process_start_time
+from plnt.reconciler.drivers.local import LocalDriver
+from plnt.reconciler.drivers.processes import is_runner, process_start_time
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.drivers.zygote import ZygoteClient
 from plnt.reconciler.state import StateDir
@@ -84,7 +85,7 @@ async def test_a_forked_runner_serves_as_the_zygotes_child(driver: LocalDriver) 
     assert argv[1:3] == [b"-m", b"plnt.runner"] and release.release_id.encode() in argv, \
         "ps shows it as the runner of its release, like an exec'd one"
     assert b"plnt.runner.zygote" in Path(f"/proc/{zygote}/cmdline").read_bytes()
-    assert _is_runner(release.pid), "a forked runner is recognised as a runner (stop_unrecorded, adoption)"
+    assert is_runner(release.pid), "a forked runner is recognised as a runner (stop_unrecorded, adoption)"
     assert (await healthz(release.endpoint))["release"] == release.release_id
     assert os.getsid(release.pid) == release.pid, "its own session: Ctrl-C on plnt's terminal does not reach it"
 

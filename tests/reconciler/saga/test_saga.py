@@ -510,7 +510,7 @@ def test_recipe_requirements_against_the_workflowrun(needs: dict[str, Any], plac
                                                       message: str | None) -> None:
     from plnt.core.specs.models import BackendPlacement, Requirements
     from plnt.reconciler.errors import GpuClassUnavailable
-    from plnt.reconciler.saga.activities import check_requirements
+    from plnt.reconciler.saga.activities.pull import check_requirements
 
     requirements, asked = Requirements.model_validate(needs), BackendPlacement.model_validate(placement)
     if message is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from plnt.core.server import GatewayServer
 from plnt.core.specs.models import SmokeTest
-from plnt.reconciler.drivers.local import free_port
+from plnt.reconciler.drivers.processes import free_port
 from plnt.reconciler.saga.smoke import Sample, SmokeMetrics, judge, measure, percentile, summarise
 
 from tests.gateway.fakes import FakeRunner
