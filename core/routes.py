@@ -6,12 +6,12 @@ rolls back, and hands it to `Router.replace`. Tables are immutable snapshots, so
 that already looked up its route keeps a consistent view (stable, canary and percentage
 from the same moment) even if the table is swapped while it is in flight.
 
-Weighted routing: a request goes to the canary with probability `canary_percent / 100`.
+Weighted routing: a request goes to the canary with probability `traffic_percent / 100`.
 Requests that carry a session id (`X-Session-Id`) are routed deterministically instead, so
 one conversation stays on one version while the canary percentage is unchanged:
 
     bucket = int.from_bytes(sha256(f"{namespace}/{name}\n{session_id}").digest()[:8]) % 10_000
-    canary  iff  bucket < canary_percent * 100          (buckets of 0.01 %)
+    canary  iff  bucket < traffic_percent * 100          (buckets of 0.01 %)
 
 The workflow is part of the hash so that one unlucky session is not on every workflow's
 canary at once. Raising the percentage only moves sessions from stable to canary (a
@@ -74,7 +74,7 @@ class Route:
     name: str
     stable: Backend | None  # None: known workflow, nothing promoted yet -> 503
     canary: Backend | None = None
-    canary_percent: int = 0  # share of requests sent to the canary, 0..100
+    traffic_percent: int = 0  # share of requests sent to the canary, 0..100
     stable_replicas: tuple[Backend, ...] = ()
     # "runner": a plnt runner (POST /invoke, /chat); "openai": a ModelDeployment's model server, which
     # speaks the OpenAI API itself (the gateway passes /v1/chat/completions through unchanged).
@@ -83,8 +83,8 @@ class Route:
     def __post_init__(self) -> None:
         # Reject bad percentages here, where the reconciler builds the route, rather than
         # silently clamping them on every request.
-        if not 0 <= self.canary_percent <= 100:
-            raise ValueError(f"canary_percent must be within 0..100, got {self.canary_percent}")
+        if not 0 <= self.traffic_percent <= 100:
+            raise ValueError(f"traffic_percent must be within 0..100, got {self.traffic_percent}")
         replicas = tuple(self.stable_replicas)
         if self.stable is not None and not replicas:
             replicas = (self.stable,)

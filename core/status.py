@@ -8,7 +8,7 @@ from enum import Enum
 from typing import Any
 
 from plnt.core.routes import preview_of
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 
 class Phase(str, Enum):
@@ -47,7 +47,8 @@ class WorkflowRunStatus(BaseModel):
     phase: Phase = Phase.PENDING
     version: str | None = Field(default=None, description="version serving as stable")
     canary_version: str | None = None
-    canary_percent: int = 0
+    # (status files written before it had this name say canary_percent; the public shape says canaryPercent)
+    traffic_percent: int = Field(default=0, validation_alias=AliasChoices("traffic_percent", "canary_percent"))
     endpoint: str | None = None
     observed_commit: str | None = None
     message: str = ""
@@ -84,7 +85,7 @@ class WorkflowRunStatus(BaseModel):
             "phase": self.phase.value,
             "version": self.version,
             "canaryVersion": self.canary_version,
-            "canaryPercent": self.canary_percent,
+            "canaryPercent": self.traffic_percent,
             "endpoint": self.endpoint,
             "observedCommit": self.observed_commit,
             "message": self.message,

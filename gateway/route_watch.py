@@ -81,6 +81,7 @@ class RouteDoc(BaseModel):
     name: str = Field(min_length=1, max_length=253)
     stable: BackendDoc | None = None
     canary: BackendDoc | None = None
+    # The wire's name for Route.traffic_percent (older plnt processes read and write it)
     canary_percent: int = Field(default=0, ge=0, le=100)
     stable_replicas: tuple[BackendDoc, ...] = ()
     protocol: Literal["runner", "openai"] = "runner"
@@ -130,7 +131,7 @@ def _backend(doc: BackendDoc | None) -> Backend | None:
 
 def _route(doc: RouteDoc) -> Route:
     return Route(namespace=doc.namespace, name=doc.name, stable=_backend(doc.stable), canary=_backend(doc.canary),
-                 canary_percent=doc.canary_percent, protocol=doc.protocol,
+                 traffic_percent=doc.canary_percent, protocol=doc.protocol,
                  stable_replicas=tuple(Backend(b.endpoint, b.version, b.release_id) for b in doc.stable_replicas))
 
 
@@ -147,7 +148,7 @@ def routes_doc(table: RouteTable) -> tuple[RouteDoc, ...]:
     return tuple(
         RouteDoc.model_construct(
             namespace=r.namespace, name=r.name, stable=_backend_doc(r.stable), canary=_backend_doc(r.canary),
-            canary_percent=r.canary_percent, stable_replicas=tuple(_backend_doc(x) for x in r.stable_replicas),
+            canary_percent=r.traffic_percent, stable_replicas=tuple(_backend_doc(x) for x in r.stable_replicas),
             protocol=r.protocol)
         for r in routes
     )
@@ -208,7 +209,7 @@ class Published:
         return pydantic_core.to_json({
             "kind": "RouteTable", "epoch": self.epoch, "version": self.version,
             "routes": [{"namespace": r.namespace, "name": r.name, "stable": _backend_json(r.stable),
-                        "canary": _backend_json(r.canary), "canary_percent": r.canary_percent,
+                        "canary": _backend_json(r.canary), "canary_percent": r.traffic_percent,
                         "stable_replicas": [_backend_json(b) for b in r.stable_replicas],
                         **({"protocol": r.protocol} if r.protocol != "runner" else {})} for r in self.routes],
             "workflows": list(self.workflows),

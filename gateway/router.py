@@ -47,7 +47,7 @@ class Router:
     def choose(
         self, route: Route, rng: random.Random | None = None, *, session: str | None = None
     ) -> tuple[Backend, Track]:
-        """Pick the backend for one request: the canary with probability canary_percent/100,
+        """Pick the backend for one request: the canary with probability traffic_percent/100,
         or, with a `session` id, by the session's bucket (same session, same version).
 
         Raises RouteNotReady when nothing is promoted, even if a canary exists: a canary
@@ -57,11 +57,11 @@ class Router:
         if not replicas:
             raise RouteNotReady(route)
         bucket = session_bucket(route, session) if session else None
-        if route.canary is not None and route.canary_percent > 0:
+        if route.canary is not None and route.traffic_percent > 0:
             if bucket is not None:
-                if bucket < route.canary_percent * 100:
+                if bucket < route.traffic_percent * 100:
                     return route.canary, "canary"
-            elif (rng or self._rng).random() * 100 < route.canary_percent:  # uniform in [0, 1)
+            elif (rng or self._rng).random() * 100 < route.traffic_percent:  # uniform in [0, 1)
                 return route.canary, "canary"
         if len(replicas) == 1:
             return replicas[0], "stable"

@@ -84,7 +84,7 @@ def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore,
     def route(item: LiveWorkflow) -> Route:
         serving = item.stable or item.canary
         return Route(namespace=item.namespace, name=item.name, stable=backend(item.stable),
-                     canary=backend(item.canary), canary_percent=item.canary.traffic_percent if item.canary else 0,
+                     canary=backend(item.canary), traffic_percent=item.canary.traffic_percent if item.canary else 0,
                      protocol="openai" if serving is not None and serving.model is not None else "runner")
 
     previous = built or {}

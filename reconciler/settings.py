@@ -156,7 +156,7 @@ class Settings(BaseModel):
         "milliseconds and a few MiB each) or exec'd as a fresh Python each (~0.5 s CPU, ~35 MiB)")
     runner_env: dict[str, str] = Field(
         default_factory=dict, description="plnt's environment as the CLI found it, filtered by an allowlist "
-        "(local_driver.allowlisted_env) before any runner sees it")
+        "(drivers/spawn.py, allowlisted_env) before any runner sees it")
     # The roles run apart (`plnt reconcile`, `plnt worker`, `plnt gateway`): how they find each other.
     control_url: str | None = Field(default=None, description="the reconciler's control API, for workers and gateways")
     internal_token: SecretStr | None = Field(

@@ -70,7 +70,8 @@ class CrStatus(_CamelModel):
     phase: Phase | None = Field(default=None, description="phase of plnt's deploy saga")
     version: str | None = Field(default=None, description="version serving as stable")
     canary_version: str | None = Field(default=None, description="version under test as a canary")
-    canary_percent: int = Field(default=0, ge=0, le=100, description="share of invocations sent to the canary")
+    traffic_percent: int = Field(default=0, ge=0, le=100, alias="canaryPercent",
+                                 description="share of invocations sent to the canary")
     endpoint: str | None = Field(default=None, description="where the stable runner listens")
     observed_commit: str | None = Field(default=None, description="commit of the spec repository plnt last acted on")
     message: str = Field(default="", description="what plnt is doing or why it stopped")
@@ -119,7 +120,7 @@ def cr_status(status: WorkflowRunStatus, generation: int | None, previous_condit
     """The status subresource of a WorkflowRun CR from plnt's own status of it."""
     return CrStatus(
         observed_generation=generation, phase=status.phase, version=status.version,
-        canary_version=status.canary_version, canary_percent=status.canary_percent, endpoint=status.endpoint,
+        canary_version=status.canary_version, traffic_percent=status.traffic_percent, endpoint=status.endpoint,
         observed_commit=status.observed_commit, message=status.message, last_error=status.last_error,
         saga_id=status.saga_id, smoke_test=status.smoke_test,
         conditions=conditions_for(status.phase, status.message or status.phase.value, generation,

@@ -309,7 +309,7 @@ class _StatusCollector(Collector):
                     if preview_of(status.name) is not None:
                         continue
                     labels = (status.namespace, status.name, status.kind)
-                    canary.add_metric(labels, status.canary_percent / 100 if status.canary_version else 0.0)
+                    canary.add_metric(labels, status.traffic_percent / 100 if status.canary_version else 0.0)
                     since = m._started.get(status.key)
                     if since is not None and status.phase not in FINAL_PHASES:
                         started.add_metric(labels, since)

@@ -101,10 +101,10 @@ def verdict(status: WorkflowRunStatus) -> tuple[State, str] | None:
         progress = status.smoke_progress or {}
         so_far = smoke_summary(progress, status.smoke_budget)
         if so_far:  # the running smoke test's numbers so far (reconciler/saga/smoke_progress.py)
-            return "pending", _one_line(f"Canary {tried} at {status.canary_percent}%: "
+            return "pending", _one_line(f"Canary {tried} at {status.traffic_percent}%: "
                                         f"{progress.get('done')}/{progress.get('of')} calls, {so_far}")
         budgets = budget_summary(status.smoke_budget)
-        return "pending", _one_line(f"Canary {tried} at {status.canary_percent}%: smoke test"
+        return "pending", _one_line(f"Canary {tried} at {status.traffic_percent}%: smoke test"
                                     + (f" against {budgets}" if budgets else " under way"))
     if mark.phase in PENDING_PHASES:
         return "pending", _one_line(f"{mark.phase.value}: {mark.message}" if mark.message else mark.phase.value)

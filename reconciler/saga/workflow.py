@@ -96,7 +96,7 @@ class DeploySaga:
         # Removing a canary that was never installed is a no-op, so no bookkeeping is needed.
         await asyncio.shield(asyncio.ensure_future(self._remove_canary(saga)))
         await asyncio.shield(asyncio.ensure_future(self._phase(saga, Phase.FAILED, reason, {
-            "last_error": reason, "canary_version": None, "canary_percent": 0,
+            "last_error": reason, "canary_version": None, "traffic_percent": 0,
         })))
         return SagaResult(phase=Phase.FAILED, reason=reason, version=saga.version)
 
@@ -119,7 +119,7 @@ class DeploySaga:
         await self._call("install_release", InstallInput(saga=ref, track="canary", recipe_digest=pulled.digest),
                          Release, saga)
         await self._phase(saga, Phase.CANARY, f"smoke-testing canary {saga.version} with {percent}% of traffic", {
-            "canary_version": saga.version, "canary_percent": percent,
+            "canary_version": saga.version, "traffic_percent": percent,
             "smoke_budget": (valid.spec.get("canary") or {}).get("smokeTest"),  # shown beside the numbers
         })
         smoke = await self._call("smoke_test", SmokeInput(saga=ref), SmokeResult, saga)
@@ -127,14 +127,14 @@ class DeploySaga:
         if not smoke.passed:
             await self._remove_canary(saga)
             await self._phase(saga, Phase.ROLLED_BACK, smoke.reason, {
-                "last_error": smoke.reason, "canary_version": None, "canary_percent": 0, "smoke_test": smoke_record,
+                "last_error": smoke.reason, "canary_version": None, "traffic_percent": 0, "smoke_test": smoke_record,
             })
             return SagaResult(phase=Phase.ROLLED_BACK, reason=smoke.reason, version=saga.version)
 
         stable = await self._call("promote_release", ReleaseRef(saga=ref), Release, saga)
         message = f"{saga.version} promoted; {smoke.reason}"
         await self._phase(saga, Phase.READY, message, {
-            "version": saga.version, "endpoint": stable.endpoint, "canary_version": None, "canary_percent": 0,
+            "version": saga.version, "endpoint": stable.endpoint, "canary_version": None, "traffic_percent": 0,
             "smoke_test": smoke_record, "last_error": None, "deployed_spec": valid.spec,
             "deployed_fingerprint": saga.fingerprint,
         })

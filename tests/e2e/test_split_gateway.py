@@ -9,7 +9,7 @@
    up restarted on the same state dir (a new epoch) and a new commit: both serve it.
 2. A canary's share honoured by a `plnt gateway`: the control plane here is the real
    `RoutePublisher` + `add_control_routes` served in the test's process (so the test can publish a
-   table with `canary_percent`), and the runners are STAND-INS (`FakeRunner`, tests/gateway/fakes.py).
+   table with `traffic_percent`), and the runners are STAND-INS (`FakeRunner`, tests/gateway/fakes.py).
    The control plane is then stopped: the gateway keeps its last table.
 
 The runners' model in (1) is MockBackend (`--backend mock`), a STAND-IN for a model server; the
@@ -270,7 +270,7 @@ async def test_a_gateway_honours_the_canary_share_and_keeps_its_table_without_co
         stable = Backend(servers[0].url, "1.0.0", "rel-1")
         canary = Backend(servers[1].url, "2.0.0", "rel-2")
         publisher.publish(RouteTable([Route("default", "review-responder", stable=stable, canary=canary,
-                                            canary_percent=25)]), [{"name": "review-responder", "namespace": "default"}])
+                                            traffic_percent=25)]), [{"name": "review-responder", "namespace": "default"}])
         token_file = tmp_path / "internal-token"
         token_file.write_text(INTERNAL_TOKEN)
         gateway = GatewayProc(control.url, token_file, tmp_path / "gateway.log")

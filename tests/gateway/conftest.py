@@ -38,7 +38,7 @@ def backend(server: GatewayServer, version: str) -> Backend:
 
 def route(name: str, stable: Backend | None, canary: Backend | None = None, percent: int = 0, ns: str = "default",
           replicas: tuple[Backend, ...] = ()) -> Route:
-    return Route(namespace=ns, name=name, stable=stable, canary=canary, canary_percent=percent, stable_replicas=replicas)
+    return Route(namespace=ns, name=name, stable=stable, canary=canary, traffic_percent=percent, stable_replicas=replicas)
 
 
 @dataclass

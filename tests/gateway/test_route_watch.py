@@ -40,7 +40,7 @@ K8S = Backend("http://wf-stable.agents.svc.cluster.local:8080", "2.0.0", "agents
 
 def table() -> RouteTable:
     return RouteTable([
-        Route("default", "a", stable=A, canary=C, canary_percent=5, stable_replicas=(A, A2)),
+        Route("default", "a", stable=A, canary=C, traffic_percent=5, stable_replicas=(A, A2)),
         Route("agents", "b", stable=K8S),
         Route("default", "pending", stable=None),
     ])

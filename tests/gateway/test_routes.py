@@ -42,9 +42,9 @@ def test_duplicate_route_rejected() -> None:
 
 
 @pytest.mark.parametrize("percent", [-1, 101])
-def test_canary_percent_out_of_range_rejected(percent: int) -> None:
+def test_traffic_percent_out_of_range_rejected(percent: int) -> None:
     with pytest.raises(ValueError):
-        Route("ns", "wf", stable=V1, canary=V2, canary_percent=percent)
+        Route("ns", "wf", stable=V1, canary=V2, traffic_percent=percent)
 
 
 def test_choose_stable_only() -> None:
@@ -55,23 +55,23 @@ def test_choose_stable_only() -> None:
 
 def test_choose_canary_zero_percent_never_canary() -> None:
     rng = random.Random(7)
-    route = Route("ns", "wf", stable=V1, canary=V2, canary_percent=0)
+    route = Route("ns", "wf", stable=V1, canary=V2, traffic_percent=0)
     assert {Router().choose(route, rng)[1] for _ in range(10_000)} == {"stable"}
 
 
 def test_choose_canary_hundred_percent_always_canary() -> None:
     rng = random.Random(7)
-    route = Route("ns", "wf", stable=V1, canary=V2, canary_percent=100)
+    route = Route("ns", "wf", stable=V1, canary=V2, traffic_percent=100)
     assert {Router().choose(route, rng) for _ in range(10_000)} == {(V2, "canary")}
 
 
 def test_choose_percent_without_canary_goes_stable() -> None:
-    route = Route("ns", "wf", stable=V1, canary=None, canary_percent=50)
+    route = Route("ns", "wf", stable=V1, canary=None, traffic_percent=50)
     assert {Router().choose(route, random.Random(1))[1] for _ in range(100)} == {"stable"}
 
 
 def test_choose_canary_share_seeded() -> None:
-    route = Route("ns", "wf", stable=V1, canary=V2, canary_percent=20)
+    route = Route("ns", "wf", stable=V1, canary=V2, traffic_percent=20)
     n, p = 10_000, 0.2
     rng = random.Random(1234)
     tracks = [Router().choose(route, rng)[1] for _ in range(n)]
@@ -86,7 +86,7 @@ def test_choose_canary_share_seeded() -> None:
 
 
 def test_router_default_rng_is_injectable() -> None:
-    route = Route("ns", "wf", stable=V1, canary=V2, canary_percent=50)
+    route = Route("ns", "wf", stable=V1, canary=V2, traffic_percent=50)
     a = Router(rng=random.Random(99))
     b = Router(rng=random.Random(99))
     assert [a.choose(route) for _ in range(200)] == [b.choose(route) for _ in range(200)]
@@ -98,7 +98,7 @@ def test_choose_not_ready_even_with_canary() -> None:
         router.choose(Route("ns", "wf", stable=None))
     # A canary alone never takes all the traffic.
     with pytest.raises(RouteNotReady):
-        router.choose(Route("ns", "wf", stable=None, canary=V2, canary_percent=100))
+        router.choose(Route("ns", "wf", stable=None, canary=V2, traffic_percent=100))
 
 
 def test_replace_swaps_snapshot_atomically() -> None:

@@ -99,14 +99,14 @@ def test_session_bucket_growing_canary_keeps_its_sessions() -> None:
     sessions = [f"s{i}" for i in range(2000)]
     on_canary = {}
     for percent in (5, 20, 50, 100):
-        r = Route("default", "assistant", stable=v1, canary=v2, canary_percent=percent)
+        r = Route("default", "assistant", stable=v1, canary=v2, traffic_percent=percent)
         now = {s for s in sessions if router.choose(r, session=s)[1] == "canary"}
         assert all(s in now for s in on_canary.get("prev", set()))  # nobody leaves the canary as it grows
         on_canary["prev"] = now
     assert len(on_canary["prev"]) == 2000
     # The bucket depends on the workflow too: one session is not on every canary at once.
-    other = Route("default", "other", stable=v1, canary=v2, canary_percent=50)
-    same = Route("default", "assistant", stable=v1, canary=v2, canary_percent=50)
+    other = Route("default", "other", stable=v1, canary=v2, traffic_percent=50)
+    same = Route("default", "assistant", stable=v1, canary=v2, traffic_percent=50)
     assert [session_bucket(other, s) for s in sessions[:50]] != [session_bucket(same, s) for s in sessions[:50]]
 
 

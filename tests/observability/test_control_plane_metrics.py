@@ -66,11 +66,11 @@ async def test_rollouts_gates_and_commit_to_ready_follow_the_saga_records(tmp_pa
     assert start is not None and abs(start - time.time()) < 5
 
     await phase(store, "c1", Phase.VERIFYING)
-    await phase(store, "c1", Phase.CANARY, canary_version="1.2.0", canary_percent=5, smoke_budget=BUDGET)
+    await phase(store, "c1", Phase.CANARY, canary_version="1.2.0", traffic_percent=5, smoke_budget=BUDGET)
     await settle()
     assert sample(m, "plnt_canary_traffic_ratio", namespace=NS, name=NAME, kind="WorkflowRun") == 0.05
     assert sample(m, "plnt_workflows", phase="Canary", kind="WorkflowRun") == 1
-    await phase(store, "c1", Phase.READY, version="1.2.0", canary_version=None, canary_percent=0,
+    await phase(store, "c1", Phase.READY, version="1.2.0", canary_version=None, traffic_percent=0,
                 smoke_test=smoke(41.0, 0.0, True))
     await settle()
     assert sample(m, "plnt_rollouts_total", namespace=NS, name=NAME, kind="WorkflowRun", outcome="promoted") == 1
@@ -86,7 +86,7 @@ async def test_rollouts_gates_and_commit_to_ready_follow_the_saga_records(tmp_pa
     assert sample(m, "plnt_rollouts_total", namespace=NS, name=NAME, kind="WorkflowRun", outcome="promoted") == 1
 
     m.commit_seen("c2")
-    await phase(store, "c2", Phase.CANARY, canary_version="1.4.0", canary_percent=5, smoke_budget=BUDGET)
+    await phase(store, "c2", Phase.CANARY, canary_version="1.4.0", traffic_percent=5, smoke_budget=BUDGET)
     await phase(store, "c2", Phase.ROLLED_BACK, canary_version=None, smoke_test=smoke(30.0, 100.0, False))
     await settle()
     assert sample(m, "plnt_rollouts_total", namespace=NS, name=NAME, kind="WorkflowRun", outcome="rolled_back") == 1

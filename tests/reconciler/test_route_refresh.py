@@ -87,13 +87,13 @@ async def test_drain_flushes_a_pending_rebuild_first(tmp_path: Path) -> None:
     assert route is None or route.stable is None
 
 
-def _live(name: str, port: int, canary_percent: int | None = None) -> LiveWorkflow:
+def _live(name: str, port: int, traffic_percent: int | None = None) -> LiveWorkflow:
     def release(track: str, port: int) -> Release:
         return Release(release_id=f"{name}-{track}-{port}", namespace="default", name=name, track=track,
                        version=f"1.0.{port}", spec_fingerprint="sha256:" + "a" * 64,
                        recipe_digest="sha256:" + "0" * 64, recipe_dir="/tmp", endpoint=f"http://127.0.0.1:{port}",
-                       traffic_percent=canary_percent or 0)
-    canary = release("canary", port + 1) if canary_percent is not None else None
+                       traffic_percent=traffic_percent or 0)
+    canary = release("canary", port + 1) if traffic_percent is not None else None
     return LiveWorkflow(namespace="default", name=name, stable=release("stable", port), canary=canary)
 
 
@@ -101,19 +101,19 @@ def test_a_rebuild_reuses_the_routes_of_unchanged_records_and_equals_a_build_fro
     statuses = StatusStore(tmp_path / "status.json")
     statuses.update("default", "pending-only", phase=Phase.PENDING)
     built: dict[str, Any] = {}
-    first = {"default/a": _live("a", 20000), "default/b": _live("b", 20010, canary_percent=20)}
+    first = {"default/a": _live("a", 20000), "default/b": _live("b", 20010, traffic_percent=20)}
     table = build_route_table(first, statuses, built)
     assert _routes(table) == _routes(build_route_table(first, statuses))
     before = {route.name: route for route in table}
-    assert before["pending-only"].stable is None and before["b"].canary_percent == 20
+    assert before["pending-only"].stable is None and before["b"].traffic_percent == 20
 
     # b changed (a new record object), c appeared, a is the same object: only a's route is reused.
-    second = {"default/a": first["default/a"], "default/b": _live("b", 20010, canary_percent=50),
+    second = {"default/a": first["default/a"], "default/b": _live("b", 20010, traffic_percent=50),
               "default/c": _live("c", 20020)}
     table = build_route_table(second, statuses, built)
     after = {route.name: route for route in table}
     assert after["a"] is before["a"]
-    assert after["b"] is not before["b"] and after["b"].canary_percent == 50
+    assert after["b"] is not before["b"] and after["b"].traffic_percent == 50
     assert _routes(table) == _routes(build_route_table(second, statuses))
     # a gone: its route and its cached entry too.
     table = build_route_table({"default/b": second["default/b"]}, statuses, built)

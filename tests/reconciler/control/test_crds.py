@@ -317,7 +317,7 @@ def test_last_transition_time_moves_only_when_a_condition_status_changes() -> No
 
 def test_cr_status_fits_the_status_schema() -> None:
     status = WorkflowRunStatus(namespace="default", name="r", phase=Phase.CANARY, version="1.2.0",
-                               canary_version="1.3.0", canary_percent=5, observed_commit="a" * 40,
+                               canary_version="1.3.0", traffic_percent=5, observed_commit="a" * 40,
                                message="smoke-testing 1.3.0", smoke_test={"p95_ms": 12.5, "errors": 0})
     body = cr_status(status, 4, [], NOW).model_dump(mode="json", by_alias=True, exclude_none=True)
     assert body["observedGeneration"] == 4 and body["phase"] == "Canary" and body["canaryPercent"] == 5

@@ -305,7 +305,7 @@ def test_mirror_writes_status_with_conditions_and_observed_generation(standin: K
     assert mirror.sync_once()
     obj = cr(standin)
     assert obj["metadata"]["generation"] == 2 and obj["status"]["observedGeneration"] == 1  # type: ignore[index]
-    statuses.update("default", "review-responder", phase=Phase.CANARY, canary_version="1.3.0", canary_percent=5,
+    statuses.update("default", "review-responder", phase=Phase.CANARY, canary_version="1.3.0", traffic_percent=5,
                     attempted_fingerprint=v2.fingerprint(), attempted_version="1.3.0")
     assert mirror.sync_once()
     status = cr(standin)["status"]  # type: ignore[index]

@@ -748,7 +748,7 @@ async def test_routes_come_from_every_backend_with_the_canary_share_and_sticky_s
 
     statuses = StatusStore(state.status_file)
     route = build_route_table(drivers.snapshot(), statuses).lookup("review-responder", "team-a")
-    assert route is not None and route.canary_percent == 5
+    assert route is not None and route.traffic_percent == 5
     assert [(b.endpoint, b.version) for b in route.stable_replicas] == [
         ("http://review-responder.agents.svc.cluster.local", "1.1.0")]
     assert route.canary is not None

@@ -492,7 +492,7 @@ async def test_a_model_on_kubernetes_gets_an_openai_route_from_the_driver_set(tm
     await drivers.install(request(CHAT))
     fake.done()
     route = build_route_table(drivers.snapshot(), StatusStore(state.status_file)).lookup("chat", "team-a")
-    assert route is not None and route.protocol == "openai" and route.canary_percent == 5
+    assert route is not None and route.protocol == "openai" and route.traffic_percent == 5
     assert route.canary is not None and route.canary.endpoint == "http://chat-canary.agents.svc.cluster.local:8000"
 
 

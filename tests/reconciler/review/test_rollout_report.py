@@ -52,15 +52,15 @@ LONG = "Failed: " + "x" * 500
     (status(Phase.VERIFYING, "1.3.0 verified: signed by signer-a@example.com"),
      ("pending", "Verifying: 1.3.0 verified: signed by signer-a@example.com")),
     (status(Phase.DEPLOYING, "installing canary 1.3.0"), ("pending", "Deploying: installing canary 1.3.0")),
-    (status(Phase.CANARY, "smoke-testing", canary_percent=5, smoke_budget=BUDGET),
+    (status(Phase.CANARY, "smoke-testing", traffic_percent=5, smoke_budget=BUDGET),
      ("pending", "Canary 1.3.0 at 5%: smoke test against p95 ≤ 2500 ms, errors ≤ 1%")),
-    (status(Phase.CANARY, "smoke-testing", canary_percent=5),
+    (status(Phase.CANARY, "smoke-testing", traffic_percent=5),
      ("pending", "Canary 1.3.0 at 5%: smoke test under way")),
     # Live: the running smoke test's numbers so far (status smokeProgress, from its heartbeats).
-    (status(Phase.CANARY, "smoke-testing", canary_percent=5, smoke_budget=BUDGET,
+    (status(Phase.CANARY, "smoke-testing", traffic_percent=5, smoke_budget=BUDGET,
             smoke_progress={"done": 4, "of": 10, "metrics": {"p95_ms": 41.2, "error_percent": 0.0}}),
      ("pending", "Canary 1.3.0 at 5%: 4/10 calls, p95 41 ms ≤ 2500, errors 0% ≤ 1%")),
-    (status(Phase.CANARY, "smoke-testing", canary_percent=5, smoke_budget=BUDGET, smoke_progress={"done": 0, "of": 10}),
+    (status(Phase.CANARY, "smoke-testing", traffic_percent=5, smoke_budget=BUDGET, smoke_progress={"done": 0, "of": 10}),
      ("pending", "Canary 1.3.0 at 5%: smoke test against p95 ≤ 2500 ms, errors ≤ 1%")),
     (status(Phase.READY, "1.3.0 promoted; smoke test passed", version="1.3.0", smoke_test=PASSED, smoke_budget=BUDGET),
      ("success", "Ready 1.3.0: p95 41 ms ≤ 2500, errors 0% ≤ 1%")),
@@ -148,7 +148,7 @@ async def test_reporter_posts_each_change_in_order_and_coalesces_bursts(
         # A burst (all before the task runs): coalesced to the newest verdict, one status.
         record(store, Phase.VERIFYING, "verifying 1.2.0", C1, attempted_version="1.2.0")
         record(store, Phase.DEPLOYING, "installing canary 1.2.0", C1)
-        record(store, Phase.CANARY, "smoke", C1, canary_percent=5, smoke_budget=BUDGET)
+        record(store, Phase.CANARY, "smoke", C1, traffic_percent=5, smoke_budget=BUDGET)
         assert calls == ["routes"] * 3
         await until(lambda: posted(standin, C1, ctx), "the first status")
         assert posted(standin, C1, ctx) == [("pending", "Canary 1.2.0 at 5%: smoke test against p95 ≤ 2500 ms, errors ≤ 1%")]
