@@ -44,7 +44,6 @@ PURE_FOR_THE_PLAN = {"plnt.reconciler.specs.models", "plnt.reconciler.state"}
 KNOWN_CIRCLES = [
     ["plnt.gateway.role", "plnt.gateway.workers"],
     ["plnt.gateway.telemetry", "plnt.gateway.telemetry_temporal"],
-    ["plnt.reconciler.cli.main", "plnt.reconciler.cli.model", "plnt.reconciler.cli.review", "plnt.reconciler.cli.roles"],
     ["plnt.reconciler.drivers.local", "plnt.reconciler.drivers.zygote"],
 ]
 
