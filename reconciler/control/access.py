@@ -1,16 +1,22 @@
 """Who may call plnt's HTTP roles: the gateway's bearer tokens, from a token file and plain tokens
 (PLNT_GATEWAY_TOKENS, which the CLI reads), read once and checked against the address the role
-listens on. `plnt up`, `plnt reconcile` and `plnt gateway` all read them here; gateway worker
-processes parse the same text (`file_text`) rather than read the file again."""
+listens on; the webhook secret; the internal token the roles use with each other. `plnt up`,
+`plnt reconcile` and `plnt gateway` all read them here; gateway worker processes parse the same
+text (`file_text`) rather than read the file again."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from plnt.gateway.auth import TokenSet, exposure_problem
+from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret
 from plnt.gateway.server import ServerStartError
+
+if TYPE_CHECKING:
+    from plnt.reconciler.settings import Settings
 
 
 class GatewayExposed(ServerStartError):
@@ -37,3 +43,30 @@ def read_gateway_tokens(tokens_file: Path | None, plain: Iterable[str], *, host:
     if problem:
         raise GatewayExposed(problem)
     return GatewayTokens(tokens, text, str(tokens_file or "(tokens)"), plain)
+
+
+def internal_token(settings: Settings) -> str | None:
+    """The token the roles use with each other (the CLI read it from --internal-token-file); None:
+    the internal endpoints answer 404."""
+    return settings.internal_token.get_secret_value() if settings.internal_token else None
+
+
+@dataclass(frozen=True)
+class RoleAccess:
+    """What an HTTP role of plnt (`plnt up`'s gateway, `plnt reconcile`'s control API) lets in."""
+
+    tokens: GatewayTokens
+    webhook_secret: bytes | None = field(repr=False)  # POST /hooks/git's signatures; None: loopback callers only
+    internal_token: str | None = field(repr=False)
+
+
+def load_role_access(settings: Settings) -> RoleAccess:
+    """The tokens (read_gateway_tokens, its errors), the webhook secret (ServerStartError when it
+    cannot be read) and the internal token of a role listening on settings.host."""
+    tokens = read_gateway_tokens(settings.gateway_tokens_file, [t.get_secret_value() for t in settings.gateway_tokens],
+                                 host=settings.host, insecure_no_auth=settings.insecure_no_auth)
+    try:
+        webhook_secret = load_webhook_secret(settings.webhook_secret_file) if settings.webhook_secret_file else None
+    except WebhookSecretError as exc:
+        raise ServerStartError(f"--webhook-secret-file {exc}") from None
+    return RoleAccess(tokens, webhook_secret, internal_token(settings))
