@@ -2,7 +2,8 @@
 
 Each command is a fresh process of the console script (`.venv/bin/plnt`, or `python -m
 plnt.reconciler.cli.main` without one), --repeat times, interleaved with the other commands so a
-busy moment of the machine hits them alike; the median and the fastest wall time are printed. The
+busy moment of the machine hits them alike; the median and fastest wall time and the median CPU
+time (the process and its git children) are printed. The
 repository is plan_scale.py's: gitops-example plus --runs WorkflowRuns, a second commit changing one.
 
     plnt --help                       the table of commands (no command module is imported for it)
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 
 from benchlib import how_it_ran, print_json
-from plan_scale import before_command, build_repo
+from plan_scale import before_command, build_repo, children_cpu
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "plnt"
 
@@ -40,13 +41,14 @@ def this_command() -> list[str]:
     return [str(CONSOLE_SCRIPT)] if CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "plnt.reconciler.cli.main"]
 
 
-def wall_s(command: list[str], env: dict[str, str]) -> float:
-    started = time.perf_counter()
+def run(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """One process: its wall seconds, and the CPU seconds it and its children (git) used."""
+    cpu, started = children_cpu(), time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    took = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, children_cpu() - cpu
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr[-2000:]}")
-    return took
+    return wall, cpu
 
 
 def main() -> None:
@@ -56,7 +58,8 @@ def main() -> None:
     parser.add_argument("--before", help="a git revision of this checkout to compare with (e.g. main)")
     args = parser.parse_args()
     how = how_it_ran("cli_startup.py", vars(args), [
-        f"each figure: one fresh process, wall time; median and fastest of {args.repeat}, commands interleaved",
+        f"each figure: one fresh process; wall seconds (median, fastest) and CPU seconds of it and its git "
+        f"children (median) over {args.repeat}, commands interleaved",
         f"repository: gitops-example + {args.runs} WorkflowRuns, 2 commits; plan cache in a scratch PLNT_CACHE_DIR "
         "(warmed by one plan before timing)"])
     scratch = Path(tempfile.mkdtemp(prefix="plnt-bench-cli-"))
@@ -75,21 +78,25 @@ def main() -> None:
             f"plnt plan ({args.runs} runs, --no-cache)": [*plan, "--no-cache"],
         }
         for prefix in plnt.values():  # warm the plan cache, and the file system's cache
-            wall_s([*prefix, *plan], env)
-        raw: dict[str, dict[str, list[float]]] = {variant: {name: [] for name in commands} for variant in plnt}
+            run([*prefix, *plan], env)
+        raw: dict[str, dict[str, list[tuple[float, float]]]] = {variant: {name: [] for name in commands} for variant in plnt}
         for _ in range(args.repeat):
             for name, words in commands.items():
                 for variant, prefix in plnt.items():
-                    raw[variant][name].append(round(wall_s([*prefix, *words], env), 4))
+                    wall, cpu = run([*prefix, *words], env)
+                    raw[variant][name].append((round(wall, 4), round(cpu, 4)))
         width = max(len(name) for name in commands)
-        print(f"\n{'command':<{width}}  " + "  ".join(f"{variant + ' median / fastest s':>38}" for variant in plnt))
+        print(f"\n{'':<{width}}  " + "  ".join(f"{variant:^30}" for variant in plnt))
+        print(f"{'command':<{width}}  " + "  ".join(f"{'wall median / fastest, CPU s':>30}" for _ in plnt))
         summary: dict[str, dict[str, dict[str, float]]] = {variant: {} for variant in plnt}
         for name in commands:
             cells = []
             for variant in plnt:
-                figures = raw[variant][name]
-                summary[variant][name] = {"median_s": statistics.median(figures), "fastest_s": min(figures)}
-                cells.append(f"{summary[variant][name]['median_s']:>29.3f} / {min(figures):.3f}")
+                walls, cpus = [w for w, _ in raw[variant][name]], [c for _, c in raw[variant][name]]
+                figures = {"median_wall_s": statistics.median(walls), "fastest_wall_s": min(walls),
+                           "median_cpu_s": statistics.median(cpus)}
+                summary[variant][name] = figures
+                cells.append(f"{figures['median_wall_s']:>14.3f} / {figures['fastest_wall_s']:.3f}, {figures['median_cpu_s']:.3f}")
             print(f"{name:<{width}}  " + "  ".join(cells))
         print_json(how, {"summary": summary, "raw": raw})
     finally:

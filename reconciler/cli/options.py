@@ -19,15 +19,14 @@ import enum
 import functools
 import inspect
 import os
-import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, get_args, get_type_hints
 
 import typer
 from plnt.reconciler.cli.common import env_gateway_tokens, fail, port_problem, required_secret_from, secret
 
-if typing.TYPE_CHECKING:
+if TYPE_CHECKING:
     from plnt.reconciler.control.access import GatewayTokens
     from plnt.reconciler.recipes.registries import RegistryOptions
     from plnt.reconciler.settings import SpecLimits
@@ -45,10 +44,10 @@ class OptionGroup:
     @classmethod
     def parameters(cls) -> list[inspect.Parameter]:
         """The group's fields as the keyword parameters typer reads, each shown under `panel`."""
-        hints = typing.get_type_hints(cls, include_extras=True)
+        hints = get_type_hints(cls, include_extras=True)
         parameters = []
         for field in dataclasses.fields(cls):
-            kind, *extras = typing.get_args(hints[field.name])
+            kind, *extras = get_args(hints[field.name])
             option = copy.copy(extras[0])  # shared by every command that takes the group
             option.rich_help_panel = cls.panel
             parameters.append(inspect.Parameter(
@@ -64,7 +63,7 @@ class OptionGroup:
 def with_option_groups(command: Callable[..., None]) -> Callable[..., None]:
     """`command` as typer should see it: each OptionGroup parameter spread into its options (their
     names must not collide); when it runs, their values are gathered into the group again."""
-    hints = typing.get_type_hints(command, include_extras=True)
+    hints = get_type_hints(command, include_extras=True)
     parameters: list[inspect.Parameter] = []
     groups: dict[str, type[OptionGroup]] = {}
     for name, parameter in inspect.signature(command).parameters.items():
@@ -155,6 +154,8 @@ class SourceOptions(OptionGroup):
 
 @dataclasses.dataclass(frozen=True)
 class RoleSourceOptions(SourceOptions):
+    """The spec repository as `plnt reconcile` and `plnt worker` word it."""
+
     repo: Annotated[str, typer.Option(envvar="PLNT_REPO", help=(
         "Spec repository: a path, file://, https:// or ssh URL (or PLNT_REPO; credentials in a URL are never logged)."))]
 
@@ -348,6 +349,8 @@ class RegistryAccessOptions(OptionGroup):
 
 @dataclasses.dataclass(frozen=True)
 class WorkerRegistryAccessOptions(RegistryAccessOptions):
+    """The registries as `plnt worker` (and `plnt review`) word them."""
+
     oci_insecure_host: Annotated[list[str] | None, typer.Option(
         help="OCI registry (host or host:port) allowed over plain HTTP. Repeatable.")] = None
     allow_file_registry: Annotated[list[Path] | None, typer.Option(
@@ -357,6 +360,8 @@ class WorkerRegistryAccessOptions(RegistryAccessOptions):
 
 @dataclasses.dataclass(frozen=True)
 class ReviewRegistryAccessOptions(WorkerRegistryAccessOptions):
+    """The registries as `plnt review` words them: file:rel/dir inside the repository always works."""
+
     allow_file_registry: Annotated[list[Path] | None, typer.Option(
         help="Directory under which file:/// registries may be read (file:rel/dir inside the repository always "
              "works). Repeatable.")] = None
@@ -423,6 +428,8 @@ class RunnerOptions(OptionGroup):
 
 @dataclasses.dataclass(frozen=True)
 class WorkerRunnerOptions(RunnerOptions):
+    """The local runners as `plnt worker` words them."""
+
     llm_url: Annotated[str | None, typer.Option(help="OpenAI-compatible model server for local runners.")] = None
     llm_api_key_env: Annotated[str | None, typer.Option(
         help="NAME of the environment variable holding the model server's API key.")] = None
