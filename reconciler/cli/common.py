@@ -61,31 +61,23 @@ def secret(value: str | None, file: Path | None, option: str) -> str | None:
 
 def secret_from(env_name: str | None, file: Path | None, option: str) -> str | None:
     """A secret from the environment variable named (OPTION-env) or from a file (OPTION-file), not
-    both; None when neither is given. ValueError says what is wrong with the one given."""
+    both; None when neither is given. Exit 2, saying why, when the one given holds none."""
     if env_name and file:
-        raise ValueError(f"give {option}-env or {option}-file, not both")
+        raise fail(f"give {option}-env or {option}-file, not both", 2)
     if env_name:
         value = os.environ.get(env_name, "").strip()
         if not value:
-            raise ValueError(f"{option}-env {env_name}: the environment variable is not set or empty")
+            raise fail(f"{option}-env {env_name}: the environment variable is not set or empty", 2)
         return value
     if file:
         try:
             value = file.read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{option}-file {file}: cannot read it ({exc})") from exc
+            raise fail(f"{option}-file {file}: cannot read it ({exc})", 2) from exc
         if not value:
-            raise ValueError(f"{option}-file {file} is empty")
+            raise fail(f"{option}-file {file} is empty", 2)
         return value
     return None
-
-
-def required_secret_from(env_name: str | None, file: Path | None, option: str) -> str | None:
-    """secret_from, exiting 2 with its reason."""
-    try:
-        return secret_from(env_name, file, option)
-    except ValueError as exc:
-        raise fail(str(exc), 2) from exc
 
 
 def env_gateway_tokens() -> tuple[str, ...]:

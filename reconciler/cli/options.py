@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, get_args, get_type_hints
 
 import typer
-from plnt.reconciler.cli.common import env_gateway_tokens, fail, port_problem, required_secret_from, secret
+from plnt.reconciler.cli.common import env_gateway_tokens, fail, port_problem, secret, secret_from
 
 if TYPE_CHECKING:
     from plnt.reconciler.control.access import GatewayTokens
@@ -200,7 +200,7 @@ class TemporalOptions(OptionGroup):
 
     def settings(self) -> dict[str, Any]:
         """Exit 2 when the API key cannot be read."""
-        api_key = required_secret_from(self.temporal_api_key_env, self.temporal_api_key_file, "--temporal-api-key")
+        api_key = secret_from(self.temporal_api_key_env, self.temporal_api_key_file, "--temporal-api-key")
         return dict(temporal_address=self.temporal_address, temporal_namespace=self.temporal_namespace,
                     task_queue=self.task_queue, temporal_tls=self.temporal_tls, temporal_tls_cert=self.temporal_tls_cert,
                     temporal_tls_key=self.temporal_tls_key, temporal_tls_ca=self.temporal_tls_ca, temporal_api_key=api_key)
@@ -259,7 +259,7 @@ class ForgeOptions(OptionGroup):
 
     def settings(self) -> dict[str, Any]:
         """Exit 2 when the forge token cannot be read."""
-        token = required_secret_from(self.forge_token_env, self.forge_token_file, "--forge-token")
+        token = secret_from(self.forge_token_env, self.forge_token_file, "--forge-token")
         return dict(forge=self.forge, forge_api_url=self.forge_api_url, forge_project=self.forge_project,
                     forge_token=token, require_approval=self.require_approval, report_status=self.report_status,
                     write_notes=self.write_notes, previews=tuple(self.previews or ()),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from plnt.reconciler.cli.common import fail, required_secret_from, setup_logging
+from plnt.reconciler.cli.common import fail, secret_from, setup_logging
 from plnt.reconciler.cli.lazy import command_app
 from plnt.reconciler.cli.options import ReviewRegistryAccessOptions, SpecLimitOptions, Verbose, with_option_groups
 from plnt.reconciler.redact import redact
@@ -78,7 +78,7 @@ def review(
         missing = [o for o, v in (("--api-url", api_url), ("--project", project), ("--pr", pr)) if not v]
         if missing:
             raise fail(f"--forge {forge} needs {', '.join(missing)}", 2)
-        token = required_secret_from(token_env, token_file, "--token")
+        token = secret_from(token_env, token_file, "--token")
         if token is None:
             raise fail(f"--forge {forge} needs a token: --token-env NAME or --token-file FILE", 2)
     elif pr is not None:
