@@ -362,3 +362,23 @@ class LoopbackHostGuard:
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)
+
+
+# --- the git webhook's shared secret (POST /hooks/git, gateway/hooks.py) ---------------------------
+
+
+class WebhookSecretError(ValueError):
+    """The webhook secret file cannot be used."""
+
+
+def load_webhook_secret(path: Path) -> bytes:
+    """The secret in `path` (one line; surrounding whitespace dropped). Raises WebhookSecretError."""
+    try:
+        secret = path.read_bytes().strip()
+    except OSError as exc:
+        raise WebhookSecretError(f"{path}: cannot read the webhook secret: {exc.strerror or exc}") from exc
+    if not secret:
+        raise WebhookSecretError(f"{path}: the webhook secret file is empty")
+    if b"\n" in secret:
+        raise WebhookSecretError(f"{path}: the webhook secret must be one line")
+    return secret

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from plnt.core.auth import ADMIN, TokenSet, is_loopback_host, missing_scope_message
 from plnt.gateway.replies import PLNT, ASGIScope, BodyTooLarge, ClientGone, Receive, Reply, Send, plnt_error, read_body, respond
@@ -22,23 +21,6 @@ from plnt.gateway.replies import PLNT, ASGIScope, BodyTooLarge, ClientGone, Rece
 SIGNATURE_HEADERS = (b"x-hub-signature-256", b"x-gitea-signature", b"x-gitlab-token")
 _NAMES = {b"x-hub-signature-256": "X-Hub-Signature-256", b"x-gitea-signature": "X-Gitea-Signature",
           b"x-gitlab-token": "X-Gitlab-Token"}
-
-
-class WebhookSecretError(ValueError):
-    """The webhook secret file cannot be used."""
-
-
-def load_webhook_secret(path: Path) -> bytes:
-    """The secret in `path` (one line; surrounding whitespace dropped). Raises WebhookSecretError."""
-    try:
-        secret = path.read_bytes().strip()
-    except OSError as exc:
-        raise WebhookSecretError(f"{path}: cannot read the webhook secret: {exc.strerror or exc}") from exc
-    if not secret:
-        raise WebhookSecretError(f"{path}: the webhook secret file is empty")
-    if b"\n" in secret:
-        raise WebhookSecretError(f"{path}: the webhook secret must be one line")
-    return secret
 
 
 def verify(secret: bytes, headers: dict[bytes, bytes], body: bytes) -> str | None:

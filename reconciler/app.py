@@ -8,13 +8,13 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi.responses import JSONResponse
 from plnt.core import telemetry
-from plnt.core.auth import MODELS, Grant, TokenSet, exposure_problem, load_tokens
+from plnt.core.auth import MODELS, Grant
 from plnt.core.auth import is_loopback_host as _loopback
 from plnt.core.limits import HttpLimits
 from plnt.core.routes import Backend, Route, RouteTable
@@ -24,10 +24,10 @@ from plnt.core.specs.models import PlntBackend
 from plnt.gateway.app import create_app
 from plnt.gateway.calls import CallsHub
 from plnt.gateway.control_relay import TrustForwarded
-from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret
 from plnt.gateway.route_watch import RoutePublisher, add_control_routes, release_everywhere
 from plnt.gateway.router import Router
 from plnt.gateway.workers import WorkerConfig, WorkerMetrics, WorkerSupervisor, auto_workers
+from plnt.reconciler.control.access import GatewayTokens, load_role_access
 from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
 from plnt.reconciler.drivers.driver_set import DriverSet
@@ -225,17 +225,21 @@ class Plnt:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-def load_gateway_auth(settings: Settings) -> tuple[TokenSet, bytes | None]:
-    """Tokens and webhook secret of an HTTP role, checked against where it listens."""
-    tokens = load_tokens(settings.gateway_tokens_file, [t.get_secret_value() for t in settings.gateway_tokens])
-    problem = exposure_problem(settings.host, tokens, insecure_no_auth=settings.insecure_no_auth)
-    if problem:
-        raise ServerStartError(problem)
-    try:
-        webhook_secret = load_webhook_secret(settings.webhook_secret_file) if settings.webhook_secret_file else None
-    except WebhookSecretError as exc:
-        raise ServerStartError(f"--webhook-secret-file {exc}") from None
-    return tokens, webhook_secret
+def make_saga_worker(client: Client, settings: Settings, *, activities: Sequence[Callable[..., Any]],
+                     metrics: ControlPlaneMetrics, workflows: bool = True, remote_activities: bool = True) -> Worker:
+    """plnt's Temporal worker on the saga task queue: the DeploySaga workflows (outside the sandbox:
+    SAGA_RUNNER) unless `workflows` is False, and `activities`, timed by `metrics`. With
+    `remote_activities` False it takes no activity task from the queue (the reconciler apart: its
+    only activity is the status write each saga makes in-process; the steps run on the workers)."""
+    if remote_activities:
+        options: dict[str, Any] = dict(max_concurrent_activities=max(4, settings.max_concurrent_sagas * 2),
+                                       max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE)
+    else:
+        options = dict(no_remote_activities=True)
+    if workflows:
+        options.update(workflows=[DeploySaga], workflow_runner=SAGA_RUNNER)
+    return Worker(client, task_queue=settings.task_queue, activities=activities, interceptors=[metrics.interceptor()],
+                  **options)
 
 
 def make_local_driver(settings: Settings, state: StateDir, *, on_change: Callable[[], None],
@@ -293,11 +297,16 @@ def make_forge_client(settings: Settings) -> Forge | None:
                       settings.forge_token.get_secret_value())
 
 
-def attach_rollout_followers(settings: Settings, statuses: StatusStore,
-                             source: GitSource) -> list[Callable[[], Awaitable[None]]]:
-    """Each rollout's verdict back to its commit: a forge status (--forge, unless --no-report-status)
-    and a git note (--write-notes). Chained after statuses.on_change is set; returns the cleanups."""
+def attach_status_followers(settings: Settings, statuses: StatusStore, reconciler: Reconciler,
+                            source: GitSource) -> list[Callable[[], Awaitable[None]]]:
+    """What follows each status change: the WorkflowRun custom resources (--mirror-status), and each
+    rollout's verdict back to its commit: a forge status (--forge, unless --no-report-status) and a
+    git note (--write-notes). Chained after statuses.on_change is set; returns the cleanups."""
     cleanups: list[Callable[[], Awaitable[None]]] = []
+    if settings.mirror_status:
+        from plnt.reconciler.control.kube import attach_status_mirror
+
+        cleanups.append(attach_status_mirror(settings, statuses, reconciler))
     if settings.forge is not None and settings.report_status:
         from plnt.reconciler.review.rollout_report import attach_rollout_reporter
 
@@ -323,6 +332,24 @@ def make_approval_gate(settings: Settings, state: StateDir, source: GitSource) -
     return ApprovalGate(forge, source, cache=RecipeCache(state.recipes), registry_options=registry_options(settings),
                         limits=settings.spec_limits, report=settings.report_status, approvers=settings.approvers,
                         code_owners=settings.code_owners)
+
+
+def make_reconciler(settings: Settings, *, state: StateDir, source: GitSource, client: Client, statuses: StatusStore,
+                    drivers: DriverSet, verifier: CommitVerifier | None, metrics: ControlPlaneMetrics,
+                    cleanups: list[Callable[[], Awaitable[None]]]) -> Reconciler:
+    """The reconcile loop, with its approval gate under --require-approval (closed by `cleanups`)."""
+    approval = make_approval_gate(settings, state, source)
+    if approval is not None:
+        cleanups.append(approval.aclose)
+    return Reconciler(settings=settings, source=source, client=client, statuses=statuses, driver=drivers, state=state,
+                      verifier=verifier, approval=approval, metrics=metrics)
+
+
+async def resume_runners(driver: LocalDriver) -> None:
+    """The local runners of the last run, started again (their release records survive a restart)."""
+    restarted = await driver.resume()
+    if restarted:
+        log.info("releases-resumed count=%d", len(restarted))
 
 
 def make_verifier(settings: Settings, state: StateDir) -> CommitVerifier | None:
@@ -378,7 +405,8 @@ def add_reconciler_routes(app: Any, reconciler: Reconciler, client: Client, *, s
 
 async def start(settings: Settings) -> Plnt:
     telemetry.start("plnt")  # OTEL_* asks for traces, or nothing (before the Temporal client: its interceptor)
-    tokens, webhook_secret = load_gateway_auth(settings)
+    access = load_role_access(settings)
+    tokens = access.tokens.tokens
     # Runners of WorkflowRuns bound to a ModelDeployment call it through the gateway: with tokens
     # required, they get this one (scope `models`: chat with models, nothing else), made per start.
     model_token = secrets.token_urlsafe(32) if tokens.enabled else None
@@ -416,12 +444,9 @@ async def start(settings: Settings) -> Plnt:
         verifier = make_verifier(settings, state)
         activities = make_activities(settings, state, drivers, source, statuses, verifier)
         # Phase changes also change routes (a WorkflowRun seen for the first time answers 503, not 404).
-        approval = make_approval_gate(settings, state, source)
-        if approval is not None:
-            cleanups.append(approval.aclose)
         control_metrics = ControlPlaneMetrics()  # the control plane's series, after the gateway's on GET /metrics
-        reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses, driver=drivers,
-                                state=state, verifier=verifier, approval=approval, metrics=control_metrics)
+        reconciler = make_reconciler(settings, state=state, source=source, client=client, statuses=statuses,
+                                     drivers=drivers, verifier=verifier, metrics=control_metrics, cleanups=cleanups)
 
         def list_workflows() -> list[dict[str, Any]]:
             return public_rows(statuses, drivers.snapshot())
@@ -437,13 +462,13 @@ async def start(settings: Settings) -> Plnt:
         gateway_app = create_app(router, list_workflows=list_workflows, on_git_hook=on_git_hook, tokens=tokens,
                                  max_body_bytes=settings.gateway_max_body_bytes,
                                  request_timeout_s=settings.gateway_request_timeout_s,
-                                 webhook_secret=webhook_secret, host=settings.host,
+                                 webhook_secret=access.webhook_secret, host=settings.host,
                                  health=lambda: (200, {"status": "ok", "worker": 0, "workers": worker_count}),
                                  wake=wake)
 
         add_reconciler_routes(gateway_app, reconciler, client, source=source, spec_limits=settings.spec_limits)
         publisher = RoutePublisher()
-        internal_token = settings.internal_token.get_secret_value() if settings.internal_token else None
+        internal_token = access.internal_token
         if internal_token is None and worker_count > 1:
             # The workers follow the route watch with it; made here, it exists only in memory and in
             # the workers' stdin pipes (workers.py).
@@ -472,26 +497,14 @@ async def start(settings: Settings) -> Plnt:
                     drivers=drivers, model_token=model_token)
         holder["plnt"] = plnt
         statuses.on_change = plnt.refresh_routes
-        if settings.mirror_status:  # after on_change is set: the mirror chains it
-            from plnt.reconciler.control.kube import attach_status_mirror
-
-            cleanups.append(attach_status_mirror(settings, statuses, reconciler))
-        cleanups.extend(attach_rollout_followers(settings, statuses, source))
+        cleanups.extend(attach_status_followers(settings, statuses, reconciler, source))  # after on_change is set
         cleanups.append(control_metrics.attach(statuses))
 
-        restarted = await driver.resume()
-        if restarted:
-            log.info("releases-resumed count=%d", len(restarted))
+        await resume_runners(driver)
         plnt.refresh_routes()
 
         cleanups.append(activities.recorder.report_progress(settings.temporal_namespace, settings.task_queue))
-        worker = Worker(
-            client, task_queue=settings.task_queue, workflows=[DeploySaga], workflow_runner=SAGA_RUNNER,
-            activities=activities.all(),
-            max_concurrent_activities=max(4, settings.max_concurrent_sagas * 2),
-            max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-            interceptors=[control_metrics.interceptor()],
-        )
+        worker = make_saga_worker(client, settings, activities=activities.all(), metrics=control_metrics)
         worker_task = asyncio.create_task(worker.run(), name="temporal-worker")
         plnt._tasks.append(worker_task)
         cleanups.append(worker.shutdown)
@@ -500,8 +513,8 @@ async def start(settings: Settings) -> Plnt:
         cleanups.append(gateway.stop)
         if worker_count > 1:
             assert internal_token is not None
-            await start_gateway_workers(plnt, settings, worker_count, internal_token, cleanups, apart=apart,
-                                        app=gateway_app)
+            await start_gateway_workers(plnt, settings, worker_count, internal_token, access.tokens, cleanups,
+                                        apart=apart, app=gateway_app)
         cleanups.append(_closer(publisher))  # runs before gateway.stop: long-polls answer at once
         cleanups.append(reconciler.close)
         plnt._tasks.append(asyncio.create_task(reconciler.run(stop_event), name="reconciler"))
@@ -529,7 +542,7 @@ async def start(settings: Settings) -> Plnt:
         raise
 
 
-async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, internal_token: str,
+async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, internal_token: str, tokens: GatewayTokens,
                                 cleanups: list[Callable[[], Awaitable[None]]], *, apart: bool, app: Any) -> None:
     """--gateway-workers N > 1: worker processes on the gateway's port (gateway/workers.py), following
     the route table through a private loopback listener of this process (on the public port their
@@ -565,7 +578,7 @@ async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, inte
         port = plnt.gateway.port
         workers = count - 1
     plnt.control_listener = private
-    tokens_text = settings.gateway_tokens_file.read_text(encoding="utf-8") if settings.gateway_tokens_file else None
+    tokens_text = tokens.file_text  # as start read it: every gateway process gets the same tokens
     if plnt.model_token is not None:  # the bound runners' token (see start), for every gateway process
         tokens_text = f"{tokens_text or ''}\n{plnt.model_token} scopes=models\n"
     parent = os.getpid()
@@ -575,7 +588,7 @@ async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, inte
             index=index, parent_pid=parent, control_url=private.url, internal_token=SecretStr(internal_token),
             forward_control=True, host=host, port=port,
             tokens_text=SecretStr(tokens_text) if tokens_text is not None else None,
-            tokens_source=str(settings.gateway_tokens_file or "(tokens)"), plain_tokens=settings.gateway_tokens,
+            tokens_source=tokens.source, plain_tokens=tuple(SecretStr(t) for t in tokens.plain),
             max_body_bytes=settings.gateway_max_body_bytes, request_timeout_s=settings.gateway_request_timeout_s,
             max_header_bytes=settings.gateway_max_header_bytes, header_timeout_s=settings.gateway_header_timeout_s,
             watch_retry_max_s=1.0, verbose=log.isEnabledFor(logging.DEBUG))

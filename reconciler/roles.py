@@ -31,35 +31,32 @@ from plnt.gateway.app import create_app
 from plnt.gateway.route_watch import InternalGuard, RoutePublisher, add_control_routes, internal_guard
 from plnt.gateway.router import Router
 from plnt.reconciler.app import (
-    SAGA_RUNNER,
     TurnBatched,
     add_reconciler_routes,
-    attach_rollout_followers,
+    attach_status_followers,
     build_route_table,
-    load_gateway_auth,
     make_activities,
-    make_approval_gate,
     make_driver_set,
     make_local_driver,
+    make_reconciler,
+    make_saga_worker,
     make_source,
     make_verifier,
+    resume_runners,
     start_previews,
 )
+from plnt.reconciler.control.access import internal_token, load_role_access
 from plnt.reconciler.control.lease import FileLease, LeaderLease
-from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
 from plnt.reconciler.drivers.reported import RUNNERS_PATH, ReportedRunners, RunnerReport, RunnerReporter
-from plnt.reconciler.saga.activities.base import HEARTBEAT_THROTTLE
 from plnt.reconciler.saga.activities.recorder import PhaseRecorder
 from plnt.reconciler.saga.temporal_server import connect_external
-from plnt.reconciler.saga.workflow import DeploySaga
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.state import Release, StateDir
 from plnt.reconciler.status_store import StatusStore
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import ValidationError
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +174,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     """Serve the control API at once (standby until the lease is held), then reconcile while it is."""
     _require_temporal(settings, "reconcile")
     telemetry.start("plnt-reconciler")
-    tokens, webhook_secret = load_gateway_auth(settings)
+    access = load_role_access(settings)
     state = StateDir(settings.state_dir).ensure()
     lease = lease or make_lease(settings, state)
     verifier = make_verifier(settings, state)  # a bad --allowed-signers or --gpg-keys fails the start
@@ -207,14 +204,14 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
             holder["reconciler"].wake()
 
     control = create_app(router, list_workflows=lambda: [s.public() for s in statuses.all()],
-                         on_git_hook=on_git_hook, tokens=tokens, max_body_bytes=settings.gateway_max_body_bytes,
-                         request_timeout_s=settings.gateway_request_timeout_s, webhook_secret=webhook_secret,
+                         on_git_hook=on_git_hook, tokens=access.tokens.tokens,
+                         max_body_bytes=settings.gateway_max_body_bytes,
+                         request_timeout_s=settings.gateway_request_timeout_s, webhook_secret=access.webhook_secret,
                          host=settings.host)
     active = asyncio.Event()
     add_role_health(control, "reconciler", lambda: {"active": active.is_set()}, ready=active.is_set)
-    internal_token = settings.internal_token.get_secret_value() if settings.internal_token else None
-    add_control_routes(control, publisher, internal_token)
-    add_runner_reports(control, runners, internal_guard(control, internal_token))
+    add_control_routes(control, publisher, access.internal_token)
+    add_runner_reports(control, runners, internal_guard(control, access.internal_token))
     control_metrics = ControlPlaneMetrics()  # after the app's own series on GET /metrics (reconciler/control/metrics.py)
     _serve_leader_metrics(control, control_metrics, active.is_set)
     server = GatewayServer(_StandbyGate(control, active.is_set), host=settings.host, port=settings.port,
@@ -241,25 +238,16 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
             # The workflows and their status writes only: the saga's steps run on the workers.
             recorder = PhaseRecorder(statuses)
             cleanups.append(recorder.report_progress(settings.temporal_namespace, settings.task_queue))
-            worker = Worker(client, task_queue=settings.task_queue, workflows=[DeploySaga], workflow_runner=SAGA_RUNNER,
-                            activities=[recorder.record_phase], no_remote_activities=True,
-                            interceptors=[control_metrics.interceptor()])
+            worker = make_saga_worker(client, settings, activities=[recorder.record_phase], metrics=control_metrics,
+                                      remote_activities=False)
             worker_task = asyncio.create_task(worker.run(), name="temporal-workflow-worker")
             cleanups.append(worker.shutdown)
-            approval = make_approval_gate(settings, state, source)
-            if approval is not None:
-                cleanups.append(approval.aclose)
-            reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses,
-                                    driver=drivers, state=state, verifier=verifier, approval=approval,
-                                    metrics=control_metrics)
+            reconciler = make_reconciler(settings, state=state, source=source, client=client, statuses=statuses,
+                                         drivers=drivers, verifier=verifier, metrics=control_metrics, cleanups=cleanups)
             holder["reconciler"] = reconciler
             add_reconciler_routes(control, reconciler, client)
             cleanups.append(reconciler.close)
-            if settings.mirror_status:
-                from plnt.reconciler.control.kube import attach_status_mirror
-
-                cleanups.append(attach_status_mirror(settings, statuses, reconciler))
-            cleanups.extend(attach_rollout_followers(settings, statuses, source))
+            cleanups.extend(attach_status_followers(settings, statuses, reconciler, source))
             if settings.previews:  # the preview sagas' steps run on the workers too
                 _, close_previews = start_previews(
                     settings, source=source, client=client, statuses=statuses, driver=drivers, reconciler=reconciler,
@@ -324,7 +312,7 @@ async def start_worker(settings: Settings) -> Role:
     try:
         client = await connect_external(settings, data_converter=pydantic_data_converter)
         identity = settings.identity or default_identity()
-        token = settings.internal_token.get_secret_value() if settings.internal_token else None
+        token = internal_token(settings)
         holder: dict[str, RunnerReporter] = {}
 
         async def drain(release: Release) -> None:
@@ -359,13 +347,9 @@ async def start_worker(settings: Settings) -> Role:
         step_metrics.mount(app)
         server = GatewayServer(app, host=settings.host, port=settings.port)
         role = Role("worker", server)
-        restarted = await local.resume()
-        if restarted:
-            log.info("releases-resumed count=%d", len(restarted))
-        worker = Worker(client, task_queue=settings.task_queue, activities=activities.remote(),
-                        max_concurrent_activities=max(4, settings.max_concurrent_sagas * 2),
-                        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
-                        interceptors=[step_metrics.interceptor()])
+        await resume_runners(local)
+        worker = make_saga_worker(client, settings, activities=activities.remote(), metrics=step_metrics,
+                                  workflows=False)
         role._tasks.append(asyncio.create_task(worker.run(), name="temporal-activity-worker"))
         cleanups.append(worker.shutdown)
         role._tasks.append(asyncio.create_task(reporter.run(role.stop_event), name="runner-reports"))

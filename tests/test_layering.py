@@ -32,7 +32,6 @@ EDGES: dict[str, set[str]] = graph_tool.graph(ROOT)
 PURE_FOR_THE_PLAN = {"plnt.core.specs.models", "plnt.core.status", "plnt.reconciler.state"}
 ROLES = ("plnt.reconciler", "plnt.gateway", "plnt.runner")
 KNOWN_CIRCLES = [
-    ["plnt.reconciler.cli.main", "plnt.reconciler.cli.model", "plnt.reconciler.cli.review", "plnt.reconciler.cli.roles"],
 ]
 
 

@@ -24,22 +24,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from plnt.reconciler.cli.main import _fail, _load_trust_policies, _trust_root_reader
+from plnt.reconciler.cli.common import fail, failure_of
+from plnt.reconciler.cli.lazy import command_app
+from plnt.reconciler.cli.options import OperatorRegistryOptions, RegistryUrl, TrustRoot, with_option_groups
+from plnt.reconciler.cli.trust_files import load_trust_policies, trust_root_reader
 
 if TYPE_CHECKING:
-    from plnt.reconciler.recipes.registries import RegistryOptions
     from plnt.reconciler.recipes.weights_manifest import WeightsManifest
 
-model_app = typer.Typer(help="Model weights: manifest (what to sign), push, and fetch (for model pods).",
-                        no_args_is_help=True)
+app = command_app(help="Model weights: manifest (what to sign), push, and fetch (for model pods).",
+                  no_args_is_help=True)
 
 ROOT_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 DEFAULT_STORE = ".store"  # under --into, unless --store is given
-
-RegistryUrl = Annotated[str, typer.Option(help="s3://bucket/prefix, oci://host[:port]/repo or file:///dir")]
-S3Endpoint = Annotated[str | None, typer.Option(help="S3-compatible endpoint.")]
-S3Region = Annotated[str | None, typer.Option(help="S3 region.")]
-OciInsecureHost = Annotated[list[str] | None, typer.Option(help="OCI host allowed over plain HTTP.")]
 
 
 class TransferProgress:
@@ -73,20 +70,7 @@ class TransferProgress:
         self.lines += 1
 
 
-def _options(s3_endpoint_url: str | None, s3_region: str | None, oci_insecure_host: list[str] | None) -> RegistryOptions:
-    from plnt.reconciler.recipes.registries import RegistryOptions
-
-    # file_roots=None: the operator names the directory on their own command line (not a spec).
-    return RegistryOptions(s3_endpoint_url=s3_endpoint_url, s3_region=s3_region,
-                           allow_insecure_http=tuple(oci_insecure_host or ()), file_roots=None)
-
-
-def _plnt_failure(exc: Exception) -> typer.Exit:
-    reason = getattr(exc, "reason", None)
-    return _fail(f"{type(exc).__name__}: {reason + ': ' if reason else ''}{exc}", 1)
-
-
-@model_app.command("manifest")
+@app.command("manifest")
 def model_manifest(
     directory: Annotated[Path, typer.Argument(help="The model's files (model.sig in it is left out).")],
     name: Annotated[str, typer.Option(help="The model's name (the statement's subject).")],
@@ -99,25 +83,25 @@ def model_manifest(
     from plnt.reconciler.recipes.weights_manifest import ManifestError, manifest_of_directory
 
     if not directory.is_dir():
-        raise _fail(f"{directory}: no such directory", 2)
+        raise fail(f"{directory}: no such directory", 2)
     try:
         manifest = manifest_of_directory(directory, name, ignore=(SIGNATURE_NAME,))
     except (ManifestError, OSError) as exc:
-        raise _fail(f"{directory}: {exc}", 1) from exc
+        raise fail(f"{directory}: {exc}", 1) from exc
     sys.stdout.buffer.write(manifest.statement() + b"\n")
     sys.stdout.flush()
     typer.echo(f"root digest {manifest.root_digest} ({len(manifest.files)} files)", err=True)
 
 
-@model_app.command("push")
+@app.command("push")
+@with_option_groups
 def model_push(
+    *,
     directory: Annotated[Path, typer.Argument(help="The model's files and model.sig (the signed statement).")],
     to: Annotated[str, typer.Option("--to", help="s3://bucket/prefix, oci://host[:port]/repo or file:///dir")],
     name: Annotated[str, typer.Option(help="Model name.")],
     version: Annotated[str, typer.Option(help="Model version.")],
-    s3_endpoint_url: S3Endpoint = None,
-    s3_region: S3Region = None,
-    oci_insecure_host: OciInsecureHost = None,
+    access: OperatorRegistryOptions,
 ) -> None:
     """Publish DIR/model.sig and every file it signs (nothing else in DIR) as NAME@VERSION."""
     from plnt.reconciler.errors import InvalidSpec, PlntError
@@ -125,21 +109,23 @@ def model_push(
     from plnt.reconciler.recipes.weights_sources import publish_weights
 
     if not directory.is_dir():
-        raise _fail(f"{directory}: no such directory", 2)
+        raise fail(f"{directory}: no such directory", 2)
     if not (directory / SIGNATURE_NAME).is_file():
-        raise _fail(f"{directory / SIGNATURE_NAME}: no such file; sign the statement `plnt model manifest {directory} "
+        raise fail(f"{directory / SIGNATURE_NAME}: no such file; sign the statement `plnt model manifest {directory} "
                     f"--name {name}` prints and save the bundle there", 2)
     try:
-        where = publish_weights(directory, to, name, version, _options(s3_endpoint_url, s3_region, oci_insecure_host))
+        where = publish_weights(directory, to, name, version, access.registry_options())
     except (InvalidSpec, ValueError) as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
     except PlntError as exc:
-        raise _plnt_failure(exc) from exc
+        raise failure_of(exc) from exc
     typer.echo(f"pushed model {name}@{version} to {where}")
 
 
-@model_app.command("fetch")
+@app.command("fetch")
+@with_option_groups
 def model_fetch(
+    *,
     registry: RegistryUrl,
     name: Annotated[str, typer.Option(help="Model name.")],
     version: Annotated[str, typer.Option(help="Model version.")],
@@ -147,16 +133,12 @@ def model_fetch(
     policy: Annotated[Path, typer.Option(help="A RecipeTrustPolicy YAML file; the policies whose recipes match NAME apply.")],
     into: Annotated[Path, typer.Option(help=(
         "The model directory to fill: absent, empty (but for the store), or holding this model already."))],
-    trust_root: Annotated[Path | None, typer.Option(help=(
-        "Trusted-root JSON for the policy's trustedRootFile; default: that path, relative to the policy "
-        "file's directory, then to the current directory."))] = None,
+    trust_root: TrustRoot = None,
     store: Annotated[Path | None, typer.Option(help=(
         f"The weights store (content-addressed blobs, partial transfers); default: INTO/{DEFAULT_STORE}."))] = None,
     budget_mb: Annotated[int | None, typer.Option(help=(
         "Disk budget of the store in MiB; default: what the store's filesystem has free."), min=1)] = None,
-    s3_endpoint_url: S3Endpoint = None,
-    s3_region: S3Region = None,
-    oci_insecure_host: OciInsecureHost = None,
+    access: OperatorRegistryOptions,
 ) -> None:
     """Verify, pull and place one model's signed weights in DIR (a model pod's init container).
 
@@ -176,20 +158,20 @@ def model_fetch(
     from plnt.reconciler.recipes.weights_sources import open_weights_source
 
     if not ROOT_DIGEST.fullmatch(root_digest):
-        raise _fail(f"--root-digest: expected sha256: and 64 lowercase hex digits (got {root_digest!r})", 2)
-    specs = _load_trust_policies(policy)
-    load_trusted_root = _trust_root_reader(policy, trust_root)
+        raise fail(f"--root-digest: expected sha256: and 64 lowercase hex digits (got {root_digest!r})", 2)
+    specs = load_trust_policies(policy)
+    load_trusted_root = trust_root_reader(policy, trust_root)
     if into.exists() and not into.is_dir():
-        raise _fail(f"--into {into}: not a directory", 2)
+        raise fail(f"--into {into}: not a directory", 2)
     try:
-        source = open_weights_source(registry, name, version, _options(s3_endpoint_url, s3_region, oci_insecure_host),
+        source = open_weights_source(registry, name, version, access.registry_options(),
                                      base_dir=Path.cwd())
     except (InvalidSpec, ValueError) as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
     store_root = store if store is not None else into / DEFAULT_STORE
     in_into = store_root.resolve().parent == into.resolve()
     if not in_into and store_root.resolve().is_relative_to(into.resolve()) or into.resolve().is_relative_to(store_root.resolve()):
-        raise _fail(f"--store {store_root}: give a directory outside --into {into}, or a direct child of it", 2)
+        raise fail(f"--store {store_root}: give a directory outside --into {into}, or a direct child of it", 2)
     ignored = (SIGNATURE_NAME, store_root.name) if in_into else (SIGNATURE_NAME,)
     # What this command creates, and removes again if it fails before keeping anything worth resuming.
     created = [path for path in (into, store_root) if not path.exists()]
@@ -212,15 +194,15 @@ def model_fetch(
         shutil.rmtree(pulled.directory, ignore_errors=True)  # the files live on under DIR (and as blobs)
     except PlntError as exc:
         _undo(created, store_root)
-        raise _plnt_failure(exc) from exc
+        raise failure_of(exc) from exc
     except ManifestError as exc:  # DIR holds files that are not this model's
         _undo(created, store_root)
         held = ", ".join(sorted(entry.name for entry in into.iterdir() if entry.name not in ignored))
-        raise _fail(f"--into {into} holds {held}, which is not model {name}@{version} as signed ({exc}); give an "
+        raise fail(f"--into {into} holds {held}, which is not model {name}@{version} as signed ({exc}); give an "
                     "absent or empty directory", 2) from exc
     except OSError as exc:
         _undo(created, store_root)
-        raise _fail(f"{type(exc).__name__}: {exc}", 1) from exc
+        raise fail(f"{type(exc).__name__}: {exc}", 1) from exc
     how = "already there" if not placed else f"{pulled.transferred_bytes} bytes transferred"
     if pulled.resumed_bytes:
         how += f", {pulled.resumed_bytes} resumed"

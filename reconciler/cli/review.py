@@ -9,15 +9,14 @@ something that is not its API: a body that is not JSON, or JSON of another shape
 
 from __future__ import annotations
 
-import asyncio
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from plnt.reconciler.cli.main import MaxSpecFileKb, MaxSpecFiles, _fail, _secret_from, _setup_logging, _spec_limits, app
+from plnt.reconciler.cli.common import fail, secret_from, setup_logging
+from plnt.reconciler.cli.lazy import command_app
+from plnt.reconciler.cli.options import ReviewRegistryAccessOptions, SpecLimitOptions, Verbose, with_option_groups
 from plnt.reconciler.redact import redact
 
 if TYPE_CHECKING:  # review/plan_review.py pulls in the registries: imported when the command runs
@@ -27,9 +26,13 @@ Echo = Callable[..., None]
 
 FORGES = ("github", "gitlab", "gitea")
 
+app = command_app()
+
 
 @app.command()
+@with_option_groups
 def review(
+    *,
     repo: Annotated[str, typer.Option(envvar="PLNT_REPO", help=(
         "Spec repository: a path (the CI job's checkout, e.g. '.'), file://, https:// or ssh URL.")
     )],
@@ -48,60 +51,49 @@ def review(
     target_url: Annotated[str | None, typer.Option(help="Link of the plnt/plan status (e.g. the CI job's page).")] = None,
     cache_dir: Annotated[Path | None, typer.Option(help=(
         "Recipe cache (verified entries are re-verified on every use); default: a fresh temporary directory."))] = None,
-    s3_endpoint_url: Annotated[str | None, typer.Option(help="S3-compatible endpoint for s3:// registries.")] = None,
-    s3_region: Annotated[str | None, typer.Option(help="Region for s3:// registries.")] = None,
-    oci_insecure_host: Annotated[list[str] | None, typer.Option(
-        help="OCI registry (host or host:port) allowed over plain HTTP. Repeatable.")] = None,
-    allow_file_registry: Annotated[list[Path] | None, typer.Option(
-        help="Directory under which file:/// registries may be read (file:rel/dir inside the repository always "
-             "works). Repeatable.")] = None,
-    max_download_mb: Annotated[int, typer.Option(min=1, help="Stop a recipe download past this many MiB.")] = 256,
-    max_spec_files: MaxSpecFiles = 10_000,
-    max_spec_file_kb: MaxSpecFileKb = 1024,
+    registries: ReviewRegistryAccessOptions,
+    limits: SpecLimitOptions,
     format: Annotated[str, typer.Option("--format", "-f", help="What goes to stdout: markdown (the comment) or json.")] = "markdown",
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Verbose = False,
 ) -> None:
     """The plan of a pull request (BASE...HEAD) with its recipes verified, as one comment on the PR and
     a commit status plnt/plan carrying the plan digest that --require-approval binds approvals to.
     Exit 0 plan made, 1 plan cannot be made (invalid specs, untrusted recipe), 2 bad options, 3 forge error."""
+    import asyncio
+    import shutil
+    import tempfile
+
     from plnt.reconciler.errors import InvalidSpec
     from plnt.reconciler.recipes.pull import RecipeCache
-    from plnt.reconciler.recipes.registries import RegistryOptions
     from plnt.reconciler.review.plan_review import dumps, make_review, render_comment, status_of
     from plnt.reconciler.source.git import GitSource, SourceError
 
-    _setup_logging(verbose)
+    setup_logging(verbose)
     if format not in ("markdown", "json"):
-        raise _fail(f"--format must be markdown or json, not {format!r}", 2)
+        raise fail(f"--format must be markdown or json, not {format!r}", 2)
     token = None
     if forge is not None:
         if forge not in FORGES:
-            raise _fail(f"--forge must be one of {', '.join(FORGES)}, not {forge!r}", 2)
+            raise fail(f"--forge must be one of {', '.join(FORGES)}, not {forge!r}", 2)
         missing = [o for o, v in (("--api-url", api_url), ("--project", project), ("--pr", pr)) if not v]
         if missing:
-            raise _fail(f"--forge {forge} needs {', '.join(missing)}", 2)
-        try:
-            token = _secret_from(token_env, token_file, "--token")
-        except ValueError as exc:
-            raise _fail(str(exc), 2) from exc
+            raise fail(f"--forge {forge} needs {', '.join(missing)}", 2)
+        token = secret_from(token_env, token_file, "--token")
         if token is None:
-            raise _fail(f"--forge {forge} needs a token: --token-env NAME or --token-file FILE", 2)
+            raise fail(f"--forge {forge} needs a token: --token-env NAME or --token-file FILE", 2)
     elif pr is not None:
-        raise _fail("--pr needs --forge (and --api-url, --project, a token)", 2)
+        raise fail("--pr needs --forge (and --api-url, --project, a token)", 2)
 
     def echo(text: str, err: bool = False, nl: bool = True) -> None:
         typer.echo(redact(text, *(t for t in (token,) if t)), err=err, nl=nl)
 
-    options = RegistryOptions(s3_endpoint_url=s3_endpoint_url, s3_region=s3_region,
-                              allow_insecure_http=tuple(oci_insecure_host or ()),
-                              max_download_bytes=max_download_mb * 2**20,
-                              file_roots=tuple(str(p.resolve()) for p in allow_file_registry or ()))
+    options = registries.registry_options()
     scratch = Path(tempfile.mkdtemp(prefix="plnt-review-"))
     try:
         try:
             source = GitSource(repo, scratch / "clone", path=path)
             result = make_review(source, base, head, cache=RecipeCache(cache_dir or scratch / "recipes"),
-                                 registry_options=options, limits=_spec_limits(max_spec_files, max_spec_file_kb))
+                                 registry_options=options, limits=limits.limits())
         except (SourceError, InvalidSpec) as exc:
             echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from exc

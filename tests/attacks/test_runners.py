@@ -128,7 +128,7 @@ def secrets_in_env() -> Iterator[None]:
 
 
 def cli_environment() -> dict[str, Any]:
-    """The settings `plnt up` builds from its environment (reconciler/cli/main.py does the same)."""
+    """The settings `plnt up` builds from its environment (cli/options.py RunnerOptions does the same)."""
     return {"runner_env": allowlisted_env(os.environ), "llm_api_key_env": LLM_KEY_ENV,
             "llm_api_key": SecretStr(os.environ[LLM_KEY_ENV])}
 

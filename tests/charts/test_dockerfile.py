@@ -217,8 +217,8 @@ def cli_options() -> dict[tuple[str, ...], set[str]]:
     out: dict[tuple[str, ...], set[str]] = {}
 
     def walk(command: Any, path: tuple[str, ...]) -> None:
-        for name, sub in getattr(command, "commands", {}).items():
-            walk(sub, (*path, name))
+        for name in getattr(command, "commands", {}):  # get_command: the command itself, loaded (cli/lazy.py)
+            walk(command.get_command(typer.core._click.Context(command), name), (*path, name))
         out[path] = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
 
     walk(root, ())

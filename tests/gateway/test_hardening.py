@@ -13,12 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
-from plnt.core.auth import TokenSet, host_name, open_gateway_hosts
+from plnt.core.auth import TokenSet, WebhookSecretError, host_name, load_webhook_secret, open_gateway_hosts
 from plnt.core.limits import MAX_JSON_DEPTH, HttpLimits, JSONTooDeep, loads
 from plnt.core.routes import RouteTable
 from plnt.core.server import GatewayServer
 from plnt.gateway.app import create_app
-from plnt.gateway.hooks import WebhookSecretError, load_webhook_secret, verify
+from plnt.gateway.hooks import verify
 from plnt.gateway.router import Router
 
 from tests.gateway.conftest import StartGateway, StartServer, backend, route

@@ -102,13 +102,13 @@ def test_log_lines_and_tracebacks_lose_url_credentials() -> None:
     import logging
     import sys
 
-    from plnt.reconciler.cli.main import _RedactingFormatter
+    from plnt.reconciler.cli.common import RedactingFormatter
 
     try:
         raise RuntimeError("git said: fatal: unable to access 'https://oauth2:tok-123@git.example/s.git/'")
     except RuntimeError:
         record = logging.LogRecord("plnt", logging.ERROR, __file__, 1, "fetch %s failed", ("https://u:tok-123@h/r",),
                                    sys.exc_info())
-    line = _RedactingFormatter("%(message)s").format(record)
+    line = RedactingFormatter("%(message)s").format(record)
     assert "tok-123" not in line
     assert "fetch https://***@h/r failed" in line and "https://***@git.example/s.git/" in line

@@ -424,6 +424,7 @@ def test_the_flags_reach_the_settings_of_each_role(tmp_path: Path, monkeypatch: 
     in the Settings; a bad resource name is a usage error."""
     from plnt.reconciler.cli import main as cli
     from plnt.reconciler.cli import roles as cli_roles
+    from plnt.reconciler.cli import up as cli_up
     from typer.testing import CliRunner
 
     seen: dict[str, Any] = {}
@@ -431,8 +432,8 @@ def test_the_flags_reach_the_settings_of_each_role(tmp_path: Path, monkeypatch: 
     async def up(settings: Any) -> None:
         seen["up"] = settings
 
-    monkeypatch.setattr(cli, "_up", up)
-    monkeypatch.setattr(cli_roles, "_run_role", lambda start, settings, what: seen.__setitem__(what, settings))
+    monkeypatch.setattr(cli_up, "serve", up)
+    monkeypatch.setattr(cli_roles, "run_role", lambda start, settings, what: seen.__setitem__(what, settings))
     repo = ["--repo", str(tmp_path)]
     commands = {
         "up": ["up", *repo, "--state-dir", str(tmp_path / "up"), "--model-install-timeout", "3600",

@@ -303,7 +303,7 @@ async def test_plnt_up_log_formatter_does_not_break_a_saga_that_logs(temporal_ad
     workflow task fails and the saga never ends (the formatter once imported git lazily)."""
     import logging
 
-    from plnt.reconciler.cli.main import _RedactingFormatter
+    from plnt.reconciler.cli.common import RedactingFormatter
 
     records: list[str] = []
 
@@ -312,7 +312,7 @@ async def test_plnt_up_log_formatter_does_not_break_a_saga_that_logs(temporal_ad
             records.append(self.format(record))
 
     handler = Collect()
-    handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s %(message)s"))
+    handler.setFormatter(RedactingFormatter("%(levelname)s %(name)s %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     try:

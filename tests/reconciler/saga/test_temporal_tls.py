@@ -205,8 +205,9 @@ def test_connection_options_as_temporal_clients_take_them(pki: Pki, tmp_path: Pa
 def test_cli_temporal_options_fail_with_one_clear_line(args: list[str], env: dict[str, str], message: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from plnt.reconciler.cli import main as cli
+    from plnt.reconciler.cli import up as cli_up
 
-    monkeypatch.setattr(cli, "_setup_logging", lambda verbose: None)  # `up` sets process-wide log levels
+    monkeypatch.setattr(cli_up, "setup_logging", lambda verbose: None)  # `up` sets process-wide log levels
     result = CliRunner().invoke(cli.app, ["up", "--repo", "/nonexistent", *args], env=env)
     assert result.exit_code == 2
     assert f"error: {message}" in result.output
