@@ -572,7 +572,7 @@ async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, inte
         workers = count
     else:
         private = GatewayServer(TrustForwarded(app, internal_token), host="127.0.0.1", port=0, lifespan=False,
-                                limits=plnt.core.limits)
+                                limits=plnt.gateway.limits)
         await private.start()
         cleanups.append(private.stop)
         port = plnt.gateway.port

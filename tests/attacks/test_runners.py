@@ -210,7 +210,9 @@ def hanging_recipe(tmp_path: Path, version: str) -> Path:
     workflow = target / "workflow.yaml"
     workflow.write_text(workflow.read_text().replace("version: 1.3.0", f"version: {version}"))
     steps = target / "steps.py"
-    steps.write_text("import sys\nimport time\n\nif sys.argv[0].endswith('runner/__main__.py'):\n"
+    # A runner's command line names its release, exec'd or forked from the zygote (which rewrites
+    # its children's to the exec'd form); sys.argv[0] would be the zygote's in a forked one.
+    steps.write_text("import time\n\nif b'--release-id' in open('/proc/self/cmdline', 'rb').read():\n"
                      "    time.sleep(3600)\n" + steps.read_text())
     return target
 

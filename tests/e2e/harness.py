@@ -54,6 +54,26 @@ async def wait_for(check: Callable[[], Awaitable[T | None]] | Callable[[], T | N
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {described}; last value: {last!r}")
 
 
+PASS_OUTCOMES = ("ok", "skipped", "error")
+
+
+def full_passes(plnt: Plnt) -> int:
+    """Reconcile passes with a fetch that plnt has finished, from its own metric: a test that asserts
+    nothing happened waits for passes, not for seconds."""
+    registry = plnt.reconciler.metrics.registry
+    return int(sum(registry.get_sample_value("plnt_reconcile_duration_seconds_count", {"pass": "full", "outcome": o})
+                   or 0 for o in PASS_OUTCOMES))
+
+
+def full_passes_in(metrics_text: str) -> int:
+    """The same, read from a `GET /metrics` answer (a plnt in a process of its own)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return int(sum(sample.value for family in text_string_to_metric_families(metrics_text)
+                   for sample in family.samples
+                   if sample.name == "plnt_reconcile_duration_seconds_count" and sample.labels.get("pass") == "full"))
+
+
 def status_of(plnt: Plnt, name: str = "review-responder", namespace: str = "default") -> dict[str, Any] | None:
     status = plnt.statuses.get(f"{namespace}/{name}")
     return status.public() if status else None

@@ -22,6 +22,7 @@ import pytest
 from plnt.reconciler.drivers.processes import free_port, process_start_time
 
 from tests.conftest import SpecRepo
+from tests.e2e.harness import full_passes_in
 
 pytestmark = pytest.mark.integration
 
@@ -115,6 +116,14 @@ class PlntUp:
         now = descendants(self.process.pid)
         self.seen.update(now)
         return now
+
+    def full_passes(self) -> int:
+        """Reconcile passes with a fetch this plnt finished (its /metrics), 0 while it does not answer."""
+        try:
+            response = httpx.get(f"{self.url}/metrics", timeout=2, trust_env=False)
+        except httpx.HTTPError:
+            return 0
+        return full_passes_in(response.text) if response.status_code == 200 else 0
 
     def workflows(self) -> list[dict[str, Any]] | None:
         try:
@@ -211,7 +220,11 @@ def test_plnt_up_serves_stops_cleanly_and_restarts_without_redeploying(
     second = PlntUp(spec_repo.path, state_dir, port, tmp_path / "plnt-2.log")
     started.append(second)
     again = second.wait_ready()
-    time.sleep(3)  # three polls of the repository, time enough to (wrongly) start a saga
+    passes = second.full_passes()  # three more polls of the repository: time enough to (wrongly) start a saga
+    deadline = time.monotonic() + 60
+    while second.full_passes() < passes + 3:
+        assert time.monotonic() < deadline, second.why("no three reconcile passes within 60 s")
+        time.sleep(0.1)
     [row] = second.workflows() or [None]
     assert row is not None and row["phase"] == "Ready", second.why(f"GET /workflows: {row}")
     assert row["sagaId"] == again["sagaId"] == ready["sagaId"], second.why(f"redeployed: {ready} -> {row}")

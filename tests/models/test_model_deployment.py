@@ -22,7 +22,7 @@ from plnt.reconciler.recipes.weights import SIGNATURE_NAME
 from plnt.reconciler.recipes.weights_manifest import PAYLOAD_TYPE, manifest_of_directory
 
 from tests.conftest import SpecRepo
-from tests.e2e.harness import hook, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.e2e.harness import full_passes, hook, running_plnt, settings_for, status_of, wait_for, wait_phase
 from tests.models.test_llama_runtime import LLM_VENV, smollm2_gguf  # noqa: F401 - the fixture
 from tests.sigstore_ca import TestSigstoreAuthority
 
@@ -270,5 +270,6 @@ async def test_a_restarted_plnt_serves_the_model_again_without_a_saga(
         assert again is not None and again.release_id == first.release_id and again.pid != first.pid
         answer = await client.post(f"{plnt.url}/v1/chat/completions", json=chat())
         assert answer.status_code == 200 and answer.headers["x-plnt-version"] == "1.0.0", answer.text
-        await asyncio.sleep(1.5)  # a few reconcile passes: the plan finds it in sync
+        passes = full_passes(plnt)
+        await wait_for(lambda: full_passes(plnt) >= passes + 3, timeout=60, what="three more reconcile passes")
         assert status_of(plnt, "smollm2")["sagaId"] == ready["sagaId"], "a saga ran for a release that was resumed"
