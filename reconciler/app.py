@@ -238,7 +238,8 @@ def make_saga_worker(client: Client, settings: Settings, *, activities: Sequence
         options = dict(no_remote_activities=True)
     if workflows:
         options.update(workflows=[DeploySaga], workflow_runner=SAGA_RUNNER)
-    return Worker(client, task_queue=settings.temporal.task_queue, activities=activities, interceptors=[metrics.interceptor()],
+    return Worker(client, task_queue=settings.temporal.task_queue, activities=activities,
+                  interceptors=[metrics.interceptor()],
                   **options)
 
 
@@ -272,12 +273,13 @@ def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, st
     def make_helm(backend: PlntBackend, specs: SpecLookup) -> HelmDriver:
         # Runner and model-server pods reach registries with plnt's own registry settings (their
         # credentials: a Secret); model releases get their own helm --wait (weights fetch and load).
-        return HelmDriver(backend, specs, helm=settings.kubernetes.helm_binary, chart=settings.kubernetes.helm_chart or DEFAULT_CHART,
-                          model_chart=settings.kubernetes.helm_model_chart or DEFAULT_MODEL_CHART,
-                          image=RunnerImage(repository=settings.kubernetes.runner_image, tag=settings.kubernetes.runner_image_tag),
+        kube = settings.kubernetes
+        return HelmDriver(backend, specs, helm=kube.helm_binary, chart=kube.helm_chart or DEFAULT_CHART,
+                          model_chart=kube.helm_model_chart or DEFAULT_MODEL_CHART,
+                          image=RunnerImage(repository=kube.runner_image, tag=kube.runner_image_tag),
                           registry_options=registry_options(settings),
-                          credentials_secret=settings.kubernetes.runner_registry_secret,
-                          model_timeout_s=settings.kubernetes.model_install_timeout_s, gpu_resource=settings.kubernetes.gpu_resource)
+                          credentials_secret=kube.runner_registry_secret,
+                          model_timeout_s=kube.model_install_timeout_s, gpu_resource=kube.gpu_resource)
 
     return DriverSet(local, state, make_helm, on_change=on_change)
 
@@ -330,8 +332,8 @@ def make_approval_gate(settings: Settings, state: StateDir, source: GitSource) -
         raise ValueError("--require-approval needs a forge: add --forge, --forge-api-url, --forge-project "
                          "and --forge-token-env")
     return ApprovalGate(forge, source, cache=RecipeCache(state.recipes), registry_options=registry_options(settings),
-                        limits=settings.spec_limits, report=settings.review.report_status, approvers=settings.review.approvers,
-                        code_owners=settings.review.code_owners)
+                        limits=settings.spec_limits, report=settings.review.report_status,
+                        approvers=settings.review.approvers, code_owners=settings.review.code_owners)
 
 
 def make_reconciler(settings: Settings, *, state: StateDir, source: GitSource, client: Client, statuses: StatusStore,
@@ -369,7 +371,8 @@ def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, sou
         supported_backend_types=("local", "kubernetes"), saga_task_queue=settings.temporal.task_queue,
         recipe_cache=state.recipes, smoke_request_timeout_s=settings.runners.smoke_request_timeout_s,
         registry_options=registry_options(settings),
-        limits=ExtractLimits(max_total_bytes=settings.registries.max_recipe_bytes, max_files=settings.registries.max_recipe_files,
+        limits=ExtractLimits(max_total_bytes=settings.registries.max_recipe_bytes,
+                             max_files=settings.registries.max_recipe_files,
                              max_file_bytes=settings.registries.max_recipe_file_bytes),
         weights=WeightsStore(state.root / "weights", budget_bytes=settings.runners.weights_budget_bytes),
     )

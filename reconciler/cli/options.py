@@ -6,8 +6,9 @@ shows typer its fields as options of their own, under one heading of --help; the
 group back, and the group says what it sets in its section of Settings (`settings()`), so each
 mapping is written once. A section comes back as a dict of its fields, the command's own options for
 it added (`temporal.settings(max_concurrent_sagas=max_sagas)`): Settings validates every section at
-once, so one error line names every problem. Where a command words an option differently (the roles' Temporal is shared and required, say),
-a variant subclass redeclares that field: the same option, in the same place, with its own help.
+once, so one error line names every problem. Where a command words an option differently (the roles'
+Temporal is shared and required, say), a variant subclass redeclares that field: the same option, in
+the same place, with its own help.
 
 Imported by the command modules only when their command runs: `plnt --help` does not import it.
 """

@@ -65,7 +65,8 @@ def load_role_access(settings: Settings) -> RoleAccess:
     tokens = read_gateway_tokens(settings.gateway.tokens_file, [t.get_secret_value() for t in settings.gateway.tokens],
                                  host=settings.host, insecure_no_auth=settings.gateway.insecure_no_auth)
     try:
-        webhook_secret = load_webhook_secret(settings.gateway.webhook_secret_file) if settings.gateway.webhook_secret_file else None
+        secret_file = settings.gateway.webhook_secret_file
+        webhook_secret = load_webhook_secret(secret_file) if secret_file else None
     except WebhookSecretError as exc:
         raise ServerStartError(f"--webhook-secret-file {exc}") from None
     return RoleAccess(tokens, webhook_secret, internal_token(settings))

@@ -180,16 +180,17 @@ def _read_pem(path: Path, what: str) -> bytes:
 def client_options(settings: Settings) -> dict[str, Any]:
     """Client.connect's TLS and API-key options for an external Temporal, as Temporal's own clients take them."""
     options: dict[str, Any] = {}
-    if settings.temporal.tls_cert or settings.temporal.tls_ca:
+    temporal = settings.temporal
+    if temporal.tls_cert or temporal.tls_ca:
         options["tls"] = TLSConfig(
-            server_root_ca_cert=_read_pem(settings.temporal.tls_ca, "--temporal-tls-ca") if settings.temporal.tls_ca else None,
-            client_cert=_read_pem(settings.temporal.tls_cert, "--temporal-tls-cert") if settings.temporal.tls_cert else None,
-            client_private_key=_read_pem(settings.temporal.tls_key, "--temporal-tls-key") if settings.temporal.tls_key else None,
+            server_root_ca_cert=_read_pem(temporal.tls_ca, "--temporal-tls-ca") if temporal.tls_ca else None,
+            client_cert=_read_pem(temporal.tls_cert, "--temporal-tls-cert") if temporal.tls_cert else None,
+            client_private_key=_read_pem(temporal.tls_key, "--temporal-tls-key") if temporal.tls_key else None,
         )
-    elif settings.temporal.tls:
+    elif temporal.tls:
         options["tls"] = True
-    if settings.temporal.api_key is not None:
-        options["api_key"] = settings.temporal.api_key.get_secret_value()  # implies TLS
+    if temporal.api_key is not None:
+        options["api_key"] = temporal.api_key.get_secret_value()  # implies TLS
     return options
 
 

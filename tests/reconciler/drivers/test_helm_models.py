@@ -411,7 +411,8 @@ def test_model_settings_defaults_and_refusals() -> None:
     from plnt.reconciler.settings import Settings
 
     settings = Settings(repo=".")
-    assert (settings.kubernetes.model_install_timeout_s, settings.kubernetes.gpu_resource, settings.kubernetes.helm_model_chart) == (1800, None, None)
+    assert (settings.kubernetes.model_install_timeout_s, settings.kubernetes.gpu_resource,
+            settings.kubernetes.helm_model_chart) == (1800, None, None)
     for bad in ({"model_install_timeout_s": 0}, {"gpu_resource": "gpu"}, {"gpu_resource": "Nvidia.com/gpu"},
                 {"gpu_resource": ""}):
         with pytest.raises(ValueError):
