@@ -114,10 +114,10 @@ async def measure(runs: int, passes: int, scratch: Path) -> dict[str, Any]:
     assert all(s.phase is Phase.READY for s in writes)
     rest = figures[1:]
     p50_cpu = statistics.median(f["cpu_s"] for f in rest)
-    return {"runs": runs, "passes": passes, "interval_s": settings.interval_s, "first_pass": figures[0],
+    return {"runs": runs, "passes": passes, "interval_s": settings.source.interval_s, "first_pass": figures[0],
             "p50_cpu_s": p50_cpu, "p50_plnt_cpu_s": statistics.median(f["plnt_cpu_s"] for f in rest),
             "p50_git_cpu_s": statistics.median(f["git_cpu_s"] for f in rest), "p50_wall_s": statistics.median(f["wall_s"] for f in rest),
-            "core_share_at_interval": p50_cpu / settings.interval_s, "raw": rest}
+            "core_share_at_interval": p50_cpu / settings.source.interval_s, "raw": rest}
 
 
 def main() -> None:

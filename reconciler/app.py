@@ -232,13 +232,14 @@ def make_saga_worker(client: Client, settings: Settings, *, activities: Sequence
     `remote_activities` False it takes no activity task from the queue (the reconciler apart: its
     only activity is the status write each saga makes in-process; the steps run on the workers)."""
     if remote_activities:
-        options: dict[str, Any] = dict(max_concurrent_activities=max(4, settings.max_concurrent_sagas * 2),
+        options: dict[str, Any] = dict(max_concurrent_activities=max(4, settings.temporal.max_concurrent_sagas * 2),
                                        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE)
     else:
         options = dict(no_remote_activities=True)
     if workflows:
         options.update(workflows=[DeploySaga], workflow_runner=SAGA_RUNNER)
-    return Worker(client, task_queue=settings.task_queue, activities=activities, interceptors=[metrics.interceptor()],
+    return Worker(client, task_queue=settings.temporal.task_queue, activities=activities,
+                  interceptors=[metrics.interceptor()],
                   **options)
 
 
@@ -249,22 +250,22 @@ def make_local_driver(settings: Settings, state: StateDir, *, on_change: Callabl
                       gateway_url: Callable[[], str] | None = None, model_token: str | None = None) -> LocalDriver:
     raise_open_files_limit()  # a connection or more per runner: 1,000 runners pass the usual soft 1,024
     return LocalDriver(
-        state, host="127.0.0.1", start_timeout_s=settings.runner_start_timeout_s,
-        stop_timeout_s=settings.runner_stop_timeout_s, on_change=on_change,
-        runner_args=settings.runner_args(), env=settings.runner_env,
-        secret_env={settings.llm_api_key_env: settings.llm_api_key.get_secret_value()}
-        if settings.llm_api_key_env and settings.llm_api_key else None,
-        limits_for=limits_for, drain=drain, runner_start=settings.runner_start, park_after_for=park_after_for,
-        model_python=str(settings.llm_venv / "bin" / "python"), gateway_url=gateway_url, model_token=model_token,
+        state, host="127.0.0.1", start_timeout_s=settings.runners.start_timeout_s,
+        stop_timeout_s=settings.runners.stop_timeout_s, on_change=on_change,
+        runner_args=settings.runners.args(), env=settings.runners.env,
+        secret_env={settings.runners.llm_api_key_env: settings.runners.llm_api_key.get_secret_value()}
+        if settings.runners.llm_api_key_env and settings.runners.llm_api_key else None,
+        limits_for=limits_for, drain=drain, runner_start=settings.runners.start, park_after_for=park_after_for,
+        model_python=str(settings.runners.llm_venv / "bin" / "python"), gateway_url=gateway_url, model_token=model_token,
     )
 
 
 def registry_options(settings: Settings) -> RegistryOptions:
     return RegistryOptions(
-        s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region,
-        allow_insecure_http=tuple(settings.oci_insecure_hosts), timeout_s=settings.registry_timeout_s,
-        max_download_bytes=settings.max_download_bytes,
-        file_roots=tuple(str(root) for root in settings.file_registry_roots))
+        s3_endpoint_url=settings.registries.s3_endpoint_url, s3_region=settings.registries.s3_region,
+        allow_insecure_http=tuple(settings.registries.oci_insecure_hosts), timeout_s=settings.registries.timeout_s,
+        max_download_bytes=settings.registries.max_download_bytes,
+        file_roots=tuple(str(root) for root in settings.registries.file_registry_roots))
 
 
 def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, state: StateDir, *,
@@ -272,29 +273,30 @@ def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, st
     def make_helm(backend: PlntBackend, specs: SpecLookup) -> HelmDriver:
         # Runner and model-server pods reach registries with plnt's own registry settings (their
         # credentials: a Secret); model releases get their own helm --wait (weights fetch and load).
-        return HelmDriver(backend, specs, helm=settings.helm_binary, chart=settings.helm_chart or DEFAULT_CHART,
-                          model_chart=settings.helm_model_chart or DEFAULT_MODEL_CHART,
-                          image=RunnerImage(repository=settings.runner_image, tag=settings.runner_image_tag),
+        kube = settings.kubernetes
+        return HelmDriver(backend, specs, helm=kube.helm_binary, chart=kube.helm_chart or DEFAULT_CHART,
+                          model_chart=kube.helm_model_chart or DEFAULT_MODEL_CHART,
+                          image=RunnerImage(repository=kube.runner_image, tag=kube.runner_image_tag),
                           registry_options=registry_options(settings),
-                          credentials_secret=settings.runner_registry_secret,
-                          model_timeout_s=settings.model_install_timeout_s, gpu_resource=settings.gpu_resource)
+                          credentials_secret=kube.runner_registry_secret,
+                          model_timeout_s=kube.model_install_timeout_s, gpu_resource=kube.gpu_resource)
 
     return DriverSet(local, state, make_helm, on_change=on_change)
 
 
 def make_source(settings: Settings, state: StateDir) -> GitSource:
-    return GitSource(settings.repo, state.source_clone, branch=settings.branch, path=settings.path,
-                     credentials_file=settings.git_credentials_file, known_hosts=settings.git_known_hosts,
-                     previews=settings.previews)
+    return GitSource(settings.source.repo, state.source_clone, branch=settings.source.branch, path=settings.source.path,
+                     credentials_file=settings.source.git_credentials_file, known_hosts=settings.source.git_known_hosts,
+                     previews=settings.review.previews)
 
 
 def make_forge_client(settings: Settings) -> Forge | None:
     """--forge: the one forge client of this process (approvals, rollout statuses, previews)."""
-    if settings.forge is None:
+    if settings.review.forge is None:
         return None
-    assert settings.forge_api_url and settings.forge_project and settings.forge_token
-    return make_forge(settings.forge, settings.forge_api_url, settings.forge_project,
-                      settings.forge_token.get_secret_value())
+    assert settings.review.forge_api_url and settings.review.forge_project and settings.review.forge_token
+    return make_forge(settings.review.forge, settings.review.forge_api_url, settings.review.forge_project,
+                      settings.review.forge_token.get_secret_value())
 
 
 def attach_status_followers(settings: Settings, statuses: StatusStore, reconciler: Reconciler,
@@ -303,18 +305,18 @@ def attach_status_followers(settings: Settings, statuses: StatusStore, reconcile
     rollout's verdict back to its commit: a forge status (--forge, unless --no-report-status) and a
     git note (--write-notes). Chained after statuses.on_change is set; returns the cleanups."""
     cleanups: list[Callable[[], Awaitable[None]]] = []
-    if settings.mirror_status:
+    if settings.kubernetes.mirror_status:
         from plnt.reconciler.control.kube import attach_status_mirror
 
         cleanups.append(attach_status_mirror(settings, statuses, reconciler))
-    if settings.forge is not None and settings.report_status:
+    if settings.review.forge is not None and settings.review.report_status:
         from plnt.reconciler.review.rollout_report import attach_rollout_reporter
 
         forge = make_forge_client(settings)
         assert forge is not None
         cleanups.append(forge.aclose)  # runs after the reporter stopped (cleanups run in reverse)
         cleanups.append(attach_rollout_reporter(forge, statuses))
-    if settings.write_notes:
+    if settings.review.write_notes:
         from plnt.reconciler.review.notes import attach_notes_writer
 
         cleanups.append(attach_notes_writer(source, statuses))
@@ -323,15 +325,15 @@ def attach_status_followers(settings: Settings, statuses: StatusStore, reconcile
 
 def make_approval_gate(settings: Settings, state: StateDir, source: GitSource) -> ApprovalGate | None:
     """--require-approval: approvals read through the forge; recipes verified through the saga's cache."""
-    if not settings.require_approval:
+    if not settings.review.require_approval:
         return None
     forge = make_forge_client(settings)
     if forge is None:  # Settings refuses --require-approval without a forge; kept for a hand-made Settings
         raise ValueError("--require-approval needs a forge: add --forge, --forge-api-url, --forge-project "
                          "and --forge-token-env")
     return ApprovalGate(forge, source, cache=RecipeCache(state.recipes), registry_options=registry_options(settings),
-                        limits=settings.spec_limits, report=settings.report_status, approvers=settings.approvers,
-                        code_owners=settings.code_owners)
+                        limits=settings.spec_limits, report=settings.review.report_status,
+                        approvers=settings.review.approvers, code_owners=settings.review.code_owners)
 
 
 def make_reconciler(settings: Settings, *, state: StateDir, source: GitSource, client: Client, statuses: StatusStore,
@@ -354,10 +356,10 @@ async def resume_runners(driver: LocalDriver) -> None:
 
 def make_verifier(settings: Settings, state: StateDir) -> CommitVerifier | None:
     """--verify-commits: the trusted signers come from plnt's settings, never from the repository."""
-    if settings.verify_commits == "none":
+    if settings.trust.verify_commits == "none":
         return None
-    return CommitVerifier(settings.verify_commits, home=state.root / "commit-trust",
-                          allowed_signers=settings.allowed_signers, gpg_keys=settings.gpg_keys)
+    return CommitVerifier(settings.trust.verify_commits, home=state.root / "commit-trust",
+                          allowed_signers=settings.trust.allowed_signers, gpg_keys=settings.trust.gpg_keys)
 
 
 def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, source: GitSource,
@@ -366,12 +368,13 @@ def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, sou
         driver=drivers, statuses=statuses,
         commit_specs=CommitSpecs(source, limits=settings.spec_limits, verifier=verifier),
         export_from_repo=source.export, read_from_repo=source.read_file,
-        supported_backend_types=("local", "kubernetes"), saga_task_queue=settings.task_queue,
-        recipe_cache=state.recipes, smoke_request_timeout_s=settings.smoke_request_timeout_s,
+        supported_backend_types=("local", "kubernetes"), saga_task_queue=settings.temporal.task_queue,
+        recipe_cache=state.recipes, smoke_request_timeout_s=settings.runners.smoke_request_timeout_s,
         registry_options=registry_options(settings),
-        limits=ExtractLimits(max_total_bytes=settings.max_recipe_bytes, max_files=settings.max_recipe_files,
-                             max_file_bytes=settings.max_recipe_file_bytes),
-        weights=WeightsStore(state.root / "weights", budget_bytes=settings.weights_budget_bytes),
+        limits=ExtractLimits(max_total_bytes=settings.registries.max_recipe_bytes,
+                             max_files=settings.registries.max_recipe_files,
+                             max_file_bytes=settings.registries.max_recipe_file_bytes),
+        weights=WeightsStore(state.root / "weights", budget_bytes=settings.runners.weights_budget_bytes),
     )
 
 
@@ -415,12 +418,12 @@ async def start(settings: Settings) -> Plnt:
     state = StateDir(settings.state_dir).ensure()
     cleanups: list[Callable[[], Awaitable[None]]] = []
     try:
-        address = settings.temporal_address
+        address = settings.temporal.address
         if address is None:
             server = TemporalDevServer(state.temporal_db, log_file=state.root / "temporal.log")
             address = await server.start()
             cleanups.append(server.stop)
-            client = await connect(address, settings.temporal_namespace, data_converter=pydantic_data_converter)
+            client = await connect(address, settings.temporal.namespace, data_converter=pydantic_data_converter)
         else:
             client = await connect_external(settings, data_converter=pydantic_data_converter)
 
@@ -431,7 +434,7 @@ async def start(settings: Settings) -> Plnt:
         driver = make_local_driver(
             settings, state, on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None,
             limits_for=lambda namespace, name: drivers.runner_limits(namespace, name),
-            drain=lambda release: _drain_after_flush(holder, router, release, settings.runner_stop_timeout_s),
+            drain=lambda release: _drain_after_flush(holder, router, release, settings.runners.stop_timeout_s),
             # Scale to zero: this process's gateway (and its workers, through /internal/wake) wakes them.
             park_after_for=lambda namespace, name, fingerprint: drivers.park_after(namespace, name, fingerprint),
             gateway_url=lambda: holder["plnt"].url, model_token=model_token,
@@ -454,14 +457,14 @@ async def start(settings: Settings) -> Plnt:
         async def on_git_hook() -> None:
             reconciler.wake()
 
-        worker_count = settings.gateway_workers or auto_workers()
+        worker_count = settings.gateway.workers or auto_workers()
         async def wake(namespace: str, name: str, release_id: str) -> str | None:
             woken = await drivers.wake(namespace, name, release_id)
             return woken.endpoint if woken is not None else None
 
         gateway_app = create_app(router, list_workflows=list_workflows, on_git_hook=on_git_hook, tokens=tokens,
-                                 max_body_bytes=settings.gateway_max_body_bytes,
-                                 request_timeout_s=settings.gateway_request_timeout_s,
+                                 max_body_bytes=settings.gateway.max_body_bytes,
+                                 request_timeout_s=settings.gateway.request_timeout_s,
                                  webhook_secret=access.webhook_secret, host=settings.host,
                                  health=lambda: (200, {"status": "ok", "worker": 0, "workers": worker_count}),
                                  wake=wake)
@@ -481,9 +484,9 @@ async def start(settings: Settings) -> Plnt:
             gateway_app.state.render_metrics = worker_metrics.render
             CallsHub(gateway_app.gateway.calls).mount(gateway_app, internal_token)  # GET /calls: every process's
         control_metrics.append_to(gateway_app)  # after the workers' sum: these are this process's alone
-        http_limits = HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
-                                 head_timeout_s=settings.gateway_header_timeout_s)
-        apart = worker_count > 1 and not settings.control_plane_gateway
+        http_limits = HttpLimits(max_head_bytes=settings.gateway.max_header_bytes,
+                                 head_timeout_s=settings.gateway.header_timeout_s)
+        apart = worker_count > 1 and not settings.gateway.control_plane_gateway
         if apart:  # only the workers take the gateway port; this process answers them on loopback
             assert internal_token is not None
             gateway = GatewayServer(TrustForwarded(gateway_app, internal_token), host="127.0.0.1", port=0,
@@ -503,7 +506,7 @@ async def start(settings: Settings) -> Plnt:
         await resume_runners(driver)
         plnt.refresh_routes()
 
-        cleanups.append(activities.recorder.report_progress(settings.temporal_namespace, settings.task_queue))
+        cleanups.append(activities.recorder.report_progress(settings.temporal.namespace, settings.temporal.task_queue))
         worker = make_saga_worker(client, settings, activities=activities.all(), metrics=control_metrics)
         worker_task = asyncio.create_task(worker.run(), name="temporal-worker")
         plnt._tasks.append(worker_task)
@@ -518,20 +521,20 @@ async def start(settings: Settings) -> Plnt:
         cleanups.append(_closer(publisher))  # runs before gateway.stop: long-polls answer at once
         cleanups.append(reconciler.close)
         plnt._tasks.append(asyncio.create_task(reconciler.run(stop_event), name="reconciler"))
-        if settings.previews:
+        if settings.review.previews:
             plnt.previews, close_previews = start_previews(
                 settings, source=source, client=client, statuses=statuses, driver=drivers, reconciler=reconciler,
                 verifier=verifier, gateway_url=lambda: plnt.url, stop=stop_event)
             cleanups.append(close_previews)
         plnt._cleanups = cleanups
         log.info("plnt-up gateway=%s repo=%s branch=%s path=%s state=%s temporal=%s",
-                 plnt.url, source.url, settings.branch, settings.path or "/", state.root, address)
+                 plnt.url, source.url, settings.source.branch, settings.source.path or "/", state.root, address)
         if tokens.enabled:
             log.info("gateway-auth bearer tokens=%d (GET /healthz is open; everything else needs a token)", len(tokens))
         else:
             log.warning("gateway-open-no-auth host=%s: no tokens configured, anyone who can reach %s can invoke "
                         "every workflow%s", settings.host, plnt.url,
-                        "" if settings.insecure_no_auth and not _loopback(settings.host) else " (loopback only)")
+                        "" if settings.gateway.insecure_no_auth and not _loopback(settings.host) else " (loopback only)")
         return plnt
     except BaseException:
         for cleanup in reversed(cleanups):
@@ -589,8 +592,8 @@ async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, inte
             forward_control=True, host=host, port=port,
             tokens_text=SecretStr(tokens_text) if tokens_text is not None else None,
             tokens_source=tokens.source, plain_tokens=tuple(SecretStr(t) for t in tokens.plain),
-            max_body_bytes=settings.gateway_max_body_bytes, request_timeout_s=settings.gateway_request_timeout_s,
-            max_header_bytes=settings.gateway_max_header_bytes, header_timeout_s=settings.gateway_header_timeout_s,
+            max_body_bytes=settings.gateway.max_body_bytes, request_timeout_s=settings.gateway.request_timeout_s,
+            max_header_bytes=settings.gateway.max_header_bytes, header_timeout_s=settings.gateway.header_timeout_s,
             watch_retry_max_s=1.0, verbose=log.isEnabledFor(logging.DEBUG))
 
     supervisor = WorkerSupervisor(config_for, workers)

@@ -104,7 +104,7 @@ async def _undo(cleanups: list[Cleanup]) -> None:
 
 
 def _require_temporal(settings: Settings, role: str) -> None:
-    if settings.temporal_address is None:
+    if settings.temporal.address is None:
         raise ServerStartError(f"plnt {role} needs --temporal-address HOST:PORT: the roles share one Temporal server "
                                "(start one with `temporal server start-dev`, or run everything in one process "
                                "with `plnt up`)")
@@ -151,14 +151,14 @@ def _serve_leader_metrics(app: Any, control_metrics: ControlPlaneMetrics, active
 
 
 def make_lease(settings: Settings, state: StateDir) -> LeaderLease:
-    identity = settings.identity or default_identity()
-    if settings.lease == "kubernetes":
+    identity = settings.roles.identity or default_identity()
+    if settings.roles.lease == "kubernetes":
         from kubernetes import client as k8s  # the kubernetes client only where it is used
         from plnt.reconciler.control.kube import KubernetesLease, api_client
 
-        namespace = settings.lease_namespace or _pod_namespace()
-        api = k8s.CoordinationV1Api(api_client(settings.kubeconfig))
-        return KubernetesLease(settings.lease_name, namespace, identity, api=api)
+        namespace = settings.roles.lease_namespace or _pod_namespace()
+        api = k8s.CoordinationV1Api(api_client(settings.kubernetes.kubeconfig))
+        return KubernetesLease(settings.roles.lease_name, namespace, identity, api=api)
     return FileLease(state.root / "reconciler.lease", identity=identity)
 
 
@@ -205,8 +205,8 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
 
     control = create_app(router, list_workflows=lambda: [s.public() for s in statuses.all()],
                          on_git_hook=on_git_hook, tokens=access.tokens.tokens,
-                         max_body_bytes=settings.gateway_max_body_bytes,
-                         request_timeout_s=settings.gateway_request_timeout_s, webhook_secret=access.webhook_secret,
+                         max_body_bytes=settings.gateway.max_body_bytes,
+                         request_timeout_s=settings.gateway.request_timeout_s, webhook_secret=access.webhook_secret,
                          host=settings.host)
     active = asyncio.Event()
     add_role_health(control, "reconciler", lambda: {"active": active.is_set()}, ready=active.is_set)
@@ -215,8 +215,8 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     control_metrics = ControlPlaneMetrics()  # after the app's own series on GET /metrics (reconciler/control/metrics.py)
     _serve_leader_metrics(control, control_metrics, active.is_set)
     server = GatewayServer(_StandbyGate(control, active.is_set), host=settings.host, port=settings.port,
-                           limits=HttpLimits(max_head_bytes=settings.gateway_max_header_bytes,
-                                             head_timeout_s=settings.gateway_header_timeout_s))
+                           limits=HttpLimits(max_head_bytes=settings.gateway.max_header_bytes,
+                                             head_timeout_s=settings.gateway.header_timeout_s))
     role = Role("reconciler", server)
     await server.start()
     role._cleanups.append(server.stop)
@@ -237,7 +237,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
             client = await connect_external(settings, data_converter=pydantic_data_converter)
             # The workflows and their status writes only: the saga's steps run on the workers.
             recorder = PhaseRecorder(statuses)
-            cleanups.append(recorder.report_progress(settings.temporal_namespace, settings.task_queue))
+            cleanups.append(recorder.report_progress(settings.temporal.namespace, settings.temporal.task_queue))
             worker = make_saga_worker(client, settings, activities=[recorder.record_phase], metrics=control_metrics,
                                       remote_activities=False)
             worker_task = asyncio.create_task(worker.run(), name="temporal-workflow-worker")
@@ -248,7 +248,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
             add_reconciler_routes(control, reconciler, client)
             cleanups.append(reconciler.close)
             cleanups.extend(attach_status_followers(settings, statuses, reconciler, source))
-            if settings.previews:  # the preview sagas' steps run on the workers too
+            if settings.review.previews:  # the preview sagas' steps run on the workers too
                 _, close_previews = start_previews(
                     settings, source=source, client=client, statuses=statuses, driver=drivers, reconciler=reconciler,
                     verifier=verifier, gateway_url=lambda: server.url, stop=role.stop_event)
@@ -256,7 +256,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
             reconcile_task = asyncio.create_task(reconciler.run(role.stop_event), name="reconciler")
             active.set()
             log.info("reconciler-active control=%s repo=%s branch=%s temporal=%s", server.url, source.url,
-                     settings.branch, settings.temporal_address)
+                     settings.source.branch, settings.temporal.address)
             await lease.hold(role.stop_event)
             if not role.stop_event.is_set():
                 log.error("lease-lost: stopping reconciliation at once (another replica may now be active)")
@@ -304,28 +304,28 @@ async def start_worker(settings: Settings) -> Role:
     """Run the saga's steps; host the local runners they install and report them."""
     _require_temporal(settings, "worker")
     telemetry.start("plnt-worker")
-    if settings.control_url is None:
+    if settings.roles.control_url is None:
         raise ServerStartError("plnt worker needs --control-url URL: the reconciler's control API, where it reports "
                                "the runners it hosts")
     state = StateDir(settings.state_dir).ensure()
     cleanups: list[Cleanup] = []
     try:
         client = await connect_external(settings, data_converter=pydantic_data_converter)
-        identity = settings.identity or default_identity()
+        identity = settings.roles.identity or default_identity()
         token = internal_token(settings)
         holder: dict[str, RunnerReporter] = {}
 
         async def drain(release: Release) -> None:
             # Gateways run elsewhere: report the change, then wait until the control plane says each
             # dropped this runner and finished what it sent it, before it stops.
-            await holder["reporter"].drain(release, timeout_s=settings.runner_stop_timeout_s,
-                                           grace_s=settings.drain_grace_s)
+            await holder["reporter"].drain(release, timeout_s=settings.runners.stop_timeout_s,
+                                           grace_s=settings.roles.drain_grace_s)
 
         local = make_local_driver(settings, state, on_change=lambda: holder["reporter"].push_now(),
                                   drain=drain, limits_for=lambda ns, name: drivers.runner_limits(ns, name))
         drivers = make_driver_set(settings, local, state)
-        reporter = RunnerReporter(worker=identity, control_url=settings.control_url, token=token, local=local,
-                                  interval_s=settings.report_interval_s)
+        reporter = RunnerReporter(worker=identity, control_url=settings.roles.control_url, token=token, local=local,
+                                  interval_s=settings.roles.report_interval_s)
         holder["reporter"] = reporter
         cleanups.append(local.shutdown)
         activities = make_activities(settings, state, drivers, make_source(settings, state), statuses=None,
@@ -357,7 +357,7 @@ async def start_worker(settings: Settings) -> Role:
         cleanups.append(server.stop)
         role._cleanups = cleanups
         log.info("worker-started identity=%s health=%s temporal=%s task_queue=%s control=%s", identity, server.url,
-                 settings.temporal_address, settings.task_queue, settings.control_url)
+                 settings.temporal.address, settings.temporal.task_queue, settings.roles.control_url)
         return role
     except BaseException:
         await _undo(cleanups)

@@ -3,9 +3,12 @@
 Options that go together are an OptionGroup: a frozen dataclass whose fields are typer options. A
 command takes the group as one parameter (`temporal: TemporalOptions`) and `with_option_groups`
 shows typer its fields as options of their own, under one heading of --help; the command gets the
-group back, and the group says what it sets in Settings (`settings()`), so each mapping is written
-once. Where a command words an option differently (the roles' Temporal is shared and required, say),
-a variant subclass redeclares that field: the same option, in the same place, with its own help.
+group back, and the group says what it sets in its section of Settings (`settings()`), so each
+mapping is written once. A section comes back as a dict of its fields, the command's own options for
+it added (`temporal.settings(max_concurrent_sagas=max_sagas)`): Settings validates every section at
+once, so one error line names every problem. Where a command words an option differently (the roles'
+Temporal is shared and required, say), a variant subclass redeclares that field: the same option, in
+the same place, with its own help.
 
 Imported by the command modules only when their command runs: `plnt --help` does not import it.
 """
@@ -147,9 +150,10 @@ class SourceOptions(OptionGroup):
     git_known_hosts: Annotated[Path | None, typer.Option(help=(
         "ssh known_hosts for the repository's host; without it the first host key is trusted, then pinned."))] = None
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self, **more: Any) -> dict[str, Any]:
+        """Settings.source."""
         return dict(repo=self.repo, path=self.path, branch=self.branch, git_credentials_file=self.git_credentials_file,
-                    git_known_hosts=self.git_known_hosts)
+                    git_known_hosts=self.git_known_hosts, **more)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +178,7 @@ class CommitTrustOptions(OptionGroup):
     gpg_keys: Annotated[Path | None, typer.Option(help="Directory of trusted OpenPGP public keys (*.asc, *.gpg).")] = None
 
     def settings(self) -> dict[str, Any]:
+        """Settings.trust."""
         return dict(verify_commits=self.verify_commits, allowed_signers=self.allowed_signers, gpg_keys=self.gpg_keys)
 
 
@@ -198,12 +203,12 @@ class TemporalOptions(OptionGroup):
     temporal_api_key_file: Annotated[Path | None, typer.Option(
         help="File holding a Temporal API key (implies TLS).")] = None
 
-    def settings(self) -> dict[str, Any]:
-        """Exit 2 when the API key cannot be read."""
+    def settings(self, **more: Any) -> dict[str, Any]:
+        """Settings.temporal; exit 2 when the API key cannot be read."""
         api_key = secret_from(self.temporal_api_key_env, self.temporal_api_key_file, "--temporal-api-key")
-        return dict(temporal_address=self.temporal_address, temporal_namespace=self.temporal_namespace,
-                    task_queue=self.task_queue, temporal_tls=self.temporal_tls, temporal_tls_cert=self.temporal_tls_cert,
-                    temporal_tls_key=self.temporal_tls_key, temporal_tls_ca=self.temporal_tls_ca, temporal_api_key=api_key)
+        return dict(address=self.temporal_address, namespace=self.temporal_namespace, task_queue=self.task_queue,
+                    tls=self.temporal_tls, tls_cert=self.temporal_tls_cert, tls_key=self.temporal_tls_key,
+                    tls_ca=self.temporal_tls_ca, api_key=api_key, **more)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,7 +263,7 @@ class ForgeOptions(OptionGroup):
         "(GitHub, Gitea) or 'refs/merge-requests/*/head' (GitLab). Repeatable."))] = None
 
     def settings(self) -> dict[str, Any]:
-        """Exit 2 when the forge token cannot be read."""
+        """Settings.review; exit 2 when the forge token cannot be read."""
         token = secret_from(self.forge_token_env, self.forge_token_file, "--forge-token")
         return dict(forge=self.forge, forge_api_url=self.forge_api_url, forge_project=self.forge_project,
                     forge_token=token, require_approval=self.require_approval, report_status=self.report_status,
@@ -287,11 +292,11 @@ class GatewayOptions(OptionGroup):
     header_timeout: Annotated[float, typer.Option(
         help="Gateway: close connections whose request headers are not complete within this many seconds.")] = 10.0
 
-    def settings(self) -> dict[str, Any]:
-        return dict(host=self.host, port=self.port, gateway_tokens=env_gateway_tokens(),
-                    gateway_tokens_file=self.tokens_file, insecure_no_auth=self.insecure_no_auth,
-                    gateway_max_body_bytes=self.max_body_bytes, gateway_request_timeout_s=self.gateway_timeout,
-                    gateway_max_header_bytes=self.max_header_bytes, gateway_header_timeout_s=self.header_timeout)
+    def settings(self, **more: Any) -> dict[str, Any]:
+        """Settings.gateway (--host and --port are Settings.host and Settings.port)."""
+        return dict(tokens=env_gateway_tokens(), tokens_file=self.tokens_file, insecure_no_auth=self.insecure_no_auth,
+                    max_body_bytes=self.max_body_bytes, request_timeout_s=self.gateway_timeout,
+                    max_header_bytes=self.max_header_bytes, header_timeout_s=self.header_timeout, **more)
 
     def checked_tokens(self) -> GatewayTokens:
         """The tokens (--tokens-file and PLNT_GATEWAY_TOKENS), read once; exit 2 when they cannot be
@@ -332,11 +337,12 @@ class RegistryAccessOptions(OptionGroup):
     max_download_mb: Annotated[int, typer.Option(
         min=1, help="Stop a recipe download (archive + bundle, any registry) past this many MiB.")] = 256
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self, **more: Any) -> dict[str, Any]:
+        """Settings.registries."""
         return dict(s3_endpoint_url=self.s3_endpoint_url, s3_region=self.s3_region,
                     oci_insecure_hosts=tuple(self.oci_insecure_host or ()),
                     file_registry_roots=tuple(p.resolve() for p in self.allow_file_registry or ()),
-                    max_download_bytes=self.max_download_mb * 2**20)
+                    max_download_bytes=self.max_download_mb * 2**20, **more)
 
     def registry_options(self) -> RegistryOptions:
         from plnt.reconciler.recipes.registries import RegistryOptions
@@ -418,12 +424,12 @@ class RunnerOptions(OptionGroup):
         if self.llm_api_key_env and self.llm_api_key is None:
             raise fail(f"--llm-api-key-env {self.llm_api_key_env}: that environment variable is not set", 2)
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self, **more: Any) -> dict[str, Any]:
+        """Settings.runners."""
         from plnt.reconciler.drivers.local import allowlisted_env
 
         return dict(llm_url=self.llm_url, llm_model=self.llm_model, llm_api_key_env=self.llm_api_key_env,
-                    llm_api_key=self.llm_api_key, runner_start=self.runner_start.value,
-                    runner_env=allowlisted_env(os.environ))
+                    llm_api_key=self.llm_api_key, start=self.runner_start.value, env=allowlisted_env(os.environ), **more)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -448,9 +454,6 @@ class SpecLimitOptions(OptionGroup):
         from plnt.core.specs.limits import SpecLimits
 
         return SpecLimits(max_files=self.max_spec_files, max_file_bytes=self.max_spec_file_kb * 1024)
-
-    def settings(self) -> dict[str, Any]:
-        return dict(spec_limits=self.limits())
 
 
 @contextlib.contextmanager

@@ -74,15 +74,19 @@ def reconcile(
     setup_logging(verbose)
     if lease not in ("file", "kubernetes"):
         raise fail(f"--lease must be file or kubernetes, not {lease!r}", 2)
-    temporal_fields = temporal.settings()
+    temporal_section = temporal.settings(max_concurrent_sagas=max_sagas)  # its API key's exit 2 comes first
     internal_token = read_internal_token(internal_token_file)
     retry = RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s)
     with exit_on_invalid_settings():
         settings = Settings(
-            **source.settings(), state_dir=state_dir, host=host, port=port, interval_s=interval, **temporal_fields,
-            internal_token=internal_token, gateway_tokens=env_gateway_tokens(), gateway_tokens_file=tokens_file,
-            insecure_no_auth=insecure_no_auth, webhook_secret_file=webhook_secret_file, **trust.settings(),
-            mirror_status=mirror_status, kubeconfig=kubeconfig, lease=lease, lease_name=lease_name,
-            lease_namespace=lease_namespace, identity=identity, max_concurrent_sagas=max_sagas, **limits.settings(),
-            retry=retry, model_install_timeout_s=model_install_timeout, **forge.settings())
+            source=source.settings(interval_s=interval), state_dir=state_dir, host=host, port=port,
+            temporal={**temporal_section, "retry": retry},
+            roles=dict(internal_token=internal_token, lease=lease, lease_name=lease_name,
+                       lease_namespace=lease_namespace, identity=identity),
+            gateway=dict(tokens=env_gateway_tokens(), tokens_file=tokens_file, insecure_no_auth=insecure_no_auth,
+                         webhook_secret_file=webhook_secret_file),
+            trust=trust.settings(), spec_limits=limits.limits(),
+            kubernetes=dict(mirror_status=mirror_status, kubeconfig=kubeconfig,
+                            model_install_timeout_s=model_install_timeout),
+            review=forge.settings())
     roles.run_role(start_reconciler, settings, "reconcile")

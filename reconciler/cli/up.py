@@ -92,15 +92,19 @@ def up(
     internal_token = read_internal_token(internal_token_file)
     with exit_on_invalid_settings():
         settings = Settings(
-            **source.settings(), **trust.settings(), state_dir=state_dir, **gateway.settings(), interval_s=interval,
-            **temporal.settings(), **registries.settings(),
-            **({"llm_venv": llm_venv.resolve()} if llm_venv is not None else {}),
-            weights_budget_bytes=int(weights_budget_gb * 2**30), model_install_timeout_s=model_install_timeout,
-            gpu_resource=gpu_resource, max_recipe_bytes=max_recipe_mb * 2**20, max_concurrent_sagas=max_sagas,
-            **limits.settings(), retry=RetrySettings(maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s),
-            gateway_workers=gateway_workers, control_plane_gateway=control_plane_gateway,
-            webhook_secret_file=webhook_secret_file, internal_token=internal_token, **runners.settings(),
-            mirror_status=mirror_status, kubeconfig=kubeconfig, **forge.settings())
+            source=source.settings(interval_s=interval), trust=trust.settings(), state_dir=state_dir,
+            host=gateway.host, port=gateway.port,
+            gateway=gateway.settings(workers=gateway_workers, control_plane_gateway=control_plane_gateway,
+                                     webhook_secret_file=webhook_secret_file),
+            temporal=temporal.settings(max_concurrent_sagas=max_sagas, retry=RetrySettings(
+                maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s)),
+            registries=registries.settings(max_recipe_bytes=max_recipe_mb * 2**20),
+            kubernetes=dict(model_install_timeout_s=model_install_timeout, gpu_resource=gpu_resource,
+                            mirror_status=mirror_status, kubeconfig=kubeconfig),
+            spec_limits=limits.limits(), roles=dict(internal_token=internal_token),
+            runners=runners.settings(weights_budget_bytes=int(weights_budget_gb * 2**30),
+                                     **({"llm_venv": llm_venv.resolve()} if llm_venv is not None else {})),
+            review=forge.settings())
     runners.check()
     gateway.checked_tokens()  # here, for one clear line; the gateway reads them again as it starts
     loop_factory = event_loop_factory(loop)

@@ -66,14 +66,15 @@ def worker(
 
     setup_logging(verbose)
     runners.check()
-    temporal_fields = temporal.settings()
+    temporal_section = temporal.settings(max_concurrent_sagas=max_sagas)  # its API key's exit 2 comes first
     internal_token = read_internal_token(internal_token_file)
     with exit_on_invalid_settings():
         settings = Settings(
-            **source.settings(), state_dir=state_dir, host=host, port=port, control_url=control_url,
-            **temporal_fields, internal_token=internal_token, identity=identity, **trust.settings(),
-            **registries.settings(), previews=tuple(previews or ()), max_recipe_bytes=max_recipe_mb * 2**20,
-            max_concurrent_sagas=max_sagas, **limits.settings(), **runners.settings(),
-            report_interval_s=report_interval, drain_grace_s=drain_grace,
-            model_install_timeout_s=model_install_timeout, gpu_resource=gpu_resource)
+            source=source.settings(), state_dir=state_dir, host=host, port=port, temporal=temporal_section,
+            roles=dict(control_url=control_url, internal_token=internal_token, identity=identity,
+                       report_interval_s=report_interval, drain_grace_s=drain_grace),
+            trust=trust.settings(), review=dict(previews=tuple(previews or ())),
+            registries=registries.settings(max_recipe_bytes=max_recipe_mb * 2**20), spec_limits=limits.limits(),
+            runners=runners.settings(),
+            kubernetes=dict(model_install_timeout_s=model_install_timeout, gpu_resource=gpu_resource))
     roles.run_role(start_worker, settings, "worker")

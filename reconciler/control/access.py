@@ -47,7 +47,7 @@ def read_gateway_tokens(tokens_file: Path | None, plain: Iterable[str], *, host:
 def internal_token(settings: Settings) -> str | None:
     """The token the roles use with each other (the CLI read it from --internal-token-file); None:
     the internal endpoints answer 404."""
-    return settings.internal_token.get_secret_value() if settings.internal_token else None
+    return settings.roles.internal_token.get_secret_value() if settings.roles.internal_token else None
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,11 @@ class RoleAccess:
 def load_role_access(settings: Settings) -> RoleAccess:
     """The tokens (read_gateway_tokens, its errors), the webhook secret (ServerStartError when it
     cannot be read) and the internal token of a role listening on settings.host."""
-    tokens = read_gateway_tokens(settings.gateway_tokens_file, [t.get_secret_value() for t in settings.gateway_tokens],
-                                 host=settings.host, insecure_no_auth=settings.insecure_no_auth)
+    tokens = read_gateway_tokens(settings.gateway.tokens_file, [t.get_secret_value() for t in settings.gateway.tokens],
+                                 host=settings.host, insecure_no_auth=settings.gateway.insecure_no_auth)
     try:
-        webhook_secret = load_webhook_secret(settings.webhook_secret_file) if settings.webhook_secret_file else None
+        secret_file = settings.gateway.webhook_secret_file
+        webhook_secret = load_webhook_secret(secret_file) if secret_file else None
     except WebhookSecretError as exc:
         raise ServerStartError(f"--webhook-secret-file {exc}") from None
     return RoleAccess(tokens, webhook_secret, internal_token(settings))

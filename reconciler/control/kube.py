@@ -605,7 +605,7 @@ def attach_status_mirror(settings: Settings, statuses: StatusStore, reconciler: 
     """Start mirroring into WorkflowRun CRs: chains StatusStore.on_change (whatever is set there keeps
     running first), subscribes to each reconciled commit's specs, starts the writer task. Returns the
     cleanup that stops it."""
-    mirror = StatusMirror(api_client(settings.kubeconfig), statuses, identity=f"plnt-{uuid.uuid4().hex[:8]}")
+    mirror = StatusMirror(api_client(settings.kubernetes.kubeconfig), statuses, identity=f"plnt-{uuid.uuid4().hex[:8]}")
     previous = statuses.on_change
 
     def on_change() -> None:

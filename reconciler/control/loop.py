@@ -69,7 +69,7 @@ class Reconciler:
         self._full_pass_due = True
         self._fetched: str | None = None  # the commit the last fetch found
         self._last_full = 0.0  # (loop time) of the last full pass
-        self._sagas = SagaLauncher(client, settings.task_queue, self._wake)
+        self._sagas = SagaLauncher(client, settings.temporal.task_queue, self._wake)
         self._loaded: tuple[str, SpecSet, list[Problem]] | None = None
         self._desired_at: tuple[str, SpecSet, dict[str, DesiredRun]] | None = None
         # The specs of the last commit this loop reconciled: while a newer commit is refused, they are
@@ -102,14 +102,14 @@ class Reconciler:
 
     async def _loop(self, stop: asyncio.Event) -> None:
         self._last_full = asyncio.get_running_loop().time()
-        await poll(stop, self._wake, self._settings.interval_s, self._pass, what="reconcile",
+        await poll(stop, self._wake, self._settings.source.interval_s, self._pass, what="reconcile",
                    on_skipped=lambda exc: self._record_source(error=str(exc)))
 
     async def _pass(self) -> None:
         # Full when asked (a webhook, the interval) or when the interval passed since the last
         # full one: saga ends that keep waking the loop must not keep it from fetching.
         now = asyncio.get_running_loop().time()
-        full = self._full_pass_due or now - self._last_full >= self._settings.interval_s
+        full = self._full_pass_due or now - self._last_full >= self._settings.source.interval_s
         self._full_pass_due = False
         if full:
             self._last_full = now
@@ -174,7 +174,7 @@ class Reconciler:
         items = self._plan.plan(desired, releases, self._statuses.all(), self._sagas.fingerprints,
                                 keep=lambda key: preview_of(key.split("/", 1)[1]) is None)
         in_sync = all(item.action is Action.UNCHANGED and not item.waiting for item in items)
-        budget = self._settings.max_concurrent_sagas - len(self._sagas)
+        budget = self._settings.temporal.max_concurrent_sagas - len(self._sagas)
         live_unknown = getattr(self._driver, "live_unknown", lambda key: None)
         starts = []
         for item in items:
@@ -268,11 +268,11 @@ class Reconciler:
         run = specs.deployable(item.key)
         if item.action is Action.UNINSTALL or run is None:
             saga = SagaInput(action="uninstall", namespace=item.namespace, name=item.name, commit=commit,
-                             retry=self._settings.retry)
+                             retry=self._settings.temporal.retry)
         else:
             # The input names the commit; the saga's activities read the spec, its backend and the
             # trust policies from plnt's own clone at that commit (it carries none of them).
-            retry = self._settings.retry
+            retry = self._settings.temporal.retry
             if run.kind == "ModelDeployment":
                 # A model release's helm --wait covers the weights fetch and the server's start
                 # (model_install_timeout_s), far longer than a runner's: its install and promote steps
@@ -280,7 +280,7 @@ class Reconciler:
                 # defaults: a runner's steps keep their 3 minutes, and saga/workflow.py is unchanged, so recorded
                 # histories replay as they were (their input carries the timeouts they ran with).
                 retry = retry.model_copy(update={"step_timeouts": model_step_timeouts(
-                    retry.step_timeouts, self._settings.model_install_timeout_s)})
+                    retry.step_timeouts, self._settings.kubernetes.model_install_timeout_s)})
             saga = SagaInput(action="deploy", namespace=item.namespace, name=item.name, commit=commit,
                              fingerprint=run.fingerprint(), version=run.version, retry=retry)
             if self._statuses.get(item.key) is None:

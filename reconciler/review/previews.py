@@ -186,7 +186,7 @@ class PreviewController:
         self._gateway_url = gateway_url
         self._base: tuple[str, SpecSet] | None = None  # the tracked branch's last reconciled commit
         self._wake = asyncio.Event()
-        self._sagas = SagaLauncher(client, settings.task_queue, self._wake, what="preview-saga", subject="preview")
+        self._sagas = SagaLauncher(client, settings.temporal.task_queue, self._wake, what="preview-saga", subject="preview")
         self._specs: dict[str, tuple[dict[str, WorkflowRun], str | None]] = {}  # sha -> (runs, problem)
         self._reported: dict[int, _Reported] = {}
         self._closed: dict[int, tuple[str, float]] = {}  # pr -> (head sha, when the forge said it is not open)
@@ -203,7 +203,7 @@ class PreviewController:
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        await poll(stop, self._wake, self._settings.interval_s, self._pass, what="previews")
+        await poll(stop, self._wake, self._settings.source.interval_s, self._pass, what="previews")
 
     async def _pass(self) -> None:
         if self._base is not None:  # (none until the branch's first valid commit)
@@ -252,7 +252,7 @@ class PreviewController:
                                                    self._sagas.fingerprints).items()
                 if (of := preview_of(run.name)) is not None and of[1] not in held and key not in base.workflow_runs}
         items = plan(desired, live)
-        budget = self._settings.max_concurrent_sagas - len(self._sagas)
+        budget = self._settings.temporal.max_concurrent_sagas - len(self._sagas)
         for item in items:
             pr = _pr_of(item.name)
             if item.supersedes:
@@ -289,7 +289,7 @@ class PreviewController:
         refs = await asyncio.to_thread(self._source.fetch_previews)
         pulls: dict[int, PullRef] = {}
         for ref, sha in refs.items():
-            pr = pr_number(ref, self._settings.previews)
+            pr = pr_number(ref, self._settings.review.previews)
             if pr is not None:
                 pulls[pr] = PullRef(pr, ref, sha)
         unknown: set[int] = set()
@@ -365,7 +365,7 @@ class PreviewController:
     async def _start_saga(self, item: PlanItem, pr: int, commit: str) -> None:
         if item.action is Action.UNINSTALL:
             saga = SagaInput(action="uninstall", namespace=item.namespace, name=item.name, commit=commit,
-                             preview=pr, retry=self._settings.retry)
+                             preview=pr, retry=self._settings.temporal.retry)
         else:
             desired_fp = None
             runs, _ = self._specs.get(commit, ({}, None))
@@ -376,7 +376,7 @@ class PreviewController:
             desired_fp = run.fingerprint()
             saga = SagaInput(action="deploy", namespace=item.namespace, name=item.name, commit=commit,
                              fingerprint=desired_fp, version=run.spec.workflow.version, preview=pr,
-                             policy_commit=self._base[0] if self._base else None, retry=self._settings.retry)
+                             policy_commit=self._base[0] if self._base else None, retry=self._settings.temporal.retry)
             self._statuses.update(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
                                   attempted_version=saga.version,
                                   message=f"preview of #{pr}: {item.action.value}: {item.reason}")

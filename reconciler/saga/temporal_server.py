@@ -180,52 +180,53 @@ def _read_pem(path: Path, what: str) -> bytes:
 def client_options(settings: Settings) -> dict[str, Any]:
     """Client.connect's TLS and API-key options for an external Temporal, as Temporal's own clients take them."""
     options: dict[str, Any] = {}
-    if settings.temporal_tls_cert or settings.temporal_tls_ca:
+    temporal = settings.temporal
+    if temporal.tls_cert or temporal.tls_ca:
         options["tls"] = TLSConfig(
-            server_root_ca_cert=_read_pem(settings.temporal_tls_ca, "--temporal-tls-ca") if settings.temporal_tls_ca else None,
-            client_cert=_read_pem(settings.temporal_tls_cert, "--temporal-tls-cert") if settings.temporal_tls_cert else None,
-            client_private_key=_read_pem(settings.temporal_tls_key, "--temporal-tls-key") if settings.temporal_tls_key else None,
+            server_root_ca_cert=_read_pem(temporal.tls_ca, "--temporal-tls-ca") if temporal.tls_ca else None,
+            client_cert=_read_pem(temporal.tls_cert, "--temporal-tls-cert") if temporal.tls_cert else None,
+            client_private_key=_read_pem(temporal.tls_key, "--temporal-tls-key") if temporal.tls_key else None,
         )
-    elif settings.temporal_tls:
+    elif temporal.tls:
         options["tls"] = True
-    if settings.temporal_api_key is not None:
-        options["api_key"] = settings.temporal_api_key.get_secret_value()  # implies TLS
+    if temporal.api_key is not None:
+        options["api_key"] = temporal.api_key.get_secret_value()  # implies TLS
     return options
 
 
 async def connect_external(settings: Settings, *, timeout_s: float = 10.0, **kwargs: Any) -> Client:
-    """Connect to the Temporal at settings.temporal_address; a refusal names the address and what to check."""
-    address = settings.temporal_address
+    """Connect to the Temporal at settings.temporal.address; a refusal names the address and what to check."""
+    address = settings.temporal.address
     assert address is not None
     options = client_options(settings)
     try:
-        client = await connect(address, settings.temporal_namespace, timeout_s=timeout_s, **options, **kwargs)
+        client = await connect(address, settings.temporal.namespace, timeout_s=timeout_s, **options, **kwargs)
     except TemporalStartError as exc:
         checks = ["that the address is right and the server is up"]
         if "tls" in options or "api_key" in options:
             checks.append("that it serves TLS on that port")
         else:
             checks.append("whether it serves TLS only (--temporal-tls, --temporal-tls-ca)")
-        if settings.temporal_tls_ca:
-            checks.append(f"that its certificate chains to --temporal-tls-ca {settings.temporal_tls_ca} and names the host")
-        if settings.temporal_tls_cert:
-            checks.append(f"that it accepts the client certificate --temporal-tls-cert {settings.temporal_tls_cert}")
+        if settings.temporal.tls_ca:
+            checks.append(f"that its certificate chains to --temporal-tls-ca {settings.temporal.tls_ca} and names the host")
+        if settings.temporal.tls_cert:
+            checks.append(f"that it accepts the client certificate --temporal-tls-cert {settings.temporal.tls_cert}")
         else:
             checks.append("whether it requires a client certificate (--temporal-tls-cert/--temporal-tls-key)")
         if "api_key" in options:
             checks.append("the API key")
         cause = " ".join(str(exc.__cause__ or exc).split())
         raise TemporalConnectError(f"cannot connect to Temporal at {address} (namespace "
-                                   f"{settings.temporal_namespace!r}, {'TLS' if options else 'no TLS'}): {cause}. "
+                                   f"{settings.temporal.namespace!r}, {'TLS' if options else 'no TLS'}): {cause}. "
                                    f"Check {'; '.join(checks)}") from exc
     # Connecting does not touch the namespace; a worker on a missing one would only fail later, in a log.
     try:
-        await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace=settings.temporal_namespace))
+        await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace=settings.temporal.namespace))
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
-            raise TemporalConnectError(f"Temporal at {address} has no namespace {settings.temporal_namespace!r}: "
+            raise TemporalConnectError(f"Temporal at {address} has no namespace {settings.temporal.namespace!r}: "
                                        f"create it, or name another with --temporal-namespace") from exc
         if exc.status != RPCStatusCode.PERMISSION_DENIED:  # a key may run workflows without describing its namespace
             raise TemporalConnectError(f"Temporal at {address}: cannot use namespace "
-                                       f"{settings.temporal_namespace!r}: {exc.message}") from exc
+                                       f"{settings.temporal.namespace!r}: {exc.message}") from exc
     return client

@@ -250,8 +250,9 @@ async def test_repository_token_appears_nowhere(attack_repo: AttackRepo, tmp_pat
     subprocess.run(["git", "clone", "-q", "--bare", str(attack_repo.path), str(served / "specs.git")], check=True)
     with GitHttpServer(served, user="oauth2", password=TOKEN) as server:
         settings = settings_for(attack_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
-        settings = settings.model_copy(update={"repo": server.url("specs.git")})
-        assert TOKEN in settings.repo
+        settings = settings.model_copy(
+            update={"source": settings.source.model_copy(update={"repo": server.url("specs.git")})})
+        assert TOKEN in settings.source.repo
         async with running_plnt(settings) as plnt:
             await wait_phase(plnt, "Ready", version="1.2.0")
             outside = OutsideWrites([tmp_path], ignore=[plnt.state.root, trace.parent])

@@ -103,7 +103,7 @@ class Attack:
         """Starts DeploySaga with `payload` as plnt's own reconciler would; returns the refusal."""
         handle = await self.client.start_workflow(
             "DeploySaga", payload, id=workflow_id or saga_workflow_id("default", "review-responder"),
-            task_queue=self.plnt.settings.task_queue, execution_timeout=timedelta(seconds=60))
+            task_queue=self.plnt.settings.temporal.task_queue, execution_timeout=timedelta(seconds=60))
         with pytest.raises(WorkflowFailureError) as caught:
             await handle.result()
         cause = caught.value.cause
@@ -247,7 +247,7 @@ async def test_forged_activities_on_plnt_s_task_queue_are_refused(attack_repo: A
             # a canary installed, then promoted without the smoke test, by an impostor of plnt's saga
             (Impostor, "install_release", {"saga": ref, "track": "canary", "recipe_digest": stable_digest},
              f"install_release for {RUN}: workflow {plnt_saga} runs on task queue {queue!r}, not plnt's "
-             f"{plnt.settings.task_queue!r}"),
+             f"{plnt.settings.temporal.task_queue!r}"),
             (Impostor, "promote_release", {"saga": ref, "track": "canary"}, f"runs on task queue {queue!r}"),
             # traffic sent by plnt to an endpoint of the attacker's choosing
             (Impostor, "smoke_test", {"saga": ref}, f"runs on task queue {queue!r}"),
@@ -257,7 +257,7 @@ async def test_forged_activities_on_plnt_s_task_queue_are_refused(attack_repo: A
             for workflow_class, name, payload, expected in forged:
                 workflow_id = plnt_saga if workflow_class is Impostor else f"forger-{uuid.uuid4().hex[:8]}"
                 with pytest.raises(WorkflowFailureError) as caught:
-                    await client.execute_workflow(workflow_class.run, [name, payload, plnt.settings.task_queue],
+                    await client.execute_workflow(workflow_class.run, [name, payload, plnt.settings.temporal.task_queue],
                                                   id=workflow_id, task_queue=queue)
                 cause = caught.value.cause
                 assert isinstance(cause, ActivityError) and isinstance(cause.cause, ApplicationError), name

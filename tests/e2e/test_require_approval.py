@@ -163,7 +163,8 @@ async def test_only_approved_plans_deploy(spec_repo: SpecRepo, tmp_path: Path, t
 
         # 5. The way out the reason names: an operator accepts the direct push by reconciling once
         # without --require-approval; with it on again, judging starts after that commit.
-        async with running_plnt(settings.model_copy(update={"require_approval": False})) as plnt:
+        async with running_plnt(settings.model_copy(
+                update={"review": settings.review.model_copy(update={"require_approval": False})})) as plnt:
             await wait_phase(plnt, "Ready", version="1.5.0", timeout=90)
         async with running_plnt(settings) as plnt:
             await plnt.reconciler.reconcile_once()

@@ -10,7 +10,7 @@ gateway) exported over OTLP/HTTP to a REAL receiver (tools/trace_tree.py):
 - runners export too, without plnt's OTEL_EXPORTER_OTLP_HEADERS.
 
 plnt runs in this process (the harness), so the test sets the OTEL_* environment and hands the
-allowlisted part to the runners as the CLI does (Settings.runner_env)."""
+allowlisted part to the runners as the CLI does (Settings.runners.env)."""
 
 from __future__ import annotations
 

@@ -137,7 +137,8 @@ async def looping(spec_repo: SpecRepo, tmp_path: Path, monkeypatch: pytest.Monke
                   interval_s: float) -> AsyncIterator[tuple[Reconciler, PassCounter]]:
     """The reconciler's own loop, running on an in-sync repository, with its passes counted."""
     reconciler, _, _, driver = in_sync(spec_repo, tmp_path)
-    reconciler._settings = reconciler._settings.model_copy(update={"interval_s": interval_s})
+    reconciler._settings = reconciler._settings.model_copy(
+        update={"source": reconciler._settings.source.model_copy(update={"interval_s": interval_s})})
     counter = PassCounter(reconciler, driver, monkeypatch)
     stop = asyncio.Event()
     loop = asyncio.create_task(reconciler._loop(stop))

@@ -411,7 +411,8 @@ def test_model_settings_defaults_and_refusals() -> None:
     from plnt.reconciler.settings import Settings
 
     settings = Settings(repo=".")
-    assert (settings.model_install_timeout_s, settings.gpu_resource, settings.helm_model_chart) == (1800, None, None)
+    assert (settings.kubernetes.model_install_timeout_s, settings.kubernetes.gpu_resource,
+            settings.kubernetes.helm_model_chart) == (1800, None, None)
     for bad in ({"model_install_timeout_s": 0}, {"gpu_resource": "gpu"}, {"gpu_resource": "Nvidia.com/gpu"},
                 {"gpu_resource": ""}):
         with pytest.raises(ValueError):
@@ -444,10 +445,10 @@ def test_the_flags_reach_the_settings_of_each_role(tmp_path: Path, monkeypatch: 
     for what, argv in commands.items():
         result = CliRunner().invoke(cli.app, argv, catch_exceptions=False)
         assert result.exit_code == 0, (what, result.output)
-        assert seen[what].model_install_timeout_s == 3600, what
-    assert seen["up"].gpu_resource == seen["worker"].gpu_resource == "amd.com/gpu"
+        assert seen[what].kubernetes.model_install_timeout_s == 3600, what
+    assert seen["up"].kubernetes.gpu_resource == seen["worker"].kubernetes.gpu_resource == "amd.com/gpu"
     assert CliRunner().invoke(cli.app, ["reconcile", *repo]).exit_code == 0
-    assert seen["reconcile"].model_install_timeout_s == 1800 and seen["reconcile"].gpu_resource is None
+    assert seen["reconcile"].kubernetes.model_install_timeout_s == 1800 and seen["reconcile"].kubernetes.gpu_resource is None
     del seen["worker"]
     result = CliRunner().invoke(cli.app, ["worker", *repo, "--gpu-resource", "gpu"])
     assert result.exit_code == 2 and "worker" not in seen and "pattern" in result.output, result.output

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 
 def test_fork_is_the_default_and_only_fork_or_exec_are_accepted() -> None:
-    assert Settings(repo="/r").runner_start == "fork"
-    assert Settings(repo="/r", runner_start="exec").runner_start == "exec"
+    assert Settings(repo="/r").runners.start == "fork"
+    assert Settings(repo="/r", runner_start="exec").runners.start == "exec"
     with pytest.raises(ValidationError, match="fork"):
         Settings(repo="/r", runner_start="spawn")  # type: ignore[arg-type]
 

@@ -148,7 +148,7 @@ async def test_without_a_last_state_a_deployed_release_on_an_unreadable_cluster_
                     deployed_fingerprint=ready.deployed_fingerprint, deployed_spec=ready.deployed_spec)
     drivers = DriverSet(LocalDriver(state), state, real_helm)
     settings = Settings(repo=str(spec_repo.path), state_dir=state.root)
-    reconciler = Reconciler(settings=settings, source=GitSource(settings.repo, state.source_clone), client=NoSagas(),
+    reconciler = Reconciler(settings=settings, source=GitSource(settings.source.repo, state.source_clone), client=NoSagas(),
                             statuses=statuses, driver=drivers, state=state)
     items = await reconciler.reconcile_once()
     assert [(i.key, i.action) for i in items] == [(RUN.key, Action.INSTALL)], "what the plan alone would do"

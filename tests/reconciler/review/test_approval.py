@@ -413,7 +413,7 @@ def test_approvers_setting_needs_require_approval_and_valid_entries() -> None:
 
     forge = {"repo": "x", "forge": "github", "forge_api_url": "https://api.github.com", "forge_project": "o/r",
              "forge_token": SecretStr(TOKEN)}
-    assert Settings(**forge, require_approval=True, approvers=("alice", "acme/deployers")).approvers == (
+    assert Settings(**forge, require_approval=True, approvers=("alice", "acme/deployers")).review.approvers == (
         "alice", "acme/deployers")
     for alone in ({"approvers": ("alice",)}, {"code_owners": True}):
         with pytest.raises(ValidationError, match="add --require-approval"):

@@ -632,11 +632,11 @@ async def test_the_reconciler_gives_a_model_deployment_the_models_step_timeouts(
         assert client.inputs, "the example's WorkflowRuns were started too"
         steps = model.retry.step_timeouts
         assert (steps.install_release, steps.promote_release) == (2700, 2700)
-        defaults = settings.retry.step_timeouts
+        defaults = settings.temporal.retry.step_timeouts
         assert steps.model_copy(update={"install_release": 180, "promote_release": 180}) == defaults
-        assert model.retry.model_copy(update={"step_timeouts": defaults}) == settings.retry
+        assert model.retry.model_copy(update={"step_timeouts": defaults}) == settings.temporal.retry
         for key, saga in client.inputs.items():
-            assert saga.retry == settings.retry, key
+            assert saga.retry == settings.temporal.retry, key
     finally:
         for key in reconciler.running_sagas:
             namespace, name = key.split("/")

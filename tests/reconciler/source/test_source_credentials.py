@@ -94,7 +94,7 @@ def test_settings_do_not_show_the_repository_url() -> None:
 
     settings = Settings(repo=f"https://oauth2:{TOKEN}@gitlab.example/specs.git")
     assert TOKEN not in repr(settings) and TOKEN not in str(settings)
-    assert settings.repo.endswith("@gitlab.example/specs.git")  # GitSource still gets it whole
+    assert settings.source.repo.endswith("@gitlab.example/specs.git")  # GitSource still gets it whole
 
 
 @pytest.mark.integration  # a real git server
