@@ -148,6 +148,11 @@ class LocalDriver:
         """The release records as they are now (no process checks; see ReleaseRecords.snapshot)."""
         return self._records.snapshot()
 
+    @property
+    def record_scans(self) -> int:
+        """How often snapshots scanned the release directory (not reused while it is unchanged)."""
+        return self._records.scans
+
     def is_running(self, release: Release) -> bool:
         return self._processes.running(release)
 

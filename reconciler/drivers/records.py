@@ -35,6 +35,7 @@ class ReleaseRecords:
         self._parsed: dict[str, tuple[Stamp, LiveWorkflow]] = {}  # the last scan's records, by file name
         # The directory's stamp when the last snapshot may be reused whole (see snapshot), and that snapshot.
         self._listing: tuple[Stamp, dict[str, LiveWorkflow]] | None = None
+        self.scans = 0  # directory scans so far: what an idle pass must not cost (read by tests)
 
     def read(self, namespace: str, name: str) -> LiveWorkflow:
         raw = read_json(self._path(namespace, name))
@@ -60,6 +61,7 @@ class ReleaseRecords:
         stamp = (directory.st_ino, directory.st_mtime_ns, directory.st_ctime_ns) if directory else None
         if stamp is not None and self._listing is not None and self._listing[0] == stamp:
             return dict(self._listing[1])
+        self.scans += 1
         result = self._scan()
         # Trusted only once the directory's mtime is safely in the past: a change in the same clock
         # tick as the scan could keep the same mtime (file timestamps are coarse), so a directory

@@ -160,6 +160,7 @@ class PlanMemo:
 
     def __init__(self) -> None:
         self._decided: dict[str, tuple[Any, ...]] = {}
+        self.last_decided: list[str] = []  # keys the last plan decided afresh (the rest came from the memo)
 
     def plan(self, desired: Mapping[str, DesiredRun], releases: Mapping[str, LiveWorkflow],
              statuses: Iterable[WorkflowRunStatus], running: Mapping[str, str | None],
@@ -168,6 +169,7 @@ class PlanMemo:
         keys = set(desired) | {key for key in set(releases) | set(by_key) | set(running) if keep(key)}
         decided: dict[str, tuple[Any, ...]] = {}
         items = []
+        self.last_decided = []
         for key in sorted(keys):
             want, release, status = desired.get(key), releases.get(key), by_key.get(key)
             saga = (key in running, running.get(key))
@@ -178,6 +180,7 @@ class PlanMemo:
                 has_live = release is not None or status is not None or saga[0]
                 have = live_run(key, release, status, *saga) if has_live else None
                 entry = (want, release, status, saga, _decide(want, have))
+                self.last_decided.append(key)
             decided[key] = entry
             if entry[4] is not None:
                 items.append(entry[4])

@@ -41,32 +41,23 @@ def settle(directory: Path) -> None:
 
 
 @pytest.fixture
-def counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[LocalDriver, StateDir, list[int]]:
+def counted(tmp_path: Path) -> tuple[LocalDriver, StateDir]:
     state = StateDir(tmp_path / "state").ensure()
-    driver = LocalDriver(state)
-    scans: list[int] = []
-    scan = driver._records._scan
-
-    def counting() -> dict[str, LiveWorkflow]:
-        scans.append(1)
-        return scan()
-
-    monkeypatch.setattr(driver._records, "_scan", counting)
-    return driver, state, scans
+    return LocalDriver(state), state
 
 
-def test_a_settled_release_directory_is_not_scanned_again(counted: tuple[LocalDriver, StateDir, list[int]]) -> None:
-    driver, state, scans = counted
+def test_a_settled_release_directory_is_not_scanned_again(counted: tuple[LocalDriver, StateDir]) -> None:
+    driver, state = counted
     record(state, "a")
     settle(state.releases)
-    assert set(driver.snapshot()) == {"default/a"} and len(scans) == 1
+    assert set(driver.snapshot()) == {"default/a"} and driver.record_scans == 1
     for _ in range(3):
         assert set(driver.snapshot()) == {"default/a"}
-    assert len(scans) == 1, "an unchanged directory is one stat, not a scan"
+    assert driver.record_scans == 1, "an unchanged directory is one stat, not a scan"
 
 
-def test_every_change_to_the_records_is_seen(counted: tuple[LocalDriver, StateDir, list[int]]) -> None:
-    driver, state, scans = counted
+def test_every_change_to_the_records_is_seen(counted: tuple[LocalDriver, StateDir]) -> None:
+    driver, state = counted
     record(state, "a")
     settle(state.releases)
     driver.snapshot()
@@ -82,17 +73,17 @@ def test_every_change_to_the_records_is_seen(counted: tuple[LocalDriver, StateDi
     assert set(driver.snapshot()) == {"default/a"}
 
 
-def test_a_directory_changed_just_now_is_scanned_every_time(counted: tuple[LocalDriver, StateDir, list[int]]) -> None:
+def test_a_directory_changed_just_now_is_scanned_every_time(counted: tuple[LocalDriver, StateDir]) -> None:
     """A change in the same clock tick as a scan could keep the directory's mtime: not trusted yet."""
-    driver, state, scans = counted
+    driver, state = counted
     record(state, "a")
     driver.snapshot()
     driver.snapshot()
-    assert len(scans) == 2
+    assert driver.record_scans == 2
 
 
-def test_a_returned_snapshot_can_be_changed_by_its_caller(counted: tuple[LocalDriver, StateDir, list[int]]) -> None:
-    driver, state, _ = counted
+def test_a_returned_snapshot_can_be_changed_by_its_caller(counted: tuple[LocalDriver, StateDir]) -> None:
+    driver, state = counted
     record(state, "a")
     settle(state.releases)
     driver.snapshot().clear()
@@ -159,14 +150,14 @@ def test_assign_sets_a_run_back_after_a_saga_moved_it(tmp_path: Path) -> None:
 
 
 async def test_a_saga_step_reads_its_own_record_not_every_record(
-        counted: tuple[LocalDriver, StateDir, list[int]]) -> None:
+        counted: tuple[LocalDriver, StateDir]) -> None:
     """DriverSet.live_of with only local runners: the run's one record file, no scan; the same
     answer as live() gives (None for a run without releases)."""
-    driver, state, scans = counted
+    driver, state = counted
     for name in ("a", "b", "c"):
         record(state, name)
     drivers = DriverSet(driver, state, make_helm=lambda backend, specs: None)  # type: ignore[arg-type,return-value]
     one = await drivers.live_of("default", "b")
-    assert scans == [], "no scan of the release records"
+    assert driver.record_scans == 0, "no scan of the release records"
     assert one is not None and one == (await drivers.live())["default/b"]
     assert await drivers.live_of("default", "missing") is None
