@@ -13,6 +13,7 @@ are non-empty.
 
 from __future__ import annotations
 
+import collections
 import difflib
 import fnmatch
 import itertools
@@ -527,6 +528,11 @@ def _render(path: Iterable[Any]) -> str:
     return out or "document"
 
 
+# Files read by each parser since start: libyaml ("fast") for valid plain files, PyYAML's pure-Python
+# loader ("checked") for the rest. A cost the tests observe (a valid file must take the fast path).
+parser_reads: collections.Counter[str] = collections.Counter()
+
+
 def _parse(source: SourceFile, budget: _Budget) -> tuple[list[_Document], list[Problem]]:
     """Documents of one file, in order; a syntax error ends the file but keeps earlier documents."""
     if source.problem is not None:
@@ -544,6 +550,7 @@ def _parse(source: SourceFile, budget: _Budget) -> tuple[list[_Document], list[P
         before = budget.left
         budget.start_file(len(text))
         fast = _parse_fast(source, budget)
+        parser_reads["fast"] += 1
         if fast is not None:
             return fast, []
         budget.left = before  # read again below, spending as if the fast attempt had not happened
@@ -551,6 +558,7 @@ def _parse(source: SourceFile, budget: _Budget) -> tuple[list[_Document], list[P
     documents: list[_Document] = []
     problems: list[Problem] = []
     loader = _SpecLoader(text, limits.max_depth)
+    parser_reads["checked"] += 1
     try:
         while loader.check_node():
             node = loader.get_node()

@@ -130,6 +130,11 @@ class Reconciler:
     def running_sagas(self) -> set[str]:
         return self._sagas.running
 
+    @property
+    def plans_made(self) -> int:
+        """How often a pass asked the plan (a pass with nothing changed skips it)."""
+        return self._plan.plans
+
     # --- one pass ----------------------------------------------------------------------------
 
     async def reconcile_once(self, *, full: bool = True) -> list[PlanItem]:

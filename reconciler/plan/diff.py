@@ -161,6 +161,7 @@ class PlanMemo:
     def __init__(self) -> None:
         self._decided: dict[str, tuple[Any, ...]] = {}
         self.last_decided: list[str] = []  # keys the last plan decided afresh (the rest came from the memo)
+        self.plans = 0  # how often it was asked: the reconciler skips it when nothing changed
 
     def plan(self, desired: Mapping[str, DesiredRun], releases: Mapping[str, LiveWorkflow],
              statuses: Iterable[WorkflowRunStatus], running: Mapping[str, str | None],
@@ -170,6 +171,7 @@ class PlanMemo:
         decided: dict[str, tuple[Any, ...]] = {}
         items = []
         self.last_decided = []
+        self.plans += 1
         for key in sorted(keys):
             want, release, status = desired.get(key), releases.get(key), by_key.get(key)
             saga = (key in running, running.get(key))

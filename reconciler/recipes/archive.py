@@ -84,6 +84,7 @@ import shutil
 import stat
 import tarfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -372,26 +373,30 @@ def _clean(dest: Path, created: bool) -> None:
             child.unlink(missing_ok=True)
 
 
-def extract_archive(archive: Path, dest: Path, limits: ExtractLimits = ExtractLimits()) -> None:
+def extract_archive(archive: Path, dest: Path, limits: ExtractLimits = ExtractLimits(),
+                    on_written: Callable[[int], None] | None = None) -> None:
     """Unpack a recipe archive into `dest` safely, or raise UnsafeArchive and leave nothing behind.
 
     See the module docstring for what is refused. `dest` must not exist or be an empty
-    directory (ValueError otherwise).
+    directory (ValueError otherwise). `on_written(n)` hears of every n bytes written to disk (also
+    of those a refusal then removes): progress, and how far a refused archive got.
     """
     archive = Path(archive)
     dest = Path(dest)
     with open(archive, "rb") as raw:
         created = _prepare_dest(dest)
         try:
-            _extract(raw, archive, dest, limits)
+            _extract(raw, archive, dest, limits, on_written)
         except BaseException:
             _clean(dest, created)
             raise
 
 
 class _Extraction:
-    def __init__(self, archive: Path, dest: Path, limits: ExtractLimits, tar: tarfile.TarFile, stream: _CappedStream):
+    def __init__(self, archive: Path, dest: Path, limits: ExtractLimits, tar: tarfile.TarFile, stream: _CappedStream,
+                 on_written: Callable[[int], None] | None):
         self.archive = archive
+        self.on_written = on_written
         self.dest = dest
         self.limits = limits
         self.tar = tar
@@ -498,18 +503,21 @@ class _Extraction:
                 if written > limits.max_file_bytes or self.written_total + written > limits.max_total_bytes:
                     raise _refuse(self.archive, name, "the bytes written exceed the extraction limits")
                 out.write(chunk)
+                if self.on_written is not None:
+                    self.on_written(len(chunk))
             if written != size:
                 raise _invalid(self.archive, f"member {name!r} is truncated: {written} of {size} bytes")
             os.fchmod(out.fileno(), 0o755 if member.mode & stat.S_IXUSR else 0o644)
         self.written_total += written
 
 
-def _extract(raw: BinaryIO, archive: Path, dest: Path, limits: ExtractLimits) -> None:
+def _extract(raw: BinaryIO, archive: Path, dest: Path, limits: ExtractLimits,
+             on_written: Callable[[int], None] | None) -> None:
     stream = _CappedStream(gzip.GzipFile(fileobj=raw, mode="rb"), archive)
     try:
         tar = tarfile.open(fileobj=stream, mode="r|", encoding="utf-8", errors="surrogateescape")  # type: ignore[call-overload]
         with tar:
-            job = _Extraction(archive, dest, limits, tar, stream)
+            job = _Extraction(archive, dest, limits, tar, stream, on_written)
             while (member := tar.next()) is not None:
                 job.member(member)
             # tarfile stops quietly at a damaged or missing header after the first member: insist

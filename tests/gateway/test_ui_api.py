@@ -68,6 +68,15 @@ async def test_workflow_events_send_rows_on_connect_and_on_change_only(start_gat
     assert third == ("", "keepalive")
 
 
+async def streams_closed(gw: Any) -> None:
+    """Until the gateway counts no open event stream (a closed client is noticed on its next poll)."""
+    for _ in range(200):
+        if gw.app.state.open_event_streams() == 0:
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"{gw.app.state.open_event_streams()} event streams still open after 5 s")
+
+
 async def test_workflow_events_filter_rows_per_token_and_are_bounded(start_gateway: StartGateway) -> None:
     from plnt.core.auth import TokenSet
 
@@ -82,7 +91,7 @@ async def test_workflow_events_filter_rows_per_token_and_are_bounded(start_gatew
     assert got[0] == {"workflows": [{"name": "assistant", "namespace": "default"}]}
 
     # One stream open: a second is refused with 503 naming the bound, and allowed again once it closes.
-    await asyncio.sleep(0.2)  # the first stream's end is noticed
+    await streams_closed(gw)  # the first stream's end is noticed
     opened = asyncio.Event()
 
     async def hold() -> None:
@@ -98,11 +107,7 @@ async def test_workflow_events_filter_rows_per_token_and_are_bounded(start_gatew
     assert refused.json()["error"]["type"] == "too_many_streams" and "1 event streams" in refused.text
     holder.cancel()
     await asyncio.gather(holder, return_exceptions=True)
-    for _ in range(100):
-        if gw.app.state.open_event_streams() == 0:
-            break
-        await asyncio.sleep(0.05)
-    assert gw.app.state.open_event_streams() == 0
+    await streams_closed(gw)
     got, _ = await _events(gw.client, "/workflows/events", 1, {"authorization": "Bearer reader"})
     assert [r["name"] for r in got[0]["workflows"]] == ["assistant", "other"]
 

@@ -134,11 +134,13 @@ class WriteSpy:
         self.writes: list[tuple[int, bytes]] = []
         self.fail_next = False
         self.release: threading.Event | None = None  # when set, a write waits for it first
+        self.held = threading.Event()  # set once a write waits for `release`
         monkeypatch.setattr(status_module, "atomic_write_bytes", lambda path, data: self(real_atomic_write_bytes, path, data))
         monkeypatch.setattr(status_module, "append_durably", lambda path, data: self(real_append_durably, path, data))
 
     def __call__(self, write, path: Path, data: bytes) -> None:  # type: ignore[no-untyped-def]
         if self.release is not None:
+            self.held.set()
             self.release.wait(10)
         if self.fail_next:
             self.fail_next = False
@@ -173,7 +175,7 @@ async def test_a_record_returns_only_once_the_file_holds_it(spied: Spied) -> Non
     path, store, spy = spied
     spy.release = threading.Event()
     pending = asyncio.ensure_future(store.record("default", "a", phase=Phase.READY))
-    await asyncio.sleep(0.2)
+    assert await asyncio.to_thread(spy.held.wait, 10)  # the write has started and is held
     assert not pending.done() and read_statuses(path) == {}
     spy.release.set()
     await pending
@@ -226,7 +228,7 @@ async def test_update_nowait_made_during_a_write_is_written_by_the_next(spied: S
     path, store, spy = spied
     spy.release = threading.Event()
     store.update_nowait("default", "a", phase=Phase.PENDING)
-    await asyncio.sleep(0.05)  # the write has taken its state and waits
+    assert await asyncio.to_thread(spy.held.wait, 10)  # the write has taken its state and waits
     store.update_nowait("default", "b", phase=Phase.PENDING)
     spy.release.set()
     for _ in range(100):

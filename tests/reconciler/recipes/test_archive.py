@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from plnt.core.recipe import directory_digest
 from plnt.reconciler.errors import NeedsHuman, UnsafeArchive
-from plnt.reconciler.recipes import archive as archive_mod
 from plnt.reconciler.recipes.archive import ExtractLimits, archive_digest, extract_archive, pack_recipe, pack_recipe_to
 
 from tests.conftest import EXAMPLE
@@ -74,29 +73,19 @@ def all_names(root: Path) -> set[str]:
     return {p.relative_to(root).as_posix() for p in root.rglob("*")}
 
 
+class Written:
+    """Counts the bytes extraction writes to disk (its `on_written` hook), also those a refusal removes."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def __call__(self, n: int) -> None:
+        self.bytes += n
+
+
 @pytest.fixture
-def written(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Counts every byte extraction writes to disk, and the most it ever held at once."""
-    counter = {"bytes": 0}
-    real_open = archive_mod._open_output
-
-    class Counting(io.RawIOBase):
-        def __init__(self, inner):  # type: ignore[no-untyped-def]
-            self.inner = inner
-
-        def write(self, data):  # type: ignore[no-untyped-def,override]
-            counter["bytes"] += len(data)
-            return self.inner.write(data)
-
-        def fileno(self) -> int:
-            return self.inner.fileno()
-
-        def close(self) -> None:
-            self.inner.close()
-            super().close()
-
-    monkeypatch.setattr(archive_mod, "_open_output", lambda path: Counting(real_open(path)))
-    return counter
+def written() -> Written:
+    return Written()
 
 
 @pytest.fixture
@@ -424,18 +413,18 @@ def test_too_many_members(tmp_path: Path) -> None:
     extract_archive(tgz, tmp_path / "ok", ExtractLimits(max_files=4))
 
 
-def test_member_over_max_file_bytes_by_header(tmp_path: Path, written: dict[str, int]) -> None:
-    """`written` wraps the extraction's file writes to count bytes."""
+def test_member_over_max_file_bytes_by_header(tmp_path: Path, written: Written) -> None:
+    """`written` counts the bytes the extraction writes."""
     tgz = make_tgz(tmp_path / "big.tar.gz", member("small", b"x" * 100), member("big", bytes(2 * MiB)))
     with pytest.raises(UnsafeArchive, match=r"member 'big': declares 2097152 bytes, over max_file_bytes=1048576"):
-        extract_archive(tgz, tmp_path / "dest", ExtractLimits(max_file_bytes=MiB))
-    assert written["bytes"] == 100  # "small" only; "big" refused before a byte of it was written
+        extract_archive(tgz, tmp_path / "dest", ExtractLimits(max_file_bytes=MiB), on_written=written)
+    assert written.bytes == 100  # "small" only; "big" refused before a byte of it was written
     assert not (tmp_path / "dest").exists()
 
 
 def test_gzip_bomb_is_refused_fast_without_filling_the_disk(tmp_path: Path, zeros_100mb_gz: bytes,
-                                                            written: dict[str, int], decompressed: dict[str, int]) -> None:
-    """`written` and `decompressed` wrap the file writes and gzip reads to count bytes."""
+                                                            written: Written, decompressed: dict[str, int]) -> None:
+    """`written` counts the bytes the extraction writes; `decompressed` wraps gzip reads to count bytes."""
     # a single member of 100 MB of zeros: ~100 KB on the wire
     tgz = tmp_path / "bomb.tar.gz"
     tgz.write_bytes(gzip.compress(header("workflow.yaml", 100 * MB), mtime=0) + zeros_100mb_gz
@@ -445,33 +434,33 @@ def test_gzip_bomb_is_refused_fast_without_filling_the_disk(tmp_path: Path, zero
     dest = tmp_path / "dest"
     # refused on its header (over max_file_bytes, and over max_total_bytes): not one byte written
     with pytest.raises(UnsafeArchive, match=r"member 'workflow.yaml': .*100000000 bytes, over max_(file|total)_bytes"):
-        extract_archive(tgz, dest, limits)
+        extract_archive(tgz, dest, limits, on_written=written)
     assert decompressed["bytes"] < MiB  # "fast": it read the header, not the 100 MB behind it
-    assert written["bytes"] <= limits.max_total_bytes
+    assert written.bytes <= limits.max_total_bytes
     assert tree_size(dest) == 0 and not dest.exists()
 
 
-def test_many_honest_members_stop_at_the_total_limit(tmp_path: Path, written: dict[str, int]) -> None:
-    """`written` wraps the extraction's file writes to count bytes."""
+def test_many_honest_members_stop_at_the_total_limit(tmp_path: Path, written: Written) -> None:
+    """`written` counts the bytes the extraction writes."""
     tgz = make_tgz(tmp_path / "four.tar.gz", *[member(f"part{i}", bytes(4 * MB)) for i in range(4)])
     limits = ExtractLimits(max_total_bytes=10 * MB)
     with pytest.raises(UnsafeArchive, match=r"member 'part2': brings the unpacked size to 12000000 bytes"):
-        extract_archive(tgz, tmp_path / "dest", limits)
-    assert written["bytes"] == 8 * MB <= limits.max_total_bytes
+        extract_archive(tgz, tmp_path / "dest", limits, on_written=written)
+    assert written.bytes == 8 * MB <= limits.max_total_bytes
     assert not (tmp_path / "dest").exists()
 
 
 def test_bomb_in_a_pax_header_is_stopped_by_the_stream_cap(tmp_path: Path, zeros_100mb_gz: bytes,
-                                                           written: dict[str, int], decompressed: dict[str, int]) -> None:
-    """`written` and `decompressed` wrap the file writes and gzip reads to count bytes."""
+                                                           written: Written, decompressed: dict[str, int]) -> None:
+    """`written` counts the bytes the extraction writes; `decompressed` wraps gzip reads to count bytes."""
     # a 100 MB extended header: tarfile would read it all into memory before showing any member
     tgz = tmp_path / "paxbomb.tar.gz"
     tgz.write_bytes(gzip.compress(header("PaxHeaders/x", 100 * MB, tarfile.XHDTYPE), mtime=0) + zeros_100mb_gz
                     + gzip.compress(header("workflow.yaml", 3) + b"abc".ljust(512, b"\0") + bytes(1024), mtime=0))
     with pytest.raises(UnsafeArchive, match="decompressed tar stream grows past .* before the first member.*bomb"):
-        extract_archive(tgz, tmp_path / "dest", ExtractLimits(max_total_bytes=10 * MB))
+        extract_archive(tgz, tmp_path / "dest", ExtractLimits(max_total_bytes=10 * MB), on_written=written)
     assert decompressed["bytes"] < 2 * MiB  # stopped near the 1 MiB slack, not after the 100 MB
-    assert written["bytes"] == 0
+    assert written.bytes == 0
     assert not (tmp_path / "dest").exists()
 
 
@@ -499,14 +488,14 @@ def test_a_member_hidden_after_the_end_marker_is_refused(tmp_path: Path, gap: in
 
 
 def test_a_reader_yielding_more_than_the_header_is_stopped_before_writing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: dict[str, int]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: Written) -> None:
     """A stand-in `TarFile.extractfile` (monkeypatched) hands out 50 MB for a 10-byte member, a
     reader no real tarfile gives; `written` counts the bytes written."""
     tgz = make_tgz(tmp_path / "liar.tar.gz", member("workflow.yaml", b"0123456789"))
     monkeypatch.setattr(tarfile.TarFile, "extractfile", lambda self, m: io.BytesIO(bytes(50 * MB)))
     with pytest.raises(UnsafeArchive, match="member 'workflow.yaml': yields more data than the 10 bytes"):
-        extract_archive(tgz, tmp_path / "dest")
-    assert written["bytes"] == 0
+        extract_archive(tgz, tmp_path / "dest", on_written=written)
+    assert written.bytes == 0
     assert not (tmp_path / "dest").exists()
 
 

@@ -220,16 +220,26 @@ async def test_replayed_progress_is_not_reported_again(temporal_address: str, te
     await run_saga(temporal_address, temporal_namespace, FakeActivities(), runner=SAGA_RUNNER, histories=histories)
     (history,) = histories
     queue = history.events[0].workflow_execution_started_event_attributes.task_queue.name
-    reported: list[Phase | None] = []
+    reported: list[str] = []
+    marker_arrived = asyncio.Event()
+
+    def sink(update: PhaseUpdate) -> None:
+        reported.append(update.name)
+        if update.name == "marker":
+            marker_arrived.set()
+
     replayer = Replayer(workflows=[DeploySaga], workflow_runner=SAGA_RUNNER, data_converter=pydantic_data_converter)
-    unregister = saga_progress.register(replayer.config()["namespace"], queue,
-                                        lambda update: reported.append(update.phase), asyncio.get_running_loop())
+    namespace = replayer.config()["namespace"]
+    unregister = saga_progress.register(namespace, queue, sink, asyncio.get_running_loop())
     try:
         await replayer.replay_workflow(history)
-        await asyncio.sleep(0.05)  # a report would arrive on this loop
+        # Reports reach this loop in the order they were made: once a marker reported after the
+        # replay has arrived, any report the replay made would have arrived before it.
+        saga_progress.report(namespace, queue, PhaseUpdate(namespace="default", name="marker"))
+        await asyncio.wait_for(marker_arrived.wait(), 10)
     finally:
         await unregister()
-    assert reported == []
+    assert reported == ["marker"]
 
 
 async def test_without_a_progress_sink_the_saga_still_writes_its_outcome(
