@@ -3,9 +3,12 @@
 # kube-controller-manager, kube-scheduler, etcd and kwok, from the Go modules pinned in
 # tools/k8s/{kube,etcd,kwok}/go.mod. Needs only Go and the Go module proxy.
 #
-#   tools/build_k8s.sh        (or: make k8s-bins)
+#   tools/build_k8s.sh           (or: make k8s-bins)
+#   tools/build_k8s.sh --check   prints the bin directory if it is built, else exits 1; builds nothing
 #
 # Progress goes to stderr; the one line on stdout is the bin directory, so `BIN=$(tools/build_k8s.sh)`.
+# Beside the binaries, kwok-stages.yaml: kwok's default Node and Pod stages (from the same kwok release),
+# which the kwok binary needs as --config when it runs without kwokctl.
 # The binaries are kept in $PLNT_K8S_CACHE (default ~/.cache/plnt/k8s)/<key>/bin, the key naming the
 # pinned versions; a later run with the same pins prints that directory at once. A build that stops
 # halfway leaves no `complete` marker, so the next run builds again. The first build takes minutes
@@ -38,6 +41,10 @@ MARKER="$DIR/complete"
 if [ -f "$MARKER" ]; then
   echo "$BIN"
   exit 0
+fi
+if [ "${1:-}" = --check ]; then
+  say "not built yet: $BIN"
+  exit 1
 fi
 
 command -v go >/dev/null || die "go is not on PATH: the control plane is built from Go modules (Go >= 1.26)"
@@ -82,6 +89,18 @@ build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$KUBE_LDFLAGS"
 build kube-controller-manager kube k8s.io/kubernetes/cmd/kube-controller-manager "$KUBE_LDFLAGS"
 build kube-scheduler kube k8s.io/kubernetes/cmd/kube-scheduler "$KUBE_LDFLAGS"
 build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-s -w"
+
+# kwokctl hands kwok these stages itself: node-initialize and a lease heartbeat keep fake Nodes Ready,
+# pod-ready/complete/delete move their Pods through their lives. Taken from the module just built.
+KWOK_SRC="$(cd "$SRC/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"
+first=1
+for stage in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
+             pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete; do
+  [ -f "$KWOK_SRC/$stage.yaml" ] || die "kwok $KWOK has no stage $stage.yaml under $KWOK_SRC"
+  [ "$first" = 1 ] || echo "---"
+  first=0
+  cat "$KWOK_SRC/$stage.yaml"
+done >"$PARTIAL/kwok-stages.yaml"
 
 rm -rf "$BIN"
 mv "$PARTIAL" "$BIN"
