@@ -365,6 +365,8 @@ class LocalCluster:
         self._spawn("kube-apiserver", [
             f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            # The `kubernetes` Service's endpoints would be 127.0.0.1, which Endpoints refuse: leave it without.
+            "--endpoint-reconciler-type=none",
             f"--cert-dir={self.work_dir / 'apiserver'}",
             f"--tls-cert-file={self.pki / 'apiserver.crt'}", f"--tls-private-key-file={self.pki / 'apiserver.key'}",
             f"--client-ca-file={self.pki / 'ca.crt'}",
