@@ -180,7 +180,7 @@ def test_helm_install_with_wait_completes(k8s_cluster: LocalCluster, tmp_path: P
     chart = tmp_path / "tiny"
     (chart / "templates").mkdir(parents=True)
     (chart / "Chart.yaml").write_text("apiVersion: v2\nname: tiny\nversion: 0.1.0\n")
-    (chart / "values.yaml").write_text(f"replicas: 2\nimage: {IMAGE}\n")
+    (chart / "values.yaml").write_text(f"replicas: 2\nimage: {IMAGE}\nnodeSelector: {{}}\n")
     (chart / "templates" / "deployment.yaml").write_text("""\
 apiVersion: apps/v1
 kind: Deployment
@@ -191,6 +191,7 @@ spec:
   template:
     metadata: {labels: {app: "{{ .Release.Name }}"}}
     spec:
+      nodeSelector: {{ toJson .Values.nodeSelector }}
       containers: [{name: app, image: "{{ .Values.image }}"}]
 """)
     (chart / "templates" / "service.yaml").write_text("""\
@@ -216,3 +217,10 @@ spec:
         deployment = client.AppsV1Api(api).read_namespaced_deployment("tiny", ns)
         assert deployment.status.ready_replicas == 2
         assert client.CoreV1Api(api).read_namespaced_service("tiny", ns).spec.cluster_ip.startswith("10.0.0.")
+
+    # --wait really waits: a release whose pods fit no node (no h100 class here) fails at its timeout.
+    label = GPU_CLASS_LABEL.replace(".", "\\.")  # --set splits keys at unescaped dots
+    stuck = subprocess.run([*helm, "install", "stuck", str(chart), "--set", f"nodeSelector.{label}=h100",
+                            "--wait", "--timeout", "5s"], capture_output=True, text=True, env=env, timeout=60)
+    assert stuck.returncode != 0, stuck.stdout
+    assert "not ready" in stuck.stderr and "Deployment" in stuck.stderr, stuck.stderr
