@@ -25,7 +25,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -354,7 +354,11 @@ class LocalCluster:
             "--unsafe-no-fsync",  # throwaway data: no fsync keeps two clusters on 2 cores fast
             "--quota-backend-bytes=1073741824", "--log-level=warn",
         ])
-        self._wait(deadline, "etcd /health", lambda: b'"health":"true"' in urllib.request.urlopen(url + "/health", timeout=2).read())
+        def healthy() -> bool:
+            with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                return b'"health":"true"' in response.read()
+
+        self._wait(deadline, "etcd /health", healthy)
         return url
 
     def _start_apiserver(self, etcd_url: str, deadline: float) -> None:
@@ -444,10 +448,3 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0, interva
             last = e
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
-
-
-@contextlib.contextmanager
-def local_cluster(bin_dir: Path, work_dir: Path, **kwargs: Any) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(bin_dir, work_dir, **kwargs)
-    with cluster:
-        yield cluster
