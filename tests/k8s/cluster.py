@@ -172,6 +172,7 @@ class _Process:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    stopped: bool = False  # once stopped, its group id is never signalled again: the number may be reused
 
     def check_alive(self) -> None:
         code = self.popen.poll()
@@ -181,6 +182,9 @@ class _Process:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM to its process group, then SIGKILL after `grace` seconds."""
+        if self.stopped:
+            return
+        self.stopped = True
         if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signal.SIGTERM)
@@ -231,6 +235,8 @@ class LocalCluster:
         self.close()
 
     def start(self) -> None:
+        if self._processes:
+            raise ClusterError(f"{self.work_dir}: this cluster was started already; make a new LocalCluster")
         for d in (self.pki, self.logs):
             d.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + self.start_timeout
@@ -249,7 +255,6 @@ class LocalCluster:
         """Stops every process, the last started first. Logs and data stay in the work dir."""
         for proc in reversed(self._processes):
             proc.stop()
-        self._processes.clear()
         for f in self._log_files:
             f.close()
         self._log_files.clear()

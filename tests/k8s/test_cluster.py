@@ -19,7 +19,17 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.k8s.cluster import DEFAULT_NODES, GPU_CLASS_LABEL, GPU_RESOURCE, FakeNode, LocalCluster, wait_for
+from tests.k8s.cluster import (
+    BINARIES,
+    DEFAULT_NODES,
+    GPU_CLASS_LABEL,
+    GPU_RESOURCE,
+    KWOK_STAGES,
+    ClusterError,
+    FakeNode,
+    LocalCluster,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
 
@@ -224,3 +234,19 @@ spec:
                             "--wait", "--timeout", "5s"], capture_output=True, text=True, env=env, timeout=60)
     assert stuck.returncode != 0, stuck.stdout
     assert "not ready" in stuck.stderr and "Deployment" in stuck.stderr, stuck.stderr
+
+
+def test_a_process_that_dies_during_start_is_named_with_the_end_of_its_log(k8s_bin_dir: Path, tmp_path: Path) -> None:
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    for name in (*BINARIES, KWOK_STAGES):
+        (bins / name).symlink_to(k8s_bin_dir / name)
+    (bins / "kube-apiserver").unlink()
+    (bins / "kube-apiserver").write_text("#!/bin/sh\necho 'refusing to serve: a test says so' >&2\nexit 3\n")
+    (bins / "kube-apiserver").chmod(0o755)
+    cluster = LocalCluster(bins, tmp_path / "work")
+    with pytest.raises(ClusterError) as failed:
+        cluster.start()
+    assert "kube-apiserver exited with code 3" in str(failed.value)
+    assert "refusing to serve: a test says so" in str(failed.value)
+    assert cluster.alive() == {"etcd": False, "kube-apiserver": False}  # etcd, started before it, was stopped
