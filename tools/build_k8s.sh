@@ -30,7 +30,9 @@ pinned() {
 K8S="$(pinned kube k8s.io/kubernetes)"
 ETCD="$(pinned etcd go.etcd.io/etcd/server/v3)"
 KWOK="$(pinned kwok sigs.k8s.io/kwok)"
-[ -n "$K8S" ] && [ -n "$ETCD" ] && [ -n "$KWOK" ] || die "could not read the pinned versions from $SRC/*/go.mod"
+if [ -z "$K8S" ] || [ -z "$ETCD" ] || [ -z "$KWOK" ]; then
+  die "could not read the pinned versions from $SRC/*/go.mod"
+fi
 
 KEY="k8s-${K8S}_etcd-${ETCD}_kwok-${KWOK}"
 CACHE="${PLNT_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/plnt/k8s}"
