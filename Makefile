@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 DEMO   ?= .plnt-demo
 PORT   ?= 8000
 
-.PHONY: install install-llm install-test-services up demo-repo demo-model test test-fast bench e2e-kind clean
+.PHONY: install install-llm install-test-services up demo-repo demo-model test test-fast bench e2e-kind k8s-bins clean
 
 install: $(VENV)/.installed
 
@@ -88,6 +88,12 @@ bench: install install-llm
 # test`, and never run on the machines plnt is developed on (no Docker there): see charts/plnt/README.md.
 e2e-kind: install
 	bash tools/e2e_kind.sh
+
+# The binaries of a real control plane for tests/k8s (kube-apiserver, kube-controller-manager,
+# kube-scheduler, etcd, kwok), built from Go modules into ~/.cache/plnt/k8s once: see
+# docs/kubernetes.md, "Building the test control plane".
+k8s-bins:
+	bash tools/build_k8s.sh
 
 clean:
 	rm -rf $(DEMO) $(BENCH_OUT) .pytest_cache
