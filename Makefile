@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 DEMO   ?= .plnt-demo
 PORT   ?= 8000
 
-.PHONY: install install-llm install-test-services up demo-repo demo-model test test-fast bench e2e-kind k8s-bins clean
+.PHONY: install install-llm install-test-services up demo-repo demo-model test test-fast bench e2e-kind k8s-bins test-k8s clean
 
 install: $(VENV)/.installed
 
@@ -48,7 +48,7 @@ install-llm:
 install-test-services:
 	bash tools/install_test_services.sh
 
-test: install install-test-services install-llm
+test: install install-test-services install-llm k8s-bins
 	$(PY) -m pytest
 
 test-fast: install
@@ -93,7 +93,11 @@ e2e-kind: install
 # kube-scheduler, etcd, kwok), built from Go modules into ~/.cache/plnt/k8s once: see
 # docs/kubernetes.md, "Building the test control plane".
 k8s-bins:
-	bash tools/build_k8s.sh
+	bash tools/build_k8s.sh >/dev/null
+
+# Only the tests on a real control plane (also part of `make test`).
+test-k8s: install k8s-bins
+	$(PY) -m pytest -m k8s
 
 clean:
 	rm -rf $(DEMO) $(BENCH_OUT) .pytest_cache
