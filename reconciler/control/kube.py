@@ -582,7 +582,8 @@ class StatusMirror:
         return not failed
 
     def _event(self, known: _Object, before: Phase | None, after: Phase, message: str) -> k8s.CoreV1Event:
-        now = datetime.now(UTC).replace(microsecond=0)
+        when = datetime.now(UTC)
+        now = when.replace(microsecond=0)  # first/lastTimestamp are whole seconds: eventTime orders events
         text = f"{before.value if before else 'New'} -> {after.value}" + (f": {message}" if message else "")
         return k8s.CoreV1Event(
             metadata=k8s.V1ObjectMeta(name=f"{known.name}.{uuid.uuid4().hex[:16]}", namespace=known.namespace),
@@ -592,7 +593,11 @@ class StatusMirror:
             reason=after.value, message=redact(text)[:1024],
             type="Warning" if after in (Phase.ROLLED_BACK, Phase.FAILED) else "Normal",
             source=k8s.V1EventSource(component=FIELD_MANAGER), reporting_component=FIELD_MANAGER,
-            reporting_instance=self._identity, first_timestamp=now, last_timestamp=now, count=1)
+            reporting_instance=self._identity, first_timestamp=now, last_timestamp=now, count=1,
+            event_time=_micro_time(when), action=_EVENT_ACTION)
+
+
+_EVENT_ACTION = "Reconcile"  # the server requires an action on an Event with an eventTime
 
 
 def _same_status(current: dict[str, Any], body: dict[str, Any]) -> bool:
