@@ -172,6 +172,7 @@ class _Process:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    args: tuple[str, ...] = ()
     stopped: bool = False  # once stopped, its group id is never signalled again: the number may be reused
 
     def check_alive(self) -> None:
@@ -220,6 +221,7 @@ class LocalCluster:
         self.port = 0
         self._processes: list[_Process] = []
         self._log_files: list[IO[bytes]] = []
+        self._stopped: dict[str, tuple[str, ...]] = {}  # components stopped by stop_component: their arguments
 
     @property
     def server(self) -> str:
@@ -330,9 +332,36 @@ class LocalCluster:
         popen = subprocess.Popen([str(self.bin_dir / name), *args], stdin=subprocess.DEVNULL, stdout=log,
                                  stderr=subprocess.STDOUT, cwd=self.work_dir,
                                  start_new_session=True)  # its own process group: close() ends it and its children
-        proc = _Process(name, popen, log_path)
+        proc = _Process(name, popen, log_path, tuple(args))
         self._processes.append(proc)
         return proc
+
+    # -- faults
+
+    def stop_component(self, name: str) -> None:
+        """Stop one component (e.g. "kube-apiserver", "etcd") as an outage would; restart_component brings it back."""
+        proc = self._component(name)
+        proc.stop()
+        self._processes.remove(proc)
+        self._stopped[name] = proc.args
+
+    def restart_component(self, name: str, timeout: float = 60.0) -> None:
+        """Start a stopped component again with the same arguments (same ports, same data), and wait
+        until the API server answers /readyz again."""
+        self._spawn(name, self._stopped.pop(name))
+        wait_for(f"kube-apiserver /readyz after {name} came back", lambda: self.get("/readyz", timeout=5) == b"ok",
+                 timeout=timeout)
+        # A controller that gave up while the API was away (kube-controller-manager exits when it cannot
+        # start a controller) is started again, as the kubelet restarts a static pod.
+        for proc in [p for p in self._processes if p.popen.poll() is not None]:
+            self._processes.remove(proc)
+            self._spawn(proc.name, proc.args)
+
+    def _component(self, name: str) -> _Process:
+        for proc in self._processes:
+            if proc.name == name:
+                return proc
+        raise ClusterError(f"no running {name} in this cluster")
 
     def _wait(self, deadline: float, what: str, ready: Callable[[], bool]) -> None:
         last_error: Exception | None = None

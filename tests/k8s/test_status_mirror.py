@@ -191,3 +191,28 @@ async def test_leader_election_on_the_real_lease_api(api: k8s.ApiClient) -> None
     assert not a.held
     assert coordination.read_namespaced_lease("plnt-reconciler", LEASE_NS).spec.holder_identity == "reconciler-b"
     await b.release()
+
+
+@pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
+def test_the_mirror_loses_nothing_while_the_api_server_or_etcd_is_down(
+        cluster: LocalCluster, api: k8s.ApiClient, statuses: StatusStore, component: str) -> None:
+    name = f"outage-{component}"
+    mirror = StatusMirror(api, statuses, identity="plnt-test", request_timeout_s=2)
+    statuses.on_change = mirror.status_changed
+    run = run_doc(name)
+    mirror.specs_changed("c1", specs(run))
+    statuses.update("default", name, phase=Phase.VERIFYING, message="verifying 1.2.0")
+    assert mirror.sync_once()
+    cluster.stop_component(component)
+    try:
+        # What happens meanwhile is kept: both phase changes, and the status they end in.
+        statuses.update("default", name, phase=Phase.DEPLOYING, message="deploying 1.2.0")
+        statuses.update("default", name, phase=Phase.CANARY, message="canary 1.2.0 at 5%")
+        assert not mirror.sync_once()  # it says it did not get through, and raises nothing
+    finally:
+        cluster.restart_component(component)
+    wait_for("the mirror to get through", mirror.sync_once, timeout=60)
+    obj = get_cr(api, name)
+    assert obj is not None and obj["status"]["phase"] == "Canary" and obj["status"]["message"] == "canary 1.2.0 at 5%"
+    events = k8s.CoreV1Api(api).list_namespaced_event("default", field_selector=f"involvedObject.name={name}").items
+    assert sorted(e.reason for e in events) == sorted(["Verifying", "Deploying", "Canary"])
