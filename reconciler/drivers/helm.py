@@ -440,11 +440,18 @@ def error_line(stderr: str, limit: int = 600) -> str:
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
-def classify(command: str, release: str, stderr: str) -> PlntError:
+def classify(command: str, release: str, stderr: str, backend: str | None = None) -> PlntError:
     """Map a failed helm command to the error whose type says what happens next."""
     message = error_line(stderr)
     text = stderr.lower()
     where = f"helm {command} {release}: {message}"
+    # The cluster refuses who we are, or we refuse the cluster: retrying cannot help; the backend's
+    # kubeconfig (or the credentials it names) needs fixing.
+    if re.search(r"x509: |certificate has expired|the server has asked for the client to provide credentials"
+                 r"|\bunauthorized\b|exec plugin: invalid apiversion|getting credentials: exec", text):
+        named = f"backend {backend!r}: " if backend else ""
+        return HelmConfigError(f"{named}{where} (the cluster's certificate or plnt's credentials for it are refused: "
+                               "check the kubeconfig this backend names)")
     if "another operation (install/upgrade/rollback) is in progress" in text:
         return _InProgress(where)
     # Schema violations, template failures (helm 3: `template: F:L:C: executing`, helm 4: `F:L:C
@@ -826,7 +833,7 @@ class HelmDriver:
     async def _helm(self, args: list[str], *, release: str) -> subprocess.CompletedProcess[str]:
         result = await asyncio.to_thread(self._run, args)
         if result.returncode != 0:
-            raise classify(args[0], release, result.stderr or "")
+            raise classify(args[0], release, result.stderr or "", self._backend.metadata.name)
         return result
 
     # --- internals ---------------------------------------------------------------------------
