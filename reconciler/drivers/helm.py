@@ -117,7 +117,10 @@ DEVICE_PLUGIN_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915"
 MANAGED_LABEL = ("plnt.work/managed-by", "plnt")  # Helm release label: which releases are plnt's
 LIST_MAX = 4096
 PENDING = ("pending-install", "pending-upgrade", "pending-rollback")
-GOOD = ("deployed", "superseded")  # revisions a stuck release can roll back to
+GOOD = ("deployed", "superseded")
+# helm --wait gave up on a release's resources (helm 3: "timed out waiting for the condition", helm 4:
+# "context deadline exceeded" / "not ready").
+_WAIT_TIMED_OUT = re.compile(r"timed out waiting for the condition|context deadline exceeded|\bnot ready\b")  # revisions a stuck release can roll back to
 
 # Service names are DNS-1035 labels: a letter first.
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -436,7 +439,10 @@ def error_line(stderr: str, limit: int = 600) -> str:
         lines = [line for line in lines if not line.startswith("Use --debug flag")]
     elif lines:
         lines = lines[-1:]
-    message = " ".join(lines) or "(no output)"
+    return _clip(" ".join(lines) or "(no output)", limit)
+
+
+def _clip(message: str, limit: int) -> str:
     return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
@@ -780,13 +786,51 @@ class HelmDriver:
 
     async def _upgrade(self, release: str, values: dict[str, Any]) -> None:
         try:
-            await self._upgrade_once(release, values)
-        except _InProgress:
-            status = await self.status(release)
-            if status is None or not status.pending:
+            try:
+                await self._upgrade_once(release, values)
+            except _InProgress:
+                status = await self.status(release)
+                if status is None or not status.pending:
+                    raise
+                await self.recover_stuck(release, status)
+                await self._upgrade_once(release, values)
+        except DriverError as exc:
+            if not _WAIT_TIMED_OUT.search(str(exc)):
                 raise
-            await self.recover_stuck(release, status)
-            await self._upgrade_once(release, values)
+            why = await asyncio.to_thread(self._why_pods_wait, release)
+            raise type(exc)(f"{exc}; {why}" if why else str(exc)) from exc
+
+    def _why_pods_wait(self, release: str) -> str:
+        """Why the release's pods are not ready, as the cluster says (the scheduler's reason for a
+        Pending pod, e.g. `Insufficient nvidia.com/gpu`; a container's waiting reason): helm's --wait
+        only says it timed out. Empty when the pods cannot be read (RBAC, cluster away)."""
+        try:
+            from kubernetes import client as k8s
+            from kubernetes import config
+
+            if self._target.kubeconfig or self._target.context:
+                api = config.new_client_from_config(config_file=self._target.kubeconfig, context=self._target.context)
+            else:
+                config.load_incluster_config()
+                api = k8s.ApiClient()
+            with api:
+                pods = k8s.CoreV1Api(api).list_namespaced_pod(
+                    self.namespace, label_selector=f"app.kubernetes.io/instance={release}", limit=20,
+                    _request_timeout=10).items
+        except Exception as exc:  # the explanation is a courtesy: never hide helm's own error behind it
+            log.info("helm-wait-reason-unavailable release=%s error=%s", release, type(exc).__name__)
+            return ""
+        reasons = []
+        for pod in pods:
+            for condition in pod.status.conditions or []:
+                if condition.type == "PodScheduled" and condition.status != "True":
+                    reasons.append(f"pod {pod.metadata.name} is not scheduled ({condition.reason}): {condition.message}")
+            for container in [*(pod.status.init_container_statuses or []), *(pod.status.container_statuses or [])]:
+                waiting = container.state.waiting if container.state else None
+                if waiting is not None and waiting.reason not in (None, "PodInitializing", "ContainerCreating"):
+                    reasons.append(f"pod {pod.metadata.name} container {container.name}: {waiting.reason}"
+                                   + (f": {waiting.message}" if waiting.message else ""))
+        return _clip("; ".join(dict.fromkeys(reasons)), 600)
 
     async def _upgrade_once(self, release: str, values: dict[str, Any]) -> None:
         key = _owner_key(values)
