@@ -151,6 +151,7 @@ def _table(api: Any, path: str) -> dict[str, Any]:
 
 def test_helm_install_with_wait_completes_under_restricted_pod_security(release: Release) -> None:
     _installed(release)
+    assert "warning" not in release.install.stderr.lower(), release.install.stderr  # no deprecated API, no dropped field
     status = json.loads(release.run("status", RELEASE, "-o", "json").stdout)
     assert status["info"]["status"] == "deployed"
     with release.cluster.api_client() as api:
@@ -387,11 +388,116 @@ def test_the_status_subresource_keeps_status_and_spec_apart(release: Release) ->
         assert 'status.phase: Unsupported value: "Exploded"' in json.loads(refused.value.body)["message"]
 
 
+# --- the chart's RBAC, exercised: helm as the worker's and the reconciler's service accounts
+
+
+def _as(release: Release, role: str) -> list[str]:
+    return ["--kube-as-user", f"system:serviceaccount:{release.namespace}:{FULLNAME}-{role}"]
+
+
+def _as_deployer(release: Release, role: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """helm in the deploy namespace as `role`'s service account, the flags plnt's Helm driver gives."""
+    helm = [arg if arg != release.namespace else DEPLOY_NAMESPACE for arg in release.helm]
+    return subprocess.run([*helm, *_as(release, role), *args], capture_output=True, text=True, env=release.env,
+                          timeout=240)
+
+
+@pytest.mark.parametrize(("chart", "name", "kinds", "upgrade"), [
+    # The upgrade is a new version, autoscaled: an HPA appears (and goes again with the rollback).
+    ("workflow-runner", "rbac-runner", {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler"},
+     ["--set", "workflow.ref=example@0.0.1", "--set", "workflow.version=0.0.1", "--set", "replicas.max=3",
+      "--set", "autoscaling.targetInvocationsPerSecond=5"]),
+    ("model-server", "rbac-model", {"Deployment", "Service", "ConfigMap"}, ["--set", "model.version=0.0.1"]),
+])
+def test_the_workers_role_lets_helm_install_upgrade_roll_back_and_uninstall_a_release(
+        release: Release, chart: str, name: str, kinds: set[str], upgrade: list[str]) -> None:
+    """What the Helm driver runs (reconciler/drivers/helm.py), as the worker, in a `restricted` namespace."""
+    _installed(release)
+    path = str(ROOT / "charts" / chart)
+
+    def ok(*args: str) -> subprocess.CompletedProcess[str]:
+        done = _as_deployer(release, "worker", *args)
+        assert done.returncode == 0, f"helm {args[0]} as the worker failed:\n{done.stdout}\n{done.stderr}"
+        return done
+
+    try:
+        _worker_lifecycle(release, ok, path, name, kinds, upgrade)
+    finally:  # a failure above leaves nothing behind for the next case
+        subprocess.run([*release.helm[:-1], DEPLOY_NAMESPACE, "uninstall", name, "--ignore-not-found", "--wait"],
+                       capture_output=True, text=True, env=release.env, timeout=120)
+    # Nowhere else: the worker has no rights in plnt's own namespace.
+    elsewhere = subprocess.run([*release.helm, *_as(release, "worker"), "list"], capture_output=True, text=True,
+                               env=release.env, timeout=60)
+    assert elsewhere.returncode != 0 and "forbidden" in elsewhere.stderr, elsewhere.stderr
+
+
+def _worker_lifecycle(release: Release, ok: Any, path: str, name: str, kinds: set[str], upgrade: list[str]) -> None:
+    ok("upgrade", "--install", name, path, "--labels", "plnt.work/managed-by=plnt", "--wait", "--timeout", "120s",
+       "--history-max", "10", "-o", "json")
+    ok("upgrade", "--install", name, path, *upgrade, "--reset-values", "--wait", "--timeout", "120s",
+       "--history-max", "10", "-o", "json")
+    manifest = [doc for doc in yaml.safe_load_all(ok("get", "manifest", name).stdout) if doc]
+    assert kinds == {doc["kind"] for doc in manifest}
+    ok("rollback", name, "1", "--wait", "--timeout", "120s", "--history-max", "10")
+    with release.cluster.api_client() as api:
+        hpas = client.AutoscalingV2Api(api).list_namespaced_horizontal_pod_autoscaler(DEPLOY_NAMESPACE).items
+        assert hpas == []
+    history = json.loads(ok("history", name, "--max", "256", "-o", "json").stdout)
+    assert [h["status"] for h in history] == ["superseded", "superseded", "deployed"]
+
+    # The reconciler reads the live state there: `helm list` and `helm get values`, nothing else.
+    listed = _as_deployer(release, "reconciler", "list", "--selector", "plnt.work/managed-by=plnt", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert [r["name"] for r in json.loads(listed.stdout)] == [name]
+    values = _as_deployer(release, "reconciler", "get", "values", name, "-o", "json")
+    assert values.returncode == 0, values.stderr
+    # It may not change anything: an uninstall as the reconciler fails and leaves the release deployed.
+    denied = _as_deployer(release, "reconciler", "uninstall", name)
+    assert denied.returncode != 0 and f"failed to delete release: {name}" in denied.stderr, denied.stderr
+    still = json.loads(ok("status", name, "-o", "json").stdout)
+    assert still["info"]["status"] == "deployed" and still["version"] == 3
+    reconciler = f"system:serviceaccount:{release.namespace}:{FULLNAME}-reconciler"
+    refused = wait_for("the audit log's 403 for the reconciler's write", lambda: [
+        e for e in release.cluster.audit_events()
+        if e.get("stage") == "ResponseComplete" and e.get("impersonatedUser", {}).get("username") == reconciler
+        and e["responseStatus"]["code"] == 403
+        and e["objectRef"].get("namespace") == DEPLOY_NAMESPACE], timeout=10)
+    # helm tried to delete the release's objects; RBAC said no to each, and nothing it may read was refused.
+    assert ("delete", "deployments") in {(e["verb"], e["objectRef"]["resource"]) for e in refused}
+    assert {e["verb"] for e in refused} <= {"create", "update", "patch", "delete"}, refused
+    with release.cluster.api_client() as api:
+        assert client.AppsV1Api(api).read_namespaced_deployment(name, DEPLOY_NAMESPACE).status.ready_replicas == 1
+
+    ok("uninstall", name, "--wait", "--timeout", "120s", "--ignore-not-found")
+    with release.cluster.api_client() as api:
+        assert client.AppsV1Api(api).list_namespaced_deployment(DEPLOY_NAMESPACE).items == []
+
+
+def test_the_reconcilers_role_covers_its_lease_and_nothing_else_there(release: Release) -> None:
+    _installed(release)
+    ns, user = release.namespace, f"system:serviceaccount:{release.namespace}:{FULLNAME}-reconciler"
+    with release.cluster.api_client() as api:
+        authz = client.AuthorizationV1Api(api)
+
+        def allowed(verb: str, resource: str, name: str = "", group: str = "coordination.k8s.io") -> bool:
+            review = authz.create_subject_access_review({"spec": {"user": user, "resourceAttributes": {
+                "namespace": ns, "verb": verb, "group": group, "resource": resource, "name": name}}})
+            return review.status.allowed
+
+        lease = f"{FULLNAME}-reconciler"
+        assert allowed("create", "leases")
+        assert allowed("get", "leases", lease) and allowed("update", "leases", lease)
+        assert not allowed("update", "leases", "someone-elses")
+        assert not allowed("get", "secrets", group="") and not allowed("list", "pods", group="")
+
+
 # --- the end: uninstall (last in this module: the tests above use the release)
 
 
 def test_helm_uninstall_removes_the_release_and_keeps_the_crds(release: Release) -> None:
     _installed(release)
+    with release.cluster.api_client() as api:
+        _create(api, _workflowrun_body(release.namespace, "outlives-the-release"), "workflowruns")
     done = release.run("uninstall", RELEASE, "--wait", "--timeout", "120s")
     assert done.returncode == 0, f"helm uninstall failed:\n{done.stdout}\n{done.stderr}"
     assert release.run("list", "-q").stdout.split() == []
@@ -406,4 +512,4 @@ def test_helm_uninstall_removes_the_release_and_keeps_the_crds(release: Release)
         crds = {c.metadata.name for c in client.ApiextensionsV1Api(api).list_custom_resource_definition().items}
         assert set(_crd_files()) <= crds
         left = client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, ns, "workflowruns")
-        assert "status-wfr" in {o["metadata"]["name"] for o in left["items"]}
+        assert "outlives-the-release" in {o["metadata"]["name"] for o in left["items"]}
