@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.dynamic import DynamicClient
 from kubernetes.client.exceptions import ApiException
 from plnt.core.specs.models import ModelDeployment, WorkflowRun
 from plnt.core.status import Phase, WorkflowRunStatus
@@ -187,7 +188,7 @@ def test_every_object_the_chart_renders_exists_on_the_server(release: Release) -
     assert {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding", "Secret", "NetworkPolicy",
             "HorizontalPodAutoscaler", "PodDisruptionBudget"} <= kinds, kinds
     with release.cluster.api_client() as api:
-        dynamic_client = __import__("kubernetes.dynamic", fromlist=["DynamicClient"]).DynamicClient(api)
+        dynamic_client = DynamicClient(api)
         for doc in objects:
             resource = dynamic_client.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
             namespace = doc["metadata"].get("namespace", release.namespace)
