@@ -11,6 +11,7 @@ release. kwok runs no containers: images are never pulled, and no plnt process r
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import uuid
@@ -23,12 +24,14 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.dynamic import DynamicClient
 from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from plnt.core.specs.loader import SpecSet
 from plnt.core.specs.models import ModelDeployment, WorkflowRun
 from plnt.core.status import Phase, WorkflowRunStatus
 from plnt.reconciler.control.crds import GROUP, VERSION, cr_status
-from plnt.reconciler.control.kube import cr_body
+from plnt.reconciler.control.kube import KubernetesLease, StatusMirror, cr_body
+from plnt.reconciler.status_store import StatusStore
 
 from tests.k8s.cluster import LocalCluster, wait_for
 from tests.k8s.test_cluster import _helm
@@ -490,6 +493,80 @@ def test_the_reconcilers_role_covers_its_lease_and_nothing_else_there(release: R
         assert allowed("get", "leases", lease) and allowed("update", "leases", lease)
         assert not allowed("update", "leases", "someone-elses")
         assert not allowed("get", "secrets", group="") and not allowed("list", "pods", group="")
+
+
+# --- plnt's own calls, as the reconciler's service account: its Lease and --mirror-status
+
+
+def _impersonating(cluster: LocalCluster, user: str) -> Any:
+    api = cluster.api_client()
+    api.set_default_header("Impersonate-User", user)
+    return api
+
+
+def test_plnts_lease_and_status_mirror_work_as_the_reconciler_with_mirroring_enabled(
+        release: Release, tmp_path: Path) -> None:
+    """KubernetesLease and StatusMirror (reconciler/control/kube.py), the real code, under the chart's RBAC."""
+    _installed(release)
+    mirror_ns = f"team-{uuid.uuid4().hex[:8]}"
+    with release.cluster.api_client() as api:
+        _create_namespace(api, mirror_ns, {})
+    upgraded = release.run("upgrade", RELEASE, str(CHART), "--reuse-values", "--set", "mirrorStatus.enabled=true",
+                           "--set", f"mirrorStatus.namespaces={{{mirror_ns}}}", "--wait", "--timeout", "180s")
+    assert upgraded.returncode == 0, f"helm upgrade failed:\n{upgraded.stdout}\n{upgraded.stderr}"
+    user = f"system:serviceaccount:{release.namespace}:{FULLNAME}-reconciler"
+
+    with _impersonating(release.cluster, user) as api:
+        lease = KubernetesLease(f"{FULLNAME}-reconciler", release.namespace, "pod-a", lease_duration_s=2,
+                                renew_every_s=0.5, api=client.CoordinationV1Api(api), request_timeout_s=5)
+
+        async def take_and_release() -> bool:
+            taken = await asyncio.wait_for(lease.acquire(asyncio.Event()), 20)
+            await lease.release()
+            return taken
+
+        assert asyncio.run(take_and_release())
+
+        statuses = StatusStore(tmp_path / "status.json")
+        mirror = StatusMirror(api, statuses, identity="pod-a", request_timeout_s=5)
+        statuses.on_change = mirror.status_changed
+        doc = _example("workflowruns/review-responder.yaml")
+        run = WorkflowRun.model_validate({**doc, "metadata": {**doc["metadata"], "namespace": mirror_ns}})
+        mirror.specs_changed("c1", SpecSet(workflow_runs={run.key: run}))
+        statuses.update(mirror_ns, run.metadata.name, phase=Phase.CANARY, observed_commit="c1", version="1.1.0",
+                        canary_version="1.2.0", traffic_percent=5, attempted_fingerprint=run.fingerprint(),
+                        message="smoke test 1/10")
+        assert mirror.sync_once(), "a StatusMirror pass failed as the reconciler (see the log)"
+
+    with release.cluster.api_client() as api:
+        objects, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        cr = objects.get_namespaced_custom_object(GROUP, VERSION, mirror_ns, "workflowruns", run.metadata.name)
+        assert cr["spec"] == cr_body(run)["spec"] and cr["metadata"]["generation"] == 1
+        assert cr["status"]["phase"] == "Canary" and cr["status"]["observedGeneration"] == 1
+        managers = {(m["manager"], m.get("subresource", "")) for m in cr["metadata"]["managedFields"]}
+        assert managers == {("plnt", ""), ("plnt", "status")}
+        events = core.list_namespaced_event(mirror_ns, field_selector=f"involvedObject.name={run.metadata.name}")
+        assert [e.reason for e in events.items] == ["Canary"]
+        held = client.CoordinationV1Api(api).read_namespaced_lease(f"{FULLNAME}-reconciler", release.namespace)
+        assert held.spec.lease_transitions == 0 and not held.spec.holder_identity  # taken, then released
+
+    # Gone from git: plnt deletes its CR once the uninstall is over.
+    with _impersonating(release.cluster, user) as api:
+        mirror = StatusMirror(api, statuses, identity="pod-a", request_timeout_s=5)
+        mirror.specs_changed("c1", SpecSet(workflow_runs={run.key: run}))
+        assert mirror.sync_once()
+        mirror.specs_changed("c2", SpecSet())
+        statuses.remove(mirror_ns, run.metadata.name)
+        assert mirror.sync_once()
+    with release.cluster.api_client() as api:
+        with pytest.raises(ApiException) as gone:
+            client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, mirror_ns, "workflowruns",
+                                                                      run.metadata.name)
+        assert gone.value.status == 404
+    refused = [e for e in release.cluster.audit_events() if e.get("impersonatedUser", {}).get("username") == user
+               and e.get("stage") == "ResponseComplete" and e["responseStatus"]["code"] == 403
+               and e["objectRef"].get("namespace") in (mirror_ns, release.namespace)]
+    assert refused == []
 
 
 # --- the end: uninstall (last in this module: the tests above use the release)
