@@ -5,8 +5,10 @@ Pod Security Standard, with the values the chart requires (it has no runnable de
 repository, a Temporal address and a Secret of caller tokens; the Secret is created here). Then, on
 that server: the CRDs plnt ships are Established, its custom resources are validated by the server's
 own OpenAPI validation (messages naming the field), the printer columns come back in Table output,
-the status subresource keeps status apart from spec (generation), and `helm uninstall` removes the
-release. kwok runs no containers: images are never pulled, and no plnt process runs in the pods.
+the status subresource keeps status apart from spec (generation), the chart's RBAC is enough for
+helm as the worker (runner and model-server releases) and for plnt's own KubernetesLease and
+StatusMirror as the reconciler, and `helm uninstall` removes the release. kwok runs no containers:
+images are never pulled, and no plnt process runs in the pods.
 """
 
 from __future__ import annotations
