@@ -201,6 +201,23 @@ def test_every_object_the_chart_renders_exists_on_the_server(release: Release) -
             assert live.metadata.labels["app.kubernetes.io/managed-by"] == "Helm", doc["metadata"]["name"]
 
 
+def test_a_deploy_namespace_that_does_not_exist_fails_the_install_naming_it(release: Release) -> None:
+    """The chart puts Roles into each deploy namespace but never creates one: the operator does."""
+    _installed(release)
+    ns, missing = f"plnt-{uuid.uuid4().hex[:8]}", f"nowhere-{uuid.uuid4().hex[:8]}"
+    helm = [arg if arg != release.namespace else ns for arg in release.helm]
+    sets = [arg for key, value in REQUIRED_VALUES.items() for arg in ("--set", f"{key}={value}")]
+    try:
+        done = subprocess.run([*helm, "install", "other", str(CHART), "--create-namespace", *sets,
+                               "--set", f"deployNamespaces={{{missing}}}", "--timeout", "60s"],
+                              capture_output=True, text=True, env=release.env, timeout=120)
+        assert done.returncode != 0, done.stdout
+        assert f'namespaces "{missing}" not found' in done.stderr, done.stderr
+    finally:
+        subprocess.run([*helm, "uninstall", "other", "--ignore-not-found", "--wait"], capture_output=True,
+                       text=True, env=release.env, timeout=120)
+
+
 # --- 2: the CRDs
 
 
