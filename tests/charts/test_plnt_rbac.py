@@ -10,9 +10,9 @@ Expected, per role and namespace, as (apiGroup, resource, verb):
   (--wait); the reconciler reads the release records (`helm list`, `helm get values`) in each deploy
   namespace.
 
-Rendered with the real helm; the rules are what a cluster would get, but no API server evaluated
-them here (there is none): that they suffice for helm 4's server-side apply and kstatus waiting on a
-real cluster is NOT proven (charts/plnt/README.md).
+Rendered with the real helm; the rules are what a cluster would get. That they suffice for helm 4's
+server-side apply and kstatus waiting is shown on a real API server by tests/k8s/test_plnt_chart.py
+(helm as the worker's service account installs, upgrades, rolls back and uninstalls both charts).
 """
 
 from __future__ import annotations
