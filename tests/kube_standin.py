@@ -1,6 +1,9 @@
 """A DECLARED STAND-IN for the Kubernetes API server: not Kubernetes, a small real HTTP server on
 127.0.0.1 that answers just the endpoints plnt's own client code calls (plnt.reconciler.control.kube_calls),
-so the real `kubernetes` Python client can be tested end to end without a cluster (none can run here).
+so the real `kubernetes` Python client can be tested in corners a real API server does not produce on
+demand: a server that accepts and never answers (`hang_s`), chosen error Statuses on chosen paths
+(`fail`), a clock a test steers. What a real server decides (schema validation, field ownership,
+RBAC, Events, the Lease) is tested on one in tests/k8s/.
 
 Shapes follow the Kubernetes API documentation (https://kubernetes.io/docs/reference/kubernetes-api/,
 https://kubernetes.io/docs/reference/using-api/api-concepts/, .../server-side-apply/):

@@ -1,6 +1,7 @@
 """plnt's Kubernetes client code (plnt.reconciler.control.kube) against a DECLARED STAND-IN API server.
 
-No Kubernetes API server can run here. tests/kube_standin.py is a small real HTTP server on 127.0.0.1
+The same code runs against a real API server in tests/k8s/ (test_status_mirror.py and others);
+this module keeps the corners a real server does not produce on demand. tests/kube_standin.py is a small real HTTP server on 127.0.0.1
 that answers the endpoints plnt calls with the shapes of the Kubernetes API documentation (Lease,
 metav1.Status errors, server-side apply, the status subresource, Events); the real `kubernetes`
 client reaches it through a generated kubeconfig. What the stand-in does not model (and so what is
