@@ -51,11 +51,11 @@ def namespace(cluster: LocalCluster) -> str:
     return name
 
 
-def backend(cluster: LocalCluster, ns: str) -> PlntBackend:
+def backend(cluster: LocalCluster, ns: str, kubeconfig: Path | None = None) -> PlntBackend:
     return PlntBackend.model_validate({
         "apiVersion": "plnt.work/v1", "kind": "PlntBackend", "metadata": {"name": "test-cluster"},
         "spec": {"type": "kubernetes", "gpuClasses": [GPU_CLASS],
-                 "kubernetes": {"namespace": ns, "kubeconfig": str(cluster.kubeconfig)}}})
+                 "kubernetes": {"namespace": ns, "kubeconfig": str(kubeconfig or cluster.kubeconfig)}}})
 
 
 def run(version: str, **spec: Any) -> WorkflowRun:
@@ -73,9 +73,10 @@ def request(workflow: WorkflowRun, track: str) -> InstallRequest:
                           traffic_percent=5 if track == "canary" else 0, trust=TRUST)
 
 
-def driver_for(cluster: LocalCluster, ns: str, *runs: WorkflowRun, timeout_s: float = 60) -> HelmDriver:
+def driver_for(cluster: LocalCluster, ns: str, *runs: WorkflowRun, timeout_s: float = 60,
+               kubeconfig: Path | None = None) -> HelmDriver:
     by_fingerprint = {(r.metadata.namespace, r.metadata.name, r.fingerprint()): r.spec for r in runs}
-    return HelmDriver(backend(cluster, ns), lambda ns_, name, fp: by_fingerprint.get((ns_, name, fp)),
+    return HelmDriver(backend(cluster, ns, kubeconfig), lambda ns_, name, fp: by_fingerprint.get((ns_, name, fp)),
                       image=RunnerImage(repository="registry.invalid/plnt", tag="0.1.0"), helm=HELM,
                       timeout_s=timeout_s)
 
