@@ -645,6 +645,7 @@ class HelmDriver:
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
         self._tracing = tracing_values(os.environ if environ is None else environ)
+        self._live_values: dict[tuple[str, int], dict[str, Any]] = {}  # (release, revision) -> its values
 
     @property
     def namespace(self) -> str:
@@ -726,16 +727,21 @@ class HelmDriver:
             ["list", *self._target_flags(), "--selector", "=".join(MANAGED_LABEL), "--max", str(LIST_MAX),
              "-o", "json"], release="")
         found: dict[str, LiveWorkflow] = {}
+        # A revision's values never change: an idle pass costs one `helm list`, not a `get values` per release.
+        seen, kept = self._live_values, {}
         for entry in parse_list(result.stdout):
             if entry.status != "deployed":
                 # pending-*: an install in flight or stuck (the next install recovers it); failed: the
                 # next install upgrades over it, and remove() uninstalls it whatever its status.
                 log.warning("helm-release-not-live release=%s status=%s", entry.name, entry.status)
                 continue
-            try:
-                values = await self.values(entry.name)
-            except _NotFound:
-                continue  # uninstalled between list and get
+            values = seen.get((entry.name, entry.revision))
+            if values is None:
+                try:
+                    values = await self.values(entry.name, revision=entry.revision)
+                except _NotFound:
+                    continue  # uninstalled between list and get
+            kept[(entry.name, entry.revision)] = values
             try:
                 release = self._release(entry.name, values)
             except (KeyError, TypeError, ValueError) as exc:
@@ -744,6 +750,7 @@ class HelmDriver:
             key = f"{release.namespace}/{release.name}"
             live = found.get(key) or LiveWorkflow(namespace=release.namespace, name=release.name)
             found[key] = live.model_copy(update={release.track: release})
+        self._live_values = kept  # releases gone since are forgotten
         return found
 
     # --- helm operations ---------------------------------------------------------------------
@@ -755,8 +762,10 @@ class HelmDriver:
             return None
         return parse_status(result.stdout)
 
-    async def values(self, release: str) -> dict[str, Any]:
-        result = await self._helm(["get", "values", release, *self._target_flags(), "-o", "json"], release=release)
+    async def values(self, release: str, revision: int | None = None) -> dict[str, Any]:
+        pinned = ["--revision", str(revision)] if revision is not None else []
+        result = await self._helm(["get", "values", release, *pinned, *self._target_flags(), "-o", "json"],
+                                  release=release)
         return parse_values(result.stdout)
 
     async def recover_stuck(self, release: str, status: HelmStatus | None = None) -> None:

@@ -498,7 +498,7 @@ async def test_live_parses_list_and_values_into_live_workflows() -> None:
     live = await driver(fake, BACKEND, RUN, RUN_OLD, other).live()
     fake.done()
     assert fake.calls[0] == ["list", *TARGET, "--selector", "plnt.work/managed-by=plnt", "--max", "4096", "-o", "json"]
-    assert fake.calls[1] == ["get", "values", STABLE, *TARGET, "-o", "json"]
+    assert fake.calls[1] == ["get", "values", STABLE, "--revision", "7", *TARGET, "-o", "json"]
     assert list(live) == ["team-a/review-responder"], "pending, failed, unreadable and vanished releases are not live"
     workflow = live["team-a/review-responder"]
     assert workflow.stable is not None and workflow.canary is not None
@@ -508,6 +508,29 @@ async def test_live_parses_list_and_values_into_live_workflows() -> None:
     assert (workflow.canary.version, workflow.canary.traffic_percent) == ("1.2.0", 5)
     assert workflow.canary.spec_fingerprint == RUN.fingerprint()
     assert workflow.canary.endpoint == "http://review-responder-canary.agents.svc.cluster.local"
+
+
+async def test_an_idle_live_read_is_one_helm_list_whatever_the_number_of_releases() -> None:
+    """A revision's values never change: they are read once, so the reconciler's drift check on every
+    pass costs one `helm list` (one API request), not one `get values` per release."""
+    listing = list_json((STABLE, 7, "deployed", "workflow-runner-0.1.0"), (CANARY, 1, "deployed", "workflow-runner-0.1.0"))
+    stable, canary = values(RUN_OLD, "stable"), values()
+    fake = (FakeHelm()
+            .expect("list", stdout=listing)
+            .expect("get", "values", STABLE, stdout=json.dumps(stable))
+            .expect("get", "values", CANARY, stdout=json.dumps(canary))
+            .expect("list", stdout=listing)  # the next pass: nothing changed, nothing read again
+            .expect("list", stdout=list_json((STABLE, 8, "deployed", "workflow-runner-0.1.0")))  # promoted
+            .expect("get", "values", STABLE, stdout=json.dumps(values(RUN, "stable"))))
+    helm = driver(fake, BACKEND, RUN, RUN_OLD)
+    first = await helm.live()
+    assert await helm.live() == first
+    promoted = await helm.live()
+    fake.done()
+    assert [call[0] for call in fake.calls] == ["list", "get", "get", "list", "list", "get"]
+    assert fake.calls[-1][:5] == ["get", "values", STABLE, "--revision", "8"]
+    workflow = promoted["team-a/review-responder"]
+    assert workflow.stable is not None and workflow.stable.version == "1.2.0" and workflow.canary is None
 
 
 async def test_live_with_no_releases() -> None:
