@@ -150,3 +150,34 @@ async def test_a_gpu_workflowrun_lands_on_its_gpu_pool_or_waits_with_the_reason(
     assert conditions["PodScheduled"].reason == "Unschedulable"
     assert f"Insufficient {GPU_RESOURCE}" in conditions["PodScheduled"].message
     assert f"Insufficient {GPU_RESOURCE}" in str(caught.value), str(caught.value)
+
+
+def api_requests(cluster: LocalCluster, namespace: str) -> list[str]:
+    """The admin's (so the driver's helm's) resource requests to `namespace` so far, from the audit log."""
+    return [f"{e['verb']} {e['objectRef'].get('resource')}" for e in cluster.audit_events()
+            if e.get("stage") == "ResponseComplete" and e.get("user", {}).get("username") == "plnt-test-admin"
+            and (e.get("objectRef") or {}).get("namespace") == namespace]
+
+
+async def test_an_idle_live_read_costs_the_same_api_requests_for_3_or_9_releases(cluster: LocalCluster) -> None:
+    """The drift check runs on every reconcile pass: its cost must not grow with the WorkflowRuns."""
+    ns = namespace(cluster)
+    runs = [run("1.0.0").model_copy(update={"metadata": run("1.0.0").metadata.model_copy(update={"name": f"wf-{i}"})})
+            for i in range(9)]
+    driver = driver_for(cluster, ns, *runs)
+
+    async def idle_cost() -> int:
+        await driver.live()  # reads what it has not seen
+        before = len(api_requests(cluster, ns))
+        await driver.live()  # the idle pass
+        return len(api_requests(cluster, ns)) - before
+
+    for workflow in runs[:3]:
+        await driver.install(request(workflow, "stable"))
+    with_3 = await idle_cost()
+    for workflow in runs[3:]:
+        await driver.install(request(workflow, "stable"))
+    with_9 = await idle_cost()
+    print(f"API requests of an idle live read: {with_3} with 3 releases, {with_9} with 9")
+    assert len(await driver.live()) == 9
+    assert with_3 == with_9 == 1  # one list of helm's release Secrets
