@@ -150,6 +150,7 @@ async def test_a_gpu_workflowrun_lands_on_its_gpu_pool_or_waits_with_the_reason(
     assert conditions["PodScheduled"].reason == "Unschedulable"
     assert f"Insufficient {GPU_RESOURCE}" in conditions["PodScheduled"].message
     assert f"Insufficient {GPU_RESOURCE}" in str(caught.value), str(caught.value)
+    await free_the_gpus(cluster, driver, ns, "team-a", "review-responder")
 
 
 def api_requests(cluster: LocalCluster, namespace: str) -> list[str]:
@@ -181,3 +182,34 @@ async def test_an_idle_live_read_costs_the_same_api_requests_for_3_or_9_releases
     print(f"API requests of an idle live read: {with_3} with 3 releases, {with_9} with 9")
     assert len(await driver.live()) == 9
     assert with_3 == with_9 == 1  # one list of helm's release Secrets
+
+
+async def test_a_vllm_model_deployment_lands_on_its_gpu_pool_or_says_which_capacity_is_missing(
+        cluster: LocalCluster) -> None:
+    from tests.reconciler.drivers.test_helm_models import model
+    from tests.reconciler.drivers.test_helm_models import request as model_request
+
+    ns = namespace(cluster)
+    chat = model("chat", runtime={"type": "vllm"}, backend={"cluster": "test-cluster", "gpuClass": GPU_CLASS,
+                                                             "gpuCount": 1})
+    by_fingerprint = {(chat.metadata.namespace, chat.metadata.name, chat.fingerprint()): chat.spec}
+    driver = HelmDriver(backend(cluster, ns), lambda ns_, name, fp: by_fingerprint.get((ns_, name, fp)),
+                        image=RunnerImage(repository="registry.invalid/plnt", tag="0.1.0"), helm=HELM,
+                        timeout_s=20, model_timeout_s=20)
+    await driver.install(model_request(chat, "stable"))
+    pods = k8s.CoreV1Api(cluster.api_client()).list_namespaced_pod(ns).items
+    (pod,) = pods
+    assert pod.spec.node_name == "gpu-a100-0"
+    assert pod.spec.containers[0].resources.limits[GPU_RESOURCE] == "1"
+    with pytest.raises(DriverError) as caught:  # the a100 pool's one GPU is taken
+        await driver.install(model_request(chat, "canary"))
+    assert "not scheduled (Unschedulable)" in str(caught.value) and f"Insufficient {GPU_RESOURCE}" in str(caught.value)
+    await free_the_gpus(cluster, driver, ns, "team-a", "chat")
+
+
+async def free_the_gpus(cluster: LocalCluster, driver: HelmDriver, ns: str, namespace: str, name: str) -> None:
+    """Uninstall both tracks and wait until their pods are gone: the next GPU test needs the pool."""
+    await driver.remove(namespace, name, "canary")
+    await driver.remove(namespace, name, "stable")
+    wait_for("the GPU pods gone", lambda: not k8s.CoreV1Api(cluster.api_client()).list_namespaced_pod(ns).items,
+             timeout=60)
