@@ -15,6 +15,7 @@ Helpers: `free_port()`, `TruncatingProxy` (a TCP proxy that breaks one response 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -102,11 +103,18 @@ class _Process:
 @pytest.fixture(scope="session")
 def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OciServer]:
     """A real OCI registry (CNCF distribution 2.8, `docker-registry serve`) for the session."""
+    with running_oci_registry(tmp_path_factory.mktemp("oci-registry")) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running_oci_registry(base: Path) -> Iterator[OciServer]:
+    """`docker-registry serve` on a free port of 127.0.0.1 (of the calling thread's network namespace),
+    storing under `base`, until the block ends."""
     binary = shutil.which("docker-registry")
     if binary is None:
         pytest.fail("docker-registry not found on PATH: install CNCF distribution with `apt-get install -y docker-registry` "
                     "(the tests run `docker-registry serve CONFIG.yml` themselves; no service needs to be enabled)")
-    base = tmp_path_factory.mktemp("oci-registry")
     storage = base / "storage"
     storage.mkdir()
     port = free_port()

@@ -96,11 +96,13 @@ def cmdline(pid: int) -> str:
 class PlntUp:
     """One `plnt up` process, its log file and its gateway."""
 
-    def __init__(self, repo: Path, state_dir: Path, port: int, log_file: Path, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, repo: Path, state_dir: Path, port: int, log_file: Path, extra: tuple[str, ...] = (),
+                 prefix: tuple[str, ...] = ()) -> None:
+        """prefix: what starts plnt, e.g. `ip netns exec NAME` (tests/k8s/pod_network.py)."""
         self.url = f"http://127.0.0.1:{port}"
         self.log_file = log_file
         self.seen: dict[int, str] = {}  # every descendant ever recorded
-        args = [*PLNT, "up", "--repo", str(repo), "--state-dir", str(state_dir), "--port", str(port), "--interval", "1", *extra]
+        args = [*prefix, *PLNT, "up", "--repo", str(repo), "--state-dir", str(state_dir), "--port", str(port), "--interval", "1", *extra]
         with open(log_file, "wb") as out:
             # A session of its own: like a shell's job, SIGINT to its process group is what Ctrl-C sends.
             self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

@@ -206,7 +206,10 @@ class LocalCluster:
     """One control plane. start() returns once /readyz says ok and every fake node is Ready."""
 
     def __init__(self, bin_dir: Path, work_dir: Path, *, nodes: Sequence[FakeNode] = DEFAULT_NODES,
-                 start_timeout: float = 180.0) -> None:
+                 start_timeout: float = 180.0, kwok_stages: Path | None = None) -> None:
+        """kwok_stages: kwok's Stage documents (default: kwok's own, which make every pod Running and
+        Ready at once); tests/k8s/pod_network.py passes a set without pod readiness, which its node
+        stand-in reports instead."""
         self.bin_dir = Path(bin_dir)
         self.work_dir = Path(work_dir)
         self.nodes = tuple(nodes)
@@ -214,6 +217,7 @@ class LocalCluster:
         missing = [b for b in (*BINARIES, KWOK_STAGES) if not (self.bin_dir / b).is_file()]
         if missing:
             raise ClusterError(f"{self.bin_dir} lacks {', '.join(missing)}: build them with tools/build_k8s.sh")
+        self.kwok_stages = kwok_stages or self.bin_dir / KWOK_STAGES
         self.pki = self.work_dir / "pki"
         self.logs = self.work_dir / "logs"
         self.audit_log = self.work_dir / "audit.log"
@@ -445,7 +449,7 @@ class LocalCluster:
         kwok = self._write_kubeconfig(self.work_dir / "kwok.kubeconfig", "kwok")
         self._spawn("kwok", [
             f"--kubeconfig={kwok}",
-            f"--config={self.bin_dir / KWOK_STAGES}",
+            f"--config={self.kwok_stages}",
             "--manage-all-nodes=false", f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
             "--node-ip=127.0.0.1",
             "--node-lease-duration-seconds=40",  # kwok renews each node's Lease: the node lifecycle controller sees it alive
