@@ -253,6 +253,9 @@ class KubernetesSettings(BaseModel):
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
         description="the extended resource model servers' GPUs are counted in (e.g. amd.com/gpu); None: the GPU "
         "class itself when it is a device plugin's resource, else nvidia.com/gpu (helm_driver.gpu_resource_name)")
+    serving_timeout_s: float = Field(
+        default=20.0, gt=0, le=120, description="after helm --wait, how long a release's Service may take to answer "
+        "as that release (endpoints programmed) before the install or promote step fails and is retried")
     runner_image: str = Field(default="plnt", description="runner image repository for Kubernetes backends")
     runner_image_tag: str = ""
     mirror_status: bool = Field(default=False, description="apply WorkflowRun CRs and write their status")
@@ -295,8 +298,8 @@ FLAT_NAMES: dict[str, str] = {
        ("control_url", "internal_token", "lease", "lease_name", "lease_namespace", "identity", "report_interval_s",
         "drain_grace_s")},
     **{name: f"kubernetes.{name}" for name in
-       ("helm_binary", "helm_chart", "helm_model_chart", "model_install_timeout_s", "gpu_resource", "runner_image",
-        "runner_image_tag", "mirror_status", "kubeconfig", "runner_registry_secret")},
+       ("helm_binary", "helm_chart", "helm_model_chart", "model_install_timeout_s", "gpu_resource", "serving_timeout_s",
+        "runner_image", "runner_image_tag", "mirror_status", "kubeconfig", "runner_registry_secret")},
 }
 
 

@@ -5,6 +5,7 @@
 #   gnupg and openssh-client (gpg, ssh-keygen): signed git commits in the --verify-commits tests
 #   chromium: the headless browser the web UI tests (tests/ui) drive through Playwright
 #   prometheus (prometheus, promtool): rule checks/tests and the scrape test in tests/observability
+#   iproute2 (ip): the pod network namespace of the end-to-end Kubernetes tests (tests/k8s/pod_network.py)
 # Run by `make test` (through `make install-test-services`); root or passwordless sudo installs with
 # apt-get, anyone else gets the exact command to run. Nothing here is needed by `make up`.
 set -euo pipefail
@@ -16,6 +17,7 @@ command -v gpg >/dev/null 2>&1 || missing+=(gnupg)                    # signed-c
 command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)    # signed-commit tests
 [ -x /usr/bin/chromium ] || missing+=(chromium)                        # web UI tests (tests/ui)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)          # tests/observability
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)                 # tests/k8s pod network
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ]; then

@@ -286,6 +286,12 @@ class KubernetesTarget(SpecModel):
     context: str | None = None
     namespace: str = Field(default="default", pattern=NAME_PATTERN)
     kubeconfig: str | None = None
+    # The DNS domain under which plnt's gateway and smoke test reach this cluster's Services
+    # (RELEASE.NAMESPACE.svc.DOMAIN): cluster.local from inside the cluster; with several clusters,
+    # the domain each one's Services are reachable under from where plnt runs.
+    cluster_domain: str = Field(
+        default="cluster.local", max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class RunnerLimits(SpecModel):

@@ -83,6 +83,7 @@ from plnt.core.specs.models import (
     spec_fingerprint,
 )
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
+from plnt.reconciler.drivers.serving import wait_serving
 from plnt.reconciler.errors import DriverError, InvalidSpec, LiveStateUnknown, NeedsHuman, PlntError, UnknownBackend
 from plnt.reconciler.recipes.registries import RegistryOptions
 from plnt.reconciler.recipes.trust import policies_for
@@ -617,12 +618,17 @@ class HelmDriver:
         runner: HelmRunner | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         environ: Mapping[str, str] | None = None,
+        serving_timeout_s: float | None = None,
     ) -> None:
         """`chart` renders WorkflowRuns' releases, `model_chart` ModelDeployments'; `resources` and
         `model_resources` are their servers' cpu/memory; `gpu_resource`: see `gpu_resource_name`.
         `timeout_s` is helm's --timeout for runner releases and every uninstall, `model_timeout_s` for
         the upgrades and rollbacks of model-server releases (their pods fetch weights, then load them).
-        `environ` (default: this process's) is read once for the runner pods' tracing (`tracing_values`)."""
+        `environ` (default: this process's) is read once for the runner pods' tracing (`tracing_values`).
+        `serving_timeout_s`: an installed or promoted release counts only once its Service answers as
+        that release within this many seconds (serving.py; plnt's composition gives the setting
+        `kubernetes.serving_timeout_s`); None: helm's --wait alone, for a caller that cannot reach the
+        Services."""
         if backend.spec.type != "kubernetes" or backend.spec.kubernetes is None:
             raise UnknownBackend(f"backend {backend.metadata.name!r} is of type {backend.spec.type}; "
                                  "the Helm driver needs type: kubernetes")
@@ -643,6 +649,7 @@ class HelmDriver:
                              for key, wait in self._timeouts.items()}
         self._run = runner or helm_runner(helm, timeout_s)
         self._clock = clock
+        self._serving_timeout_s = serving_timeout_s
         self._locks: dict[str, asyncio.Lock] = {}
         self._tracing = tracing_values(os.environ if environ is None else environ)
         self._live_values: dict[tuple[str, int], dict[str, Any]] = {}  # (release, revision) -> its values
@@ -652,7 +659,7 @@ class HelmDriver:
         return self._target.namespace
 
     def endpoint(self, release: str) -> str:
-        return f"http://{release}.{self.namespace}.svc.cluster.local"
+        return f"http://{release}.{self.namespace}.svc.{self._target.cluster_domain}"
 
     # --- the driver interface ---------------------------------------------------------------
 
@@ -665,11 +672,11 @@ class HelmDriver:
                 self._check_owner(release, current.config, request.namespace, request.name, request.track)
                 if current.status == "deployed" and current.config == values and await self._same_chart(release, values):
                     log.info("helm-install-skipped release=%s (deployed with identical values)", release)
-                    return self._release(release, values)
+                    return await self._serving(self._release(release, values))
                 if current.pending:
                     await self.recover_stuck(release, current)
             await self._upgrade(release, values)
-            return self._release(release, values)
+            return await self._serving(self._release(release, values))
 
     async def promote(self, namespace: str, name: str) -> Release:
         stable, canary = release_name(name, "stable"), release_name(name, "canary")
@@ -696,8 +703,9 @@ class HelmDriver:
             if not (stable_status is not None and stable_status.status == "deployed" and stable_status.config == values
                     and await self._same_chart(stable, values)):
                 await self._upgrade(stable, values)
+            promoted = await self._serving(self._release(stable, values))  # before the canary's Service goes
             await self._uninstall(canary)
-            return self._release(stable, values)
+            return promoted
 
     async def remove(self, namespace: str, name: str, track: Track) -> None:
         release = release_name(name, track)
@@ -944,6 +952,21 @@ class HelmDriver:
                 f"helm release {release} in namespace {self.namespace} belongs to {who}, not {namespace}/{name} "
                 f"({track}); WorkflowRun and ModelDeployment names must be unique per Kubernetes backend"
             )
+
+    async def _serving(self, release: Release) -> Release:
+        """`release` once its Service answers as it (serving.py), or DriverError (the step is retried)."""
+        if self._serving_timeout_s is None:
+            return release
+        problem = await wait_serving(release, self._serving_timeout_s)
+        if problem is not None:
+            raise DriverError(
+                f"helm release {release_name(release.name, release.track)} in namespace {self.namespace} is deployed "
+                f"and its pods are Ready, but {release.endpoint} did not answer as release {release.release_id} within "
+                f"{self._serving_timeout_s:g}s ({problem}). plnt's worker, smoke test and gateway must reach the "
+                f"backend's Services: run them in the cluster, or set PlntBackend {self._backend.metadata.name!r} "
+                "kubernetes.clusterDomain to the domain those Services resolve under where plnt runs, and let plnt's "
+                "traffic in through the namespace's NetworkPolicy")
+        return release
 
     def _release(self, release: str, values: dict[str, Any]) -> Release:
         """The Release a deployed release's values describe (a runner's, or a model server's)."""

@@ -206,7 +206,8 @@ class LocalCluster:
     """One control plane. start() returns once /readyz says ok and every fake node is Ready."""
 
     def __init__(self, bin_dir: Path, work_dir: Path, *, nodes: Sequence[FakeNode] = DEFAULT_NODES,
-                 start_timeout: float = 180.0, kwok_stages: Path | None = None) -> None:
+                 start_timeout: float = 180.0, kwok_stages: Path | None = None,
+                 service_cidr: str = SERVICE_CIDR) -> None:
         """kwok_stages: kwok's Stage documents (default: kwok's own, which make every pod Running and
         Ready at once); tests/k8s/pod_network.py passes a set without pod readiness, which its node
         stand-in reports instead."""
@@ -218,6 +219,7 @@ class LocalCluster:
         if missing:
             raise ClusterError(f"{self.bin_dir} lacks {', '.join(missing)}: build them with tools/build_k8s.sh")
         self.kwok_stages = kwok_stages or self.bin_dir / KWOK_STAGES
+        self.service_cidr = service_cidr
         self.pki = self.work_dir / "pki"
         self.logs = self.work_dir / "logs"
         self.audit_log = self.work_dir / "audit.log"
@@ -296,7 +298,7 @@ class LocalCluster:
         _write_key(self.pki / "ca.key", ca.key)
         _write_cert(self.pki / "ca.crt", ca.cert)
         # The apiserver's serving cert: every name a client in or out of the cluster may dial.
-        service_ip = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
+        service_ip = str(next(ipaddress.ip_network(self.service_cidr).hosts()))
         key, cert = ca.issue("kube-apiserver", server=True, ips=["127.0.0.1", service_ip],
                              dns=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
                                   "kubernetes.default.svc.cluster.local"])
@@ -415,7 +417,7 @@ class LocalCluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={self.pki / 'sa.pub'}",
             f"--service-account-signing-key-file={self.pki / 'sa.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={self.service_cidr}",
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
             f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
@@ -435,7 +437,7 @@ class LocalCluster:
             f"--service-account-private-key-file={self.pki / 'sa.key'}",
             f"--root-ca-file={self.pki / 'ca.crt'}",
             f"--cluster-signing-cert-file={self.pki / 'ca.crt'}", f"--cluster-signing-key-file={self.pki / 'ca.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={self.service_cidr}",
             "--controllers=*",  # the default set: deployments, replicasets, serviceaccounts, tokens, gc, nodes, ...
         ])
         scheduler = self._write_kubeconfig(self.work_dir / "kube-scheduler.kubeconfig", "kube-scheduler")

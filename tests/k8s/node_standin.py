@@ -7,7 +7,7 @@ ReplicaSet controllers, the scheduler, the EndpointSlice controller, kwok keepin
 
 For each pod the scheduler bound to one of the --node nodes, as a kubelet would, with processes in
 place of containers (no images here):
-- it gives the pod an IP from POD_CIDR (a local address of the namespace) and reports it in the pod's
+- it gives the pod an IP from --pod-cidr (a local address of the namespace) and reports it in the pod's
   status;
 - it makes the pod's volumes directories (emptyDir; configMap and secret with their items), then runs
   the init containers in order and then the containers: the command is looked up in --program (what
@@ -20,8 +20,8 @@ place of containers (no images here):
 - a deleted pod's processes are stopped (SIGTERM, then SIGKILL after the grace period, at most 10 s).
 
 For each Service with a cluster IP, as kube-proxy and cluster DNS would: a line
-`CLUSTER_IP NAME.NS.svc.cluster.local NAME.NS.svc` in --hosts-file (the namespace's /etc/hosts for
-processes started with `ip netns exec`), and a TCP proxy on CLUSTER_IP:PORT to the ready endpoints of
+`CLUSTER_IP NAME.NS.svc.DOMAIN` (--cluster-domain) in --hosts-file (the namespace's /etc/hosts for
+processes started with `ip netns exec`; the stand-ins of several clusters keep a block each), and a TCP proxy on CLUSTER_IP:PORT to the ready endpoints of
 the Service's EndpointSlices (round robin; a connection with none ready is closed at once).
 
 Not done: images, resource limits and cgroups, users and security contexts (processes run as this
@@ -35,6 +35,7 @@ import asyncio
 import base64
 import contextlib
 import datetime
+import fcntl
 import ipaddress
 import itertools
 import logging
@@ -337,8 +338,9 @@ class PodRun:
 class ServiceProxies:
     """kube-proxy and cluster DNS: a TCP proxy per (cluster IP, port), the hosts file, on one event loop."""
 
-    def __init__(self, hosts_file: Path) -> None:
+    def __init__(self, hosts_file: Path, cluster_domain: str) -> None:
         self.hosts_file = hosts_file
+        self.domain = cluster_domain
         self.loop = asyncio.new_event_loop()
         self.servers: dict[tuple[str, int], asyncio.AbstractServer] = {}
         self.backends: dict[tuple[str, int], list[tuple[str, int]]] = {}
@@ -348,13 +350,13 @@ class ServiceProxies:
 
     def sync(self, services: list[client.V1Service], slices: list[client.V1EndpointSlice]) -> None:
         wanted: dict[tuple[str, int], list[tuple[str, int]]] = {}
-        lines = ["127.0.0.1 localhost"]
+        lines = []
         for svc in services:
             ip = svc.spec.cluster_ip
             if not ip or ip == "None":
                 continue
             name, ns = svc.metadata.name, svc.metadata.namespace
-            lines.append(f"{ip} {name}.{ns}.svc.cluster.local {name}.{ns}.svc")
+            lines.append(f"{ip} {name}.{ns}.svc.{self.domain}")
             mine = [s for s in slices if s.metadata.namespace == ns
                     and (s.metadata.labels or {}).get("kubernetes.io/service-name") == name]
             for port in svc.spec.ports or []:
@@ -369,13 +371,25 @@ class ServiceProxies:
             asyncio.run_coroutine_threadsafe(self._close(key), self.loop).result()
         for key in set(wanted) - set(self.servers):
             asyncio.run_coroutine_threadsafe(self._open(key), self.loop).result()
-        text = "\n".join(lines) + "\n"
+        text = "\n".join(lines)
         if text != self.hosts:
-            # In place: `ip netns exec` bind-mounts this very file as /etc/hosts (a rename would not show).
-            with open(self.hosts_file, "r+") as f:
-                f.write(text)
-                f.truncate()
+            self._write_hosts(text)
             self.hosts = text
+
+    def _write_hosts(self, block: str) -> None:
+        """This cluster's lines between its own markers: stand-ins of several clusters share one file.
+        In place, under a lock: `ip netns exec` bind-mounts this very file as /etc/hosts (a renamed
+        new file would not show)."""
+        begin, end = f"# begin {self.domain}", f"# end {self.domain}"
+        with open(self.hosts_file, "r+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            text = f.read()
+            if begin in text:
+                text = text[:text.index(begin)] + text[text.index(end) + len(end) + 1:]
+            text += f"{begin}\n{block}\n{end}\n" if block else ""
+            f.seek(0)
+            f.write(text)
+            f.truncate()
 
     async def _open(self, key: tuple[str, int]) -> None:
         self.servers[key] = await asyncio.start_server(lambda r, w: self._pipe(key, r, w), key[0], key[1])
@@ -420,14 +434,14 @@ class Node:
         self.nodes = set(args.node)
         self.work_dir = Path(args.work_dir)
         self.programs = dict(p.split("=", 1) for p in args.program)
-        self.proxies = ServiceProxies(Path(args.hosts_file))
+        self.proxies = ServiceProxies(Path(args.hosts_file), args.cluster_domain)
         self.running: dict[str, PodRun] = {}  # by pod uid
-        self.addresses = self._addresses()
+        self.addresses = self._addresses(args.pod_cidr)
         self.taken: dict[str, str] = {}  # pod uid -> IP
 
     @staticmethod
-    def _addresses() -> Iterator[str]:
-        for ip in itertools.islice(ipaddress.ip_network(POD_CIDR).hosts(), 10, None):
+    def _addresses(cidr: str) -> Iterator[str]:
+        for ip in itertools.islice(ipaddress.ip_network(cidr).hosts(), 10, None):
             yield str(ip)
 
     def sync(self) -> None:
@@ -470,6 +484,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hosts-file", required=True)
     parser.add_argument("--node", action="append", required=True, help="a node whose pods this stand-in runs")
     parser.add_argument("--program", action="append", default=[], help="COMMAND=PATH: what a container's command runs")
+    parser.add_argument("--pod-cidr", default=POD_CIDR, help="pod IPs are given from this range (local in the namespace)")
+    parser.add_argument("--cluster-domain", default="cluster.local", help="Service names: NAME.NS.svc.DOMAIN")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(message)s")
     stop = threading.Event()

@@ -50,7 +50,10 @@ def _ip(*args: str) -> None:
 
 
 class PodNetwork:
-    def __init__(self) -> None:
+    def __init__(self, cidrs: tuple[str, ...] = (POD_CIDR, SERVICE_CIDR)) -> None:
+        """cidrs: the ranges that are local addresses in the namespace (every cluster's pod and Service
+        ranges: clusters sharing one PodNetwork need ranges apart, see ClusterSite)."""
+        self.cidrs = cidrs
         self.name = f"plnt-pods-{os.getpid()}-{next(_names)}"
         self.etc_dir = Path("/etc/netns") / self.name
         self.hosts_file = self.etc_dir / "hosts"
@@ -58,10 +61,13 @@ class PodNetwork:
     def __enter__(self) -> PodNetwork:
         if shutil.which("ip") is None:
             raise RuntimeError("`ip` (iproute2) is needed to make the pod network namespace: apt-get install -y iproute2")
+        if os.geteuid() != 0:
+            raise RuntimeError("making a network namespace needs root (CAP_SYS_ADMIN): run the k8s tests as root, "
+                               "as CI does, or leave them out with -m 'not k8s'")
         _ip("netns", "add", self.name)
         try:
             _ip("-n", self.name, "link", "set", "lo", "up")
-            for cidr in (POD_CIDR, SERVICE_CIDR):
+            for cidr in self.cidrs:
                 _ip("-n", self.name, "route", "add", "local", cidr, "dev", "lo")
             self.etc_dir.mkdir(parents=True, exist_ok=True)
             self.hosts_file.write_text("127.0.0.1 localhost\n")

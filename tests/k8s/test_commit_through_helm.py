@@ -16,13 +16,9 @@ authority).
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,106 +27,85 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.conftest import EXAMPLE, SpecRepo
-from tests.e2e.test_plnt_up_process import PLNT, REVIEW, PlntUp, gateway_port
-from tests.k8s.cluster import FakeNode, LocalCluster, wait_for
-from tests.k8s.pod_network import PodNetwork, stages_without_pod_readiness
-from tests.services import OciServer, running_oci_registry
+from tests.e2e.test_plnt_up_process import REVIEW, PlntUp, gateway_port
+from tests.k8s.cluster import FakeNode, wait_for
+from tests.k8s.pod_network import PodNetwork
+from tests.k8s.sites import HELM, ClusterSite, all_cidrs, cluster_site, site_ranges
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
 
-ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-HELM = shutil.which("helm") or str(VENV_BIN / "helm")
 NODES = (FakeNode("node-a"), FakeNode("node-b"))
-NS = "agents"  # the backend's namespace: Pod Security `restricted` enforced
+NS = "agents"  # the backends' namespace: Pod Security `restricted` enforced
 RUN_FILE = "workflowruns/review-responder.yaml"
+EXAMPLE_RUN = EXAMPLE / RUN_FILE
 VERSIONS = ("1.2.0", "1.3.0", "1.4.0")  # 1.4.0 has a step that errors: its smoke test fails
-
-
-@dataclass
-class Site:
-    """One cluster in its own pod network, with a registry and the node stand-in."""
-
-    net: PodNetwork
-    cluster: LocalCluster
-    registry: OciServer
-    work: Path
-
-    def api(self) -> Any:
-        return self.cluster.api_client()
-
-    def helm(self, *args: str) -> Any:
-        done = subprocess.run([HELM, *args, "-n", NS, "-o", "json", "--kubeconfig", str(self.cluster.kubeconfig)],
-                              capture_output=True, text=True, check=True)
-        return json.loads(done.stdout)
+DOMAINS = ("cluster.local", "west.cluster.example")
 
 
 @pytest.fixture(scope="module")
-def site(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+def sites(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterSite, ClusterSite]]:
+    """Two clusters in one pod network, each with the recipes in its own registry."""
     work = tmp_path_factory.mktemp("k8s-commit")
-    with PodNetwork() as net, net.entered():
-        stages = stages_without_pod_readiness(k8s_bin_dir, work / "kwok-stages.yaml")
-        registry_dir = work / "registry"
-        registry_dir.mkdir()
-        with LocalCluster(k8s_bin_dir, work / "cluster", nodes=NODES, kwok_stages=stages) as cluster, \
-                running_oci_registry(registry_dir) as registry:
-            labels = {"pod-security.kubernetes.io/enforce": "restricted"}
-            k8s.CoreV1Api(cluster.api_client()).create_namespace(
-                k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NS, labels=labels)))
-            with open(work / "node-standin.log", "wb") as log:
-                standin = subprocess.Popen(
-                    [sys.executable, "-m", "tests.k8s.node_standin", "--kubeconfig", str(cluster.kubeconfig),
-                     "--work-dir", str(work / "node"), "--hosts-file", str(net.hosts_file),
-                     *(a for n in NODES for a in ("--node", n.name)),
-                     "--program", f"plnt={VENV_BIN / 'plnt'}", "--program", f"python={sys.executable}"],
-                    cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-            try:
-                for version in VERSIONS:
-                    archive = EXAMPLE / "registry" / "review-responder" / version / "recipe.tar.gz"
-                    subprocess.run([*PLNT, "recipe", "push", str(archive), "--to", f"oci://{registry.address}/recipes",
-                                    "--name", "review-responder", "--version", version,
-                                    "--oci-insecure-host", registry.address], check=True, capture_output=True)
-                yield Site(net, cluster, registry, work)
-            finally:
-                standin.terminate()
-                standin.wait(30)
+    ranges = [site_ranges(i) for i in range(len(DOMAINS))]
+    with PodNetwork(cidrs=all_cidrs(ranges)) as net, net.entered(), \
+            cluster_site(net, k8s_bin_dir, work / "east", ranges[0], nodes=NODES, domain=DOMAINS[0]) as east, \
+            cluster_site(net, k8s_bin_dir, work / "west", ranges[1], nodes=NODES, domain=DOMAINS[1]) as west:
+        for site in (east, west):
+            site.create_namespace(NS)
+            site.publish("review-responder", VERSIONS)
+        yield east, west
 
 
-def kubernetes_specs(repo: SpecRepo, site: Site) -> None:
-    """gitops-example moved onto the cluster: a PlntBackend of type kubernetes, the recipe in the registry."""
-    repo.write("backends/cluster.yaml", (
-        "apiVersion: plnt.work/v1\nkind: PlntBackend\nmetadata:\n  name: test-cluster\nspec:\n  type: kubernetes\n"
-        f"  kubernetes:\n    namespace: {NS}\n    kubeconfig: {site.cluster.kubeconfig}\n"))
+@pytest.fixture
+def site(sites: tuple[ClusterSite, ClusterSite]) -> ClusterSite:
+    return sites[0]
+
+
+def kubernetes_specs(repo: SpecRepo, site: ClusterSite) -> None:
+    """gitops-example moved onto the cluster: a PlntBackend of type kubernetes, the recipe in its registry."""
+    repo.write("backends/cluster.yaml", site.backend_yaml("test-cluster", NS))
     repo.replace(RUN_FILE, "registry: file:registry", f"registry: oci://{site.registry.address}/recipes")
     repo.replace(RUN_FILE, "cluster: local", "cluster: test-cluster")
     repo.commit("review-responder on the test cluster")
 
 
+def plnt_up(site: ClusterSite, repo: SpecRepo, tmp_path: Path, *registries: str) -> PlntUp:
+    """plnt up in the pod network (the Service names in its /etc/hosts), helm on its PATH."""
+    path = f"{VENV_BIN}:{Path(HELM).parent}:/usr/bin:/bin"
+    insecure = [a for r in registries for a in ("--oci-insecure-host", r)]
+    return PlntUp(repo.path, tmp_path / "state", gateway_port(), tmp_path / "plnt.log", extra=tuple(insecure),
+                  prefix=(*site.net.exec_prefix(), "env", f"PATH={path}"))
+
+
 class Watch:
-    """Polls GET /workflows from the test's thread (in the pod network) and keeps each phase change."""
+    """Polls GET /workflows from the test's thread (in the pod network) and keeps each WorkflowRun's
+    phase changes (phase, canary version), whichever one a call waits for."""
 
     def __init__(self, up: PlntUp) -> None:
         self.up = up
-        self.phases: list[tuple[str, str | None]] = []
+        self.phases: dict[str, list[tuple[str, str | None]]] = {}
 
-    def until(self, what: str, done: Any, timeout: float = 180.0) -> dict[str, Any]:
+    def until(self, what: str, done: Any, name: str = "review-responder", timeout: float = 180.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         row: dict[str, Any] | None = None
         while time.monotonic() < deadline:
             assert self.up.process.poll() is None, self.up.why(f"plnt exited with code {self.up.process.returncode}")
-            row = next((r for r in self.up.workflows() or [] if r["name"] == "review-responder"), None)
-            if row is not None:
-                seen = (row["phase"], row.get("canaryVersion"))
-                if not self.phases or self.phases[-1] != seen:
-                    self.phases.append(seen)
-                if done(row):
-                    return row
+            rows = {r["name"]: r for r in self.up.workflows() or []}
+            for key, each in rows.items():
+                seen = self.phases.setdefault(key, [])
+                if not seen or seen[-1] != (each["phase"], each.get("canaryVersion")):
+                    seen.append((each["phase"], each.get("canaryVersion")))
+            row = rows.get(name)
+            if row is not None and done(row):
+                return row
             time.sleep(0.1)
-        raise AssertionError(self.up.why(f"not {what} within {timeout:.0f}s; phases seen {self.phases}; last row {row}"))
+        raise AssertionError(self.up.why(f"{name} not {what} within {timeout:.0f}s; phases seen {self.phases}; "
+                                         f"last row {row}"))
 
 
-def invoke(up: PlntUp) -> httpx.Response:
-    return httpx.post(f"{up.url}/workflows/review-responder/invoke", json=REVIEW, timeout=30, trust_env=False)
+def invoke(up: PlntUp, name: str = "review-responder") -> httpx.Response:
+    return httpx.post(f"{up.url}/workflows/{name}/invoke", json=REVIEW, timeout=30, trust_env=False)
 
 
 def history(up: PlntUp) -> dict[str, Any]:
@@ -138,14 +113,11 @@ def history(up: PlntUp) -> dict[str, Any]:
 
 
 def test_a_commit_rolls_out_through_helm_and_a_bad_canary_is_rolled_back(
-    site: Site, spec_repo: SpecRepo, tmp_path: Path
+    site: ClusterSite, spec_repo: SpecRepo, tmp_path: Path
 ) -> None:
     kubernetes_specs(spec_repo, site)
-    env_path = f"{VENV_BIN}:{Path(HELM).parent}"
     with site.net.entered():
-        up = PlntUp(spec_repo.path, tmp_path / "state", gateway_port(), tmp_path / "plnt.log",
-                    extra=("--oci-insecure-host", site.registry.address),
-                    prefix=(*site.net.exec_prefix(), "env", f"PATH={env_path}:/usr/bin:/bin"))
+        up = plnt_up(site, spec_repo, tmp_path, site.registry.address)
         try:
             watch = Watch(up)
             first = watch.until("Ready at 1.2.0", lambda r: r["phase"] == "Ready" and r["version"] == "1.2.0")
@@ -169,14 +141,14 @@ def test_a_commit_rolls_out_through_helm_and_a_bad_canary_is_rolled_back(
             assert args[:3] == ["plnt", "recipe", "fetch"], args
             assert args[args.index("--registry") + 1] == f"oci://{site.registry.address}/recipes", args
             assert args[args.index("--digest") + 1].startswith("sha256:"), args
-            assert {r["name"] for r in site.helm("list")} == {"review-responder", "review-responder-canary"}
+            assert {r["name"] for r in site.helm(NS, "list")} == {"review-responder", "review-responder-canary"}
             promoted = watch.until("Ready at 1.3.0", lambda r: r["phase"] == "Ready" and r["version"] == "1.3.0")
             assert promoted["canaryVersion"] is None, promoted
             steps = [s["step"] for s in history(up)["steps"]]
             assert steps == ["validate", "pull_recipe", "install_release", "smoke_test", "promote_release"], steps
             assert invoke(up).json()["version"] == "1.3.0"
-            assert {r["name"] for r in site.helm("list")} == {"review-responder"}
-            stable_history = site.helm("history", "review-responder")
+            assert {r["name"] for r in site.helm(NS, "list")} == {"review-responder"}
+            stable_history = site.helm(NS, "history", "review-responder")
             assert [h["status"] for h in stable_history][-1] == "deployed", stable_history
 
             # A bad canary (a step that errors): the smoke test fails, helm removes the canary release,
@@ -186,13 +158,62 @@ def test_a_commit_rolls_out_through_helm_and_a_bad_canary_is_rolled_back(
             rolled = watch.until("RolledBack", lambda r: r["phase"] == "RolledBack", timeout=240)
             assert "error rate 100%" in rolled["lastError"], rolled
             assert rolled["version"] == "1.3.0", rolled
-            assert site.helm("history", "review-responder") == stable_history
-            wait_for("the canary release gone", lambda: {r["name"] for r in site.helm("list")} == {"review-responder"})
+            assert site.helm(NS, "history", "review-responder") == stable_history
+            wait_for("the canary release gone", lambda: {r["name"] for r in site.helm(NS, "list")} == {"review-responder"})
             wait_for("the canary's pods gone", lambda: not core.list_namespaced_pod(
                 NS, label_selector="app.kubernetes.io/instance=review-responder-canary").items)
             assert invoke(up).json()["version"] == "1.3.0"
-            phases = [p for p, _ in watch.phases]
+            phases = [p for p, _ in watch.phases["review-responder"]]
             for phase in ("Deploying", "Canary", "RolledBack"):
                 assert phase in phases, watch.phases
+        finally:
+            up.kill()
+
+
+def test_one_commit_rolls_out_to_two_clusters_each_with_its_own_canary_and_verdict(
+    sites: tuple[ClusterSite, ClusterSite], spec_repo: SpecRepo, tmp_path: Path
+) -> None:
+    """Two PlntBackends on two running clusters (their own Service domains); one commit moves the
+    WorkflowRun on each: east's canary passes and is promoted, west's fails and is rolled back."""
+    east, west = sites
+    spec_repo.remove(RUN_FILE)
+    for name, site in (("east", east), ("west", west)):
+        spec_repo.write(f"backends/{name}.yaml", site.backend_yaml(name, NS))
+        spec_repo.write(f"workflowruns/{name}.yaml", EXAMPLE_RUN.read_text()
+                        .replace("name: review-responder\n", f"name: review-responder-{name}\n")
+                        .replace("registry: file:registry", f"registry: oci://{site.registry.address}/recipes")
+                        .replace("cluster: local", f"cluster: {name}"))
+    spec_repo.commit("review-responder on two clusters")
+    with east.net.entered():
+        up = plnt_up(east, spec_repo, tmp_path, east.registry.address, west.registry.address)
+        try:
+            watch = Watch(up)
+            for name in ("east", "west"):
+                watch.until("Ready at 1.2.0", lambda r: r["phase"] == "Ready" and r["version"] == "1.2.0",
+                            name=f"review-responder-{name}")
+                answer = invoke(up, f"review-responder-{name}")
+                assert answer.status_code == 200 and answer.json()["version"] == "1.2.0", up.why(answer.text)
+            # Each release on its own cluster only.
+            assert {r["name"] for r in east.helm(NS, "list")} == {"review-responder-east"}
+            assert {r["name"] for r in west.helm(NS, "list")} == {"review-responder-west"}
+
+            spec_repo.replace("workflowruns/east.yaml", "review-responder@1.2.0", "review-responder@1.3.0")
+            spec_repo.replace("workflowruns/west.yaml", "review-responder@1.2.0", "review-responder@1.4.0")
+            spec_repo.commit("east to 1.3.0, west to 1.4.0")
+            west_history = west.helm(NS, "history", "review-responder-west")
+            promoted = watch.until("Ready at 1.3.0", lambda r: r["phase"] == "Ready" and r["version"] == "1.3.0",
+                                   name="review-responder-east")
+            rolled = watch.until("RolledBack", lambda r: r["phase"] == "RolledBack", name="review-responder-west",
+                                 timeout=240)
+            assert promoted["observedCommit"] == rolled["observedCommit"] == spec_repo.git("rev-parse", "HEAD")
+            assert "error rate 100%" in rolled["lastError"] and rolled["version"] == "1.2.0", rolled
+            for name, canary in (("east", "1.3.0"), ("west", "1.4.0")):
+                assert ("Canary", canary) in watch.phases[f"review-responder-{name}"], watch.phases
+            assert invoke(up, "review-responder-east").json()["version"] == "1.3.0"
+            assert invoke(up, "review-responder-west").json()["version"] == "1.2.0"
+            assert west.helm(NS, "history", "review-responder-west") == west_history
+            wait_for("west's canary release gone",
+                     lambda: {r["name"] for r in west.helm(NS, "list")} == {"review-responder-west"})
+            assert {r["name"] for r in east.helm(NS, "list")} == {"review-responder-east"}
         finally:
             up.kill()

@@ -371,8 +371,9 @@ def test_model_step_timeouts_cover_the_models_wait_and_leave_the_other_steps() -
 
 async def test_plnts_model_settings_reach_the_helm_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """make_driver_set (what `plnt up` and `plnt worker` use) with `run_helm` replaced by the FAKE helm
-    (no process runs): the model chart, the model timeout and the GPU resource setting reach the model
-    release's upgrade; a LocalDriver that is never started."""
+    (no process runs) and `wait_serving` by a FAKE that records what it was asked (no Service here):
+    the model chart, the model timeout, the GPU resource setting and the serving timeout reach the
+    model release's upgrade; a LocalDriver that is never started."""
     import shutil
 
     from plnt.core.specs.loader import SpecSet
@@ -387,8 +388,14 @@ async def test_plnts_model_settings_reach_the_helm_driver(tmp_path: Path, monkey
     state = StateDir(tmp_path / "state").ensure()
     settings = Settings(repo=str(tmp_path), state_dir=state.root, helm_model_chart=str(chart),
                         model_install_timeout_s=2400, gpu_resource="amd.com/gpu", runner_image="ghcr.io/acme/plnt",
-                        runner_image_tag="0.1.0")
+                        runner_image_tag="0.1.0", serving_timeout_s=7)
     fake = FakeHelm().expect("status", "chat-canary", rc=1, stderr=NOT_FOUND).expect("upgrade")
+    asked: list[tuple[str, float]] = []
+
+    async def wait_serving(release: Any, timeout_s: float) -> None:
+        asked.append((release.endpoint, timeout_s))
+
+    monkeypatch.setattr(helm_driver, "wait_serving", wait_serving)
     kills: list[float] = []
 
     def run_helm(args: Any, *, helm: str, timeout_s: float) -> Any:
@@ -405,6 +412,7 @@ async def test_plnts_model_settings_reach_the_helm_driver(tmp_path: Path, monkey
     [values] = fake.values_files
     assert values["gpu"] == {"class": "nvidia.com/h100", "count": 2, "resourceName": "amd.com/gpu"}
     assert kills == [170.0, 2420.0], "status with the runners' timeout, the upgrade with the model's"
+    assert asked == [("http://chat-canary.agents.svc.cluster.local:8000", 7)]
 
 
 def test_model_settings_defaults_and_refusals() -> None:
