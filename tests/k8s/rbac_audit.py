@@ -13,7 +13,6 @@ both. Discovery (/api, /apis, /version, /openapi) is open to every authenticated
 from __future__ import annotations
 
 import subprocess
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,13 +148,6 @@ def usage(cluster: LocalCluster, namespace: str, account: str, only: set[str] | 
             ungranted.append(call)
         used |= by
     return Usage(grants, used, refused, ungranted)
-
-
-def by_namespace(grants: set[Grant]) -> dict[str, list[tuple[str, str, str, str]]]:
-    out: dict[str, list[tuple[str, str, str, str]]] = defaultdict(list)
-    for g in sorted(grants):
-        out[g[0]].append(g[1:])
-    return dict(out)
 
 
 def can(cluster: LocalCluster, namespace: str, account: str, verb: str, resource: str, where: str | None,
