@@ -129,6 +129,7 @@ PLNT_CASES: dict[str, dict[str, Any]] = {
         "gateway": {"autoscaling": {"enabled": False}, "podDisruptionBudget": {"enabled": False},
                     "topologySpread": {"enabled": False}},
         "networkPolicy": {"enabled": False},
+        "runners": {"autoscaling": {"enabled": False}},  # the workers get no HPA rights
     }),
     # Everything optional switched on, every credential from a named Secret.
     "all-on": merged(BASE, TLS_AND_API_KEY, ALL_SECRETS, {
@@ -146,6 +147,7 @@ PLNT_CASES: dict[str, dict[str, Any]] = {
                           "gatewayFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}]},
         "imagePullSecrets": [{"name": "regcred"}],
         "worker": {"extraArgs": ["--verbose"]},
+        "rbac": {"worker": {"listForWait": True}},  # list on the releases' kinds, whatever the cluster
         "image": {"repository": "ghcr.io/acme/plnt", "tag": "0.1.0"},
     }),
     # Mixed: plain Temporal, a ReadWriteOnce PVC (one replica), ingress without hooks, monitor off.

@@ -3,16 +3,18 @@
 Expected, per role and namespace, as (apiGroup, resource, verb):
 - plnt's own API calls, from reconciler/control/kube_calls.py (API_CALLS, scope "plnt" -> the release's
   namespace, scope "mirror" -> each mirrorStatus namespace when mirroring is on);
-- plus what helm needs, DERIVED from rendering the charts the workers install with a matrix of their
-  values (chartkit.RUNNER_CASES for workflow-runner, MODEL_SERVER_CASES for model-server: every kind
-  they render): the worker installs, upgrades, rolls back and uninstalls those kinds (all seven
-  verbs), keeps helm's release records (Secrets) and waits on a Deployment's ReplicaSets and Pods
-  (--wait); the reconciler reads the release records (`helm list`, `helm get values`) in each deploy
-  namespace.
+- plus what helm 4 does in each deploy namespace, with the kinds DERIVED from rendering the charts
+  the workers install, with the values plnt's Helm driver gives them (chartkit.RUNNER_CASES but the
+  `ingress` one: the driver never enables the runner chart's Ingress; MODEL_SERVER_CASES): the worker
+  gets, creates (server-side apply that creates), patches (server-side apply), deletes and watches
+  (--wait) those kinds, HPAs only with runners.autoscaling.enabled, list too with
+  rbac.worker.listForWait (auto: a cluster older than 1.34); keeps helm's release records (Secrets);
+  lists a Deployment's ReplicaSets and Pods (--wait, and plnt's reason when it times out); the
+  reconciler reads the release records (`helm list`, `helm get values`).
 
-Rendered with the real helm; the rules are what a cluster would get. That they suffice for helm 4's
-server-side apply and kstatus waiting is shown on a real API server by tests/k8s/test_plnt_chart.py
-(helm as the worker's service account installs, upgrades, rolls back and uninstalls both charts).
+Rendered with the real helm; the rules are what a cluster would get. That each of them is used, and
+nothing else, by helm 4 as the worker's service account through a whole release life, is shown on a
+real API server by tests/k8s/test_worker_least_privilege.py (the audit log against these Roles).
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ import pytest
 from plnt.reconciler.control.kube_calls import API_CALLS
 
 from tests.charts.chartkit import (
+    BASE,
     FULLNAME,
     MODEL_SERVER_CASES,
     NAMESPACE,
     PLNT_CASES,
     PLNT_CHART,
     RUNNER_CASES,
+    merged,
     render,
     render_model_server,
     render_runner,
@@ -54,43 +58,63 @@ RESOURCES = {
     ("networking.k8s.io/v1", "NetworkPolicy"): ("networking.k8s.io", "networkpolicies"),
     ("policy/v1", "PodDisruptionBudget"): ("policy", "poddisruptionbudgets"),
 }
+HPA = ("autoscaling/v2", "HorizontalPodAutoscaler")
+# The runner chart's cases plnt's driver produces: render_values never sets `ingress` (tested below).
+DRIVER_RUNNER_CASES = tuple(case for case in RUNNER_CASES if case != "ingress")
+# helm 4 on each object of a release: get (does it exist, whose is it), create and patch (server-side
+# apply: a patch, authorized as create too when it creates;
+# https://kubernetes.io/docs/reference/using-api/server-side-apply/#rbac-and-permissions), delete,
+# watch (--wait's informers: a watch-list where the API server serves it).
+OBJECT_VERBS = ("get", "watch", "create", "patch", "delete")
+# ... and list, where the informers list before they watch (no watch-list on the API server).
+WAIT_LIST = "list"
 # helm's release storage (the default `secret` driver): one Secret per revision, read by name and
 # by label, created, updated (status changes) and deleted (history-max, uninstall).
 RELEASE_STORAGE: set[Grant] = {("", "secrets", verb) for verb in ("get", "list", "create", "update", "delete")}
 RELEASE_READ: set[Grant] = {("", "secrets", "get"), ("", "secrets", "list")}
-# --wait on a Deployment reads its ReplicaSets and their Pods.
-WAIT_ON_DEPLOYMENT: set[Grant] = {(g, r, v) for g, r in (("apps", "replicasets"), ("", "pods")) for v in ("get", "list", "watch")}
-# A server-side apply (a patch) that creates the object is also authorized as `create`
-# (https://kubernetes.io/docs/reference/using-api/server-side-apply/#rbac-and-permissions). The
+# --wait on a Deployment lists its ReplicaSets and Pods; plnt lists the Pods when --wait times out.
+WAIT_ON_DEPLOYMENT: set[Grant] = {("apps", "replicasets", "list"), ("", "pods", "list")}
+# A server-side apply (a patch) that creates the object is also authorized as `create`. The
 # mirror applies WorkflowRuns server-side, so create is granted beside API_CALLS' patch.
 SSA_CREATES: set[Grant] = {("plnt.work", "workflowruns", "create")}
+WATCH_LIST_SINCE = (1, 34)  # Kubernetes' WatchList feature, on by default (listForWait: auto)
+DEFAULT_KUBE_VERSION = (1, 35)  # what `helm template` (helm 4.1) assumes without --kube-version
 
 
-@functools.cache
-def helm_needs(helm: str) -> set[Grant]:
+def helm_needs(helm: str, autoscaling: bool = True, lists: bool = False) -> set[Grant]:
     rendered = {(doc["apiVersion"], doc["kind"]) for docs in deployed_kinds(helm).values() for doc in docs}
     unknown = rendered - set(RESOURCES)
     assert not unknown, f"the charts the workers install render kinds this test does not map yet: {sorted(unknown)}"
-    needs = {(*RESOURCES[kind], verb) for kind in rendered for verb in ALL_VERBS} | RELEASE_STORAGE
+    if not autoscaling:
+        rendered.discard(HPA)
+    verbs = (*OBJECT_VERBS, WAIT_LIST) if lists else OBJECT_VERBS
+    needs = {(*RESOURCES[kind], verb) for kind in rendered for verb in verbs} | RELEASE_STORAGE
     if any(kind == "Deployment" for _, kind in rendered):
         needs |= WAIT_ON_DEPLOYMENT
-    return frozenset(needs)  # type: ignore[return-value]  # cached: never mutated by callers
+    return needs
 
 
 @functools.cache
 def deployed_kinds(helm: str) -> dict[str, list[dict[str, Any]]]:
-    """Every object of the charts the workers install, by chart, over their values matrices."""
-    return {"workflow-runner": [doc for case in RUNNER_CASES for doc in render_runner(helm, case)],
+    """Every object of the charts the workers install, by chart, over the values plnt's driver gives."""
+    return {"workflow-runner": [doc for case in DRIVER_RUNNER_CASES for doc in render_runner(helm, case)],
             "model-server": [doc for case in MODEL_SERVER_CASES for doc in render_model_server(helm, case)]}
+
+
+def lists_for_wait(values: dict[str, Any], kube_version: tuple[int, int] = DEFAULT_KUBE_VERSION) -> bool:
+    mode = values.get("rbac", {}).get("worker", {}).get("listForWait", "auto")
+    return kube_version < WATCH_LIST_SINCE if mode == "auto" else bool(mode)
 
 
 def api_calls(role: str, scope: str) -> set[Grant]:
     return {(c.group, c.resource, c.verb) for c in API_CALLS if c.role == role and c.scope == scope}
 
 
-def expected_grants(helm: str, values: dict[str, Any]) -> dict[tuple[str, str], set[Grant]]:
+def expected_grants(helm: str, values: dict[str, Any],
+                    kube_version: tuple[int, int] = DEFAULT_KUBE_VERSION) -> dict[tuple[str, str], set[Grant]]:
     expected: dict[tuple[str, str], set[Grant]] = defaultdict(set)
-    needs = helm_needs(helm)
+    autoscaling = values.get("runners", {}).get("autoscaling", {}).get("enabled", True)
+    needs = helm_needs(helm, autoscaling=autoscaling, lists=lists_for_wait(values, kube_version))
     for role in ("reconciler", "worker", "gateway"):
         expected[(role, NAMESPACE)] |= api_calls(role, "plnt")
         mirror = values.get("mirrorStatus", {})
@@ -164,12 +188,49 @@ def test_no_wildcards_no_cluster_scope_and_names_where_possible(helm: str, case:
 
 
 def test_helm_needs_follow_the_runner_chart(helm: str) -> None:
-    """The derivation itself: the kinds of the runner chart's matrix, each with all seven verbs."""
+    """The derivation itself: the kinds of the runner chart's matrix, each with helm 4's verbs."""
     needs = helm_needs(helm)
-    for resource in ("configmaps", "services", "deployments", "horizontalpodautoscalers", "ingresses"):
-        assert {verb for _, r, verb in needs if r == resource} == set(ALL_VERBS), resource
-    assert {verb for _, r, verb in needs if r == "secrets"} >= {"get", "list", "create", "update", "delete"}
-    assert ("", "pods", "watch") in needs and ("", "pods", "delete") not in needs
+    for resource in ("configmaps", "services", "deployments", "horizontalpodautoscalers"):
+        assert {verb for _, r, verb in needs if r == resource} == set(OBJECT_VERBS), resource
+    assert not {r for _, r, _ in needs} & {"ingresses", "replicasets/scale", "pods/exec"}
+    assert {verb for _, r, verb in needs if r == "secrets"} == {"get", "list", "create", "update", "delete"}
+    assert {verb for _, r, verb in needs if r in ("pods", "replicasets")} == {"list"}
+    assert {r for _, r, _ in helm_needs(helm, autoscaling=False)} == {
+        "configmaps", "services", "deployments", "secrets", "pods", "replicasets"}
+    assert {verb for _, r, verb in helm_needs(helm, lists=True) if r == "deployments"} == {*OBJECT_VERBS, "list"}
+
+
+def test_plnts_driver_never_renders_a_runner_ingress() -> None:
+    """Why the runner chart's `ingress` case is not among the worker's needs: no spec can ask for one."""
+    from tests.reconciler.drivers.test_helm_driver import run, values
+
+    for spec in ({}, {"replicas": {"min": 1, "max": 4}, "autoscaling": {"targetInvocationsPerSecond": 5}},
+                 {"backend": {"cluster": "gpu-cluster-01", "gpuClass": "nvidia.com/h100", "gpuCount": 1}}):
+        for track in ("stable", "canary"):
+            assert "ingress" not in values(run(**spec), track)
+
+
+@pytest.mark.parametrize(("sets", "kube_version", "lists"), [
+    ({}, (1, 33), True),  # auto: no watch-list by default before 1.34
+    ({}, (1, 34), False),
+    ({}, (1, 37), False),
+    ({"rbac": {"worker": {"listForWait": True}}}, (1, 37), True),
+    ({"rbac": {"worker": {"listForWait": False}}}, (1, 30), False),
+])
+def test_list_for_wait_follows_the_clusters_version_unless_set(
+        helm: str, sets: dict[str, Any], kube_version: tuple[int, int], lists: bool) -> None:
+    values = merged(BASE, sets)
+    docs = render(helm, PLNT_CHART, values, extra=["--kube-version", "{}.{}.0".format(*kube_version)])
+    actual, expected = granted(docs), expected_grants(helm, values, kube_version)
+    assert actual == expected
+    assert (("apps", "deployments", "list") in actual[("worker", "plnt-runners")]) is lists
+
+
+def test_runner_autoscaling_off_takes_the_hpa_rights_away(helm: str) -> None:
+    values = merged(BASE, {"runners": {"autoscaling": {"enabled": False}}})
+    worker = granted(render(helm, PLNT_CHART, values))[("worker", "plnt-runners")]
+    assert not any(r == "horizontalpodautoscalers" for _, r, _ in worker)
+    assert ("apps", "deployments", "patch") in worker
 
 
 def test_the_model_server_chart_needs_nothing_the_runner_chart_does_not(helm: str) -> None:

@@ -2,7 +2,11 @@
 processes with their own state directories, beside a `plnt worker` on one real Temporal dev server and
 one real git repository. The leader is SIGKILLed in the middle of a saga: the standby takes over
 within the Lease's duration, the saga is not run twice, and `plnt_reconciler_leader` agrees.
-Runners use the offline mock model backend, a stand-in for a model server."""
+Runners use the offline mock model backend, a stand-in for a model server.
+
+Both replicas run as the chart's reconciler ServiceAccount (a TokenRequest token, the Roles `helm
+template charts/plnt` renders): the audit log shows they used exactly the grants of its Lease Role
+(create; get and update of that one Lease), nothing refused, nothing elsewhere."""
 
 from __future__ import annotations
 
@@ -18,19 +22,29 @@ from temporalio.client import Client, WorkflowExecutionStatus
 
 from tests.conftest import SpecRepo
 from tests.e2e.test_split_roles import AUTH, RUN_FILE, Roles, free_port, status, wait_phase
+from tests.k8s import rbac_audit
 from tests.k8s.cluster import LocalCluster
+from tests.k8s.test_helm_driver_on_cluster import HELM
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
 
 LEASE_NS = "plnt"
 LEASE_DURATION_S = 15  # plnt's KubernetesLease default; renewals every 5 s
+ACCOUNT = "plnt-reconciler"
 
 
 @pytest.fixture(scope="module")
 def cluster(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(k8s_bin_dir, tmp_path_factory.mktemp("k8s-leader")) as cluster:
-        k8s.CoreV1Api(cluster.api_client()).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=LEASE_NS)))
+        for name in (LEASE_NS, "plnt-runners"):  # plnt's namespace; the chart's default deploy namespace
+            k8s.CoreV1Api(cluster.api_client()).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+        rbac_audit.apply_chart_rbac(cluster, HELM, LEASE_NS)  # the release plnt: its Lease is plnt-reconciler
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def reconciler_kubeconfig(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return rbac_audit.token_kubeconfig(cluster, LEASE_NS, ACCOUNT, tmp_path_factory.mktemp("leader") / "kubeconfig")
 
 
 @pytest.fixture
@@ -42,10 +56,10 @@ def roles(tmp_path: Path, spec_repo: SpecRepo, temporal_address: str, temporal_n
         roles.stop_all()
 
 
-def replica(roles: Roles, cluster: LocalCluster, name: str, port: int, *, wait_active: bool):  # type: ignore[no-untyped-def]
+def replica(roles: Roles, kubeconfig: Path, name: str, port: int, *, wait_active: bool):  # type: ignore[no-untyped-def]
     args = ["reconcile", "--repo", str(roles.repo.path), "--state-dir", str(roles.tmp / name), "--port", str(port),
             "--interval", "1", "--internal-token-file", str(roles.token_file), "--retry-initial-s", "0.2",
-            "--tokens-file", str(roles.tokens), "--lease", "kubernetes", "--kubeconfig", str(cluster.kubeconfig),
+            "--tokens-file", str(roles.tokens), "--lease", "kubernetes", "--kubeconfig", str(kubeconfig),
             "--lease-namespace", LEASE_NS, "--identity", name, *roles.temporal]
     return roles._start(name, args, f"http://127.0.0.1:{port}/{'readyz' if wait_active else 'healthz'}")
 
@@ -62,11 +76,12 @@ async def leader_gauge(client: httpx.AsyncClient, url: str) -> float | None:
 
 
 async def test_the_standby_takes_over_from_a_killed_leader_mid_saga_without_running_it_twice(
-        cluster: LocalCluster, roles: Roles, temporal_address: str, temporal_namespace: str) -> None:
-    leader = replica(roles, cluster, "replica-a", roles.control_port, wait_active=True)
+        cluster: LocalCluster, reconciler_kubeconfig: Path, roles: Roles, temporal_address: str,
+        temporal_namespace: str) -> None:
+    leader = replica(roles, reconciler_kubeconfig, "replica-a", roles.control_port, wait_active=True)
     standby_port = free_port()
     standby_url = f"http://127.0.0.1:{standby_port}"
-    replica(roles, cluster, "replica-b", standby_port, wait_active=False)
+    replica(roles, reconciler_kubeconfig, "replica-b", standby_port, wait_active=False)
     roles.worker()
     coordination = k8s.CoordinationV1Api(cluster.api_client())
     assert coordination.read_namespaced_lease("plnt-reconciler", LEASE_NS).spec.holder_identity == "replica-a"
@@ -104,3 +119,16 @@ async def test_the_standby_takes_over_from_a_killed_leader_mid_saga_without_runn
         await asyncio.sleep(0.5)
     # One saga per version (1.2.0, 1.3.0): the standby followed the running saga instead of starting another.
     assert sorted(e.status for e in executions) == [WorkflowExecutionStatus.COMPLETED] * 2, executions
+
+    # The chart's reconciler account did all of it with its Lease Role, every grant of it used.
+    roles.stop_all()
+    calls = rbac_audit.calls(cluster, rbac_audit.user(LEASE_NS, ACCOUNT))
+    assert {c.namespace for c in calls} == {LEASE_NS} and {c.name for c in calls} == {"plnt-reconciler"}
+    lease = rbac_audit.usage(cluster, LEASE_NS, ACCOUNT, only={LEASE_NS})
+    assert not lease.refused and not lease.ungranted, (lease.refused, lease.ungranted)
+    print(f"reconciler in {LEASE_NS} (Lease Role): {lease.figure()}")
+    assert lease.used == lease.grants, f"granted and not used: {sorted(lease.unused)}"
+    assert not rbac_audit.can(cluster, LEASE_NS, ACCOUNT, "update", "leases", LEASE_NS, "coordination.k8s.io",
+                              name="someone-elses")
+    assert not rbac_audit.can(cluster, LEASE_NS, ACCOUNT, "delete", "leases", LEASE_NS, "coordination.k8s.io",
+                              name="plnt-reconciler")

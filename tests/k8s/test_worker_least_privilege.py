@@ -1,121 +1,179 @@
-"""The Helm driver as the chart's WORKER ServiceAccount on the REAL API server: a token the
-TokenRequest API issued for `plnt-worker`, bound only by the Roles `helm template charts/plnt`
-renders, runs a release's whole life (stable, canary, the canary removed, a canary again, promoted,
-retired) in the deploy namespace. The audit log then shows every (verb, resource) helm used: each one
-granted, none refused, none outside the deploy namespace; what the Role grants and this life did not
-use is listed (and bounded) below, each with its reason."""
+"""The Helm driver as the chart's WORKER ServiceAccount on the REAL API server, its Role EQUAL to its use.
+
+For each configuration of charts/plnt that changes the worker's grants (the defaults; no HPA rights,
+`runners.autoscaling.enabled=false`; list for --wait, `rbac.worker.listForWait=true`, with helm's
+informers listing as they do against an API server without watch-list), the Roles `helm template`
+renders for this cluster are applied and a token the TokenRequest API issued for `plnt-worker` runs,
+through the driver, a whole life in a deploy namespace that enforces Pod Security `restricted`: a
+WorkflowRun installed stable, a canary, the canary removed (the saga's rollback), a canary again,
+promoted; a canary that never becomes Ready (its pod fits no node: helm's --wait times out and plnt
+lists the pods for the reason); a ModelDeployment installed, its canary, promoted; everything
+uninstalled. Between the steps the reconciler reads the live state with a token of `plnt-reconciler`.
+
+The audit log then shows, per account: nothing refused, nothing outside the deploy namespace, and the
+set of grants used EQUAL to the set granted (tests/k8s/rbac_audit.py: a server-side apply that
+creates uses `create` too). Every pod the releases made was admitted under `restricted`. The server's
+SubjectAccessReview refuses the worker what it must not do."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client as k8s
-from kubernetes import utils as k8s_utils
+from plnt.reconciler.drivers.helm import DriverError, HelmConfigError, HelmDriver, RunnerImage
 
+from tests.k8s import rbac_audit
 from tests.k8s.cluster import LocalCluster
-from tests.k8s.test_helm_driver_on_cluster import driver_for, run
+from tests.k8s.test_helm_driver_on_cluster import HELM, backend, run
 from tests.k8s.test_helm_driver_on_cluster import request as install_request
-from tests.k8s.test_mirror_least_privilege import PLNT_NS, REQUIRED_VALUES, ROOT, helm
+from tests.reconciler.drivers.test_helm_models import model
+from tests.reconciler.drivers.test_helm_models import request as model_request
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
 
-DEPLOY_NS = "plnt-runners"  # the chart's default deploy namespace
-WORKER = "plnt-worker"
-USER = f"system:serviceaccount:{PLNT_NS}:{WORKER}"
-# Granted and not used by helm 4 in this life, and why they stay granted:
-NOT_USED_HERE = {
-    # helm 4 creates and changes objects by server-side apply (PATCH); helm 3 (>= 3.13 is supported)
-    # creates them and updates by three-way merge.
-    ("", "configmaps", "create"), ("", "services", "create"), ("apps", "deployments", "create"),
-    ("autoscaling", "horizontalpodautoscalers", "create"),
-    ("", "configmaps", "update"), ("", "services", "update"), ("apps", "deployments", "update"),
-    ("autoscaling", "horizontalpodautoscalers", "update"), ("", "secrets", "update"),
-    ("networking.k8s.io", "ingresses", "get"), ("networking.k8s.io", "ingresses", "list"),
-    ("networking.k8s.io", "ingresses", "watch"), ("networking.k8s.io", "ingresses", "create"),
-    ("networking.k8s.io", "ingresses", "update"), ("networking.k8s.io", "ingresses", "patch"),
-    ("networking.k8s.io", "ingresses", "delete"),  # a WorkflowRun with an ingress (off by default)
-    ("", "configmaps", "watch"), ("", "services", "watch"), ("apps", "deployments", "watch"),
-    ("autoscaling", "horizontalpodautoscalers", "watch"),  # helm 3's --wait, and uninstall --wait of some kinds
-    ("", "pods", "get"), ("apps", "replicasets", "get"), ("apps", "replicasets", "watch"),
-    ("", "pods", "watch"),  # --wait's readers vary by helm version
-    ("", "configmaps", "list"), ("", "services", "list"), ("apps", "deployments", "list"),
-    ("autoscaling", "horizontalpodautoscalers", "list"),
+WORKER, RECONCILER = "plnt-worker", "plnt-reconciler"
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted"}
+NOWHERE = {"plnt.test/pool": "nowhere"}  # a nodeSelector no node of the cluster matches
+
+
+@dataclass(frozen=True)
+class Config:
+    sets: tuple[str, ...] = ()
+    autoscaling: bool = True  # the WorkflowRuns of the life autoscale (an HPA in their releases)
+    env: dict[str, str] = field(default_factory=dict)  # helm's environment
+
+
+CONFIGS = {
+    "defaults": Config(),
+    "no-autoscaling": Config(("--set", "runners.autoscaling.enabled=false"), autoscaling=False),
+    # client-go's WatchListClient off: helm's informers list, then watch, as they do against an API
+    # server without watch-list (Kubernetes < 1.34, where listForWait's `auto` grants list).
+    "list-for-wait": Config(("--set", "rbac.worker.listForWait=true"), env={"KUBE_FEATURE_WatchListClient": "false"}),
 }
 
 
 @pytest.fixture(scope="module")
 def cluster(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(k8s_bin_dir, tmp_path_factory.mktemp("k8s-worker-rbac")) as cluster:
-        api = cluster.api_client()
-        for name in (PLNT_NS, DEPLOY_NS):
-            labels = {"pod-security.kubernetes.io/enforce": "restricted"}
-            k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels=labels)))
-        rendered = subprocess.run([helm(), "template", "plnt", str(ROOT / "charts" / "plnt"), "--namespace", PLNT_NS,
-                                   *REQUIRED_VALUES], capture_output=True, text=True, check=True).stdout
-        for doc in yaml.safe_load_all(rendered):
-            if doc and doc["kind"] in ("ServiceAccount", "Role", "RoleBinding"):
-                k8s_utils.create_from_dict(api, doc)
         yield cluster
 
 
-def worker_kubeconfig(cluster: LocalCluster, path: Path) -> Path:
-    request = k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
-    token = k8s.CoreV1Api(cluster.api_client()).create_namespaced_service_account_token(
-        WORKER, PLNT_NS, request).status.token
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "worker",
-        "clusters": [{"name": "test", "cluster": {"server": cluster.server,
-                                                  "certificate-authority": str(cluster.pki / "ca.crt")}}],
-        "users": [{"name": WORKER, "user": {"token": token}}],
-        "contexts": [{"name": "worker", "context": {"cluster": "test", "user": WORKER}}]}))
-    return path
+def namespaces(cluster: LocalCluster, config: str) -> tuple[str, str]:
+    """plnt's namespace and its deploy namespace for one configuration, both enforcing `restricted`."""
+    plnt_ns, deploy_ns = f"plnt-{config}", f"runners-{config}"
+    for name in (plnt_ns, deploy_ns):
+        k8s.CoreV1Api(cluster.api_client()).create_namespace(
+            k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels=RESTRICTED)))
+    return plnt_ns, deploy_ns
 
 
-def granted(cluster: LocalCluster) -> set[tuple[str, str, str]]:
-    rbac = k8s.RbacAuthorizationV1Api(cluster.api_client())
-    out = set()
-    for binding in rbac.list_namespaced_role_binding(DEPLOY_NS).items:
-        if any(s.name == WORKER and s.namespace == PLNT_NS for s in binding.subjects or []):
-            for rule in rbac.read_namespaced_role(binding.role_ref.name, DEPLOY_NS).rules:
-                out |= {(g, r, v) for g in rule.api_groups for r in rule.resources for v in rule.verbs}
-    return out
+def helm_driver(cluster: LocalCluster, deploy_ns: str, kubeconfig: Path, specs: dict, timeout_s: float = 90) -> HelmDriver:
+    return HelmDriver(backend(cluster, deploy_ns, kubeconfig), lambda ns, name, fp: specs.get((ns, name, fp)),
+                      image=RunnerImage(repository="registry.invalid/plnt", tag="0.1.0"), helm=HELM,
+                      timeout_s=timeout_s, model_timeout_s=timeout_s)
 
 
-async def test_a_release_life_as_the_charts_worker_uses_only_what_its_role_grants(
-        cluster: LocalCluster, tmp_path: Path) -> None:
-    kubeconfig = worker_kubeconfig(cluster, tmp_path / "worker.kubeconfig")
-    scaled = {"replicas": {"min": 1, "max": 3}, "autoscaling": {"targetInvocationsPerSecond": 25}}
+async def release_life(cluster: LocalCluster, deploy_ns: str, worker_kc: Path, reconciler_kc: Path,
+                       autoscaling: bool) -> None:
+    scaled = {"replicas": {"min": 1, "max": 3}, "autoscaling": {"targetInvocationsPerSecond": 25}} if autoscaling else {}
     v1, v2, v3 = run("1.1.0", **scaled), run("1.2.0", **scaled), run("1.3.0", **scaled)
-    driver = driver_for(cluster, DEPLOY_NS, v1, v2, v3, kubeconfig=kubeconfig)
-    await driver.install(install_request(v1, "stable"))
-    await driver.install(install_request(v2, "canary"))
-    await driver.remove("team-a", "review-responder", "canary")
-    await driver.install(install_request(v3, "canary"))
-    await driver.promote("team-a", "review-responder")
-    assert {key: lw.stable.version for key, lw in (await driver.live()).items() if lw.stable} == {
-        "team-a/review-responder": "1.3.0"}
-    await driver.remove("team-a", "review-responder", "stable")
-    assert await driver.live() == {}
+    stuck = run("1.4.0", backend={"nodeSelector": NOWHERE}, **scaled)
+    chat, chat_next = (model("chat", backend={"cluster": "test-cluster"}, version=v) for v in ("1.0.0", "1.1.0"))
+    specs = {(r.metadata.namespace, r.metadata.name, r.fingerprint()): r.spec for r in (v1, v2, v3, stuck, chat, chat_next)}
+    worker = helm_driver(cluster, deploy_ns, worker_kc, specs)
+    reconciler = helm_driver(cluster, deploy_ns, reconciler_kc, specs)  # the reconciler only reads: live()
 
-    used: set[tuple[str, str, str]] = set()
-    for event in cluster.audit_events():
-        if event.get("user", {}).get("username") != USER or event.get("stage") != "ResponseComplete":
-            continue
-        ref = event.get("objectRef") or {}
-        code = event.get("responseStatus", {}).get("code", 0)
-        if not ref:  # discovery (/version, /api, /apis): open to every authenticated user
-            assert event["requestURI"].startswith(("/version", "/api", "/openapi")), event["requestURI"]
-            continue
-        assert code not in (401, 403), f"refused: {event['verb']} {ref}"
-        assert ref.get("namespace") == DEPLOY_NS, f"outside the deploy namespace: {event['verb']} {ref}"
-        used.add((ref.get("apiGroup", ""), ref.get("resource", ""), event["verb"]))
-    grants = granted(cluster)
-    assert used, "the worker's token was not used"
-    assert used <= grants, used - grants
-    unused = grants - used
-    print(f"worker Role: {len(grants)} grants, {len(used)} used, unused: {sorted(unused)}")
-    assert unused <= NOT_USED_HERE, sorted(unused - NOT_USED_HERE)
+    await worker.install(install_request(v1, "stable"))
+    await worker.install(install_request(v2, "canary"))
+    await reconciler.live()
+    await worker.remove("team-a", "review-responder", "canary")  # the saga's rollback of a canary
+    await worker.install(install_request(v3, "canary"))
+    await worker.promote("team-a", "review-responder")
+
+    # A canary whose pod fits no node: helm's --wait times out; plnt lists the pods to say why.
+    impatient = helm_driver(cluster, deploy_ns, worker_kc, specs, timeout_s=5)
+    with pytest.raises(DriverError) as caught:
+        await impatient.install(install_request(stuck, "canary"))
+    assert "is not scheduled (Unschedulable)" in str(caught.value), str(caught.value)
+    await worker.remove("team-a", "review-responder", "canary")
+
+    await worker.install(model_request(chat, "stable"))
+    await worker.install(model_request(chat_next, "canary"))
+    await worker.promote("team-a", "chat")
+    live = await reconciler.live()
+    assert {key: lw.stable.version for key, lw in live.items() if lw.stable} == {
+        "team-a/review-responder": "1.3.0", "team-a/chat": "1.1.0"}
+    assert not any(lw.canary for lw in live.values())
+    await worker.remove("team-a", "chat", "stable")
+    await worker.remove("team-a", "review-responder", "stable")
+    assert await reconciler.live() == {}
+
+
+def pods_admitted(cluster: LocalCluster, deploy_ns: str) -> int:
+    """Every pod create in the namespace (by the ReplicaSet controller) was admitted: 201, none refused."""
+    creates = [e for e in cluster.audit_events() if e.get("stage") == "ResponseComplete" and e["verb"] == "create"
+               and (e.get("objectRef") or {}).get("resource") == "pods" and not e["objectRef"].get("subresource")
+               and e["objectRef"].get("namespace") == deploy_ns]
+    refused = [e.get("responseStatus") for e in creates if e["responseStatus"]["code"] != 201]
+    assert not refused, refused
+    return len(creates)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+async def test_a_release_life_as_the_charts_worker_uses_exactly_what_its_role_grants(
+        cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str) -> None:
+    setup = CONFIGS[config]
+    for name, value in setup.env.items():
+        monkeypatch.setenv(name, value)
+    plnt_ns, deploy_ns = namespaces(cluster, config)
+    rbac_audit.apply_chart_rbac(cluster, HELM, plnt_ns, "--set", f"deployNamespaces={{{deploy_ns}}}", *setup.sets)
+    worker_kc = rbac_audit.token_kubeconfig(cluster, plnt_ns, WORKER, tmp_path / "worker.kubeconfig")
+    reconciler_kc = rbac_audit.token_kubeconfig(cluster, plnt_ns, RECONCILER, tmp_path / "reconciler.kubeconfig")
+
+    await release_life(cluster, deploy_ns, worker_kc, reconciler_kc, setup.autoscaling)
+
+    worker = rbac_audit.usage(cluster, plnt_ns, WORKER)
+    assert worker.used, "the worker's token was not used"
+    assert not worker.refused and not worker.ungranted, (worker.refused, worker.ungranted)
+    assert {g[0] for g in worker.grants} == {deploy_ns}  # the worker's Roles are in the deploy namespace only
+    print(f"{config}: worker {worker.figure()} ({deploy_ns})")
+    assert worker.used == worker.grants, f"granted and not used: {sorted(worker.unused)}"
+    hpa = ("autoscaling", "horizontalpodautoscalers")
+    assert any(g[1:3] == hpa for g in worker.grants) is setup.autoscaling
+
+    # The reconciler reads helm's release records in the deploy namespace (its Role there), nothing more.
+    reconciler = rbac_audit.usage(cluster, plnt_ns, RECONCILER, only={deploy_ns})
+    assert not reconciler.refused and not reconciler.ungranted, (reconciler.refused, reconciler.ungranted)
+    print(f"{config}: reconciler in {deploy_ns}: {reconciler.figure()}")
+    assert reconciler.used == reconciler.grants, f"granted and not used: {sorted(reconciler.unused)}"
+
+    # Pod Security `restricted` admitted every pod: two runner tracks (three times), the stuck canary, models.
+    assert pods_admitted(cluster, deploy_ns) >= 6
+
+    # What the worker must not do, as the server's authorizer answers.
+    def worker_can(verb: str, resource: str, where: str | None, group: str = "", sub: str | None = None) -> bool:
+        return rbac_audit.can(cluster, plnt_ns, WORKER, verb, resource, where, group, sub)
+
+    assert worker_can("patch", "deployments", deploy_ns, "apps")
+    assert not worker_can("get", "secrets", plnt_ns) and not worker_can("list", "secrets", "kube-system")
+    assert not worker_can("create", "pods", deploy_ns, sub="exec")
+    assert not worker_can("create", "namespaces", None)
+    assert not worker_can("create", "clusterrolebindings", None, "rbac.authorization.k8s.io")
+    assert not worker_can("update", "deployments", deploy_ns, "apps")  # helm 3's verb: not granted
+    assert not worker_can("create", "ingresses", deploy_ns, "networking.k8s.io")  # plnt's releases have none
+    assert worker_can("list", "configmaps", deploy_ns) is ("list-for-wait" == config)
+
+    if not setup.autoscaling:
+        # Without HPA rights, a WorkflowRun that autoscales fails its install, naming what is missing.
+        scaled = run("2.0.0", replicas={"min": 1, "max": 2}, autoscaling={"targetInvocationsPerSecond": 5})
+        driver = helm_driver(cluster, deploy_ns, worker_kc, {("team-a", "review-responder", scaled.fingerprint()):
+                                                             scaled.spec})
+        with pytest.raises(HelmConfigError) as refused:
+            await driver.install(install_request(scaled, "stable"))
+        assert 'cannot get resource "horizontalpodautoscalers"' in str(refused.value), str(refused.value)
+        # helm checks every object before it creates any: nothing was made, not even a release record.
+        assert k8s.AppsV1Api(cluster.api_client()).list_namespaced_deployment(deploy_ns).items == []
+        assert await driver.live() == {}

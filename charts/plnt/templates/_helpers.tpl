@@ -426,3 +426,16 @@ The forge (reconciler): --forge and its options, the token's Secret mount and vo
 {{ include "plnt.secretVolume" (dict "name" "forge-token" "secret" .Values.forge.token.secretName "key" .Values.forge.token.key) }}
 {{- end }}
 {{- end -}}
+
+{{/*
+"true" when the workers' Role grants list on the kinds of plnt's releases (rbac.worker.listForWait):
+helm's --wait informers list before they watch on API servers without watch-list (Kubernetes < 1.34,
+or its WatchList feature off).
+*/}}
+{{- define "plnt.workerListsForWait" -}}
+{{- $mode := toString .Values.rbac.worker.listForWait -}}
+{{- if eq $mode "true" -}}true
+{{- else if eq $mode "auto" -}}{{- if semverCompare "<1.34.0-0" .Capabilities.KubeVersion.Version -}}true{{- end -}}
+{{- else if ne $mode "false" -}}{{- fail (printf "rbac.worker.listForWait must be auto, true or false, not %q" $mode) -}}
+{{- end -}}
+{{- end -}}
