@@ -23,7 +23,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.e2e.test_plnt_up_process import PLNT, REVIEW, PlntUp, gateway_port
+from tests.e2e.test_plnt_up_process import PLNT, REVIEW, PlntUp, cmdline, gateway_port
 from tests.k8s.cluster import LocalCluster, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
@@ -211,8 +211,7 @@ def test_workflowruns_from_the_cluster_roll_out_are_refused_and_retire(
     plnt.wait_row("review-responder", "the release retired", lambda r: r is None)
     response = plnt.invoke()
     assert response.status_code == 404, response.text
-    assert not [pid for pid, line in ((pid, Path(f"/proc/{pid}/cmdline").read_bytes() if Path(f"/proc/{pid}").exists()
-                                       else b"") for pid in plnt.record_descendants())
-                if b"plnt.runner" in line], plnt.why("a runner still runs")
+    left = [line for pid in plnt.record_descendants() if "review-responder" in (line := cmdline(pid))]
+    assert not left, plnt.why(f"a runner of review-responder still runs: {left}")
 
     plnt.stop_and_check(signal.SIGINT)
