@@ -175,9 +175,10 @@ class KubernetesSource:
     def __init__(self, api: Any, platform_dir: Path, *, namespaces: tuple[str, ...] = (),
                  limits: SpecLimits = DEFAULT_LIMITS, request_timeout_s: float = 15.0,
                  keep: int = KEEP_REVISIONS, server: str = "") -> None:
+        """`api`: a kubernetes ApiClient, or anything with CustomObjectsApi's two list calls (tests)."""
         from kubernetes import client as k8s  # only where this source is used
 
-        self._api = k8s.CustomObjectsApi(api)
+        self._api = k8s.CustomObjectsApi(api) if isinstance(api, k8s.ApiClient) else api
         self.platform_dir = platform_dir.resolve()
         self.namespaces = namespaces
         self._limits = limits

@@ -3,6 +3,10 @@ their custom resources, created, changed and deleted with the kubernetes client 
 would; backends, trust policy and the `file:` registry come from a platform directory (a copy of
 gitops-example's backends/, trust/ and registry/).
 
+plnt talks to the API server with a TokenRequest token of a ServiceAccount bound to a Role made of
+exactly the reconciler's "source" calls in plnt.reconciler.control.kube_calls; the audit log then
+shows every call it made was one of them, none refused.
+
 The real console script runs as a process with its embedded Temporal and local runner processes;
 the runners' model is MockBackend (`--backend mock`, the default), a STAND-IN for a model server.
 """
@@ -29,6 +33,8 @@ from tests.k8s.cluster import LocalCluster, wait_for
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
+ACCOUNT, ACCOUNT_NS = "plnt-source", "plnt"
+USER = f"system:serviceaccount:{ACCOUNT_NS}:{ACCOUNT}"
 EXAMPLE = ROOT / "gitops-example"
 GROUP, VERSION, PLURAL, NS = "plnt.work", "v1", "workflowruns", "default"
 
@@ -46,7 +52,51 @@ def cluster(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
                        for crd in extensions.list_custom_resource_definition().items)
 
         wait_for("plnt's CRDs Established", established, timeout=30)
+        grant_source_calls(cluster)
         yield cluster
+
+
+def grant_source_calls(cluster: LocalCluster) -> None:
+    """A ServiceAccount whose Role in NS is the reconciler's "source" calls of kube_calls, nothing more."""
+    from plnt.reconciler.control.kube_calls import API_CALLS
+
+    api = cluster.api_client()
+    core, rbac = k8s.CoreV1Api(api), k8s.RbacAuthorizationV1Api(api)
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ACCOUNT_NS)))
+    core.create_namespaced_service_account(ACCOUNT_NS, k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name=ACCOUNT)))
+    rules = [k8s.V1PolicyRule(api_groups=[c.group], resources=[c.resource], verbs=[c.verb])
+             for c in API_CALLS if c.role == "reconciler" and c.scope == "source"]
+    rbac.create_namespaced_role(NS, k8s.V1Role(metadata=k8s.V1ObjectMeta(name=ACCOUNT), rules=rules))
+    rbac.create_namespaced_role_binding(NS, k8s.V1RoleBinding(
+        metadata=k8s.V1ObjectMeta(name=ACCOUNT),
+        role_ref=k8s.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=ACCOUNT),
+        subjects=[k8s.RbacV1Subject(kind="ServiceAccount", name=ACCOUNT, namespace=ACCOUNT_NS)]))
+
+
+def token_kubeconfig(cluster: LocalCluster, path: Path) -> Path:
+    request = k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
+    token = k8s.CoreV1Api(cluster.api_client()).create_namespaced_service_account_token(
+        ACCOUNT, ACCOUNT_NS, request).status.token
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "plnt",
+        "clusters": [{"name": "test", "cluster": {"server": cluster.server,
+                                                  "certificate-authority": str(cluster.pki / "ca.crt")}}],
+        "users": [{"name": ACCOUNT, "user": {"token": token}}],
+        "contexts": [{"name": "plnt", "context": {"cluster": "test", "user": ACCOUNT}}]}))
+    return path
+
+
+def used_by_plnt(cluster: LocalCluster) -> set[tuple[str, str, str, str, int]]:
+    """(group, resource, verb, namespace, response code) of every request plnt's account made."""
+    used = set()
+    for event in cluster.audit_events():
+        if event.get("user", {}).get("username") != USER or event.get("stage") != "ResponseComplete":
+            continue
+        ref = event.get("objectRef") or {}
+        resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        used.add((ref.get("apiGroup", ""), resource, event["verb"], ref.get("namespace", ""),
+                  event.get("responseStatus", {}).get("code", 0)))
+    return used
 
 
 def platform_dir(tmp_path: Path) -> Path:
@@ -144,7 +194,8 @@ def started() -> Iterator[list[PlntUp]]:
 def test_workflowruns_from_the_cluster_roll_out_are_refused_and_retire(
         cluster: LocalCluster, tmp_path: Path, started: list[PlntUp]) -> None:
     api = k8s.CustomObjectsApi(cluster.api_client())
-    plnt = PlntUpFromCluster(platform_dir(tmp_path), cluster.kubeconfig, tmp_path / "state", gateway_port(),
+    kubeconfig = token_kubeconfig(cluster, tmp_path / "plnt.kubeconfig")
+    plnt = PlntUpFromCluster(platform_dir(tmp_path), kubeconfig, tmp_path / "state", gateway_port(),
                              tmp_path / "plnt.log")
     started.append(plnt)
     plnt.wait_passes(1)
@@ -215,3 +266,12 @@ def test_workflowruns_from_the_cluster_roll_out_are_refused_and_retire(
     assert not left, plnt.why(f"a runner of review-responder still runs: {left}")
 
     plnt.stop_and_check(signal.SIGINT)
+
+    # Only the declared calls, only in the namespace read, none refused (no spec written, nothing deleted).
+    from plnt.reconciler.control.kube_calls import API_CALLS
+
+    used = used_by_plnt(cluster)
+    declared = {(c.group, c.resource, c.verb) for c in API_CALLS if c.role == "reconciler" and c.scope == "source"}
+    assert used and not [u for u in used if u[4] in (401, 403)], sorted(used)
+    assert {(group, resource, verb) for group, resource, verb, *_ in used} == declared, sorted(used)
+    assert {namespace for _, _, _, namespace, _ in used} == {NS}
