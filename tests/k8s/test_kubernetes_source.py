@@ -73,32 +73,6 @@ def grant_source_calls(cluster: LocalCluster) -> None:
         subjects=[k8s.RbacV1Subject(kind="ServiceAccount", name=ACCOUNT, namespace=ACCOUNT_NS)]))
 
 
-def token_kubeconfig(cluster: LocalCluster, path: Path) -> Path:
-    request = k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
-    token = k8s.CoreV1Api(cluster.api_client()).create_namespaced_service_account_token(
-        ACCOUNT, ACCOUNT_NS, request).status.token
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "plnt",
-        "clusters": [{"name": "test", "cluster": {"server": cluster.server,
-                                                  "certificate-authority": str(cluster.pki / "ca.crt")}}],
-        "users": [{"name": ACCOUNT, "user": {"token": token}}],
-        "contexts": [{"name": "plnt", "context": {"cluster": "test", "user": ACCOUNT}}]}))
-    return path
-
-
-def used_by_plnt(cluster: LocalCluster) -> set[tuple[str, str, str, str, int]]:
-    """(group, resource, verb, namespace, response code) of every request plnt's account made."""
-    used = set()
-    for event in cluster.audit_events():
-        if event.get("user", {}).get("username") != USER or event.get("stage") != "ResponseComplete":
-            continue
-        ref = event.get("objectRef") or {}
-        resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-        used.add((ref.get("apiGroup", ""), resource, event["verb"], ref.get("namespace", ""),
-                  event.get("responseStatus", {}).get("code", 0)))
-    return used
-
-
 def platform_dir(tmp_path: Path) -> Path:
     """What the operator gives: gitops-example's backends, trust policies and registry, plus an
     `unofficial` registry holding review-responder 1.4.0 WITHOUT a signature."""
@@ -194,7 +168,7 @@ def started() -> Iterator[list[PlntUp]]:
 def test_workflowruns_from_the_cluster_roll_out_are_refused_and_retire(
         cluster: LocalCluster, tmp_path: Path, started: list[PlntUp]) -> None:
     api = k8s.CustomObjectsApi(cluster.api_client())
-    kubeconfig = token_kubeconfig(cluster, tmp_path / "plnt.kubeconfig")
+    kubeconfig = cluster.token_kubeconfig(ACCOUNT, ACCOUNT_NS, tmp_path / "plnt.kubeconfig")
     plnt = PlntUpFromCluster(platform_dir(tmp_path), kubeconfig, tmp_path / "state", gateway_port(),
                              tmp_path / "plnt.log")
     started.append(plnt)
@@ -270,7 +244,7 @@ def test_workflowruns_from_the_cluster_roll_out_are_refused_and_retire(
     # Only the declared calls, only in the namespace read, none refused (no spec written, nothing deleted).
     from plnt.reconciler.control.kube_calls import API_CALLS
 
-    used = used_by_plnt(cluster)
+    used = cluster.requests_of(USER)
     declared = {(c.group, c.resource, c.verb) for c in API_CALLS if c.role == "reconciler" and c.scope == "source"}
     assert used and not [u for u in used if u[4] in (401, 403)], sorted(used)
     assert {(group, resource, verb) for group, resource, verb, *_ in used} == declared, sorted(used)
