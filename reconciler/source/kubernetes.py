@@ -117,10 +117,12 @@ def object_file(item: Mapping[str, Any], kind: str, limits: SpecLimits = DEFAULT
                         item.get("status") or {})
 
 
-def revision_of(objects: Iterable[ListedObject], platform: Iterable[SourceFile]) -> str:
+def revision_of(objects: Iterable[ListedObject], platform: Iterable[SourceFile], refusal: str = "") -> str:
     """The revision: a digest of each object's identity and generation and of the platform files.
-    40 hex digits, the shape of a commit (sagas and statuses name it where git names a commit)."""
-    digest = hashlib.sha256()
+    40 hex digits, the shape of a commit (sagas and statuses name it where git names a commit).
+    `refusal`: why nothing could be read (a listing over its bounds, an unreadable platform file),
+    so that such a revision is never taken for a valid one with the same objects (none, say)."""
+    digest = hashlib.sha256(refusal.encode() + b"\n")
     for line in sorted(f"{o.kind}\0{o.namespace}\0{o.name}\0{o.uid}\0{o.generation}" for o in objects):
         digest.update(line.encode() + b"\n")
     digest.update(b"--platform--\n")
@@ -201,7 +203,8 @@ class KubernetesSource:
         listed = self._list()
         platform, unread = read_tree(self.platform_dir, self._limits) if self.platform_dir.is_dir() else \
             ([], [Problem(str(self.platform_dir), 1, "platform", "the platform directory does not exist")])
-        revision = revision_of(listed if isinstance(listed, list) else [], platform)
+        refusal = "\n".join(str(p) for p in ([] if isinstance(listed, list) else [listed]) + list(unread))
+        revision = revision_of(listed if isinstance(listed, list) else [], platform, refusal)
         with self._lock:
             known = self._snapshots.get(revision)
             if known is not None:

@@ -199,8 +199,14 @@ def test_listing_is_paged_and_bounded(platform: Path) -> None:
     assert not problems and len(specs.workflow_runs) == 600
     assert [c for c in api.calls if c[0] == "workflowruns"] == [("workflowruns", None, 250)] * 3
     bounded = source_over(platform, api, limits=SpecLimits(max_files=100))
-    _, problems = bounded.load(bounded.fetch())
+    api.items["workflowruns"] = []
+    empty = bounded.fetch()
+    assert not bounded.load(empty)[1]
+    api.items["workflowruns"] = [run(f"r{i}") for i in range(101)]
+    refused = bounded.fetch()
+    _, problems = bounded.load(refused)
     assert len(problems) == 1 and "more than 100 WorkflowRuns and ModelDeployments" in problems[0].message
+    assert refused != empty  # a refused listing is never the revision of no objects (that would uninstall all)
 
 
 def test_an_unreadable_listing_is_tried_again_later(platform: Path) -> None:
