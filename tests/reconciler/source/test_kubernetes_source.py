@@ -270,3 +270,29 @@ def test_the_kubernetes_source_needs_a_platform_directory_and_no_repository(tmp_
     with pytest.raises(ValidationError, match="are for --source kubernetes"):
         Settings(source={"repo": "r", "namespaces": ("default",)})
     assert Settings(source={"kind": "kubernetes", "platform_dir": tmp_path}).source.namespaces == ()
+
+
+FORGE = ["--forge", "github", "--forge-api-url", "https://api.github.com", "--forge-project", "o/r",
+         "--forge-token-env", "HOME"]
+REFUSED_OPTIONS = [
+    (["--verify-commits", "all"], "--verify-commits is for --source git"),
+    (["--repo", "."], "drop --repo"),
+    (["--source", "svn"], "--source must be git or kubernetes"),
+]
+
+
+@pytest.mark.parametrize(("command", "options", "said"), [
+    *((command, options, said) for command in ("up", "reconcile", "worker") for options, said in REFUSED_OPTIONS),
+    *((command, ["--require-approval", *FORGE], "--require-approval, --forge are for --source git")
+      for command in ("up", "reconcile")),  # (a worker takes no forge options)
+])
+def test_the_command_line_refuses_git_options_with_the_kubernetes_source(
+        tmp_path: Path, command: str, options: list[str], said: str) -> None:
+    from plnt.reconciler.cli.main import app
+    from typer.testing import CliRunner
+
+    args = [command, "--source", "kubernetes", "--platform-dir", str(tmp_path), *options]
+    if command != "up":
+        args += ["--temporal-address", "127.0.0.1:1"]
+    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert result.exit_code == 2 and said in result.output, result.output
