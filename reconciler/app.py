@@ -4,9 +4,11 @@ gateway, in one process and one event loop, deploying through the local driver."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +54,7 @@ from plnt.reconciler.saga.workflow import DeploySaga
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource
+from plnt.reconciler.source.kubernetes import KubernetesSource
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir
 from plnt.reconciler.status_store import StatusStore
 from pydantic import SecretStr
@@ -285,7 +288,16 @@ def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, st
     return DriverSet(local, state, make_helm, on_change=on_change)
 
 
-def make_source(settings: Settings, state: StateDir) -> GitSource:
+def make_source(settings: Settings, state: StateDir) -> GitSource | KubernetesSource:
+    """The spec source: plnt's clone of the spec repository, or (--source kubernetes) the cluster's
+    custom resources with the operator's platform directory."""
+    if settings.source.kind == "kubernetes":
+        from plnt.reconciler.control.kube import api_client
+
+        assert settings.source.platform_dir is not None  # SourceSettings requires it
+        api = api_client(settings.kubernetes.kubeconfig)
+        return KubernetesSource(api, settings.source.platform_dir, namespaces=settings.source.namespaces,
+                                limits=settings.spec_limits, server=str(api.configuration.host or ""))
     return GitSource(settings.source.repo, state.source_clone, branch=settings.source.branch, path=settings.source.path,
                      credentials_file=settings.source.git_credentials_file, known_hosts=settings.source.git_known_hosts,
                      previews=settings.review.previews)
@@ -301,11 +313,18 @@ def make_forge_client(settings: Settings) -> Forge | None:
 
 
 def attach_status_followers(settings: Settings, statuses: StatusStore, reconciler: Reconciler,
-                            source: GitSource) -> list[Callable[[], Awaitable[None]]]:
-    """What follows each status change: the WorkflowRun custom resources (--mirror-status), and each
-    rollout's verdict back to its commit: a forge status (--forge, unless --no-report-status) and a
-    git note (--write-notes). Chained after statuses.on_change is set; returns the cleanups."""
+                            source: GitSource | KubernetesSource) -> list[Callable[[], Awaitable[None]]]:
+    """What follows each status change: the WorkflowRun custom resources (--mirror-status, and always
+    with --source kubernetes: the status goes onto the objects read), and each rollout's verdict back
+    to its commit: a forge status (--forge, unless --no-report-status) and a git note (--write-notes).
+    Chained after statuses.on_change is set; returns the cleanups."""
     cleanups: list[Callable[[], Awaitable[None]]] = []
+    if isinstance(source, KubernetesSource):
+        from plnt.reconciler.control.kube import attach_status_mirror
+
+        cleanups.append(attach_status_mirror(settings, statuses, reconciler, source))
+        cleanups.append(attach_source_watch(source, reconciler))
+        return cleanups  # (Settings refuses --forge and --write-notes with it: there are no commits)
     if settings.kubernetes.mirror_status:
         from plnt.reconciler.control.kube import attach_status_mirror
 
@@ -324,10 +343,31 @@ def attach_status_followers(settings: Settings, statuses: StatusStore, reconcile
     return cleanups
 
 
-def make_approval_gate(settings: Settings, state: StateDir, source: GitSource) -> ApprovalGate | None:
+def attach_source_watch(source: KubernetesSource, reconciler: Reconciler) -> Callable[[], Awaitable[None]]:
+    """--source kubernetes: a watch on the custom resources wakes the loop when one is created,
+    deleted or its spec changes (not on a status write), rather than at the next poll."""
+    loop = asyncio.get_running_loop()
+    stop = threading.Event()
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            loop.call_soon_threadsafe(reconciler.wake)
+
+    thread = threading.Thread(target=source.watch, args=(wake, stop), name="source-watch", daemon=True)
+    thread.start()
+
+    async def cleanup() -> None:
+        stop.set()
+        await asyncio.to_thread(thread.join, 15)
+
+    return cleanup
+
+
+def make_approval_gate(settings: Settings, state: StateDir, source: GitSource | KubernetesSource) -> ApprovalGate | None:
     """--require-approval: approvals read through the forge; recipes verified through the saga's cache."""
     if not settings.review.require_approval:
         return None
+    assert isinstance(source, GitSource)  # Settings refuses --require-approval with --source kubernetes
     forge = make_forge_client(settings)
     if forge is None:  # Settings refuses --require-approval without a forge; kept for a hand-made Settings
         raise ValueError("--require-approval needs a forge: add --forge, --forge-api-url, --forge-project "
@@ -337,7 +377,7 @@ def make_approval_gate(settings: Settings, state: StateDir, source: GitSource) -
                         approvers=settings.review.approvers, code_owners=settings.review.code_owners)
 
 
-def make_reconciler(settings: Settings, *, state: StateDir, source: GitSource, client: Client, statuses: StatusStore,
+def make_reconciler(settings: Settings, *, state: StateDir, source: GitSource | KubernetesSource, client: Client, statuses: StatusStore,
                     drivers: DriverSet, verifier: CommitVerifier | None, metrics: ControlPlaneMetrics,
                     cleanups: list[Callable[[], Awaitable[None]]]) -> Reconciler:
     """The reconcile loop, with its approval gate under --require-approval (closed by `cleanups`)."""
@@ -363,7 +403,7 @@ def make_verifier(settings: Settings, state: StateDir) -> CommitVerifier | None:
                           allowed_signers=settings.trust.allowed_signers, gpg_keys=settings.trust.gpg_keys)
 
 
-def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, source: GitSource,
+def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, source: GitSource | KubernetesSource,
                     statuses: StatusStore | None, verifier: CommitVerifier | None = None) -> SagaActivities:
     return SagaActivities(
         driver=drivers, statuses=statuses,
@@ -470,7 +510,9 @@ async def start(settings: Settings) -> Plnt:
                                  health=lambda: (200, {"status": "ok", "worker": 0, "workers": worker_count}),
                                  wake=wake)
 
-        add_reconciler_routes(gateway_app, reconciler, client, source=source, spec_limits=settings.spec_limits)
+        # The plan preview between revisions reads git history (--source kubernetes has none).
+        add_reconciler_routes(gateway_app, reconciler, client, source=source if isinstance(source, GitSource) else None,
+                              spec_limits=settings.spec_limits)
         publisher = RoutePublisher()
         internal_token = access.internal_token
         if internal_token is None and worker_count > 1:
@@ -605,13 +647,14 @@ async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, inte
              "only holds the port" if apart else "is one of them", sorted(supervisor.pids.values()))
 
 
-def start_previews(settings: Settings, *, source: GitSource, client: Client, statuses: StatusStore,
+def start_previews(settings: Settings, *, source: GitSource | KubernetesSource, client: Client, statuses: StatusStore,
                    driver: Any, reconciler: Reconciler, verifier: CommitVerifier | None,
                    gateway_url: Callable[[], str], stop: asyncio.Event) -> tuple[PreviewController, Callable[[], Awaitable[None]]]:
     """--previews (reconciler/review/previews.py): a PreviewController beside the reconciler, planning each
     pull request against the branch's newest valid commit. Returns it and its cleanup."""
     forge = make_forge_client(settings)
     assert forge is not None  # Settings refuses --previews without --forge
+    assert isinstance(source, GitSource)  # and with --source kubernetes
     previews = PreviewController(settings=settings, source=source, client=client, statuses=statuses, driver=driver,
                                  forge=forge, verifier=verifier, gateway_url=gateway_url)
     reconciler.spec_listeners.append(previews.on_branch)

@@ -58,12 +58,16 @@ def default_llm_venv() -> Path:
 
 
 class SourceSettings(BaseModel):
-    """The spec repository and how to reach it (--repo, --path, --branch, --git-*; --interval)."""
+    """Where the specs come from: the spec repository and how to reach it (--repo, --path, --branch,
+    --git-*), or the cluster's custom resources (--source kubernetes); --interval."""
 
     model_config = _SECTION
 
+    kind: Literal["git", "kubernetes"] = Field(
+        default="git", description="git: the spec repository; kubernetes: WorkflowRun and ModelDeployment custom "
+        "resources listed from the API server (reconciler/source/kubernetes.py)")
     # repr=False: an https URL may carry a token (GitSource gives it only to git).
-    repo: str = Field(description="spec repository: a path, file://, https:// or ssh URL", repr=False)
+    repo: str = Field(default="", description="spec repository: a path, file://, https:// or ssh URL", repr=False)
     path: str = Field(default="", description="subdirectory of the repository holding the specs")
     branch: str = "main"
     interval_s: float = Field(default=5.0, gt=0, description="seconds between polls of the repository")
@@ -71,6 +75,26 @@ class SourceSettings(BaseModel):
         default=None, description="https token (TOKEN or USER:TOKEN) or ssh private key for the repository")
     git_known_hosts: Path | None = Field(
         default=None, description="ssh known_hosts for the repository's host (without it: trust on first use)")
+    namespaces: tuple[str, ...] = Field(
+        default=(), description="kubernetes: the namespaces whose custom resources are read; empty: all of them")
+    platform_dir: Path | None = Field(
+        default=None, description="kubernetes: the directory of PlntBackends and RecipeTrustPolicies (and the "
+        "trusted roots and file: registries they name), the operator's: never read from the cluster")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SourceSettings:
+        if self.kind == "git" and not self.repo:
+            raise ValueError("--repo is required (or --source kubernetes, to read WorkflowRuns from the cluster)")
+        if self.kind == "kubernetes":
+            if self.platform_dir is None:
+                raise ValueError("--source kubernetes needs --platform-dir DIR: the PlntBackends and "
+                                 "RecipeTrustPolicies plnt trusts (never read from the cluster)")
+            if self.repo:
+                raise ValueError("--source kubernetes reads WorkflowRuns from the cluster: drop --repo "
+                                 "(backends and trust policies come from --platform-dir)")
+        elif self.namespaces or self.platform_dir is not None:
+            raise ValueError("--source-namespace and --platform-dir are for --source kubernetes")
+        return self
 
 
 class TrustSettings(BaseModel):
@@ -361,6 +385,27 @@ class Settings(BaseModel):
             if needs:
                 raise ValueError(f"{' and '.join(needs)} need{'s' if len(needs) == 1 else ''} a forge: "
                                  "add --forge, --forge-api-url, --forge-project and --forge-token-env")
+        return self
+
+    @model_validator(mode="after")
+    def _kubernetes_source(self) -> Settings:
+        """In the cluster there are no commits: approval is the cluster's RBAC on the custom resources,
+        and what git gives (signed commits, pull requests, notes) has nothing to act on."""
+        if self.source.kind != "kubernetes":
+            return self
+        review, trust = self.review, self.trust
+        git_only = [option for option, on in (
+            ("--require-approval", review.require_approval), ("--verify-commits", trust.verify_commits != "none"),
+            ("--previews", bool(review.previews)), ("--write-notes", review.write_notes),
+            ("--forge", review.forge is not None), ("--allowed-signers", trust.allowed_signers is not None),
+            ("--gpg-keys", trust.gpg_keys is not None), ("--path", bool(self.source.path)),
+            ("--branch", self.source.branch != "main"),
+            ("--git-credentials-file", self.source.git_credentials_file is not None),
+            ("--git-known-hosts", self.source.git_known_hosts is not None)) if on]
+        if git_only:
+            raise ValueError(f"{', '.join(git_only)} {'is' if len(git_only) == 1 else 'are'} for --source git: with "
+                             "--source kubernetes there are no commits or pull requests, and the cluster's RBAC on "
+                             "WorkflowRuns is the approval (docs/kubernetes.md)")
         return self
 
     @model_validator(mode="after")

@@ -134,34 +134,57 @@ def read_internal_token(file: Path | None) -> str | None:
 # --- the groups ----------------------------------------------------------------------------------
 
 
+SOURCE_HELP = (
+    "Where WorkflowRuns and ModelDeployments come from: git (--repo; a merged pull request is the approval) or "
+    "kubernetes (their custom resources on the API server of --kubeconfig or the pod's service account, e.g. "
+    "from kubectl apply, Argo CD or Flux; the cluster's RBAC on them is the approval). With kubernetes a new "
+    "revision is a change of any object's uid or metadata.generation (a spec change, a new or deleted object), "
+    "never a status write; PlntBackends and RecipeTrustPolicies come from --platform-dir only, and each recipe "
+    "still needs its signature under them. --require-approval, --verify-commits, --previews, --write-notes "
+    "and --forge are for git.")
+
+
 @dataclasses.dataclass(frozen=True)
 class SourceOptions(OptionGroup):
-    """The spec repository and how to reach it."""
+    """Where the specs come from: the spec repository and how to reach it, or the cluster."""
 
-    panel = "Spec repository"
+    panel = "Spec source"
 
-    repo: Annotated[str, typer.Option(envvar="PLNT_REPO", help=(
+    repo: Annotated[str | None, typer.Option(envvar="PLNT_REPO", help=(
         "Spec repository: a path, file://, https:// or ssh URL (or PLNT_REPO). Credentials in an https URL "
-        "are never logged or stored; pass such a URL as PLNT_REPO, not on the command line (ps shows it)."))]
+        "are never logged or stored; pass such a URL as PLNT_REPO, not on the command line (ps shows it)."))] = None
     path: Annotated[str, typer.Option(help="Subdirectory of the repository holding the specs.")] = ""
     branch: Annotated[str, typer.Option(help="Branch to track.")] = "main"
     git_credentials_file: Annotated[Path | None, typer.Option(help=(
         "The repository's credentials: TOKEN or USER:TOKEN on the first line (https), or an ssh private key."))] = None
     git_known_hosts: Annotated[Path | None, typer.Option(help=(
         "ssh known_hosts for the repository's host; without it the first host key is trusted, then pinned."))] = None
+    source_kind: Annotated[str, typer.Option("--source", help=SOURCE_HELP)] = "git"
+    source_namespace: Annotated[list[str] | None, typer.Option("--source-namespace", help=(
+        "With --source kubernetes: a namespace whose WorkflowRuns and ModelDeployments plnt reads (repeatable; "
+        "default: every namespace, which needs a ClusterRole to list them)."))] = None
+    platform_dir: Annotated[Path | None, typer.Option(help=(
+        "With --source kubernetes (required): the directory of PlntBackend and RecipeTrustPolicy specs (and the "
+        "trusted roots and file: registries they name), e.g. a ConfigMap mounted into plnt's pod. Never read "
+        "from the cluster: whoever may create a WorkflowRun may not change who signs recipes."))] = None
 
     def settings(self, **more: Any) -> dict[str, Any]:
-        """Settings.source."""
-        return dict(repo=self.repo, path=self.path, branch=self.branch, git_credentials_file=self.git_credentials_file,
-                    git_known_hosts=self.git_known_hosts, **more)
+        """Settings.source; exit 2 for an unknown --source."""
+        if self.source_kind not in ("git", "kubernetes"):
+            raise fail(f"--source must be git or kubernetes, not {self.source_kind!r}", 2)
+        return dict(kind=self.source_kind, repo=self.repo or "", path=self.path, branch=self.branch,
+                    git_credentials_file=self.git_credentials_file, git_known_hosts=self.git_known_hosts,
+                    namespaces=tuple(self.source_namespace or ()),
+                    platform_dir=self.platform_dir.resolve() if self.platform_dir is not None else None, **more)
 
 
 @dataclasses.dataclass(frozen=True)
 class RoleSourceOptions(SourceOptions):
-    """The spec repository as `plnt reconcile` and `plnt worker` word it."""
+    """The spec source as `plnt reconcile` and `plnt worker` word it."""
 
-    repo: Annotated[str, typer.Option(envvar="PLNT_REPO", help=(
-        "Spec repository: a path, file://, https:// or ssh URL (or PLNT_REPO; credentials in a URL are never logged)."))]
+    repo: Annotated[str | None, typer.Option(envvar="PLNT_REPO", help=(
+        "Spec repository: a path, file://, https:// or ssh URL (or PLNT_REPO; credentials in a URL are never "
+        "logged)."))] = None
 
 
 @dataclasses.dataclass(frozen=True)

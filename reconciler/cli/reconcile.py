@@ -44,8 +44,8 @@ def reconcile(
     trust: CommitTrustOptions,
     mirror_status: Annotated[bool, typer.Option(
         "--mirror-status", help="Mirror each WorkflowRun and its status into the cluster as custom resources.")] = False,
-    kubeconfig: Annotated[Path | None, typer.Option(help="kubeconfig for --mirror-status / --lease kubernetes "
-                                                    "(default: the pod's service account).")] = None,
+    kubeconfig: Annotated[Path | None, typer.Option(help="kubeconfig for --mirror-status / --lease kubernetes / "
+                                                    "--source kubernetes (default: the pod's service account).")] = None,
     tokens_file: Annotated[Path | None, typer.Option(help=(
         "Bearer tokens of the control API's users (the gateway's token file format: scopes read, admin).")
     )] = None,

@@ -78,7 +78,8 @@ def up(
     mirror_status: Annotated[bool, typer.Option(
         "--mirror-status", help="Apply each WorkflowRun as a plnt.work/v1 custom resource and write its status there "
                                 "(kubectl get wfr); needs the CRDs (plnt crds) and --kubeconfig or in-cluster config.")] = False,
-    kubeconfig: Annotated[Path | None, typer.Option(help="Kubeconfig for --mirror-status (default: in-cluster).")] = None,
+    kubeconfig: Annotated[Path | None, typer.Option(
+        help="Kubeconfig for --mirror-status and --source kubernetes (default: in-cluster).")] = None,
     forge: ForgeOptions,
     verbose: Verbose = False,
 ) -> None:

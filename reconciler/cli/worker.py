@@ -47,6 +47,9 @@ def worker(
     previews: Annotated[list[str] | None, typer.Option("--previews", help=(
         "The reconciler's --previews ref globs: a preview saga's commit must be on such a ref. Repeatable."))] = None,
     identity: Identity = "",
+    kubeconfig: Annotated[Path | None, typer.Option(help=(
+        "kubeconfig for --source kubernetes: a saga's WorkflowRun is checked against the cluster's custom "
+        "resource (default: the pod's service account)."))] = None,
     registries: WorkerRegistryAccessOptions,
     max_recipe_mb: Annotated[int, typer.Option(help=MAX_RECIPE_MB_HELP, min=1)] = 256,
     model_install_timeout: ModelInstallTimeout = 1800.0,
@@ -76,5 +79,6 @@ def worker(
             trust=trust.settings(), review=dict(previews=tuple(previews or ())),
             registries=registries.settings(max_recipe_bytes=max_recipe_mb * 2**20), spec_limits=limits.limits(),
             runners=runners.settings(),
-            kubernetes=dict(model_install_timeout_s=model_install_timeout, gpu_resource=gpu_resource))
+            kubernetes=dict(model_install_timeout_s=model_install_timeout, gpu_resource=gpu_resource,
+                            kubeconfig=kubeconfig))
     roles.run_role(start_worker, settings, "worker")

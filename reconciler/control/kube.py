@@ -35,9 +35,12 @@ from plnt.reconciler.redact import redact
 from plnt.reconciler.status_store import StatusStore
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from plnt.core.specs.loader import SpecSet
     from plnt.core.specs.models import WorkflowRun
     from plnt.reconciler.settings import Settings
+    from plnt.reconciler.source.kubernetes import KubernetesSource, ListedObject
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +304,12 @@ class StatusMirror:
     """
 
     def __init__(self, api: k8s.ApiClient, statuses: StatusStore, *, identity: str = "plnt",
-                 request_timeout_s: float = 10.0, max_backoff_s: float = 30.0, max_events: int = 1000) -> None:
+                 request_timeout_s: float = 10.0, max_backoff_s: float = 30.0, max_events: int = 1000,
+                 owns_specs: bool = True) -> None:
+        """`owns_specs` False (--source kubernetes): the CRs are the source, written by their users;
+        plnt writes their status and Events only, never their spec, and deletes none of them."""
+        self._owns_specs = owns_specs
+        self._listed: dict[str, tuple[ListedObject, str | None]] | None = None  # owns_specs False: the newest listing
         self._objects_api = k8s.CustomObjectsApi(api)
         self._core = k8s.CoreV1Api(api)
         self._statuses = statuses
@@ -339,6 +347,17 @@ class StatusMirror:
                 return  # the same specs (every reconcile pass calls this)
             self._desired = desired
             self._desired_version += 1
+        self._poke()
+
+    def objects_listed(self, revision: str, objects: Mapping[str, ListedObject], fingerprints: Mapping[str, str]) -> None:
+        """(--source kubernetes) The reconciler loaded a revision: its objects are where statuses go.
+        `fingerprints`: the spec fingerprint of each accepted object at its listed generation."""
+        if revision == self._commit:
+            return
+        listed = {key: (o, fingerprints.get(key)) for key, o in objects.items() if o.kind == "WorkflowRun"}
+        with self._lock:
+            self._commit = revision
+            self._listed = listed
         self._poke()
 
     def status_changed(self) -> None:
@@ -392,6 +411,8 @@ class StatusMirror:
         True when everything is written; False when something is left for the next pass."""
         self.passes += 1
         statuses = self._statuses.all() if statuses is None else statuses
+        if not self._owns_specs:
+            self._take_listing()
         try:
             ok = self._apply_and_prune(statuses)
             ok = self._write_statuses(statuses) and ok
@@ -420,7 +441,30 @@ class StatusMirror:
             self._errors[where] = message
             log.warning("mirror-error %s: %s", where, message)
 
+    def _take_listing(self) -> None:
+        """The objects of the newest listing become the known ones (the ones a status is written to)."""
+        with self._lock:
+            listed, self._listed = self._listed, None
+        if listed is None:
+            return
+        for key in set(self._objects) - set(listed):  # deleted: nothing to write onto any more
+            for known in (self._objects, self._written):
+                known.pop(key, None)
+        for key, (obj, fingerprint) in listed.items():
+            known = self._objects.get(key)
+            if known is None or known.uid != obj.uid:
+                known = self._objects[key] = _Object(obj.namespace, obj.name)
+                known.status = dict(obj.status)
+                self._written.pop(key, None)
+            known.uid, known.generation = obj.uid, obj.generation
+            if fingerprint is not None:
+                known.generations[fingerprint] = obj.generation
+                while len(known.generations) > 32:
+                    known.generations.pop(next(iter(known.generations)))
+
     def _apply_and_prune(self, statuses: list[WorkflowRunStatus]) -> bool:
+        if not self._owns_specs:
+            return True  # the CRs are the source: never applied, never pruned
         with self._lock:
             desired, version = (dict(self._desired) if self._desired is not None else None), self._desired_version
         if desired is None:
@@ -555,7 +599,7 @@ class StatusMirror:
         with self._lock:
             pending = list(self._events)
             self._events.clear()
-            desired = set(self._desired or {})
+            desired = set(self._desired or {}) | set(self._objects)
         left: list[tuple[str, Phase | None, Phase, str]] = []
         failed = False
         try:
@@ -606,11 +650,14 @@ def _same_status(current: dict[str, Any], body: dict[str, Any]) -> bool:
 
 # --- wiring: `plnt up --mirror-status` --------------------------------------------------------------
 
-def attach_status_mirror(settings: Settings, statuses: StatusStore, reconciler: Any) -> Callable[[], Awaitable[None]]:
+def attach_status_mirror(settings: Settings, statuses: StatusStore, reconciler: Any,
+                         source: KubernetesSource | None = None) -> Callable[[], Awaitable[None]]:
     """Start mirroring into WorkflowRun CRs: chains StatusStore.on_change (whatever is set there keeps
     running first), subscribes to each reconciled commit's specs, starts the writer task. Returns the
-    cleanup that stops it."""
-    mirror = StatusMirror(api_client(settings.kubernetes.kubeconfig), statuses, identity=f"plnt-{uuid.uuid4().hex[:8]}")
+    cleanup that stops it. With `source` (--source kubernetes) the CRs are the source: only their
+    status is written, onto the objects the source listed."""
+    mirror = StatusMirror(api_client(settings.kubernetes.kubeconfig), statuses, identity=f"plnt-{uuid.uuid4().hex[:8]}",
+                          owns_specs=source is None)
     previous = statuses.on_change
 
     def on_change() -> None:
@@ -618,11 +665,29 @@ def attach_status_mirror(settings: Settings, statuses: StatusStore, reconciler: 
         mirror.status_changed()
 
     statuses.on_change = on_change
-    reconciler.spec_listeners.append(mirror.specs_changed)
+    if source is None:
+        reconciler.spec_listeners.append(mirror.specs_changed)
+    else:
+        seen: list[str] = []
+
+        def listed(revision: str, specs: SpecSet) -> None:
+            if seen == [revision]:
+                return  # every pass calls this; a revision always lists the same objects
+            seen[:] = [revision]
+            snapshot = source.snapshot(revision)
+            fingerprints = {key: run.fingerprint() for key in snapshot.objects
+                            if key not in snapshot.refused and (run := specs.deployable(key)) is not None}
+            mirror.objects_listed(revision, snapshot.objects, fingerprints)
+
+        reconciler.spec_listeners.append(listed)
     stop = asyncio.Event()
     task = asyncio.create_task(mirror.run(stop), name="status-mirror")
-    log.info("mirror-status on: WorkflowRuns are applied as plnt.work/v1 custom resources (field manager %s)",
-             FIELD_MANAGER)
+    if source is None:
+        log.info("mirror-status on: WorkflowRuns are applied as plnt.work/v1 custom resources (field manager %s)",
+                 FIELD_MANAGER)
+    else:
+        log.info("mirror-status on: the status of each WorkflowRun custom resource is written there (field manager %s)",
+                 FIELD_MANAGER)
 
     async def cleanup() -> None:
         stop.set()

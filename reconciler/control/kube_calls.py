@@ -17,7 +17,9 @@ class ApiCall:
     group: str  # "" is the core group
     resource: str  # plural; a subresource as "workflowruns/status"
     verb: Literal["get", "list", "watch", "create", "update", "patch", "delete"]
-    scope: Literal["plnt", "mirror"]  # plnt's own namespace, or each namespace WorkflowRuns are mirrored into
+    # plnt's own namespace; each namespace WorkflowRuns are mirrored into; each --source-namespace
+    # (--source kubernetes, which also writes status and Events there as "mirror" says, never a spec).
+    scope: Literal["plnt", "mirror", "source"]
 
 
 API_CALLS: tuple[ApiCall, ...] = (
@@ -32,4 +34,14 @@ API_CALLS: tuple[ApiCall, ...] = (
     ApiCall("reconciler", "plnt.work", "workflowruns", "delete", "mirror"),
     ApiCall("reconciler", "plnt.work", "workflowruns/status", "patch", "mirror"),
     ApiCall("reconciler", "", "events", "create", "mirror"),
+    # --source kubernetes: the reconciler lists (and watches, to wake early) the objects it deploys;
+    # a worker lists them to check a saga's input. Status and Events as the mirror's, no spec write.
+    ApiCall("reconciler", "plnt.work", "workflowruns", "list", "source"),
+    ApiCall("reconciler", "plnt.work", "workflowruns", "watch", "source"),
+    ApiCall("reconciler", "plnt.work", "modeldeployments", "list", "source"),
+    ApiCall("reconciler", "plnt.work", "modeldeployments", "watch", "source"),
+    ApiCall("reconciler", "plnt.work", "workflowruns/status", "patch", "source"),
+    ApiCall("reconciler", "", "events", "create", "source"),
+    ApiCall("worker", "plnt.work", "workflowruns", "list", "source"),
+    ApiCall("worker", "plnt.work", "modeldeployments", "list", "source"),
 )

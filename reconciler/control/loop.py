@@ -31,6 +31,7 @@ from plnt.reconciler.saga.smoke_progress import follow_smoke_progress
 from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource, redact
+from plnt.reconciler.source.kubernetes import KubernetesSource
 from plnt.reconciler.state import StateDir, atomic_write_json, read_json
 from plnt.reconciler.status_store import StatusStore
 from temporalio.client import Client
@@ -47,7 +48,7 @@ class Reconciler:
         self,
         *,
         settings: Settings,
-        source: GitSource,
+        source: GitSource | KubernetesSource,
         client: Client,
         statuses: StatusStore,
         driver: ReleaseDriver,
@@ -82,6 +83,7 @@ class Reconciler:
         self.source_status: dict[str, Any] = read_json(state.source_file, default={}) or {}
         # Called with (commit, specs) for every valid commit a pass reconciles (e.g. --mirror-status).
         self.spec_listeners: list[Callable[[str, SpecSet], None]] = []
+        self._refused: set[str] = set()  # --source kubernetes: the objects the last pass refused
 
     # --- loop --------------------------------------------------------------------------------
 
@@ -164,6 +166,7 @@ class Reconciler:
         self._driver.assign(specs)
         for listener in self.spec_listeners:
             listener(commit, specs)
+        refused = self._note_refused(commit)
         desired = self._desired(commit, specs)
         releases = await self._driver.live()
         quiet = self._quiet_inputs(commit, specs, releases)
@@ -183,6 +186,8 @@ class Reconciler:
         live_unknown = getattr(self._driver, "live_unknown", lambda key: None)
         starts = []
         for item in items:
+            if item.key in refused:
+                continue  # its spec is refused (--source kubernetes): nothing is planned, what runs keeps running
             unknown = live_unknown(item.key)
             if unknown is not None and item.key not in self._sagas and self._was_deployed(item.key):
                 self._hold_unknown(item, unknown)
@@ -324,6 +329,32 @@ class Reconciler:
                 if status is not None and status.message != message:
                     log.warning("drift-detected workflowrun=%s releases=%s selfHeal=false", key, what)
                     self._statuses.update(run.metadata.namespace, run.metadata.name, message=message)
+
+    def _note_refused(self, commit: str) -> dict[str, str]:
+        """--source kubernetes: each object the revision refused gets its reason in its status
+        (beside what it still serves), and the row of a refused object never deployed goes once the
+        object leaves the cluster. Git refuses a whole commit instead (_reject)."""
+        if not isinstance(self._source, KubernetesSource):
+            return {}
+        snapshot = self._source.snapshot(commit)
+        for key, why in snapshot.refused.items():
+            listed = snapshot.objects[key]
+            status = self._statuses.get(key)
+            if status is None or status.version is None:
+                fields: dict[str, Any] = dict(phase=Phase.FAILED, message=why, last_error=why)
+            else:
+                fields = dict(message=f"{status.phase.value} {status.version}; {why}", last_error=why)
+            if status is None or any(getattr(status, name) != value for name, value in fields.items()):
+                if status is None or status.phase is not Phase.FAILED:
+                    log.warning("object-refused workflowrun=%s reason=%r", key, why)
+                self._statuses.update_nowait(listed.namespace, listed.name, observed_commit=commit, kind=listed.kind,
+                                             **fields)
+        for key in self._refused - set(snapshot.refused) - set(snapshot.objects):
+            status = self._statuses.get(key)
+            if status is not None and status.deployed_fingerprint is None and key not in self._sagas:
+                self._statuses.remove(status.namespace, status.name)
+        self._refused = set(snapshot.refused)
+        return snapshot.refused
 
     def _was_deployed(self, key: str) -> bool:
         """Status says plnt deployed it: then "not seen" on an unreadable backend is not "gone". (A

@@ -27,6 +27,7 @@ from plnt.reconciler.errors import RetryLater, UntrustedSagaInput
 from plnt.reconciler.saga.io import SagaRef
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource, SourceError
+from plnt.reconciler.source.kubernetes import KubernetesSource
 
 
 def as_preview(run: WorkflowRun, pr: int) -> WorkflowRun:
@@ -51,7 +52,7 @@ class TrustedSaga:
 
 
 class CommitSpecs:
-    def __init__(self, source: GitSource, *, keep: int = 8, limits: SpecLimits = DEFAULT_LIMITS,
+    def __init__(self, source: GitSource | KubernetesSource, *, keep: int = 8, limits: SpecLimits = DEFAULT_LIMITS,
                  verifier: CommitVerifier | None = None) -> None:
         self._source = source
         self._verifier = verifier  # --verify-commits: a saga's commit must carry a trusted signature

@@ -288,6 +288,34 @@ class LocalCluster:
             return []
         return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
 
+    def requests_of(self, user: str) -> set[tuple[str, str, str, str, int]]:
+        """(group, resource[/subresource], verb, namespace, response code) of each request `user` made."""
+        used = set()
+        for event in self.audit_events():
+            if event.get("user", {}).get("username") != user or event.get("stage") != "ResponseComplete":
+                continue
+            ref = event.get("objectRef") or {}
+            resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+            used.add((ref.get("apiGroup", ""), resource, event["verb"], ref.get("namespace", ""),
+                      event.get("responseStatus", {}).get("code", 0)))
+        return used
+
+    def token_kubeconfig(self, account: str, namespace: str, path: Path) -> Path:
+        """A kubeconfig holding a token the TokenRequest API issued for ServiceAccount namespace/account."""
+        from kubernetes import client as k8s
+
+        request = k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
+        token = k8s.CoreV1Api(self.api_client()).create_namespaced_service_account_token(
+            account, namespace, request).status.token
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "local",
+            "clusters": [{"name": "local", "cluster": {"server": self.server,
+                                                       "certificate-authority": str(self.pki / "ca.crt")}}],
+            "users": [{"name": account, "user": {"token": token}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": account}}]}, indent=2))
+        path.chmod(0o600)
+        return path
+
     def alive(self) -> dict[str, bool]:
         return {p.name: p.popen.poll() is None for p in self._processes}
 
