@@ -16,7 +16,6 @@ from plnt.reconciler.drivers.processes import free_port
 from plnt.reconciler.drivers.serving import answer_of, wait_serving
 from plnt.reconciler.state import ModelServing, Release
 
-
 pytestmark = pytest.mark.integration  # real sockets
 
 
