@@ -3,6 +3,7 @@
     PlntError
     ├── RetryLater        transient: the same step may succeed if tried again (runner slow to start, port taken)
     │   ├── DriverError           a release driver failed in a way that may pass
+    │   │   └── ClusterUnavailable    a Kubernetes API server (or its storage) is not answering: waited out
     │   ├── RegistryUnavailable   a registry did not answer or broke the transfer off
     │   ├── RegistryAuthFailed    a registry refused plnt's credentials (401/403): fix them, plnt retries
     │   └── LiveStateUnknown      a backend's live state could not be read: unknown, never "gone"
@@ -38,6 +39,11 @@ class RetryLater(PlntError):
 
 class DriverError(RetryLater):
     """A release driver failed in a way that may pass (process start, health check, port)."""
+
+
+class ClusterUnavailable(DriverError):
+    """A backend's API server refused the connection, or it (or etcd behind it) did not answer: an
+    outage or a control-plane upgrade. Nothing was done; the Helm driver waits it out, then retries."""
 
 
 class RegistryUnavailable(RetryLater):

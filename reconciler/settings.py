@@ -280,6 +280,10 @@ class KubernetesSettings(BaseModel):
     serving_timeout_s: float = Field(
         default=20.0, gt=0, le=120, description="after helm --wait, how long a release's Service may take to answer "
         "as that release (endpoints programmed) before the install or promote step fails and is retried")
+    unavailable_wait_s: float = Field(
+        default=60.0, ge=0, le=150, description="how long an install, promotion or removal on a Kubernetes "
+        "backend is tried again while its API server is unavailable (refused, unreachable, its etcd away) before "
+        "the saga step fails")
     runner_image: str = Field(default="plnt", description="runner image repository for Kubernetes backends")
     runner_image_tag: str = ""
     mirror_status: bool = Field(default=False, description="apply WorkflowRun CRs and write their status")
@@ -323,7 +327,7 @@ FLAT_NAMES: dict[str, str] = {
         "drain_grace_s")},
     **{name: f"kubernetes.{name}" for name in
        ("helm_binary", "helm_chart", "helm_model_chart", "model_install_timeout_s", "gpu_resource", "serving_timeout_s",
-        "runner_image", "runner_image_tag", "mirror_status", "kubeconfig", "runner_registry_secret")},
+        "unavailable_wait_s", "runner_image", "runner_image_tag", "mirror_status", "kubeconfig", "runner_registry_secret")},
 }
 
 

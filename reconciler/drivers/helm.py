@@ -66,11 +66,12 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from plnt.core import telemetry
@@ -84,17 +85,27 @@ from plnt.core.specs.models import (
 )
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.drivers.serving import wait_serving
-from plnt.reconciler.errors import DriverError, InvalidSpec, LiveStateUnknown, NeedsHuman, PlntError, UnknownBackend
+from plnt.reconciler.errors import (
+    ClusterUnavailable,
+    DriverError,
+    InvalidSpec,
+    LiveStateUnknown,
+    NeedsHuman,
+    PlntError,
+    UnknownBackend,
+)
 from plnt.reconciler.recipes.registries import RegistryOptions
 from plnt.reconciler.recipes.trust import policies_for
 from plnt.reconciler.settings import StepTimeouts
 from plnt.reconciler.state import LiveWorkflow, ModelServing, Release, Track
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_CHART = str(Path(__file__).resolve().parents[2] / "charts" / "workflow-runner")
 DEFAULT_MODEL_CHART = str(Path(__file__).resolve().parents[2] / "charts" / "model-server")
 RELEASE_NAME_MAX = 53  # Helm's limit (release names end up in labels with suffixes)
+UNAVAILABLE_POLL_S = 2.0  # a helm command is tried again this often while the cluster is unavailable
 # helm enforces its own --timeout; the helm process is killed this long after it, to cover its exit.
 HELM_EXIT_MARGIN_S = 20.0
 # What a model release's install or promote step needs beyond the model's helm --wait: helm's exit,
@@ -475,8 +486,12 @@ def classify(command: str, release: str, stderr: str, backend: str | None = None
     if re.search(r"\bforbidden\b|invalid ownership metadata|cannot be imported into the current release"
                  r'|namespaces "[^"]+" not found|^error: path "[^"]*" not found', text, re.MULTILINE):
         return HelmConfigError(where)
-    # Connection refused, cluster unreachable, TLS/i-o timeouts, wait timeouts, throttling, etcd
-    # hiccups, and anything unknown: may pass on a later attempt.
+    # The API server is away (refused, unreachable) or cannot reach its storage: an outage to wait out.
+    if re.search(r"kubernetes cluster unreachable|connect: connection refused|etcdserver: |"
+                 r"the server was unable to return a response|the server is currently unable to handle the request",
+                 text):
+        return ClusterUnavailable(where)
+    # TLS/i-o timeouts, wait timeouts, throttling, and anything unknown: may pass on a later attempt.
     return DriverError(where)
 
 
@@ -619,6 +634,7 @@ class HelmDriver:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         environ: Mapping[str, str] | None = None,
         serving_timeout_s: float | None = None,
+        unavailable_wait_s: float = 0.0,
     ) -> None:
         """`chart` renders WorkflowRuns' releases, `model_chart` ModelDeployments'; `resources` and
         `model_resources` are their servers' cpu/memory; `gpu_resource`: see `gpu_resource_name`.
@@ -628,7 +644,8 @@ class HelmDriver:
         `serving_timeout_s`: an installed or promoted release counts only once its Service answers as
         that release within this many seconds (serving.py; plnt's composition gives the setting
         `kubernetes.serving_timeout_s`); None: helm's --wait alone, for a caller that cannot reach the
-        Services."""
+        Services. `unavailable_wait_s`: how long an install, promotion or removal is tried again while
+        the cluster is unavailable (ClusterUnavailable; the setting `kubernetes.unavailable_wait_s`)."""
         if backend.spec.type != "kubernetes" or backend.spec.kubernetes is None:
             raise UnknownBackend(f"backend {backend.metadata.name!r} is of type {backend.spec.type}; "
                                  "the Helm driver needs type: kubernetes")
@@ -650,6 +667,7 @@ class HelmDriver:
         self._run = runner or helm_runner(helm, timeout_s)
         self._clock = clock
         self._serving_timeout_s = serving_timeout_s
+        self._unavailable_wait_s = unavailable_wait_s
         self._locks: dict[str, asyncio.Lock] = {}
         self._tracing = tracing_values(os.environ if environ is None else environ)
         self._live_values: dict[tuple[str, int], dict[str, Any]] = {}  # (release, revision) -> its values
@@ -664,6 +682,17 @@ class HelmDriver:
     # --- the driver interface ---------------------------------------------------------------
 
     async def install(self, request: InstallRequest) -> Release:
+        return await self._waiting_out_outages(f"install {request.namespace}/{request.name} ({request.track})",
+                                               lambda: self._install(request))
+
+    async def promote(self, namespace: str, name: str) -> Release:
+        return await self._waiting_out_outages(f"promote {namespace}/{name}", lambda: self._promote(namespace, name))
+
+    async def remove(self, namespace: str, name: str, track: Track) -> None:
+        await self._waiting_out_outages(f"remove {namespace}/{name} ({track})",
+                                        lambda: self._remove(namespace, name, track))
+
+    async def _install(self, request: InstallRequest) -> Release:
         release = release_name(request.name, request.track)
         values = self._values(request)
         async with self._lock(request.namespace, request.name):
@@ -678,7 +707,7 @@ class HelmDriver:
             await self._upgrade(release, values)
             return await self._serving(self._release(release, values))
 
-    async def promote(self, namespace: str, name: str) -> Release:
+    async def _promote(self, namespace: str, name: str) -> Release:
         stable, canary = release_name(name, "stable"), release_name(name, "canary")
         async with self._lock(namespace, name):
             canary_status = await self.status(canary)
@@ -707,7 +736,7 @@ class HelmDriver:
             await self._uninstall(canary)
             return promoted
 
-    async def remove(self, namespace: str, name: str, track: Track) -> None:
+    async def _remove(self, namespace: str, name: str, track: Track) -> None:
         release = release_name(name, track)
         async with self._lock(namespace, name):
             current = await self.status(release)
@@ -896,6 +925,23 @@ class HelmDriver:
         if result.returncode != 0:
             raise classify(args[0], release, result.stderr or "", self._backend.metadata.name)
         return result
+
+    async def _waiting_out_outages(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
+        """`step` (an install, promotion or removal: each safe to run again from the top), tried again
+        while the cluster is unavailable, for at most `unavailable_wait_s`: an API server restarting
+        must not fail, and roll back, a good canary. Live reads do not wait (a pass must not stall)."""
+        waiting_since: float | None = None
+        while True:
+            try:
+                return await step()
+            except ClusterUnavailable as error:
+                now = time.monotonic()
+                waiting_since = now if waiting_since is None else waiting_since
+                if now - waiting_since >= self._unavailable_wait_s:
+                    raise
+                log.warning("helm-cluster-unavailable backend=%s %s waited=%.0fs: %s; trying again",
+                            self._backend.metadata.name, what, now - waiting_since, error)
+                await asyncio.sleep(UNAVAILABLE_POLL_S)
 
     # --- internals ---------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,10 +37,9 @@ pytestmark = [pytest.mark.k8s, pytest.mark.integration]
 
 VENV_BIN = Path(sys.executable).parent
 NODES = (FakeNode("node-a"), FakeNode("node-b"))
-NS = "agents"  # the backends' namespace: Pod Security `restricted` enforced
 RUN_FILE = "workflowruns/review-responder.yaml"
 EXAMPLE_RUN = EXAMPLE / RUN_FILE
-VERSIONS = ("1.2.0", "1.3.0", "1.4.0")  # 1.4.0 has a step that errors: its smoke test fails
+VERSIONS = ("1.2.0", "1.3.0", "1.4.0", "1.5.0")  # 1.4.0 has a step that errors; 1.5.0 answers in ~0.6 s
 DOMAINS = ("cluster.local", "west.cluster.example")
 
 
@@ -52,7 +52,6 @@ def sites(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             cluster_site(net, k8s_bin_dir, work / "east", ranges[0], nodes=NODES, domain=DOMAINS[0]) as east, \
             cluster_site(net, k8s_bin_dir, work / "west", ranges[1], nodes=NODES, domain=DOMAINS[1]) as west:
         for site in (east, west):
-            site.create_namespace(NS)
             site.publish("review-responder", VERSIONS)
         yield east, west
 
@@ -62,9 +61,19 @@ def site(sites: tuple[ClusterSite, ClusterSite]) -> ClusterSite:
     return sites[0]
 
 
-def kubernetes_specs(repo: SpecRepo, site: ClusterSite) -> None:
+@pytest.fixture
+def ns(sites: tuple[ClusterSite, ClusterSite]) -> str:
+    """Each test's own backend namespace on both clusters, enforcing Pod Security `restricted`."""
+    name = f"agents-{uuid.uuid4().hex[:6]}"
+    for each in sites:
+        with each.net.entered():
+            each.create_namespace(name)
+    return name
+
+
+def kubernetes_specs(repo: SpecRepo, site: ClusterSite, ns: str) -> None:
     """gitops-example moved onto the cluster: a PlntBackend of type kubernetes, the recipe in its registry."""
-    repo.write("backends/cluster.yaml", site.backend_yaml("test-cluster", NS))
+    repo.write("backends/cluster.yaml", site.backend_yaml("test-cluster", ns))
     repo.replace(RUN_FILE, "registry: file:registry", f"registry: oci://{site.registry.address}/recipes")
     repo.replace(RUN_FILE, "cluster: local", "cluster: test-cluster")
     repo.commit("review-responder on the test cluster")
@@ -113,16 +122,16 @@ def history(up: PlntUp) -> dict[str, Any]:
 
 
 def test_a_commit_rolls_out_through_helm_and_a_bad_canary_is_rolled_back(
-    site: ClusterSite, spec_repo: SpecRepo, tmp_path: Path
+    site: ClusterSite, ns: str, spec_repo: SpecRepo, tmp_path: Path
 ) -> None:
-    kubernetes_specs(spec_repo, site)
+    kubernetes_specs(spec_repo, site, ns)
     with site.net.entered():
         up = plnt_up(site, spec_repo, tmp_path, site.registry.address)
         try:
             watch = Watch(up)
             first = watch.until("Ready at 1.2.0", lambda r: r["phase"] == "Ready" and r["version"] == "1.2.0")
             core, apps = k8s.CoreV1Api(site.api()), k8s.AppsV1Api(site.api())
-            stable = apps.read_namespaced_deployment("review-responder", NS)
+            stable = apps.read_namespaced_deployment("review-responder", ns)
             assert stable.status.available_replicas == 1, stable.status
             answer = invoke(up)
             assert answer.status_code == 200, up.why(answer.text)
@@ -134,21 +143,21 @@ def test_a_commit_rolls_out_through_helm_and_a_bad_canary_is_rolled_back(
             spec_repo.commit("bump review-responder to 1.3.0")
             canary = watch.until("in Canary", lambda r: r["phase"] == "Canary")
             assert canary["canaryVersion"] == "1.3.0", canary
-            pods = core.list_namespaced_pod(NS, label_selector="app.kubernetes.io/instance=review-responder-canary")
+            pods = core.list_namespaced_pod(ns, label_selector="app.kubernetes.io/instance=review-responder-canary")
             assert pods.items, "the canary release's pods"
             init = pods.items[0].spec.init_containers[0]
             args = [*init.command, *init.args]
             assert args[:3] == ["plnt", "recipe", "fetch"], args
             assert args[args.index("--registry") + 1] == f"oci://{site.registry.address}/recipes", args
             assert args[args.index("--digest") + 1].startswith("sha256:"), args
-            assert {r["name"] for r in site.helm(NS, "list")} == {"review-responder", "review-responder-canary"}
+            assert {r["name"] for r in site.helm(ns, "list")} == {"review-responder", "review-responder-canary"}
             promoted = watch.until("Ready at 1.3.0", lambda r: r["phase"] == "Ready" and r["version"] == "1.3.0")
             assert promoted["canaryVersion"] is None, promoted
             steps = [s["step"] for s in history(up)["steps"]]
             assert steps == ["validate", "pull_recipe", "install_release", "smoke_test", "promote_release"], steps
             assert invoke(up).json()["version"] == "1.3.0"
-            assert {r["name"] for r in site.helm(NS, "list")} == {"review-responder"}
-            stable_history = site.helm(NS, "history", "review-responder")
+            assert {r["name"] for r in site.helm(ns, "list")} == {"review-responder"}
+            stable_history = site.helm(ns, "history", "review-responder")
             assert [h["status"] for h in stable_history][-1] == "deployed", stable_history
 
             # A bad canary (a step that errors): the smoke test fails, helm removes the canary release,
@@ -158,10 +167,10 @@ def test_a_commit_rolls_out_through_helm_and_a_bad_canary_is_rolled_back(
             rolled = watch.until("RolledBack", lambda r: r["phase"] == "RolledBack", timeout=240)
             assert "error rate 100%" in rolled["lastError"], rolled
             assert rolled["version"] == "1.3.0", rolled
-            assert site.helm(NS, "history", "review-responder") == stable_history
-            wait_for("the canary release gone", lambda: {r["name"] for r in site.helm(NS, "list")} == {"review-responder"})
+            assert site.helm(ns, "history", "review-responder") == stable_history
+            wait_for("the canary release gone", lambda: {r["name"] for r in site.helm(ns, "list")} == {"review-responder"})
             wait_for("the canary's pods gone", lambda: not core.list_namespaced_pod(
-                NS, label_selector="app.kubernetes.io/instance=review-responder-canary").items)
+                ns, label_selector="app.kubernetes.io/instance=review-responder-canary").items)
             assert invoke(up).json()["version"] == "1.3.0"
             phases = [p for p, _ in watch.phases["review-responder"]]
             for phase in ("Deploying", "Canary", "RolledBack"):
@@ -171,14 +180,14 @@ def test_a_commit_rolls_out_through_helm_and_a_bad_canary_is_rolled_back(
 
 
 def test_one_commit_rolls_out_to_two_clusters_each_with_its_own_canary_and_verdict(
-    sites: tuple[ClusterSite, ClusterSite], spec_repo: SpecRepo, tmp_path: Path
+    sites: tuple[ClusterSite, ClusterSite], ns: str, spec_repo: SpecRepo, tmp_path: Path
 ) -> None:
     """Two PlntBackends on two running clusters (their own Service domains); one commit moves the
     WorkflowRun on each: east's canary passes and is promoted, west's fails and is rolled back."""
     east, west = sites
     spec_repo.remove(RUN_FILE)
     for name, site in (("east", east), ("west", west)):
-        spec_repo.write(f"backends/{name}.yaml", site.backend_yaml(name, NS))
+        spec_repo.write(f"backends/{name}.yaml", site.backend_yaml(name, ns))
         spec_repo.write(f"workflowruns/{name}.yaml", EXAMPLE_RUN.read_text()
                         .replace("name: review-responder\n", f"name: review-responder-{name}\n")
                         .replace("registry: file:registry", f"registry: oci://{site.registry.address}/recipes")
@@ -194,13 +203,13 @@ def test_one_commit_rolls_out_to_two_clusters_each_with_its_own_canary_and_verdi
                 answer = invoke(up, f"review-responder-{name}")
                 assert answer.status_code == 200 and answer.json()["version"] == "1.2.0", up.why(answer.text)
             # Each release on its own cluster only.
-            assert {r["name"] for r in east.helm(NS, "list")} == {"review-responder-east"}
-            assert {r["name"] for r in west.helm(NS, "list")} == {"review-responder-west"}
+            assert {r["name"] for r in east.helm(ns, "list")} == {"review-responder-east"}
+            assert {r["name"] for r in west.helm(ns, "list")} == {"review-responder-west"}
 
             spec_repo.replace("workflowruns/east.yaml", "review-responder@1.2.0", "review-responder@1.3.0")
             spec_repo.replace("workflowruns/west.yaml", "review-responder@1.2.0", "review-responder@1.4.0")
             spec_repo.commit("east to 1.3.0, west to 1.4.0")
-            west_history = west.helm(NS, "history", "review-responder-west")
+            west_history = west.helm(ns, "history", "review-responder-west")
             promoted = watch.until("Ready at 1.3.0", lambda r: r["phase"] == "Ready" and r["version"] == "1.3.0",
                                    name="review-responder-east")
             rolled = watch.until("RolledBack", lambda r: r["phase"] == "RolledBack", name="review-responder-west",
@@ -211,9 +220,54 @@ def test_one_commit_rolls_out_to_two_clusters_each_with_its_own_canary_and_verdi
                 assert ("Canary", canary) in watch.phases[f"review-responder-{name}"], watch.phases
             assert invoke(up, "review-responder-east").json()["version"] == "1.3.0"
             assert invoke(up, "review-responder-west").json()["version"] == "1.2.0"
-            assert west.helm(NS, "history", "review-responder-west") == west_history
+            assert west.helm(ns, "history", "review-responder-west") == west_history
             wait_for("west's canary release gone",
-                     lambda: {r["name"] for r in west.helm(NS, "list")} == {"review-responder-west"})
-            assert {r["name"] for r in east.helm(NS, "list")} == {"review-responder-east"}
+                     lambda: {r["name"] for r in west.helm(ns, "list")} == {"review-responder-west"})
+            assert {r["name"] for r in east.helm(ns, "list")} == {"review-responder-east"}
         finally:
             up.kill()
+
+
+@pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
+def test_the_cluster_away_for_30s_mid_canary_loses_nothing_and_the_rollout_completes(
+    site: ClusterSite, ns: str, spec_repo: SpecRepo, tmp_path: Path, component: str
+) -> None:
+    """kube-apiserver (or etcd behind it) stopped for 30 s while the canary is under test: plnt reads
+    the live state as unknown (not gone) and removes nothing, the stable release keeps answering
+    through the gateway, and the rollout completes once the server is back."""
+    kubernetes_specs(spec_repo, site, ns)
+    with site.net.entered():
+        up = plnt_up(site, spec_repo, tmp_path, site.registry.address)
+        try:
+            watch = Watch(up)
+            watch.until("Ready at 1.2.0", lambda r: r["phase"] == "Ready" and r["version"] == "1.2.0")
+            stable_history = site.helm(ns, "history", "review-responder")
+            # 1.5.0 answers in ~0.6 s: 40 invocations, 2 at a time, keep it in Canary for ~12 s.
+            spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.5.0")
+            spec_repo.replace(RUN_FILE, "invocations: 10", "invocations: 40")
+            spec_repo.commit("1.5.0, a longer smoke test")
+            watch.until("in Canary", lambda r: r["phase"] == "Canary" and r["canaryVersion"] == "1.5.0")
+            site.cluster.stop_component(component)
+            away_until = time.monotonic() + 30
+            answers: list[int] = []
+            while time.monotonic() < away_until:
+                row = watch.until("still rolling out", lambda r: True)
+                assert row["phase"] in ("Canary", "Deploying", "Ready"), row  # nothing gave up or removed
+                answers.append(invoke(up).status_code)
+                time.sleep(1)
+            assert set(answers) == {200}, answers
+            site.cluster.restart_component(component)
+            done = watch.until("Ready at 1.5.0", lambda r: r["phase"] == "Ready" and r["version"] == "1.5.0",
+                               timeout=240)
+            assert done["canaryVersion"] is None, done
+            assert invoke(up).json()["version"] == "1.5.0"
+            # The stable release was upgraded once (the promotion), nothing rolled back or reinstalled.
+            history_now = site.helm(ns, "history", "review-responder")
+            assert [(h["revision"], h["updated"]) for h in history_now] == \
+                [(h["revision"], h["updated"]) for h in stable_history] + [(len(stable_history) + 1, history_now[-1]["updated"])]
+            assert [h["status"] for h in history_now][-2:] == ["superseded", "deployed"], history_now
+            assert "RolledBack" not in [p for p, _ in watch.phases["review-responder"]], watch.phases
+        finally:
+            up.kill()
+            if component not in site.cluster.alive():
+                site.cluster.restart_component(component)

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from plnt.core.specs.models import Deployable, WorkflowRun, run_key
 from plnt.reconciler.drivers.protocol import ReleaseDriver
-from plnt.reconciler.errors import NeedsHuman, PlntError, RetryLater, UntrustedSagaInput
+from plnt.reconciler.errors import LiveStateUnknown, NeedsHuman, PlntError, RetryLater, UntrustedSagaInput
 from plnt.reconciler.recipes.archive import ExtractLimits
 from plnt.reconciler.recipes.pull import ExportFromRepo, ReadFromRepo, RecipeCache
 from plnt.reconciler.recipes.registries import RegistryOptions
@@ -36,6 +36,11 @@ from temporalio.service import RPCError
 T = TypeVar("T")
 
 HEARTBEAT_EVERY_S = 1.0
+# A saga step that needs a release's live record waits this long for a backend whose live state is
+# unknown (its API server restarting, etcd away) before it fails: unknown is not gone, and failing
+# at once rolled back a good canary. Polled every LIVE_UNKNOWN_POLL_S, heartbeating meanwhile.
+LIVE_UNKNOWN_WAIT_S = 60.0
+LIVE_UNKNOWN_POLL_S = 2.0
 TRUSTED_RUNS_KEPT = 4096  # saga runs whose task queue was checked, kept (oldest dropped first)
 # The SDK sends heartbeats on to Temporal at most this often (its default: 80% of the 10 s heartbeat
 # timeout): their details are a running smoke test's live numbers (status smokeProgress, the forge status).
@@ -171,6 +176,22 @@ class SagaStep:
         return await self._live(run.metadata.namespace, run.metadata.name)
 
     async def _live(self, namespace: str, name: str) -> LiveWorkflow | None:
+        return await with_heartbeats(self._live_waiting(namespace, name))
+
+    async def _live_waiting(self, namespace: str, name: str) -> LiveWorkflow | None:
+        waited = 0.0
+        while True:
+            try:
+                return await self._live_once(namespace, name)
+            except LiveStateUnknown as unknown:
+                if waited >= LIVE_UNKNOWN_WAIT_S:
+                    raise
+                activity.logger.warning("live-state-unknown %s/%s waited=%.0fs: %s; trying again",
+                                        namespace, name, waited, unknown)
+                await asyncio.sleep(LIVE_UNKNOWN_POLL_S)
+                waited += LIVE_UNKNOWN_POLL_S
+
+    async def _live_once(self, namespace: str, name: str) -> LiveWorkflow | None:
         live_of = getattr(self._driver, "live_of", None)  # a DriverSet: one record, not all of them
         if live_of is not None:
             found: LiveWorkflow | None = await live_of(namespace, name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,6 +26,7 @@ from plnt.core.specs.loader import SourceFile, load_sources
 from plnt.core.specs.models import PlntBackend, RecipeTrustPolicy, WorkflowRun
 from plnt.reconciler.drivers.helm import (
     DEFAULT_CHART,
+    UNAVAILABLE_POLL_S,
     HelmChartError,
     HelmConfigError,
     HelmDriver,
@@ -40,7 +42,7 @@ from plnt.reconciler.drivers.helm import (
     run_helm,
 )
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
-from plnt.reconciler.errors import DriverError, InvalidSpec, NeedsHuman, UnknownBackend
+from plnt.reconciler.errors import ClusterUnavailable, DriverError, InvalidSpec, NeedsHuman, UnknownBackend
 from plnt.reconciler.recipes.registries import RegistryOptions
 
 NOW = datetime(2025, 11, 29, 22, 0, 0, tzinfo=UTC)
@@ -132,6 +134,7 @@ IN_PROGRESS = "Error: UPGRADE FAILED: another operation (install/upgrade/rollbac
 UNREACHABLE = ('Error: kubernetes cluster unreachable: Get "https://10.0.0.1:6443/version": dial tcp 10.0.0.1:6443: '
                "connect: connection refused\n")
 NO_CONTEXT = 'Error: kubernetes cluster unreachable: context "prod" does not exist\n'
+ETCD_AWAY = "Error: UPGRADE FAILED: etcdserver: request timed out\n"
 NO_KUBECONFIG = "Error: kubernetes cluster unreachable: stat /etc/plnt/kubeconfig: no such file or directory\n"
 SCHEMA = ("Error: values don't meet the specifications of the schema(s) in the following chart(s):\n"
           "workflow-runner:\n- at '/gpu/count': got string, want integer\n")
@@ -293,7 +296,8 @@ async def test_install_needs_the_spec_with_the_request_fingerprint() -> None:
 
 
 @pytest.mark.parametrize(("stderr", "error"), [
-    (UNREACHABLE, DriverError),
+    (UNREACHABLE, ClusterUnavailable),
+    (ETCD_AWAY, ClusterUnavailable),
     (WAIT_TIMEOUT, DriverError),
     (THROTTLED, DriverError),
     ("Error: UPGRADE FAILED: something nobody has seen before\n", DriverError),
@@ -311,7 +315,7 @@ async def test_upgrade_errors_map_to_what_happens_next(stderr: str, error: type[
     with pytest.raises(error) as caught:
         await driver(fake).install(request())
     assert type(caught.value) is error
-    assert isinstance(caught.value, NeedsHuman) == (error is not DriverError)
+    assert isinstance(caught.value, NeedsHuman) == (not issubclass(error, DriverError))
     assert str(caught.value).startswith("helm upgrade review-responder-canary: ")
     assert "\n" not in str(caught.value) and "Error:" not in str(caught.value)
 
@@ -329,6 +333,31 @@ async def test_status_errors_other_than_not_found_propagate() -> None:
     fake = FakeHelm().expect("status", rc=1, stderr=UNREACHABLE)
     with pytest.raises(DriverError, match="connection refused"):
         await driver(fake).install(request())
+
+
+async def test_an_install_waits_out_a_cluster_outage_then_goes_on() -> None:
+    """The API server refuses twice (restarting), then answers: the install goes on from the top."""
+    fake = (FakeHelm().expect("status", rc=1, stderr=UNREACHABLE).expect("status", rc=1, stderr=UNREACHABLE)
+            .expect("status", rc=1, stderr=NOT_FOUND).expect("upgrade"))
+    specs = SpecCache()
+    specs.remember(RUN)
+    waiting = HelmDriver(BACKEND, specs, image=IMAGE, runner=fake, clock=lambda: NOW, unavailable_wait_s=30)
+    started = time.monotonic()
+    released = await waiting.install(request())
+    fake.done()
+    assert released.track == "canary" and released.version == RUN.spec.workflow.version
+    assert time.monotonic() - started >= 2 * UNAVAILABLE_POLL_S
+
+
+async def test_an_outage_longer_than_the_wait_fails_the_step_retryably() -> None:
+    fake = FakeHelm().expect("status", rc=1, stderr=UNREACHABLE).expect("status", rc=1, stderr=UNREACHABLE)
+    specs = SpecCache()
+    specs.remember(RUN)
+    waiting = HelmDriver(BACKEND, specs, image=IMAGE, runner=fake, clock=lambda: NOW, unavailable_wait_s=1)
+    with pytest.raises(ClusterUnavailable, match="connection refused") as caught:
+        await waiting.install(request())
+    assert not isinstance(caught.value, NeedsHuman)
+    fake.done()
 
 
 # --- stuck releases --------------------------------------------------------------------------
@@ -707,7 +736,7 @@ def test_run_helm_runs_the_real_binary() -> None:
     from plnt.reconciler.drivers.helm import classify
 
     error = classify("status", "x", result.stderr)
-    assert type(error) is DriverError and error.retryable
+    assert type(error) is ClusterUnavailable and error.retryable
 
 
 def test_driver_set_routes_kubernetes_runs_to_helm_and_remembers_backends(tmp_path: Path) -> None:
