@@ -282,7 +282,8 @@ def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, st
                           image=RunnerImage(repository=kube.runner_image, tag=kube.runner_image_tag),
                           registry_options=registry_options(settings),
                           credentials_secret=kube.runner_registry_secret,
-                          model_timeout_s=kube.model_install_timeout_s, gpu_resource=kube.gpu_resource,
+                          timeout_s=kube.install_timeout_s, model_timeout_s=kube.model_install_timeout_s,
+                          gpu_resource=kube.gpu_resource,
                           serving_timeout_s=kube.serving_timeout_s, unavailable_wait_s=kube.unavailable_wait_s)
 
     return DriverSet(local, state, make_helm, on_change=on_change)

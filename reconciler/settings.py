@@ -269,6 +269,10 @@ class KubernetesSettings(BaseModel):
     helm_chart: str | None = Field(default=None, description="workflow-runner chart; None: the one in this checkout")
     helm_model_chart: str | None = Field(
         default=None, description="model-server chart (ModelDeployments); None: the one beside this package")
+    install_timeout_s: float = Field(
+        default=150.0, ge=5, le=3600, description="helm --wait of one runner release (image pull, the recipe fetch, "
+        "the runner's start) and of every uninstall; a WorkflowRun's install, promote and remove steps are given at "
+        "least this plus a margin (helm.runner_step_timeouts)")
     model_install_timeout_s: float = Field(
         default=1800.0, gt=0, description="helm --wait of one model-server release (the weights fetch and the "
         "server's start); the saga's install and promote steps of a ModelDeployment are given this plus a margin")
@@ -326,7 +330,7 @@ FLAT_NAMES: dict[str, str] = {
        ("control_url", "internal_token", "lease", "lease_name", "lease_namespace", "identity", "report_interval_s",
         "drain_grace_s")},
     **{name: f"kubernetes.{name}" for name in
-       ("helm_binary", "helm_chart", "helm_model_chart", "model_install_timeout_s", "gpu_resource", "serving_timeout_s",
+       ("helm_binary", "helm_chart", "helm_model_chart", "install_timeout_s", "model_install_timeout_s", "gpu_resource", "serving_timeout_s",
         "unavailable_wait_s", "runner_image", "runner_image_tag", "mirror_status", "kubeconfig", "runner_registry_secret")},
 }
 

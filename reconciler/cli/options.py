@@ -94,6 +94,10 @@ def with_option_groups(command: Callable[..., None]) -> Callable[..., None]:
 # --- options of one meaning everywhere -----------------------------------------------------------
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v")]
+InstallTimeout = Annotated[float, typer.Option(min=5, max=3600, help=(
+    "Seconds helm waits for a runner release on a Kubernetes backend (image pull, recipe fetch, start) and for an "
+    "uninstall; a WorkflowRun's saga install/promote/remove steps get at least this plus 30 s. With the roles "
+    "apart: the same value for reconcile and worker."))]
 ModelInstallTimeout = Annotated[float, typer.Option(min=1, help=(
     "Seconds helm waits for a model-server release (weights fetch + server start); a ModelDeployment's saga "
     "install/promote steps get this plus 300 s. With the roles apart: the same value for reconcile and worker."))]

@@ -14,6 +14,7 @@ from plnt.reconciler.cli.options import (
     CommitTrustOptions,
     ForgeOptions,
     Identity,
+    InstallTimeout,
     MaxSagas,
     ModelInstallTimeout,
     RoleInternalTokenFile,
@@ -63,6 +64,7 @@ def reconcile(
     limits: SpecLimitOptions,
     retry_attempts: Annotated[int, typer.Option(help=RETRY_ATTEMPTS_HELP, min=1)] = 3,
     retry_initial_s: Annotated[float, typer.Option(help="Seconds before a step's first retry.")] = 2.0,
+    install_timeout: InstallTimeout = 150.0,
     model_install_timeout: ModelInstallTimeout = 1800.0,
     forge: ForgeOptions,
     verbose: Verbose = False,
@@ -87,6 +89,6 @@ def reconcile(
                          webhook_secret_file=webhook_secret_file),
             trust=trust.settings(), spec_limits=limits.limits(),
             kubernetes=dict(mirror_status=mirror_status, kubeconfig=kubeconfig,
-                            model_install_timeout_s=model_install_timeout),
+                            install_timeout_s=install_timeout, model_install_timeout_s=model_install_timeout),
             review=forge.settings())
     roles.run_role(start_reconciler, settings, "reconcile")

@@ -18,6 +18,7 @@ from plnt.reconciler.cli.options import (
     ForgeOptions,
     GatewayOptions,
     GpuResource,
+    InstallTimeout,
     ModelInstallTimeout,
     RegistryAccessOptions,
     RunnerOptions,
@@ -52,6 +53,7 @@ def up(
         ".venv-llm beside plnt's code."))] = None,
     weights_budget_gb: Annotated[float, typer.Option(
         "--weights-budget", help="GiB the weights store (STATE/weights) may use; a pull past it fails.", min=0.001)] = 20,
+    install_timeout: InstallTimeout = 150.0,
     model_install_timeout: ModelInstallTimeout = 1800.0,
     gpu_resource: GpuResource = None,
     max_recipe_mb: Annotated[int, typer.Option(help=MAX_RECIPE_MB_HELP)] = 256,
@@ -100,7 +102,8 @@ def up(
             temporal=temporal.settings(max_concurrent_sagas=max_sagas, retry=RetrySettings(
                 maximum_attempts=retry_attempts, initial_interval_s=retry_initial_s)),
             registries=registries.settings(max_recipe_bytes=max_recipe_mb * 2**20),
-            kubernetes=dict(model_install_timeout_s=model_install_timeout, gpu_resource=gpu_resource,
+            kubernetes=dict(install_timeout_s=install_timeout, model_install_timeout_s=model_install_timeout,
+                            gpu_resource=gpu_resource,
                             mirror_status=mirror_status, kubeconfig=kubeconfig),
             spec_limits=limits.limits(), roles=dict(internal_token=internal_token),
             runners=runners.settings(weights_budget_bytes=int(weights_budget_gb * 2**30),

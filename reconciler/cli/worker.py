@@ -14,6 +14,7 @@ from plnt.reconciler.cli.options import (
     CommitTrustOptions,
     GpuResource,
     Identity,
+    InstallTimeout,
     MaxSagas,
     ModelInstallTimeout,
     RoleInternalTokenFile,
@@ -52,6 +53,7 @@ def worker(
         "resource (default: the pod's service account)."))] = None,
     registries: WorkerRegistryAccessOptions,
     max_recipe_mb: Annotated[int, typer.Option(help=MAX_RECIPE_MB_HELP, min=1)] = 256,
+    install_timeout: InstallTimeout = 150.0,
     model_install_timeout: ModelInstallTimeout = 1800.0,
     gpu_resource: GpuResource = None,
     max_sagas: MaxSagas = 8,
@@ -79,6 +81,7 @@ def worker(
             trust=trust.settings(), review=dict(previews=tuple(previews or ())),
             registries=registries.settings(max_recipe_bytes=max_recipe_mb * 2**20), spec_limits=limits.limits(),
             runners=runners.settings(),
-            kubernetes=dict(model_install_timeout_s=model_install_timeout, gpu_resource=gpu_resource,
+            kubernetes=dict(install_timeout_s=install_timeout, model_install_timeout_s=model_install_timeout,
+                            gpu_resource=gpu_resource,
                             kubeconfig=kubeconfig))
     roles.run_role(start_worker, settings, "worker")

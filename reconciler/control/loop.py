@@ -20,7 +20,7 @@ from plnt.core.specs.loader import Problem, SpecSet
 from plnt.core.status import FINAL_PHASES, Phase
 from plnt.reconciler.bulk import in_bulk_thread
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
-from plnt.reconciler.drivers.helm import model_step_timeouts
+from plnt.reconciler.drivers.helm import model_step_timeouts, runner_step_timeouts
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
@@ -291,6 +291,9 @@ class Reconciler:
                 # histories replay as they were (their input carries the timeouts they ran with).
                 retry = retry.model_copy(update={"step_timeouts": model_step_timeouts(
                     retry.step_timeouts, self._settings.kubernetes.model_install_timeout_s)})
+            else:  # a raised runner install timeout (kubernetes.install_timeout_s) raises its steps' too
+                retry = retry.model_copy(update={"step_timeouts": runner_step_timeouts(
+                    retry.step_timeouts, self._settings.kubernetes.install_timeout_s)})
             saga = SagaInput(action="deploy", namespace=item.namespace, name=item.name, commit=commit,
                              fingerprint=run.fingerprint(), version=run.version, retry=retry)
             if self._statuses.get(item.key) is None:

@@ -114,6 +114,7 @@ HELM_EXIT_MARGIN_S = 20.0
 # model release rolled back first waits the model's timeout twice: that attempt may time out, and
 # the step's retry finds the rollback done, or still pending and young: retried again.)
 MODEL_STEP_MARGIN_S = 300.0
+RUNNER_STEP_MARGIN_S = 30.0  # helm's exit, the serving check; see runner_step_timeouts
 CANARY_SUFFIX = "-canary"
 RUNNER_SERVICE_NAME = "plnt-runner"  # runner pods' OTEL_SERVICE_NAME, as a local runner's default
 # Where the runner reads its recipe: a directory in the chart's emptyDir (mounted at /var/lib/plnt),
@@ -336,6 +337,15 @@ def gpu_resource_name(gpu_class: str, configured: str | None = None) -> str:
     if not gpu_class or gpu_class in DEVICE_PLUGIN_RESOURCES or gpu_class.startswith("nvidia.com/mig-"):
         return ""
     return "nvidia.com/gpu"
+
+
+def runner_step_timeouts(timeouts: StepTimeouts, install_timeout_s: float) -> StepTimeouts:
+    """The saga's step timeouts for a WorkflowRun: install_release, promote_release and remove_release
+    at least `install_timeout_s` (helm's --wait of a runner release, and of an uninstall) plus
+    RUNNER_STEP_MARGIN_S. With the default (150 s) they stay as they are (180 s)."""
+    floor = install_timeout_s + RUNNER_STEP_MARGIN_S
+    return timeouts.model_copy(update={step: max(timeouts.of(step), floor)
+                                       for step in ("install_release", "promote_release", "remove_release")})
 
 
 def model_step_timeouts(timeouts: StepTimeouts, model_timeout_s: float) -> StepTimeouts:

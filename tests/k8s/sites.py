@@ -74,9 +74,10 @@ class ClusterSite:
         """A namespace enforcing Pod Security `restricted`: every pod plnt creates must be admitted there."""
         k8s.CoreV1Api(self.api()).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels=RESTRICTED)))
 
-    def backend_yaml(self, name: str, namespace: str) -> str:
+    def backend_yaml(self, name: str, namespace: str, gpu_classes: Sequence[str] = ()) -> str:
         return ("apiVersion: plnt.work/v1\nkind: PlntBackend\nmetadata:\n"
-                f"  name: {name}\nspec:\n  type: kubernetes\n  kubernetes:\n    namespace: {namespace}\n"
+                f"  name: {name}\nspec:\n  type: kubernetes\n  gpuClasses: {json.dumps(list(gpu_classes))}\n"
+                f"  kubernetes:\n    namespace: {namespace}\n"
                 f"    kubeconfig: {self.cluster.kubeconfig}\n    clusterDomain: {self.domain}\n")
 
     def publish(self, name: str, versions: Sequence[str]) -> str:

@@ -16,6 +16,7 @@ authority).
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 import uuid
@@ -36,7 +37,8 @@ from tests.k8s.sites import HELM, ClusterSite, all_cidrs, cluster_site, site_ran
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
 
 VENV_BIN = Path(sys.executable).parent
-NODES = (FakeNode("node-a"), FakeNode("node-b"))
+GPU_CLASS = "nvidia.com/a100"  # the workflow-runner chart's convention: GPU pools are labelled `<class>: "true"`
+NODES = (FakeNode("node-a"), FakeNode("node-b"), FakeNode("gpu-a100-0", gpus=1, labels={GPU_CLASS: "true"}))
 RUN_FILE = "workflowruns/review-responder.yaml"
 EXAMPLE_RUN = EXAMPLE / RUN_FILE
 VERSIONS = ("1.2.0", "1.3.0", "1.4.0", "1.5.0")  # 1.4.0 has a step that errors; 1.5.0 answers in ~0.6 s
@@ -73,17 +75,17 @@ def ns(sites: tuple[ClusterSite, ClusterSite]) -> str:
 
 def kubernetes_specs(repo: SpecRepo, site: ClusterSite, ns: str) -> None:
     """gitops-example moved onto the cluster: a PlntBackend of type kubernetes, the recipe in its registry."""
-    repo.write("backends/cluster.yaml", site.backend_yaml("test-cluster", ns))
+    repo.write("backends/cluster.yaml", site.backend_yaml("test-cluster", ns, gpu_classes=[GPU_CLASS]))
     repo.replace(RUN_FILE, "registry: file:registry", f"registry: oci://{site.registry.address}/recipes")
     repo.replace(RUN_FILE, "cluster: local", "cluster: test-cluster")
     repo.commit("review-responder on the test cluster")
 
 
-def plnt_up(site: ClusterSite, repo: SpecRepo, tmp_path: Path, *registries: str) -> PlntUp:
+def plnt_up(site: ClusterSite, repo: SpecRepo, tmp_path: Path, *registries: str, extra: tuple[str, ...] = ()) -> PlntUp:
     """plnt up in the pod network (the Service names in its /etc/hosts), helm on its PATH."""
     path = f"{VENV_BIN}:{Path(HELM).parent}:/usr/bin:/bin"
     insecure = [a for r in registries for a in ("--oci-insecure-host", r)]
-    return PlntUp(repo.path, tmp_path / "state", gateway_port(), tmp_path / "plnt.log", extra=tuple(insecure),
+    return PlntUp(repo.path, tmp_path / "state", gateway_port(), tmp_path / "plnt.log", extra=(*insecure, *extra),
                   prefix=(*site.net.exec_prefix(), "env", f"PATH={path}"))
 
 
@@ -271,3 +273,31 @@ def test_the_cluster_away_for_30s_mid_canary_loses_nothing_and_the_rollout_compl
             up.kill()
             if component not in site.cluster.alive():
                 site.cluster.restart_component(component)
+
+
+def test_a_canary_with_no_free_gpu_fails_with_the_missing_capacity_in_status(
+    site: ClusterSite, ns: str, spec_repo: SpecRepo, tmp_path: Path
+) -> None:
+    """1.3.0 asks for 2 GPUs of a pool that has 1: its canary pod stays Pending; once helm's wait
+    (--install-timeout 10) runs out, the install step fails with the scheduler's reason, which GET
+    /workflows and `plnt status` show; the canary is removed and 1.2.0 keeps serving."""
+    kubernetes_specs(spec_repo, site, ns)
+    with site.net.entered():
+        up = plnt_up(site, spec_repo, tmp_path, site.registry.address, extra=("--install-timeout", "10"))
+        try:
+            watch = Watch(up)
+            watch.until("Ready at 1.2.0", lambda r: r["phase"] == "Ready" and r["version"] == "1.2.0")
+            spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")
+            spec_repo.replace(RUN_FILE, "cluster: test-cluster", f"cluster: test-cluster\n    gpuClass: {GPU_CLASS}\n"
+                              "    gpuCount: 2")
+            spec_repo.commit("1.3.0 on two a100s")
+            failed = watch.until("Failed", lambda r: r["phase"] == "Failed", timeout=240)
+            assert "Insufficient nvidia.com/gpu" in failed["lastError"], failed
+            assert failed["version"] == "1.2.0", failed
+            status = subprocess.run([str(VENV_BIN / "plnt"), "status", "--url", up.url], capture_output=True,
+                                    text=True, timeout=60)
+            assert "Insufficient nvidia.com/gpu" in status.stdout, status.stdout + status.stderr
+            assert invoke(up).json()["version"] == "1.2.0"
+            wait_for("the canary release gone", lambda: {r["name"] for r in site.helm(ns, "list")} == {"review-responder"})
+        finally:
+            up.kill()

@@ -820,3 +820,19 @@ async def test_routes_come_from_every_backend_with_the_canary_share_and_sticky_s
     route = build_route_table(drivers.snapshot(), statuses).lookup("review-responder", "team-a")
     assert route is not None and route.canary is None and route.stable_replicas[0].version == "1.1.0"
     assert len(changes) == 3
+
+
+@pytest.mark.parametrize(("install_timeout_s", "install", "remove"), [
+    (150.0, 180.0, 180.0),   # the default: the steps keep their 3 minutes (recorded inputs replay as they were)
+    (10.0, 180.0, 180.0),    # a shorter helm wait never shortens a step
+    (600.0, 630.0, 630.0),   # slow image pulls: install, promote and remove get the wait plus 30 s
+])
+def test_a_runner_install_timeout_raises_its_steps_timeouts_only(install_timeout_s: float, install: float,
+                                                                  remove: float) -> None:
+    from plnt.reconciler.drivers.helm import runner_step_timeouts
+    from plnt.reconciler.settings import StepTimeouts
+
+    base = StepTimeouts()
+    got = runner_step_timeouts(base, install_timeout_s)
+    assert (got.of("install_release"), got.of("promote_release"), got.of("remove_release")) == (install, install, remove)
+    assert got.of("smoke_test") == base.of("smoke_test") and got.of("pull_recipe") == base.of("pull_recipe")
