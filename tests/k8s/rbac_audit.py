@@ -63,16 +63,7 @@ def apply_chart_rbac(cluster: LocalCluster, helm: str, namespace: str, *sets: st
 
 def token_kubeconfig(cluster: LocalCluster, namespace: str, account: str, path: Path) -> Path:
     """A kubeconfig holding a token the TokenRequest API issued for the ServiceAccount."""
-    request = k8s.AuthenticationV1TokenRequest(spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
-    token = k8s.CoreV1Api(cluster.api_client()).create_namespaced_service_account_token(
-        account, namespace, request).status.token
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "plnt",
-        "clusters": [{"name": "test", "cluster": {"server": cluster.server,
-                                                  "certificate-authority": str(cluster.pki / "ca.crt")}}],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": "plnt", "context": {"cluster": "test", "user": account}}]}))
-    return path
+    return cluster.token_kubeconfig(account, namespace, path)
 
 
 def granted(cluster: LocalCluster, namespace: str, account: str) -> set[Grant]:
