@@ -121,6 +121,11 @@ ALL_SECRETS = {
     "auth": {"internalToken": {"secretName": "plnt-internal"}, "tokens": {"secretName": "plnt-gateway-tokens"}},
 }
 
+# source.kind kubernetes: WorkflowRuns and ModelDeployments from the cluster's custom resources; no git.
+FROM_CLUSTER: dict[str, Any] = merged({k: v for k, v in BASE.items() if k != "git"}, {
+    "source": {"kind": "kubernetes", "platformConfigMap": "plnt-platform"}})
+SOURCE_NAMESPACES = ["team-a", "team-b"]
+
 PLNT_CASES: dict[str, dict[str, Any]] = {
     # The chart's defaults plus the two required values: autoscaling, PDB, NetworkPolicies on.
     "defaults": merged(BASE),
@@ -168,7 +173,18 @@ PLNT_CASES: dict[str, dict[str, Any]] = {
     # Runners deployed into plnt's own namespace (allowed; the Roles have distinct names).
     "deploy-into-own-namespace": merged(BASE, {"deployNamespaces": [NAMESPACE, "agents"],
                                                "mirrorStatus": {"enabled": True, "namespaces": [NAMESPACE]}}),
+    # WorkflowRuns from two namespaces of the cluster (one of them a deploy namespace too), the platform
+    # ConfigMap's keys placed in subdirectories as the trust policies name them.
+    "kubernetes-source": merged(FROM_CLUSTER, {
+        "source": {"namespaces": SOURCE_NAMESPACES,
+                   "platformItems": [{"key": "local.yaml", "path": "backends/local.yaml"},
+                                     {"key": "policy.yaml", "path": "trust/policy.yaml"},
+                                     {"key": "demo-trusted-root.json", "path": "trust/demo-trusted-root.json"}]},
+        "deployNamespaces": ["plnt-runners", "team-a"],
+    }),
 }
+# source.kind kubernetes over every namespace: the only case with cluster-scoped objects (ClusterRoles).
+FROM_EVERY_NAMESPACE: dict[str, Any] = merged(FROM_CLUSTER)
 
 
 # --- the workflow-runner chart's values matrix: every kind it can render ---------------------

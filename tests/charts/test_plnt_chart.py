@@ -22,12 +22,15 @@ from tests.charts.chartkit import (
     BASE,
     DNS_LABEL,
     DNS_SUBDOMAIN,
+    FROM_CLUSTER,
+    FROM_EVERY_NAMESPACE,
     FULLNAME,
     MODEL_SERVER_CASES,
     NAMESPACE,
     PLNT_CASES,
     PLNT_CHART,
     RUNNER_CASES,
+    SOURCE_NAMESPACES,
     check_labels,
     helm_template,
     merged,
@@ -86,6 +89,11 @@ def test_required_values_are_named_when_missing(helm: str) -> None:
     assert result.returncode != 0 and "temporal.address is required" in result.stderr, result.stderr
     result = helm_template(helm, PLNT_CHART, {k: v for k, v in BASE.items() if k != "auth"})
     assert result.returncode != 0 and "auth.tokens.secretName is required" in result.stderr, result.stderr
+    # From the cluster: no repository, but the platform ConfigMap.
+    result = helm_template(helm, PLNT_CHART, merged(FROM_CLUSTER, {"source": {"platformConfigMap": ""}}))
+    assert result.returncode != 0 and "source.platformConfigMap is required with source.kind kubernetes" in result.stderr, \
+        result.stderr
+    assert helm_template(helm, PLNT_CHART, FROM_CLUSTER).returncode == 0, "git.repo is not required from the cluster"
 
 
 # --- every manifest, strictly ----------------------------------------------------------------
@@ -338,6 +346,100 @@ def test_probes_resources_and_service_accounts(helm: str, case: str) -> None:
         assert env["HOME"] == "/tmp" and env["TMPDIR"] == "/tmp" and env["HELM_CACHE_HOME"].startswith("/tmp/")
 
 
+# --- the spec source: git (the default) or the cluster's custom resources -----------------------
+
+
+FROM_CLUSTER_RECONCILER_FLAGS = {"--source", "--source-namespace", "--platform-dir", "--state-dir", "--host", "--port",
+                                 "--temporal-address", "--temporal-namespace", "--internal-token-file", "--tokens-file",
+                                 "--lease", "--lease-name", "--lease-namespace", "--model-install-timeout"}
+FROM_CLUSTER_WORKER_FLAGS = {"--source", "--source-namespace", "--platform-dir", "--state-dir", "--temporal-address",
+                             "--temporal-namespace", "--control-url", "--internal-token-file", "--host", "--port",
+                             "--model-install-timeout"}
+GIT_FLAGS = {"--repo", "--branch", "--path", "--git-credentials-file", "--webhook-secret-file", "--mirror-status",
+             "--verify-commits", "--allowed-signers", "--gpg-keys"} | FORGE_FLAGS
+
+
+def platform_mount(deployment: dict[str, Any], container_: dict[str, Any]) -> dict[str, Any]:
+    """The volume mounted read-only at the container's --platform-dir."""
+    directory = flag(container_["args"], "--platform-dir")
+    [mount] = [m for m in container_["volumeMounts"] if m["mountPath"] == directory]
+    assert mount["readOnly"] is True
+    [volume] = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    return volume
+
+
+def source_namespaces(args: list[str]) -> list[str]:
+    return [args[i + 1] for i, arg in enumerate(args) if arg == "--source-namespace"]
+
+
+def test_command_lines_reading_the_cluster(helm: str) -> None:
+    """source.kind kubernetes: --source kubernetes, each namespace, the platform ConfigMap as --platform-dir
+    (reconciler and workers alike: a worker checks a saga's input against the cluster's objects); no git flag."""
+    values = PLNT_CASES["kubernetes-source"]
+    docs = render(helm, PLNT_CHART, values)
+    for role, flags in (("reconciler", FROM_CLUSTER_RECONCILER_FLAGS), ("worker", FROM_CLUSTER_WORKER_FLAGS)):
+        c = container(docs, role)
+        args = c["args"]
+        assert {a for a in args if a.startswith("--")} == flags, role
+        assert args[:3] == [{"reconciler": "reconcile"}.get(role, role), "--source", "kubernetes"]
+        assert source_namespaces(args) == SOURCE_NAMESPACES and flag(args, "--platform-dir") == "/etc/plnt/platform"
+        volume = platform_mount(one(docs, "Deployment", f"{FULLNAME}-{role}"), c)
+        assert volume["configMap"] == {"name": "plnt-platform", "defaultMode": 0o440, "items": values["source"]["platformItems"]}
+    gateway = one(docs, "Deployment", f"{FULLNAME}-gateway")["spec"]["template"]["spec"]
+    assert not [v for v in gateway["volumes"] if "configMap" in v], "the gateway reads no specs"
+    # Every namespace: no --source-namespace; every key of the ConfigMap at the directory's top.
+    docs = render(helm, PLNT_CHART, FROM_EVERY_NAMESPACE)
+    for role in ("reconciler", "worker"):
+        c = container(docs, role)
+        assert flag(c["args"], "--source") == "kubernetes" and source_namespaces(c["args"]) == []
+        assert platform_mount(one(docs, "Deployment", f"{FULLNAME}-{role}"), c)["configMap"] == {
+            "name": "plnt-platform", "defaultMode": 0o440}
+
+
+def test_reading_the_cluster_reaches_no_git_host(helm: str) -> None:
+    """The reconciler's and workers' NetworkPolicies lose the git egress (22, and 443 stays for registries)."""
+    for values, git in ((PLNT_CASES["kubernetes-source"], False), (PLNT_CASES["defaults"], True)):
+        docs = render(helm, PLNT_CHART, values)
+        for role in ("reconciler", "worker"):
+            [policy] = [d["spec"] for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == f"{FULLNAME}-{role}"]
+            assert (any((22, "TCP") in ports(rule) for rule in policy["egress"])) is git, role
+
+
+def test_git_is_the_default_source_and_renders_as_before(helm: str) -> None:
+    """source.kind git, said or not, renders the same objects; no --source, --platform-dir or platform volume."""
+    fixed = {"auth": {"internalToken": {"secretName": "plnt-internal"}}}  # the generated token differs per render
+    for case in ("defaults", "all-on", "tls-no-ca-existing-claim-mirror"):
+        unsaid = helm_template(helm, PLNT_CHART, merged(PLNT_CASES[case], fixed))
+        said = helm_template(helm, PLNT_CHART, merged(PLNT_CASES[case], fixed, {"source": {"kind": "git", "namespaces": []}}))
+        assert unsaid.returncode == said.returncode == 0 and unsaid.stdout == said.stdout, case
+        docs = render(helm, PLNT_CHART, PLNT_CASES[case])
+        for role in ("reconciler", "worker"):
+            args = container(docs, role)["args"]
+            assert args[1:7] == ["--repo", "https://git.example.com/platform/specs.git", "--branch", "main", "--path", "."]
+            assert not {"--source", "--source-namespace", "--platform-dir"} & set(args), (case, role)
+            volumes = one(docs, "Deployment", f"{FULLNAME}-{role}")["spec"]["template"]["spec"]["volumes"]
+            assert not [v for v in volumes if v["name"] == "platform"], (case, role)
+        assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding") and d["metadata"]["name"].endswith("-source")]
+    defaults = yaml.safe_load((PLNT_CHART / "values.yaml").read_text())["source"]
+    assert defaults == {"kind": "git", "namespaces": [], "platformConfigMap": "", "platformItems": []}
+
+
+def test_reading_every_namespace_validates_strictly_and_lints(helm: str, tmp_path: Path) -> None:
+    """The one case with cluster-scoped objects (test_every_manifest_validates_strictly walks the others)."""
+    import subprocess
+
+    for doc in render(helm, PLNT_CHART, FROM_EVERY_NAMESPACE):
+        if doc["kind"] not in MONITOR_KINDS:
+            validate_strictly(doc, "kubernetes-every-namespace")
+        check_labels(doc["metadata"]["labels"])
+        assert bool(doc["metadata"].get("namespace")) is (doc["kind"] not in ("ClusterRole", "ClusterRoleBinding")), doc["kind"]
+    values = tmp_path / "values.json"
+    values.write_text(json.dumps(FROM_EVERY_NAMESPACE))
+    result = subprocess.run([helm, "lint", "--strict", str(PLNT_CHART), "--namespace", NAMESPACE, "--values", str(values)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and "WARN" not in result.stdout + result.stderr, result.stdout + result.stderr
+
+
 # --- gateway scaling ---------------------------------------------------------------------------
 
 
@@ -522,6 +624,12 @@ def test_model_server_pods_get_a_policy_of_their_own(helm: str) -> None:
     ({"modelServers": {"installTimeoutSeconds": "30m"}}, "got string, want integer"),
     ({"modelServers": {"gpuResource": "gpu"}}, "gpuResource"),
     ({"modelServers": {"port": 9000}}, "additional properties 'port' not allowed"),
+    ({"source": {"kind": "cluster"}}, "kind"),
+    ({"source": {"namespaces": "team-a"}}, "got string, want array"),
+    ({"source": {"namespaces": ["Team_A"]}}, "namespaces"),
+    ({"source": {"platformConfigMap": "Platform Specs"}}, "platformConfigMap"),
+    ({"source": {"platformItems": [{"key": "policy.yaml", "path": "../policy.yaml"}]}}, "platformItems"),
+    ({"source": {"platformItems": [{"key": "policy.yaml"}]}}, "missing property 'path'"),
 ])
 def test_schema_rejects_unknown_keys_and_wrong_types(helm: str, change: dict[str, Any], expected: str) -> None:
     result = helm_template(helm, PLNT_CHART, merged(BASE, change))
@@ -537,6 +645,16 @@ def test_schema_rejects_unknown_keys_and_wrong_types(helm: str, change: dict[str
     ({"forge": {"kind": "gitlab", "apiUrl": "https://gitlab.example/api/v4", "project": "a/b"}},
      "forge.kind needs forge.apiUrl, forge.project and forge.token.secretName"),
     ({"forge": {"requireApproval": True}}, "forge.requireApproval and forge.previews need a forge"),
+    # What only means something with git is refused from the cluster, named (plnt itself refuses it too).
+    ({"source": {"kind": "kubernetes", "platformConfigMap": "plnt-platform"}},
+     "git.repo is for source.kind git: with source.kind kubernetes there are no commits or pull requests"),
+    ({"git": {"repo": ""}, "source": {"kind": "kubernetes", "platformConfigMap": "p"},
+      "mirrorStatus": {"enabled": True, "namespaces": ["team-a"]}, "ingress": {"enabled": True, "hooks": {"enabled": True}},
+      "forge": {"kind": "github", "apiUrl": "https://api.github.com", "project": "a/b", "token": {"secretName": "t"}}},
+     "forge.kind, ingress.hooks.enabled, mirrorStatus.enabled are for source.kind git"),
+    ({"git": {"repo": "", "writeNotes": True, "credentials": {"secretName": "git-token"}},
+      "source": {"kind": "kubernetes", "platformConfigMap": "p"}},
+     "git.credentials.secretName, git.writeNotes are for source.kind git"),
 ])
 def test_template_guards(helm: str, change: dict[str, Any], expected: str) -> None:
     result = helm_template(helm, PLNT_CHART, merged(BASE, change))

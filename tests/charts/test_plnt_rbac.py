@@ -2,7 +2,9 @@
 
 Expected, per role and namespace, as (apiGroup, resource, verb):
 - plnt's own API calls, from reconciler/control/kube_calls.py (API_CALLS, scope "plnt" -> the release's
-  namespace, scope "mirror" -> each mirrorStatus namespace when mirroring is on);
+  namespace, scope "mirror" -> each mirrorStatus namespace when mirroring is on, scope "source" -> each
+  source.namespaces namespace with source.kind kubernetes, or every namespace ("*": a ClusterRole) when
+  none is listed);
 - plus what helm 4 does in each deploy namespace, with the kinds DERIVED from rendering the charts
   the workers install, with the values plnt's Helm driver gives them (chartkit.RUNNER_CASES but the
   `ingress` one: the driver never enables the runner chart's Ingress; MODEL_SERVER_CASES): the worker
@@ -28,12 +30,14 @@ from plnt.reconciler.control.kube_calls import API_CALLS
 
 from tests.charts.chartkit import (
     BASE,
+    FROM_EVERY_NAMESPACE,
     FULLNAME,
     MODEL_SERVER_CASES,
     NAMESPACE,
     PLNT_CASES,
     PLNT_CHART,
     RUNNER_CASES,
+    SOURCE_NAMESPACES,
     merged,
     render,
     render_model_server,
@@ -77,6 +81,7 @@ WAIT_ON_DEPLOYMENT: set[Grant] = {("apps", "replicasets", "list"), ("", "pods", 
 # A server-side apply (a patch) that creates the object is also authorized as `create`. The
 # mirror applies WorkflowRuns server-side, so create is granted beside API_CALLS' patch.
 SSA_CREATES: set[Grant] = {("plnt.work", "workflowruns", "create")}
+EVERY_NAMESPACE = "*"  # where a ClusterRole's grants apply (source.kind kubernetes without source.namespaces)
 WATCH_LIST_SINCE = (1, 34)  # Kubernetes' WatchList feature, on by default (listForWait: auto)
 DEFAULT_KUBE_VERSION = (1, 35)  # what `helm template` (helm 4.1) assumes without --kube-version
 
@@ -122,6 +127,10 @@ def expected_grants(helm: str, values: dict[str, Any],
             for namespace in mirror["namespaces"]:
                 calls = api_calls(role, "mirror")
                 expected[(role, namespace)] |= calls | ({g for g in SSA_CREATES if (g[0], g[1], "patch") in calls})
+        source = values.get("source", {})
+        if source.get("kind") == "kubernetes":
+            for namespace in source.get("namespaces") or [EVERY_NAMESPACE]:
+                expected[(role, namespace)] |= api_calls(role, "source")
     for namespace in values.get("deployNamespaces", ["plnt-runners"]):
         expected[("worker", namespace)] |= needs
         expected[("reconciler", namespace)] |= RELEASE_READ
@@ -129,14 +138,19 @@ def expected_grants(helm: str, values: dict[str, Any],
 
 
 def granted(docs: list[dict[str, Any]]) -> dict[tuple[str, str], set[Grant]]:
-    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["kind"] == "Role"}
+    """(role, namespace) -> its grants; a ClusterRole's (bound by a ClusterRoleBinding) under EVERY_NAMESPACE."""
+    roles = {(d["metadata"].get("namespace", EVERY_NAMESPACE), d["metadata"]["name"]): d
+             for d in docs if d["kind"] in ("Role", "ClusterRole")}
     accounts = {d["metadata"]["name"]: d["metadata"]["name"].removeprefix(f"{FULLNAME}-") for d in docs if d["kind"] == "ServiceAccount"}
     out: dict[tuple[str, str], set[Grant]] = defaultdict(set)
     bound: set[tuple[str, str]] = set()
-    for binding in (d for d in docs if d["kind"] == "RoleBinding"):
-        namespace = binding["metadata"]["namespace"]
-        assert binding["roleRef"]["kind"] == "Role" and binding["roleRef"]["apiGroup"] == "rbac.authorization.k8s.io"
+    for binding in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        namespace = binding["metadata"].get("namespace", EVERY_NAMESPACE)
+        # A RoleBinding names a Role of its namespace; a ClusterRoleBinding a ClusterRole.
+        kind = "Role" if binding["kind"] == "RoleBinding" else "ClusterRole"
+        assert binding["roleRef"]["kind"] == kind and binding["roleRef"]["apiGroup"] == "rbac.authorization.k8s.io"
         role = roles[(namespace, binding["roleRef"]["name"])]
+        assert role["kind"] == kind, binding
         bound.add((namespace, binding["roleRef"]["name"]))
         for subject in binding["subjects"]:
             assert subject["kind"] == "ServiceAccount" and subject["namespace"] == NAMESPACE, subject
@@ -251,3 +265,50 @@ def test_a_chart_granting_more_fails(helm: str) -> None:
     actual, expected = granted(docs), expected_grants(helm, values)
     assert actual != expected
     assert actual[("reconciler", "plnt-runners")] - expected[("reconciler", "plnt-runners")] == {("", "secrets", "watch")}
+
+
+# --- source.kind kubernetes: the cluster's custom resources as the spec source -----------------
+
+SOURCE_RECONCILER: set[Grant] = {("plnt.work", "workflowruns", "list"), ("plnt.work", "workflowruns", "watch"),
+                                 ("plnt.work", "modeldeployments", "list"), ("plnt.work", "modeldeployments", "watch"),
+                                 ("plnt.work", "workflowruns/status", "patch"), ("", "events", "create")}
+SOURCE_WORKER: set[Grant] = {("plnt.work", "workflowruns", "list"), ("plnt.work", "modeldeployments", "list")}
+
+
+def test_the_cluster_source_gets_its_calls_in_each_source_namespace_and_never_a_spec_write(helm: str) -> None:
+    """The "source" entries of kube_calls, spelled out: list and watch, the status subresource, Events;
+    the worker lists. Nothing writes a WorkflowRun's spec or deletes one (they are the source)."""
+    assert api_calls("reconciler", "source") == SOURCE_RECONCILER and api_calls("worker", "source") == SOURCE_WORKER
+    values = PLNT_CASES["kubernetes-source"]
+    actual = granted(render(helm, PLNT_CHART, values))
+    assert actual[("reconciler", "team-b")] == SOURCE_RECONCILER and actual[("worker", "team-b")] == SOURCE_WORKER
+    # team-a is a deploy namespace too: helm's grants there beside the source's, in Roles of their own.
+    assert actual[("reconciler", "team-a")] == SOURCE_RECONCILER | RELEASE_READ
+    assert actual[("worker", "team-a")] == SOURCE_WORKER | helm_needs(helm, lists=lists_for_wait(values))
+    assert {namespace for _, namespace in actual} == {NAMESPACE, "plnt-runners", *SOURCE_NAMESPACES}
+    for grants in actual.values():
+        assert not {(g, r, v) for g, r, v in grants if g == "plnt.work" and r in ("workflowruns", "modeldeployments")
+                    and v not in ("list", "watch")}, grants
+    assert not [d for d in render(helm, PLNT_CHART, values) if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+
+
+def test_the_cluster_source_over_every_namespace_is_one_cluster_role_per_role(helm: str) -> None:
+    """source.namespaces empty: the same rules cluster-wide (a ClusterRole and its binding per role), the
+    only cluster-scoped objects the chart makes; named after plnt's namespace too (they are shared)."""
+    docs = render(helm, PLNT_CHART, FROM_EVERY_NAMESPACE)
+    actual, expected = granted(docs), expected_grants(helm, FROM_EVERY_NAMESPACE)
+    assert actual == expected
+    assert actual[("reconciler", EVERY_NAMESPACE)] == SOURCE_RECONCILER and actual[("worker", EVERY_NAMESPACE)] == SOURCE_WORKER
+    names = {role: f"{NAMESPACE}-{FULLNAME}-{role}-source" for role in ("reconciler", "worker")}
+    cluster_scoped = sorted((d["kind"], d["metadata"]["name"]) for d in docs if "namespace" not in d["metadata"])
+    assert cluster_scoped == sorted((kind, name) for name in names.values() for kind in ("ClusterRole", "ClusterRoleBinding"))
+    listed = render(helm, PLNT_CHART, PLNT_CASES["kubernetes-source"])
+    for role, name in names.items():
+        [cluster_role] = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == name]
+        [binding] = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == name]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{FULLNAME}-{role}", "namespace": NAMESPACE}]
+        assert not any("resourceNames" in rule or "nonResourceURLs" in rule or "*" in str(rule) for rule in cluster_role["rules"])
+        for namespace in SOURCE_NAMESPACES:  # the rules a listed namespace's Role has
+            [namespaced] = [d for d in listed if d["kind"] == "Role" and d["metadata"]["name"] == f"{FULLNAME}-{role}-source"
+                            and d["metadata"]["namespace"] == namespace]
+            assert namespaced["rules"] == cluster_role["rules"], role

@@ -54,7 +54,11 @@ http://{{ include "plnt.fullname" . }}-reconciler.{{ .Release.Namespace }}.svc:{
 
 {{/* Values every install must give; checked once, by the templates that use them. */}}
 {{- define "plnt.required" -}}
-{{- $_ := required "git.repo is required: the URL of the spec repository plnt tracks" .Values.git.repo -}}
+{{- if eq .Values.source.kind "kubernetes" -}}
+{{- include "plnt.kubernetesSourceGuards" . -}}
+{{- else -}}
+{{- $_ := required "git.repo is required: the URL of the spec repository plnt tracks (or source.kind: kubernetes, to read WorkflowRuns from the cluster)" .Values.git.repo -}}
+{{- end -}}
 {{- $_ := required "temporal.address is required: HOST:PORT of your Temporal frontend" .Values.temporal.address -}}
 {{- $_ := required "auth.tokens.secretName is required: plnt refuses to serve on a non-loopback address without caller tokens (a Secret holding a tokens file, docs/gateway.md \"Gateway authentication\")" .Values.auth.tokens.secretName -}}
 {{- end -}}
@@ -437,5 +441,90 @@ or its WatchList feature off).
 {{- if eq $mode "true" -}}true
 {{- else if eq $mode "auto" -}}{{- if semverCompare "<1.34.0-0" .Capabilities.KubeVersion.Version -}}true{{- end -}}
 {{- else if ne $mode "false" -}}{{- fail (printf "rbac.worker.listForWait must be auto, true or false, not %q" $mode) -}}
+{{- end -}}
+{{- end -}}
+
+
+{{/*
+The spec source (reconciler and worker). git: --repo, --branch, --path. kubernetes: --source
+kubernetes, each --source-namespace (none: every namespace) and the platform ConfigMap as
+--platform-dir, mounted read-only; plnt's own checks refuse git's options with it, and so does the
+chart (plnt.kubernetesSourceGuards), so that no option is dropped silently.
+*/}}
+{{- define "plnt.platformDir" -}}
+/etc/plnt/platform
+{{- end -}}
+
+{{- define "plnt.kubernetesSourceGuards" -}}
+{{- $ := . -}}
+{{- $_ := required "source.platformConfigMap is required with source.kind kubernetes: a ConfigMap in plnt's namespace holding the PlntBackends, RecipeTrustPolicies and trusted roots (never read from the cluster's custom resources)" .Values.source.platformConfigMap -}}
+{{- $gitOnly := list -}}
+{{- range $option, $on := dict "git.repo" .Values.git.repo "git.credentials.secretName" .Values.git.credentials.secretName "git.webhookSecret.secretName" .Values.git.webhookSecret.secretName "git.verifyCommits.mode" (ne .Values.git.verifyCommits.mode "none") "git.writeNotes" .Values.git.writeNotes "forge.kind" .Values.forge.kind "forge.requireApproval" .Values.forge.requireApproval "forge.previews" .Values.forge.previews "mirrorStatus.enabled" .Values.mirrorStatus.enabled "ingress.hooks.enabled" (and .Values.ingress.enabled .Values.ingress.hooks.enabled) -}}
+{{- if $on -}}{{- $gitOnly = append $gitOnly $option -}}{{- end -}}
+{{- end -}}
+{{- if $gitOnly -}}
+{{- fail (printf "%s %s for source.kind git: with source.kind kubernetes there are no commits or pull requests, the cluster's RBAC on WorkflowRuns is the approval, and their status is written onto them without mirrorStatus (docs/kubernetes.md)" (join ", " $gitOnly) (ternary "is" "are" (eq (len $gitOnly) 1))) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "plnt.sourceArgs" -}}
+{{- if eq .Values.source.kind "kubernetes" -}}
+- --source
+- kubernetes
+{{- range .Values.source.namespaces }}
+- --source-namespace
+- {{ . | quote }}
+{{- end }}
+- --platform-dir
+- {{ include "plnt.platformDir" . }}
+{{- else -}}
+- --repo
+- {{ .Values.git.repo | quote }}
+- --branch
+- {{ .Values.git.branch | quote }}
+- --path
+- {{ .Values.git.path | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* source.kind kubernetes: the platform ConfigMap, read-only, as --platform-dir. */}}
+{{- define "plnt.sourceMounts" -}}
+- {name: platform, mountPath: {{ include "plnt.platformDir" . }}, readOnly: true}
+{{- end -}}
+
+{{- define "plnt.sourceVolumes" -}}
+- name: platform
+  configMap:
+    name: {{ .Values.source.platformConfigMap }}
+    defaultMode: 0440
+    {{- with .Values.source.platformItems }}
+    items:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+{{- end -}}
+
+{{/*
+The rules of source.kind kubernetes for one role ("reconciler" or "worker"): exactly the "source"
+entries of reconciler/control/kube_calls.py (checked by tests/charts/test_plnt_rbac.py).
+*/}}
+{{- define "plnt.sourceRules" -}}
+{{- if eq . "reconciler" -}}
+# The objects plnt deploys: listed each poll, watched to wake the loop when one changes.
+- apiGroups: ["plnt.work"]
+  resources: ["workflowruns", "modeldeployments"]
+  verbs: ["list", "watch"]
+# Each WorkflowRun's status, through the status subresource: never its spec.
+- apiGroups: ["plnt.work"]
+  resources: ["workflowruns/status"]
+  verbs: ["patch"]
+# An Event on each phase change (`kubectl describe wfr`).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- else -}}
+# A saga's input is checked against the objects as the cluster lists them now.
+- apiGroups: ["plnt.work"]
+  resources: ["workflowruns", "modeldeployments"]
+  verbs: ["list"]
 {{- end -}}
 {{- end -}}
