@@ -296,6 +296,11 @@ class Bench:
     def full_passes(self) -> int:
         return full_passes_in(self.metrics())
 
+    def full_pass_seconds(self) -> float:
+        """The summed duration of the full reconcile passes so far (plnt's histogram)."""
+        return sum(sample.value for family in text_string_to_metric_families(self.metrics()) for sample in family.samples
+                   if sample.name == "plnt_reconcile_duration_seconds_sum" and sample.labels.get("pass") == "full")
+
     def all_passes(self) -> int:
         """Full and light reconcile passes so far (a light one follows a saga's end; both read the live state)."""
         return int(sum(sample.value for family in text_string_to_metric_families(self.metrics()) for sample in family.samples
@@ -321,16 +326,17 @@ class Bench:
         if len(rows) != runs or busy:
             raise SystemExit(f"idle at {runs}: {len(rows)} WorkflowRuns, not Ready: {busy[:3]}")
         time.sleep(3)  # the passes that follow the last saga
-        first, start = self.full_passes(), time.time()
+        first, spent, start = self.full_passes(), self.full_pass_seconds(), time.time()
         while self.full_passes() < first + self.args.idle_passes:
             time.sleep(0.2)
-        last, end = self.full_passes(), time.time()
+        last, spent, end = self.full_passes(), self.full_pass_seconds() - spent, time.time()
         time.sleep(1)  # the audit log holds every request answered by `end`
         passes = last - first
         events = self.audit.between(start, end)
         helm = self.helm_log.between(start, end)
         return {"workflowruns": runs, "passes": passes, "seconds": round(end - start, 1), "api_requests": len(events),
                 "api_requests_per_pass": round(len(events) / passes, 2), "by_kind": by_kind(events),
+                "pass_ms": round(spent / passes * 1000, 1),
                 "helm_invocations": len(helm), "helm_per_pass": round(len(helm) / passes, 2),
                 "helm_by_command": dict(collections.Counter(helm))}
 
@@ -499,10 +505,11 @@ def report(how: dict[str, Any], args: argparse.Namespace, results: dict[str, Any
     if "shrink" in results:
         print(f"  then one commit removing {results['shrink']['removed']}: all removed in "
               f"{results['shrink']['all_removed_s']:.1f} s")
-    print(f"\n  {'idle pass, WorkflowRuns':<26} {'passes':>7} {'API requests/pass':>18} {'helm/pass':>10}  by kind")
+    print(f"\n  {'idle pass, WorkflowRuns':<26} {'passes':>7} {'API requests/pass':>18} {'helm/pass':>10} "
+          f"{'pass time':>10}  by kind")
     for idle in results["idle"]:
         print(f"  {idle['workflowruns']:<26} {idle['passes']:>7} {idle['api_requests_per_pass']:>18.2f} "
-              f"{idle['helm_per_pass']:>10.2f}  {idle['by_kind']}")
+              f"{idle['helm_per_pass']:>10.2f} {idle['pass_ms']:>7.0f} ms  {idle['by_kind']}")
     peak = results["memory_peak"]
     print(f"\n  memory, every process in the pod network (PSS, peak sampled): {peak.get('pss_mib', 0):.0f} MiB, "
           f"{peak.get('processes', 0)} processes, {peak.get('runner_processes', 0)} runners; "
