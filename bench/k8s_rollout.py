@@ -137,6 +137,40 @@ class Audit:
         return [e for e in self.events if start <= e[0] <= end]
 
 
+def canary_timeline(audit_log: Path, helm_log: HelmLog, release: str, start: float, end: float) -> dict[str, float]:
+    """Where the canary install's time went, from the audit log (seconds after `helm upgrade` of
+    `release` started): helm's first write, the pod bound to a node, the pod's IP (the stand-in's
+    first status patch), the pod Ready (its last status patch before helm records the release
+    deployed), helm's record of the release as deployed (the end of its --wait)."""
+    began = helm_log.started(f"upgrade --install {release} ", start, end)
+    if began is None:
+        return {}
+    marks: dict[str, float] = {}
+    record = f"sh.helm.release.v1.{release}.v"
+    with open(audit_log, errors="replace") as f:
+        for line in f:
+            if f'"{release}' not in line and record not in line:
+                continue
+            event = json.loads(line)
+            at = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+            if not began <= at <= end:
+                continue
+            ref, verb = event.get("objectRef") or {}, event["verb"]
+            user = event.get("user", {}).get("username")
+            what = f"{verb} {ref.get('resource')}/{ref.get('subresource', '')}"
+            if user == PLNT_USER and verb in ("create", "patch", "update", "delete"):
+                marks.setdefault("helm_first_write", at)
+                if what == "update secrets/" and ref.get("name", "").startswith(record):
+                    marks["helm_deployed"] = at
+                    break
+            elif what == "create pods/binding":
+                marks.setdefault("pod_bound", at)
+            elif what == "patch pods/status" and user != PLNT_USER:
+                marks.setdefault("pod_ip", at)
+                marks["pod_ready"] = at
+    return {key: round(at - began, 2) for key, at in marks.items()}
+
+
 def by_kind(events: list[tuple[float, str, str]]) -> dict[str, int]:
     return dict(collections.Counter(f"{verb} {resource}" for _, verb, resource in events).most_common())
 
@@ -144,6 +178,14 @@ def by_kind(events: list[tuple[float, str, str]]) -> dict[str, int]:
 class HelmLog:
     def __init__(self, path: Path) -> None:
         self.path = path
+
+    def started(self, prefix: str, start: float, end: float) -> float | None:
+        """When the first helm run whose arguments begin with `prefix` started in [start, end]."""
+        for line in self.path.read_text().splitlines():
+            at, _, args = line.partition(" ")
+            if start <= float(at) <= end and args.startswith(prefix):
+                return float(at)
+        return None
 
     def between(self, start: float, end: float) -> list[str]:
         """The subcommand of each helm run started in [start, end] ("list (live)": the live-state read)."""
@@ -372,7 +414,9 @@ class Bench:
             rows.append({"version": version, "commit_to_ready_s": round(ready - committed, 2), "api_requests": len(events),
                          "api_by_kind": by_kind(events), "helm_invocations": len(helm),
                          "helm_by_command": dict(collections.Counter(helm)), "reconcile_passes": passes,
-                         "steps_ms": self.steps(COMMIT_RUN)})
+                         "steps_ms": self.steps(COMMIT_RUN),
+                         "canary_install_s": canary_timeline(self.site.cluster.audit_log, self.helm_log,
+                                                             f"{COMMIT_RUN}-canary", committed, ready)})
             print(f"  {version}: commit -> Ready {ready - committed:.2f} s, {len(helm)} helm invocations, "
                   f"{len(events)} API requests", flush=True)
         return {"first_install_from_plnt_start_s": round(first - started, 1)}, rows
@@ -498,6 +542,10 @@ def report(how: dict[str, Any], args: argparse.Namespace, results: dict[str, Any
     print(f"  helm by command (first commit): {rows[0]['helm_by_command']}")
     steps = {step: statistics.median(r["steps_ms"].get(step, 0) for r in rows) for step in rows[0]["steps_ms"]}
     print("  saga steps, p50: " + ", ".join(f"{step} {ms / 1000:.2f} s" for step, ms in steps.items()))
+    marks = {key: statistics.median(r["canary_install_s"].get(key, 0) for r in rows)
+             for key in ("helm_first_write", "pod_bound", "pod_ip", "pod_ready", "helm_deployed")}
+    print("  the canary's install from `helm upgrade` (audit log), p50: "
+          + ", ".join(f"{key} {at:.2f} s" for key, at in marks.items()))
     print(f"\n{many['runs']} WorkflowRuns in one commit (each its own fresh recipe), at most 8 sagas at once:")
     print(f"  commit -> all Ready {many['all_ready_s']:.1f} s (first {many['first_ready_s']:.1f} s, median "
           f"{many['median_ready_s']:.1f} s), {many['sagas_per_s']:.2f} sagas/s")
