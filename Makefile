@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 DEMO   ?= .plnt-demo
 PORT   ?= 8000
 
-.PHONY: install install-llm install-test-services up demo-repo demo-model test test-fast bench e2e-kind k8s-bins test-k8s clean
+.PHONY: install install-llm install-test-services up demo-repo demo-model test test-fast bench e2e-kind k8s-bins test-k8s bench-k8s clean
 
 install: $(VENV)/.installed
 
@@ -98,6 +98,15 @@ k8s-bins:
 # Only the tests on a real control plane (also part of `make test`).
 test-k8s: install k8s-bins
 	$(PY) -m pytest -m k8s
+
+# The rollout figures on a real control plane (docs/benchmarks.md, "Rollouts on a Kubernetes
+# backend"), small: 3 commits, 20 WorkflowRuns (about 5 minutes on 2 cores). As root, like test-k8s.
+bench-k8s: SHELL := /bin/bash
+bench-k8s: .SHELLFLAGS := -o pipefail -c
+bench-k8s: export PYTHONUNBUFFERED := 1
+bench-k8s: install k8s-bins
+	mkdir -p $(BENCH_OUT)
+	$(PY) bench/k8s_rollout.py --commits 3 --runs 20 --shrink-to 10 | tee $(BENCH_OUT)/k8s_rollout.txt
 
 clean:
 	rm -rf $(DEMO) $(BENCH_OUT) .pytest_cache
