@@ -681,6 +681,7 @@ class HelmDriver:
         self._locks: dict[str, asyncio.Lock] = {}
         self._tracing = tracing_values(os.environ if environ is None else environ)
         self._live_values: dict[tuple[str, int], dict[str, Any]] = {}  # (release, revision) -> its values
+        self._values_reads: dict[tuple[str, int], asyncio.Future[dict[str, Any]]] = {}  # reads in flight
 
     @property
     def namespace(self) -> str:
@@ -774,21 +775,18 @@ class HelmDriver:
             ["list", *self._target_flags(), "--selector", "=".join(MANAGED_LABEL), "--max", str(LIST_MAX),
              "-o", "json"], release="")
         found: dict[str, LiveWorkflow] = {}
-        # A revision's values never change: an idle pass costs one `helm list`, not a `get values` per release.
-        seen, kept = self._live_values, {}
-        for entry in parse_list(result.stdout):
+        entries = parse_list(result.stdout)
+        listed = {(entry.name, entry.revision) for entry in entries}
+        for entry in entries:
             if entry.status != "deployed":
                 # pending-*: an install in flight or stuck (the next install recovers it); failed: the
                 # next install upgrades over it, and remove() uninstalls it whatever its status.
                 log.warning("helm-release-not-live release=%s status=%s", entry.name, entry.status)
                 continue
-            values = seen.get((entry.name, entry.revision))
-            if values is None:
-                try:
-                    values = await self.values(entry.name, revision=entry.revision)
-                except _NotFound:
-                    continue  # uninstalled between list and get
-            kept[(entry.name, entry.revision)] = values
+            try:
+                values = await self._revision_values(entry.name, entry.revision)
+            except _NotFound:
+                continue  # uninstalled between list and get
             try:
                 release = self._release(entry.name, values)
             except (KeyError, TypeError, ValueError) as exc:
@@ -797,8 +795,23 @@ class HelmDriver:
             key = f"{release.namespace}/{release.name}"
             live = found.get(key) or LiveWorkflow(namespace=release.namespace, name=release.name)
             found[key] = live.model_copy(update={release.track: release})
-        self._live_values = kept  # releases gone since are forgotten
+        # Revisions no longer listed (superseded, uninstalled) are forgotten.
+        self._live_values = {key: v for key, v in self._live_values.items() if key in listed}
         return found
+
+    async def _revision_values(self, release: str, revision: int) -> dict[str, Any]:
+        """A revision's values never change: read once, so an idle pass costs one `helm list`, not a
+        `get values` per release; and once only when a pass and a saga step read it at the same time."""
+        key = (release, revision)
+        if (known := self._live_values.get(key)) is not None:
+            return known
+        reading = self._values_reads.get(key)
+        if reading is None:
+            reading = self._values_reads[key] = asyncio.ensure_future(self.values(release, revision=revision))
+            reading.add_done_callback(lambda _done: self._values_reads.pop(key, None))
+        values = await asyncio.shield(reading)
+        self._live_values[key] = values
+        return values
 
     # --- helm operations ---------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ talks to a Kubernetes API server: there is none on these machines. The driver's 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
@@ -537,6 +538,35 @@ async def test_live_parses_list_and_values_into_live_workflows() -> None:
     assert (workflow.canary.version, workflow.canary.traffic_percent) == ("1.2.0", 5)
     assert workflow.canary.spec_fingerprint == RUN.fingerprint()
     assert workflow.canary.endpoint == "http://review-responder-canary.agents.svc.cluster.local"
+
+
+async def test_a_pass_and_a_saga_step_reading_live_at_once_read_a_revision_once() -> None:
+    """Two live reads at the same time (the reconcile pass and a saga step): one `get values` per
+    revision between them (the bench saw a canary's values read twice within 70 ms). A FAKE helm that
+    answers by command, the `get values` slow enough for the second read to arrive meanwhile."""
+    import threading
+
+    listing = list_json((STABLE, 7, "deployed", "workflow-runner-0.1.0"), (CANARY, 1, "deployed", "workflow-runner-0.1.0"))
+    answers = {STABLE: json.dumps(values(RUN_OLD, "stable")), CANARY: json.dumps(values())}
+    reads: list[str] = []
+    lock = threading.Lock()
+
+    def fake(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        if args[0] == "list":
+            return subprocess.CompletedProcess(["helm", *args], 0, listing, "")
+        assert list(args[:2]) == ["get", "values"], args
+        with lock:
+            reads.append(args[2])
+        time.sleep(0.2)
+        return subprocess.CompletedProcess(["helm", *args], 0, answers[args[2]], "")
+
+    specs = SpecCache()
+    for workflow in (RUN, RUN_OLD):
+        specs.remember(workflow)
+    helm = HelmDriver(BACKEND, specs, image=IMAGE, runner=fake, clock=lambda: NOW)
+    first, second = await asyncio.gather(helm.live(), helm.live())
+    assert first == second and set(first) == {"team-a/review-responder"}
+    assert sorted(reads) == sorted([STABLE, CANARY]), reads
 
 
 async def test_an_idle_live_read_is_one_helm_list_whatever_the_number_of_releases() -> None:
