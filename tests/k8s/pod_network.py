@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -64,6 +65,7 @@ class PodNetwork:
         if os.geteuid() != 0:
             raise RuntimeError("making a network namespace needs root (CAP_SYS_ADMIN): run the k8s tests as root, "
                                "as CI does, or leave them out with -m 'not k8s'")
+        _remove_left_behind()
         _ip("netns", "add", self.name)
         try:
             _ip("-n", self.name, "link", "set", "lo", "up")
@@ -109,6 +111,17 @@ class PodNetwork:
                 yield
             finally:
                 _setns(home.fileno())
+
+
+def _remove_left_behind() -> None:
+    """Namespaces of test runs that were killed before they could clean up (their pid is gone): their
+    processes ended, the namespace and its hosts file removed."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for name in re.findall(r"^(plnt-pods-(\d+)-\d+)", listing, re.MULTILINE):
+        if not Path(f"/proc/{name[1]}").exists():
+            left = PodNetwork()
+            left.name, left.etc_dir = name[0], Path("/etc/netns") / name[0]
+            left.close()
 
 
 def stages_without_pod_readiness(bin_dir: Path, into: Path) -> Path:
