@@ -262,9 +262,10 @@ def test_plnt_killed_mid_saga_resumes_the_saga_where_it_was(
     spec_repo.commit("1.5.0")
     httpx.post(f"{first.url}/hooks/git", trust_env=False)
     deadline = time.monotonic() + 60
-    while not any(r["phase"] == "Canary" for r in first.workflows() or []):
+    while not (canary := [r for r in first.workflows() or [] if r["phase"] == "Canary"]):
         assert time.monotonic() < deadline, first.why("never reached Canary")
         time.sleep(0.1)
+    saga_id = canary[0]["sagaId"]
     before = _runner_processes(state_dir)
     assert len(before) == 2, first.why(f"expected the stable and the canary runner: {before}")
     canary_pid = next(pid for pid, line in before.items() if "review-responder.1.5.0" in line)
@@ -279,9 +280,11 @@ def test_plnt_killed_mid_saga_resumes_the_saga_where_it_was(
         assert time.monotonic() < deadline + 90, second.why(f"saga did not finish: {row}")
         time.sleep(0.2)
         row = next(r for r in second.workflows() or [] if r["name"] == "review-responder")
-    assert "saga-adopted" in second.log(), second.why("the running saga was not adopted")
+    # The saga that was under way finished (adopted by the new reconciler, or, on a slow start, done by
+    # the new worker before the reconciler's first pass): the same saga id, none started.
+    assert row["sagaId"] == saga_id != ready["sagaId"], second.why(f"another saga finished: {row}")
     assert "saga-started" not in second.log(), second.why("a second saga was started instead of resuming")
-    assert row["sagaId"] != ready["sagaId"] and row["canaryPercent"] == 0
+    assert row["canaryPercent"] == 0
     after = _runner_processes(state_dir)
     assert list(after) == [canary_pid], second.why(f"exactly one runner, the promoted canary, must be left: {after}")
     response = httpx.post(f"{second.url}/workflows/review-responder/invoke", json=REVIEW, timeout=30, trust_env=False)
