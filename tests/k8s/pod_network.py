@@ -83,20 +83,10 @@ class PodNetwork:
 
     def close(self) -> None:
         """Ends every process still in the namespace (a stopped test leaves none behind), then the namespace."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            pids = self.pids()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + 5
-            while pids and self.pids() and time.monotonic() < deadline:
-                time.sleep(0.1)
-        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
-        shutil.rmtree(self.etc_dir, ignore_errors=True)
+        _remove(self.name)
 
     def pids(self) -> list[int]:
-        done = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True)
-        return [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
+        return _pids(self.name)
 
     def exec_prefix(self) -> list[str]:
         """Start a process in the namespace with the Service names in its /etc/hosts."""
@@ -113,15 +103,31 @@ class PodNetwork:
                 _setns(home.fileno())
 
 
+def _pids(name: str) -> list[int]:
+    done = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+    return [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
+
+
+def _remove(name: str) -> None:
+    """Ends every process in namespace `name`, then the namespace and its /etc/netns directory."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _pids(name)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 5
+        while pids and _pids(name) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
+
+
 def _remove_left_behind() -> None:
-    """Namespaces of test runs that were killed before they could clean up (their pid is gone): their
-    processes ended, the namespace and its hosts file removed."""
+    """Namespaces of test runs killed before they could clean up (their pid is gone) are removed."""
     listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    for name in re.findall(r"^(plnt-pods-(\d+)-\d+)", listing, re.MULTILINE):
-        if not Path(f"/proc/{name[1]}").exists():
-            left = PodNetwork()
-            left.name, left.etc_dir = name[0], Path("/etc/netns") / name[0]
-            left.close()
+    for name, pid in re.findall(r"^(plnt-pods-(\d+)-\d+)", listing, re.MULTILINE):
+        if not Path(f"/proc/{pid}").exists():
+            _remove(name)
 
 
 def stages_without_pod_readiness(bin_dir: Path, into: Path) -> Path:
