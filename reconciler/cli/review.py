@@ -92,6 +92,7 @@ def review(
     try:
         try:
             source = GitSource(repo, scratch / "clone", path=path)
+            base, head = (_as_in_checkout(repo, rev) for rev in (base, head))
             result = make_review(source, base, head, cache=RecipeCache(cache_dir or scratch / "recipes"),
                                  registry_options=options, limits=limits.limits())
         except (SourceError, InvalidSpec) as exc:
@@ -111,6 +112,20 @@ def review(
         echo(f"plnt/plan: {state}: {description}" + (f" (digest {result.digest})" if result.digest else ""), err=True)
     if not result.ok:
         raise typer.Exit(1)
+
+
+def _as_in_checkout(repo: str, rev: str) -> str:
+    """`rev` as the CI job's checkout reads it, when --repo is one: there `origin/main` is the remote's
+    main as last fetched, while in plnt's own clone of the checkout it would be the checkout's local
+    `main` branch, stale or missing (found against a real forge). A revision the checkout does not know
+    is left to plnt's clone."""
+    import subprocess
+
+    if not Path(repo).is_dir():
+        return rev
+    done = subprocess.run(["git", "-C", repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else rev
 
 
 async def _post(kind: str, api_url: str, project: str, token: str, pr: int, result: Review,

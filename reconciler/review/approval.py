@@ -477,6 +477,8 @@ class ApprovalGate:
         access = await self.forge.access(review)
         if access.may_approve:
             return None
+        if access.why:
+            return access.why
         if access.level.startswith("none"):
             return f"no access to the repository (needs {access.needs})"
         return f"{access.level} permission only (needs {access.needs})"

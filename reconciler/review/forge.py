@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import httpx
 from plnt.reconciler.redact import redact
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ class Review(BaseModel):
     state: str  # upper case: APPROVED, CHANGES_REQUESTED, COMMENTED, ...
     commit_id: str | None  # the head the review was made on; None when the forge cannot say
     reviewer_id: int | None = None  # the forge's numeric user id (GitLab's member lookups need it)
+    official: bool | None = None  # Gitea: the reviewer was one whose approval the branch rule counts
 
 
 class Access(BaseModel):
@@ -93,6 +94,7 @@ class Access(BaseModel):
     may_approve: bool  # GitHub/Gitea: write, maintain, admin or owner; GitLab: Maintainer or Owner
     level: str         # in the forge's words: "read", "maintain", "Developer (30)", "none"
     needs: str         # what may approve there, for the reason a review did not count
+    why: str | None = None  # the reason in the forge's own terms, when "LEVEL permission only" would not say it
 
 
 class Forge(Protocol):
@@ -153,13 +155,13 @@ class _GitHubPull(_Answer):
 
 class _GitHubStatus(_Answer):
     context: str
-    state: str
+    state: str = Field(validation_alias=AliasChoices("state", "status"))  # Gitea names it `status`
     description: str | None = None
     target_url: str | None = None
 
 
 class _GitHubCombined(_Answer):
-    statuses: list[_GitHubStatus]
+    statuses: list[_GitHubStatus] | None  # Gitea: null when the commit has none
 
 
 class _GitHubReview(_Answer):
@@ -167,6 +169,7 @@ class _GitHubReview(_Answer):
     state: str
     commit_id: str | None = None
     dismissed: bool = False  # Gitea
+    official: bool | None = None  # Gitea
 
 
 class _RepoPermission(_Answer):
@@ -535,10 +538,11 @@ class GitHubForge(_Base):
         """The latest status of `context` on `sha` (the combined status lists the latest of each)."""
         combined = await self._get(f"{self._repo}/commits/{sha}/status", "status", _GitHubCombined,
                                    params={self.page_param: 100})
-        for s in combined.statuses:
+        for s in combined.statuses or ():
             if s.context.lower() == context.lower():
+                # Gitea answers "" for no link: read as None, the "no link" it was set with.
                 return CommitStatus(state=s.state if s.state in _STATES else "error", context=s.context,
-                                    description=s.description or "", target_url=s.target_url)
+                                    description=s.description or "", target_url=s.target_url or None)
         return None
 
     async def pull_request(self, number: int) -> PullRequest:
@@ -587,13 +591,38 @@ class GiteaForge(GitHubForge):
         "comment": "the 'write:issue' scope",
         "status": "the 'write:repository' scope",
         "read": "the 'read:repository' scope",
-        "members": "the 'read:repository' scope and, for --approvers teams, 'read:organization'",
+        # Gitea shows an organization's teams only to its members (seen on Gitea 1.26: 403 otherwise).
+        "members": "the 'read:repository' scope and, for --approvers teams, 'read:organization' with the "
+                   "token's account a member of that organization",
     }
     approving = ("write", "admin", "owner")
-    approving_needs = "write, admin or owner permission"
+    # Gitea's official reviewers: write access, or the approvals allowlist of the branch's protection rule.
+    approving_needs = ("write permission, or a place on the approvals allowlist of the branch's protection "
+                       "rule when it has one")
 
     def _auth_headers(self, token: str) -> dict[str, str]:
         return {"Authorization": f"token {token}", "Accept": "application/json"}
+
+    # Gitea's review states (REQUEST_CHANGES, COMMENT) in GitHub's words, which plnt judges by.
+    STATES: dict[str, str] = {"REQUEST_CHANGES": "CHANGES_REQUESTED", "COMMENT": "COMMENTED"}
+
+    async def approvals(self, pr: int) -> list[Review]:
+        # As GitHub's, with Gitea's state names mapped and its `official` flag kept: whether the branch's
+        # protection rule (its approvals allowlist, else write access) counted the reviewer when they reviewed.
+        return [Review(reviewer=r.user.login, state=self.STATES.get(r.state.upper(), r.state.upper()),
+                       commit_id=r.commit_id, official=r.official)
+                async for r in self._pages(f"{self._repo}/pulls/{pr}/reviews", "read", _GitHubReview)
+                if r.user is not None and not r.dismissed]
+
+    async def access(self, review: Review) -> Access:
+        """Gitea's own verdict on the review (`official`), when it carries one: reading another user's
+        permission needs a repository administrator's token on Gitea, which plnt should not need."""
+        if review.official is None:
+            return await super().access(review)
+        return Access(reviewer=review.reviewer, may_approve=review.official,
+                      level="official reviewer" if review.official else "not an official reviewer",
+                      needs=self.approving_needs,
+                      why=None if review.official else f"not an official reviewer on Gitea (needs {self.approving_needs})")
 
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None:
         # Gitea documents GET /repos/{owner}/{repo}/commits/{sha}/pull: one PR, 404 when none.
@@ -604,12 +633,17 @@ class GiteaForge(GitHubForge):
         return _github_pull(p)
 
     async def in_team(self, team: str, review: Review) -> bool:
-        """Gitea names teams, not slugs: the team is found by name in its organization, then asked for the member."""
+        """Gitea names teams, not slugs: the team is found by name in its organization, then asked for the member.
+        Gitea lists a team only to its members and the organization's owners (and answers 403 for the
+        members of a team one is not in): a team not found is a token that cannot see it, or a wrong name,
+        never "not a member", which would drop every approval from it without saying why."""
         org, name = team.split("/", 1)
         found = await self._get(f"/orgs/{quote(org, safe='')}/teams/search", "members", _GiteaTeams, params={"q": name})
         ids = [t.id for t in found.data if t.name.lower() == name.lower()]
         if not ids:
-            return False
+            raise ForgeRefused(f"gitea: team {team} is not visible to plnt's token (Gitea shows a team only to its "
+                               "members and the organization's owners): add the token's account to the team, or "
+                               "check the name")
         try:
             await self._get(f"/teams/{ids[0]}/members/{quote(review.reviewer, safe='')}", "members", _Login)
         except ForgeNotFound:

@@ -1,0 +1,276 @@
+"""The pull-request flow against a real forge: Gitea built from its Go module (tests/forge/gitea.py),
+`plnt up` as users run it (the console script, its own process, embedded Temporal, local runner
+processes; the runners' model is MockBackend, a STAND-IN for a model server), and `plnt review` run
+as the pull request's CI job runs it. Recipes are signed by test authorities (tests/sigstore_ca.py,
+STAND-INS for Sigstore's public services) and verified for real.
+
+plnt polls only every 600 s here, so what moves it is Gitea's webhook (signed with its secret), and it
+fetches the repository from Gitea over HTTP with a token that must never show: not in its log, not in
+a status, not in an URL it reports.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from plnt.reconciler.review.forge import make_forge
+from plnt.reconciler.review.plan_review import MARKER as PLAN_MARKER
+
+from tests.conftest import EXAMPLE
+from tests.e2e.test_plnt_up_process import PLNT, REVIEW, PlntUp, gateway_port
+from tests.forge.conftest import TEAM, SpecSite
+from tests.forge.gitea import GiteaError
+
+pytestmark = [pytest.mark.integration, pytest.mark.forge]
+
+RUN_FILE = "workflowruns/review-responder.yaml"
+CONTEXT = "plnt/default/review-responder"
+T = TypeVar("T")
+
+
+@pytest.fixture
+def started() -> Iterator[list[PlntUp]]:
+    """plnt processes a test started, killed with everything below them if the test failed."""
+    processes: list[PlntUp] = []
+    yield processes
+    for process in processes:
+        process.kill()
+
+
+def wait_until(check: Callable[[], T | None], what: str, plnt: PlntUp, timeout: float = 90.0) -> T:
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        assert plnt.process.poll() is None, plnt.why(f"plnt exited ({plnt.process.returncode}) waiting for {what}")
+        last = check()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(plnt.why(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}"))
+
+
+def get(plnt: PlntUp, path: str) -> Any:
+    response = httpx.get(f"{plnt.url}{path}", timeout=10, trust_env=False)
+    response.raise_for_status()
+    return response.json()
+
+
+def held(plnt: PlntUp) -> dict[str, Any] | None:
+    """GET /source's held commit; None while plnt does not answer yet or holds nothing."""
+    try:
+        return get(plnt, "/source").get("held")  # type: ignore[no-any-return]
+    except httpx.TransportError:
+        return None
+
+
+def invoke(plnt: PlntUp, **headers: str) -> httpx.Response:
+    return httpx.post(f"{plnt.url}/workflows/review-responder/invoke", json=REVIEW, headers=headers, timeout=30,
+                      trust_env=False)
+
+
+def secret_file(path: Path, text: str) -> Path:
+    path.write_text(text + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def start_plnt(site: SpecSite, tmp_path: Path, started: list[PlntUp], *extra: str) -> PlntUp:
+    """`plnt up` on the site's repository, as an operator would run it next to Gitea: the repository
+    over HTTP with the bot's token, the forge API with the same token, Gitea's webhook signed."""
+    org = site.org
+    port = gateway_port()
+    webhook_secret = secrets.token_hex(16)
+    site.add_webhook(f"http://127.0.0.1:{port}/hooks/git", webhook_secret)
+    credentials = secret_file(tmp_path / "git-credentials", f"{org.bot.name}:{org.plnt_token}")
+    token = secret_file(tmp_path / "forge-token", org.plnt_token)
+    hook_secret = secret_file(tmp_path / "webhook-secret", webhook_secret)
+    plnt = PlntUp(site.gitea.git_url(site.project), tmp_path / "state", port, tmp_path / "plnt.log",  # type: ignore[arg-type]
+                  extra=("--interval", "600", "--git-credentials-file", str(credentials),
+                         "--forge", "gitea", "--forge-api-url", site.gitea.api_url, "--forge-project", site.project,
+                         "--forge-token-file", str(token), "--webhook-secret-file", str(hook_secret), *extra))
+    started.append(plnt)
+    return plnt
+
+
+def plnt_review(site: SpecSite, pr: int, head: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The pull request's CI job: `plnt review` on its checkout (origin/main as last fetched: the base),
+    posting on Gitea with the job's token."""
+    site.git("fetch", "-q", "origin")
+    token = secret_file(tmp_path / "review-token", site.org.review_token)
+    done = subprocess.run([*PLNT, "review", "--repo", str(site.work), "--base", "origin/main", "--head", head,
+                           "--forge", "gitea", "--api-url", site.gitea.api_url, "--project", site.project,
+                           "--pr", str(pr), "--token-file", str(token), "--cache-dir", str(tmp_path / "review-cache")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"plnt review exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def latest_status(site: SpecSite, sha: str, context: str) -> dict[str, Any] | None:
+    found = [s for s in site.statuses(sha) if s["context"] == context]
+    return found[-1] if found else None
+
+
+def plan_comments(site: SpecSite, pr: int) -> list[dict[str, Any]]:
+    """The bot's comments carrying the plan's marker (plnt up posts its previews' comment beside it)."""
+    return [c for c in site.comments(pr) if c["user"]["login"] == site.org.bot.name and f"<!-- {PLAN_MARKER}" in c["body"]]
+
+
+def add_specs(site: SpecSite) -> None:
+    """The example specs, as an author adds them to the repository."""
+    for item in EXAMPLE.iterdir():
+        target = site.work / item.name
+        if item.is_dir():
+            shutil.copytree(item, target, dirs_exist_ok=True)
+        else:
+            shutil.copy2(item, target)
+
+
+def test_a_pull_request_from_push_to_verdict(spec_site: SpecSite, tmp_path: Path, started: list[PlntUp]) -> None:
+    site = spec_site
+    org = site.org
+    site.protect_main(dismiss_stale_approvals=True)
+    plnt = start_plnt(site, tmp_path, started, "--require-approval", "--approvers", f"platform/{TEAM}",
+                      "--write-notes", "--previews", "refs/pull/*/head")
+    readme = site.git("rev-parse", "HEAD")
+
+    # The repository's first commit (Gitea's README) came by no pull request: held, nothing deploys.
+    first = wait_until(lambda: held(plnt), "the README commit held", plnt)
+    assert first["commit"] == readme and first["reason"].startswith(f"no pull request brought commit {readme[:12]}")
+    # Branch protection is Gitea's: a direct push to main is refused there.
+    (site.work / "direct.txt").write_text("no review\n")
+    site.commit("direct push")
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        site.push("main")
+    assert "protected branch" in refused.value.stderr.lower() or "not allowed" in refused.value.stderr.lower(), \
+        refused.value.stderr
+    site.git("reset", "-q", "--hard", "origin/main")
+
+    # Bootstrap: PR #1 adds the specs; reviewed, approved, merged: review-responder 1.2.0 is installed.
+    site.branch("add-specs")
+    add_specs(site)
+    specs_head = site.commit("Add the platform's specs")
+    site.push("add-specs")
+    first_pr = site.open_pull("add-specs", "Add the platform's specs")
+    plnt_review(site, first_pr, specs_head, tmp_path)
+    site.review(first_pr, "APPROVED", specs_head)
+    first_merge = site.merge(first_pr)
+    ready = plnt.wait_ready(timeout=90)
+    assert ready["version"] == "1.2.0", ready
+    assert wait_until(lambda: (s := latest_status(site, first_merge, CONTEXT)) and s["status"] == "success" and s,
+                      "the install's success status", plnt)["description"].startswith("Ready 1.2.0")
+
+    # 1. The author pushes a branch bumping review-responder and opens PR #2.
+    site.branch("bump-review-responder")
+    site.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.4.0")
+    push_a = site.commit("review-responder 1.4.0")
+    site.push("bump-review-responder")
+    pr = site.open_pull("bump-review-responder", "Bump review-responder")
+
+    # 2. `plnt review` posts one plan comment and the plnt/plan status with the digest, read back from Gitea.
+    plnt_review(site, pr, push_a, tmp_path)
+    comments = plan_comments(site, pr)
+    assert len(comments) == 1 and "review-responder" in comments[0]["body"] and push_a in comments[0]["body"], comments
+    plan_a = latest_status(site, push_a, "plnt/plan")
+    assert plan_a is not None and plan_a["status"] == "success", plan_a
+    assert plan_a["description"].startswith("plan sha256:") and plan_a["description"].endswith(": 1 to upgrade"), plan_a
+    # The next push: the same comment, updated in place; a new status on the new head.
+    site.replace(RUN_FILE, "review-responder@1.4.0", "review-responder@1.3.0")
+    push_b = site.commit("review-responder 1.3.0, not 1.4.0")
+    site.push("bump-review-responder")
+    plnt_review(site, pr, push_b, tmp_path)
+    updated = plan_comments(site, pr)
+    assert [c["id"] for c in updated] == [comments[0]["id"]], "one comment, updated in place"
+    assert push_b in updated[0]["body"] and push_a not in updated[0]["body"]
+    plan_b = latest_status(site, push_b, "plnt/plan")
+    assert plan_b is not None and plan_b["status"] == "success" and plan_b["description"] != plan_a["description"]
+
+    # 3. The reviewer approves; the author pushes again: Gitea dismisses the approval (branch protection's
+    #    "dismiss stale approvals") and refuses the merge; plnt, asked, sees no approval either.
+    site.review(pr, "APPROVED", push_b)
+    site.replace(RUN_FILE, "invocations: 10", "invocations: 12")
+    push_c = site.commit("a longer smoke test")
+    site.push("bump-review-responder")
+    plnt_review(site, pr, push_c, tmp_path)
+    reviews = wait_until(lambda: [r for r in site.api("GET", f"/pulls/{pr}/reviews") if r["state"] == "APPROVED"
+                                  and r["dismissed"]] or None, "Gitea to dismiss the stale approval", plnt, timeout=30)
+    assert reviews[0]["commit_id"] == push_b
+    with pytest.raises(GiteaError, match="HTTP 405"):
+        site.merge(pr)
+    assert approvals_seen_by_plnt(site, pr) == []
+    site.review(pr, "APPROVED", push_c)
+
+    # 4. Merge: Gitea's webhook wakes plnt (it would poll only in 600 s), which fetches over HTTP.
+    merge = site.merge(pr)
+    statuses = wait_until(lambda: (s := [x for x in site.statuses(merge) if x["context"] == CONTEXT])
+                          and s[-1]["status"] == "success" and s, "the rollout's success status on the merge", plnt)
+    assert plnt.wait_ready()["version"] == "1.3.0"
+    # 5. The canary ran, and its verdict is on the merge commit: pending while it ran, then success.
+    descriptions = [s["description"] for s in statuses]
+    assert {s["status"] for s in statuses[:-1]} == {"pending"}, statuses
+    assert any(d.startswith("Canary 1.3.0 at 5%") for d in descriptions), descriptions
+    assert descriptions[-1].startswith("Ready 1.3.0: p95 "), descriptions
+    approval = latest_status(site, merge, "plnt/approval")
+    assert approval is not None and approval["status"] == "success", approval
+    plan_c = latest_status(site, push_c, "plnt/plan")
+    assert plan_c is not None and plan_c["description"].startswith("plan sha256:")
+    digest = plan_c["description"].split(":")[1].strip()  # the 12 hex the approval was bound to
+    assert approval["description"].startswith(f"approved: PR #{pr} by {org.reviewer.name}, plan sha256:{digest}"), approval
+    # ...and as a git note, pushed to Gitea with the bot's token.
+    note = wait_until(lambda: git_note(site, merge), "the rollout's git note on Gitea", plnt, timeout=30)
+    assert note.startswith("default/review-responder: Ready 1.3.0"), note
+    assert invoke(plnt).json()["version"] == "1.3.0"
+
+    # 5b. A preview for an open PR answers under its header, and goes when the PR closes.
+    site.branch("try-1.5.0")
+    site.replace(RUN_FILE, "review-responder@1.3.0", "review-responder@1.5.0")
+    preview_head = site.commit("try review-responder 1.5.0")
+    site.push("try-1.5.0")
+    preview_pr = site.open_pull("try-1.5.0", "Try review-responder 1.5.0")
+    wait_until(lambda: (s := latest_status(site, preview_head, f"plnt/preview/{CONTEXT.removeprefix('plnt/')}"))
+               and s["status"] == "success", "the preview's success status", plnt)
+    answer = invoke(plnt, **{"X-Plnt-Preview": str(preview_pr)})
+    assert answer.status_code == 200 and answer.json()["version"] == "1.5.0", answer.text
+    assert invoke(plnt).json()["version"] == "1.3.0", "without the header: the promoted release"
+    site.api("PATCH", f"/pulls/{preview_pr}", auth=org.author, json={"state": "closed"})
+    wait_until(lambda: invoke(plnt, **{"X-Plnt-Preview": str(preview_pr)}).status_code == 404,
+               "the preview removed after the PR closed", plnt)
+    removed = latest_status(site, preview_head, f"plnt/preview/{CONTEXT.removeprefix('plnt/')}")
+    assert removed is not None and "removed" in removed["description"], removed
+
+    # No token anywhere it could be read: plnt's log, what it reports, the statuses and notes on Gitea.
+    tokens = (org.plnt_token, org.review_token, org.author_token)
+    shown = [plnt.log(), str(get(plnt, "/source")), str(get(plnt, "/workflows"))]
+    shown += [str(site.statuses(sha)) for sha in (first_merge, merge, preview_head)]
+    shown += [str(site.comments(n)) for n in (first_pr, pr, preview_pr)]
+    for token in tokens:
+        assert not [text for text in shown if token in text], "a token shows"
+    assert f"{org.bot.name}:" not in get(plnt, "/source").get("repo", "")
+    plnt.stop_and_check(signal.SIGINT)
+
+
+def approvals_seen_by_plnt(site: SpecSite, pr: int) -> list[str]:
+    """The approvals plnt's forge client reads from Gitea (the reviewers)."""
+    import asyncio
+
+    async def read() -> list[str]:
+        async with make_forge("gitea", site.gitea.api_url, site.project, site.org.plnt_token) as forge:
+            return [r.reviewer for r in await forge.approvals(pr) if r.state == "APPROVED"]
+
+    return asyncio.run(read())
+
+
+def git_note(site: SpecSite, sha: str) -> str | None:
+    try:
+        site.git("fetch", "-q", "origin", "+refs/notes/plnt:refs/notes/plnt")
+        return site.git("notes", "--ref", "plnt", "show", sha)
+    except subprocess.CalledProcessError:
+        return None
