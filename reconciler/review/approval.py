@@ -137,11 +137,13 @@ def count_reviews(reviews: Sequence[Review], head: str,
 
 
 def judge_review(commit: str, pr: PullRequest | None, reviews: Sequence[Review], *,
-                 branch: str | None = None, distrusted: Mapping[str, str] | None = None) -> ApprovalVerdict | None:
+                 branch: str | None = None, distrusted: Mapping[str, str] | None = None,
+                 no_review_after_merge: str | None = None) -> ApprovalVerdict | None:
     """The review half of `judge`: a held verdict, or None when the PR is merged (into `branch`, the
     tracked one, when the forge names its target) and approved on its head by a reviewer plnt trusts
-    (`distrusted`: reviewer -> why their reviews do not count). Pure. (The gate calls it first, so a
-    commit no review approves costs no plan.)"""
+    (`distrusted`: reviewer -> why their reviews do not count; `no_review_after_merge`: the forge's
+    name when it takes no review on a merged pull request, so "approve the head" cannot be the way
+    out). Pure. (The gate calls it first, so a commit no review approves costs no plan.)"""
     c = commit[:12]
     if pr is None:
         return ApprovalVerdict(commit=commit, approved=False, reason=(
@@ -158,6 +160,13 @@ def judge_review(commit: str, pr: PullRequest | None, reviews: Sequence[Review],
             f"PR #{pr.number} that brought commit {c} was merged into {pr.base_ref}, not into the tracked branch "
             f"{branch}; a review for another branch does not approve this one: {_WAY_OUT}"))
     distrusted = distrusted or {}
+
+    def approve(advice: str) -> str:
+        if no_review_after_merge is None:
+            return advice
+        return (f"{no_review_after_merge} takes no review on a merged pull request, so no approval can release it "
+                f"now: {_WAY_OUT}")
+
     latest, on_head, ignored = count_reviews(reviews, pr.head_sha, distrusted)
     held["ignored"] = ignored
     # Why reviews of reviewers plnt does not trust did not count (the others' say so in the reason).
@@ -173,18 +182,21 @@ def judge_review(commit: str, pr: PullRequest | None, reviews: Sequence[Review],
     if blocking:
         return ApprovalVerdict(**held, reason=(
             f"PR #{pr.number}: {', '.join(blocking)} requested changes and did not approve since; "
-            f"their approval of head {head} (or a dismissal of the review) releases it{not_counted}"))
+            + approve(f"their approval of head {head} (or a dismissal of the review) releases it") + not_counted))
     if not on_head:
         older = sorted({r.commit_id[:12] for r in approvals if r.commit_id and r.commit_id != pr.head_sha})
         if older:
+            stale = ("" if no_review_after_merge is None else
+                     f" (with 'Dismiss stale approvals' or 'Ignore stale approvals' in the branch's protection, "
+                     f"{no_review_after_merge} refuses such a merge)")
             return ApprovalVerdict(**held, reason=(
-                f"PR #{pr.number} was approved only on an older push ({', '.join(older)}); approve head {head}"
-                f"{not_counted}"))
+                f"PR #{pr.number} was approved only on an older push ({', '.join(older)}); "
+                + approve(f"approve head {head}") + stale + not_counted))
         if untrusted:
             return ApprovalVerdict(**held, reason=(
                 f"PR #{pr.number} has no approving review from a reviewer who may approve{not_counted}; "
-                f"approve head {head} as one"))
-        return ApprovalVerdict(**held, reason=f"PR #{pr.number} has no approving review; approve head {head}")
+                + approve(f"approve head {head} as one")))
+        return ApprovalVerdict(**held, reason=f"PR #{pr.number} has no approving review; " + approve(f"approve head {head}"))
     return None
 
 
@@ -382,7 +394,8 @@ class ApprovalGate:
             self.counters.forge_calls += 1
             reviews = await self.forge.approvals(pr.number)
             distrusted = await self._distrusted(reviews)
-        held = judge_review(last, pr, reviews, branch=self._source.branch, distrusted=distrusted)
+        held = judge_review(last, pr, reviews, branch=self._source.branch, distrusted=distrusted,
+                            no_review_after_merge=None if self.forge.reviews_after_merge else self.forge.kind.title())
         if held is not None:
             return held
         assert pr is not None

@@ -98,8 +98,10 @@ class Access(BaseModel):
 
 
 class Forge(Protocol):
+    kind: str
     comment_limit: int
     description_limit: int
+    reviews_after_merge: bool
 
     async def upsert_comment(self, pr: int, body: str, marker: str) -> CommentRef: ...
     async def upsert_comments(self, pr: int, parts: list[str], marker: str) -> list[CommentRef]: ...
@@ -279,6 +281,9 @@ class _Base:
     kind: str = ""
     comment_limit = 65_536
     description_limit = 140
+    # Whether an approval can still be given once the pull request is merged (what releases a held
+    # merge). Gitea refuses it (ErrSubmitReviewOnClosedPR, seen on a real Gitea); not checked elsewhere.
+    reviews_after_merge = True
     page_param = "per_page"
     # Permissions named in ForgeRefused, by operation, as each forge documents them.
     permissions: dict[str, str] = {}
@@ -584,6 +589,7 @@ class GiteaForge(GitHubForge):
     """Gitea REST (api_url e.g. https://gitea.example/api/v1): GitHub-like paths; pages by `limit`."""
 
     kind = "gitea"
+    reviews_after_merge = False
     comment_limit = 65_536  # not documented; GitHub's, as a safe limit
     description_limit = 255  # not documented; conservative
     page_param = "limit"
