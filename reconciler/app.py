@@ -337,6 +337,11 @@ def attach_status_followers(settings: Settings, statuses: StatusStore, reconcile
         assert forge is not None
         cleanups.append(forge.aclose)  # runs after the reporter stopped (cleanups run in reverse)
         cleanups.append(attach_rollout_reporter(forge, statuses))
+        if settings.trust.verify_commits != "none":
+            from plnt.reconciler.review.rollout_report import attach_refusal_reporter
+
+            cleanups.append(attach_refusal_reporter(forge, statuses, lambda: reconciler.source_status,
+                                                    reconciler.source_listeners))
     if settings.review.write_notes:
         from plnt.reconciler.review.notes import attach_notes_writer
 

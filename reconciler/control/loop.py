@@ -83,6 +83,8 @@ class Reconciler:
         self.source_status: dict[str, Any] = read_json(state.source_file, default={}) or {}
         # Called with (commit, specs) for every valid commit a pass reconciles (e.g. --mirror-status).
         self.spec_listeners: list[Callable[[str, SpecSet], None]] = []
+        # Called (no arguments) after source_status changed: it is read then, e.g. to report a refusal.
+        self.source_listeners: list[Callable[[], None]] = []
         self._refused: set[str] = set()  # --source kubernetes: the objects the last pass refused
 
     # --- loop --------------------------------------------------------------------------------
@@ -459,4 +461,6 @@ class Reconciler:
         if new != self.source_status:
             self.source_status = new
             atomic_write_json(self._state.source_file, new)
+            for listener in self.source_listeners:
+                listener()
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, Generic, TypeVar
 
 from plnt.core.routes import preview_of
@@ -305,6 +305,46 @@ class RolloutReporter(StatusFollower[tuple[str, str], tuple[State, str]]):
             raise RetryLater(str(exc), exc.retry_after) from None
         except ForgeRefused as exc:  # names the permission the token needs
             raise ForgeError(f"commit statuses are refused: {exc}") from None
+
+
+# The commit status plnt sets on a commit --verify-commits refuses (and on the untrusted commit itself).
+VERIFY_CONTEXT = "plnt/verify-commits"
+
+
+def refusal_reports(source_status: Mapping[str, Any]) -> dict[tuple[str, str], tuple[State, str]]:
+    """{(commit, plnt/verify-commits): (failure, "refused: commit X is not trusted: WHY")} for the
+    newest commit of the branch when --verify-commits refused it, on it and on the commit that is not
+    trusted (a pull request's own commit: its page then shows why). Pure."""
+    untrusted = source_status.get("untrusted")
+    newest = source_status.get("newestCommit")
+    if not isinstance(untrusted, dict) or not isinstance(newest, str):
+        return {}
+    problems = source_status.get("problems") or []
+    description = f"refused: {problems[0]}" if problems else f"refused: commit {untrusted['commit'][:12]} is not trusted"
+    return {(commit, VERIFY_CONTEXT): ("failure", description) for commit in dict.fromkeys((newest, untrusted["commit"]))}
+
+
+class RefusalReporter(RolloutReporter):
+    """What --verify-commits refused, as a failing `plnt/verify-commits` status (woken by the
+    reconciler's source_listeners: a refusal changes no WorkflowRun status when nothing runs yet)."""
+
+    name = "verify-commits-status"
+
+    def __init__(self, forge: Forge, statuses: StatusStore, source_status: Callable[[], Mapping[str, Any]],
+                 **options: Any) -> None:
+        super().__init__(forge, statuses, **options)
+        self._source_status = source_status
+
+    def desired(self, statuses: list[WorkflowRunStatus]) -> dict[tuple[str, str], tuple[State, str]]:
+        return refusal_reports(self._source_status())
+
+
+def attach_refusal_reporter(forge: Forge, statuses: StatusStore, source_status: Callable[[], Mapping[str, Any]],
+                            source_listeners: list[Callable[[], None]], **options: Any) -> Callable[[], Awaitable[None]]:
+    """`--verify-commits` with `--forge` and `--report-status`: start reporting refusals; returns the cleanup."""
+    reporter = RefusalReporter(forge, statuses, source_status, **options)
+    source_listeners.append(reporter.changed)
+    return reporter.attach()
 
 
 def attach_rollout_reporter(forge: Forge, statuses: StatusStore, **options: Any) -> Callable[[], Awaitable[None]]:

@@ -45,7 +45,8 @@ class GiteaOrg:
 @pytest.fixture(scope="session")
 def gitea(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GiteaOrg]:
     base = tmp_path_factory.mktemp("gitea")
-    with GiteaServer(base) as server:
+    signing_key = ssh_key(base / "signing" / "gitea", "gitea@plnt.invalid")
+    with GiteaServer(base, signing_key=signing_key) as server:
         reviewer, author, bot = (server.create_user(name) for name in ("reviewer", "author", "plnt-bot"))
         server.api("POST", "/orgs", json={"username": ORG, "visibility": "private"})
         team = server.api("POST", f"/orgs/{ORG}/teams", json={
@@ -60,6 +61,13 @@ def gitea(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GiteaOrg]:
                        plnt_token=server.create_token(bot, "plnt-up", BOT_SCOPES),
                        review_token=server.create_token(bot, "plnt-review", BOT_SCOPES),
                        author_token=server.create_token(author, "author-push", AUTHOR_SCOPES))
+
+
+def ssh_key(path: Path, comment: str) -> Path:
+    """A new ed25519 key pair at `path` and `path`.pub."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True)
+    return path
 
 
 _repos = itertools.count(1)

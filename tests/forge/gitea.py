@@ -59,7 +59,10 @@ class Account:
 class GiteaServer:
     """One Gitea process; `with GiteaServer(base) as gitea:` starts it and stops it by PID."""
 
-    def __init__(self, base: Path, bin_dir: Path | None = None, *, port: int | None = None) -> None:
+    def __init__(self, base: Path, bin_dir: Path | None = None, *, port: int | None = None,
+                 signing_key: Path | None = None) -> None:
+        """signing_key: an SSH private key (its .pub beside it) Gitea signs the commits it makes with:
+        a repository's first commit and every merge, as a forge feeding `--verify-commits all` must."""
         self.bin_dir = bin_dir or gitea_bin_dir()
         self.binary = self.bin_dir / "gitea"
         self.base = base
@@ -69,6 +72,7 @@ class GiteaServer:
         self.config = base / "custom" / "conf" / "app.ini"
         self.log_dir = base / "log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.signing_key = signing_key
         self.admin = Account("site-admin", secrets.token_hex(12))
         self._env = {**os.environ, "GITEA_WORK_DIR": str(base), "HOME": str(base / "home"),
                      # Tests run as root in CI; Gitea refuses root unless told this (its own switch).
@@ -118,7 +122,7 @@ PASSWORD_HASH_ALGO = pbkdf2_hi
 
 [oauth2]
 ENABLED = false
-
+{self._signing()}
 [service]
 DISABLE_REGISTRATION = true
 REQUIRE_SIGNIN_VIEW = true
@@ -162,6 +166,20 @@ ENABLED = false
 [packages]
 ENABLED = false
 """)
+
+    def _signing(self) -> str:
+        if self.signing_key is None:
+            return ""
+        return f"""
+[repository.signing]
+SIGNING_FORMAT = ssh
+SIGNING_KEY = {self.signing_key}.pub
+SIGNING_NAME = Gitea
+SIGNING_EMAIL = gitea@plnt.invalid
+INITIAL_COMMIT = always
+MERGES = always
+CRUD_ACTIONS = always
+"""
 
     def _run(self, *args: str) -> str:
         done = subprocess.run([str(self.binary), "--config", str(self.config), "--work-path", str(self.base), *args],

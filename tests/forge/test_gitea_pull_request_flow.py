@@ -27,7 +27,7 @@ from plnt.reconciler.review.plan_review import MARKER as PLAN_MARKER
 
 from tests.conftest import EXAMPLE
 from tests.e2e.test_plnt_up_process import PLNT, REVIEW, PlntUp, gateway_port
-from tests.forge.conftest import TEAM, SpecSite
+from tests.forge.conftest import TEAM, SpecSite, ssh_key
 from tests.forge.gitea import GiteaError
 
 pytestmark = [pytest.mark.integration, pytest.mark.forge]
@@ -274,3 +274,103 @@ def git_note(site: SpecSite, sha: str) -> str | None:
         return site.git("notes", "--ref", "plnt", "show", sha)
     except subprocess.CalledProcessError:
         return None
+
+
+@pytest.mark.parametrize("dismiss_stale_approvals", [False, True], ids=["dismissal-off", "dismissal-on"])
+def test_an_approval_of_an_older_push_does_not_count(spec_site: SpecSite, tmp_path: Path, started: list[PlntUp],
+                                                    dismiss_stale_approvals: bool) -> None:
+    """Approved, then pushed to, then merged: plnt deploys nothing, whatever Gitea's own setting says.
+    With "dismiss stale approvals" off (Gitea's default) Gitea counts the old approval and merges; with it
+    on, Gitea refuses the merge, and a site administrator's override merges it anyway."""
+    site = spec_site
+    site.protect_main(dismiss_stale_approvals=dismiss_stale_approvals)
+    plnt = start_plnt(site, tmp_path, started, "--require-approval")
+    wait_until(lambda: held(plnt), "the README commit held", plnt)
+    site.branch("add-specs")
+    add_specs(site)
+    approved = site.commit("Add the platform's specs")
+    site.push("add-specs")
+    pr = site.open_pull("add-specs", "Add the platform's specs")
+    plnt_review(site, pr, approved, tmp_path)
+    site.review(pr, "APPROVED", approved)
+    site.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.4.0")
+    pushed = site.commit("and 1.4.0, after the approval")
+    site.push("add-specs")
+    plnt_review(site, pr, pushed, tmp_path)
+
+    if dismiss_stale_approvals:
+        with pytest.raises(GiteaError, match="HTTP 405"):
+            site.merge(pr)
+        merge = site.merge(pr, force=True)
+        reason = f"PR #{pr} has no approving review; Gitea takes no review on a merged pull request"
+    else:
+        merge = site.merge(pr)  # Gitea counts the approval of the older push
+        reason = (f"PR #{pr} was approved only on an older push ({approved[:12]}); Gitea takes no review on a "
+                  "merged pull request")
+    verdict = wait_until(lambda: (h := held(plnt)) and h["commit"] == merge and h, "the merge held", plnt)
+    assert verdict["reason"].startswith(reason), verdict
+    assert verdict["pr"] == pr and verdict["head"] == pushed and verdict["approvers"] == []
+    status = wait_until(lambda: latest_status(site, merge, "plnt/approval"), "the plnt/approval status", plnt)
+    assert status["status"] == "failure" and status["description"].startswith(f"held: {reason}"[:100]), status
+    assert get(plnt, "/workflows") == [], "nothing deploys from a held commit"
+    # Gitea refuses the approval that the reason says cannot come.
+    with pytest.raises(GiteaError, match="HTTP 4"):
+        site.review(pr, "APPROVED", pushed)
+
+
+def test_a_pull_request_with_an_unsigned_commit_is_refused(spec_site: SpecSite, tmp_path: Path,
+                                                          started: list[PlntUp]) -> None:
+    """--verify-commits all against Gitea, which signs its own commits (the README, every merge) with an
+    SSH key the operator trusts beside the authors': a pull request carrying an unsigned commit gets a
+    failing preview status naming it, and its merge is refused with a status on the merge and on that
+    commit, while what runs keeps running."""
+    site = spec_site
+    author_key = ssh_key(tmp_path / "author-key", "author@plnt.invalid")
+    gitea_key = site.gitea.signing_key
+    assert gitea_key is not None
+    allowed = tmp_path / "allowed_signers"
+    allowed.write_text(f"gitea@plnt.invalid {gitea_key.with_suffix('.pub').read_text().strip()}\n"
+                       f"author@plnt.invalid {author_key.with_suffix('.pub').read_text().strip()}\n")
+    plnt = start_plnt(site, tmp_path, started, "--verify-commits", "all", "--allowed-signers", str(allowed),
+                      "--previews", "refs/pull/*/head")
+
+    def signed(message: str) -> str:
+        return site.commit(message, "-S", "--gpg-sign=" + str(author_key.with_suffix(".pub")))
+
+    def source() -> dict[str, Any]:
+        try:
+            return get(plnt, "/source")  # type: ignore[no-any-return]
+        except httpx.TransportError:
+            return {}
+
+    readme = site.git("rev-parse", "HEAD")
+    wait_until(lambda: source().get("lastReconciledCommit") == readme, "Gitea's signed README commit trusted", plnt)
+    site.git("config", "gpg.format", "ssh")
+    site.branch("add-specs")
+    add_specs(site)
+    signed("Add the platform's specs")
+    site.push("add-specs")
+    site.merge(site.open_pull("add-specs", "Add the platform's specs"))
+    assert plnt.wait_ready()["version"] == "1.2.0"
+
+    site.branch("bump")
+    site.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")
+    signed("review-responder 1.3.0")
+    site.replace(RUN_FILE, "invocations: 10", "invocations: 12")
+    unsigned = site.commit("a longer smoke test, unsigned")
+    site.push("bump")
+    pr = site.open_pull("bump", "Bump review-responder")
+    refusal = f"commit {unsigned[:12]} is not trusted: unsigned"
+    preview = wait_until(lambda: (s := latest_status(site, unsigned, "plnt/preview")) and s["status"] == "failure" and s,
+                         "the preview refused", plnt)
+    assert refusal in preview["description"], preview
+
+    merge = site.merge(pr)
+    for commit in (merge, unsigned):
+        status = wait_until(lambda commit=commit: latest_status(site, commit, "plnt/verify-commits"),  # type: ignore[misc]
+                            f"plnt/verify-commits on {commit[:12]}", plnt)
+        assert (status["status"], status["description"]) == ("failure", f"refused: {refusal}"), status
+    assert source()["untrusted"]["commit"] == unsigned
+    row = plnt.wait_ready()
+    assert row["version"] == "1.2.0" and refusal in row["message"], row
+    assert invoke(plnt).json()["version"] == "1.2.0"
