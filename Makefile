@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 DEMO   ?= .plnt-demo
 PORT   ?= 8000
 
-.PHONY: install install-llm install-test-services up demo-repo demo-model test test-fast bench e2e-kind k8s-bins test-k8s bench-k8s clean
+.PHONY: install install-llm install-test-services up demo-repo demo-model test test-fast bench e2e-kind k8s-bins test-k8s bench-k8s gitea-bin test-forge bench-forge clean
 
 install: $(VENV)/.installed
 
@@ -48,7 +48,7 @@ install-llm:
 install-test-services:
 	bash tools/install_test_services.sh
 
-test: install install-test-services install-llm k8s-bins
+test: install install-test-services install-llm k8s-bins gitea-bin
 	$(PY) -m pytest
 
 test-fast: install
@@ -107,6 +107,23 @@ bench-k8s: export PYTHONUNBUFFERED := 1
 bench-k8s: install k8s-bins
 	mkdir -p $(BENCH_OUT)
 	$(PY) bench/k8s_rollout.py --commits 3 --runs 20 --shrink-to 10 | tee $(BENCH_OUT)/k8s_rollout.txt
+
+# Gitea, a real git forge for tests/forge, built from its Go module (code.gitea.io/gitea, pinned in
+# tools/gitea/go.mod) into ~/.cache/plnt/gitea once: see docs/review-and-approval.md, "Against a real
+# Gitea".
+gitea-bin: install-test-services
+	bash tools/build_gitea.sh >/dev/null
+
+# Only the pull-request flow against the real Gitea (also part of `make test`).
+test-forge: install gitea-bin
+	$(PY) -m pytest -m forge
+
+# Merge -> webhook -> Ready -> status on the commit, against the real Gitea (10 merges).
+bench-forge: SHELL := /bin/bash
+bench-forge: .SHELLFLAGS := -o pipefail -c
+bench-forge: install gitea-bin
+	mkdir -p $(BENCH_OUT)
+	$(PY) bench/merge_to_status.py --forge gitea --runs 10 | tee $(BENCH_OUT)/merge_to_status_gitea.txt
 
 clean:
 	rm -rf $(DEMO) $(BENCH_OUT) .pytest_cache

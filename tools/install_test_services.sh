@@ -6,6 +6,7 @@
 #   chromium: the headless browser the web UI tests (tests/ui) drive through Playwright
 #   prometheus (prometheus, promtool): rule checks/tests and the scrape test in tests/observability
 #   iproute2 (ip): the pod network namespace of the end-to-end Kubernetes tests (tests/k8s/pod_network.py)
+#   gcc: Gitea's SQLite driver is cgo (tools/build_gitea.sh, for tests/forge)
 # Run by `make test` (through `make install-test-services`); root or passwordless sudo installs with
 # apt-get, anyone else gets the exact command to run. Nothing here is needed by `make up`.
 set -euo pipefail
@@ -18,6 +19,7 @@ command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)    # signed-c
 [ -x /usr/bin/chromium ] || missing+=(chromium)                        # web UI tests (tests/ui)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)          # tests/observability
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)                 # tests/k8s pod network
+command -v "${CC:-cc}" >/dev/null 2>&1 || missing+=(gcc)             # Gitea's cgo SQLite (tests/forge)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -eq 0 ]; then

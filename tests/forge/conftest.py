@@ -1,174 +1,26 @@
-"""A real Gitea with a platform organization on it, for the pull-request flow (tests/forge).
-
-Once per session: the Gitea server (tests/forge/gitea.py), an organization `platform` with a team
-`deployers` (write access to its repositories) holding a reviewer and an author, and a bot account
-`plnt-bot` whose tokens plnt and its CI job use. Per test: a repository of its own (`spec_site`),
-made the way an administrator would: created in the organization with a README, the bot as a
-collaborator with write access, then branch protection and a webhook once plnt's address is known.
-"""
+"""A real Gitea with a platform organization on it, for the pull-request flow (tests/forge): the
+server and its organization once per session (`gitea`), a spec repository of its own per test
+(`spec_site`). What they hold: tests/forge/site.py."""
 
 from __future__ import annotations
 
-import itertools
-import os
-import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import GIT_ENV
-from tests.forge.gitea import Account, GiteaServer
-
-ORG = "platform"
-TEAM = "deployers"
-# What each token may do, in Gitea's scopes: plnt reads pull requests, reviews and permissions, posts
-# statuses and comments, fetches the repository and pushes its notes; the author pushes branches.
-BOT_SCOPES = ["write:repository", "write:issue", "read:organization", "read:user"]
-AUTHOR_SCOPES = ["write:repository", "write:issue"]
-
-
-@dataclass
-class GiteaOrg:
-    gitea: GiteaServer
-    reviewer: Account
-    author: Account
-    bot: Account
-    team_id: int
-    plnt_token: str    # plnt up's (--forge-token-file, --git-credentials-file)
-    review_token: str  # the CI job's (`plnt review --token-file`)
-    author_token: str
+from tests.forge.gitea import GiteaServer
+from tests.forge.site import GiteaOrg, SpecSite, make_org, new_site, ssh_key
 
 
 @pytest.fixture(scope="session")
 def gitea(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GiteaOrg]:
+    """Gitea, signing the commits it makes with an SSH key of its own (its .pub: `signing_key`)."""
     base = tmp_path_factory.mktemp("gitea")
-    signing_key = ssh_key(base / "signing" / "gitea", "gitea@plnt.invalid")
-    with GiteaServer(base, signing_key=signing_key) as server:
-        reviewer, author, bot = (server.create_user(name) for name in ("reviewer", "author", "plnt-bot"))
-        server.api("POST", "/orgs", json={"username": ORG, "visibility": "private"})
-        team = server.api("POST", f"/orgs/{ORG}/teams", json={
-            "name": TEAM, "permission": "write", "includes_all_repositories": True,
-            "units": ["repo.code", "repo.pulls", "repo.issues"]})
-        for member in (reviewer, author):
-            server.api("PUT", f"/teams/{team['id']}/members/{member.name}")
-        # plnt reads the team's members for --approvers: Gitea shows a team only to its own members and
-        # the organization's owners, so the bot is in it (it never reviews).
-        server.api("PUT", f"/teams/{team['id']}/members/{bot.name}")
-        yield GiteaOrg(gitea=server, reviewer=reviewer, author=author, bot=bot, team_id=int(team["id"]),
-                       plnt_token=server.create_token(bot, "plnt-up", BOT_SCOPES),
-                       review_token=server.create_token(bot, "plnt-review", BOT_SCOPES),
-                       author_token=server.create_token(author, "author-push", AUTHOR_SCOPES))
-
-
-def ssh_key(path: Path, comment: str) -> Path:
-    """A new ed25519 key pair at `path` and `path`.pub."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True)
-    return path
-
-
-_repos = itertools.count(1)
-
-
-class SpecSite:
-    """One spec repository on the Gitea, and the author's clone of it."""
-
-    def __init__(self, org: GiteaOrg, name: str, work: Path) -> None:
-        self.org = org
-        self.gitea = org.gitea
-        self.project = f"{ORG}/{name}"
-        self.work = work
-        self._git_env = {**os.environ, **GIT_ENV, "GIT_TERMINAL_PROMPT": "0"}
-
-    # ---- as the author, with git ----
-
-    def git(self, *args: str) -> str:
-        return subprocess.run(["git", *args], cwd=self.work, env=self._git_env, check=True, capture_output=True,
-                              text=True).stdout.strip()
-
-    def commit(self, message: str, *extra: str) -> str:
-        self.git("add", "-A")
-        self.git("commit", "-q", *extra, "-m", message)
-        return self.git("rev-parse", "HEAD")
-
-    def replace(self, relative: str, old: str, new: str) -> None:
-        target = self.work / relative
-        text = target.read_text()
-        assert old in text, f"{old!r} not in {relative}"
-        target.write_text(text.replace(old, new))
-
-    def branch(self, name: str) -> None:
-        """A new branch from main as it is on the forge now."""
-        self.git("fetch", "-q", "origin")
-        self.git("checkout", "-q", "-b", name, "origin/main")
-
-    def push(self, branch: str) -> None:
-        self.git("push", "-q", "origin", f"HEAD:refs/heads/{branch}")
-
-    # ---- on the forge, as its users ----
-
-    def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        """A call on this repository (path after /repos/OWNER/REPO)."""
-        return self.gitea.api(method, f"/repos/{self.project}{path}", **kwargs)
-
-    def open_pull(self, branch: str, title: str) -> int:
-        pull = self.api("POST", "/pulls", auth=self.org.author, json={"head": branch, "base": "main", "title": title})
-        return int(pull["number"])
-
-    def review(self, pr: int, event: str, commit: str, body: str = "") -> dict[str, Any]:
-        return self.api("POST", f"/pulls/{pr}/reviews", auth=self.org.reviewer,  # type: ignore[no-any-return]
-                        json={"event": event, "commit_id": commit, "body": body or event.lower()})
-
-    def merge(self, pr: int, *, force: bool = False) -> str:
-        """Merge with a merge commit, as the reviewer (force: the site administrator overriding
-        branch protection); the merge commit's sha."""
-        auth = None if force else self.org.reviewer
-        self.api("POST", f"/pulls/{pr}/merge", auth=auth, json={"Do": "merge", "force_merge": force,
-                                                               "merge_message_field": f"Merge pull request #{pr}"})
-        return str(self.api("GET", f"/pulls/{pr}")["merge_commit_sha"])
-
-    def statuses(self, sha: str) -> list[dict[str, Any]]:
-        """Every status posted on `sha`, oldest first (Gitea lists newest first)."""
-        found: list[dict[str, Any]] = []
-        page = 1
-        while batch := self.api("GET", f"/statuses/{sha}", params={"limit": 50, "page": page}):
-            found += batch
-            page += 1
-        return sorted(found, key=lambda s: s["id"])
-
-    def comments(self, pr: int) -> list[dict[str, Any]]:
-        return self.api("GET", f"/issues/{pr}/comments")  # type: ignore[no-any-return]
-
-    def protect_main(self, *, dismiss_stale_approvals: bool) -> None:
-        """Main as a platform team protects it: no direct pushes, one approval from the team, the
-        plan check required."""
-        self.api("POST", "/branch_protections", json={
-            "rule_name": "main", "enable_push": False, "required_approvals": 1,
-            "enable_approvals_whitelist": True, "approvals_whitelist_teams": [TEAM],
-            "enable_status_check": True, "status_check_contexts": ["plnt/plan"],
-            "dismiss_stale_approvals": dismiss_stale_approvals})
-
-    def add_webhook(self, url: str, secret: str) -> int:
-        hook = self.api("POST", "/hooks", json={
-            "type": "gitea", "active": True, "branch_filter": "*",
-            "config": {"url": url, "content_type": "json", "secret": secret},
-            "events": ["push", "pull_request", "pull_request_sync", "pull_request_review_approved",
-                       "pull_request_review_rejected"]})
-        return int(hook["id"])
+    with GiteaServer(base, signing_key=ssh_key(base / "signing" / "gitea", "gitea@plnt.invalid")) as server:
+        yield make_org(server)
 
 
 @pytest.fixture
 def spec_site(gitea: GiteaOrg, tmp_path: Path) -> SpecSite:
-    """A new repository `platform/specs-N` (README only, on main), with the bot as a collaborator."""
-    name = f"specs-{next(_repos)}"
-    gitea.gitea.api("POST", f"/orgs/{ORG}/repos", json={
-        "name": name, "private": True, "auto_init": True, "readme": "Default", "default_branch": "main"})
-    gitea.gitea.api("PUT", f"/repos/{ORG}/{name}/collaborators/{gitea.bot.name}", json={"permission": "write"})
-    work = tmp_path / "author-clone"
-    url = gitea.gitea.git_url(f"{ORG}/{name}", gitea.author, gitea.author_token)
-    subprocess.run(["git", "clone", "-q", url, str(work)], check=True, capture_output=True,
-                   env={**os.environ, **GIT_ENV, "GIT_TERMINAL_PROMPT": "0"})
-    return SpecSite(gitea, name, work)
+    return new_site(gitea, tmp_path / "author-clone")

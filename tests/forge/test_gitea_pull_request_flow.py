@@ -11,8 +11,6 @@ a status, not in an URL it reports.
 
 from __future__ import annotations
 
-import secrets
-import shutil
 import signal
 import subprocess
 import time
@@ -25,10 +23,9 @@ import pytest
 from plnt.reconciler.review.forge import make_forge
 from plnt.reconciler.review.plan_review import MARKER as PLAN_MARKER
 
-from tests.conftest import EXAMPLE
 from tests.e2e.test_plnt_up_process import PLNT, REVIEW, PlntUp, gateway_port
-from tests.forge.conftest import TEAM, SpecSite, ssh_key
 from tests.forge.gitea import GiteaError
+from tests.forge.site import TEAM, SpecSite, ssh_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.forge]
 
@@ -77,61 +74,24 @@ def invoke(plnt: PlntUp, **headers: str) -> httpx.Response:
                       trust_env=False)
 
 
-def secret_file(path: Path, text: str) -> Path:
-    path.write_text(text + "\n")
-    path.chmod(0o600)
-    return path
-
-
 def start_plnt(site: SpecSite, tmp_path: Path, started: list[PlntUp], *extra: str) -> PlntUp:
-    """`plnt up` on the site's repository, as an operator would run it next to Gitea: the repository
-    over HTTP with the bot's token, the forge API with the same token, Gitea's webhook signed."""
-    org = site.org
+    """`plnt up` on the site's repository, as an operator would run it next to Gitea (SpecSite.plnt_up_options)."""
     port = gateway_port()
-    webhook_secret = secrets.token_hex(16)
-    site.add_webhook(f"http://127.0.0.1:{port}/hooks/git", webhook_secret)
-    credentials = secret_file(tmp_path / "git-credentials", f"{org.bot.name}:{org.plnt_token}")
-    token = secret_file(tmp_path / "forge-token", org.plnt_token)
-    hook_secret = secret_file(tmp_path / "webhook-secret", webhook_secret)
-    plnt = PlntUp(site.gitea.git_url(site.project), tmp_path / "state", port, tmp_path / "plnt.log",  # type: ignore[arg-type]
-                  extra=("--interval", "600", "--git-credentials-file", str(credentials),
-                         "--forge", "gitea", "--forge-api-url", site.gitea.api_url, "--forge-project", site.project,
-                         "--forge-token-file", str(token), "--webhook-secret-file", str(hook_secret), *extra))
+    options = site.plnt_up_options(tmp_path / "secrets", port)
+    assert options[0] == "--repo"
+    plnt = PlntUp(options[1], tmp_path / "state", port, tmp_path / "plnt.log",  # type: ignore[arg-type]
+                  extra=("--interval", "600", *options[2:], *extra))
     started.append(plnt)
     return plnt
 
 
 def plnt_review(site: SpecSite, pr: int, head: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """The pull request's CI job: `plnt review` on its checkout (origin/main as last fetched: the base),
-    posting on Gitea with the job's token."""
-    site.git("fetch", "-q", "origin")
-    token = secret_file(tmp_path / "review-token", site.org.review_token)
-    done = subprocess.run([*PLNT, "review", "--repo", str(site.work), "--base", "origin/main", "--head", head,
-                           "--forge", "gitea", "--api-url", site.gitea.api_url, "--project", site.project,
-                           "--pr", str(pr), "--token-file", str(token), "--cache-dir", str(tmp_path / "review-cache")],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, f"plnt review exit {done.returncode}:\n{done.stdout}\n{done.stderr}"
-    return done
-
-
-def latest_status(site: SpecSite, sha: str, context: str) -> dict[str, Any] | None:
-    found = [s for s in site.statuses(sha) if s["context"] == context]
-    return found[-1] if found else None
+    return site.plnt_review(PLNT, pr, head, tmp_path)
 
 
 def plan_comments(site: SpecSite, pr: int) -> list[dict[str, Any]]:
     """The bot's comments carrying the plan's marker (plnt up posts its previews' comment beside it)."""
     return [c for c in site.comments(pr) if c["user"]["login"] == site.org.bot.name and f"<!-- {PLAN_MARKER}" in c["body"]]
-
-
-def add_specs(site: SpecSite) -> None:
-    """The example specs, as an author adds them to the repository."""
-    for item in EXAMPLE.iterdir():
-        target = site.work / item.name
-        if item.is_dir():
-            shutil.copytree(item, target, dirs_exist_ok=True)
-        else:
-            shutil.copy2(item, target)
 
 
 def test_a_pull_request_from_push_to_verdict(spec_site: SpecSite, tmp_path: Path, started: list[PlntUp]) -> None:
@@ -156,7 +116,7 @@ def test_a_pull_request_from_push_to_verdict(spec_site: SpecSite, tmp_path: Path
 
     # Bootstrap: PR #1 adds the specs; reviewed, approved, merged: review-responder 1.2.0 is installed.
     site.branch("add-specs")
-    add_specs(site)
+    site.add_specs()
     specs_head = site.commit("Add the platform's specs")
     site.push("add-specs")
     first_pr = site.open_pull("add-specs", "Add the platform's specs")
@@ -165,7 +125,7 @@ def test_a_pull_request_from_push_to_verdict(spec_site: SpecSite, tmp_path: Path
     first_merge = site.merge(first_pr)
     ready = plnt.wait_ready(timeout=90)
     assert ready["version"] == "1.2.0", ready
-    assert wait_until(lambda: (s := latest_status(site, first_merge, CONTEXT)) and s["status"] == "success" and s,
+    assert wait_until(lambda: (s := site.latest_status(first_merge, CONTEXT)) and s["status"] == "success" and s,
                       "the install's success status", plnt)["description"].startswith("Ready 1.2.0")
 
     # 1. The author pushes a branch bumping review-responder and opens PR #2.
@@ -179,7 +139,7 @@ def test_a_pull_request_from_push_to_verdict(spec_site: SpecSite, tmp_path: Path
     plnt_review(site, pr, push_a, tmp_path)
     comments = plan_comments(site, pr)
     assert len(comments) == 1 and "review-responder" in comments[0]["body"] and push_a in comments[0]["body"], comments
-    plan_a = latest_status(site, push_a, "plnt/plan")
+    plan_a = site.latest_status(push_a, "plnt/plan")
     assert plan_a is not None and plan_a["status"] == "success", plan_a
     assert plan_a["description"].startswith("plan sha256:") and plan_a["description"].endswith(": 1 to upgrade"), plan_a
     # The next push: the same comment, updated in place; a new status on the new head.
@@ -190,7 +150,7 @@ def test_a_pull_request_from_push_to_verdict(spec_site: SpecSite, tmp_path: Path
     updated = plan_comments(site, pr)
     assert [c["id"] for c in updated] == [comments[0]["id"]], "one comment, updated in place"
     assert push_b in updated[0]["body"] and push_a not in updated[0]["body"]
-    plan_b = latest_status(site, push_b, "plnt/plan")
+    plan_b = site.latest_status(push_b, "plnt/plan")
     assert plan_b is not None and plan_b["status"] == "success" and plan_b["description"] != plan_a["description"]
 
     # 3. The reviewer approves; the author pushes again: Gitea dismisses the approval (branch protection's
@@ -218,9 +178,9 @@ def test_a_pull_request_from_push_to_verdict(spec_site: SpecSite, tmp_path: Path
     assert {s["status"] for s in statuses[:-1]} == {"pending"}, statuses
     assert any(d.startswith("Canary 1.3.0 at 5%") for d in descriptions), descriptions
     assert descriptions[-1].startswith("Ready 1.3.0: p95 "), descriptions
-    approval = latest_status(site, merge, "plnt/approval")
+    approval = site.latest_status(merge, "plnt/approval")
     assert approval is not None and approval["status"] == "success", approval
-    plan_c = latest_status(site, push_c, "plnt/plan")
+    plan_c = site.latest_status(push_c, "plnt/plan")
     assert plan_c is not None and plan_c["description"].startswith("plan sha256:")
     digest = plan_c["description"].split(":")[1].strip()  # the 12 hex the approval was bound to
     assert approval["description"].startswith(f"approved: PR #{pr} by {org.reviewer.name}, plan sha256:{digest}"), approval
@@ -235,7 +195,7 @@ def test_a_pull_request_from_push_to_verdict(spec_site: SpecSite, tmp_path: Path
     preview_head = site.commit("try review-responder 1.5.0")
     site.push("try-1.5.0")
     preview_pr = site.open_pull("try-1.5.0", "Try review-responder 1.5.0")
-    wait_until(lambda: (s := latest_status(site, preview_head, f"plnt/preview/{CONTEXT.removeprefix('plnt/')}"))
+    wait_until(lambda: (s := site.latest_status(preview_head, f"plnt/preview/{CONTEXT.removeprefix('plnt/')}"))
                and s["status"] == "success", "the preview's success status", plnt)
     answer = invoke(plnt, **{"X-Plnt-Preview": str(preview_pr)})
     assert answer.status_code == 200 and answer.json()["version"] == "1.5.0", answer.text
@@ -243,7 +203,7 @@ def test_a_pull_request_from_push_to_verdict(spec_site: SpecSite, tmp_path: Path
     site.api("PATCH", f"/pulls/{preview_pr}", auth=org.author, json={"state": "closed"})
     wait_until(lambda: invoke(plnt, **{"X-Plnt-Preview": str(preview_pr)}).status_code == 404,
                "the preview removed after the PR closed", plnt)
-    removed = latest_status(site, preview_head, f"plnt/preview/{CONTEXT.removeprefix('plnt/')}")
+    removed = site.latest_status(preview_head, f"plnt/preview/{CONTEXT.removeprefix('plnt/')}")
     assert removed is not None and "removed" in removed["description"], removed
 
     # No token anywhere it could be read: plnt's log, what it reports, the statuses and notes on Gitea.
@@ -287,7 +247,7 @@ def test_an_approval_of_an_older_push_does_not_count(spec_site: SpecSite, tmp_pa
     plnt = start_plnt(site, tmp_path, started, "--require-approval")
     wait_until(lambda: held(plnt), "the README commit held", plnt)
     site.branch("add-specs")
-    add_specs(site)
+    site.add_specs()
     approved = site.commit("Add the platform's specs")
     site.push("add-specs")
     pr = site.open_pull("add-specs", "Add the platform's specs")
@@ -310,7 +270,7 @@ def test_an_approval_of_an_older_push_does_not_count(spec_site: SpecSite, tmp_pa
     verdict = wait_until(lambda: (h := held(plnt)) and h["commit"] == merge and h, "the merge held", plnt)
     assert verdict["reason"].startswith(reason), verdict
     assert verdict["pr"] == pr and verdict["head"] == pushed and verdict["approvers"] == []
-    status = wait_until(lambda: latest_status(site, merge, "plnt/approval"), "the plnt/approval status", plnt)
+    status = wait_until(lambda: site.latest_status(merge, "plnt/approval"), "the plnt/approval status", plnt)
     assert status["status"] == "failure" and status["description"].startswith(f"held: {reason}"[:100]), status
     assert get(plnt, "/workflows") == [], "nothing deploys from a held commit"
     # Gitea refuses the approval that the reason says cannot come.
@@ -347,7 +307,7 @@ def test_a_pull_request_with_an_unsigned_commit_is_refused(spec_site: SpecSite, 
     wait_until(lambda: source().get("lastReconciledCommit") == readme, "Gitea's signed README commit trusted", plnt)
     site.git("config", "gpg.format", "ssh")
     site.branch("add-specs")
-    add_specs(site)
+    site.add_specs()
     signed("Add the platform's specs")
     site.push("add-specs")
     site.merge(site.open_pull("add-specs", "Add the platform's specs"))
@@ -361,13 +321,13 @@ def test_a_pull_request_with_an_unsigned_commit_is_refused(spec_site: SpecSite, 
     site.push("bump")
     pr = site.open_pull("bump", "Bump review-responder")
     refusal = f"commit {unsigned[:12]} is not trusted: unsigned"
-    preview = wait_until(lambda: (s := latest_status(site, unsigned, "plnt/preview")) and s["status"] == "failure" and s,
+    preview = wait_until(lambda: (s := site.latest_status(unsigned, "plnt/preview")) and s["status"] == "failure" and s,
                          "the preview refused", plnt)
     assert refusal in preview["description"], preview
 
     merge = site.merge(pr)
     for commit in (merge, unsigned):
-        status = wait_until(lambda commit=commit: latest_status(site, commit, "plnt/verify-commits"),  # type: ignore[misc]
+        status = wait_until(lambda commit=commit: site.latest_status(commit, "plnt/verify-commits"),  # type: ignore[misc]
                             f"plnt/verify-commits on {commit[:12]}", plnt)
         assert (status["status"], status["description"]) == ("failure", f"refused: {refusal}"), status
     assert source()["untrusted"]["commit"] == unsigned
