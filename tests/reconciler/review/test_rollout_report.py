@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 from plnt.core.status import Phase, RolloutMark, WorkflowRunStatus
 from plnt.reconciler.review.forge import make_forge
-from plnt.reconciler.review.rollout_report import RolloutReporter, context_for, rollout_reports, smoke_summary, verdict
+from plnt.reconciler.review.rollout_report import (
+    VERIFY_CONTEXT,
+    RolloutReporter,
+    context_for,
+    refusal_reports,
+    rollout_reports,
+    smoke_summary,
+    verdict,
+)
 from plnt.reconciler.status_store import StatusStore
 
 from tests.forge_standin import ForgeStandin
@@ -92,6 +100,25 @@ def test_verdict_follows_the_saga_record_not_later_status_updates() -> None:
                                       "last_error": "commit 222 is invalid"})
     assert verdict(later) == verdict(rolled)
     assert list(rollout_reports([later])) == [(C1, "plnt/default/review-responder")]
+
+
+UNSIGNED = {"commit": C2, "trusted": False, "signer": None, "reason": "unsigned"}
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ({}, {}),
+    ({"newestCommit": C1, "untrusted": None, "problems": []}, {}),
+    ({"newestCommit": C1, "held": {"commit": C1}, "problems": ["commit 111111111111 is held: ..."]}, {}),
+    # A merge whose pull request brought an unsigned commit: on the merge and on that commit.
+    ({"newestCommit": C1, "untrusted": UNSIGNED, "problems": [f"commit {C2[:12]} is not trusted: unsigned"]},
+     {(C1, VERIFY_CONTEXT): ("failure", f"refused: commit {C2[:12]} is not trusted: unsigned"),
+      (C2, VERIFY_CONTEXT): ("failure", f"refused: commit {C2[:12]} is not trusted: unsigned")}),
+    # The head itself is the untrusted commit: one status.
+    ({"newestCommit": C2, "untrusted": UNSIGNED, "problems": []},
+     {(C2, VERIFY_CONTEXT): ("failure", f"refused: commit {C2[:12]} is not trusted")}),
+])
+def test_refusal_reports_table(source: dict[str, Any], expected: dict[tuple[str, str], tuple[str, str]]) -> None:
+    assert refusal_reports(source) == expected
 
 
 def test_smoke_summary_marks_a_measure_over_its_budget() -> None:
