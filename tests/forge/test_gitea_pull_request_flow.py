@@ -206,6 +206,12 @@ def test_a_pull_request_from_push_to_verdict(spec_site: SpecSite, tmp_path: Path
     removed = site.latest_status(preview_head, f"plnt/preview/{CONTEXT.removeprefix('plnt/')}")
     assert removed is not None and "removed" in removed["description"], removed
 
+    # What woke plnt was Gitea's signed webhook: a hook without a valid signature is refused.
+    body = b'{"ref": "refs/heads/main"}'
+    for headers in ({}, {"X-Gitea-Signature": "0" * 64}):
+        refused_hook = httpx.post(f"{plnt.url}/hooks/git", content=body, headers=headers, timeout=10, trust_env=False)
+        assert refused_hook.status_code == 401, refused_hook.text
+
     # No token anywhere it could be read: plnt's log, what it reports, the statuses and notes on Gitea.
     tokens = (org.plnt_token, org.review_token, org.author_token)
     shown = [plnt.log(), str(get(plnt, "/source")), str(get(plnt, "/workflows"))]
