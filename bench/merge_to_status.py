@@ -75,14 +75,15 @@ def first_state(forge: ForgeStandin, sha: str, state: str) -> bool:
     return any(s["sha"] == sha and s["context"] == CONTEXT and s["state"] == state for s in list(forge.statuses))
 
 
-def wait(check, what: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120.0) -> float:  # type: ignore[no-untyped-def]
+def wait(check, what: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120.0,  # type: ignore[no-untyped-def]
+         every: float = 0.002) -> float:
     deadline = time.perf_counter() + timeout
     while time.perf_counter() < deadline:
         if check():
             return time.perf_counter()
         if proc.poll() is not None:
             raise SystemExit(f"plnt exited ({proc.returncode}) waiting for {what}:\n{log.read_text()[-3000:]}")
-        time.sleep(0.002)
+        time.sleep(every)
     raise SystemExit(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
 
 
@@ -177,17 +178,6 @@ def on_gitea(runs: int) -> None:
              "--require-approval", "--write-notes"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
-        def pull_request(branch: str, change: Callable[[], None]) -> int:
-            """A branch with `change`, its PR, `plnt review` on it and the reviewer's approval (untimed)."""
-            site.branch(branch)
-            change()
-            head = site.commit(branch)
-            site.push(branch)
-            pr = site.open_pull(branch, branch)
-            site.plnt_review(plnt, pr, head, scratch)
-            site.review(pr, "APPROVED", head)
-            return pr
-
         def version_ready() -> str | None:
             try:
                 rows = client.get(f"{url}/workflows").json()
@@ -195,15 +185,8 @@ def on_gitea(runs: int) -> None:
                 return None
             return next((r["version"] for r in rows if r["name"] == "review-responder" and r["phase"] == "Ready"), None)
 
-        def poll(check: Callable[[], bool], what: str, timeout: float = 120.0) -> float:
-            deadline = time.perf_counter() + timeout
-            while time.perf_counter() < deadline:
-                if check():
-                    return time.perf_counter()
-                if proc.poll() is not None:
-                    raise SystemExit(f"plnt exited ({proc.returncode}) waiting for {what}:\n{log.read_text()[-3000:]}")
-                time.sleep(0.02)
-            raise SystemExit(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
+        def poll(check: Callable[[], bool], what: str) -> float:
+            return wait(check, what, proc, log, every=0.02)
 
         def state_on(sha: str, state: str) -> bool:
             return any(s["context"] == CONTEXT and s["status"] == state for s in site.statuses(sha))
@@ -216,15 +199,15 @@ def on_gitea(runs: int) -> None:
             return {s["status"] for s in combined["statuses"] or () if s["context"] == CONTEXT}
 
         try:
-            first = site.merge(pull_request("add-specs", site.add_specs))
+            first = site.merge(site.approved_pull(plnt, "add-specs", site.add_specs, scratch)[0])
             poll(lambda: state_on(first, "success"), "the first install's success status")
             figures: dict[str, list[float]] = {"merge_api_ms": [], "merge_to_first_pending_ms": [],
                                                "merge_to_ready_ms": [], "merge_to_success_status_ms": []}
             version = "1.2.0"
             for run in range(runs):
                 new = "1.3.0" if version == "1.2.0" else "1.2.0"
-                pr = pull_request(f"bump-{run}", lambda v=version, n=new: site.replace(  # type: ignore[misc]
-                    RUN_FILE, f"review-responder@{v}", f"review-responder@{n}"))
+                pr, _ = site.approved_pull(plnt, f"bump-{run}", lambda v=version, n=new: site.replace(  # type: ignore[misc]
+                    RUN_FILE, f"review-responder@{v}", f"review-responder@{n}"), scratch)
                 before = site.api("GET", "/commits/main/status")["sha"]
                 # The merge call returns only after Gitea's git hooks ran, and its webhook may already have
                 # been delivered by then: it runs in a thread while main's head is polled from its start.

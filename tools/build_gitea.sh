@@ -12,7 +12,7 @@
 # The bin directory holds `gitea` and `static-root` (the module directory: templates/, options/).
 # Kept in $PLNT_GITEA_CACHE (default ~/.cache/plnt/gitea)/gitea-<version>/bin; a later run with the
 # same pin prints that directory at once. A build that stops halfway leaves no `complete` marker, so
-# the next run builds again. The first build takes minutes (see docs/forges.md).
+# the next run builds again. The first build takes minutes (see docs/review-and-approval.md, "Against a real Gitea").
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -20,6 +20,8 @@ SRC="$ROOT/tools/gitea"
 
 say() { echo "build_gitea: $*" >&2; }
 die() { say "$*"; exit 1; }
+# shellcheck source=tools/build_cache.sh
+. "$ROOT/tools/build_cache.sh"
 
 # The version go.mod requires: the field after the module path, outside a `=>`.
 VERSION="$(awk '{ for (i = 1; i < NF; i++) if ($i == "code.gitea.io/gitea" && $(i + 1) ~ /^v/ && $(i - 1) != "=>") { print $(i + 1); exit } }' "$SRC/go.mod")"
@@ -32,27 +34,9 @@ DIR="$CACHE/$KEY"
 BIN="$DIR/bin"
 MARKER="$DIR/complete"
 
-if [ -f "$MARKER" ]; then
-  echo "$BIN"
-  exit 0
-fi
-if [ "${1:-}" = --check ]; then
-  say "not built yet: $BIN"
-  exit 1
-fi
-
+use_cached_build "$DIR" "${1:-}"
 command -v go >/dev/null || die "go is not on PATH: Gitea is built from its Go module (Go >= 1.26)"
 command -v "${CC:-cc}" >/dev/null || die "no C compiler (${CC:-cc}): Gitea's SQLite driver is cgo; install gcc"
-mkdir -p "$DIR"
-# Two test sessions starting at once: the second waits here, then finds the marker the first wrote.
-if command -v flock >/dev/null; then
-  exec 9>"$DIR/.lock"
-  flock 9
-  if [ -f "$MARKER" ]; then
-    echo "$BIN"
-    exit 0
-  fi
-fi
 
 export GOFLAGS=-mod=readonly
 MODDIR="$(cd "$SRC" && go mod download -json code.gitea.io/gitea | awk -F'"' '$2 == "Dir" { print $4 }')"

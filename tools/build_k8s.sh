@@ -20,6 +20,8 @@ SRC="$ROOT/tools/k8s"
 
 say() { echo "build_k8s: $*" >&2; }
 die() { say "$*"; exit 1; }
+# shellcheck source=tools/build_cache.sh
+. "$ROOT/tools/build_cache.sh"
 
 # The version a go.mod requires of a module: the field after its path, not on the right of a `=>`.
 pinned() {
@@ -40,26 +42,8 @@ DIR="$CACHE/$KEY"
 BIN="$DIR/bin"
 MARKER="$DIR/complete"
 
-if [ -f "$MARKER" ]; then
-  echo "$BIN"
-  exit 0
-fi
-if [ "${1:-}" = --check ]; then
-  say "not built yet: $BIN"
-  exit 1
-fi
-
+use_cached_build "$DIR" "${1:-}"
 command -v go >/dev/null || die "go is not on PATH: the control plane is built from Go modules (Go >= 1.26)"
-mkdir -p "$DIR"
-# Two test sessions starting at once: the second waits here, then finds the marker the first wrote.
-if command -v flock >/dev/null; then
-  exec 9>"$DIR/.lock"
-  flock 9
-  if [ -f "$MARKER" ]; then
-    echo "$BIN"
-    exit 0
-  fi
-fi
 
 PARTIAL="$DIR/bin.partial"
 rm -rf "$PARTIAL"

@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,18 @@ class SpecSite:
         if done.returncode != 0:
             raise AssertionError(f"plnt review exit {done.returncode}:\n{done.stdout}\n{done.stderr}")
         return done
+
+    def approved_pull(self, plnt: list[str], branch: str, change: Callable[[], None], directory: Path) -> tuple[int, str]:
+        """A pull request as users make one: a branch from main with `change` committed and pushed, the
+        pull request, `plnt review` as its CI job, the reviewer's approval of the head; (number, head)."""
+        self.branch(branch)
+        change()
+        head = self.commit(branch)
+        self.push(branch)
+        pr = self.open_pull(branch, branch)
+        self.plnt_review(plnt, pr, head, directory)
+        self.review(pr, "APPROVED", head)
+        return pr, head
 
     def comments(self, pr: int) -> list[dict[str, Any]]:
         return self.api("GET", f"/issues/{pr}/comments")  # type: ignore[no-any-return]

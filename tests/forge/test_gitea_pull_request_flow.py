@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,6 +24,7 @@ from plnt.reconciler.review.forge import make_forge
 from plnt.reconciler.review.plan_review import MARKER as PLAN_MARKER
 
 from tests.e2e.test_plnt_up_process import PLNT, REVIEW, PlntUp, gateway_port
+from tests.e2e.test_plnt_up_process import started as started  # noqa: F401 (the fixture: plnt processes killed after the test)
 from tests.forge.gitea import GiteaError
 from tests.forge.site import TEAM, SpecSite, ssh_key
 
@@ -32,15 +33,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.forge]
 RUN_FILE = "workflowruns/review-responder.yaml"
 CONTEXT = "plnt/default/review-responder"
 T = TypeVar("T")
-
-
-@pytest.fixture
-def started() -> Iterator[list[PlntUp]]:
-    """plnt processes a test started, killed with everything below them if the test failed."""
-    processes: list[PlntUp] = []
-    yield processes
-    for process in processes:
-        process.kill()
 
 
 def wait_until(check: Callable[[], T | None], what: str, plnt: PlntUp, timeout: float = 90.0) -> T:
@@ -115,13 +107,7 @@ def test_a_pull_request_from_push_to_verdict(spec_site: SpecSite, tmp_path: Path
     site.git("reset", "-q", "--hard", "origin/main")
 
     # Bootstrap: PR #1 adds the specs; reviewed, approved, merged: review-responder 1.2.0 is installed.
-    site.branch("add-specs")
-    site.add_specs()
-    specs_head = site.commit("Add the platform's specs")
-    site.push("add-specs")
-    first_pr = site.open_pull("add-specs", "Add the platform's specs")
-    plnt_review(site, first_pr, specs_head, tmp_path)
-    site.review(first_pr, "APPROVED", specs_head)
+    first_pr, _ = site.approved_pull(PLNT, "add-specs", site.add_specs, tmp_path)
     first_merge = site.merge(first_pr)
     ready = plnt.wait_ready(timeout=90)
     assert ready["version"] == "1.2.0", ready
@@ -252,13 +238,7 @@ def test_an_approval_of_an_older_push_does_not_count(spec_site: SpecSite, tmp_pa
     site.protect_main(dismiss_stale_approvals=dismiss_stale_approvals)
     plnt = start_plnt(site, tmp_path, started, "--require-approval")
     wait_until(lambda: held(plnt), "the README commit held", plnt)
-    site.branch("add-specs")
-    site.add_specs()
-    approved = site.commit("Add the platform's specs")
-    site.push("add-specs")
-    pr = site.open_pull("add-specs", "Add the platform's specs")
-    plnt_review(site, pr, approved, tmp_path)
-    site.review(pr, "APPROVED", approved)
+    pr, approved = site.approved_pull(PLNT, "add-specs", site.add_specs, tmp_path)
     site.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.4.0")
     pushed = site.commit("and 1.4.0, after the approval")
     site.push("add-specs")

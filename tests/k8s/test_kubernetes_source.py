@@ -28,6 +28,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e.test_plnt_up_process import PLNT, REVIEW, PlntUp, cmdline, gateway_port
+from tests.e2e.test_plnt_up_process import started as started  # noqa: F401 (the fixture: plnt processes killed after the test)
 from tests.k8s.cluster import LocalCluster, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
@@ -155,14 +156,6 @@ class PlntUpFromCluster(PlntUp):
 
     def invoke(self, name: str = "review-responder") -> httpx.Response:
         return httpx.post(f"{self.url}/workflows/{name}/invoke", json=REVIEW, timeout=30, trust_env=False)
-
-
-@pytest.fixture
-def started() -> Iterator[list[PlntUp]]:
-    processes: list[PlntUp] = []
-    yield processes
-    for process in processes:
-        process.kill()
 
 
 def test_workflowruns_from_the_cluster_roll_out_are_refused_and_retire(
