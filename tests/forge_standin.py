@@ -1,23 +1,52 @@
 """A DECLARED STAND-IN for GitHub, GitLab and Gitea REST APIs: not a forge, and not proof that plnt
-works against a live one. No forge server can run on these machines, so this real HTTP server on
-127.0.0.1 implements only the endpoints reconciler/review/forge.py calls, with the request and response
-shapes of each API's documentation:
+works against a live one. This real HTTP server on 127.0.0.1 implements only the endpoints
+reconciler/review/forge.py calls:
+
+- Gitea: the shapes below marked "Gitea 1.26" were checked against a real Gitea 1.26.0 (built from
+  its Go module by tools/build_gitea.sh; the pull-request flow against it is tests/forge) and its
+  source (routers/api/v1, modules/structs); the rest of Gitea's answers follow its documentation.
+- GitHub and GitLab: no such server can run on these machines; their request and response shapes
+  remain checked only against each API's documentation.
+
+What it models:
 
 - auth headers (GitHub `Authorization: Bearer` + `Accept: application/vnd.github+json` +
   `X-GitHub-Api-Version: 2022-11-28`; GitLab `PRIVATE-TOKEN`; Gitea `Authorization: token`):
   401 when wrong, 403 for an operation listed in `deny` (a token without that permission);
-- required fields and enums (422 on GitHub/Gitea, 400 on GitLab);
+- required fields and enums (422 on GitHub/Gitea, 400 on GitLab; stricter than Gitea 1.26, which
+  stores any status state it is sent);
 - pagination with a small page size (Link rel="next" on GitHub/Gitea, x-next-page on GitLab);
 - GitHub's limit of 1,000 statuses per sha and context (422 beyond);
 - failures queued in `fail` (status, headers) are answered before the next request is served;
 - answers of the wrong shape queued in `garble` (path regex, bytes or a function of the payload): the
   next request whose path matches gets those bytes (HTTP 200, text/html) or its payload changed;
+- commit statuses, Gitea 1.26: each names its state `status` (`{"id", "status", "target_url",
+  "description", "url", "context", "creator", "created_at", "updated_at"}`, "" for no target_url, text
+  trimmed, contexts compared exactly) while `POST /repos/{o}/{r}/statuses/{sha}` takes `state`; the
+  combined status (`GET /repos/{o}/{r}/commits/{sha}/status`: `state`, `sha`, `total_count`,
+  `statuses`) answers `"statuses": null` for a commit without status and at most 50 contexts (the
+  latest updated); `GET /repos/{o}/{r}/statuses/{sha}` lists them all, newest first. `statuses` holds
+  each as answered, with its `sha` (GitLab's: `name`/`status`; GitHub's: `context`/`state`);
+- reviews, Gitea 1.26: states APPROVED, PENDING, COMMENT, REQUEST_CHANGES, REQUEST_REVIEW (`add_review`
+  takes GitHub's CHANGES_REQUESTED and COMMENTED too and stores Gitea's words), each with `official`
+  (an APPROVED or REQUEST_CHANGES review by a reviewer the base branch's rule counts: one on
+  `approvals_allowlist`, users or ORG/TEAM, when it is set, else one with write access; a reviewer's
+  newer deciding review clears `official` on their earlier ones), `stale` (made on another commit
+  than the pull request's head), `dismissed`, `commit_id` and `user`;
 - who may approve: GitHub and Gitea `GET /repos/{owner}/{repo}/collaborators/{user}/permission`
   ({"permission", "role_name"}), GitLab `GET /projects/:id/members/all/:user_id` and
   `GET /groups/:id/members/all/:user_id` ({"access_level", "state"}, 404 for a non-member), GitHub
   `GET /orgs/{org}/teams/{team_slug}/memberships/{user}` ({"state"}), Gitea
   `GET /orgs/{org}/teams/search?q=` then `GET /teams/{id}/members/{user}`. A user not in `access`
-  has `default_access` (write, GitLab Maintainer: tests about something else need not list reviewers).
+  has `default_access` (write, GitLab Maintainer: tests about something else need not list reviewers);
+- what the token's account (`token_user`) may see on Gitea 1.26: the permission endpoint answers 403
+  unless that account is a site administrator (`site_admins`), an administrator or owner of the
+  repository (`access`, or the owner organization's `ORG/Owners` team), or the user asked about;
+  organizations are their teams (`teams`, "ORG/TEAM" -> members; `ORG/Owners` are the owners): the
+  team search answers 403 to an account in none of the organization's teams and lists only the
+  teams the account is in (every team to a site administrator; an organization owner too sees only
+  its own teams there), and `GET /teams/{id}/members/{user}` answers 403 "Must be a team member" to
+  an organization member outside the team (not to an owner), 404 to anyone else outside it.
 
 Comments, statuses, reviews and pull requests live in memory; every request is recorded.
 """
@@ -36,7 +65,14 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 from tests.http_thread import ThreadedHttp
 
 GITHUB_STATES = {"pending", "success", "failure", "error"}
-GITEA_STATES = {"pending", "success", "failure", "error", "warning"}
+GITEA_STATES = {"pending", "success", "failure", "error", "warning", "skipped"}
+GITEA_REVIEW_STATES = {"APPROVED", "PENDING", "COMMENT", "REQUEST_CHANGES", "REQUEST_REVIEW"}
+_GITEA_REVIEW_WORDS = {"CHANGES_REQUESTED": "REQUEST_CHANGES", "COMMENTED": "COMMENT"}  # GitHub's -> Gitea's
+_GITEA_MAX_ITEMS = 50  # Gitea's [api] MAX_RESPONSE_ITEMS default: the most one page answers
+_GITEA_DEFAULT_PAGE = 30  # [api] DEFAULT_PAGING_NUM: a page without `limit`
+_GITEA_PERMISSION_403 = ("Only admins can query all permissions, repo admins can query all repo permissions, "
+                         "collaborators can query only their own")
+_NOW = "2026-12-01T00:00:00Z"
 GITLAB_STATES = {"pending", "running", "success", "failed", "canceled"}
 
 
@@ -72,9 +108,16 @@ class ForgeStandin:
     access: dict[str, str | int] = field(default_factory=dict)
     default_access: str | int | None = None  # None: write (GitHub, Gitea), Maintainer 40 (GitLab)
     teams: dict[str, set[str]] = field(default_factory=dict)  # "org/team" (GitLab: group path) -> members
+    # The account the token belongs to (plnt's comments are its; on Gitea its statuses too, and it decides
+    # what the token may see), Gitea's site administrators, and the approvals allowlist of the base
+    # branch's protection rule on Gitea (user names and "org/team"s; None: no rule with an allowlist, so
+    # a reviewer with write access is official).
+    token_user: str = "plnt"
+    site_admins: set[str] = field(default_factory=set)
+    approvals_allowlist: set[str] | None = None
 
     def user_id(self, name: str) -> int:
-        """A GitLab user's numeric id: given on first use, the same for that name afterwards."""
+        """A user's numeric id (GitLab, Gitea): given on first use, the same for that name afterwards."""
         with self._ids_lock:
             return self._ids.setdefault(name, 100 + len(self._ids))
 
@@ -214,7 +257,7 @@ class ForgeStandin:
                     return unprocessable, {"message": "Validation Failed: body is required"}, {}
                 if self.kind == "github" and len(rec.body["body"]) > 65_536:
                     return unprocessable, {"message": "Validation Failed: body is too long (maximum is 65536 characters)"}, {}
-                cid = self.add_comment(pr, rec.body["body"], "plnt")
+                cid = self.add_comment(pr, rec.body["body"], self.token_user)
                 return 201, self._find_comment(cid)[1], {}
         if mt := re.fullmatch(re.escape(repo) + r"/issues/comments/(\d+)", p):
             if denied := self._denied("comment"):
@@ -232,6 +275,13 @@ class ForgeStandin:
                 self.comments[pr].remove(comment)
                 return 204, None, {}
         if mt := re.fullmatch(re.escape(repo) + r"/statuses/([0-9a-f]{7,64})", p):
+            if m == "GET" and self.kind == "gitea":  # Gitea 1.26: every status of the commit, newest first
+                if denied := self._denied("read"):
+                    return denied
+                wanted = rec.query.get("state", [None])[0]
+                listed = [self._gitea_status(st) for st in reversed(self.statuses)
+                          if st["sha"] == mt.group(1) and wanted in (None, st["status"])]
+                return self._page(rec, listed, base)
             if m != "POST":
                 return 405, {"message": "Method Not Allowed"}, {}
             if denied := self._denied("status"):
@@ -240,8 +290,10 @@ class ForgeStandin:
             body = rec.body if isinstance(rec.body, dict) else {}
             if body.get("state") not in states:
                 return unprocessable, {"message": f"Validation Failed: state must be one of {sorted(states)}"}, {}
-            context = body.get("context") or "default"
             sha = mt.group(1)
+            if self.kind == "gitea":
+                return 201, self._gitea_status(self._add_gitea_status(sha, body, base + repo)), {}
+            context = body.get("context") or "default"
             if self.kind == "github":
                 if len(body.get("description") or "") > 140:
                     return unprocessable, {"message": "Validation Failed: description is too long (maximum is 140 characters)"}, {}
@@ -256,6 +308,8 @@ class ForgeStandin:
         if mt := re.fullmatch(re.escape(repo) + r"/commits/([0-9a-f]{7,64})/status", p):
             if denied := self._denied("status"):
                 return denied
+            if self.kind == "gitea":
+                return 200, self._gitea_combined(mt.group(1), rec, base + repo), {}
             latest: dict[str, dict[str, Any]] = {}  # the combined status: the latest of each context
             for st in self.statuses:
                 if st["sha"] == mt.group(1):
@@ -281,10 +335,15 @@ class ForgeStandin:
             n = int(mt.group(1))
             if n not in self.pulls:
                 return 404, {"message": "Not Found"}, {}
-            return self._page(rec, list(self.reviews.get(n, [])), base)
+            reviews = list(self.reviews.get(n, []))
+            if self.kind == "gitea":  # Gitea 1.26: stale is a review made on another commit than the head
+                reviews = [{**r, "stale": r["commit_id"] != self.pulls[n]["head_sha"]} for r in reviews]
+            return self._page(rec, reviews, base)
         if (mt := re.fullmatch(re.escape(repo) + r"/collaborators/([^/]+)/permission", p)) and m == "GET":
             if denied := self._denied("members"):
                 return denied
+            if self.kind == "gitea" and not self._may_read_permission(mt.group(1)):
+                return 403, {"message": _GITEA_PERMISSION_403, "url": f"{base}/api/swagger"}, {}
             return self._permission(mt.group(1))
         if mt := re.fullmatch(prefix + r"/orgs/([^/]+)/teams/([^/]+)/memberships/([^/]+)", p):
             if self.kind != "github" or (denied := self._denied("members")):
@@ -296,18 +355,103 @@ class ForgeStandin:
         if (mt := re.fullmatch(prefix + r"/orgs/([^/]+)/teams/search", p)) and self.kind == "gitea":
             if denied := self._denied("members"):
                 return denied
+            org, me = mt.group(1), self.token_user
+            admin = me in self.site_admins
+            if not admin and me not in self._org_members(org):  # Gitea 1.26: reqOrgMembership
+                return 403, {"message": "Must be an organization member", "url": f"{base}/api/swagger"}, {}
             q = rec.query.get("q", [""])[0].lower()
-            names = sorted(t.split("/", 1)[1] for t in self.teams if t.split("/", 1)[0] == mt.group(1))
-            return 200, {"ok": True, "data": [{"id": self._team_id(f"{mt.group(1)}/{n}"), "name": n}
-                                              for n in names if q in n.lower()]}, {}
+            # Gitea 1.26: only a site administrator searches every team; anyone else, the teams they are in.
+            names = sorted((t.split("/", 1)[1] for t, members in self.teams.items()
+                            if t.split("/", 1)[0] == org and (admin or me in members)), key=str.lower)
+            return 200, {"ok": True, "data": [self._gitea_team(f"{org}/{n}") for n in names if q in n.lower()]}, {}
         if (mt := re.fullmatch(prefix + r"/teams/(\d+)/members/([^/]+)", p)) and self.kind == "gitea":
             if denied := self._denied("members"):
                 return denied
             team = next((t for t in self.teams if self._team_id(t) == int(mt.group(1))), None)
-            if team is None or mt.group(2) not in self.teams[team]:
+            if team is None:
                 return 404, {"message": "Not Found"}, {}
-            return 200, {"id": 7, "login": mt.group(2)}, {}
+            org, me = team.split("/", 1)[0], self.token_user
+            # Gitea 1.26: reqTeamMembership, a site administrator, an owner of the organization or a member of the team.
+            if not (me in self.site_admins or me in self._owners(org) or me in self.teams[team]):
+                if me in self._org_members(org):
+                    return 403, {"message": "Must be a team member", "url": f"{base}/api/swagger"}, {}
+                return 404, {"message": "Not Found"}, {}
+            if mt.group(2) not in self.teams[team]:
+                return 404, {"message": "Not Found"}, {}
+            return 200, self._gitea_user(mt.group(2)), {}
         return 404, {"message": "Not Found"}, {}
+
+    # ---- Gitea 1.26 ----
+    def _gitea_user(self, name: str) -> dict[str, Any]:
+        return {"id": self.user_id(name), "login": name, "username": name, "full_name": "",
+                "email": f"{name}@noreply.localhost", "is_admin": name in self.site_admins}
+
+    def _gitea_team(self, team: str) -> dict[str, Any]:
+        return {"id": self._team_id(team), "name": team.split("/", 1)[1], "description": "", "permission": "write",
+                "includes_all_repositories": True, "can_create_org_repo": False}
+
+    def _org_members(self, org: str) -> set[str]:
+        """A Gitea organization's members: the members of its teams."""
+        return set().union(*(members for t, members in self.teams.items() if t.split("/", 1)[0] == org))
+
+    def _owners(self, org: str) -> set[str]:
+        return self.teams.get(f"{org}/Owners", set())
+
+    def _gitea_level(self, user: str) -> str:
+        if user in self.access:
+            return str(self.access[user])
+        if user in self._owners(self.project.split("/", 1)[0]):
+            return "owner"
+        return str(self._default_access())
+
+    def _may_read_permission(self, user: str) -> bool:
+        me = self.token_user
+        return (me in self.site_admins or me.lower() == user.lower()
+                or self._gitea_level(me) in ("admin", "owner"))
+
+    def _official(self, user: str) -> bool:
+        """Gitea 1.26's IsOfficialReviewer: on the allowlist (a user or a team of it) when the rule has
+        one, else write access."""
+        if self.approvals_allowlist is None:
+            return user in self.site_admins or self._gitea_level(user) in ("write", "admin", "owner")
+        return user in self.approvals_allowlist or any(
+            user in self.teams.get(t, set()) for t in self.approvals_allowlist if "/" in t)
+
+    def _add_gitea_status(self, sha: str, body: dict[str, Any], repo_url: str) -> dict[str, Any]:
+        with self._lock:
+            status = {"sha": sha, "id": 1 + sum(1 for st in self.statuses if st["sha"] == sha),
+                      "status": body["state"], "target_url": str(body.get("target_url") or "").strip(),
+                      "description": str(body.get("description") or "").strip(),
+                      "url": f"{repo_url}/statuses/{sha}", "context": str(body.get("context") or "").strip(),
+                      "creator": self._gitea_user(self.token_user), "created_at": _NOW, "updated_at": _NOW}
+            self.statuses.append(status)
+            return status
+
+    @staticmethod
+    def _gitea_status(status: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in status.items() if k != "sha"}  # the sha is the stand-in's, not in the answer
+
+    def _gitea_combined(self, sha: str, rec: Recorded, repo_url: str) -> dict[str, Any]:
+        latest: dict[str, dict[str, Any]] = {}  # the latest of each context (Gitea hashes it: case matters)
+        for st in self.statuses:
+            if st["sha"] == sha:
+                latest[st["context"]] = st
+        # One page of contexts, the latest updated first (Gitea paginates this too, at most 50).
+        size = min(int(rec.query.get("limit", ["0"])[0] or 0) or _GITEA_DEFAULT_PAGE, _GITEA_MAX_ITEMS)
+        page = max(int(rec.query.get("page", ["1"])[0] or 1), 1)
+        chosen = sorted(latest.values(), key=lambda st: st["id"], reverse=True)[(page - 1) * size: page * size]
+        chosen.sort(key=lambda st: st["id"])
+        states = [st["status"] for st in chosen]
+        if any(x in ("error", "failure", "warning") for x in states):
+            state = "failure"
+        elif states and all(x in ("success", "skipped") for x in states):
+            state = "success"
+        else:
+            state = "pending"
+        return {"state": state, "sha": sha, "total_count": len(chosen),
+                "statuses": [self._gitea_status(st) for st in chosen] or None,  # Gitea 1.26: null, not []
+                "repository": {"full_name": self.project}, "commit_url": f"{repo_url}/commits/{sha}",
+                "url": f"{repo_url}/commits/{sha}/status"}
 
     def _default_access(self) -> str | int:
         if self.default_access is not None:
@@ -318,7 +462,7 @@ class ForgeStandin:
         return 500 + sorted(self.teams).index(team)
 
     def _permission(self, user: str) -> tuple[int, Any, dict[str, str]]:
-        role = str(self.access.get(user, self._default_access()))
+        role = self._gitea_level(user) if self.kind == "gitea" else str(self.access.get(user, self._default_access()))
         if self.kind == "github":  # `permission` is the legacy name: maintain reads write, triage read
             legacy = {"maintain": "write", "triage": "read"}.get(role, role)
             return 200, {"permission": legacy, "role_name": role, "user": {"login": user}}, {}
@@ -339,11 +483,30 @@ class ForgeStandin:
         state = "merged" if pr["merged"] else "closed" if pr.get("closed") else "opened"
         return {"iid": n, "sha": pr["head_sha"], "state": state, "target_branch": pr.get("base", "main")}
 
-    def add_review(self, pr: int, user: str, state: str, commit_id: str) -> None:
+    def add_review(self, pr: int, user: str, state: str, commit_id: str, *, official: bool | None = None,
+                   dismissed: bool = False) -> int:
+        """A review, in the forge's shape; its id. Gitea: in Gitea's words (GitHub's CHANGES_REQUESTED and
+        COMMENTED are taken for theirs), `official` as Gitea 1.26 decides it unless given."""
         with self._lock:
             self._next_id += 1
-            self.reviews.setdefault(pr, []).append(
-                {"id": self._next_id, "user": {"login": user}, "state": state, "commit_id": commit_id})
+            if self.kind != "gitea":
+                self.reviews.setdefault(pr, []).append(
+                    {"id": self._next_id, "user": {"login": user}, "state": state, "commit_id": commit_id})
+                return self._next_id
+            state = _GITEA_REVIEW_WORDS.get(state, state)
+            if state not in GITEA_REVIEW_STATES:
+                raise ValueError(f"not a Gitea review state: {state!r} (one of {sorted(GITEA_REVIEW_STATES)})")
+            deciding = state in ("APPROVED", "REQUEST_CHANGES")
+            if deciding:  # Gitea 1.26: only a reviewer's latest approval or change request is official
+                for earlier in self.reviews.get(pr, []):
+                    if earlier["user"]["login"] == user:
+                        earlier["official"] = False
+            self.reviews.setdefault(pr, []).append({
+                "id": self._next_id, "user": self._gitea_user(user), "team": None, "state": state, "body": "",
+                "commit_id": commit_id, "stale": False,
+                "official": (deciding and self._official(user)) if official is None else official,
+                "dismissed": dismissed, "comments_count": 0, "submitted_at": _NOW, "updated_at": _NOW})
+            return self._next_id
 
     def _find_comment(self, cid: int) -> tuple[int, dict[str, Any]] | None:
         for pr, items in self.comments.items():
@@ -374,7 +537,7 @@ class ForgeStandin:
             if m == "POST":
                 if not isinstance(rec.body, dict) or not isinstance(rec.body.get("body"), str):
                     return 400, {"error": "body is missing"}, {}
-                return 201, self._find_comment(self.add_comment(pr, rec.body["body"], "plnt"))[1], {}  # type: ignore[index]
+                return 201, self._find_comment(self.add_comment(pr, rec.body["body"], self.token_user))[1], {}  # type: ignore[index]
         if mt := re.fullmatch(r"/merge_requests/(\d+)/notes/(\d+)", rest):
             if denied := self._denied("comment"):
                 return denied

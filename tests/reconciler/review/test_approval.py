@@ -3,7 +3,8 @@
 `judge` is pure and table-tested with hand-made PullRequest/Review values (plain data, no I/O).
 The gate runs against a real git repository (a copy of gitops-example, real signed recipes in its
 file registry, verified for real) and the DECLARED forge stand-in (tests/forge_standin.py: GitHub
-and GitLab REST shapes, not a live forge).
+and GitLab REST shapes from their documentation, Gitea's as a real Gitea 1.26.0 answered them in
+tests/forge; not a live forge).
 """
 
 from __future__ import annotations
@@ -422,9 +423,12 @@ def test_approvers_setting_needs_require_approval_and_valid_entries() -> None:
         Settings(**forge, require_approval=True, approvers=("acme/",))
 
 
-# Each forge's words for a reviewer who may not approve, and for one who may.
+# Each forge's words for a reviewer who may not approve, and for one who may. Gitea says it itself:
+# its reviews carry `official` (the branch rule counted the reviewer), which plnt reads.
+GITEA_NEEDS = "write permission, or a place on the approvals allowlist of the branch's protection rule when it has one"
+NOT_OFFICIAL = f"not an official reviewer on Gitea (needs {GITEA_NEEDS})"
 NO_WRITE = {"github": ("read", READ_ONLY),
-            "gitea": ("read", "read permission only (needs write, admin or owner permission)"),
+            "gitea": ("read", NOT_OFFICIAL),
             "gitlab": (30, "Developer (30) permission only (needs the Maintainer role or above)")}
 MAY = {"github": "maintain", "gitea": "write", "gitlab": 40}
 
@@ -452,6 +456,11 @@ def lookups(w: World) -> list[str]:
     return [r.path for r in w.standin.requests if "/permission" in r.path or "/members/all/" in r.path]
 
 
+def team(w: World, *members: str) -> set[str]:
+    """A team's members; on Gitea plnt's token account too, as Gitea shows a team only to its members."""
+    return {*members, *([w.standin.token_user] if w.standin.kind == "gitea" else [])}
+
+
 @pytest.mark.integration
 async def test_an_approval_without_write_permission_does_not_count(world3: World) -> None:
     """Issue 24 (3): an approval on the head from an account the forge reports without write
@@ -465,8 +474,11 @@ async def test_an_approval_without_write_permission_does_not_count(world3: World
     held = await w.judge(first)
     assert held is not None and held.commit == merge and held.approvers == ()
     assert [str(i) for i in held.ignored] == [f"outsider: {NO_WRITE[kind][1]}"]
-    assert held.reason == (f"PR #{pr} has no approving review from a reviewer who may approve; not counted: "
-                           f"outsider: {NO_WRITE[kind][1]}; approve head {head[:12]} as one")
+    # Gitea takes no review on a merged pull request: the reason names the way out instead.
+    way_out = "Gitea takes no review on a merged pull request" if kind == "gitea" else f"approve head {head[:12]} as one"
+    assert held.reason is not None and held.reason.startswith(
+        f"PR #{pr} has no approving review from a reviewer who may approve; not counted: "
+        f"outsider: {NO_WRITE[kind][1]}; {way_out}"), held.reason
 
     w.approve(pr, head, "maintainer")
     assert await w.judge(first) is None
@@ -482,7 +494,7 @@ async def test_the_approvers_allowlist_narrows_who_may_approve(world3: World) ->
     kind = w.standin.kind
     w.gate = ApprovalGate(w.forge, w.source, cache=w.cache, registry_options=RegistryOptions(),
                           clock=lambda: w.now, approvers=("carol", "acme/deployers"))
-    w.standin.teams["acme/deployers"] = {"dave", "erin"}
+    w.standin.teams["acme/deployers"] = team(w, "dave", "erin")
     w.standin.access.update({"bob": MAY[kind], "dave": MAY[kind], "erin": NO_WRITE[kind][0]})
     pr, first, head, merge = await merged_pr(w)
     for user in ("bob", "erin"):  # write but not listed; listed (by team) but without write
@@ -510,7 +522,8 @@ async def test_permission_lookups_are_made_once_per_pass(world3: World) -> None:
         w.merged(pr, w.repo.git("rev-parse", "HEAD"))
         prs.append(pr)
     assert await w.judge(first) is None
-    assert len(lookups(w)) == 1, lookups(w)
+    # Gitea's reviews say whether the reviewer was official: no lookup there.
+    assert len(lookups(w)) == (0 if w.standin.kind == "gitea" else 1), lookups(w)
 
 
 @pytest.mark.integration
@@ -518,6 +531,9 @@ async def test_a_failed_permission_lookup_holds_never_approves(world3: World) ->
     w = world3
     pr, first, head, merge = await merged_pr(w)
     w.approve(pr, head, "maintainer")
+    if w.standin.kind == "gitea":  # reviews without `official` (Gitea's make the lookup needless), a token that may ask
+        w.standin.access[w.standin.token_user] = "admin"
+        w.standin.reviews[pr][-1].pop("official")
     w.standin.deny.add("members")  # the token may not read permissions: held, with what the token needs
     held = await w.judge(first)
     assert held is not None and held.reason is not None
@@ -560,7 +576,7 @@ async def test_code_owners_of_each_changed_file_must_approve(world3: World) -> N
     w = world3
     w.gate = ApprovalGate(w.forge, w.source, cache=w.cache, registry_options=RegistryOptions(),
                           clock=lambda: w.now, code_owners=True)
-    w.standin.teams["acme/deployers"] = {"dave"}
+    w.standin.teams["acme/deployers"] = team(w, "dave")
     w.repo.write(".github/CODEOWNERS", "* @maintainer\n/workflowruns/ @acme/deployers\n")
     first = w.repo.commit("CODEOWNERS")
     head = w.branch("bump", "1.3.0")
@@ -597,3 +613,100 @@ async def test_an_unsupported_codeowners_line_holds_naming_it(world: World) -> N
     assert held is not None and held.reason is not None
     assert held.reason.startswith(f"CODEOWNERS at {first[:12]} cannot be read: CODEOWNERS line 2: '!secret.yaml': "
                                   "negation and character classes are not supported")
+
+
+# --- Gitea, as a real Gitea 1.26.0 answers (tests/forge) --------------------------------------------
+
+@pytest.fixture
+async def gitea_world(spec_repo: SpecRepo, tmp_path: Path) -> AsyncIterator[World]:
+    async for w in make_world("gitea", spec_repo, tmp_path):
+        yield w
+
+
+async def reviewed_then_merged(w: World, *reviews: tuple[str, str], version: str = "1.3.0") -> tuple[int, str, str, str]:
+    """A PR bumping review-responder to `version`, reviewed (`plnt review`), then the (user, Gitea state) reviews on
+    its head, then merged with a merge commit: on Gitea the reviews come before the merge, which
+    takes none after."""
+    first = w.repo.git("rev-parse", "HEAD")
+    head = w.branch("bump", version)
+    pr = w.open_pr(head, [head])
+    await w.review(head)
+    for user, state in reviews:
+        w.standin.add_review(pr, user, state, head)
+    w.repo.git("merge", "--no-ff", "-q", "-m", "Merge bump", "bump")
+    merge = w.repo.git("rev-parse", "HEAD")
+    w.merged(pr, merge)
+    return pr, first, head, merge
+
+
+@pytest.mark.integration
+async def test_gitea_a_reviewer_the_branch_rule_does_not_count_is_not_official(gitea_world: World) -> None:
+    """Gitea decides who is an official reviewer (the approvals allowlist of the branch's protection
+    rule, else write access) and says so on each review: plnt takes its word, in its words, and asks
+    no permission endpoint (which answers only a repository administrator's token there)."""
+    w = gitea_world
+    w.standin.approvals_allowlist = {"platform/deployers"}
+    w.standin.teams["platform/deployers"] = {"dave"}
+    w.standin.access.update({"bob": "admin", "dave": "read"})
+    # bob: admin, but not on the allowlist; dave: on it through the team, with read access only
+    pr, first, head, merge = await reviewed_then_merged(w, ("bob", "APPROVED"), ("dave", "APPROVED"))
+    assert [r["official"] for r in w.standin.reviews[pr]] == [False, True]
+    assert await w.judge(first) is None
+    approved = w.gate._approved[merge]
+    assert approved.approvers == ("dave",) and [str(i) for i in approved.ignored] == [f"bob: {NOT_OFFICIAL}"]
+    assert lookups(w) == []
+
+    pr, _, head, merge = await reviewed_then_merged(w, ("bob", "APPROVED"), version="1.4.0")  # none official: held
+    held = await w.judge(first)
+    assert held is not None and held.commit == merge and held.approvers == ()
+    assert held.reason is not None and held.reason.startswith(
+        f"PR #{pr} has no approving review from a reviewer who may approve; not counted: bob: {NOT_OFFICIAL}; "), held.reason
+    assert lookups(w) == []
+
+
+@pytest.mark.integration
+async def test_gitea_a_change_request_holds_the_commit(gitea_world: World) -> None:
+    w = gitea_world
+    w.standin.access["visitor"] = "read"
+    # A change request from a reviewer Gitea does not count does not block (and says why).
+    pr, first, head, merge = await reviewed_then_merged(w, ("maintainer", "APPROVED"), ("visitor", "REQUEST_CHANGES"))
+    assert await w.judge(first) is None
+    assert [str(i) for i in w.gate._approved[merge].ignored] == [f"visitor: {NOT_OFFICIAL}"]
+    # An official one holds the merge: Gitea's REQUEST_CHANGES is GitHub's CHANGES_REQUESTED to plnt.
+    pr, _, head, merge = await reviewed_then_merged(w, ("maintainer", "APPROVED"), ("lead", "REQUEST_CHANGES"),
+                                                    version="1.4.0")
+    assert w.standin.reviews[pr][-1]["state"] == "REQUEST_CHANGES" and w.standin.reviews[pr][-1]["official"]
+    held = await w.judge(first)
+    assert held is not None and held.commit == merge and held.reason is not None
+    assert held.reason.startswith(f"PR #{pr}: lead requested changes and did not approve since"), held.reason
+
+
+@pytest.mark.integration
+async def test_gitea_reviews_without_official_ask_the_permission_endpoint(gitea_world: World) -> None:
+    w = gitea_world
+    pr, first, head, merge = await reviewed_then_merged(w, ("maintainer", "APPROVED"))
+    w.standin.reviews[pr][-1].pop("official")
+    held = await w.judge(first)  # plnt's token is no repository administrator: Gitea answers 403
+    assert held is not None and held.reason is not None and held.reason.startswith("the forge refused plnt's token (")
+    assert lookups(w) == [f"/api/v1/repos/{w.standin.project}/collaborators/maintainer/permission"]
+    w.standin.access[w.standin.token_user] = "admin"
+    assert await w.judge(first) is None
+    assert w.gate._approved[merge].approvers == ("maintainer",)
+
+
+@pytest.mark.integration
+async def test_gitea_an_approvers_team_the_token_cannot_see_holds_saying_so(gitea_world: World) -> None:
+    """Gitea lists a team only to its members: --approvers naming a team plnt's token account is not in
+    holds the merge naming the team, not "not in the approvers allowlist" for each of its members."""
+    w = gitea_world
+    w.gate = ApprovalGate(w.forge, w.source, cache=w.cache, registry_options=RegistryOptions(),
+                          clock=lambda: w.now, approvers=("platform/deployers",))
+    w.standin.teams.update({"platform/deployers": {"dave"}, "platform/readers": {w.standin.token_user}})
+    pr, first, head, merge = await reviewed_then_merged(w, ("dave", "APPROVED"))
+    held = await w.judge(first)
+    assert held is not None and held.commit == merge and held.reason is not None
+    assert held.reason.startswith("the forge refused plnt's token (") and "team platform/deployers is not visible" \
+        in held.reason, held.reason
+    w.standin.teams["platform/deployers"].add(w.standin.token_user)
+    assert await w.judge(first) is None
+    assert w.gate._approved[merge].approvers == ("dave",)

@@ -1,10 +1,11 @@
 """The forge client (reconciler/review/forge.py) against a DECLARED stand-in (tests/forge_standin.py) that
-checks requests against the shapes of GitHub, GitLab and Gitea REST documentation. Not tried
-against a live forge."""
+checks requests against the shapes of GitHub and GitLab REST documentation, and answers as a real
+Gitea 1.26.0 does where the pull-request flow against one (tests/forge) showed it. Here no live forge."""
 
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from plnt.reconciler.review.forge import (
     ForgeRefused,
     ForgeUnavailable,
     GitLabForge,
+    PullRequest,
     Review,
     make_forge,
     marker_tag,
@@ -101,7 +103,7 @@ async def test_statuses_mapped_and_truncated(standin: ForgeStandin) -> None:
         for state in ("pending", "success", "failure", "error"):
             await forge.set_status(SHA, state, "plnt/ns/app", long, target_url="https://ci.example/1")  # type: ignore[arg-type]
         limit = forge.description_limit
-    key = "status" if standin.kind == "gitlab" else "state"
+    key = "state" if standin.kind == "github" else "status"  # GitLab and Gitea answer `status`
     got = [s[key] for s in standin.statuses]
     if standin.kind == "gitlab":
         assert got == ["pending", "success", "failed"]  # error maps to failed too: unchanged, not posted again
@@ -371,7 +373,9 @@ async def test_an_answer_of_the_wrong_shape_is_forge_unavailable(standin: ForgeS
     standin.add_comment(5, "someone else's comment")
     standin.add_review(5, "signer-a", "APPROVED", HEAD)
     standin.gitlab_approved_by[5] = ["signer-a"]
-    standin.teams["acme/deployers"] = {"signer-a"}
+    # Gitea shows a team only to its members, and another user's permission only to a repository administrator.
+    standin.teams["acme/deployers"] = {"signer-a", standin.token_user}
+    standin.access[standin.token_user] = "admin"
     standin.user_id("signer-a")  # GitLab: id 100, as the Review in FAMILIES says
     path, call = FAMILIES[family]
     async with client(standin) as forge:
@@ -414,6 +418,8 @@ async def test_the_shape_error_names_the_field() -> None:
 async def test_access_as_the_forge_reports_it(kind: str, role: str | int, may: bool, level: str) -> None:
     with ForgeStandin(kind, "owner/repo", TOKEN) as s:
         s.access["alice"] = role
+        s.access[s.token_user] = "admin"  # Gitea answers another user's permission only to a repository admin
+        # (a Review without Gitea's `official`: the client asks the permission endpoint)
         review = Review(reviewer="alice", state="APPROVED", commit_id=HEAD, reviewer_id=s.user_id("alice"))
         async with client(s) as forge:
             got = await forge.access(review)
@@ -426,7 +432,7 @@ async def test_access_as_the_forge_reports_it(kind: str, role: str | int, may: b
 @pytest.mark.parametrize("kind", KINDS)
 async def test_team_membership(kind: str) -> None:
     with ForgeStandin(kind, "owner/repo", TOKEN) as s:
-        s.teams["acme/deployers"] = {"alice"}
+        s.teams["acme/deployers"] = {"alice", s.token_user}  # Gitea: the token's account sees its own teams
         s.teams["acme/others"] = {"bob"}
 
         def review(user: str) -> Review:
@@ -434,10 +440,205 @@ async def test_team_membership(kind: str) -> None:
 
         async with client(s) as forge:
             got = [await forge.in_team("acme/deployers", review("alice")),
-                   await forge.in_team("acme/deployers", review("bob")),
-                   await forge.in_team("acme/nosuchteam", review("alice"))]
+                   await forge.in_team("acme/deployers", review("bob"))]
+            if kind == "gitea":  # a team Gitea does not show is never "not a member" (see below)
+                with pytest.raises(ForgeRefused, match="acme/nosuchteam"):
+                    await forge.in_team("acme/nosuchteam", review("alice"))
+            else:
+                got.append(await forge.in_team("acme/nosuchteam", review("alice")))
         s.deny.add("members")
         async with client(s) as forge:
             with pytest.raises(ForgeRefused, match="the token needs"):
                 await forge.in_team("acme/deployers", review("alice"))
-    assert got == [True, False, False]
+    assert got == ([True, False] if kind == "gitea" else [True, False, False])
+
+
+# --- Gitea as a real Gitea 1.26.0 answers (tests/forge) -------------------------------------------
+
+@pytest.fixture
+def gitea() -> Iterator[ForgeStandin]:
+    with ForgeStandin("gitea", "platform/specs", TOKEN, page_size=3) as s:
+        yield s
+
+
+def requested(s: ForgeStandin, pattern: str) -> list[str]:
+    return [f"{r.method} {r.path}" for r in s.requests if re.search(pattern, r.path)]
+
+
+@pytest.mark.integration
+async def test_gitea_commit_status_reads_status_a_null_list_and_an_empty_target_url(gitea: ForgeStandin) -> None:
+    async with client(gitea) as forge:
+        assert await forge.commit_status(HEAD, "plnt/plan") is None  # Gitea: "statuses": null
+        assert await forge.set_status(HEAD, "failure", "plnt/plan", "plan invalid: 1 problem")  # no target_url
+        got = await forge.commit_status(HEAD, "plnt/plan")
+        # The same status again is not posted: Gitea's "status" and "" target_url read back as what was set.
+        assert not await forge.set_status(HEAD, "failure", "plnt/plan", "plan invalid: 1 problem")
+        assert await forge.set_status(HEAD, "success", "plnt/plan", "plan sha256:0123456789ab")
+    assert got is not None
+    assert (got.state, got.context, got.description, got.target_url) == (
+        "failure", "plnt/plan", "plan invalid: 1 problem", None)
+    assert [st["status"] for st in gitea.statuses] == ["failure", "success"]
+    assert all("state" not in st and st["target_url"] == "" for st in gitea.statuses)
+    assert len(requested(gitea, r"/statuses/")) == 2
+
+
+@pytest.mark.integration
+async def test_gitea_status_with_a_link_is_read_back_unchanged(gitea: ForgeStandin) -> None:
+    async with client(gitea) as forge:
+        assert await forge.set_status(HEAD, "pending", "plnt/ns/app", "canary 10%", target_url="https://ci.example/1")
+        got = await forge.commit_status(HEAD, "plnt/ns/app")
+        assert not await forge.set_status(HEAD, "pending", "plnt/ns/app", "canary 10%", target_url="https://ci.example/1")
+        assert await forge.set_status(HEAD, "pending", "plnt/ns/app", "canary 10%", target_url="https://ci.example/2")
+    assert got is not None and (got.state, got.target_url) == ("pending", "https://ci.example/1")
+
+
+@pytest.mark.integration
+async def test_gitea_approvals_in_plnts_words_with_official(gitea: ForgeStandin) -> None:
+    from plnt.reconciler.review.approval import judge
+
+    gitea.access.update({"lead": "write", "visitor": "read"})
+    gitea.pulls[5] = {"head_sha": HEAD, "merged": True, "commits": [OLD, HEAD]}
+    gitea.add_review(5, "lead", "APPROVED", OLD)
+    gitea.add_review(5, "visitor", "COMMENT", HEAD)
+    gitea.add_review(5, "visitor", "APPROVED", HEAD)
+    gitea.add_review(5, "lead", "REQUEST_CHANGES", HEAD)
+    gitea.add_review(5, "gone", "APPROVED", HEAD, dismissed=True)
+    assert [r["state"] for r in gitea.reviews[5]] == ["APPROVED", "COMMENT", "APPROVED", "REQUEST_CHANGES", "APPROVED"]
+    async with client(gitea) as forge:
+        reviews = await forge.approvals(5)
+    assert [(r.reviewer, r.state, r.commit_id, r.official) for r in reviews] == [
+        ("lead", "APPROVED", OLD, False),  # Gitea cleared it: the reviewer's later change request is the official one
+        ("visitor", "COMMENTED", HEAD, False),
+        ("visitor", "APPROVED", HEAD, False),  # read access only
+        ("lead", "CHANGES_REQUESTED", HEAD, True)]
+    # A Gitea change request holds the commit, as GitHub's does.
+    verdict = judge("f" * 40, PullRequest(number=5, head_sha=HEAD, merged=True, state="merged"), reviews,
+                    posted="plan sha256:0123456789ab: 1 to upgrade", computed="sha256:0123456789ab")
+    assert not verdict.approved and "lead requested changes" in (verdict.reason or "")
+
+
+@pytest.mark.integration
+async def test_gitea_official_follows_the_approvals_allowlist(gitea: ForgeStandin) -> None:
+    gitea.approvals_allowlist = {"carol", "platform/deployers"}
+    gitea.teams["platform/deployers"] = {"dave"}
+    gitea.access.update({"bob": "admin", "dave": "read"})
+    gitea.pulls[5] = {"head_sha": HEAD, "merged": True, "commits": [HEAD]}
+    for user in ("bob", "carol", "dave"):
+        gitea.add_review(5, user, "APPROVED", HEAD)
+    async with client(gitea) as forge:
+        reviews = await forge.approvals(5)
+        access = {r.reviewer: await forge.access(r) for r in reviews}
+    assert {name: a.may_approve for name, a in access.items()} == {"bob": False, "carol": True, "dave": True}
+    assert access["bob"].why == f"not an official reviewer on Gitea (needs {access['bob'].needs})"
+    assert "approvals allowlist" in access["bob"].needs
+    assert access["carol"].why is None and access["carol"].level == "official reviewer"
+    assert not requested(gitea, r"/permission$")
+
+
+@pytest.mark.integration
+async def test_gitea_access_uses_official_without_the_permission_endpoint(gitea: ForgeStandin) -> None:
+    gitea.access.update({"writer": "write", "reader": "read"})
+    gitea.pulls[5] = {"head_sha": HEAD, "merged": True, "commits": [HEAD]}
+    gitea.add_review(5, "writer", "APPROVED", HEAD)
+    gitea.add_review(5, "reader", "APPROVED", HEAD)
+    async with client(gitea) as forge:
+        got = [await forge.access(r) for r in await forge.approvals(5)]
+    assert [(a.reviewer, a.may_approve, a.level) for a in got] == [
+        ("writer", True, "official reviewer"), ("reader", False, "not an official reviewer")]
+    assert requested(gitea, r"/permission$") == []
+    # The endpoint would have refused: plnt's token is no repository administrator (Gitea 1.26: 403).
+    async with client(gitea) as forge:
+        with pytest.raises(ForgeRefused, match="403"):
+            await forge.access(Review(reviewer="writer", state="APPROVED", commit_id=HEAD))
+
+
+@pytest.mark.integration
+async def test_gitea_review_without_official_falls_back_to_the_permission_endpoint(gitea: ForgeStandin) -> None:
+    gitea.access.update({"writer": "write", "reader": "read", gitea.token_user: "admin"})
+    gitea.pulls[5] = {"head_sha": HEAD, "merged": True, "commits": [HEAD]}
+    gitea.add_review(5, "writer", "APPROVED", HEAD)
+    gitea.add_review(5, "reader", "APPROVED", HEAD)
+    gitea.garble.append((r"/pulls/5/reviews$", lambda page: [{k: v for k, v in r.items() if k != "official"}
+                                                            for r in page]))
+    async with client(gitea) as forge:
+        reviews = await forge.approvals(5)
+        assert [r.official for r in reviews] == [None, None]
+        got = [await forge.access(r) for r in reviews]
+    assert [(a.reviewer, a.may_approve, a.level, a.why) for a in got] == [
+        ("writer", True, "write", None), ("reader", False, "read", None)]
+    assert requested(gitea, r"/permission$") == ["GET /api/v1/repos/platform/specs/collaborators/writer/permission",
+                                                 "GET /api/v1/repos/platform/specs/collaborators/reader/permission"]
+
+
+@pytest.mark.integration
+async def test_gitea_in_team_refuses_a_team_the_token_cannot_see(gitea: ForgeStandin) -> None:
+    """Gitea lists a team only to its members (site administrators aside): a team the search does not
+    list is a token that cannot see it, or a wrong name, never "not a member"."""
+    gitea.teams.update({"platform/deployers": {"alice"}, "platform/readers": {"bob", gitea.token_user}})
+
+    def review(user: str) -> Review:
+        return Review(reviewer=user, state="APPROVED", commit_id=HEAD)
+
+    async with client(gitea) as forge:
+        for team in ("platform/deployers", "platform/deployerz"):  # exists but unseen; misspelt
+            with pytest.raises(ForgeRefused) as refused:
+                await forge.in_team(team, review("alice"))
+            assert f"team {team} is not visible to plnt's token" in str(refused.value)
+        assert not requested(gitea, r"/teams/\d+/members/")
+        gitea.teams["platform/deployers"].add(gitea.token_user)  # the token's account joins the team
+        assert await forge.in_team("platform/deployers", review("alice")) is True
+        assert await forge.in_team("platform/deployers", review("bob")) is False
+    gitea.teams["platform/deployers"].discard(gitea.token_user)
+    gitea.site_admins.add(gitea.token_user)  # a site administrator's token sees every team
+    async with client(gitea) as forge:
+        assert await forge.in_team("platform/deployers", review("alice")) is True
+
+
+@pytest.mark.integration
+async def test_the_gitea_standin_answers_as_gitea_1_26(gitea: ForgeStandin) -> None:
+    """The stand-in's raw answers, as tests/forge saw them from a real Gitea 1.26.0."""
+    import httpx
+
+    auth = {"Authorization": f"token {TOKEN}"}
+    repo = f"{gitea.api_url}/repos/{gitea.project}"
+    gitea.teams.update({"platform/deployers": {"alice"}, "platform/readers": {gitea.token_user},
+                        "platform/Owners": {"root"}})
+    gitea.pulls[5] = {"head_sha": HEAD, "merged": False, "commits": [OLD, HEAD]}
+    gitea.add_review(5, "alice", "APPROVED", OLD)
+    async with httpx.AsyncClient(headers=auth, trust_env=False) as http:
+        combined = (await http.get(f"{repo}/commits/{HEAD}/status")).json()
+        assert (combined["statuses"], combined["state"], combined["total_count"]) == (None, "pending", 0)
+        posted = (await http.post(f"{repo}/statuses/{HEAD}", json={"state": "success", "context": "a"})).json()
+        await http.post(f"{repo}/statuses/{HEAD}", json={"state": "pending", "context": "b", "description": " x "})
+        assert set(posted) == {"id", "status", "target_url", "description", "url", "context", "creator",
+                               "created_at", "updated_at"}
+        assert (posted["status"], posted["target_url"], posted["description"]) == ("success", "", "")
+        listed = (await http.get(f"{repo}/statuses/{HEAD}")).json()
+        assert [(st["context"], st["description"]) for st in listed] == [("b", "x"), ("a", "")]  # newest first
+        combined = (await http.get(f"{repo}/commits/{HEAD}/status")).json()
+        assert combined["state"] == "pending" and {st["context"] for st in combined["statuses"]} == {"a", "b"}
+
+        [review] = (await http.get(f"{repo}/pulls/5/reviews")).json()
+        assert {k: review[k] for k in ("state", "official", "stale", "dismissed", "commit_id")} == {
+            "state": "APPROVED", "official": True, "stale": True, "dismissed": False, "commit_id": OLD}
+        assert review["user"]["login"] == "alice"
+
+        permission = await http.get(f"{repo}/collaborators/alice/permission")
+        assert permission.status_code == 403 and permission.json()["message"].startswith("Only admins can query")
+        own = await http.get(f"{repo}/collaborators/{gitea.token_user}/permission")
+        assert own.status_code == 200 and own.json()["permission"] == "write"
+
+        search = (await http.get(f"{gitea.api_url}/orgs/platform/teams/search", params={"q": ""})).json()
+        assert [t["name"] for t in search["data"]] == ["readers"]  # only the token's account's teams
+        deployers = gitea._team_id("platform/deployers")
+        member = await http.get(f"{gitea.api_url}/teams/{deployers}/members/alice")
+        assert member.status_code == 403 and member.json()["message"] == "Must be a team member"
+        gitea.teams["platform/readers"].discard(gitea.token_user)  # no longer in the organization at all
+        assert (await http.get(f"{gitea.api_url}/teams/{deployers}/members/alice")).status_code == 404
+        search = await http.get(f"{gitea.api_url}/orgs/platform/teams/search", params={"q": ""})
+        assert search.status_code == 403 and search.json()["message"] == "Must be an organization member"
+        gitea.teams["platform/Owners"].add(gitea.token_user)  # an owner: asks any team for its members...
+        assert (await http.get(f"{gitea.api_url}/teams/{deployers}/members/alice")).status_code == 200
+        search = (await http.get(f"{gitea.api_url}/orgs/platform/teams/search", params={"q": ""})).json()
+        assert [t["name"] for t in search["data"]] == ["Owners"]  # ...but searches only its own teams
+        assert (await http.get(f"{repo}/collaborators/alice/permission")).status_code == 200  # owns the repository

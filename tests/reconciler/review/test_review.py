@@ -310,6 +310,43 @@ def test_main_moved_on_only_the_pull_requests_change_shows(spec_repo: SpecRepo, 
     assert f"`{branch_point}` (merge base of `{moved[:12]}`" in body
 
 
+@pytest.mark.integration
+def test_base_as_the_ci_checkout_reads_it(spec_repo: SpecRepo, tmp_path: Path) -> None:
+    """A CI job's checkout whose local main is stale (cloned before main moved, fetched since): there
+    `--base origin/main` is the remote's main as last fetched, which plnt plans from, not the checkout's
+    local `main` that `origin/main` would name in plnt's own clone of the checkout (found against a
+    real Gitea). A revision the checkout does not know is left to plnt's clone, unchanged."""
+    from plnt.reconciler.cli.review import _as_in_checkout
+
+    env = {**os.environ, **GIT_ENV}
+    branch_point = spec_repo.git("rev-parse", "main")
+    head = pr_branch(spec_repo)
+    checkout = tmp_path / "checkout"
+    subprocess.run(["git", "clone", "-q", "--branch", "main", str(spec_repo.path), str(checkout)], check=True, env=env)
+    spec_repo.git("checkout", "-q", "main")
+    spec_repo.write("workflowruns/other.yaml", (spec_repo.path / RUN_FILE).read_text().replace(
+        "name: review-responder\n", "name: landed-meanwhile\n"))
+    moved = spec_repo.commit("meanwhile on main")
+    subprocess.run(["git", "fetch", "-q", "origin"], cwd=checkout, check=True, env=env)
+
+    def rev(name: str) -> str:
+        return subprocess.run(["git", "rev-parse", name], cwd=checkout, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    assert (rev("main"), rev("origin/main"), rev("origin/pr")) == (branch_point, moved, head)  # local main is stale
+    result = review_cli(checkout, "--format", "json", base="origin/main", head="origin/pr")
+    assert result.exit_code == 0, result.output
+    planned = json.loads(result.stdout)
+    assert (planned["base"], planned["mergeBase"], planned["head"]) == (moved, branch_point, head)
+
+    assert _as_in_checkout(str(checkout), "origin/main") == moved
+    assert _as_in_checkout(str(checkout), "main") == branch_point
+    assert _as_in_checkout(str(checkout), head[:12]) == head
+    for unknown in ("no-such-branch", "refs/pull/7/head", "f" * 40):
+        assert _as_in_checkout(str(checkout), unknown) == unknown
+    assert _as_in_checkout(f"file://{checkout}", "origin/main") == "origin/main"  # a URL, not a checkout
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--forge", "github"], "--forge github needs --api-url, --project, --pr"),
     (["--forge", "bitbucket"], "--forge must be one of github, gitlab, gitea"),
