@@ -309,7 +309,13 @@ class ForgeStandin:
             if denied := self._denied("status"):
                 return denied
             if self.kind == "gitea":
-                return 200, self._gitea_combined(mt.group(1), rec, base + repo), {}
+                combined, more = self._gitea_combined(mt.group(1), rec, base + repo)
+                headers = {}
+                if more:  # Gitea sets Link rel="next" (and X-Total-Count) on this answer too
+                    page = max(int(rec.query.get("page", ["1"])[0] or 1), 1)
+                    size = rec.query.get("limit", [str(_GITEA_DEFAULT_PAGE)])[0]
+                    headers["Link"] = f'<{self.link_base or base}{rec.path}?page={page + 1}&limit={size}>; rel="next"'
+                return 200, combined, headers
             latest: dict[str, dict[str, Any]] = {}  # the combined status: the latest of each context
             for st in self.statuses:
                 if st["sha"] == mt.group(1):
@@ -431,15 +437,19 @@ class ForgeStandin:
     def _gitea_status(status: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in status.items() if k != "sha"}  # the sha is the stand-in's, not in the answer
 
-    def _gitea_combined(self, sha: str, rec: Recorded, repo_url: str) -> dict[str, Any]:
+    def _gitea_combined(self, sha: str, rec: Recorded, repo_url: str) -> tuple[dict[str, Any], bool]:
+        """The combined status's page, and whether another page follows."""
         latest: dict[str, dict[str, Any]] = {}  # the latest of each context (Gitea hashes it: case matters)
         for st in self.statuses:
             if st["sha"] == sha:
                 latest[st["context"]] = st
         # One page of contexts, the latest updated first (Gitea paginates this too, at most 50).
-        size = min(int(rec.query.get("limit", ["0"])[0] or 0) or _GITEA_DEFAULT_PAGE, _GITEA_MAX_ITEMS)
+        # (capped by page_size too, like every list here, so that tests reach a second page cheaply)
+        size = min(int(rec.query.get("limit", ["0"])[0] or 0) or _GITEA_DEFAULT_PAGE, _GITEA_MAX_ITEMS, self.page_size)
         page = max(int(rec.query.get("page", ["1"])[0] or 1), 1)
-        chosen = sorted(latest.values(), key=lambda st: st["id"], reverse=True)[(page - 1) * size: page * size]
+        newest_first = sorted(latest.values(), key=lambda st: st["id"], reverse=True)
+        chosen = newest_first[(page - 1) * size: page * size]
+        more = len(newest_first) > page * size
         chosen.sort(key=lambda st: st["id"])
         states = [st["status"] for st in chosen]
         if any(x in ("error", "failure", "warning") for x in states):
@@ -451,7 +461,7 @@ class ForgeStandin:
         return {"state": state, "sha": sha, "total_count": len(chosen),
                 "statuses": [self._gitea_status(st) for st in chosen] or None,  # Gitea 1.26: null, not []
                 "repository": {"full_name": self.project}, "commit_url": f"{repo_url}/commits/{sha}",
-                "url": f"{repo_url}/commits/{sha}/status"}
+                "url": f"{repo_url}/commits/{sha}/status"}, more
 
     def _default_access(self) -> str | int:
         if self.default_access is not None:

@@ -271,7 +271,8 @@ class ApprovalGate:
         self._users = {a.casefold() for a in approvers if "/" not in a}
         self._teams = tuple(a for a in approvers if "/" in a)
         self._allowlist = bool(approvers)
-        self._distrust: dict[str, str | None] = {}  # this pass's verdicts: reviewer -> why not trusted (None: trusted)
+        # This pass's verdicts: (reviewer, Gitea's official flag) -> why not trusted (None: trusted).
+        self._distrust: dict[tuple[str, bool | None], str | None] = {}
         self._source = source
         self._cache = cache
         self._registry_options = registry_options
@@ -420,9 +421,12 @@ class ApprovalGate:
         for name, review in sorted(latest_deciding(reviews).items()):
             if review.state == "DISMISSED":
                 continue
-            if name not in self._distrust:
-                self._distrust[name] = await self._why_not_trusted(review)
-            why = self._distrust[name]
+            # Keyed by what the verdict depends on: the name, and on Gitea the review's own `official`
+            # flag, which belongs to one pull request (a reviewer may count on one and not on the next).
+            key = (name, review.official)
+            if key not in self._distrust:
+                self._distrust[key] = await self._why_not_trusted(review)
+            why = self._distrust[key]
             if why is not None:
                 out[name] = why
         return out

@@ -543,12 +543,7 @@ class GitHubForge(_Base):
         """The latest status of `context` on `sha` (the combined status lists the latest of each)."""
         combined = await self._get(f"{self._repo}/commits/{sha}/status", "status", _GitHubCombined,
                                    params={self.page_param: 100})
-        for s in combined.statuses or ():
-            if s.context.lower() == context.lower():
-                # Gitea answers "" for no link: read as None, the "no link" it was set with.
-                return CommitStatus(state=s.state if s.state in _STATES else "error", context=s.context,
-                                    description=s.description or "", target_url=s.target_url or None)
-        return None
+        return _latest_of(combined.statuses or [], context)
 
     async def pull_request(self, number: int) -> PullRequest:
         return _github_pull(await self._get(f"{self._repo}/pulls/{number}", "read", _GitHubPull))
@@ -598,8 +593,9 @@ class GiteaForge(GitHubForge):
         "status": "the 'write:repository' scope",
         "read": "the 'read:repository' scope",
         # Gitea shows an organization's teams only to its members (seen on Gitea 1.26: 403 otherwise).
-        "members": "the 'read:repository' scope and, for --approvers teams, 'read:organization' with the "
-                   "token's account a member of that organization",
+        "members": "the 'read:repository' scope; for --approvers teams, 'read:organization' with the token's "
+                   "account a member of each team; for a review without Gitea's `official` flag, the token's "
+                   "account a repository administrator (Gitea shows others' permissions to no one else)",
     }
     approving = ("write", "admin", "owner")
     # Gitea's official reviewers: write access, or the approvals allowlist of the branch's protection rule.
@@ -630,6 +626,20 @@ class GiteaForge(GitHubForge):
                       needs=self.approving_needs,
                       why=None if review.official else f"not an official reviewer on Gitea (needs {self.approving_needs})")
 
+    async def commit_status(self, sha: str, context: str) -> CommitStatus | None:
+        """As GitHub's, through every page (Link rel=next): Gitea's combined status holds at most 50
+        contexts a page (the most recently updated first), so on a busy commit an older `plnt/plan`
+        is on a later page."""
+        url: str | None = f"{self.api_url}{self._repo}/commits/{sha}/status"
+        params: dict[str, Any] | None = {self.page_param: self.per_page, "page": 1}
+        while url:
+            resp = await self._request("GET", url, "status", params=params)
+            found = _latest_of(self._read(resp, _GitHubCombined).statuses or [], context)
+            if found is not None:
+                return found
+            url, params = self._next_page(resp, url, params)
+        return None
+
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None:
         # Gitea documents GET /repos/{owner}/{repo}/commits/{sha}/pull: one PR, 404 when none.
         try:
@@ -640,15 +650,15 @@ class GiteaForge(GitHubForge):
 
     async def in_team(self, team: str, review: Review) -> bool:
         """Gitea names teams, not slugs: the team is found by name in its organization, then asked for the member.
-        Gitea lists a team only to its members and the organization's owners (and answers 403 for the
+        Gitea lists a team only to its members and site administrators (and answers 403 for the
         members of a team one is not in): a team not found is a token that cannot see it, or a wrong name,
         never "not a member", which would drop every approval from it without saying why."""
         org, name = team.split("/", 1)
         found = await self._get(f"/orgs/{quote(org, safe='')}/teams/search", "members", _GiteaTeams, params={"q": name})
         ids = [t.id for t in found.data if t.name.lower() == name.lower()]
         if not ids:
-            raise ForgeRefused(f"gitea: team {team} is not visible to plnt's token (Gitea shows a team only to its "
-                               "members and the organization's owners): add the token's account to the team, or "
+            raise ForgeRefused(f"gitea: team {team} is not visible to plnt's token (Gitea lists a team only to its "
+                               "members and site administrators): add the token's account to the team, or "
                                "check the name")
         try:
             await self._get(f"/teams/{ids[0]}/members/{quote(review.reviewer, safe='')}", "members", _Login)
@@ -790,6 +800,16 @@ class GitLabForge(_Base):
 
 
 _STATES = ("pending", "success", "failure", "error")
+
+
+def _latest_of(statuses: list[_GitHubStatus], context: str) -> CommitStatus | None:
+    """The status of `context` in a combined status (which lists the latest of each context)."""
+    for s in statuses:
+        if s.context.lower() == context.lower():
+            # Gitea answers "" for no link: read as None, the "no link" it was set with.
+            return CommitStatus(state=s.state if s.state in _STATES else "error", context=s.context,
+                                description=s.description or "", target_url=s.target_url or None)
+    return None
 
 
 def _github_pull(p: _GitHubPull) -> PullRequest:

@@ -209,7 +209,7 @@ def make_org(server: GiteaServer) -> GiteaOrg:
     for member in (reviewer, author):
         server.api("PUT", f"/teams/{team['id']}/members/{member.name}")
     # plnt reads the team's members for --approvers: Gitea shows a team only to its own members and
-    # the organization's owners, so the bot is in it (it never reviews).
+    # site administrators, so the bot is in it (it never reviews).
     server.api("PUT", f"/teams/{team['id']}/members/{bot.name}")
     return GiteaOrg(gitea=server, reviewer=reviewer, author=author, bot=bot, team_id=int(team["id"]),
                     plnt_token=server.create_token(bot, "plnt-up", BOT_SCOPES),

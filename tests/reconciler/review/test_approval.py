@@ -665,6 +665,24 @@ async def test_gitea_a_reviewer_the_branch_rule_does_not_count_is_not_official(g
 
 
 @pytest.mark.integration
+async def test_gitea_official_is_judged_per_pull_request_within_one_pass(gitea_world: World) -> None:
+    """A reviewer official on one pull request and not on the next (write access taken away between
+    the two reviews), both merges judged in one pass: the second is held. (Verdicts once cached per
+    reviewer name for the pass would have approved it on the first one's.)"""
+    w = gitea_world
+    w.standin.access["xavier"] = "write"
+    first = w.repo.git("rev-parse", "HEAD")
+    pr_a, _, _, merge_a = await reviewed_then_merged(w, ("xavier", "APPROVED"))
+    w.standin.access["xavier"] = "read"
+    pr_b, _, _, merge_b = await reviewed_then_merged(w, ("xavier", "APPROVED"), version="1.4.0")
+    assert [r["official"] for r in (*w.standin.reviews[pr_a], *w.standin.reviews[pr_b])] == [True, False]
+    held = await w.judge(first)
+    assert held is not None and held.commit == merge_b and held.pr == pr_b, held
+    assert w.gate._approved[merge_a].approvers == ("xavier",)
+    assert [str(i) for i in held.ignored] == [f"xavier: {NOT_OFFICIAL}"]
+
+
+@pytest.mark.integration
 async def test_gitea_a_change_request_holds_the_commit(gitea_world: World) -> None:
     w = gitea_world
     w.standin.access["visitor"] = "read"

@@ -493,6 +493,21 @@ async def test_gitea_status_with_a_link_is_read_back_unchanged(gitea: ForgeStand
 
 
 @pytest.mark.integration
+async def test_gitea_commit_status_found_on_a_later_page_of_the_combined_status(gitea: ForgeStandin) -> None:
+    """Gitea's combined status lists at most a page of contexts, the most recently updated first: an
+    older plnt/plan on a busy commit is on a later page, reached through Link rel=next."""
+    async with client(gitea) as forge:
+        assert await forge.set_status(HEAD, "success", "plnt/plan", "plan sha256:0123456789ab")
+        for n in range(5):  # the stand-in's page holds 3 contexts
+            assert await forge.set_status(HEAD, "pending", f"ci/job-{n}", "running")
+        got = await forge.commit_status(HEAD, "plnt/plan")
+        assert await forge.commit_status(HEAD, "plnt/none") is None
+    assert got is not None and got.description == "plan sha256:0123456789ab"
+    pages = [r.query.get("page", ["1"])[0] for r in gitea.requests if r.path.endswith(f"/commits/{HEAD}/status")]
+    assert pages[-2:] == ["1", "2"] or pages[-3:] == ["1", "2", "3"], pages
+
+
+@pytest.mark.integration
 async def test_gitea_approvals_in_plnts_words_with_official(gitea: ForgeStandin) -> None:
     from plnt.reconciler.review.approval import judge
 
