@@ -191,8 +191,8 @@ def test_a_pull_request_from_push_to_verdict(spec_site: SpecSite, tmp_path: Path
     site.api("PATCH", f"/pulls/{preview_pr}", auth=org.author, json={"state": "closed"})
     wait_until(lambda: invoke(plnt, **{"X-Plnt-Preview": str(preview_pr)}).status_code == 404,
                "the preview removed after the PR closed", plnt)
-    removed = site.latest_status(preview_head, f"plnt/preview/{CONTEXT.removeprefix('plnt/')}")
-    assert removed is not None and "removed" in removed["description"], removed
+    wait_until(lambda: (s := site.latest_status(preview_head, f"plnt/preview/{CONTEXT.removeprefix('plnt/')}"))
+               and "removed" in s["description"], "the preview's status to say removed", plnt, timeout=30)
 
     # What woke plnt was Gitea's signed webhook: a hook without a valid signature is refused.
     body = b'{"ref": "refs/heads/main"}'
