@@ -87,6 +87,15 @@ def wait(check, what: str, proc: subprocess.Popen[bytes], log: Path, timeout: fl
     raise SystemExit(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C to plnt's process group, as a user stops it; SIGKILL after 60 s."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
@@ -138,11 +147,7 @@ def main() -> None:
             for s in forge.statuses:
                 per_sha.setdefault(s["sha"], []).append(s["state"])
         finally:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop(proc)
     notes = subprocess.run(["git", "log", "--notes=plnt", "--format=%h %N"], cwd=repo, capture_output=True,
                            text=True).stdout
     print(f"plnt up (subprocess) + GitHub forge stand-in; {args.runs} runs, webhook-triggered, polling off")
@@ -238,11 +243,7 @@ def on_gitea(runs: int) -> None:
             site.git("fetch", "-q", "origin", "+refs/notes/plnt:refs/notes/plnt")
             notes = site.git("log", "--notes=plnt", "--format=%h %N", "origin/main")
         finally:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop(proc)
     print(f"plnt up (subprocess, --require-approval --write-notes) + a real Gitea {server.api_url} (SQLite); "
           f"{runs} merges of approved pull requests, webhook-triggered, polling every 600 s; Gitea and plnt "
           "polled every 20 ms")
