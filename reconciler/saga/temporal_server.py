@@ -94,40 +94,113 @@ def dev_server_args(db_file: Path | None, port: int, http_port: int, metrics_por
 
 
 class TemporalDevServer:
+    """The dev server as plnt's child, kept running: if it exits while plnt runs it is started again
+    on the same gRPC port and database, and the client reconnects by itself.
+
+    It can exit on its own: `start-dev` picks free ports for its internal services after plnt's
+    check, and another process may take one before it binds (a known race in the CLI); a crash or an
+    OOM kill is the same to plnt. Backoff 0.5 s doubling to 10 s, reset after a minute up."""
+
     def __init__(self, db_file: Path | None, log_file: Path | None = None) -> None:
         self._db_file = db_file
         self._log_file = log_file
         self._process: subprocess.Popen[bytes] | None = None
+        self._port = 0
+        self._watch_task: asyncio.Task[None] | None = None
         self.address = ""
+        self.restarts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None and self._process.poll() is None else None
 
     async def start(self, timeout_s: float = 60.0) -> str:
-        pid_file = self._db_file.with_suffix(".pid") if self._db_file is not None else None
-        if pid_file is not None:
-            _stop_orphan(pid_file)
-        port, http_port, metrics_port = free_port(), free_port(), free_port()
+        if self._db_file is not None:
+            _stop_orphan(self._pid_file())
+        self._port = free_port()
+        self.address = f"127.0.0.1:{self._port}"
+        self._spawn()
+        try:
+            await self._wait_ready(timeout_s)
+        except TemporalStartError:
+            await self.stop()
+            raise
+        log.info("temporal-started address=%s db=%s", self.address, self._db_file or "memory")
+        self._watch_task = asyncio.create_task(self._watch(), name="temporal-dev-server")
+        return self.address
+
+    def _pid_file(self) -> Path:
+        assert self._db_file is not None
+        return self._db_file.with_suffix(".pid")
+
+    def _spawn(self) -> None:
+        # New ports for HTTP and metrics each time (one of them may be what was taken); the gRPC port
+        # stays: it is the address the client holds.
         out = open(self._log_file, "ab") if self._log_file else subprocess.DEVNULL  # noqa: SIM115
-        self._process = subprocess.Popen(
-            [temporal_binary(), *dev_server_args(self._db_file, port, http_port, metrics_port)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-        if pid_file is not None:
-            pid_file.write_text(f"{self._process.pid}\n")
-        self.address = f"127.0.0.1:{port}"
+        try:
+            self._process = subprocess.Popen(
+                [temporal_binary(), *dev_server_args(self._db_file, self._port, free_port(), free_port())],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+        if self._db_file is not None:
+            self._pid_file().write_text(f"{self._process.pid}\n")
+
+    async def _wait_ready(self, timeout_s: float) -> None:
+        process = self._process
+        assert process is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise TemporalStartError(f"temporal dev server exited with code {self._process.returncode}; see {self._log_file}")
-            if _port_open(port):
+            if process.poll() is not None:
+                raise TemporalStartError(f"temporal dev server exited with code {process.returncode}; "
+                                         f"{self._log_hint()}")
+            if _port_open(self._port):
                 # Listening is not ready: wait until the frontend answers a client.
                 await connect(self.address, timeout_s=max(1.0, deadline - time.monotonic()))
-                log.info("temporal-started address=%s db=%s", self.address, self._db_file or "memory")
-                return self.address
+                return
             await asyncio.sleep(0.05)
-        await self.stop()
-        raise TemporalStartError(f"temporal dev server did not listen on {self.address} within {timeout_s:.0f}s")
+        raise TemporalStartError(f"temporal dev server did not listen on {self.address} within {timeout_s:.0f}s; "
+                                 f"{self._log_hint()}")
+
+    def _log_hint(self) -> str:
+        if self._log_file is None:
+            return "its output was not kept"
+        return f"the end of {self._log_file}: {_tail(self._log_file)!r}"
+
+    async def _watch(self) -> None:
+        backoff = 0.5
+        while True:
+            process = self._process
+            assert process is not None
+            started = time.monotonic()
+            while process.poll() is None:
+                await asyncio.sleep(0.25)
+            if time.monotonic() - started > 60:
+                backoff = 0.5
+            log.error("temporal-exited pid=%d code=%s address=%s: restarting it in %.1fs (sagas resume from its "
+                      "database); %s", process.pid, process.returncode, self.address, backoff, self._log_hint())
+            await asyncio.sleep(backoff)
+            backoff = min(10.0, backoff * 2)
+            try:
+                self._spawn()
+                await self._wait_ready(30.0)
+            except (TemporalStartError, OSError) as exc:
+                log.error("temporal-restart-failed address=%s: %s", self.address, exc)
+                if self._process is not None and self._process.poll() is None:
+                    _kill_group(self._process)
+                continue
+            self.restarts += 1
+            log.warning("temporal-restarted address=%s pid=%d restarts=%d", self.address, self._process.pid,
+                        self.restarts)
 
     async def stop(self, timeout_s: float = 15.0) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            await asyncio.gather(self._watch_task, return_exceptions=True)
+            self._watch_task = None
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return
@@ -136,9 +209,25 @@ class TemporalDevServer:
         while process.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            _kill_group(process)
         log.info("temporal-stopped address=%s", self.address)
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _tail(path: Path, limit: int = 1500) -> str:
+    """The last lines of a log, bounded (the dev server's is kept across restarts)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode(errors="replace").strip()
+    except OSError as exc:
+        return f"(cannot read it: {exc.strerror})"
 
 
 def _port_open(port: int) -> bool:

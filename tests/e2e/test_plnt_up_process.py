@@ -101,6 +101,7 @@ class PlntUp:
         """prefix: what starts plnt, e.g. `ip netns exec NAME` (tests/k8s/pod_network.py)."""
         self.url = f"http://127.0.0.1:{port}"
         self.log_file = log_file
+        self.temporal_log = state_dir / "temporal.log"  # the embedded dev server's output
         self.seen: dict[int, str] = {}  # every descendant ever recorded
         args = [*prefix, *PLNT, "up", "--repo", str(repo), "--state-dir", str(state_dir), "--port", str(port), "--interval", "1", *extra]
         with open(log_file, "wb") as out:
@@ -112,7 +113,10 @@ class PlntUp:
         return self.log_file.read_text(errors="replace")
 
     def why(self, message: str) -> str:
-        return f"{message}\n--- plnt log ({self.log_file}) ---\n{self.log()}"
+        why = f"{message}\n--- plnt log ({self.log_file}) ---\n{self.log()}"
+        if self.temporal_log.exists():
+            why += f"\n--- the end of {self.temporal_log} ---\n{self.temporal_log.read_text(errors='replace')[-3000:]}"
+        return why
 
     def record_descendants(self) -> dict[int, str]:
         now = descendants(self.process.pid)
