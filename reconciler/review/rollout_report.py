@@ -116,7 +116,9 @@ def verdict(status: WorkflowRunStatus) -> tuple[State, str] | None:
                                     f"Ready {status.version or tried}: {mark.message}")
     if mark.phase is Phase.ROLLED_BACK:
         serving = f" ({status.version} serving)" if status.version else ""
-        reason = mark.message.removeprefix("smoke test failed: ")
+        # "smoke test failed: " says nothing the status does not; a stepped canary's place stays.
+        place, sep, rest = mark.message.partition(": smoke test failed: ")
+        reason = f"{place}: {rest}" if sep and place.startswith("step ") else mark.message.removeprefix("smoke test failed: ")
         return "failure", _one_line(f"RolledBack {tried}{serving}: {reason}")
     if mark.phase is Phase.FAILED:
         return "failure", _one_line(f"Failed {tried}: {mark.message or status.last_error or 'no reason recorded'}")
