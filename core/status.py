@@ -49,6 +49,9 @@ class WorkflowRunStatus(BaseModel):
     canary_version: str | None = None
     # (status files written before it had this name say canary_percent; the public shape says canaryPercent)
     traffic_percent: int = Field(default=0, validation_alias=AliasChoices("traffic_percent", "canary_percent"))
+    # A stepped canary's place: step `canary_step` of `canary_steps` (None for a one-step canary).
+    canary_step: int | None = None
+    canary_steps: int | None = None
     endpoint: str | None = None
     observed_commit: str | None = None
     message: str = ""
@@ -86,6 +89,8 @@ class WorkflowRunStatus(BaseModel):
             "version": self.version,
             "canaryVersion": self.canary_version,
             "canaryPercent": self.traffic_percent,
+            "canaryStep": self.canary_step,
+            "canarySteps": self.canary_steps,
             "endpoint": self.endpoint,
             "observedCommit": self.observed_commit,
             "message": self.message,

@@ -34,6 +34,7 @@ class StepTimeouts(BaseModel):
     install_release: float = Field(default=180, gt=0)
     smoke_test: float = Field(default=900, gt=0)
     promote_release: float = Field(default=180, gt=0)
+    set_canary_traffic: float = Field(default=180, gt=0)
     remove_release: float = Field(default=180, gt=0)
 
     def of(self, step: str) -> float:

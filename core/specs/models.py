@@ -15,7 +15,7 @@ import fnmatch
 import hashlib
 import json
 import re
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -137,7 +137,58 @@ class SmokeTest(SpecModel):
     concurrency: int = Field(default=2, ge=1, le=256)
 
 
-class Canary(SpecModel):
+_DURATION = re.compile(r"^([1-9][0-9]{0,5})(s|m|h)$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600}
+
+
+class CanaryStep(SpecModel):
+    """One step of a stepped canary: the canary takes `weight`% of the traffic and its smoke test must
+    pass there; then the rollout waits `pause` (30s, 5m, 1h) before the next step."""
+
+    weight: int = Field(ge=0, le=100)
+    pause: str | None = Field(default=None, description="a duration: 30s, 5m or 2h (at most 24h)")
+
+    @field_validator("pause")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            found = _DURATION.match(value)
+            if found is None:
+                raise ValueError(f"pause {value!r} is not a duration: write a whole number and s, m or h (30s, 5m, 2h)")
+            if int(found[1]) * _UNIT_S[found[2]] > 86_400:
+                raise ValueError(f"pause {value!r} is longer than 24h")
+        return value
+
+    @property
+    def pause_s(self) -> float:
+        found = _DURATION.match(self.pause or "")
+        return float(int(found[1]) * _UNIT_S[found[2]]) if found else 0.0
+
+
+class _SteppedCanary(SpecModel):
+    """`trafficPercent` (one step) or `steps` (several, weights rising): what the saga goes through."""
+
+    steps: list[CanaryStep] = Field(default_factory=list, max_length=20, description=(
+        "weights the canary goes through, rising (e.g. 5, 25, 50), each with its smoke test and an optional "
+        "pause; then the promotion. Without it: one step at trafficPercent"))
+
+    @model_validator(mode="after")
+    def _rising(self) -> Self:
+        if self.steps and "traffic_percent" in self.model_fields_set:
+            raise ValueError("give canary.steps or canary.trafficPercent, not both (one step: steps: [{weight: N}])")
+        weights = [step.weight for step in self.steps]
+        for i, (before, after) in enumerate(zip(weights, weights[1:], strict=False), 2):
+            if after <= before:
+                raise ValueError(f"canary.steps[{i - 1}].weight {after} must be above the step before it ({before}): "
+                                 "weights rise from step to step")
+        return self
+
+    def plan_steps(self) -> list[CanaryStep]:
+        """The steps the saga goes through: `steps`, or one step at `trafficPercent`."""
+        return list(self.steps) or [CanaryStep(weight=self.traffic_percent)]  # type: ignore[attr-defined]
+
+
+class Canary(_SteppedCanary):
     traffic_percent: int = Field(default=5, ge=0, le=100)
     smoke_test: SmokeTest = Field(default_factory=SmokeTest)
 
@@ -231,7 +282,7 @@ class ModelRuntime(SpecModel):
         return value
 
 
-class ModelCanary(SpecModel):
+class ModelCanary(_SteppedCanary):
     traffic_percent: int = Field(default=5, ge=0, le=100)
     smoke_test: SmokeTest = Field(default_factory=lambda: SmokeTest(invocations=5, concurrency=1))
     prompts: list[str] = Field(default_factory=lambda: list(DEFAULT_SMOKE_PROMPTS), min_length=1,

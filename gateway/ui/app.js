@@ -299,7 +299,8 @@ function workflowsView(container) {
           h("td", {}, badge(row.phase), row.parked ? h("span", { class: "muted small", text: " parked" }) : null,
             row.preview ? h("span", { class: "muted small", text: ` preview #${row.preview}` }) : null),
           h("td", {}, row.version ? h("code", { text: row.version }) : h("span", { class: "muted", text: "nothing promoted yet" })),
-          h("td", {}, row.canaryVersion ? [h("code", { text: row.canaryVersion }), ` ${num(row.canaryPercent) ?? 0}%`]
+          h("td", {}, row.canaryVersion ? [h("code", { text: row.canaryVersion }), ` ${num(row.canaryPercent) ?? 0}%`,
+                                            row.canaryStep ? ` step ${row.canaryStep}/${row.canarySteps}` : ""]
             : h("span", { class: "muted", text: "–" })),
           h("td", { class: "signer", text: row.signer || "–" }),
           h("td", {}, commit ? h("code", { title: commit, text: short(commit) }) : "–"),

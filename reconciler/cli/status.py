@@ -65,6 +65,8 @@ def status(
     typer.echo(header)
     for row in rows:
         canary = f"{row.get('canaryVersion') or ''} {row['canaryPercent']}%" if row.get("canaryVersion") else "-"
+        if row.get("canaryVersion") and row.get("canaryStep"):  # a stepped canary: where it is
+            canary += f" {row['canaryStep']}/{row['canarySteps']}"
         # A preview (--previews) shows as its WorkflowRun and pull request: default/review-responder [PR #7].
         label = row["namespace"] + "/" + (f"{row['name'].rsplit('--pr', 1)[0]} [PR #{row['preview']}]"
                                           if row.get("preview") else row["name"])

@@ -138,6 +138,11 @@ class DriverSet:
         self._note(namespace, name, {"stable": release, "canary": None})
         return release
 
+    async def set_traffic(self, namespace: str, name: str, percent: int) -> Release:
+        release = await self.driver_for(namespace, name).set_traffic(namespace, name, percent)
+        self._note(namespace, name, {"canary": release})
+        return release
+
     async def remove(self, namespace: str, name: str, track: Track) -> None:
         await self.driver_for(namespace, name).remove(namespace, name, track)
         self._note(namespace, name, {track: None})

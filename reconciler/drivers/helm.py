@@ -699,6 +699,10 @@ class HelmDriver:
     async def promote(self, namespace: str, name: str) -> Release:
         return await self._waiting_out_outages(f"promote {namespace}/{name}", lambda: self._promote(namespace, name))
 
+    async def set_traffic(self, namespace: str, name: str, percent: int) -> Release:
+        return await self._waiting_out_outages(f"set traffic {namespace}/{name} to {percent}%",
+                                               lambda: self._set_traffic(namespace, name, percent))
+
     async def remove(self, namespace: str, name: str, track: Track) -> None:
         await self._waiting_out_outages(f"remove {namespace}/{name} ({track})",
                                         lambda: self._remove(namespace, name, track))
@@ -717,6 +721,22 @@ class HelmDriver:
                     await self.recover_stuck(release, current)
             await self._upgrade(release, values)
             return await self._serving(self._release(release, values))
+
+    async def _set_traffic(self, namespace: str, name: str, percent: int) -> Release:
+        """The canary release upgraded with its own values but the share: the charts' templates do not
+        read `trafficPercent` (no pod changes, so the default step timeout holds); the gateway reads
+        it from the release's values."""
+        canary = release_name(name, "canary")
+        async with self._lock(namespace, name):
+            current = await self.status(canary)
+            if current is None or current.status != "deployed":
+                raise DriverError(f"{namespace}/{name}: no deployed canary to give {percent}% of the traffic")
+            self._check_owner(canary, current.config, namespace, name, "canary")
+            values = json.loads(json.dumps(current.config))
+            if values[_owner_key(values)].get("trafficPercent") != percent:
+                values[_owner_key(values)]["trafficPercent"] = percent
+                await self._upgrade(canary, values)
+            return self._release(canary, values)
 
     async def _promote(self, namespace: str, name: str) -> Release:
         stable, canary = release_name(name, "stable"), release_name(name, "canary")

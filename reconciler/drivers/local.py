@@ -127,6 +127,16 @@ class LocalDriver:
                 await self._stop(old)
             return new_stable
 
+    async def set_traffic(self, namespace: str, name: str, percent: int) -> Release:
+        async with self._lock(namespace, name):
+            live = self._records.read(namespace, name)
+            if live.canary is None:
+                raise DriverError(f"{namespace}/{name}: no canary to give {percent}% of the traffic")
+            if live.canary.traffic_percent != percent:
+                self._records.write(live.model_copy(update={"canary": live.canary.model_copy(
+                    update={"traffic_percent": percent})}))
+            return self._records.read(namespace, name).canary  # type: ignore[return-value]
+
     async def remove(self, namespace: str, name: str, track: Track) -> None:
         async with self._lock(namespace, name):
             live = self._records.read(namespace, name)

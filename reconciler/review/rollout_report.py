@@ -98,14 +98,16 @@ def verdict(status: WorkflowRunStatus) -> tuple[State, str] | None:
         return None
     tried = status.attempted_version or status.version or "?"
     if mark.phase is Phase.CANARY:
+        where = f"Canary {tried}" + (f" step {status.canary_step}/{status.canary_steps}" if status.canary_step else "")
+        where += f" at {status.traffic_percent}%"
+        if " passed at " in mark.message and "; pausing " in mark.message:  # a step's pause (saga/workflow.py)
+            return "pending", _one_line(f"{where}: passed, {mark.message.split('; ', 1)[1]}")
         progress = status.smoke_progress or {}
         so_far = smoke_summary(progress, status.smoke_budget)
         if so_far:  # the running smoke test's numbers so far (reconciler/saga/smoke_progress.py)
-            return "pending", _one_line(f"Canary {tried} at {status.traffic_percent}%: "
-                                        f"{progress.get('done')}/{progress.get('of')} calls, {so_far}")
+            return "pending", _one_line(f"{where}: {progress.get('done')}/{progress.get('of')} calls, {so_far}")
         budgets = budget_summary(status.smoke_budget)
-        return "pending", _one_line(f"Canary {tried} at {status.traffic_percent}%: smoke test"
-                                    + (f" against {budgets}" if budgets else " under way"))
+        return "pending", _one_line(f"{where}: smoke test" + (f" against {budgets}" if budgets else " under way"))
     if mark.phase in PENDING_PHASES:
         return "pending", _one_line(f"{mark.phase.value}: {mark.message}" if mark.message else mark.phase.value)
     if mark.phase is Phase.READY:
@@ -114,7 +116,9 @@ def verdict(status: WorkflowRunStatus) -> tuple[State, str] | None:
                                     f"Ready {status.version or tried}: {mark.message}")
     if mark.phase is Phase.ROLLED_BACK:
         serving = f" ({status.version} serving)" if status.version else ""
-        reason = mark.message.removeprefix("smoke test failed: ")
+        # "smoke test failed: " says nothing the status does not; a stepped canary's place stays.
+        place, sep, rest = mark.message.partition(": smoke test failed: ")
+        reason = f"{place}: {rest}" if sep and place.startswith("step ") else mark.message.removeprefix("smoke test failed: ")
         return "failure", _one_line(f"RolledBack {tried}{serving}: {reason}")
     if mark.phase is Phase.FAILED:
         return "failure", _one_line(f"Failed {tried}: {mark.message or status.last_error or 'no reason recorded'}")

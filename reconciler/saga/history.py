@@ -115,7 +115,7 @@ def step_detail(step: str, result: Any) -> dict[str, Any] | None:
                 "metrics": _scalars(metrics) if isinstance(metrics, dict) else None}
     if step == "validate":
         return _scalars(result, ("backend_type", "version", "traffic_percent"))
-    if step in ("install_release", "promote_release"):
+    if step in ("install_release", "promote_release", "set_canary_traffic"):
         return _scalars(result, ("release_id", "track", "version", "traffic_percent"))
     return _scalars({k: v for k, v in result.items() if k not in ("endpoint", "recipe_dir", "pid", "port")})
 

@@ -103,13 +103,21 @@ class ValidateInput(_Io):
     saga: SagaRef
 
 
+class CanaryStepPlan(_Io):
+    weight: int     # the canary's share of the traffic at this step
+    pause_s: float  # then a wait (a durable timer) before the next step
+
+
 class ValidatedSpec(_Io):
     """What the validate activity read at the commit (and so may be shown and recorded)."""
 
     backend_type: str
     version: str
-    traffic_percent: int
+    traffic_percent: int  # the first step's weight
     spec: dict[str, Any]   # the WorkflowRun's spec (camelCase JSON), recorded as deployed_spec
+    # The canary's steps (canary.steps, or one at trafficPercent). Histories recorded before steps
+    # existed carry none, and replay as the one-step saga they were.
+    canary_steps: list[CanaryStepPlan] = []
 
 
 class PullInput(_Io):
@@ -133,6 +141,14 @@ class InstallInput(_Io):
 
 class SmokeInput(_Io):
     saga: SagaRef
+
+
+class CanaryStepInput(_Io):
+    """Move the canary to a step of its WorkflowRun's canary.steps: the weight is read from the commit,
+    never taken from the (untrusted) input."""
+
+    saga: SagaRef
+    step: int = Field(ge=1, le=20)  # 1-based
 
 
 class ReleaseRef(_Io):

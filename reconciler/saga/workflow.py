@@ -2,6 +2,11 @@
 
     validate -> pull recipe -> install canary -> smoke test -> promote | roll back
 
+A stepped canary (canary.steps) goes through its steps between the install and the promotion: at
+each, the canary's share (set_canary_traffic, from the second step on), its smoke test, then its
+pause as a durable timer; a failed step rolls back. Kill-safe at every step: Temporal replays the
+steps done and resumes the one under way.
+
 `run()` owns compensation and the final status; `_deploy()` holds the business steps. Whatever
 happens the saga ends with a status (Ready, RolledBack or Failed) and a reason: compensation
 removes the canary and never raises. Workflow id: `plnt-<namespace>-<name>`, so Temporal itself
@@ -27,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from plnt.core.status import FINAL_PHASES, Phase
     from plnt.reconciler.errors import NON_RETRYABLE_ERROR_TYPES, UntrustedSagaInput
     from plnt.reconciler.saga.io import (
+        CanaryStepInput,
         InstallInput,
         PhaseUpdate,
         PulledRecipeInfo,
@@ -96,7 +102,7 @@ class DeploySaga:
         # Removing a canary that was never installed is a no-op, so no bookkeeping is needed.
         await asyncio.shield(asyncio.ensure_future(self._remove_canary(saga)))
         await asyncio.shield(asyncio.ensure_future(self._phase(saga, Phase.FAILED, reason, {
-            "last_error": reason, "canary_version": None, "traffic_percent": 0,
+            "last_error": reason, "canary_version": None, "traffic_percent": 0, **_NO_STEP,
         })))
         return SagaResult(phase=Phase.FAILED, reason=reason, version=saga.version)
 
@@ -118,27 +124,58 @@ class DeploySaga:
         await self._phase(saga, Phase.DEPLOYING, f"installing canary {saga.version}", {})
         await self._call("install_release", InstallInput(saga=ref, track="canary", recipe_digest=pulled.digest),
                          Release, saga)
-        await self._phase(saga, Phase.CANARY, f"smoke-testing canary {saga.version} with {percent}% of traffic", {
-            "canary_version": saga.version, "traffic_percent": percent,
-            "smoke_budget": (valid.spec.get("canary") or {}).get("smokeTest"),  # shown beside the numbers
-        })
-        smoke = await self._call("smoke_test", SmokeInput(saga=ref), SmokeResult, saga)
-        smoke_record = smoke.model_dump(mode="json")
-        if not smoke.passed:
-            await self._remove_canary(saga)
-            await self._phase(saga, Phase.ROLLED_BACK, smoke.reason, {
-                "last_error": smoke.reason, "canary_version": None, "traffic_percent": 0, "smoke_test": smoke_record,
+        steps = valid.canary_steps
+        if len(steps) > 1 or any(step.pause_s for step in steps):
+            smoke, failed = await self._through_steps(saga, valid)
+        else:  # one step, no pause: the saga as it always was (histories recorded before steps replay so)
+            await self._phase(saga, Phase.CANARY, f"smoke-testing canary {saga.version} with {percent}% of traffic", {
+                "canary_version": saga.version, "traffic_percent": percent,
+                "smoke_budget": (valid.spec.get("canary") or {}).get("smokeTest"),  # shown beside the numbers
             })
-            return SagaResult(phase=Phase.ROLLED_BACK, reason=smoke.reason, version=saga.version)
+            smoke = await self._call("smoke_test", SmokeInput(saga=ref), SmokeResult, saga)
+            failed = None if smoke.passed else smoke.reason
+        smoke_record = smoke.model_dump(mode="json")
+        if failed is not None:
+            await self._remove_canary(saga)
+            await self._phase(saga, Phase.ROLLED_BACK, failed, {
+                "last_error": failed, "canary_version": None, "traffic_percent": 0, "smoke_test": smoke_record,
+                **_NO_STEP,
+            })
+            return SagaResult(phase=Phase.ROLLED_BACK, reason=failed, version=saga.version)
 
         stable = await self._call("promote_release", ReleaseRef(saga=ref), Release, saga)
         message = f"{saga.version} promoted; {smoke.reason}"
         await self._phase(saga, Phase.READY, message, {
             "version": saga.version, "endpoint": stable.endpoint, "canary_version": None, "traffic_percent": 0,
             "smoke_test": smoke_record, "last_error": None, "deployed_spec": valid.spec,
-            "deployed_fingerprint": saga.fingerprint,
+            "deployed_fingerprint": saga.fingerprint, **_NO_STEP,
         })
         return SagaResult(phase=Phase.READY, reason=message, version=saga.version)
+
+    async def _through_steps(self, saga: SagaInput, valid: ValidatedSpec) -> tuple[SmokeResult, str | None]:
+        """Each step of a stepped canary: its share, its smoke test, its pause. Returns the last smoke
+        test, and why a step failed (None when every step passed)."""
+        ref, version, steps = saga.ref(), saga.version, valid.canary_steps
+        budget = (valid.spec.get("canary") or {}).get("smokeTest")
+        n = len(steps)
+        smoke: SmokeResult | None = None
+        for i, step in enumerate(steps, 1):
+            if i > 1:
+                await self._call("set_canary_traffic", CanaryStepInput(saga=ref, step=i), Release, saga)
+            place = f"step {i}/{n}"
+            await self._phase(saga, Phase.CANARY, f"{place}: smoke-testing canary {version} with {step.weight}% of "
+                              "traffic", {"canary_version": version, "traffic_percent": step.weight, "canary_step": i,
+                                          "canary_steps": n, "smoke_budget": budget, "smoke_progress": None})
+            smoke = await self._call("smoke_test", SmokeInput(saga=ref), SmokeResult, saga)
+            if not smoke.passed:
+                return smoke, f"{place} at {step.weight}%: {smoke.reason}"
+            if step.pause_s:
+                after = f"step {i + 1}" if i < n else "the promotion"
+                await self._phase(saga, Phase.CANARY, f"{place} passed at {step.weight}%; pausing "
+                                  f"{_duration(step.pause_s)} before {after}", {"smoke_test": smoke.model_dump(mode="json")})
+                await workflow.sleep(timedelta(seconds=step.pause_s))
+        assert smoke is not None  # validate gives at least one step
+        return smoke, None
 
     async def _uninstall(self, saga: SagaInput) -> SagaResult:
         ref = saga.ref()
@@ -200,6 +237,17 @@ class DeploySaga:
                                             "written", info.task_queue, saga.namespace, saga.name, phase.value)
             return
         await workflow.execute_local_activity("record_phase", update, start_to_close_timeout=timedelta(seconds=10))
+
+
+# The final phases clear a stepped canary's place.
+_NO_STEP = {"canary_step": None, "canary_steps": None}
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def _untrusted(exc: BaseException) -> bool:

@@ -251,6 +251,9 @@ async def test_forged_activities_on_plnt_s_task_queue_are_refused(attack_repo: A
             (Impostor, "promote_release", {"saga": ref, "track": "canary"}, f"runs on task queue {queue!r}"),
             # traffic sent by plnt to an endpoint of the attacker's choosing
             (Impostor, "smoke_test", {"saga": ref}, f"runs on task queue {queue!r}"),
+            # a canary's share of live traffic moved outside plnt's saga (a stepped canary's step)
+            (Impostor, "set_canary_traffic", {"saga": ref, "step": 1}, f"runs on task queue {queue!r}"),
+            (Forger, "set_canary_traffic", {"saga": ref, "step": 1}, "runs only in plnt's DeploySaga"),
         ]
         async with Worker(client, task_queue=queue, workflows=[Forger, Impostor], activities=[],
                           workflow_runner=UnsandboxedWorkflowRunner()):

@@ -42,8 +42,8 @@ class SagaActivities(ValidateStep, PullStep, InstallStep, SmokeTestStep, Promote
 
     def remote(self) -> list[Callable[..., Any]]:
         """The steps a `plnt worker` runs: all but record_phase (a local activity of the saga)."""
-        return [self.validate, self.pull_recipe, self.install_release, self.smoke_test, self.promote_release,
-                self.remove_release]
+        return [self.validate, self.pull_recipe, self.install_release, self.smoke_test, self.set_canary_traffic,
+                self.promote_release, self.remove_release]
 
     @property
     def recorder(self) -> PhaseRecorder:

@@ -33,7 +33,7 @@ class InstallStep(SagaStep):
         return await with_heartbeats(self._driver.install(InstallRequest(
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary",
             version=run.spec.workflow.version, spec_fingerprint=run.fingerprint(), recipe_digest=request.recipe_digest,
-            recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.traffic_percent, trust=trust,
+            recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.plan_steps()[0].weight, trust=trust,
             llm_model=f"{run.metadata.namespace}/{run.spec.model}" if run.spec.model else None,
         )))
 
@@ -62,7 +62,7 @@ class InstallStep(SagaStep):
         release = await with_heartbeats(self._driver.install(InstallRequest(
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary", version=run.version,
             spec_fingerprint=run.fingerprint(), recipe_digest=digest, recipe_dir=recipe_dir,
-            traffic_percent=run.spec.canary.traffic_percent, trust=trust,
+            traffic_percent=run.spec.canary.plan_steps()[0].weight, trust=trust,
             model=ModelServing(runtime=runtime.type, model_file=model_file, alias=run.metadata.name,
                                context_length=runtime.context_length, threads=runtime.threads,
                                args=tuple(runtime.args), registry=model.registry, model_name=model.name,

@@ -1,13 +1,14 @@
-"""promote_release and remove_release: the canary made the stable release, or a release removed
-(a deploy saga's compensation removing its canary, or an uninstall). Either may leave weights no
-release references any more: they are collected from the store."""
+"""promote_release, set_canary_traffic and remove_release: the canary made the stable release, moved
+to a step of a stepped canary, or a release removed (a deploy saga's compensation removing its
+canary, or an uninstall). Promotion and removal may leave weights no release references any more:
+they are collected from the store."""
 
 from __future__ import annotations
 
 from plnt.core.specs.models import ModelDeployment
 from plnt.reconciler.errors import UntrustedSagaInput
 from plnt.reconciler.saga.activities.base import SagaStep, boundary, with_heartbeats
-from plnt.reconciler.saga.io import ReleaseRef
+from plnt.reconciler.saga.io import CanaryStepInput, ReleaseRef
 from plnt.reconciler.state import Release
 from temporalio import activity
 
@@ -27,6 +28,17 @@ class PromoteRemoveSteps(SagaStep):
         if isinstance(run, ModelDeployment):
             await self._collect_weights()  # the previous stable's weights, if nothing else uses them
         return stable
+
+    @activity.defn(name="set_canary_traffic")
+    @boundary
+    async def set_canary_traffic(self, request: CanaryStepInput) -> Release:
+        _, run = await self._deploy(request.saga)
+        steps = run.spec.canary.plan_steps()
+        if request.step > len(steps):
+            raise UntrustedSagaInput(f"{run.key} has {len(steps)} canary step(s) at its commit, not {request.step}")
+        await self._release_of(run, "canary")  # the canary this saga installed, nobody else's
+        return await with_heartbeats(self._driver.set_traffic(run.metadata.namespace, run.metadata.name,
+                                                              steps[request.step - 1].weight))
 
     @activity.defn(name="remove_release")
     @boundary

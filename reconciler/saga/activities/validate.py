@@ -6,7 +6,7 @@ from __future__ import annotations
 from plnt.core.specs.models import ModelDeployment
 from plnt.reconciler.errors import GpuClassUnavailable, InvalidSpec, UnknownBackend
 from plnt.reconciler.saga.activities.base import SagaStep, boundary
-from plnt.reconciler.saga.io import ValidatedSpec, ValidateInput
+from plnt.reconciler.saga.io import CanaryStepPlan, ValidatedSpec, ValidateInput
 from temporalio import activity
 
 
@@ -54,7 +54,8 @@ class ValidateStep(SagaStep):
             raise InvalidSpec(f"spec.workflow.registry: {run.spec.workflow.registry!r} cannot be reached from a "
                               f"runner pod on Kubernetes backend {cluster!r}; publish the recipe to an s3:// or "
                               f"oci:// registry")
-        return ValidatedSpec(backend_type=backend.spec.type, version=run.version,
-                             traffic_percent=run.spec.canary.traffic_percent,
-                             spec=run.spec.model_dump(mode="json", by_alias=True))
+        steps = run.spec.canary.plan_steps()
+        return ValidatedSpec(backend_type=backend.spec.type, version=run.version, traffic_percent=steps[0].weight,
+                             spec=run.spec.model_dump(mode="json", by_alias=True),
+                             canary_steps=[CanaryStepPlan(weight=s.weight, pause_s=s.pause_s) for s in steps])
 

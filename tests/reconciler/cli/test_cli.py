@@ -506,6 +506,18 @@ def test_status_asks_the_gateway_first(saved_state: tuple[Path, dict]) -> None:
 
 
 @pytest.mark.integration
+def test_status_shows_a_stepped_canarys_step(saved_state: tuple[Path, dict]) -> None:
+    state, public = saved_state
+    live = {**public, "phase": "Canary", "canaryVersion": "1.3.0", "canaryPercent": 25, "canaryStep": 2,
+            "canarySteps": 3, "message": "step 2/3: smoke-testing canary 1.3.0 with 25% of traffic"}
+    with serve(json.dumps([live]).encode(), "application/json") as url:
+        result = plnt("status", "--url", url, "--state-dir", state)
+    assert result.exit_code == 0, result.output
+    [row] = [line.split() for line in result.stdout.splitlines() if line.startswith("default/")]
+    assert row[:6] == ["default/review-responder", "Canary", "1.2.0", "1.3.0", "25%", "2/3"], result.stdout
+
+
+@pytest.mark.integration
 def test_status_says_when_a_runner_is_parked(saved_state: tuple[Path, dict]) -> None:
     """Scale to zero: a Ready WorkflowRun whose runner parked (GET /workflows `parked: true`)."""
     state, public = saved_state

@@ -477,6 +477,38 @@ async def test_promote_refuses_a_failed_canary() -> None:
         await driver(fake).promote("team-a", "review-responder")
 
 
+# --- set_traffic (a stepped canary's next step) -------------------------------------------------
+
+
+async def test_set_traffic_upgrades_the_canary_with_its_own_values_but_the_share() -> None:
+    """FakeHelm (canned helm answers): the canary's recorded values again, only trafficPercent changed."""
+    fake = (FakeHelm()
+            .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+            .expect("upgrade", stdout="{}"))
+    canary = await driver(fake).set_traffic("team-a", "review-responder", 40)
+    fake.done()
+    expected = values()
+    expected["workflow"]["trafficPercent"] = 40
+    assert fake.values_files == [expected]
+    assert fake.calls[1] == upgrade_argv(CANARY, "canary", fake.values_paths[0])
+    assert canary.track == "canary" and canary.traffic_percent == 40 and canary.release_id == request().release_id
+
+
+async def test_set_traffic_already_at_the_share_changes_nothing() -> None:
+    at = values()
+    at["workflow"]["trafficPercent"] = 40
+    fake = FakeHelm().expect("status", CANARY, stdout=status_json(CANARY, "deployed", 2, at))
+    assert (await driver(fake).set_traffic("team-a", "review-responder", 40)).traffic_percent == 40
+    fake.done()
+    assert fake.commands() == ["status review-responder-canary"], "a retried step finds its own work"
+
+
+async def test_set_traffic_without_a_deployed_canary_is_retryable() -> None:
+    fake = FakeHelm().expect("status", CANARY, rc=1, stderr=NOT_FOUND)
+    with pytest.raises(DriverError, match="no deployed canary to give 40% of the traffic"):
+        await driver(fake).set_traffic("team-a", "review-responder", 40)
+
+
 # --- remove ----------------------------------------------------------------------------------
 
 

@@ -77,6 +77,21 @@ async def test_promote_swaps_records_then_stops_the_old_stable(driver: LocalDriv
     assert await driver.promote("default", "rr") == new, "a retried promote finds its own work"
 
 
+async def test_set_traffic_changes_the_canarys_record_only(driver: LocalDriver) -> None:
+    await driver.install(request("1.2.0"))
+    await driver.promote("default", "rr")
+    canary = await driver.install(request("1.3.0", fingerprint="sha256:" + "b" * 64))
+    before = len(driver.changes)  # type: ignore[attr-defined]
+    moved = await driver.set_traffic("default", "rr", 60)
+    assert moved == canary.model_copy(update={"traffic_percent": 60}), "the same process, its share changed"
+    assert (await driver.live())["default/rr"].canary == moved and alive(moved.pid)
+    assert len(driver.changes) == before + 1, "the records changed: the routes are rebuilt"  # type: ignore[attr-defined]
+    assert await driver.set_traffic("default", "rr", 60) == moved
+    await driver.remove("default", "rr", "canary")
+    with pytest.raises(DriverError, match="no canary to give 60% of the traffic"):
+        await driver.set_traffic("default", "rr", 60)
+
+
 async def test_remove_is_idempotent(driver: LocalDriver) -> None:
     release = await driver.install(request("1.2.0"))
     await driver.remove("default", "rr", "canary")

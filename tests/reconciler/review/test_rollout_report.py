@@ -70,6 +70,17 @@ LONG = "Failed: " + "x" * 500
      ("pending", "Canary 1.3.0 at 5%: 4/10 calls, p95 41 ms ≤ 2500, errors 0% ≤ 1%")),
     (status(Phase.CANARY, "smoke-testing", traffic_percent=5, smoke_budget=BUDGET, smoke_progress={"done": 0, "of": 10}),
      ("pending", "Canary 1.3.0 at 5%: smoke test against p95 ≤ 2500 ms, errors ≤ 1%")),
+    # A stepped canary: its place, its numbers so far, its pause.
+    (status(Phase.CANARY, "step 2/3: smoke-testing canary 1.3.0 with 25% of traffic", traffic_percent=25,
+            canary_step=2, canary_steps=3, smoke_budget=BUDGET,
+            smoke_progress={"done": 4, "of": 10, "metrics": {"p95_ms": 41.2, "error_percent": 0.0}}),
+     ("pending", "Canary 1.3.0 step 2/3 at 25%: 4/10 calls, p95 41 ms ≤ 2500, errors 0% ≤ 1%")),
+    (status(Phase.CANARY, "step 2/3 passed at 25%; pausing 5m before step 3", traffic_percent=25,
+            canary_step=2, canary_steps=3, smoke_budget=BUDGET),
+     ("pending", "Canary 1.3.0 step 2/3 at 25%: passed, pausing 5m before step 3")),
+    (status(Phase.ROLLED_BACK, "step 2/3 at 25%: " + FAILED_REASON, version="1.2.0", attempted_version="1.4.0"),
+     ("failure", "RolledBack 1.4.0 (1.2.0 serving): step 2/3 at 25%: error rate 100% over budget 1% (10/10 failed "
+                 "(first: HTTP 500: step boom))")),
     (status(Phase.READY, "1.3.0 promoted; smoke test passed", version="1.3.0", smoke_test=PASSED, smoke_budget=BUDGET),
      ("success", "Ready 1.3.0: p95 41 ms ≤ 2500, errors 0% ≤ 1%")),
     (status(Phase.READY, "1.3.0 promoted", version="1.3.0", smoke_test=PASSED),

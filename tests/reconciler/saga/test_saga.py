@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -27,6 +28,8 @@ from plnt.reconciler.saga import progress as saga_progress
 from plnt.reconciler.saga.activities import SagaActivities
 from plnt.reconciler.saga.commit_specs import CommitSpecs
 from plnt.reconciler.saga.io import (
+    CanaryStepInput,
+    CanaryStepPlan,
     InstallInput,
     PhaseUpdate,
     PulledRecipeInfo,
@@ -68,12 +71,18 @@ FAST_RETRY = RetrySettings(initial_interval_s=0.05, maximum_interval_s=0.1, maxi
 class FakeActivities:
     """Fake activities: record calls; `fail` maps an activity name to the error it raises."""
 
-    def __init__(self, fail: dict[str, Exception] | None = None, smoke_passes: bool = True) -> None:
+    def __init__(self, fail: dict[str, Exception] | None = None, smoke_passes: bool | list[bool] = True,
+                 steps: list[CanaryStepPlan] | None = None) -> None:
+        """smoke_passes: one verdict for every smoke test, or one per smoke test in turn; steps: the
+        canary steps validate reads (a stepped canary), none: the one-step form."""
         self.calls: Counter[str] = Counter()
         self.phases: list[Phase | None] = []
+        self.updates: list[PhaseUpdate] = []  # progress and outcomes, with their messages
         self.removed: list[str] = []
+        self.traffic_steps: list[int] = []  # set_canary_traffic's steps, in order
         self.fail = fail or {}
         self.smoke_passes = smoke_passes
+        self.steps = steps or []
 
     def _enter(self, name: str) -> None:
         self.calls[name] += 1
@@ -84,11 +93,13 @@ class FakeActivities:
         @activity.defn(name="record_phase")
         async def record_phase(update: PhaseUpdate) -> None:
             self.phases.append(update.phase)
+            self.updates.append(update)
 
         @activity.defn(name="validate")
         async def validate(request: ValidateInput) -> ValidatedSpec:
             self._enter("validate")
-            return ValidatedSpec(backend_type="local", version="1.0.0", traffic_percent=5, spec={})
+            return ValidatedSpec(backend_type="local", version="1.0.0", traffic_percent=5, spec={},
+                                 canary_steps=self.steps)
 
         @activity.defn(name="pull_recipe")
         async def pull_recipe(request: Any) -> PulledRecipeInfo:
@@ -105,7 +116,17 @@ class FakeActivities:
         async def smoke_test(request: Any) -> SmokeResult:
             self._enter("smoke_test")
             metrics = SmokeMetrics(invocations=1, errors=0, error_percent=0, p50_ms=1, p95_ms=1, max_ms=1)
-            return SmokeResult(passed=self.smoke_passes, reason="fake verdict", metrics=metrics)
+            verdicts = self.smoke_passes
+            passed = verdicts if isinstance(verdicts, bool) else verdicts[self.calls["smoke_test"] - 1]
+            return SmokeResult(passed=passed, reason="fake verdict", metrics=metrics)
+
+        @activity.defn(name="set_canary_traffic")
+        async def set_canary_traffic(request: CanaryStepInput) -> Release:
+            self._enter("set_canary_traffic")
+            self.traffic_steps.append(request.step)
+            return Release(release_id="r", namespace="default", name="rr", track="canary", version="1.0.0",
+                           spec_fingerprint="f", recipe_digest="d", recipe_dir="/x", endpoint="http://127.0.0.1:1",
+                           traffic_percent=self.steps[request.step - 1].weight)
 
         @activity.defn(name="promote_release")
         async def promote_release(request: ReleaseRef) -> Release:
@@ -118,7 +139,8 @@ class FakeActivities:
             self.removed.append(request.track)
             self._enter("remove_release")
 
-        return [record_phase, validate, pull_recipe, install_release, smoke_test, promote_release, remove_release]
+        return [record_phase, validate, pull_recipe, install_release, smoke_test, set_canary_traffic, promote_release,
+                remove_release]
 
 
 async def run_saga(address: str, namespace: str, fakes: FakeActivities, action: str = "deploy",
@@ -138,8 +160,11 @@ async def run_saga(address: str, namespace: str, fakes: FakeActivities, action: 
     saga = SagaInput(action=action, namespace="default", name="rr", commit=COMMIT,
                      fingerprint=FINGERPRINT if action == "deploy" else None,
                      version="1.0.0" if action == "deploy" else None, retry=FAST_RETRY)
-    unregister = saga_progress.register(namespace, queue, lambda update: fakes.phases.append(update.phase),
-                                        asyncio.get_running_loop()) if progress_sink else None
+    def sink(update: PhaseUpdate) -> None:
+        fakes.phases.append(update.phase)
+        fakes.updates.append(update)
+
+    unregister = saga_progress.register(namespace, queue, sink, asyncio.get_running_loop()) if progress_sink else None
     # Any exception fails the saga here: a bug (a call the sandbox refuses, say) ends the test at once
     # instead of retrying its workflow task until the test times out.
     async with Worker(client, task_queue=queue, workflows=[DeploySaga], activities=fakes.all(),
@@ -272,6 +297,37 @@ async def test_a_saga_recorded_before_progress_from_the_saga_replays(path: Path)
     for runner in (SAGA_RUNNER, SandboxedWorkflowRunner()):
         replayer = Replayer(workflows=[DeploySaga], workflow_runner=runner, data_converter=pydantic_data_converter)
         await replayer.replay_workflow(history)  # raises on any difference
+
+
+STEPS = [CanaryStepPlan(weight=5, pause_s=0), CanaryStepPlan(weight=25, pause_s=1.0), CanaryStepPlan(weight=50, pause_s=0)]
+
+
+async def test_a_stepped_canary_goes_through_each_step_then_promotes(temporal_address: str,
+                                                                    temporal_namespace: str) -> None:
+    fakes = FakeActivities(steps=STEPS)
+    started = time.monotonic()
+    result = await run_saga(temporal_address, temporal_namespace, fakes)
+    assert result.phase is Phase.READY
+    assert time.monotonic() - started >= 1.0, "step 2's pause is a timer the saga waits on"
+    assert fakes.calls["smoke_test"] == 3 and fakes.traffic_steps == [2, 3] and fakes.calls["promote_release"] == 1
+    canary = [(u.fields.get("canary_step"), u.fields.get("traffic_percent"), u.message) for u in fakes.updates
+              if u.phase is Phase.CANARY]
+    assert canary == [
+        (1, 5, "step 1/3: smoke-testing canary 1.0.0 with 5% of traffic"),
+        (2, 25, "step 2/3: smoke-testing canary 1.0.0 with 25% of traffic"),
+        (None, None, "step 2/3 passed at 25%; pausing 1s before step 3"),
+        (3, 50, "step 3/3: smoke-testing canary 1.0.0 with 50% of traffic"),
+    ]
+    ready = fakes.updates[-1]
+    assert ready.phase is Phase.READY and (ready.fields["canary_step"], ready.fields["canary_steps"]) == (None, None)
+
+
+async def test_a_failed_step_rolls_back_from_where_it_was(temporal_address: str, temporal_namespace: str) -> None:
+    fakes = FakeActivities(steps=STEPS, smoke_passes=[True, False, True])
+    result = await run_saga(temporal_address, temporal_namespace, fakes)
+    assert result.phase is Phase.ROLLED_BACK
+    assert result.reason == "step 2/3 at 25%: fake verdict"
+    assert fakes.traffic_steps == [2] and fakes.calls["promote_release"] == 0 and fakes.removed == ["canary"]
 
 
 async def test_failed_smoke_test_rolls_back(temporal_address: str, temporal_namespace: str) -> None:
