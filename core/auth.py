@@ -286,11 +286,21 @@ def required_scope(path: str) -> str | None:
     if path in ("/workflows", "/workflows/events") or path == "/v1/models" or path.startswith("/v1/models/"):
         return None
     if path in ("/metrics", "/calls", "/plan", "/plan/revisions") or (
-            path.startswith("/workflows/") and path.endswith(("/history", "/stats", "/rollouts"))):
+            path.startswith("/workflows/") and path.endswith(("/history", "/stats", "/rollouts"))) or (
+            rollout_path(path) == "state"):
         return READ
     if path.startswith("/internal/"):
         return INTERNAL
     return ADMIN
+
+
+def rollout_path(path: str) -> str | None:
+    """"state" for GET /workflows/NAME/rollout, "act" for POST /workflows/NAME/rollout/VERB, else None
+    (by segments: a workflow may be named `rollout`)."""
+    parts = path.split("/")
+    if len(parts) in (4, 5) and parts[0] == "" and parts[1] == "workflows" and parts[3] == "rollout" and parts[2]:
+        return "state" if len(parts) == 4 else "act"
+    return None
 
 
 def missing_scope_message(scope: str, what: str) -> str:

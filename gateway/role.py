@@ -5,7 +5,8 @@ The same app as plnt up's gateway (`create_app`, same auth, limits and exposure 
 - `GET /healthz` 503 until a first table arrived, then 200 with the table's version and the state
   of the control connection (a gateway that lost the control plane still serves: it stays 200);
 - every other request 503 (`Retry-After`) until the first table: no table is not "no workflow";
-- the control plane's own endpoints (`/hooks/git`, `/source`, history, rollouts, `/plan`,
+- the control plane's own endpoints (`/hooks/git`, `/source`, history, rollouts, a rollout's state
+  and actions, `/plan`,
   `/plan/revisions`) answered 404 naming it, or,
   in a gateway worker of `plnt up` (workers.py, `forward_control`), forwarded to the control plane
   together with `/internal/` (a `plnt gateway` following plnt up's public port may land on a worker).
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plnt.core import telemetry
-from plnt.core.auth import TokenSet, is_loopback_host
+from plnt.core.auth import TokenSet, is_loopback_host, rollout_path
 from plnt.core.limits import HttpLimits
 from plnt.core.server import GatewayServer
 from plnt.gateway.app import GatewayApp, create_app
@@ -64,7 +65,8 @@ class _RoleApp:
     @staticmethod
     def _control_path(method: str, path: str) -> bool:
         return (path in ("/hooks/git", "/source", "/plan", "/plan/revisions") or path.startswith("/hooks/")
-                or (path.startswith("/workflows/") and path.endswith(("/history", "/rollouts"))))
+                or (path.startswith("/workflows/") and path.endswith(("/history", "/rollouts")))
+                or rollout_path(path) is not None)
 
     def _known_caller(self, scope: dict[str, Any]) -> bool:
         tokens = self.app.gateway.tokens

@@ -49,6 +49,8 @@ from plnt.reconciler.saga.activities import SagaActivities
 from plnt.reconciler.saga.activities.base import HEARTBEAT_THROTTLE
 from plnt.reconciler.saga.commit_specs import CommitSpecs
 from plnt.reconciler.saga.history import NoSaga, saga_history, saga_rollouts
+from plnt.reconciler.saga.io import RolloutAction, RolloutTarget, RolloutVerb
+from plnt.reconciler.saga.rollout import NoRollout, RolloutActionRefused, act_on_rollout, rollout_state
 from plnt.reconciler.saga.temporal_server import TemporalDevServer, connect, connect_external
 from plnt.reconciler.saga.workflow import DeploySaga
 from plnt.reconciler.settings import Settings
@@ -448,6 +450,29 @@ def add_reconciler_routes(app: Any, reconciler: Reconciler, client: Client, *, s
             return [r.model_dump(mode="json") for r in await saga_rollouts(client, namespace, name, limit)]
         except NoSaga as exc:
             return JSONResponse({"error": {"type": "not_found", "message": str(exc)}}, status_code=404)
+
+    # A person's hand on a running rollout (saga/rollout.py): where it is (read), and pause, resume,
+    # promote, abort (admin), each naming the commit and spec fingerprint it was meant for.
+    @app.get("/workflows/{name}/rollout")
+    async def rollout(name: str, namespace: str = "default") -> Any:
+        try:
+            return (await rollout_state(client, namespace, name)).model_dump(mode="json")
+        except NoRollout as exc:
+            return JSONResponse({"error": {"type": "not_found", "message": str(exc)}}, status_code=404)
+
+    @app.post("/workflows/{name}/rollout/{verb}")
+    async def act(name: str, verb: RolloutVerb, body: RolloutTarget, namespace: str = "default") -> Any:
+        action = RolloutAction(verb=verb, **body.model_dump())
+        try:
+            message = await act_on_rollout(client, namespace, name, action)
+        except NoRollout as exc:
+            return JSONResponse({"error": {"type": "not_found", "message": str(exc)}}, status_code=404)
+        except RolloutActionRefused as exc:
+            return JSONResponse({"error": {"type": "refused", "message": str(exc)}}, status_code=409)
+        log.info("rollout-action workflowrun=%s/%s verb=%s by=%r commit=%s: %s", namespace, name, verb, action.by,
+                 action.commit[:12], message)
+        return {"message": message, "rollout": (await rollout_state(client, namespace, name)).model_dump(mode="json")
+                if verb in ("pause", "resume") else None}
 
     if source is not None:
         add_plan_routes(app, source, spec_limits)

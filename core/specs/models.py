@@ -139,22 +139,26 @@ class SmokeTest(SpecModel):
 
 _DURATION = re.compile(r"^([1-9][0-9]{0,5})(s|m|h)$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600}
+MANUAL = "manual"  # a pause that lasts until a person acts (plnt rollout)
 
 
 class CanaryStep(SpecModel):
     """One step of a stepped canary: the canary takes `weight`% of the traffic and its smoke test must
-    pass there; then the rollout waits `pause` (30s, 5m, 1h) before the next step."""
+    pass there; then the rollout waits `pause` (30s, 5m, 1h) before the next step, or with `manual`
+    until a person says `plnt rollout resume` (or promote, or abort)."""
 
     weight: int = Field(ge=0, le=100)
-    pause: str | None = Field(default=None, description="a duration: 30s, 5m or 2h (at most 24h)")
+    pause: str | None = Field(default=None, description=(
+        "a duration: 30s, 5m or 2h (at most 24h); or manual: until `plnt rollout resume|promote|abort`"))
 
     @field_validator("pause")
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
-        if value is not None:
+        if value is not None and value != MANUAL:
             found = _DURATION.match(value)
             if found is None:
-                raise ValueError(f"pause {value!r} is not a duration: write a whole number and s, m or h (30s, 5m, 2h)")
+                raise ValueError(f"pause {value!r} is not a duration: write a whole number and s, m or h (30s, 5m, "
+                                 f"2h), or {MANUAL} to wait for a person")
             if int(found[1]) * _UNIT_S[found[2]] > 86_400:
                 raise ValueError(f"pause {value!r} is longer than 24h")
         return value
@@ -163,6 +167,10 @@ class CanaryStep(SpecModel):
     def pause_s(self) -> float:
         found = _DURATION.match(self.pause or "")
         return float(int(found[1]) * _UNIT_S[found[2]]) if found else 0.0
+
+    @property
+    def manual(self) -> bool:
+        return self.pause == MANUAL
 
 
 class _SteppedCanary(SpecModel):

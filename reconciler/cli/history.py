@@ -53,3 +53,6 @@ def history(
         duration = f"{step['duration_ms']:.0f} ms" if step["duration_ms"] is not None else "-"
         line = f"{step['step']:<18} {str(step['started_at'] or '-')[:26]:<26} {duration:>10} {step['attempts']:>8}  {step['outcome']}"
         typer.echo(line + (f": {step['error']}" if step.get("error") else ""))
+    for action in data.get("actions") or []:
+        reason = f": {action['reason']}" if action.get("reason") else ""
+        typer.echo(f"{action['verb']} by {action.get('by') or 'someone'} at {str(action.get('at') or '-')[:26]}{reason}")

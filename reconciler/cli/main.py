@@ -23,6 +23,7 @@ COMMANDS = {
     "status": _here("status", "Each WorkflowRun's phase, version, canary share, endpoint, commit and message."),
     "history": _here("history", (
         "The newest saga's steps for a WorkflowRun: start, duration, attempts, outcome (from Temporal's history).")),
+    "rollout": _here("rollout", "A running rollout: show, pause, resume, promote or abort it (admin scope for actions)."),
     "bench": _here("bench", (
         "Load a deployed workflow through the gateway: latency p50/p95/p99, error rate, throughput,\n"
         "step-cache hit rate, and with --stream TTFT and TPOT.")),

@@ -42,6 +42,15 @@ class SagaStep(BaseModel):
     detail: dict[str, Any] | None = None
 
 
+class PersonAction(BaseModel):
+    """A person's action the saga accepted (the `act` update): pause, resume, promote or abort."""
+
+    at: datetime | None
+    verb: str
+    by: str = ""
+    reason: str = ""
+
+
 class SagaHistory(BaseModel):
     workflow_id: str
     run_id: str
@@ -58,6 +67,8 @@ class SagaHistory(BaseModel):
     reason: str | None = None
     smoke: dict[str, Any] | None = None  # {passed, reason, metrics} of smoke_test
     budget: dict[str, Any] | None = None  # the spec's canary.smokeTest (camelCase), from validate
+    actions: list[PersonAction] = []  # what people did to the rollout (plnt rollout), as its history recorded
+
 
 
 class SagaRollout(BaseModel):
@@ -147,6 +158,7 @@ async def saga_history(client: Client, namespace: str, name: str, run_id: str | 
         raise NoSaga(f"{which} for {namespace}/{name}" + (" does not exist" if run_id else "")) from exc
 
     scheduled: dict[int, dict[str, Any]] = {}
+    actions: list[PersonAction] = []
     saga_input: Any = None
     outcome: Any = None
     for event in history.events:
@@ -155,6 +167,13 @@ async def saga_history(client: Client, namespace: str, name: str, run_id: str | 
             saga_input = await _decode(client, event.workflow_execution_started_event_attributes.input)
         elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
             outcome = await _decode(client, event.workflow_execution_completed_event_attributes.result)
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED:
+            request = event.workflow_execution_update_accepted_event_attributes.accepted_request
+            if request.input.name == "act":
+                args = await _decode(client, request.input.args)
+                if isinstance(args, dict):
+                    actions.append(PersonAction(at=event.event_time.ToDatetime(), verb=_text(args.get("verb")) or "?",
+                                                by=_text(args.get("by")) or "", reason=_text(args.get("reason")) or ""))
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = event.activity_task_scheduled_event_attributes
             scheduled[event.event_id] = {"step": attrs.activity_type.name, "scheduled": event.event_time.ToDatetime(),
@@ -203,7 +222,7 @@ async def saga_history(client: Client, namespace: str, name: str, run_id: str | 
         signer=_text(pulled.get("signer")) or None if isinstance(pulled, dict) else None,
         phase=_text(result.get("phase")) if result else None, reason=_text(result.get("reason")) if result else None,
         smoke=step_detail("smoke_test", smoke) if isinstance(smoke, dict) else None,
-        budget=budget if isinstance(budget, dict) else None,
+        budget=budget if isinstance(budget, dict) else None, actions=actions,
     )
 
 

@@ -106,6 +106,43 @@ class ValidateInput(_Io):
 class CanaryStepPlan(_Io):
     weight: int     # the canary's share of the traffic at this step
     pause_s: float  # then a wait (a durable timer) before the next step
+    manual: bool = False  # or a wait until a person resumes, promotes or aborts (plnt rollout)
+
+
+RolloutVerb = Literal["pause", "resume", "promote", "abort"]
+
+
+class RolloutTarget(_Io):
+    """The rollout an action is meant for (as GET /workflows/NAME/rollout showed it), and who acts."""
+
+    commit: str = Field(pattern=COMMIT_PATTERN)
+    fingerprint: str = Field(pattern=FINGERPRINT_PATTERN)
+    by: str = Field(default="", max_length=200, description="who, as the caller says (the token is what is checked)")
+    reason: str = Field(default="", max_length=500)
+
+
+class RolloutAction(RolloutTarget):
+    """A person's action on a running rollout (`plnt rollout VERB NAME`, the UI, POST
+    /workflows/NAME/rollout/VERB), sent to its saga as a Temporal update: recorded in the saga's
+    history. The saga refuses it when the commit or the spec's fingerprint is not its own: an action
+    seen on an older rollout must not act on a newer one."""
+
+    verb: RolloutVerb
+
+
+class RolloutState(_Io):
+    """A running rollout as its saga sees it (the saga's `rollout` query): what an action must name."""
+
+    commit: str
+    fingerprint: str | None
+    version: str | None
+    step: str  # the saga's step under way (validate, smoke_test, ...)
+    canary_step: int | None = None  # 1-based, once the canary is installed
+    canary_steps: int | None = None
+    paused_by: str | None = None  # held by a person's pause
+    waiting_for_person: bool = False  # at a `pause: manual` step
+    decision: str | None = None  # "promote" or "abort" once a person decided
+    actions: list[str] = []  # what was done, in order: "pause by NAME: reason"
 
 
 class ValidatedSpec(_Io):

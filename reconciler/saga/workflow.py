@@ -4,8 +4,13 @@
 
 A stepped canary (canary.steps) goes through its steps between the install and the promotion: at
 each, the canary's share (set_canary_traffic, from the second step on), its smoke test, then its
-pause as a durable timer; a failed step rolls back. Kill-safe at every step: Temporal replays the
-steps done and resumes the one under way.
+pause as a durable timer (or, `pause: manual`, until a person resumes); a failed step rolls back.
+Kill-safe at every step: Temporal replays the steps done and resumes the one under way.
+
+A person acts on a running rollout through the `act` update (plnt rollout pause|resume|promote|abort,
+recorded in the history): pause holds it before its next step; resume ends a hold or a pause;
+promote and abort interrupt whatever the canary is doing (a smoke test, a pause) and promote it or
+roll it back. An action that names another commit or spec fingerprint than the saga's is refused.
 
 `run()` owns compensation and the final status; `_deploy()` holds the business steps. Whatever
 happens the saga ends with a status (Ready, RolledBack or Failed) and a reason: compensation
@@ -33,12 +38,15 @@ with workflow.unsafe.imports_passed_through():
     from plnt.reconciler.errors import NON_RETRYABLE_ERROR_TYPES, UntrustedSagaInput
     from plnt.reconciler.saga.io import (
         CanaryStepInput,
+        CanaryStepPlan,
         InstallInput,
         PhaseUpdate,
         PulledRecipeInfo,
         PullInput,
         Release,
         ReleaseRef,
+        RolloutAction,
+        RolloutState,
         SagaInput,
         SagaResult,
         SmokeInput,
@@ -72,10 +80,68 @@ class DeploySaga:
     def __init__(self) -> None:
         self._step = "starting"
         self._validated = False  # until then a refusal writes no status: the input may be forged
+        self._saga: SagaInput | None = None
+        # What people did (the `act` update) and where the canary is.
+        self._canary_at: tuple[int, int] | None = None  # (step, steps) once the canary takes traffic
+        self._paused_by: str | None = None
+        self._waiting: str | None = None  # "manual" or "timed" during a step's pause
+        self._resumes = 0
+        self._decision: RolloutAction | None = None  # promote or abort
+        self._settled = False  # promoting or rolling back: no action any more
+        self._actions: list[str] = []
 
     @workflow.query
     def step(self) -> str:
         return self._step
+
+    @workflow.query
+    def rollout(self) -> RolloutState:
+        saga = self._saga
+        assert saga is not None
+        at = self._canary_at or (None, None)
+        return RolloutState(commit=saga.commit, fingerprint=saga.fingerprint, version=saga.version, step=self._step,
+                            canary_step=at[0], canary_steps=at[1], paused_by=self._paused_by,
+                            waiting_for_person=self._waiting == "manual",
+                            decision=self._decision.verb if self._decision else None, actions=list(self._actions))
+
+    @workflow.update
+    async def act(self, action: RolloutAction) -> str:
+        who = action.by or "someone"
+        self._actions.append(f"{action.verb} by {who}" + (f": {action.reason}" if action.reason else ""))
+        if action.verb == "pause":
+            self._paused_by = who
+            return f"paused: the rollout holds before its next step until resume, promote or abort ({self._where()})"
+        if action.verb == "resume":
+            self._paused_by = None
+            self._resumes += 1
+            return f"resumed ({self._where()})"
+        self._decision = action
+        if action.verb == "promote":
+            return f"promoting {self._saga.version if self._saga else ''} now, skipping what is left of its steps"
+        return "aborting: the canary is removed and the rollout ends RolledBack; it stays so until a new commit"
+
+    @act.validator
+    def _may_act(self, action: RolloutAction) -> None:
+        saga = self._saga
+        if saga is None or saga.action != "deploy" or not self._validated:
+            raise _action_refused("this saga has no rollout to act on yet (it has not validated its commit)")
+        if action.commit != saga.commit or action.fingerprint != saga.fingerprint:
+            raise _action_refused(
+                f"this rollout is commit {saga.commit[:12]} ({saga.version}, spec {saga.fingerprint}); the action "
+                f"names commit {action.commit[:12]} (spec {action.fingerprint}): look again (plnt status) and act "
+                "on the rollout under way")
+        if self._settled or self._decision is not None:
+            decided = self._decision.verb if self._decision else "finishing"
+            raise _action_refused(f"the rollout is already {_ING.get(decided, decided)}")
+        if action.verb == "pause" and self._paused_by is not None:
+            raise _action_refused(f"already paused by {self._paused_by}")
+        if action.verb == "resume" and self._paused_by is None and self._waiting is None:
+            raise _action_refused(f"nothing to resume: the rollout is not paused ({self._where()})")
+
+    def _where(self) -> str:
+        if self._canary_at is None:
+            return f"{self._step} (before its canary took traffic)"
+        return f"step {self._canary_at[0]}/{self._canary_at[1]}"
 
     @workflow.run
     async def run(self, raw: RawValue) -> SagaResult:
@@ -88,6 +154,7 @@ class DeploySaga:
                            f"backend or trust policy): {_first_line(exc)}") from None
         if workflow.info().workflow_id != saga.workflow_id:
             raise _refusal(f"a saga for {saga.key} runs as workflow {saga.workflow_id}, not {workflow.info().workflow_id}")
+        self._saga = saga
         if saga.action == "uninstall":
             return await self._uninstall(saga)
         try:
@@ -100,6 +167,7 @@ class DeploySaga:
         # is compensated and fails like any other.)
         # Compensation runs even when the saga was cancelled: shield it from the cancellation.
         # Removing a canary that was never installed is a no-op, so no bookkeeping is needed.
+        self._settled = True
         await asyncio.shield(asyncio.ensure_future(self._remove_canary(saga)))
         await asyncio.shield(asyncio.ensure_future(self._phase(saga, Phase.FAILED, reason, {
             "last_error": reason, "canary_version": None, "traffic_percent": 0, **_NO_STEP,
@@ -125,16 +193,24 @@ class DeploySaga:
         await self._call("install_release", InstallInput(saga=ref, track="canary", recipe_digest=pulled.digest),
                          Release, saga)
         steps = valid.canary_steps
-        if len(steps) > 1 or any(step.pause_s for step in steps):
+        if len(steps) > 1 or any(step.pause_s or step.manual for step in steps):
             smoke, failed = await self._through_steps(saga, valid)
         else:  # one step, no pause: the saga as it always was (histories recorded before steps replay so)
-            await self._phase(saga, Phase.CANARY, f"smoke-testing canary {saga.version} with {percent}% of traffic", {
-                "canary_version": saga.version, "traffic_percent": percent,
-                "smoke_budget": (valid.spec.get("canary") or {}).get("smokeTest"),  # shown beside the numbers
-            })
-            smoke = await self._call("smoke_test", SmokeInput(saga=ref), SmokeResult, saga)
-            failed = None if smoke.passed else smoke.reason
-        smoke_record = smoke.model_dump(mode="json")
+            self._canary_at = (1, 1)
+            if self._decision is None:
+                await self._phase(saga, Phase.CANARY, f"smoke-testing canary {saga.version} with {percent}% of traffic", {
+                    "canary_version": saga.version, "traffic_percent": percent,
+                    "smoke_budget": (valid.spec.get("canary") or {}).get("smokeTest"),  # shown beside the numbers
+                })
+            smoke = await self._smoke(saga)
+            if smoke is None:  # a person promoted or aborted it
+                failed = self._aborted()
+            elif not smoke.passed:
+                failed = smoke.reason
+            else:
+                failed = await self._held(saga, "the canary passed", "the promotion")
+        self._settled = True
+        smoke_record = smoke.model_dump(mode="json") if smoke is not None else None
         if failed is not None:
             await self._remove_canary(saga)
             await self._phase(saga, Phase.ROLLED_BACK, failed, {
@@ -144,7 +220,7 @@ class DeploySaga:
             return SagaResult(phase=Phase.ROLLED_BACK, reason=failed, version=saga.version)
 
         stable = await self._call("promote_release", ReleaseRef(saga=ref), Release, saga)
-        message = f"{saga.version} promoted; {smoke.reason}"
+        message = f"{saga.version} promoted; {self._promoted_because(smoke)}"
         await self._phase(saga, Phase.READY, message, {
             "version": saga.version, "endpoint": stable.endpoint, "canary_version": None, "traffic_percent": 0,
             "smoke_test": smoke_record, "last_error": None, "deployed_spec": valid.spec,
@@ -152,30 +228,98 @@ class DeploySaga:
         })
         return SagaResult(phase=Phase.READY, reason=message, version=saga.version)
 
-    async def _through_steps(self, saga: SagaInput, valid: ValidatedSpec) -> tuple[SmokeResult, str | None]:
+    async def _through_steps(self, saga: SagaInput, valid: ValidatedSpec) -> tuple[SmokeResult | None, str | None]:
         """Each step of a stepped canary: its share, its smoke test, its pause. Returns the last smoke
-        test, and why a step failed (None when every step passed)."""
+        test, and why the rollout rolls back (None: promote it)."""
         ref, version, steps = saga.ref(), saga.version, valid.canary_steps
         budget = (valid.spec.get("canary") or {}).get("smokeTest")
         n = len(steps)
         smoke: SmokeResult | None = None
         for i, step in enumerate(steps, 1):
+            place = f"step {i}/{n}"
+            if self._decision is not None:
+                return smoke, self._aborted()
             if i > 1:
                 await self._call("set_canary_traffic", CanaryStepInput(saga=ref, step=i), Release, saga)
-            place = f"step {i}/{n}"
+            self._canary_at = (i, n)
             await self._phase(saga, Phase.CANARY, f"{place}: smoke-testing canary {version} with {step.weight}% of "
                               "traffic", {"canary_version": version, "traffic_percent": step.weight, "canary_step": i,
                                           "canary_steps": n, "smoke_budget": budget, "smoke_progress": None})
-            smoke = await self._call("smoke_test", SmokeInput(saga=ref), SmokeResult, saga)
+            tested = await self._smoke(saga)
+            if tested is None:  # a person promoted or aborted it mid-test
+                return smoke, self._aborted()
+            smoke = tested
             if not smoke.passed:
                 return smoke, f"{place} at {step.weight}%: {smoke.reason}"
-            if step.pause_s:
-                after = f"step {i + 1}" if i < n else "the promotion"
-                await self._phase(saga, Phase.CANARY, f"{place} passed at {step.weight}%; pausing "
-                                  f"{_duration(step.pause_s)} before {after}", {"smoke_test": smoke.model_dump(mode="json")})
-                await workflow.sleep(timedelta(seconds=step.pause_s))
-        assert smoke is not None  # validate gives at least one step
+            after = f"step {i + 1}" if i < n else "the promotion"
+            failed = await self._pause(saga, step, f"{place} passed at {step.weight}%", after, smoke)
+            if failed is None:
+                failed = await self._held(saga, f"{place} passed at {step.weight}%", after)
+            if failed is not None or self._decision is not None:
+                return smoke, failed
         return smoke, None
+
+    async def _smoke(self, saga: SagaInput) -> SmokeResult | None:
+        """The smoke test, cancelled if a person promotes or aborts meanwhile (then None)."""
+        if self._decision is not None:
+            return None
+        test = asyncio.ensure_future(self._call("smoke_test", SmokeInput(saga=saga.ref()), SmokeResult, saga))
+        await workflow.wait_condition(lambda: test.done() or self._decision is not None)
+        if test.done():
+            return test.result()
+        test.cancel()
+        try:
+            await test
+        except (ActivityError, CancelledError, asyncio.CancelledError):
+            pass
+        return None
+
+    async def _pause(self, saga: SagaInput, step: CanaryStepPlan, passed: str, after: str,
+                     smoke: SmokeResult) -> str | None:
+        """A step's pause: a durable timer, or until a person resumes. A promotion or an abort ends it."""
+        if not (step.pause_s or step.manual) or self._decision is not None:
+            return self._aborted()
+        resumes = self._resumes
+        if step.manual:
+            self._waiting = "manual"
+            await self._phase(saga, Phase.CANARY, f"{passed}; waiting for a person before {after}: plnt rollout "
+                              f"resume {saga.run_name} (or promote, abort)", {"smoke_test": smoke.model_dump(mode="json")})
+            await workflow.wait_condition(lambda: self._resumes > resumes or self._decision is not None)
+        else:
+            self._waiting = "timed"
+            await self._phase(saga, Phase.CANARY, f"{passed}; pausing {_duration(step.pause_s)} before {after}",
+                              {"smoke_test": smoke.model_dump(mode="json")})
+            try:
+                await workflow.wait_condition(lambda: self._resumes > resumes or self._decision is not None,
+                                              timeout=timedelta(seconds=step.pause_s))
+            except TimeoutError:
+                pass
+        self._waiting = None
+        return self._aborted()
+
+    async def _held(self, saga: SagaInput, passed: str, after: str) -> str | None:
+        """While a person's pause holds, wait before `after`. Returns why to roll back (an abort), or None."""
+        if self._paused_by is not None and self._decision is None:
+            await self._phase(saga, Phase.CANARY, f"{passed}; paused by {self._paused_by} before {after}: plnt "
+                              f"rollout resume {saga.run_name} (or promote, abort)", {})
+            await workflow.wait_condition(lambda: self._paused_by is None or self._decision is not None)
+        return self._aborted()
+
+    def _aborted(self) -> str | None:
+        """Why the rollout rolls back when a person aborted it (None: no abort)."""
+        decision = self._decision
+        if decision is None or decision.verb != "abort":
+            return None
+        why = f": {decision.reason}" if decision.reason else ""
+        return f"aborted by {decision.by or 'someone'} at {self._where()}{why}"
+
+    def _promoted_because(self, smoke: SmokeResult | None) -> str:
+        decision = self._decision
+        if decision is not None and decision.verb == "promote":
+            why = f": {decision.reason}" if decision.reason else ""
+            return f"promoted by {decision.by or 'someone'} at {self._where()}, skipping what was left of its steps{why}"
+        assert smoke is not None
+        return smoke.reason
 
     async def _uninstall(self, saga: SagaInput) -> SagaResult:
         ref = saga.ref()
@@ -255,6 +399,14 @@ def _untrusted(exc: BaseException) -> bool:
     while isinstance(cause, ActivityError) and cause.cause is not None:
         cause = cause.cause
     return isinstance(cause, ApplicationError) and cause.type == UntrustedSagaInput.__name__
+
+
+_ING = {"promote": "promoting", "abort": "aborting"}
+
+
+def _action_refused(message: str) -> ApplicationError:
+    """An update validator's refusal: the action is not recorded, the caller gets why."""
+    return ApplicationError(f"refused: {message}", type="RolloutActionRefused", non_retryable=True)
 
 
 def _refusal(message: str) -> ApplicationError:

@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from plnt.reconciler.state import StateDir
 from plnt.reconciler.status_store import StatusStore
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError, WorkflowHistory
+from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -72,9 +73,10 @@ class FakeActivities:
     """Fake activities: record calls; `fail` maps an activity name to the error it raises."""
 
     def __init__(self, fail: dict[str, Exception] | None = None, smoke_passes: bool | list[bool] = True,
-                 steps: list[CanaryStepPlan] | None = None) -> None:
+                 steps: list[CanaryStepPlan] | None = None, smoke_s: float = 0.0) -> None:
         """smoke_passes: one verdict for every smoke test, or one per smoke test in turn; steps: the
-        canary steps validate reads (a stepped canary), none: the one-step form."""
+        canary steps validate reads (a stepped canary), none: the one-step form; smoke_s: how long
+        each smoke test takes (heartbeating, so it can be cancelled)."""
         self.calls: Counter[str] = Counter()
         self.phases: list[Phase | None] = []
         self.updates: list[PhaseUpdate] = []  # progress and outcomes, with their messages
@@ -83,6 +85,8 @@ class FakeActivities:
         self.fail = fail or {}
         self.smoke_passes = smoke_passes
         self.steps = steps or []
+        self.smoke_s = smoke_s
+        self.smoke_cancelled = 0
 
     def _enter(self, name: str) -> None:
         self.calls[name] += 1
@@ -115,6 +119,14 @@ class FakeActivities:
         @activity.defn(name="smoke_test")
         async def smoke_test(request: Any) -> SmokeResult:
             self._enter("smoke_test")
+            until = time.monotonic() + self.smoke_s
+            try:
+                while time.monotonic() < until:
+                    activity.heartbeat()
+                    await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                self.smoke_cancelled += 1
+                raise
             metrics = SmokeMetrics(invocations=1, errors=0, error_percent=0, p50_ms=1, p95_ms=1, max_ms=1)
             verdicts = self.smoke_passes
             passed = verdicts if isinstance(verdicts, bool) else verdicts[self.calls["smoke_test"] - 1]
@@ -146,14 +158,15 @@ class FakeActivities:
 async def run_saga(address: str, namespace: str, fakes: FakeActivities, action: str = "deploy",
                    raw: dict[str, Any] | None = None, workflow_id: str | None = None,
                    runner: WorkflowRunner | None = None, histories: list[Any] | None = None,
-                   progress_sink: bool = True) -> SagaResult:
+                   progress_sink: bool = True,
+                   meanwhile: Callable[[WorkflowHandle[Any, SagaResult]], Awaitable[None]] | None = None) -> SagaResult:
     """Runs DeploySaga on a fresh task queue; `raw` replaces the input with any JSON (a forged one).
 
     In Temporal's sandbox unless `runner` says otherwise: plnt's own workers run the saga without it
     (SAGA_RUNNER), so these tests are where a non-deterministic call in the saga is caught. The saga's
     history is appended to `histories` when given. Its progress statuses go to `fakes.phases` beside
     its outcomes (record_phase), as plnt's PhaseRecorder takes both; `progress_sink=False` registers
-    no sink.
+    no sink. `meanwhile(handle)` runs while the saga runs (a person's actions on it).
     """
     client = await connect(address, namespace, data_converter=pydantic_data_converter)
     queue = f"q-{uuid.uuid4().hex}"
@@ -173,6 +186,8 @@ async def run_saga(address: str, namespace: str, fakes: FakeActivities, action: 
                                              id=workflow_id or saga.workflow_id,
                                              task_queue=queue, result_type=SagaResult)
         try:
+            if meanwhile is not None:
+                await meanwhile(handle)
             return await handle.result()
         finally:
             if histories is not None:
