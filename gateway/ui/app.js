@@ -1,7 +1,8 @@
 // plnt's web UI: four views behind hash routes, built with DOM calls only (text goes in through
 // textContent, never innerHTML). Data comes from the gateway's API with the user's bearer token.
 //   #/workflows                     every WorkflowRun and ModelDeployment, live (SSE)
-//   #/rollouts, #/rollout/NS/NAME[/RUN]   one rollout's timeline and the past rollouts
+//   #/rollouts, #/rollout/NS/NAME[/RUN]   one rollout's timeline and the past rollouts; pause,
+//                                         resume, promote or abort the one under way
 //   #/playground[/NS/NAME]          invoke or chat, streamed; the invocation log
 //   #/plan                          the plan between two revisions, as the PR comment shows it
 
@@ -380,6 +381,85 @@ function timeline(history, row, isLatest) {
       step("promote_release") ? stepLine(step("promote_release")) : step("remove_release") ? stepLine(step("remove_release")) : null));
 }
 
+// A person's hand on the rollout under way: GET /workflows/NAME/rollout says where it is; each button
+// POSTs /workflows/NAME/rollout/VERB naming that commit and spec fingerprint (admin scope), so an
+// action meant for this rollout never lands on a newer one (the saga refuses it: 409).
+const VERBS = [
+  ["pause", "Pause", "Hold before the next step until resume, promote or abort"],
+  ["resume", "Resume", "End a pause (a person's, a manual step's, or the rest of a timed one)"],
+  ["promote", "Promote now", "Promote the canary now, skipping what is left of its steps"],
+  ["abort", "Abort", "Roll the canary back now; it stays rolled back until a new commit"],
+];
+
+function rolloutControls(namespace, name, reload) {
+  const q = `namespace=${encodeURIComponent(namespace)}`;
+  const where = h("p", { id: "rollout-state", text: "Reading the rollout…" });
+  const answer = h("p", { id: "rollout-answer", class: "small", role: "status", "aria-live": "polite" });
+  const reason = h("input", { id: "rollout-reason", type: "text", maxlength: "500", placeholder: "why (recorded with the action)" });
+  const buttons = VERBS.map(([verb, label, title]) => h("button", { type: "button", "data-verb": verb, title, disabled: true, text: label }));
+  const box = h("section", { class: "card", id: "rollout-controls", "aria-labelledby": "rc-title" },
+    h("h2", { id: "rc-title", text: "Rollout under way" }), where,
+    h("label", { for: "rollout-reason", class: "small" }, "Reason "), reason,
+    h("div", { class: "buttons" }, buttons), answer);
+  let current = null;
+
+  async function read() {
+    try {
+      current = await getJSON(`/workflows/${encodeURIComponent(name)}/rollout?${q}`);
+    } catch (err) {
+      current = null;
+      where.replaceChildren(err.kind === "not_found" ? h("span", { class: "muted", text: err.message }) : problem(err, "the rollout"));
+      buttons.forEach((b) => { b.disabled = true; });
+      return;
+    }
+    const at = current.canary_step ? `step ${current.canary_step}/${current.canary_steps}` : `${current.step} (no traffic yet)`;
+    const held = current.paused_by ? ` · paused by ${current.paused_by}` : current.waiting_for_person ? " · waiting for a person" : "";
+    where.replaceChildren(h("span", { text: `${current.version || "?"} at ` }), h("code", { title: current.commit, text: short(current.commit) }),
+      h("span", { text: ` · ${at}${held}${current.decision ? ` · ${current.decision} decided` : ""}` }));
+    const enabled = {
+      pause: !current.paused_by && !current.decision,
+      resume: Boolean(current.paused_by || current.waiting_for_person) && !current.decision,
+      promote: !current.decision,
+      abort: !current.decision,
+    };
+    buttons.forEach((b) => { b.disabled = !enabled[b.dataset.verb]; });
+  }
+
+  async function act(verb) {
+    if (!current) return;
+    if ((verb === "promote" || verb === "abort") && !window.confirm(`${verb === "promote" ? "Promote" : "Abort"} ${current.version} (commit ${short(current.commit)}) now?`)) return;
+    buttons.forEach((b) => { b.disabled = true; });
+    try {
+      const response = await request(`/workflows/${encodeURIComponent(name)}/rollout/${verb}?${q}`, {
+        method: "POST", headers: { "content-type": "application/json" },
+        body: JSON.stringify({ commit: current.commit, fingerprint: current.fingerprint, by: "web UI", reason: reason.value }),
+      });
+      const done = await response.json();
+      answer.className = "small ok";
+      answer.textContent = done.message;
+      reason.value = "";
+    } catch (err) {
+      answer.className = "small reason";
+      answer.textContent = err.kind === "forbidden" ? `${err.message} (actions need a token with the admin scope)` : err.message;
+    }
+    await read();
+    reload();
+  }
+
+  buttons.forEach((b) => b.addEventListener("click", () => act(b.dataset.verb)));
+  read();
+  return { box, read };
+}
+
+function peopleActions(history) {
+  const actions = history.actions || [];
+  if (!actions.length) return null;
+  return h("section", { class: "card", id: "people-actions", "aria-labelledby": "pa-title" },
+    h("h2", { id: "pa-title", text: "What people did" }),
+    h("ul", {}, actions.map((a) => h("li", { "data-verb": a.verb },
+      h("strong", { text: a.verb }), ` by ${a.by || "someone"} · ${when(a.at)}`, a.reason ? h("span", { class: "muted", text: ` · ${a.reason}` }) : null))));
+}
+
 function stepsTable(history) {
   const steps = history.steps || [];
   if (!steps.length) return h("p", { class: "muted", text: "No steps recorded yet." });
@@ -462,6 +542,15 @@ function rolloutView(container, rest) {
     })));
   }
 
+  // One controls box per view, kept across redraws (every 2 s while the saga runs): a reason being
+  // typed stays; each redraw reads the rollout again.
+  let controls = null;
+  function controlsBox() {
+    if (!controls) controls = rolloutControls(namespace, name, load);
+    else controls.read();
+    return controls.box;
+  }
+
   function drawHistory(history) {
     if (history instanceof ApiError) {
       if (history.kind === "not_found") {
@@ -475,7 +564,9 @@ function rolloutView(container, rest) {
     body.replaceChildren(
       h("p", { class: "muted small" }, `saga ${history.workflow_id || ""} · run ${history.run_id || ""} · started ${when(history.started_at)}`,
         history.closed_at ? ` · closed ${when(history.closed_at)}` : " · running"),
+      isLatest && history.status === "RUNNING" ? controlsBox() : null,
       timeline(history, row, isLatest),
+      peopleActions(history),
       h("details", {}, h("summary", { text: "All steps" }), stepsTable(history)));
   }
 
