@@ -218,9 +218,11 @@ def options_of(command: tuple) -> frozenset:
 
 
 def command_key(words: str) -> list:
-    """`up/reconcile ...` -> [("up",), ("reconcile",)]; `recipe pack ...` -> [("recipe", "pack")]."""
+    """`up/reconcile ...` -> [("up",), ("reconcile",)]; `recipe pack ...` -> [("recipe", "pack")];
+    `rollout pause\\|resume ...` -> [("rollout", "pause")] (the commands of a group share their options)."""
     m = re.match(r"([a-z/]+)(?:\s+([a-z]+))?", words)
-    return [(name, m.group(2)) if name in ("recipe", "model") and m.group(2) else (name,) for name in m.group(1).split("/")]
+    return [(name, m.group(2)) if name in ("recipe", "model", "rollout") and m.group(2) else (name,)
+            for name in m.group(1).split("/")]
 
 
 def option_words(text: str) -> list:

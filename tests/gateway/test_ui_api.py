@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from plnt.core.auth import READ, required_scope
+from plnt.core.auth import READ, required_scope, rollout_path
 from plnt.core.routes import BadTrack, RouteTable, forced_track
 from plnt.gateway.calls import CallLog, CallsHub, call_json
 from plnt.gateway.router import Router
@@ -117,6 +117,12 @@ def test_scopes_of_the_ui_paths() -> None:
     for path in ("/calls", "/plan", "/plan/revisions", "/workflows/x/rollouts", "/workflows/x/history"):
         assert required_scope(path) == READ, path
     assert required_scope("/plan/other") == "admin"
+    # A rollout: looking needs read, acting admin; a workflow named `rollout` is not one.
+    assert required_scope("/workflows/x/rollout") == READ
+    for path in ("/workflows/x/rollout/pause", "/workflows/x/rollout/abort", "/workflows/x/rollout/anything"):
+        assert required_scope(path) == "admin", path
+    assert rollout_path("/workflows/rollout/invoke") is None and rollout_path("/workflows//rollout") is None
+    assert rollout_path("/workflows/x/rollout/pause/more") is None
 
 
 async def test_calls_log_the_newest_first_without_bodies(start_server: StartServer,
