@@ -12,13 +12,17 @@ from typing import Any
 
 import pytest
 from plnt.core.status import Phase
+from plnt.reconciler.app import SAGA_RUNNER
 from plnt.reconciler.saga.history import saga_history
 from plnt.reconciler.saga.io import CanaryStepPlan, RolloutAction, RolloutState, SagaResult
 from plnt.reconciler.saga.rollout import NoRollout, RolloutActionRefused, act_on_rollout, rollout_state
 from plnt.reconciler.saga.temporal_server import connect
+from plnt.reconciler.saga.workflow import DeploySaga
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from tests.reconciler.saga.test_saga import COMMIT, FINGERPRINT, FakeActivities, run_saga
 
@@ -76,10 +80,16 @@ async def test_a_manual_pause_waits_for_a_person_and_resume_goes_on(temporal_add
         seen.append(await act_on_rollout(client, "default", "rr", action("resume", reason="looks good")))
         seen.append(await accepted_actions(handle))
 
-    result = await run_saga(temporal_address, temporal_namespace, fakes, meanwhile=person)
+    histories: list[Any] = []
+    result = await run_saga(temporal_address, temporal_namespace, fakes, meanwhile=person, histories=histories)
     assert result.phase is Phase.READY, result
     assert fakes.traffic_steps == [2] and fakes.calls["promote_release"] == 1
     assert seen[0] == "resumed (step 1/2)"
+    # A worker that restarts (plnt killed while the saga waited for a person) replays the history with
+    # the action in it, command for command, under plnt's runner and in the sandbox.
+    for runner in (SAGA_RUNNER, SandboxedWorkflowRunner()):
+        replayer = Replayer(workflows=[DeploySaga], workflow_runner=runner, data_converter=pydantic_data_converter)
+        await replayer.replay_workflow(histories[0])
     assert seen[1] == ["act"], "only the accepted action is in the history"
     assert "step 1/2 passed at 5%; waiting for a person before step 2: plnt rollout resume rr (or promote, abort)" \
         in messages(fakes)
