@@ -113,34 +113,25 @@ def show(name: Name, namespace: Namespace = "default", url: Url = "http://127.0.
     _show(name, namespace, url, secret(token, token_file, "--token"), as_json)
 
 
-@app.command("pause")
-def pause(name: Name, namespace: Namespace = "default", url: Url = "http://127.0.0.1:8000", commit: Commit = None,
-          reason: Reason = "", by: By = None, as_json: Json = False, token: Token = None,
-          token_file: TokenFile = None) -> None:
-    """Hold the rollout before its next step (or its promotion) until resume, promote or abort.
-    A step's smoke test under way finishes, and a failing one still rolls back."""
-    _act("pause", name, namespace, url, token, token_file, commit, reason, by, as_json)
+_VERBS = {
+    "pause": "Hold the rollout before its next step (or its promotion) until resume, promote or abort.\n"
+             "A step's smoke test under way finishes, and a failing one still rolls back.",
+    "resume": "End a pause: a person's, a `pause: manual` step's, or what is left of a timed one.",
+    "promote": "Promote the canary now, skipping what is left of its steps, smoke tests and pauses.",
+    "abort": "Roll the canary back now. The rollout ends RolledBack and stays so until a new commit changes it.",
+}
 
 
-@app.command("resume")
-def resume(name: Name, namespace: Namespace = "default", url: Url = "http://127.0.0.1:8000", commit: Commit = None,
-           reason: Reason = "", by: By = None, as_json: Json = False, token: Token = None,
-           token_file: TokenFile = None) -> None:
-    """End a pause: a person's, a `pause: manual` step's, or what is left of a timed one."""
-    _act("resume", name, namespace, url, token, token_file, commit, reason, by, as_json)
+def _verb_command(verb: str) -> Any:
+    def command(name: Name, namespace: Namespace = "default", url: Url = "http://127.0.0.1:8000",
+                commit: Commit = None, reason: Reason = "", by: By = None, as_json: Json = False,
+                token: Token = None, token_file: TokenFile = None) -> None:
+        _act(verb, name, namespace, url, token, token_file, commit, reason, by, as_json)
+
+    command.__doc__ = _VERBS[verb]
+    command.__name__ = verb
+    return command
 
 
-@app.command("promote")
-def promote(name: Name, namespace: Namespace = "default", url: Url = "http://127.0.0.1:8000", commit: Commit = None,
-            reason: Reason = "", by: By = None, as_json: Json = False, token: Token = None,
-            token_file: TokenFile = None) -> None:
-    """Promote the canary now, skipping what is left of its steps, smoke tests and pauses."""
-    _act("promote", name, namespace, url, token, token_file, commit, reason, by, as_json)
-
-
-@app.command("abort")
-def abort(name: Name, namespace: Namespace = "default", url: Url = "http://127.0.0.1:8000", commit: Commit = None,
-          reason: Reason = "", by: By = None, as_json: Json = False, token: Token = None,
-          token_file: TokenFile = None) -> None:
-    """Roll the canary back now. The rollout ends RolledBack and stays so until a new commit changes it."""
-    _act("abort", name, namespace, url, token, token_file, commit, reason, by, as_json)
+for _verb in _VERBS:
+    app.command(_verb)(_verb_command(_verb))
