@@ -100,8 +100,10 @@ def verdict(status: WorkflowRunStatus) -> tuple[State, str] | None:
     if mark.phase is Phase.CANARY:
         where = f"Canary {tried}" + (f" step {status.canary_step}/{status.canary_steps}" if status.canary_step else "")
         where += f" at {status.traffic_percent}%"
-        if " passed at " in mark.message and "; pausing " in mark.message:  # a step's pause (saga/workflow.py)
-            return "pending", _one_line(f"{where}: passed, {mark.message.split('; ', 1)[1]}")
+        # A step's pause, or a hold for a person (saga/workflow.py): "step 2/3 passed at 25%; pausing 5m ...".
+        passed, sep, waiting = mark.message.partition("; ")
+        if sep and (" passed at " in passed or passed == "the canary passed"):
+            return "pending", _one_line(f"{where}: passed, {waiting}")
         progress = status.smoke_progress or {}
         so_far = smoke_summary(progress, status.smoke_budget)
         if so_far:  # the running smoke test's numbers so far (reconciler/saga/smoke_progress.py)
@@ -111,6 +113,9 @@ def verdict(status: WorkflowRunStatus) -> tuple[State, str] | None:
     if mark.phase in PENDING_PHASES:
         return "pending", _one_line(f"{mark.phase.value}: {mark.message}" if mark.message else mark.phase.value)
     if mark.phase is Phase.READY:
+        by_hand = mark.message.partition("; ")[2]
+        if by_hand.startswith("promoted by "):  # a person promoted it (plnt rollout promote)
+            return "success", _one_line(f"Ready {status.version or tried}: {by_hand}")
         numbers = smoke_summary(status.smoke_test, status.smoke_budget)
         return "success", _one_line(f"Ready {status.version or tried}: {numbers}" if numbers else
                                     f"Ready {status.version or tried}: {mark.message}")

@@ -78,6 +78,20 @@ LONG = "Failed: " + "x" * 500
     (status(Phase.CANARY, "step 2/3 passed at 25%; pausing 5m before step 3", traffic_percent=25,
             canary_step=2, canary_steps=3, smoke_budget=BUDGET),
      ("pending", "Canary 1.3.0 step 2/3 at 25%: passed, pausing 5m before step 3")),
+    # Held for a person (plnt rollout), then what the person did.
+    (status(Phase.CANARY, "step 1/2 passed at 20%; waiting for a person before step 2: plnt rollout resume rr "
+            "(or promote, abort)", traffic_percent=20, canary_step=1, canary_steps=2, smoke_budget=BUDGET),
+     ("pending", "Canary 1.3.0 step 1/2 at 20%: passed, waiting for a person before step 2: plnt rollout resume rr "
+                 "(or promote, abort)")),
+    (status(Phase.CANARY, "the canary passed; paused by ops before the promotion: plnt rollout resume rr (or "
+            "promote, abort)", traffic_percent=5, smoke_budget=BUDGET),
+     ("pending", "Canary 1.3.0 at 5%: passed, paused by ops before the promotion: plnt rollout resume rr (or "
+                 "promote, abort)")),
+    (status(Phase.ROLLED_BACK, "aborted by ops at step 1/2: not today", version="1.2.0", attempted_version="1.3.0"),
+     ("failure", "RolledBack 1.3.0 (1.2.0 serving): aborted by ops at step 1/2: not today")),
+    (status(Phase.READY, "1.3.0 promoted; promoted by ops at step 1/2, skipping what was left of its steps: hotfix",
+            version="1.3.0", smoke_test=PASSED, smoke_budget=BUDGET),
+     ("success", "Ready 1.3.0: promoted by ops at step 1/2, skipping what was left of its steps: hotfix")),
     (status(Phase.ROLLED_BACK, "step 2/3 at 25%: " + FAILED_REASON, version="1.2.0", attempted_version="1.4.0"),
      ("failure", "RolledBack 1.4.0 (1.2.0 serving): step 2/3 at 25%: error rate 100% over budget 1% (10/10 failed "
                  "(first: HTTP 500: step boom))")),
