@@ -6,7 +6,8 @@
     │   │   └── ClusterUnavailable    a Kubernetes API server (or its storage) is not answering: waited out
     │   ├── RegistryUnavailable   a registry did not answer or broke the transfer off
     │   ├── RegistryAuthFailed    a registry refused plnt's credentials (401/403): fix them, plnt retries
-    │   └── LiveStateUnknown      a backend's live state could not be read: unknown, never "gone"
+    │   ├── LiveStateUnknown      a backend's live state could not be read: unknown, never "gone"
+    │   └── GateUnavailable       a gate's source (Prometheus, a webhook, a judge model) did not answer
     └── NeedsHuman        a dead end: retrying cannot help until someone changes the spec or the recipe
         ├── InvalidSpec           the spec fails validation
         ├── UnknownBackend        spec.backend.cluster names no PlntBackend
@@ -18,7 +19,9 @@
         ├── DownloadRefused       more bytes than the cap (a download, or metadata read whole), or a redirect plnt refuses
         ├── UnsafeArchive         a recipe archive that safe extraction refuses (traversal, links, bombs)
         ├── VerificationFailed    no valid signature from a trusted signer (fails closed)
-        └── UntrustedSagaInput    a saga's input disagrees with the commit it names (forged or stale)
+        ├── UntrustedSagaInput    a saga's input disagrees with the commit it names (forged or stale)
+        └── GateUnusable          a gate's source answered something no verdict can come from (a query
+                                  with no or several series, a webhook body that is not {pass, reason})
 
 Saga activities turn NeedsHuman into a non-retryable Temporal ApplicationError whose `type` is the
 class name, so the retry policy stops at once and the status shows why.
@@ -57,6 +60,11 @@ class RegistryAuthFailed(RetryLater):
 class LiveStateUnknown(RetryLater):
     """A backend's live state could not be read (cluster unreachable, RBAC): nothing is known, so
     nothing may be planned from it (no restore, no uninstall)."""
+
+
+class GateUnavailable(RetryLater):
+    """A gate's source (Prometheus, a webhook, a judge model) did not answer, timed out or answered a
+    server error: the gate is tried again; a canary is never promoted on a gate that did not answer."""
 
 
 class NeedsHuman(PlntError):
@@ -119,8 +127,14 @@ class UntrustedSagaInput(NeedsHuman):
     branch, a fingerprint or version the commit does not give, a release it did not make. Nothing installs."""
 
 
+class GateUnusable(NeedsHuman):
+    """A gate's source answered something no verdict can come from: a query with no series or several,
+    a value that is not a number, a webhook body that is not {"pass": bool, "reason": str}."""
+
+
 NON_RETRYABLE_ERROR_TYPES = [
     cls.__name__
     for cls in (InvalidSpec, UnknownBackend, GpuClassUnavailable, RecipeNotFound, InvalidRecipe, IntegrityMismatch,
-                DigestMismatch, DownloadRefused, UnsafeArchive, VerificationFailed, ModelNotServing, UntrustedSagaInput)
+                DigestMismatch, DownloadRefused, UnsafeArchive, VerificationFailed, ModelNotServing, UntrustedSagaInput,
+                GateUnusable)
 ]
