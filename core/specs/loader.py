@@ -37,6 +37,7 @@ from plnt.core.specs.models import (
     REF_PATTERN,
     VERSION_PATTERN,
     Deployable,
+    Gate,
     ModelDeployment,
     PlntBackend,
     RecipeTrustPolicy,
@@ -123,6 +124,7 @@ class SpecSet:
     recipes: dict[str, Workflow] = field(default_factory=dict)
     locations: dict[str, tuple[str, int]] = field(default_factory=dict)
     trust_policies: dict[str, RecipeTrustPolicy] = field(default_factory=dict)
+    gates: dict[str, Gate] = field(default_factory=dict)  # by namespace/name
     warnings: list[Problem] = field(default_factory=list)
 
     def deployables(self) -> dict[str, Deployable]:
@@ -991,6 +993,8 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
                 key, label = model.metadata.name, "PlntBackend"
             elif isinstance(model, RecipeTrustPolicy):
                 key, label = model.metadata.name, "RecipeTrustPolicy"
+            elif isinstance(model, Gate):
+                key, label = model.key, "Gate"
             else:
                 assert isinstance(model, Workflow)
                 key, label = f"{model.metadata.name}@{model.metadata.version}", "Workflow"
@@ -1020,6 +1024,8 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
                 runs.append((doc, model))
             elif isinstance(model, PlntBackend):
                 specs.backends[key] = model
+            elif isinstance(model, Gate):
+                specs.gates[key] = model
             elif isinstance(model, RecipeTrustPolicy):
                 # Overlapping policies are allowed on purpose (any-of), so no cross-check here.
                 specs.trust_policies[key] = model
@@ -1049,9 +1055,37 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
                 problems.append(Problem(doc.file, doc.line(("spec", "model", "trustPolicy")), "spec.model.trustPolicy",
                                         f"unknown RecipeTrustPolicy '{named}'; declare it or use one of: {known}"))
 
+    if check_references or (check_references is None and specs.gates):
+        for doc, run in runs:
+            problems += _gate_problems(doc, run, specs.gates)
+
     problems.sort(key=lambda p: (p.file, p.line))
     specs.warnings.sort(key=lambda p: (p.file, p.line))
     return specs, problems
+
+
+def _gate_problems(doc: _Document, run: Deployable, gates: dict[str, Gate]) -> list[Problem]:
+    """Every Gate a canary names must be declared in its namespace (and a quality gate checks a
+    recipe's golden cases: a ModelDeployment has none)."""
+    namespace = run.metadata.namespace
+    canary = run.spec.canary
+    named = [(("spec", "canary", "gates", i), name) for i, name in enumerate(canary.gates)]
+    named += [(("spec", "canary", "steps", s, "gates", i), name)
+              for s, step in enumerate(canary.steps) for i, name in enumerate(step.gates)]
+    problems = []
+    for path, name in named:
+        gate = gates.get(run_key(namespace, name))
+        if gate is None:
+            known = ", ".join(sorted(k.split("/", 1)[1] for k in gates if k.startswith(f"{namespace}/"))) \
+                or "none in this namespace"
+            problems.append(Problem(doc.file, doc.line(path), _render(path),
+                                    f"no Gate named '{name}' in namespace {namespace} (known: {known}); declare it "
+                                    "(kind: Gate) or remove the name"))
+        elif isinstance(run, ModelDeployment) and gate.spec.quality is not None:
+            problems.append(Problem(doc.file, doc.line(path), _render(path),
+                                    f"Gate '{name}' is a quality gate, which checks a recipe's golden cases; a "
+                                    "ModelDeployment has none (use a metric or webhook gate)"))
+    return problems
 
 
 def _signer_warnings(doc: _Document, policy: RecipeTrustPolicy) -> list[Problem]:

@@ -150,6 +150,8 @@ class CanaryStep(SpecModel):
     weight: int = Field(ge=0, le=100)
     pause: str | None = Field(default=None, description=(
         "a duration: 30s, 5m or 2h (at most 24h); or manual: until `plnt rollout resume|promote|abort`"))
+    gates: list[str] = Field(default_factory=list, max_length=20, description=(
+        "names of Gates (same namespace) this step must pass after its smoke test, besides canary.gates"))
 
     @field_validator("pause")
     @classmethod
@@ -179,6 +181,8 @@ class _SteppedCanary(SpecModel):
     steps: list[CanaryStep] = Field(default_factory=list, max_length=20, description=(
         "weights the canary goes through, rising (e.g. 5, 25, 50), each with its smoke test and an optional "
         "pause; then the promotion. Without it: one step at trafficPercent"))
+    gates: list[str] = Field(default_factory=list, max_length=20, description=(
+        "names of Gates (same namespace) every step must pass after its smoke test"))
 
     @model_validator(mode="after")
     def _rising(self) -> Self:
@@ -194,6 +198,14 @@ class _SteppedCanary(SpecModel):
     def plan_steps(self) -> list[CanaryStep]:
         """The steps the saga goes through: `steps`, or one step at `trafficPercent`."""
         return list(self.steps) or [CanaryStep(weight=self.traffic_percent)]  # type: ignore[attr-defined]
+
+    def step_gates(self, step: CanaryStep) -> list[str]:
+        """The Gates a step must pass: canary.gates, then the step's own (each once)."""
+        return list(dict.fromkeys([*self.gates, *step.gates]))
+
+    def gate_names(self) -> list[str]:
+        """Every Gate the canary names (for the loader's reference check)."""
+        return list(dict.fromkeys([*self.gates, *(name for step in self.steps for name in step.gates)]))
 
 
 class Canary(_SteppedCanary):
@@ -603,11 +615,103 @@ class Workflow(SpecModel):
 
 # --- helpers -------------------------------------------------------------------------------
 
+# --- Gate: a check a canary step must pass beyond its smoke test ------------------------------
+
+
+class QualityGate(SpecModel):
+    """The recipe's golden cases (golden.yaml: `expect` and `checks`) run on the canary and on the
+    stable release: the canary's pass rate must reach `minPassRate`, and fall no more than
+    `maxDropVsStable` below the stable release's on the same cases."""
+
+    min_pass_rate: float = Field(default=1.0, ge=0, le=1, description="share of golden cases that must pass (0-1)")
+    max_drop_vs_stable: float | None = Field(default=0.0, ge=0, le=1, description=(
+        "how far the canary's pass rate may fall below the stable release's on the same cases (0-1); "
+        "null: no comparison"))
+
+
+class MetricGate(SpecModel):
+    """A PromQL instant query against a Prometheus; its one value must be within `max`/`min`. In the
+    query, $namespace, $name, $canary_version and $stable_version are replaced."""
+
+    prometheus: str = Field(pattern=r"^https?://", max_length=500, description="the Prometheus base URL")
+    query: str = Field(min_length=1, max_length=4000)
+    max: float | None = None
+    min: float | None = None
+
+    @model_validator(mode="after")
+    def _bound(self) -> Self:
+        if self.max is None and self.min is None:
+            raise ValueError("a metric gate needs max or min (or both): the threshold its value is held to")
+        if self.max is not None and self.min is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}: no value could pass")
+        return self
+
+
+GATE_SECRET_PREFIX = "PLNT_GATE_SECRET_"  # a webhook gate's key comes from plnt's environment, never from git
+
+
+class WebhookGate(SpecModel):
+    """An HTTP check: plnt POSTs the rollout (HMAC-signed with the secret) and the answer
+    {"pass": bool, "reason": str} is the verdict."""
+
+    url: str = Field(pattern=r"^https?://", max_length=2000)
+    secret: str = Field(pattern=r"^[A-Z0-9_]{1,64}$", description=(
+        f"the HMAC key's name: plnt reads it from its environment variable {GATE_SECRET_PREFIX}<secret>"))
+    timeout: str = Field(default="10s", description="a duration: at most 5m")
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, value: str) -> str:
+        found = _DURATION.match(value)
+        if found is None or int(found[1]) * _UNIT_S[found[2]] > 300:
+            raise ValueError(f"timeout {value!r}: write a duration of at most 5m (10s, 1m)")
+        return value
+
+    @property
+    def timeout_s(self) -> float:
+        found = _DURATION.match(self.timeout)
+        assert found is not None
+        return float(int(found[1]) * _UNIT_S[found[2]])
+
+
+class GateSpec(SpecModel):
+    quality: QualityGate | None = None
+    metric: MetricGate | None = None
+    webhook: WebhookGate | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Self:
+        given = [name for name in ("quality", "metric", "webhook") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"a Gate is one of quality, metric or webhook; this one gives "
+                             f"{', '.join(given) if given else 'none'}")
+        return self
+
+    @property
+    def type(self) -> str:
+        return next(name for name in ("quality", "metric", "webhook") if getattr(self, name) is not None)
+
+
+class Gate(SpecModel):
+    """A check a canary step must pass beyond its smoke test, declared once and named by
+    WorkflowRuns and ModelDeployments of its namespace (canary.gates, canary.steps[].gates)."""
+
+    api_version: Literal["plnt.work/v1"]
+    kind: Literal["Gate"]
+    metadata: Metadata
+    spec: GateSpec
+
+    @property
+    def key(self) -> str:
+        return run_key(self.metadata.namespace, self.metadata.name)
+
+
 KIND_MODELS: dict[tuple[str, str], type[SpecModel]] = {
     (PLNT_API_VERSION, "WorkflowRun"): WorkflowRun,
     (PLNT_API_VERSION, "ModelDeployment"): ModelDeployment,
     (PLNT_API_VERSION, "PlntBackend"): PlntBackend,
     (PLNT_API_VERSION, "RecipeTrustPolicy"): RecipeTrustPolicy,
+    (PLNT_API_VERSION, "Gate"): Gate,
     (RECIPE_API_VERSION, "Workflow"): Workflow,
 }
 

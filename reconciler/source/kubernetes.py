@@ -12,8 +12,9 @@ moves neither generation nor uid, so it never makes a new revision; a `kubectl a
 spec does (the API server bumps `metadata.generation`), and so does deleting and creating an object
 again (a new uid).
 
-Trust: backends and trust policies come from the platform directory only; the cluster gives
-WorkflowRuns and ModelDeployments, never what decides who may sign a recipe or where it runs.
+Trust: backends, trust policies and Gates come from the platform directory only; the cluster gives
+WorkflowRuns and ModelDeployments, never what decides who may sign a recipe, where it runs or what a
+canary must pass.
 
 Invalid objects: plnt's own checks beyond the CRD schema refuse one object, not the revision: it is
 left out of the revision's specs and its refusal (namespace/name, field) is in `Snapshot.refused`;
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 GROUP, VERSION = "plnt.work", "v1"
 # The kinds a cluster may give, by plural. Backends and trust policies are the platform directory's.
 PLURALS = {"WorkflowRun": "workflowruns", "ModelDeployment": "modeldeployments"}
-PLATFORM_KINDS = ("PlntBackend", "RecipeTrustPolicy")
+PLATFORM_KINDS = ("PlntBackend", "RecipeTrustPolicy", "Gate")  # a Gate is rollout policy: the operator's too
 PAGE_SIZE = 250
 KEEP_REVISIONS = 16
 
@@ -138,7 +139,7 @@ def platform_problems(files: Sequence[SourceFile], unread: Sequence[Problem], li
     for where, (path, line) in specs.locations.items():
         kind = where.split("/", 1)[0]
         if kind not in PLATFORM_KINDS:
-            problems.append(Problem(path, line, "kind", f"a platform directory holds {' and '.join(PLATFORM_KINDS)} "
+            problems.append(Problem(path, line, "kind", f"a platform directory holds {', '.join(PLATFORM_KINDS)} "
                                     f"only; a {kind} comes from the cluster (or name the file in .plntignore)"))
     return problems
 
