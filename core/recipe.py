@@ -6,7 +6,8 @@ A recipe directory (one `name/version/` entry of a registry) looks like::
 
     workflow.yaml        # microagents.dev/v1 Workflow
     steps.py             # runtime.entrypoint: optional functions named after step ids
-    golden.yaml          # optional: cases: [{name, input: {...}, expect: {...}}]
+    golden.yaml          # optional: cases: [{name, input: {...}, expect: {...}, checks: [...]}]
+                         # (expect: a subset of the output; checks: core/expectations.py)
     knowledge/*.md       # optional: documents for rag.query
 
 A registry entry is immutable and self-contained: the module is imported from its file under
@@ -22,11 +23,15 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from plnt.core.specs.loader import SpecError, load_recipe
 from plnt.core.specs.models import Workflow, output_step, step_levels
+from pydantic import ValidationError
+
+if TYPE_CHECKING:  # (imported where used: a runner loads this module and never checks a golden case)
+    from plnt.core.expectations import Check
 
 WORKFLOW_FILE = "workflow.yaml"
 GOLDEN_FILE = "golden.yaml"
@@ -43,11 +48,22 @@ class RecipeError(Exception):
 
 @dataclass(frozen=True)
 class GoldenCase:
-    """One golden invocation: `expect` is a subset of the expected output (see `matches`)."""
+    """One golden invocation: `expect` is a subset of the expected output (see `matches`), and
+    `checks` what else it must satisfy (contains, regex, JSON Schema, a number's tolerance:
+    core/expectations.py)."""
 
     name: str
     input: dict[str, Any]
     expect: Any
+    checks: tuple[Check, ...] = ()
+
+    def failures(self, output: Any) -> list[str]:
+        """Why `output` fails this case's expectations (empty: it passes)."""
+        from plnt.core.expectations import subset_failure
+
+        found = [subset_failure(self.expect, output)] if self.expect is not None else []
+        found += [check.failure(output) for check in self.checks]
+        return [failure for failure in found if failure is not None]
 
 
 class NamedRecipe:
@@ -243,9 +259,24 @@ def load_golden(directory: Path) -> list[GoldenCase]:
         raise RecipeError(path, "expected a mapping with a list `cases`")
     out: list[GoldenCase] = []
     for index, case in enumerate(cases):
-        if not (isinstance(case, dict) and isinstance(case.get("input"), dict) and "expect" in case):
-            raise RecipeError(path, f"cases[{index}]: needs `input` (a mapping) and `expect`")
-        out.append(GoldenCase(name=str(case.get("name", f"case-{index}")), input=case["input"], expect=case["expect"]))
+        if not (isinstance(case, dict) and isinstance(case.get("input"), dict) and ("expect" in case or "checks" in case)):
+            raise RecipeError(path, f"cases[{index}]: needs `input` (a mapping) and `expect` or `checks`")
+        raw_checks = case.get("checks") or []
+        if not isinstance(raw_checks, list):
+            raise RecipeError(path, f"cases[{index}].checks: expected a list of checks")
+        from plnt.core.expectations import Check
+
+        checks = []
+        for at, raw in enumerate(raw_checks):
+            try:
+                checks.append(Check.model_validate(raw))
+            except ValidationError as exc:
+                problem = exc.errors()[0]
+                where = ".".join(str(part) for part in problem["loc"])
+                raise RecipeError(path, f"cases[{index}].checks[{at}]{'.' + where if where else ''}: "
+                                        f"{problem['msg'].removeprefix('Value error, ')}") from None
+        out.append(GoldenCase(name=str(case.get("name", f"case-{index}")), input=case["input"],
+                              expect=case.get("expect"), checks=tuple(checks)))
     return out
 
 
