@@ -35,6 +35,7 @@ class StepTimeouts(BaseModel):
     smoke_test: float = Field(default=900, gt=0)
     promote_release: float = Field(default=180, gt=0)
     set_canary_traffic: float = Field(default=180, gt=0)
+    check_gates: float = Field(default=900, gt=0)
     remove_release: float = Field(default=180, gt=0)
 
     def of(self, step: str) -> float:

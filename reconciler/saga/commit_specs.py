@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from plnt.core.routes import preview_name
 from plnt.core.specs.limits import SpecLimits
 from plnt.core.specs.loader import DEFAULT_LIMITS, Problem, SpecSet
-from plnt.core.specs.models import Deployable, PlntBackend, RecipeTrustPolicy, WorkflowRun, run_key
+from plnt.core.specs.models import Deployable, Gate, PlntBackend, RecipeTrustPolicy, WorkflowRun, run_key
 from plnt.reconciler.bulk import in_bulk_thread
 from plnt.reconciler.errors import RetryLater, UntrustedSagaInput
 from plnt.reconciler.saga.io import SagaRef
@@ -49,6 +50,11 @@ class TrustedSaga:
     # Where `policies` (and their trusted roots) and `backend` come from when not the saga's commit:
     # a preview's are the tracked branch's, so a pull request cannot trust its own signer.
     policy_commit: str | None = None
+    gates: Mapping[str, Gate] = field(default_factory=dict)  # the run's namespace's Gates, by name, at the commit
+
+
+def _gates_of(specs: SpecSet, namespace: str) -> dict[str, Gate]:
+    return {gate.metadata.name: gate for gate in specs.gates.values() if gate.metadata.namespace == namespace}
 
 
 class CommitSpecs:
@@ -114,9 +120,10 @@ class CommitSpecs:
             if base_problems:  # the reconciler deploys nothing from such a commit; nor does a preview
                 raise RetryLater(f"the tracked branch's head {branch[:12]} is invalid: no preview until it is fixed")
             return TrustedSaga(ref, run, base.backends.get(run.spec.backend.cluster),
-                               tuple(base.trust_policies.values()), policy_commit=branch)
+                               tuple(base.trust_policies.values()), policy_commit=branch,
+                               gates=_gates_of(specs, ref.namespace))
         return TrustedSaga(ref, run, specs.backends.get(run.spec.backend.cluster),
-                           tuple(specs.trust_policies.values()))
+                           tuple(specs.trust_policies.values()), gates=_gates_of(specs, ref.namespace))
 
     async def _on_branch(self, commit: str) -> bool:
         if await asyncio.to_thread(self._source.is_on_branch, commit):

@@ -120,6 +120,10 @@ def step_detail(step: str, result: Any) -> dict[str, Any] | None:
         if isinstance(result.get("inputs"), list):
             detail["inputs"] = [str(name)[:100] for name in result["inputs"][:MAX_DETAIL_KEYS]]
         return detail
+    if step == "check_gates":  # each gate's verdict: {NAME: "passed: ..." | "failed: ..."}
+        verdicts = [v for v in result.get("verdicts") or [] if isinstance(v, dict)][:MAX_DETAIL_KEYS]
+        return {str(v.get("name"))[:100]: _short(f"{'passed' if v.get('passed') else 'failed'}: {v.get('reason')}")
+                for v in verdicts}
     if step == "smoke_test":
         metrics = result.get("metrics")
         return {"passed": result.get("passed"), "reason": _short(result.get("reason")),

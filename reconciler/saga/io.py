@@ -107,6 +107,35 @@ class CanaryStepPlan(_Io):
     weight: int     # the canary's share of the traffic at this step
     pause_s: float  # then a wait (a durable timer) before the next step
     manual: bool = False  # or a wait until a person resumes, promotes or aborts (plnt rollout)
+    gates: list[str] = []  # the Gates the step must pass after its smoke test (check_gates)
+
+
+class GateInput(_Io):
+    saga: SagaRef
+    step: int = Field(ge=1)  # 1-based: the step whose gates (at the saga's commit) are checked
+
+
+class GateVerdict(_Io):
+    """One Gate's verdict at one step."""
+
+    name: str
+    type: str  # quality | metric | webhook
+    passed: bool
+    reason: str
+    failing: list[str] = []  # a quality gate's failing cases: "NAME: why" (at most 20)
+
+
+class GateResults(_Io):
+    verdicts: list[GateVerdict]
+
+    @property
+    def passed(self) -> bool:
+        return all(verdict.passed for verdict in self.verdicts)
+
+    def failure(self) -> str | None:
+        """Why the step fails (its failing gates), or None."""
+        failed = [f"gate {v.name} ({v.type}): {v.reason}" for v in self.verdicts if not v.passed]
+        return "; ".join(failed) if failed else None
 
 
 RolloutVerb = Literal["pause", "resume", "promote", "abort"]

@@ -3,8 +3,8 @@
     validate -> pull recipe -> install canary -> smoke test -> promote | roll back
 
 A stepped canary (canary.steps) goes through its steps between the install and the promotion: at
-each, the canary's share (set_canary_traffic, from the second step on), its smoke test, then its
-pause as a durable timer (or, `pause: manual`, until a person resumes); a failed step rolls back.
+each, the canary's share (set_canary_traffic, from the second step on), its smoke test, its gates
+(check_gates: canary.gates and the step's own), then its pause as a durable timer (or, `pause: manual`, until a person resumes); a failed step rolls back.
 Kill-safe at every step: Temporal replays the steps done and resumes the one under way.
 
 A person acts on a running rollout through the `act` update (plnt rollout pause|resume|promote|abort,
@@ -39,6 +39,8 @@ with workflow.unsafe.imports_passed_through():
     from plnt.reconciler.saga.io import (
         CanaryStepInput,
         CanaryStepPlan,
+        GateInput,
+        GateResults,
         InstallInput,
         PhaseUpdate,
         PulledRecipeInfo,
@@ -193,7 +195,7 @@ class DeploySaga:
         await self._call("install_release", InstallInput(saga=ref, track="canary", recipe_digest=pulled.digest),
                          Release, saga)
         steps = valid.canary_steps
-        if len(steps) > 1 or any(step.pause_s or step.manual for step in steps):
+        if len(steps) > 1 or any(step.pause_s or step.manual or step.gates for step in steps):
             smoke, failed = await self._through_steps(saga, valid)
         else:  # one step, no pause: the saga as it always was (histories recorded before steps replay so)
             self._canary_at = (1, 1)
@@ -251,6 +253,12 @@ class DeploySaga:
             smoke = tested
             if not smoke.passed:
                 return smoke, f"{place} at {step.weight}%: {smoke.reason}"
+            if step.gates:
+                await self._phase(saga, Phase.CANARY, f"{place}: smoke test passed at {step.weight}%; checking gates "
+                                  f"{', '.join(step.gates)}", {"smoke_test": smoke.model_dump(mode="json")})
+                gates = await self._call("check_gates", GateInput(saga=ref, step=i), GateResults, saga)
+                if (failed_gates := gates.failure()) is not None:
+                    return smoke, f"{place} at {step.weight}%: {failed_gates}"
             after = f"step {i + 1}" if i < n else "the promotion"
             failed = await self._pause(saga, step, f"{place} passed at {step.weight}%", after, smoke)
             if failed is None:

@@ -57,5 +57,6 @@ class ValidateStep(SagaStep):
         steps = run.spec.canary.plan_steps()
         return ValidatedSpec(backend_type=backend.spec.type, version=run.version, traffic_percent=steps[0].weight,
                              spec=run.spec.model_dump(mode="json", by_alias=True),
-                             canary_steps=[CanaryStepPlan(weight=s.weight, pause_s=s.pause_s, manual=s.manual) for s in steps])
+                             canary_steps=[CanaryStepPlan(weight=s.weight, pause_s=s.pause_s, manual=s.manual,
+                                                         gates=run.spec.canary.step_gates(s)) for s in steps])
 

@@ -31,6 +31,9 @@ from plnt.reconciler.saga.commit_specs import CommitSpecs
 from plnt.reconciler.saga.io import (
     CanaryStepInput,
     CanaryStepPlan,
+    GateInput,
+    GateResults,
+    GateVerdict,
     InstallInput,
     PhaseUpdate,
     PulledRecipeInfo,
@@ -73,10 +76,12 @@ class FakeActivities:
     """Fake activities: record calls; `fail` maps an activity name to the error it raises."""
 
     def __init__(self, fail: dict[str, Exception] | None = None, smoke_passes: bool | list[bool] = True,
-                 steps: list[CanaryStepPlan] | None = None, smoke_s: float = 0.0) -> None:
+                 steps: list[CanaryStepPlan] | None = None, smoke_s: float = 0.0,
+                 gate_verdicts: list[list[GateVerdict]] | None = None) -> None:
         """smoke_passes: one verdict for every smoke test, or one per smoke test in turn; steps: the
         canary steps validate reads (a stepped canary), none: the one-step form; smoke_s: how long
-        each smoke test takes (heartbeating, so it can be cancelled)."""
+        each smoke test takes (heartbeating, so it can be cancelled); gate_verdicts: what check_gates
+        answers, one list per call in turn."""
         self.calls: Counter[str] = Counter()
         self.phases: list[Phase | None] = []
         self.updates: list[PhaseUpdate] = []  # progress and outcomes, with their messages
@@ -87,6 +92,8 @@ class FakeActivities:
         self.steps = steps or []
         self.smoke_s = smoke_s
         self.smoke_cancelled = 0
+        self.gate_verdicts = gate_verdicts or []
+        self.gated_steps: list[int] = []
 
     def _enter(self, name: str) -> None:
         self.calls[name] += 1
@@ -140,6 +147,12 @@ class FakeActivities:
                            spec_fingerprint="f", recipe_digest="d", recipe_dir="/x", endpoint="http://127.0.0.1:1",
                            traffic_percent=self.steps[request.step - 1].weight)
 
+        @activity.defn(name="check_gates")
+        async def check_gates(request: GateInput) -> GateResults:
+            self._enter("check_gates")
+            self.gated_steps.append(request.step)
+            return GateResults(verdicts=self.gate_verdicts[self.calls["check_gates"] - 1])
+
         @activity.defn(name="promote_release")
         async def promote_release(request: ReleaseRef) -> Release:
             self._enter("promote_release")
@@ -151,8 +164,8 @@ class FakeActivities:
             self.removed.append(request.track)
             self._enter("remove_release")
 
-        return [record_phase, validate, pull_recipe, install_release, smoke_test, set_canary_traffic, promote_release,
-                remove_release]
+        return [record_phase, validate, pull_recipe, install_release, smoke_test, set_canary_traffic, check_gates,
+                promote_release, remove_release]
 
 
 async def run_saga(address: str, namespace: str, fakes: FakeActivities, action: str = "deploy",
@@ -723,3 +736,33 @@ async def test_the_reconciler_gives_a_model_deployment_the_models_step_timeouts(
             namespace, name = key.split("/")
             await client.get_workflow_handle(saga_workflow_id(namespace, name)).terminate("test over")
         await reconciler.close()
+
+
+GATED = [CanaryStepPlan(weight=5, pause_s=0, gates=["golden"]), CanaryStepPlan(weight=50, pause_s=0, gates=["golden", "errors"])]
+PASS = GateVerdict(name="golden", type="quality", passed=True, reason="canary 4/4 golden cases passed (100%)")
+
+
+async def test_each_step_checks_its_gates_after_its_smoke_test(temporal_address: str, temporal_namespace: str) -> None:
+    errors = GateVerdict(name="errors", type="metric", passed=True, reason="value 0 <= max 0.01")
+    fakes = FakeActivities(steps=GATED, gate_verdicts=[[PASS], [PASS, errors]])
+    result = await run_saga(temporal_address, temporal_namespace, fakes)
+    assert result.phase is Phase.READY
+    assert fakes.gated_steps == [1, 2] and fakes.calls["smoke_test"] == 2
+    assert "step 2/2: smoke test passed at 50%; checking gates golden, errors" in [u.message for u in fakes.updates]
+
+
+async def test_a_failing_gate_rolls_back_with_its_reason(temporal_address: str, temporal_namespace: str) -> None:
+    wrong = GateVerdict(name="golden", type="quality", passed=False, failing=["complaint: intent: wrong"],
+                        reason="canary 3/4 golden cases passed (75%): below minPassRate 100%; failing: complaint: "
+                               'intent: expected "complaint", got "praise"')
+    fakes = FakeActivities(steps=GATED, gate_verdicts=[[wrong]])
+    result = await run_saga(temporal_address, temporal_namespace, fakes)
+    assert result.phase is Phase.ROLLED_BACK
+    assert result.reason == f"step 1/2 at 5%: gate golden (quality): {wrong.reason}"
+    assert fakes.traffic_steps == [] and fakes.removed == ["canary"] and fakes.calls["promote_release"] == 0
+
+
+async def test_a_one_step_canary_with_gates_checks_them(temporal_address: str, temporal_namespace: str) -> None:
+    fakes = FakeActivities(steps=[CanaryStepPlan(weight=5, pause_s=0, gates=["golden"])], gate_verdicts=[[PASS]])
+    result = await run_saga(temporal_address, temporal_namespace, fakes)
+    assert result.phase is Phase.READY and fakes.gated_steps == [1]

@@ -1,0 +1,99 @@
+"""The quality gate: the recipe's golden cases run on the canary and on the stable release, each
+output held to its case's expectations (core/expectations.py). A release that is fast and answers
+200 but answers wrong fails here, with the failing cases named.
+
+Outputs are data to plnt: it reads the runners' JSON answers (bounded by the gateway's client) and
+never runs recipe code."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from plnt.core.recipe import GoldenCase
+from plnt.core.specs.models import QualityGate
+from plnt.reconciler.errors import GateUnusable
+from plnt.reconciler.tls_context import default_tls_context
+
+MAX_FAILING_SHOWN = 20
+CONCURRENCY = 2
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    name: str
+    failures: tuple[str, ...]  # empty: the case passed
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+@dataclass(frozen=True)
+class QualityVerdict:
+    passed: bool
+    reason: str
+    failing: list[str]  # "CASE: why" of the canary's failing cases
+
+
+async def run_cases(endpoint: str, cases: Sequence[GoldenCase], *, timeout_s: float) -> list[CaseOutcome]:
+    """Each case invoked once on the runner at `endpoint` (POST /invoke), its output checked."""
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(client: httpx.AsyncClient, case: GoldenCase) -> CaseOutcome:
+        async with gate:
+            try:
+                response = await client.post(f"{endpoint}/invoke", json=case.input)
+            except httpx.HTTPError as exc:
+                return CaseOutcome(case.name, (f"no answer: {type(exc).__name__}: {exc}"[:200],))
+        if response.status_code != 200:
+            return CaseOutcome(case.name, (f"HTTP {response.status_code}: {_error_of(response)}",))
+        try:
+            answer: Any = response.json()
+        except ValueError:
+            return CaseOutcome(case.name, ("the answer is not JSON",))
+        if not isinstance(answer, dict) or "output" not in answer:  # a runner answers {"output": ..., ...}
+            return CaseOutcome(case.name, ("the answer has no output",))
+        return CaseOutcome(case.name, tuple(case.failures(answer["output"])))
+
+    async with httpx.AsyncClient(trust_env=False, timeout=timeout_s, verify=default_tls_context()) as client:
+        return list(await asyncio.gather(*(one(client, case) for case in cases)))
+
+
+def judge_quality(gate: QualityGate, canary: Sequence[CaseOutcome], stable: Sequence[CaseOutcome] | None) -> QualityVerdict:
+    """The verdict: the canary's pass rate against minPassRate, and against the stable release's on
+    the same cases (maxDropVsStable), with the canary's failing cases named."""
+    if not canary:
+        raise GateUnusable("the recipe has no golden cases to check (golden.yaml: cases with expect or checks)")
+    rate = _rate(canary)
+    said = f"canary {sum(c.passed for c in canary)}/{len(canary)} golden cases passed ({rate:.0%})"
+    problems = []
+    if rate < gate.min_pass_rate:
+        problems.append(f"below minPassRate {gate.min_pass_rate:.0%}")
+    if stable is not None and gate.max_drop_vs_stable is not None:
+        stable_rate = _rate(stable)
+        said += f", stable {sum(s.passed for s in stable)}/{len(stable)} ({stable_rate:.0%})"
+        if rate < stable_rate - gate.max_drop_vs_stable - 1e-9:
+            problems.append(f"more than {gate.max_drop_vs_stable:.0%} below the stable release")
+    failing = [f"{c.name}: {'; '.join(c.failures)}" for c in canary if not c.passed]
+    shown = failing[:MAX_FAILING_SHOWN]
+    if problems:
+        reason = f"{said}: {', '.join(problems)}; failing: " + " | ".join(shown)
+    else:
+        reason = said
+    return QualityVerdict(passed=not problems, reason=reason[:2000], failing=shown)
+
+
+def _rate(outcomes: Sequence[CaseOutcome]) -> float:
+    return sum(o.passed for o in outcomes) / len(outcomes) if outcomes else 0.0
+
+
+def _error_of(response: httpx.Response) -> str:
+    try:
+        message = response.json().get("error", {}).get("message", "")
+    except (ValueError, AttributeError):
+        message = response.text[:200]
+    return str(message)[:200]
