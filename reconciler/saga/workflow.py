@@ -3,13 +3,14 @@
     validate -> pull recipe -> install canary -> smoke test -> promote | roll back
 
 A stepped canary (canary.steps) goes through its steps between the install and the promotion: at
-each, the canary's share (set_canary_traffic, from the second step on), its smoke test, its gates
-(check_gates: canary.gates and the step's own), then its pause as a durable timer (or, `pause: manual`, until a person resumes); a failed step rolls back.
-Kill-safe at every step: Temporal replays the steps done and resumes the one under way.
+each, the canary's share (set_canary_traffic, from the second step on), its smoke test, its pause
+(the soak: a durable timer or, `pause: manual`, until a person resumes), then its gates (check_gates:
+canary.gates and the step's own, judging what the soak saw); a failed step rolls back. Kill-safe at
+every step: Temporal replays the steps done and resumes the one under way.
 
 A person acts on a running rollout through the `act` update (plnt rollout pause|resume|promote|abort,
 recorded in the history): pause holds it before its next step; resume ends a hold or a pause;
-promote and abort interrupt whatever the canary is doing (a smoke test, a pause) and promote it or
+promote and abort interrupt whatever the canary is doing (a smoke test, a pause, its gates) and promote it or
 roll it back. An action that names another commit or spec fingerprint than the saga's is refused.
 
 `run()` owns compensation and the final status; `_deploy()` holds the business steps. Whatever
@@ -231,8 +232,8 @@ class DeploySaga:
         return SagaResult(phase=Phase.READY, reason=message, version=saga.version)
 
     async def _through_steps(self, saga: SagaInput, valid: ValidatedSpec) -> tuple[SmokeResult | None, str | None]:
-        """Each step of a stepped canary: its share, its smoke test, its pause. Returns the last smoke
-        test, and why the rollout rolls back (None: promote it)."""
+        """Each step of a stepped canary: its share, its smoke test, its pause, its gates. Returns the
+        last smoke test, and why the rollout rolls back (None: promote it)."""
         ref, version, steps = saga.ref(), saga.version, valid.canary_steps
         budget = (valid.spec.get("canary") or {}).get("smokeTest")
         n = len(steps)
@@ -253,25 +254,36 @@ class DeploySaga:
             smoke = tested
             if not smoke.passed:
                 return smoke, f"{place} at {step.weight}%: {smoke.reason}"
-            if step.gates:
-                await self._phase(saga, Phase.CANARY, f"{place}: smoke test passed at {step.weight}%; checking gates "
-                                  f"{', '.join(step.gates)}", {"smoke_test": smoke.model_dump(mode="json")})
-                gates = await self._call("check_gates", GateInput(saga=ref, step=i), GateResults, saga)
-                if (failed_gates := gates.failure()) is not None:
-                    return smoke, f"{place} at {step.weight}%: {failed_gates}"
-            after = f"step {i + 1}" if i < n else "the promotion"
-            failed = await self._pause(saga, step, f"{place} passed at {step.weight}%", after, smoke)
+            passed = f"{place} passed at {step.weight}%"
+            after = "its gates" if step.gates else f"step {i + 1}" if i < n else "the promotion"
+            # The pause is the step's soak: its gates judge what the canary did meanwhile.
+            failed = await self._pause(saga, step, passed, after, smoke)
+            if failed is None and step.gates and self._decision is None:
+                failed = await self._gates(saga, step, i, passed)
             if failed is None:
-                failed = await self._held(saga, f"{place} passed at {step.weight}%", after)
+                failed = await self._held(saga, passed, f"step {i + 1}" if i < n else "the promotion")
             if failed is not None or self._decision is not None:
                 return smoke, failed
         return smoke, None
 
+    async def _gates(self, saga: SagaInput, step: CanaryStepPlan, i: int, passed: str) -> str | None:
+        """The step's gates; why the rollout rolls back (a gate failed, or a person aborted), or None."""
+        await self._phase(saga, Phase.CANARY, f"{passed}; checking gates {', '.join(step.gates)}", {})
+        results = await self._interruptible("check_gates", GateInput(saga=saga.ref(), step=i), GateResults, saga)
+        if results is None:  # a person promoted or aborted meanwhile
+            return self._aborted()
+        failed = results.failure()
+        return f"step {i}/{self._canary_at[1] if self._canary_at else i} at {step.weight}%: {failed}" if failed else None
+
     async def _smoke(self, saga: SagaInput) -> SmokeResult | None:
         """The smoke test, cancelled if a person promotes or aborts meanwhile (then None)."""
+        return await self._interruptible("smoke_test", SmokeInput(saga=saga.ref()), SmokeResult, saga)
+
+    async def _interruptible(self, activity: str, arg: Any, result_type: Any, saga: SagaInput) -> Any:
+        """An activity, cancelled if a person promotes or aborts meanwhile (then None)."""
         if self._decision is not None:
             return None
-        test = asyncio.ensure_future(self._call("smoke_test", SmokeInput(saga=saga.ref()), SmokeResult, saga))
+        test = asyncio.ensure_future(self._call(activity, arg, result_type, saga))
         await workflow.wait_condition(lambda: test.done() or self._decision is not None)
         if test.done():
             return test.result()

@@ -748,7 +748,7 @@ async def test_each_step_checks_its_gates_after_its_smoke_test(temporal_address:
     result = await run_saga(temporal_address, temporal_namespace, fakes)
     assert result.phase is Phase.READY
     assert fakes.gated_steps == [1, 2] and fakes.calls["smoke_test"] == 2
-    assert "step 2/2: smoke test passed at 50%; checking gates golden, errors" in [u.message for u in fakes.updates]
+    assert "step 2/2 passed at 50%; checking gates golden, errors" in [u.message for u in fakes.updates]
 
 
 async def test_a_failing_gate_rolls_back_with_its_reason(temporal_address: str, temporal_namespace: str) -> None:
@@ -766,3 +766,14 @@ async def test_a_one_step_canary_with_gates_checks_them(temporal_address: str, t
     fakes = FakeActivities(steps=[CanaryStepPlan(weight=5, pause_s=0, gates=["golden"])], gate_verdicts=[[PASS]])
     result = await run_saga(temporal_address, temporal_namespace, fakes)
     assert result.phase is Phase.READY and fakes.gated_steps == [1]
+
+
+async def test_gates_judge_after_the_steps_pause(temporal_address: str, temporal_namespace: str) -> None:
+    """The pause is the step's soak: its gates run after it, on what the canary did meanwhile."""
+    steps = [CanaryStepPlan(weight=5, pause_s=1.0, gates=["golden"])]
+    fakes = FakeActivities(steps=steps, gate_verdicts=[[PASS]])
+    result = await run_saga(temporal_address, temporal_namespace, fakes)
+    assert result.phase is Phase.READY
+    messages = [u.message for u in fakes.updates if u.phase is Phase.CANARY]
+    assert messages[1:] == ["step 1/1 passed at 5%; pausing 1s before its gates",
+                            "step 1/1 passed at 5%; checking gates golden"], messages
