@@ -110,6 +110,10 @@ def _scalars(data: dict[str, Any], keys: tuple[str, ...] | None = None) -> dict[
     return {k: _short(v) for k, v in list(picked.items())[:MAX_DETAIL_KEYS]}
 
 
+def _took(ms: Any) -> str:
+    return f" in {ms:.0f} ms" if isinstance(ms, (int, float)) and ms > 0 else ""
+
+
 def step_detail(step: str, result: Any) -> dict[str, Any] | None:
     """A short dict of what one activity's result says, for a timeline: bounded (a dozen scalar
     keys, long texts cut) and without runner addresses (history is a `read` endpoint)."""
@@ -122,8 +126,8 @@ def step_detail(step: str, result: Any) -> dict[str, Any] | None:
         return detail
     if step == "check_gates":  # each gate's verdict: {NAME: "passed: ..." | "failed: ..."}
         verdicts = [v for v in result.get("verdicts") or [] if isinstance(v, dict)][:MAX_DETAIL_KEYS]
-        return {str(v.get("name"))[:100]: _short(f"{'passed' if v.get('passed') else 'failed'}: {v.get('reason')}")
-                for v in verdicts}
+        return {str(v.get("name"))[:100]: _short(f"{'passed' if v.get('passed') else 'failed'}"
+                                                 f"{_took(v.get('duration_ms'))}: {v.get('reason')}") for v in verdicts}
     if step == "smoke_test":
         metrics = result.get("metrics")
         return {"passed": result.get("passed"), "reason": _short(result.get("reason")),

@@ -123,6 +123,7 @@ class GateVerdict(_Io):
     passed: bool
     reason: str
     failing: list[str] = []  # a quality gate's failing cases: "NAME: why" (at most 20)
+    duration_ms: float = 0.0  # how long the gate took to give its verdict
 
 
 class GateResults(_Io):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 from plnt.core.recipe import RecipeError, load_golden
@@ -41,7 +42,9 @@ class GatesStep(SagaStep):
             gate = trusted.gates.get(name)
             if gate is None:  # the loader refuses such a commit; a saga never gets here with one
                 raise UntrustedSagaInput(f"commit {request.saga.commit[:12]} has no Gate {name} in {run.metadata.namespace}")
-            verdicts.append(await with_heartbeats(self._verdict(gate, run, canary, stable, context)))
+            started = time.perf_counter()
+            verdict = await with_heartbeats(self._verdict(gate, run, canary, stable, context))
+            verdicts.append(verdict.model_copy(update={"duration_ms": round((time.perf_counter() - started) * 1000, 1)}))
         return GateResults(verdicts=verdicts)
 
     async def _verdict(self, gate: Gate, run: Any, canary: Release, stable: Release | None,
