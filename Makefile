@@ -74,6 +74,7 @@ bench: install install-llm
 	$(PY) bench/runner_start.py --starts 5 --runners 20 | tee $(BENCH_OUT)/runner_start.txt
 	$(PY) bench/spec_load.py --repeat 3 --no-bombs | tee $(BENCH_OUT)/spec_load.txt
 	$(PY) bench/plan_scale.py --repeat 5 | tee $(BENCH_OUT)/plan_scale.txt
+	$(PY) bench/gates.py --rollouts 3 | tee $(BENCH_OUT)/gates.txt
 	$(PY) bench/cli_startup.py --runs 1000 --repeat 3 | tee $(BENCH_OUT)/cli_startup.txt
 	$(PY) bench/route_rebuild.py --runs 1000 | tee $(BENCH_OUT)/route_rebuild.txt
 	$(PY) bench/reconcile_idle.py --passes 10 | tee $(BENCH_OUT)/reconcile_idle.txt
