@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 from fastapi import Request
 from fastapi.responses import Response
+from plnt.core.traffic import TrafficLedger
 
 log = logging.getLogger("plnt.gateway.calls")
 
@@ -47,12 +48,16 @@ class CallLog:
         self.size = size
         self.calls: deque[Call] = deque(maxlen=size)
         self.count = 0  # calls ever added: a pusher sends what came since its last push
+        self.ledger: TrafficLedger | None = None  # plnt up's process: each release's traffic (core/traffic.py)
 
     def add(self, api: str, labels: tuple[str, str, str, str], code: int, latency_s: float,
             error_type: str | None) -> None:
         namespace, workflow, version, track = labels
-        self.calls.append((time.time(), api, namespace, workflow, version, track, code, latency_s, error_type))
+        at = time.time()
+        self.calls.append((at, api, namespace, workflow, version, track, code, latency_s, error_type))
         self.count += 1
+        if self.ledger is not None:
+            self.ledger.add(namespace, workflow, version, track, at, code, latency_s)
 
     def since(self, count: int) -> list[Call]:
         """The calls added after the `count`-th (at most the ones still kept)."""
@@ -96,11 +101,15 @@ class CallsHub:
     def take(self, index: int, items: list[Any]) -> int:
         kept = self.workers.setdefault(index, deque(maxlen=self.own.size))
         taken = 0
+        ledger = self.own.ledger
         for item in items:
             call = _valid(item)
             if call is not None:
                 kept.append(call)
                 taken += 1
+                if ledger is not None:
+                    at, _, namespace, workflow, version, track, code, latency_s, _ = call
+                    ledger.add(namespace, workflow, version, track, at, code, latency_s)
         return taken
 
     def mount(self, app: Any, internal_token: str) -> None:

@@ -23,6 +23,7 @@ from plnt.core.routes import Backend, Route, RouteTable
 from plnt.core.server import GatewayServer, ServerStartError, check_free, reuse_port_socket
 from plnt.core.specs.limits import SpecLimits
 from plnt.core.specs.models import PlntBackend
+from plnt.core.traffic import TrafficLedger
 from plnt.gateway.app import create_app
 from plnt.gateway.calls import CallsHub
 from plnt.gateway.control_relay import TrustForwarded
@@ -412,7 +413,9 @@ def make_verifier(settings: Settings, state: StateDir) -> CommitVerifier | None:
 
 
 def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, source: GitSource | KubernetesSource,
-                    statuses: StatusStore | None, verifier: CommitVerifier | None = None) -> SagaActivities:
+                    statuses: StatusStore | None, verifier: CommitVerifier | None = None,
+                    traffic: TrafficLedger | None = None) -> SagaActivities:
+    """`traffic`: the gateway's ledger of each release's real traffic, where this process has it (plnt up)."""
     return SagaActivities(
         driver=drivers, statuses=statuses,
         commit_specs=CommitSpecs(source, limits=settings.spec_limits, verifier=verifier),
@@ -424,6 +427,7 @@ def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, sou
                              max_files=settings.registries.max_recipe_files,
                              max_file_bytes=settings.registries.max_recipe_file_bytes),
         weights=WeightsStore(state.root / "weights", budget_bytes=settings.runners.weights_budget_bytes),
+        traffic=(lambda: traffic) if traffic is not None else None,
     )
 
 
@@ -517,7 +521,8 @@ async def start(settings: Settings) -> Plnt:
                                   on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None)
         source = make_source(settings, state)
         verifier = make_verifier(settings, state)
-        activities = make_activities(settings, state, drivers, source, statuses, verifier)
+        traffic = TrafficLedger()  # what each release served through this plnt's gateway (compare gates)
+        activities = make_activities(settings, state, drivers, source, statuses, verifier, traffic)
         # Phase changes also change routes (a WorkflowRun seen for the first time answers 503, not 404).
         control_metrics = ControlPlaneMetrics()  # the control plane's series, after the gateway's on GET /metrics
         reconciler = make_reconciler(settings, state=state, source=source, client=client, statuses=statuses,
@@ -541,6 +546,7 @@ async def start(settings: Settings) -> Plnt:
                                  health=lambda: (200, {"status": "ok", "worker": 0, "workers": worker_count}),
                                  wake=wake)
 
+        gateway_app.gateway.calls.ledger = traffic  # (the workers' calls reach it through CallsHub)
         # The plan preview between revisions reads git history (--source kubernetes has none).
         add_reconciler_routes(gateway_app, reconciler, client, source=source if isinstance(source, GitSource) else None,
                               spec_limits=settings.spec_limits)

@@ -674,22 +674,54 @@ class WebhookGate(SpecModel):
         return float(int(found[1]) * _UNIT_S[found[2]])
 
 
+class CompareGate(SpecModel):
+    """Live comparison at the gateway: the real traffic the canary served since its step began,
+    against what the stable release served meanwhile, once each has `minRequests` (waiting at most
+    `window`; fewer fails the gate: a verdict on three requests is noise)."""
+
+    min_requests: int = Field(default=50, ge=1, le=20_000, description="requests each release must have served")
+    window: str = Field(default="5m", description="how long to wait, at most, for minRequests each (at most 1h)")
+    p95_ratio: float | None = Field(default=1.2, gt=0, description="canary p95 <= p95Ratio x stable p95 + p95SlackMs")
+    p95_slack_ms: float = Field(default=10.0, ge=0, description=(
+        "added to the allowed p95: on millisecond latencies a ratio alone is noise"))
+    error_rate_points: float | None = Field(default=1.0, ge=0, description=(
+        "canary error rate (5xx, %) <= stable's + this many points"))
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, value: str) -> str:
+        found = _DURATION.match(value)
+        if found is None or int(found[1]) * _UNIT_S[found[2]] > 3600:
+            raise ValueError(f"window {value!r}: write a duration of at most 1h (30s, 5m)")
+        return value
+
+    @property
+    def window_s(self) -> float:
+        found = _DURATION.match(self.window)
+        assert found is not None
+        return float(int(found[1]) * _UNIT_S[found[2]])
+
+
+GATE_TYPES = ("quality", "compare", "metric", "webhook")
+
+
 class GateSpec(SpecModel):
     quality: QualityGate | None = None
+    compare: CompareGate | None = None
     metric: MetricGate | None = None
     webhook: WebhookGate | None = None
 
     @model_validator(mode="after")
     def _one(self) -> Self:
-        given = [name for name in ("quality", "metric", "webhook") if getattr(self, name) is not None]
+        given = [name for name in GATE_TYPES if getattr(self, name) is not None]
         if len(given) != 1:
-            raise ValueError(f"a Gate is one of quality, metric or webhook; this one gives "
+            raise ValueError(f"a Gate is one of {', '.join(GATE_TYPES)}; this one gives "
                              f"{', '.join(given) if given else 'none'}")
         return self
 
     @property
     def type(self) -> str:
-        return next(name for name in ("quality", "metric", "webhook") if getattr(self, name) is not None)
+        return next(name for name in GATE_TYPES if getattr(self, name) is not None)
 
 
 class Gate(SpecModel):

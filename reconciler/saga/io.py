@@ -113,13 +113,14 @@ class CanaryStepPlan(_Io):
 class GateInput(_Io):
     saga: SagaRef
     step: int = Field(ge=1)  # 1-based: the step whose gates (at the saga's commit) are checked
+    since: float | None = None  # epoch s: when the canary took this step's share (a compare gate's start)
 
 
 class GateVerdict(_Io):
     """One Gate's verdict at one step."""
 
     name: str
-    type: str  # quality | metric | webhook
+    type: str  # quality | compare | metric | webhook
     passed: bool
     reason: str
     failing: list[str] = []  # a quality gate's failing cases: "NAME: why" (at most 20)

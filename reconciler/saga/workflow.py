@@ -86,6 +86,7 @@ class DeploySaga:
         self._saga: SagaInput | None = None
         # What people did (the `act` update) and where the canary is.
         self._canary_at: tuple[int, int] | None = None  # (step, steps) once the canary takes traffic
+        self._step_since: float | None = None  # when the canary took the current step's share (epoch s)
         self._paused_by: str | None = None
         self._waiting: str | None = None  # "manual" or "timed" during a step's pause
         self._resumes = 0
@@ -245,6 +246,7 @@ class DeploySaga:
             if i > 1:
                 await self._call("set_canary_traffic", CanaryStepInput(saga=ref, step=i), Release, saga)
             self._canary_at = (i, n)
+            self._step_since = workflow.now().timestamp()  # the canary serves this step's share from now
             await self._phase(saga, Phase.CANARY, f"{place}: smoke-testing canary {version} with {step.weight}% of "
                               "traffic", {"canary_version": version, "traffic_percent": step.weight, "canary_step": i,
                                           "canary_steps": n, "smoke_budget": budget, "smoke_progress": None})
@@ -269,7 +271,8 @@ class DeploySaga:
     async def _gates(self, saga: SagaInput, step: CanaryStepPlan, i: int, passed: str) -> str | None:
         """The step's gates; why the rollout rolls back (a gate failed, or a person aborted), or None."""
         await self._phase(saga, Phase.CANARY, f"{passed}; checking gates {', '.join(step.gates)}", {})
-        results = await self._interruptible("check_gates", GateInput(saga=saga.ref(), step=i), GateResults, saga)
+        results = await self._interruptible("check_gates", GateInput(saga=saga.ref(), step=i, since=self._step_since),
+                                            GateResults, saga)
         if results is None:  # a person promoted or aborted meanwhile
             return self._aborted()
         failed = results.failure()

@@ -61,9 +61,9 @@ def test_gates_load_and_each_step_has_the_canarys_and_its_own(tmp_path: Path) ->
 
 @pytest.mark.parametrize(("gate", "line", "field", "message"), [
     (QUALITY.replace("quality: {minPassRate: 0.75, maxDropVsStable: 0}", "{}"), 4, "spec",
-     "a Gate is one of quality, metric or webhook; this one gives none"),
+     "a Gate is one of quality, compare, metric, webhook; this one gives none"),
     (QUALITY.replace("  quality:", "  webhook: {url: 'http://x', secret: X}\n  quality:"), 4, "spec",
-     "a Gate is one of quality, metric or webhook; this one gives quality, webhook"),
+     "a Gate is one of quality, compare, metric, webhook; this one gives quality, webhook"),
     (QUALITY.replace("0.75", "1.5"), 5, "spec.quality.minPassRate", "Input should be less than or equal to 1"),
     (METRIC.replace("    max: 0.01\n", ""), 5, "spec.metric", "a metric gate needs max or min"),
     (METRIC.replace("    max: 0.01\n", "    max: 1\n    min: 2\n"), 5, "spec.metric",

@@ -1,6 +1,7 @@
 """check_gates: after a canary step's smoke test, the Gates the step names (canary.gates and its own),
 read at the saga's commit, each giving a verdict: quality (golden cases on canary and stable),
-metric (a PromQL query), webhook (a signed HTTP check). A gate whose source did not answer is
+compare (the canary's real traffic against the stable's, from the gateway's ledger), metric (a
+PromQL query), webhook (a signed HTTP check). A gate whose source did not answer is
 retried (GateUnavailable); one that cannot give a verdict fails the step (GateUnusable)."""
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Any
 
 from plnt.core.recipe import RecipeError, load_golden
 from plnt.core.specs.models import GATE_SECRET_PREFIX, Gate, WorkflowRun
+from plnt.core.traffic import Served
 from plnt.reconciler.errors import GateUnusable, InvalidRecipe, UntrustedSagaInput
+from plnt.reconciler.gates.compare import compare_gate
 from plnt.reconciler.gates.promql import compare, query_value
 from plnt.reconciler.gates.quality import judge_quality, run_cases
 from plnt.reconciler.gates.webhook import webhook_gate
@@ -36,7 +39,7 @@ class GatesStep(SagaStep):
         stable = live.stable if live is not None else None
         context = {"namespace": run.metadata.namespace, "name": run.metadata.name, "commit": request.saga.commit,
                    "canary_version": run.version, "stable_version": stable.version if stable else "",
-                   "step": request.step, "steps": len(steps), "weight": step.weight}
+                   "step": request.step, "steps": len(steps), "weight": step.weight, "since": request.since}
         verdicts = []
         for name in run.spec.canary.step_gates(step):
             gate = trusted.gates.get(name)
@@ -66,6 +69,22 @@ class GatesStep(SagaStep):
             quality = judge_quality(spec.quality, on_canary, on_stable)
             return GateVerdict(name=name, type="quality", passed=quality.passed, reason=quality.reason,
                                failing=quality.failing)
+        if spec.compare is not None:
+            ledger = self._traffic()
+            if ledger is None:
+                raise GateUnusable(f"Gate {name}: a compare gate reads the gateway's traffic, which this worker "
+                                   "does not see (plnt up runs it; with the roles apart, not yet)")
+            if stable is None:
+                raise GateUnusable(f"Gate {name}: {run.key} has no stable release to compare its canary with "
+                                   "(a first install): leave the compare gate out of the first rollout")
+            since = float(context.get("since") or 0.0)
+            versions = {"canary": canary.version, "stable": stable.version}
+
+            def served(track: str) -> Served:
+                return ledger.served(run.metadata.namespace, run.metadata.name, versions[track], track, since)
+
+            passed, reason = await compare_gate(spec.compare, served)
+            return GateVerdict(name=name, type="compare", passed=passed, reason=reason)
         if spec.metric is not None:
             query = spec.metric.query
             for key in ("canary_version", "stable_version", "namespace", "name"):  # longest first
