@@ -38,6 +38,7 @@ from plnt.reconciler.drivers.helm import DEFAULT_CHART, DEFAULT_MODEL_CHART, Hel
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.drivers.processes import raise_open_files_limit
 from plnt.reconciler.drivers.reported import ReportedRunners
+from plnt.reconciler.notify import make_notifier
 from plnt.reconciler.plan.view import add_plan_routes
 from plnt.reconciler.recipes.archive import ExtractLimits
 from plnt.reconciler.recipes.pull import RecipeCache
@@ -318,11 +319,15 @@ def make_forge_client(settings: Settings) -> Forge | None:
 
 def attach_status_followers(settings: Settings, statuses: StatusStore, reconciler: Reconciler,
                             source: GitSource | KubernetesSource) -> list[Callable[[], Awaitable[None]]]:
-    """What follows each status change: the WorkflowRun custom resources (--mirror-status, and always
-    with --source kubernetes: the status goes onto the objects read), and each rollout's verdict back
-    to its commit: a forge status (--forge, unless --no-report-status) and a git note (--write-notes).
+    """What follows each status change: notifications (--notify-*), the WorkflowRun custom resources
+    (--mirror-status, and always with --source kubernetes: the status goes onto the objects read), and
+    each rollout's verdict back to its commit: a forge status (--forge, unless --no-report-status) and
+    a git note (--write-notes).
     Chained after statuses.on_change is set; returns the cleanups."""
     cleanups: list[Callable[[], Awaitable[None]]] = []
+    notifier = make_notifier(settings.notify)
+    if notifier is not None:  # each rollout transition to the operator's receivers (reconciler/notify.py)
+        cleanups.append(notifier.attach(statuses))
     if isinstance(source, KubernetesSource):
         from plnt.reconciler.control.kube import attach_status_mirror
 

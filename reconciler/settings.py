@@ -137,6 +137,31 @@ class ReviewSettings(BaseModel):
         default=(), description="ref globs deployed as previews (e.g. refs/pull/*/head); X-Plnt-Preview routes to them")
 
 
+class NotifySettings(BaseModel):
+    """Where each rollout transition is sent (reconciler/notify.py): signed webhooks and a
+    Slack-compatible incoming webhook. Secrets come from files, never the command line."""
+
+    model_config = _SECTION
+
+    webhooks: tuple[str, ...] = Field(default=(), description="URLs that get each transition, HMAC-signed")
+    webhook_secret: SecretStr | None = Field(default=None, description="the webhooks' HMAC key (the CLI reads a file)")
+    slack_url: SecretStr | None = Field(default=None, description=(
+        "a Slack-compatible incoming webhook URL (a secret itself: the CLI reads a file)"))
+    timeout_s: float = Field(default=10.0, gt=0, le=120)
+
+    @model_validator(mode="after")
+    def _signed(self) -> NotifySettings:
+        if self.webhooks and self.webhook_secret is None:
+            raise ValueError("--notify-webhook needs --notify-webhook-secret-file: plnt signs what it sends, so a "
+                             "receiver can tell it from a forgery")
+        bad = [url for url in self.webhooks if not url.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"--notify-webhook {bad[0]!r}: give an http:// or https:// URL")
+        if self.slack_url is not None and not self.slack_url.get_secret_value().startswith(("http://", "https://")):
+            raise ValueError("--notify-slack-url-file: its first line must be an http(s) URL")
+        return self
+
+
 class TemporalSettings(BaseModel):
     """Where the sagas run, and how many at once. An external Temporal (address): TLS, client
     certificate, API key, as Temporal's own clients."""
@@ -345,6 +370,7 @@ class Settings(BaseModel):
     source: SourceSettings
     trust: TrustSettings = Field(default_factory=TrustSettings)
     review: ReviewSettings = Field(default_factory=ReviewSettings)
+    notify: NotifySettings = Field(default_factory=NotifySettings)
     state_dir: Path = Path(".plnt")
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)

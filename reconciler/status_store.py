@@ -64,6 +64,8 @@ class StatusStore:
     def __init__(self, path: Path) -> None:
         self._path = path
         self.on_change: Callable[[], None] = lambda: None  # e.g. rebuild the gateway's routes
+        # Each change with what it changed from (notifications: reconciler/notify.py).
+        self.on_transition: list[Callable[[WorkflowRunStatus | None, WorkflowRunStatus], None]] = []
         self._lock = threading.Lock()  # the statuses in memory
         self._file_lock = threading.Lock()  # one write of the file at a time, each of a newer state
         self._flushing: asyncio.Future[None] | None = None  # the background write, while one runs
@@ -160,6 +162,11 @@ class StatusStore:
 
     def _announce(self, existing: WorkflowRunStatus | None, new: WorkflowRunStatus) -> None:
         self.on_change()
+        for listener in self.on_transition:
+            try:
+                listener(existing, new)
+            except Exception:  # noqa: BLE001 - a follower's bug must not stop a status write
+                log.exception("status-transition-listener-failed")
         if existing is None or existing.phase != new.phase:
             old = existing or WorkflowRunStatus(namespace=new.namespace, name=new.name)
             log.info(

@@ -300,6 +300,28 @@ class ForgeOptions(OptionGroup):
 
 
 @dataclasses.dataclass(frozen=True)
+class NotifyOptions(OptionGroup):
+    """Each rollout transition (started, step, paused, promoted, rolled back, aborted, failed) to receivers."""
+
+    panel = "Notifications"
+
+    notify_webhook: Annotated[list[str] | None, typer.Option("--notify-webhook", help=(
+        "A URL that gets each rollout transition as JSON, HMAC-signed (X-Plnt-Signature, as a webhook gate's "
+        "call; docs/operations.md). Repeatable."))] = None
+    notify_webhook_secret_file: Annotated[Path | None, typer.Option(help=(
+        "File whose first line is the --notify-webhook HMAC key."))] = None
+    notify_slack_url_file: Annotated[Path | None, typer.Option(help=(
+        "File whose first line is a Slack-compatible incoming webhook URL (the URL is the secret); each "
+        "transition is one line of text there."))] = None
+
+    def settings(self) -> dict[str, Any]:
+        """Settings.notify; exit 2 when a secret file cannot be read."""
+        return dict(webhooks=tuple(self.notify_webhook or ()),
+                    webhook_secret=secret(None, self.notify_webhook_secret_file, "--notify-webhook-secret-file"),
+                    slack_url=secret(None, self.notify_slack_url_file, "--notify-slack-url-file"))
+
+
+@dataclasses.dataclass(frozen=True)
 class GatewayOptions(OptionGroup):
     """The gateway's address, its bearer tokens and its HTTP limits: `plnt up` and `plnt gateway`."""
 

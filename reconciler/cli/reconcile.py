@@ -17,6 +17,7 @@ from plnt.reconciler.cli.options import (
     InstallTimeout,
     MaxSagas,
     ModelInstallTimeout,
+    NotifyOptions,
     RoleInternalTokenFile,
     RoleSourceOptions,
     RoleStateDir,
@@ -67,6 +68,7 @@ def reconcile(
     install_timeout: InstallTimeout = 150.0,
     model_install_timeout: ModelInstallTimeout = 1800.0,
     forge: ForgeOptions,
+    notify: NotifyOptions,
     verbose: Verbose = False,
 ) -> None:
     """The reconciler role: fetch, plan, start sagas, serve the control API. One active replica (a lease)."""
@@ -90,5 +92,5 @@ def reconcile(
             trust=trust.settings(), spec_limits=limits.limits(),
             kubernetes=dict(mirror_status=mirror_status, kubeconfig=kubeconfig,
                             install_timeout_s=install_timeout, model_install_timeout_s=model_install_timeout),
-            review=forge.settings())
+            review=forge.settings(), notify=notify.settings())
     roles.run_role(start_reconciler, settings, "reconcile")

@@ -20,6 +20,7 @@ from plnt.reconciler.cli.options import (
     GpuResource,
     InstallTimeout,
     ModelInstallTimeout,
+    NotifyOptions,
     RegistryAccessOptions,
     RunnerOptions,
     SourceOptions,
@@ -83,6 +84,7 @@ def up(
     kubeconfig: Annotated[Path | None, typer.Option(
         help="Kubeconfig for --mirror-status and --source kubernetes (default: in-cluster).")] = None,
     forge: ForgeOptions,
+    notify: NotifyOptions,
     verbose: Verbose = False,
 ) -> None:
     """Run plnt: Temporal, a worker, the reconciler and the gateway; deploy through local runner processes."""
@@ -108,7 +110,7 @@ def up(
             spec_limits=limits.limits(), roles=dict(internal_token=internal_token),
             runners=runners.settings(weights_budget_bytes=int(weights_budget_gb * 2**30),
                                      **({"llm_venv": llm_venv.resolve()} if llm_venv is not None else {})),
-            review=forge.settings())
+            review=forge.settings(), notify=notify.settings())
     runners.check()
     gateway.checked_tokens()  # here, for one clear line; the gateway reads them again as it starts
     loop_factory = event_loop_factory(loop)
