@@ -38,7 +38,6 @@ from plnt.reconciler.drivers.helm import DEFAULT_CHART, DEFAULT_MODEL_CHART, Hel
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.drivers.processes import raise_open_files_limit
 from plnt.reconciler.drivers.reported import ReportedRunners
-from plnt.reconciler.notify import make_notifier
 from plnt.reconciler.plan.view import add_plan_routes
 from plnt.reconciler.recipes.archive import ExtractLimits
 from plnt.reconciler.recipes.pull import RecipeCache
@@ -46,6 +45,7 @@ from plnt.reconciler.recipes.registries import RegistryOptions
 from plnt.reconciler.recipes.weights import WeightsStore
 from plnt.reconciler.review.approval import ApprovalGate
 from plnt.reconciler.review.forge import Forge, make_forge
+from plnt.reconciler.review.notify import make_notifier
 from plnt.reconciler.review.previews import PreviewController
 from plnt.reconciler.saga.activities import SagaActivities
 from plnt.reconciler.saga.activities.base import HEARTBEAT_THROTTLE
@@ -326,7 +326,7 @@ def attach_status_followers(settings: Settings, statuses: StatusStore, reconcile
     Chained after statuses.on_change is set; returns the cleanups."""
     cleanups: list[Callable[[], Awaitable[None]]] = []
     notifier = make_notifier(settings.notify)
-    if notifier is not None:  # each rollout transition to the operator's receivers (reconciler/notify.py)
+    if notifier is not None:  # each rollout transition to the operator's receivers (reconciler/review/notify.py)
         cleanups.append(notifier.attach(statuses))
     if isinstance(source, KubernetesSource):
         from plnt.reconciler.control.kube import attach_status_mirror

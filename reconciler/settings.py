@@ -138,7 +138,7 @@ class ReviewSettings(BaseModel):
 
 
 class NotifySettings(BaseModel):
-    """Where each rollout transition is sent (reconciler/notify.py): signed webhooks and a
+    """Where each rollout transition is sent (reconciler/review/notify.py): signed webhooks and a
     Slack-compatible incoming webhook. Secrets come from files, never the command line."""
 
     model_config = _SECTION

@@ -64,7 +64,7 @@ class StatusStore:
     def __init__(self, path: Path) -> None:
         self._path = path
         self.on_change: Callable[[], None] = lambda: None  # e.g. rebuild the gateway's routes
-        # Each change with what it changed from (notifications: reconciler/notify.py).
+        # Each change with what it changed from (notifications: reconciler/review/notify.py).
         self.on_transition: list[Callable[[WorkflowRunStatus | None, WorkflowRunStatus], None]] = []
         self._lock = threading.Lock()  # the statuses in memory
         self._file_lock = threading.Lock()  # one write of the file at a time, each of a newer state

@@ -1,4 +1,4 @@
-"""Which rollout transitions a status change makes (reconciler/notify.events_of), as a table."""
+"""Which rollout transitions a status change makes (reconciler/review/notify.events_of), as a table."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from plnt.core.status import Phase, RolloutMark, WorkflowRunStatus
-from plnt.reconciler.notify import events_of
+from plnt.reconciler.review.notify import events_of
 
 C = "c0ffee" * 6 + "c0ff"
 
