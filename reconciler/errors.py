@@ -20,8 +20,9 @@
         ├── UnsafeArchive         a recipe archive that safe extraction refuses (traversal, links, bombs)
         ├── VerificationFailed    no valid signature from a trusted signer (fails closed)
         ├── UntrustedSagaInput    a saga's input disagrees with the commit it names (forged or stale)
-        └── GateUnusable          a gate's source answered something no verdict can come from (a query
-                                  with no or several series, a webhook body that is not {pass, reason})
+        ├── GateUnusable          a gate's source answered something no verdict can come from (a query
+        │                         with no or several series, a webhook body that is not {pass, reason})
+        └── DependencyFailed      a dependency (dependsOn) of this rollout failed at the same commit
 
 Saga activities turn NeedsHuman into a non-retryable Temporal ApplicationError whose `type` is the
 class name, so the retry policy stops at once and the status shows why.
@@ -132,9 +133,14 @@ class GateUnusable(NeedsHuman):
     a value that is not a number, a webhook body that is not {"pass": bool, "reason": str}."""
 
 
+class DependencyFailed(NeedsHuman):
+    """A WorkflowRun or ModelDeployment this one depends on (dependsOn) was rolled back or failed at
+    the same commit: this rollout does not go on without it."""
+
+
 NON_RETRYABLE_ERROR_TYPES = [
     cls.__name__
     for cls in (InvalidSpec, UnknownBackend, GpuClassUnavailable, RecipeNotFound, InvalidRecipe, IntegrityMismatch,
                 DigestMismatch, DownloadRefused, UnsafeArchive, VerificationFailed, ModelNotServing, UntrustedSagaInput,
-                GateUnusable)
+                GateUnusable, DependencyFailed)
 ]

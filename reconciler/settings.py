@@ -36,6 +36,7 @@ class StepTimeouts(BaseModel):
     promote_release: float = Field(default=180, gt=0)
     set_canary_traffic: float = Field(default=180, gt=0)
     check_gates: float = Field(default=900, gt=0)
+    wait_for_dependencies: float = Field(default=3600, gt=0)
     remove_release: float = Field(default=180, gt=0)
 
     def of(self, step: str) -> float:

@@ -1058,10 +1058,57 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
     if check_references or (check_references is None and specs.gates):
         for doc, run in runs:
             problems += _gate_problems(doc, run, specs.gates)
+    if any(run.spec.depends_on for _, run in runs):
+        problems += _dependency_problems(runs, specs.deployables())
 
     problems.sort(key=lambda p: (p.file, p.line))
     specs.warnings.sort(key=lambda p: (p.file, p.line))
     return specs, problems
+
+
+def _dependency_problems(runs: list[tuple[_Document, Deployable]], deployables: dict[str, Deployable]) -> list[Problem]:
+    """dependsOn names WorkflowRuns or ModelDeployments of the same namespace, never itself, and no
+    chain of them comes back to where it started (the sagas would wait on each other for ever)."""
+    problems = []
+    for doc, run in runs:
+        namespace = run.metadata.namespace
+        for i, name in enumerate(run.spec.depends_on):
+            path = ("spec", "dependsOn", i)
+            if name == run.metadata.name:
+                problems.append(Problem(doc.file, doc.line(path), _render(path),
+                                        f"{run.metadata.name} depends on itself; remove it from dependsOn"))
+            elif run_key(namespace, name) not in deployables:
+                known = ", ".join(sorted(k.split("/", 1)[1] for k in deployables if k.startswith(f"{namespace}/")
+                                         and k != run.key)) or "none"
+                problems.append(Problem(doc.file, doc.line(path), _render(path),
+                                        f"no WorkflowRun or ModelDeployment named '{name}' in namespace {namespace} "
+                                        f"(known: {known}); declare it or remove it from dependsOn"))
+    for doc, run in runs:
+        cycle = _cycle_from(run.key, deployables)
+        if cycle is not None and cycle[0] == run.key:
+            path = ("spec", "dependsOn")
+            problems.append(Problem(doc.file, doc.line(path), _render(path),
+                                    f"dependency cycle: {' -> '.join(k.split('/', 1)[1] for k in cycle)}; remove one "
+                                    "of these dependencies"))
+    return problems
+
+
+def _cycle_from(start: str, deployables: dict[str, Deployable]) -> list[str] | None:
+    """A dependency path from `start` back to it, or None."""
+    namespace = start.split("/", 1)[0]
+    stack: list[tuple[str, list[str]]] = [(start, [start])]
+    seen: set[str] = set()
+    while stack:
+        key, path = stack.pop()
+        run = deployables.get(key)
+        for name in run.spec.depends_on if run is not None else ():
+            after = run_key(namespace, name)
+            if after == start and len(path) > 1:
+                return [*path, start]
+            if after != key and after not in seen and after in deployables:
+                seen.add(after)
+                stack.append((after, [*path, after]))
+    return None
 
 
 def _gate_problems(doc: _Document, run: Deployable, gates: dict[str, Gate]) -> list[Problem]:

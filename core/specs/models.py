@@ -15,7 +15,7 @@ import fnmatch
 import hashlib
 import json
 import re
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -213,6 +213,11 @@ class Canary(_SteppedCanary):
     smoke_test: SmokeTest = Field(default_factory=SmokeTest)
 
 
+DependencyName = Annotated[str, Field(pattern=NAME_PATTERN)]
+DEPENDS_ON_HELP = ("names of WorkflowRuns or ModelDeployments of this namespace whose spec at the same commit must be "
+                   "promoted before this one's canary is installed; if one of them fails, so does this rollout")
+
+
 class WorkflowRunSpec(SpecModel):
     workflow: WorkflowSource
     backend: BackendPlacement
@@ -223,6 +228,7 @@ class WorkflowRunSpec(SpecModel):
     autoscaling: Autoscaling | None = None
     canary: Canary = Field(default_factory=Canary)
     self_heal: bool = True
+    depends_on: list[DependencyName] = Field(default_factory=list, max_length=20, description=DEPENDS_ON_HELP)
 
 
 class WorkflowRun(SpecModel):
@@ -323,6 +329,7 @@ class ModelDeploymentSpec(SpecModel):
     replicas: ModelReplicas = Field(default_factory=ModelReplicas)
     canary: ModelCanary = Field(default_factory=ModelCanary)
     self_heal: bool = True
+    depends_on: list[DependencyName] = Field(default_factory=list, max_length=20, description=DEPENDS_ON_HELP)
 
 
 class ModelDeployment(SpecModel):

@@ -7,6 +7,7 @@ commits. Every item carries the reason and, for an upgrade, the fields that chan
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -93,6 +94,7 @@ class PlanItem:
     changes: tuple[Change, ...] = field(default_factory=tuple)
     waiting: bool = False  # a saga for this WorkflowRun is running; act when it ends
     supersedes: bool = False  # ...and it deploys something else than the newest spec: cancel it
+    after: tuple[str, ...] = ()  # dependsOn: its saga waits for these to be promoted first
 
     @property
     def key(self) -> str:
@@ -113,6 +115,7 @@ class PlanItem:
             "changes": [{"field": c.field, "old": c.old, "new": c.new} for c in self.changes],
             "waiting": self.waiting,
             "supersedes": self.supersedes,
+            "after": list(self.after),
         }
 
 
@@ -181,7 +184,7 @@ class PlanMemo:
             else:
                 has_live = release is not None or status is not None or saga[0]
                 have = live_run(key, release, status, *saga) if has_live else None
-                entry = (want, release, status, saga, _decide(want, have))
+                entry = (want, release, status, saga, _ordered(_decide(want, have), desired))
                 self.last_decided.append(key)
             decided[key] = entry
             if entry[4] is not None:
@@ -191,8 +194,17 @@ class PlanMemo:
 
 
 def plan(desired: Mapping[str, DesiredRun], live: Mapping[str, LiveRun]) -> list[PlanItem]:
-    items = [_decide(desired.get(key), live.get(key)) for key in sorted(set(desired) | set(live))]
+    items = [_ordered(_decide(desired.get(key), live.get(key)), desired) for key in sorted(set(desired) | set(live))]
     return [item for item in items if item is not None]
+
+
+def _ordered(item: PlanItem | None, desired: Mapping[str, DesiredRun]) -> PlanItem | None:
+    """An install or upgrade names the dependencies (dependsOn) its saga waits for."""
+    if item is None or item.action not in (Action.INSTALL, Action.UPGRADE):
+        return item
+    want = desired.get(item.key)
+    names = tuple(want.spec.get("dependsOn") or ()) if want is not None else ()
+    return dataclasses.replace(item, after=names) if names else item
 
 
 def _decide(want: DesiredRun | None, have: LiveRun | None) -> PlanItem | None:
@@ -270,6 +282,7 @@ def render_text(items: list[PlanItem]) -> str:
         versions = _versions(item)
         wait = (" (supersedes the running saga)" if item.supersedes
                 else " (waiting for the running saga)" if item.waiting else "")
+        wait += f" (after {', '.join(item.after)})" if item.after else ""
         lines.append(f"{_SYMBOL[item.action]} {item.key:<40} {item.action.value:<9} {versions}{wait}")
         if item.action is Action.UPGRADE and item.changes:
             lines.extend(f"    {change}" for change in item.changes)
@@ -285,7 +298,9 @@ def render_markdown(items: list[PlanItem], title: str = "plnt plan") -> str:
         out += ["| | WorkflowRun | Action | Version | Why |", "|---|---|---|---|---|"]
         for item in items:
             why = "<br>".join(f"`{c.field}`: {_md(_show(c.old))} → {_md(_show(c.new))}" for c in item.changes) or _md(item.reason)
-            out.append(f"| {_SYMBOL[item.action]} | `{item.key}` | **{item.action.value}** | {_md(_versions(item))} | {why} |")
+            after = f" (after {', '.join(item.after)})" if item.after else ""
+            out.append(f"| {_SYMBOL[item.action]} | `{item.key}` | **{item.action.value}**{_md(after)} | "
+                       f"{_md(_versions(item))} | {why} |")
     return "\n".join(out) + "\n"
 
 

@@ -51,6 +51,7 @@ class TrustedSaga:
     # a preview's are the tracked branch's, so a pull request cannot trust its own signer.
     policy_commit: str | None = None
     gates: Mapping[str, Gate] = field(default_factory=dict)  # the run's namespace's Gates, by name, at the commit
+    dependencies: Mapping[str, Deployable] = field(default_factory=dict)  # dependsOn, by name, as the commit gives them
 
 
 def _gates_of(specs: SpecSet, namespace: str) -> dict[str, Gate]:
@@ -122,8 +123,11 @@ class CommitSpecs:
             return TrustedSaga(ref, run, base.backends.get(run.spec.backend.cluster),
                                tuple(base.trust_policies.values()), policy_commit=branch,
                                gates=_gates_of(specs, ref.namespace))
+        dependencies = {name: dep for name in run.spec.depends_on
+                        if (dep := specs.deployable(run_key(ref.namespace, name))) is not None}
         return TrustedSaga(ref, run, specs.backends.get(run.spec.backend.cluster),
-                           tuple(specs.trust_policies.values()), gates=_gates_of(specs, ref.namespace))
+                           tuple(specs.trust_policies.values()), gates=_gates_of(specs, ref.namespace),
+                           dependencies=dependencies)
 
     async def _on_branch(self, commit: str) -> bool:
         if await asyncio.to_thread(self._source.is_on_branch, commit):

@@ -110,6 +110,10 @@ class CanaryStepPlan(_Io):
     gates: list[str] = []  # the Gates the step must pass after its smoke test (check_gates)
 
 
+class DependenciesInput(_Io):
+    saga: SagaRef
+
+
 class GateInput(_Io):
     saga: SagaRef
     step: int = Field(ge=1)  # 1-based: the step whose gates (at the saga's commit) are checked
@@ -186,6 +190,8 @@ class ValidatedSpec(_Io):
     # The canary's steps (canary.steps, or one at trafficPercent). Histories recorded before steps
     # existed carry none, and replay as the one-step saga they were.
     canary_steps: list[CanaryStepPlan] = []
+    # dependsOn: names whose spec at the commit must be promoted first (wait_for_dependencies).
+    depends_on: list[str] = []
 
 
 class PullInput(_Io):

@@ -1,6 +1,6 @@
 """The deploy saga: one Temporal workflow per drift of one WorkflowRun.
 
-    validate -> pull recipe -> install canary -> smoke test -> promote | roll back
+    validate -> [wait for dependencies] -> pull recipe -> install canary -> smoke test -> promote | roll back
 
 A stepped canary (canary.steps) goes through its steps between the install and the promotion: at
 each, the canary's share (set_canary_traffic, from the second step on), its smoke test, its pause
@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
     from plnt.reconciler.saga.io import (
         CanaryStepInput,
         CanaryStepPlan,
+        DependenciesInput,
         GateInput,
         GateResults,
         InstallInput,
@@ -183,6 +184,12 @@ class DeploySaga:
         # Checked against the commit before the first status write: a refused saga writes nothing.
         valid = await self._call("validate", ValidateInput(saga=ref), ValidatedSpec, saga)
         self._validated = True
+        if valid.depends_on:  # (histories recorded before dependsOn have none, and replay as they were)
+            await self._phase(saga, Phase.VERIFYING, f"waiting for {', '.join(valid.depends_on)} to be promoted "
+                              f"(dependsOn) before {saga.version}", {
+                                  "attempted_fingerprint": saga.fingerprint, "attempted_version": saga.version,
+                                  "last_error": None})
+            await self._call("wait_for_dependencies", DependenciesInput(saga=ref), None, saga)
         await self._phase(saga, Phase.VERIFYING, f"verifying {saga.version}", {
             "attempted_fingerprint": saga.fingerprint, "attempted_version": saga.version, "last_error": None,
         })

@@ -1,6 +1,6 @@
 """Saga activities: the only code that touches the outside world during a deploy.
 
-One module per step: validate.py, pull.py (pull_recipe), install.py (install_release),
+One module per step: validate.py, dependencies.py (wait_for_dependencies), pull.py (pull_recipe), install.py (install_release),
 smoke_test.py, gates.py (check_gates), promote_remove.py (promote_release, remove_release), recorder.py (record_phase,
 which runs beside the workflow), over base.py (what every step shares: the caller check, the
 saga's WorkflowRun at its commit, heartbeats, the error boundary). The activity names are the
@@ -16,6 +16,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from plnt.reconciler.saga.activities.dependencies import DependenciesStep
 from plnt.reconciler.saga.activities.gates import GatesStep
 from plnt.reconciler.saga.activities.install import InstallStep
 from plnt.reconciler.saga.activities.promote_remove import PromoteRemoveSteps
@@ -26,7 +27,8 @@ from plnt.reconciler.saga.activities.validate import ValidateStep
 from plnt.reconciler.saga.io import PhaseUpdate
 
 
-class SagaActivities(ValidateStep, PullStep, InstallStep, SmokeTestStep, GatesStep, PromoteRemoveSteps):
+class SagaActivities(ValidateStep, DependenciesStep, PullStep, InstallStep, SmokeTestStep, GatesStep,
+                     PromoteRemoveSteps):
     """Every step of the saga in one object (constructed with SagaStep's arguments), and the status
     writes when a status store is given (`plnt up`: one worker runs the saga and all its steps)."""
 
@@ -43,8 +45,8 @@ class SagaActivities(ValidateStep, PullStep, InstallStep, SmokeTestStep, GatesSt
 
     def remote(self) -> list[Callable[..., Any]]:
         """The steps a `plnt worker` runs: all but record_phase (a local activity of the saga)."""
-        return [self.validate, self.pull_recipe, self.install_release, self.smoke_test, self.set_canary_traffic,
-                self.check_gates, self.promote_release, self.remove_release]
+        return [self.validate, self.wait_for_dependencies, self.pull_recipe, self.install_release, self.smoke_test,
+                self.set_canary_traffic, self.check_gates, self.promote_release, self.remove_release]
 
     @property
     def recorder(self) -> PhaseRecorder:

@@ -58,5 +58,7 @@ class ValidateStep(SagaStep):
         return ValidatedSpec(backend_type=backend.spec.type, version=run.version, traffic_percent=steps[0].weight,
                              spec=run.spec.model_dump(mode="json", by_alias=True),
                              canary_steps=[CanaryStepPlan(weight=s.weight, pause_s=s.pause_s, manual=s.manual,
-                                                         gates=run.spec.canary.step_gates(s)) for s in steps])
+                                                         gates=run.spec.canary.step_gates(s)) for s in steps],
+                             # (a preview deploys beside the branch's releases: it waits for nothing)
+                             depends_on=list(run.spec.depends_on) if request.saga.preview is None else [])
 
