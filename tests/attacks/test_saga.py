@@ -254,6 +254,10 @@ async def test_forged_activities_on_plnt_s_task_queue_are_refused(attack_repo: A
             # a canary's share of live traffic moved outside plnt's saga (a stepped canary's step)
             (Impostor, "set_canary_traffic", {"saga": ref, "step": 1}, f"runs on task queue {queue!r}"),
             (Forger, "set_canary_traffic", {"saga": ref, "step": 1}, "runs only in plnt's DeploySaga"),
+            # gates asked outside plnt's saga (a webhook signed with plnt's key, a query of its choosing)
+            (Impostor, "check_gates", {"saga": ref, "step": 1}, f"runs on task queue {queue!r}"),
+            (Forger, "check_gates", {"saga": ref, "step": 1}, "runs only in plnt's DeploySaga"),
+            (Forger, "wait_for_dependencies", {"saga": ref}, "runs only in plnt's DeploySaga"),
         ]
         async with Worker(client, task_queue=queue, workflows=[Forger, Impostor], activities=[],
                           workflow_runner=UnsandboxedWorkflowRunner()):
