@@ -75,6 +75,8 @@ class Route:
     stable: Backend | None  # None: known workflow, nothing promoted yet -> 503
     canary: Backend | None = None
     traffic_percent: int = 0  # share of requests sent to the canary, 0..100
+    # canary.headerRoute: requests whose header (lower-case name) has this value go to the canary
+    canary_header: tuple[str, str] | None = None
     stable_replicas: tuple[Backend, ...] = ()
     # "runner": a plnt runner (POST /invoke, /chat); "openai": a ModelDeployment's model server, which
     # speaks the OpenAI API itself (the gateway passes /v1/chat/completions through unchanged).

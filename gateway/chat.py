@@ -77,7 +77,7 @@ async def _chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send
     is_model = route.protocol == "openai"
     if not grant.may_chat(route.namespace, name, is_model=is_model):
         raise openai_error(403, f"this API key may not use model {model}", "permission_error", "model", "model_not_allowed")
-    chosen = gateway.choose(route, headers, OPENAI, f"model {model}")
+    chosen = gateway.choose(route, headers, OPENAI, f"model {model}", scope["headers"])
 
     # A ModelDeployment's server takes the request as sent; a workflow's runner its own chat body.
     path, runner_body = ("/v1/chat/completions", body) if is_model else ("/chat", oai.runner_chat_body(request))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from plnt.core import telemetry
@@ -213,12 +213,19 @@ class Gateway:
         except BodyTooLarge as exc:
             raise errors.too_large(self.max_body_bytes, exc) from None
 
-    def choose(self, route: Route, headers: dict[bytes, bytes], errors: ErrorShape, what: str) -> tuple[Backend, Track]:
+    def choose(self, route: Route, headers: dict[bytes, bytes], errors: ErrorShape, what: str,
+               raw_headers: Iterable[tuple[bytes, bytes]] = ()) -> tuple[Backend, Track]:
         """The backend for this request: the track X-Plnt-Track names (400 for another value, 409
-        `no_canary` when it names a canary and none is under test), else the router's pick.
-        `what` names the route in the 503 of a route with nothing promoted yet."""
+        `no_canary` when it names a canary and none is under test), the canary for a request of its
+        header cohort (canary.headerRoute, looked up in `raw_headers`: the name is the spec's), else
+        the router's pick. `what` names the route in the 503 of a route with nothing promoted yet."""
         forced = headers.get(_TRACK)
         try:
+            cohort = route.canary_header
+            if forced is None and cohort is not None and route.canary is not None:
+                name, value = cohort[0].encode("latin-1"), cohort[1].encode("latin-1")
+                if any(k == name and v == value for k, v in raw_headers):
+                    return route.canary, "canary"
             if forced is None:
                 session = headers.get(b"x-session-id")
                 return self.router.choose(route, session=session.decode("latin-1") if session else None)

@@ -88,7 +88,7 @@ async def _invoke(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Se
     if route.protocol == "openai":
         raise plnt_error(404, "not_found", f"{route.namespace}/{name} is a ModelDeployment, not a workflow: "
                          f"POST /v1/chat/completions with \"model\": \"{name}\"")
-    chosen = gateway.choose(route, headers, PLNT, f"workflow {route.namespace}/{name}")
+    chosen = gateway.choose(route, headers, PLNT, f"workflow {route.namespace}/{name}", scope["headers"])
 
     accept, content_type = headers.get(b"accept"), headers.get(b"content-type")
     stream = accept is not None and SSE in accept

@@ -92,6 +92,7 @@ def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore,
         serving = item.stable or item.canary
         return Route(namespace=item.namespace, name=item.name, stable=backend(item.stable),
                      canary=backend(item.canary), traffic_percent=item.canary.traffic_percent if item.canary else 0,
+                     canary_header=item.canary.canary_header if item.canary else None,
                      protocol="openai" if serving is not None and serving.model is not None else "runner")
 
     previous = built or {}

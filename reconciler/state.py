@@ -108,6 +108,8 @@ class Release(BaseModel):
     recipe_dir: str
     endpoint: str
     traffic_percent: int = 0
+    # canary.headerRoute: requests whose header (lower-case name) has this value go to this canary
+    canary_header: tuple[str, str] | None = None
     pid: int | None = None
     pid_start: str | None = None  # /proc start time: tells our process from a reused pid
     port: int | None = None

@@ -175,6 +175,25 @@ class CanaryStep(SpecModel):
         return self.pause == MANUAL
 
 
+RESERVED_HEADERS = {"authorization", "host", "content-type", "content-length", "cookie", "x-plnt-track",
+                    "x-plnt-preview", "x-session-id", "x-forwarded-for"}
+
+
+class HeaderRoute(SpecModel):
+    """Requests carrying `header: value` go to the canary while it is under test, whatever its
+    share (an internal tester cohort); the others are shared by weight as before."""
+
+    header: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$", description="a header name, e.g. X-Cohort")
+    value: str = Field(min_length=1, max_length=200)
+
+    @field_validator("header")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value.lower() in RESERVED_HEADERS:
+            raise ValueError(f"header {value!r} has a meaning of its own to the gateway; choose another (e.g. X-Cohort)")
+        return value
+
+
 class _SteppedCanary(SpecModel):
     """`trafficPercent` (one step) or `steps` (several, weights rising): what the saga goes through."""
 
@@ -183,6 +202,8 @@ class _SteppedCanary(SpecModel):
         "pause; then the promotion. Without it: one step at trafficPercent"))
     gates: list[str] = Field(default_factory=list, max_length=20, description=(
         "names of Gates (same namespace) every step must pass after its smoke test"))
+    header_route: HeaderRoute | None = Field(default=None, description=(
+        "requests with this header value go to the canary at every step (a tester cohort)"))
 
     @model_validator(mode="after")
     def _rising(self) -> Self:

@@ -217,6 +217,8 @@ def render_values(
             "specFingerprint": request.spec_fingerprint,
             "releaseId": request.release_id,
             "trafficPercent": request.traffic_percent,
+            **({"canaryHeader": {"name": request.canary_header[0], "value": request.canary_header[1]}}
+               if request.canary_header else {}),
         },
         "track": request.track,
         "image": image_values(image),
@@ -308,6 +310,8 @@ def render_model_values(
             "specFingerprint": request.spec_fingerprint,
             "releaseId": request.release_id,
             "trafficPercent": request.traffic_percent,
+            **({"canaryHeader": {"name": request.canary_header[0], "value": request.canary_header[1]}}
+               if request.canary_header else {}),
         },
         "track": request.track,
         "model": {"registry": serving.registry, "name": serving.model_name, "version": request.version,
@@ -1074,6 +1078,7 @@ class HelmDriver:
                 recipe_dir=f"{MODELS_DIR_IN_POD}/{model['name']}",
                 endpoint=endpoint,
                 traffic_percent=int(deployment.get("trafficPercent", 0)),
+                canary_header=_canary_header(deployment) if values["track"] == "canary" else None,
                 model=ModelServing(runtime=runtime["type"], model_file=runtime.get("modelFile", ""),
                                    alias=deployment["name"], context_length=int(runtime["contextLength"]),
                                    threads=runtime.get("threads"), args=tuple(runtime.get("args", ())),
@@ -1091,10 +1096,18 @@ class HelmDriver:
             recipe_dir=RECIPE_DIR_IN_POD,
             endpoint=endpoint,
             traffic_percent=int(workflow.get("trafficPercent", 0)),
+            canary_header=_canary_header(workflow) if values["track"] == "canary" else None,
         )
 
     def _lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault(f"{namespace}/{name}", asyncio.Lock())
+
+
+def _canary_header(owner: dict[str, Any]) -> tuple[str, str] | None:
+    header = owner.get("canaryHeader")
+    if isinstance(header, dict) and isinstance(header.get("name"), str) and isinstance(header.get("value"), str):
+        return header["name"], header["value"]
+    return None
 
 
 def _owner_key(values: dict[str, Any]) -> str:

@@ -47,6 +47,7 @@ class InstallRequest(BaseModel):
     # a model on Kubernetes, whose pod fetches and verifies the weights itself (`model.registry`, `trust`)
     recipe_dir: str
     traffic_percent: int = 0
+    canary_header: tuple[str, str] | None = None  # canary.headerRoute: (lower-case name, value)
     trust: RecipeTrust = RecipeTrust()  # a model's: the policies its weights were verified with
     model: ModelServing | None = None  # a ModelDeployment's release: a model server, not a runner
     llm_model: str | None = None  # a WorkflowRun bound to a ModelDeployment: its "namespace/name"

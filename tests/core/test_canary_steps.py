@@ -55,3 +55,16 @@ def test_steps_and_traffic_percent_together_are_refused(tmp_path: Path) -> None:
     problems = load_one(tmp_path, RUN.replace("    trafficPercent: 5\n", "    trafficPercent: 5\n    steps: [{weight: 5}]\n"))
     assert [p.field for p in problems] == ["spec.canary"]
     assert problems[0].message.startswith("give canary.steps or canary.trafficPercent, not both")
+
+
+
+@pytest.mark.parametrize(("route", "field", "message"), [
+    ("{header: X-Plnt-Track, value: canary}", "spec.canary.headerRoute.header",
+     "header 'X-Plnt-Track' has a meaning of its own to the gateway; choose another"),
+    ("{header: 'X Cohort', value: a}", "spec.canary.headerRoute.header", "'X Cohort' is not valid"),
+    ("{header: X-Cohort, value: ''}", "spec.canary.headerRoute.value", "at least 1 character"),
+])
+def test_bad_header_routes_are_named(tmp_path: Path, route: str, field: str, message: str) -> None:
+    problems = load_one(tmp_path, RUN.replace("    trafficPercent: 5\n", f"    headerRoute: {route}\n"))
+    assert [p.field for p in problems] == [field], problems
+    assert message in problems[0].message, problems[0].message

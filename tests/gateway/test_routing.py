@@ -173,3 +173,20 @@ async def test_health_of_gateway_needs_no_runner(start_gateway: StartGateway) ->
     assert (await gw.client.get("/healthz")).json() == {"status": "ok"}
     async with httpx.AsyncClient(trust_env=False) as client:
         assert (await client.get(f"{gw.url}/workflows/x/invoke")).status_code in (404, 405)
+
+
+async def test_a_header_cohort_goes_to_the_canary_whatever_its_share(start_server: StartServer,
+                                                                     start_gateway: StartGateway) -> None:
+    """canary.headerRoute: with 0% of the traffic, only requests of the cohort reach the canary (v2);
+    another value, no header, or X-Plnt-Track: stable do not. Fake runners stand in for releases."""
+    v1, v2 = await start_server(FakeRunner("v1").app()), await start_server(FakeRunner("v2").app())
+    cohort = Route(namespace="default", name="assistant", stable=backend(v1, "v1"), canary=backend(v2, "v2"),
+                   traffic_percent=0, canary_header=("x-cohort", "testers"))
+    gw = await start_gateway(Router(RouteTable([cohort])))
+    testers = await post_many(gw.url, "/workflows/assistant/invoke", 50, 8, headers=[("X-Cohort", "testers")])
+    others = await post_many(gw.url, "/workflows/assistant/invoke", 50, 8, headers=[("X-Cohort", "everyone")])
+    plain = await post_many(gw.url, "/workflows/assistant/invoke", 50, 8)
+    pinned = await post_many(gw.url, "/workflows/assistant/invoke", 10, 4,
+                             headers=[("X-Cohort", "testers"), ("X-Plnt-Track", "stable")])
+    assert {(s, t, v) for s, t, v in testers} == {(200, "canary", "v2")}
+    assert {(s, t, v) for s, t, v in others + plain + pinned} == {(200, "stable", "v1")}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 
-from plnt.core.specs.models import ModelDeployment, RecipeTrustPolicy
+from plnt.core.specs.models import Canary, ModelCanary, ModelDeployment, RecipeTrustPolicy
 from plnt.reconciler.drivers.model_runtime import gguf_file
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.errors import InvalidSpec, UntrustedSagaInput
@@ -34,6 +34,7 @@ class InstallStep(SagaStep):
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary",
             version=run.spec.workflow.version, spec_fingerprint=run.fingerprint(), recipe_digest=request.recipe_digest,
             recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.plan_steps()[0].weight, trust=trust,
+            canary_header=_header_of(run.spec.canary),
             llm_model=f"{run.metadata.namespace}/{run.spec.model}" if run.spec.model else None,
         )))
 
@@ -63,6 +64,7 @@ class InstallStep(SagaStep):
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary", version=run.version,
             spec_fingerprint=run.fingerprint(), recipe_digest=digest, recipe_dir=recipe_dir,
             traffic_percent=run.spec.canary.plan_steps()[0].weight, trust=trust,
+            canary_header=_header_of(run.spec.canary),
             model=ModelServing(runtime=runtime.type, model_file=model_file, alias=run.metadata.name,
                                context_length=runtime.context_length, threads=runtime.threads,
                                args=tuple(runtime.args), registry=model.registry, model_name=model.name,
@@ -77,3 +79,8 @@ class InstallStep(SagaStep):
         verified with, for runners that verify it themselves (Kubernetes pods)."""
         read_root = functools.partial(self._read, trusted.policy_commit or trusted.ref.commit)
         return await asyncio.to_thread(RecipeTrust.of, policies, read_root)
+
+
+def _header_of(canary: Canary | ModelCanary) -> tuple[str, str] | None:
+    route = canary.header_route
+    return (route.header.lower(), route.value) if route is not None else None
