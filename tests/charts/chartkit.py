@@ -196,6 +196,9 @@ RUNNER_CASES: dict[str, tuple[str, list[str]]] = {
         "--set", "replicas.max=4", "--set", "gpu.count=1", "--set", "gpu.class=nvidia.com/h100"]),
     "ingress": ("review-responder", ["--set", "ingress.enabled=true", "--set", "ingress.host=rr.example.com",
                                      "--set", "ingress.tlsSecretName=rr-tls"]),
+    # canary.headerRoute, as plnt's helm driver writes it (the gateway reads it back; nothing renders)
+    "canary-cohort": ("review-responder-canary", ["--set", "track=canary", "--set", "workflow.canaryHeader.name=x-cohort",
+                                                  "--set", "workflow.canaryHeader.value=testers"]),
 }
 
 
@@ -213,6 +216,8 @@ MODEL_SERVER_CASES: dict[str, tuple[str, list[str]]] = {
         "--set", "track=canary", "--set", "runtime.type=vllm", "--set", "gpu.class=nvidia.com/gpu",
         "--set", "gpu.count=2", "--set", "weights.persistentVolumeClaim=model-weights",
         "--set", "weights.credentialsSecret=model-registry"]),
+    "canary-cohort": ("chat-canary", ["--set", "track=canary", "--set", "deployment.canaryHeader.name=x-cohort",
+                                      "--set", "deployment.canaryHeader.value=testers"]),
 }
 
 
