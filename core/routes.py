@@ -77,6 +77,7 @@ class Route:
     traffic_percent: int = 0  # share of requests sent to the canary, 0..100
     # canary.headerRoute: requests whose header (lower-case name) has this value go to the canary
     canary_header: tuple[str, str] | None = None
+    shadow_percent: int = 0  # share of the stable's invocations also mirrored to the canary (answers discarded)
     stable_replicas: tuple[Backend, ...] = ()
     # "runner": a plnt runner (POST /invoke, /chat); "openai": a ModelDeployment's model server, which
     # speaks the OpenAI API itself (the gateway passes /v1/chat/completions through unchanged).
@@ -87,6 +88,8 @@ class Route:
         # silently clamping them on every request.
         if not 0 <= self.traffic_percent <= 100:
             raise ValueError(f"traffic_percent must be within 0..100, got {self.traffic_percent}")
+        if not 0 <= self.shadow_percent <= 100:
+            raise ValueError(f"shadow_percent must be within 0..100, got {self.shadow_percent}")
         replicas = tuple(self.stable_replicas)
         if self.stable is not None and not replicas:
             replicas = (self.stable,)
@@ -198,6 +201,10 @@ def preview_target(name: str, header: bytes | None) -> str:
 
 # --- X-Plnt-Track: a request that names its track (the playground's version pick) ----------------
 TRACK_HEADER = "x-plnt-track"
+# The gateway's mirror of a live request to a canary (canary.shadowPercent): its answer is discarded,
+# and the runner does not run the recipe's sideEffects steps. Set by the gateway only (it builds the
+# runner's request headers itself: a client's own never reach a runner).
+SHADOW_HEADER = "x-plnt-shadow"
 
 
 class NoCanary(LookupError):

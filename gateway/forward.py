@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -21,6 +22,7 @@ from plnt.core import telemetry
 from plnt.core.auth import ALL, Grant, TokenSet, is_json_media
 from plnt.core.routes import (
     PREVIEW_HEADER,
+    SHADOW_HEADER,
     TRACK_HEADER,
     AmbiguousRoute,
     Backend,
@@ -54,6 +56,7 @@ log = logging.getLogger("plnt.gateway")
 Wake = Callable[[str, str, str], Awaitable[str | None]]  # (namespace, name, release id) -> endpoint or None
 
 SSE = b"text/event-stream"
+MAX_SHADOWS = 32  # mirrored invocations in flight per gateway process (canary.shadowPercent)
 _SPAN_NAMES = {"invoke": "POST /workflows/{name}/invoke", "chat": "POST /v1/chat/completions"}
 _NO_LABELS = ("", "", "", "")
 _TRACK = TRACK_HEADER.encode()
@@ -164,6 +167,8 @@ class Gateway:
         self.waker = Waker(wake, metrics, request_timeout_s) if wake is not None else None
         self.client: UpstreamClient | None = None  # created in the app's lifespan (needs the loop)
         self.calls = CallLog()  # GET /calls: the last calls, no body, no token (calls.py)
+        self._shadows: set[asyncio.Task[None]] = set()  # mirrors in flight (canary.shadowPercent)
+        self._shadow_rng = random.Random()
 
     async def measured(self, api: str, errors: ErrorShape, scope: ASGIScope, send: Send,
                        handle: Callable[[Outcome], Awaitable[None]]) -> None:
@@ -193,6 +198,40 @@ class Gateway:
             self.calls.add(api, outcome.labels, outcome.code, elapsed, outcome.error_type)
             if outcome.span is not None:
                 telemetry.end_request(outcome.span, outcome.code, outcome.error_type, outcome.labels, outcome.ttft)
+
+    def shadow(self, route: Route, chosen: tuple[Backend, Track], body: bytes) -> None:
+        """canary.shadowPercent: a share of the invocations the stable answers is also sent to the
+        canary, in the background, marked X-Plnt-Shadow (its sideEffects steps are not run) and its
+        answer discarded; recorded as track "shadow" (metrics, /calls, the compare gate's ledger).
+        At most MAX_SHADOWS at once: beyond that a mirror is skipped, never queued."""
+        canary = route.canary
+        if (canary is None or route.shadow_percent <= 0 or chosen[1] != "stable" or len(self._shadows) >= MAX_SHADOWS
+                or self._shadow_rng.random() * 100 >= route.shadow_percent):
+            return
+        task = asyncio.create_task(self._mirror(route, canary, body))
+        self._shadows.add(task)
+        task.add_done_callback(self._shadows.discard)
+
+    async def _mirror(self, route: Route, canary: Backend, body: bytes) -> None:
+        labels = (route.namespace, route.name, canary.version, "shadow")
+        started = time.perf_counter()
+        code, error_type = 200, None
+        client = self.client
+        try:
+            if client is None:
+                return
+            async with asyncio.timeout(self.request_timeout_s):
+                response = await client.request(canary.endpoint, "POST", "/invoke", body=body,
+                                                headers=[("content-type", "application/json"), (SHADOW_HEADER, "1")])
+            code = response.status
+            error_type = None if code < 400 else "shadow_error"
+        except (UpstreamError, TimeoutError, OSError) as exc:
+            code, error_type = 504 if isinstance(exc, TimeoutError) else 502, "shadow_unreachable"
+        finally:
+            elapsed = time.perf_counter() - started
+            self.metrics.started("invoke")
+            self.metrics.finished("invoke", labels, code, elapsed, error_type)
+            self.calls.add("invoke", labels, code, elapsed, error_type)
 
     def grant(self, authorization: bytes | None, errors: ErrorShape) -> Grant:
         """What the request's bearer token may use (everything when no tokens are configured)."""

@@ -92,6 +92,8 @@ async def _invoke(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Se
 
     accept, content_type = headers.get(b"accept"), headers.get(b"content-type")
     stream = accept is not None and SSE in accept
+    if route.shadow_percent and not stream:
+        gateway.shadow(route, chosen, body)
     exchange = await gateway.forward(
         table, route, target, name, chosen, "/invoke", body, stream=stream, outcome=outcome, errors=PLNT,
         content_type=content_type.decode("latin-1") if content_type else "application/json",

@@ -87,6 +87,7 @@ class RouteDoc(BaseModel):
     protocol: Literal["runner", "openai"] = "runner"
     # canary.headerRoute: [lower-case header name, value] (absent on the wire when there is none)
     canary_header: tuple[str, str] | None = None
+    shadow_percent: int = Field(default=0, ge=0, le=100)
 
     @field_validator("namespace", "name")
     @classmethod
@@ -134,6 +135,7 @@ def _backend(doc: BackendDoc | None) -> Backend | None:
 def _route(doc: RouteDoc) -> Route:
     return Route(namespace=doc.namespace, name=doc.name, stable=_backend(doc.stable), canary=_backend(doc.canary),
                  traffic_percent=doc.canary_percent, protocol=doc.protocol, canary_header=doc.canary_header,
+                 shadow_percent=doc.shadow_percent,
                  stable_replicas=tuple(Backend(b.endpoint, b.version, b.release_id) for b in doc.stable_replicas))
 
 
@@ -151,7 +153,7 @@ def routes_doc(table: RouteTable) -> tuple[RouteDoc, ...]:
         RouteDoc.model_construct(
             namespace=r.namespace, name=r.name, stable=_backend_doc(r.stable), canary=_backend_doc(r.canary),
             canary_percent=r.traffic_percent, stable_replicas=tuple(_backend_doc(x) for x in r.stable_replicas),
-            protocol=r.protocol, canary_header=r.canary_header)
+            protocol=r.protocol, canary_header=r.canary_header, shadow_percent=r.shadow_percent)
         for r in routes
     )
 
@@ -214,7 +216,8 @@ class Published:
                         "canary": _backend_json(r.canary), "canary_percent": r.traffic_percent,
                         "stable_replicas": [_backend_json(b) for b in r.stable_replicas],
                         **({"protocol": r.protocol} if r.protocol != "runner" else {}),
-                        **({"canary_header": list(r.canary_header)} if r.canary_header else {})} for r in self.routes],
+                        **({"canary_header": list(r.canary_header)} if r.canary_header else {}),
+                        **({"shadow_percent": r.shadow_percent} if r.shadow_percent else {})} for r in self.routes],
             "workflows": list(self.workflows),
         }, fallback=str)
 

@@ -93,6 +93,7 @@ def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore,
         return Route(namespace=item.namespace, name=item.name, stable=backend(item.stable),
                      canary=backend(item.canary), traffic_percent=item.canary.traffic_percent if item.canary else 0,
                      canary_header=item.canary.canary_header if item.canary else None,
+                     shadow_percent=item.canary.shadow_percent if item.canary else 0,
                      protocol="openai" if serving is not None and serving.model is not None else "runner")
 
     previous = built or {}

@@ -110,6 +110,7 @@ class Release(BaseModel):
     traffic_percent: int = 0
     # canary.headerRoute: requests whose header (lower-case name) has this value go to this canary
     canary_header: tuple[str, str] | None = None
+    shadow_percent: int = 0  # canary.shadowPercent: share of the stable's invocations mirrored to this canary
     pid: int | None = None
     pid_start: str | None = None  # /proc start time: tells our process from a reused pid
     port: int | None = None

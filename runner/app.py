@@ -81,6 +81,7 @@ from plnt.core import telemetry
 from plnt.core.auth import LoopbackHostGuard, TokenSet, is_json_media, open_gateway_hosts
 from plnt.core.limits import JSONTooDeep
 from plnt.core.limits import loads as bounded_loads
+from plnt.core.routes import SHADOW_HEADER
 from plnt.runner.adapters import RuntimeAdapter, UpstreamError
 from plnt.runner.cache import DEFAULT_CAPACITY, StepCache
 from plnt.runner.engine import InvalidInput, StepFailed, WorkflowResult, check_inputs, required_inputs, run_workflow
@@ -226,13 +227,17 @@ def create_app(
     async def run(inputs: dict[str, Any], max_tokens: int | None, sink: Any = None,
                   trace: Any = None) -> dict[str, Any]:
         """Run once; returns the result body. Raises StepFailed, or anything for `internal`.
-        `trace`: the request's headers, read for its W3C traceparent when tracing is on."""
+        `trace`: the request's headers, read for its W3C traceparent when tracing is on, and for
+        X-Plnt-Shadow: 1 (the gateway's mirror of a live request: sideEffects steps are not run)."""
         counters["invocations"] += 1
+        shadow = trace is not None and trace.get(SHADOW_HEADER) == "1"
         if telemetry.ENABLED:  # the gateway's trace goes on: this invocation, its steps, their LLM calls
             with telemetry.span("runner invoke", trace_attributes, parent=telemetry.extract(trace or {}), kind="server"):
-                result = await run_workflow(recipe, inputs, adapter, sink=sink, cache=cache, max_tokens=max_tokens)
+                result = await run_workflow(recipe, inputs, adapter, sink=sink, cache=cache, max_tokens=max_tokens,
+                                            shadow=shadow)
         else:
-            result = await run_workflow(recipe, inputs, adapter, sink=sink, cache=cache, max_tokens=max_tokens)
+            result = await run_workflow(recipe, inputs, adapter, sink=sink, cache=cache, max_tokens=max_tokens,
+                                        shadow=shadow)
         try:
             return result_body(result)
         except (TypeError, ValueError) as exc:

@@ -215,6 +215,11 @@ async def _execute(step: Step, ctx: StepContext, function: Any) -> Any:
     return await ctx.tools.call(step.tool)
 
 
+async def _skipped() -> tuple[Any, float, bool]:
+    """A side-effecting step of a shadow run: not run."""
+    return None, 0.0, False
+
+
 async def _run_step(run: _Invocation, step: Step, results: Mapping[str, Any]) -> tuple[Any, float, bool]:
     """(result, milliseconds, answered from the cache); a span of its own when tracing is on."""
     if not telemetry.ENABLED:
@@ -280,12 +285,14 @@ async def run_workflow(
     sink: TokenCallback | None = None,
     cache: StepCache | None = None,
     max_tokens: int | None = None,
+    shadow: bool = False,
 ) -> WorkflowResult:
     """Run every step of `recipe` on `inputs`; returns the output step's result and timings.
 
     `sink(step_id, text)` receives the output step's tokens (a streaming invocation);
     `cache` is the runner's step cache; `max_tokens` caps the output step's `llm.generate`
-    calls (a chat client's max_tokens)."""
+    calls (a chat client's max_tokens); `shadow`: a mirrored request whose answer nobody reads,
+    so a step declared `sideEffects` is not run (its result is None)."""
     started = time.perf_counter()
     steps = {step.id: step for step in recipe.workflow.steps}
     run = _Invocation(recipe, MappingProxyType(dict(inputs)), adapter, output_step(recipe.workflow), sink, cache, max_tokens)
@@ -294,7 +301,8 @@ async def run_workflow(
     cached: set[str] = set()
     for level in step_levels(recipe.workflow.steps):
         finished = MappingProxyType(dict(results))
-        tasks = [asyncio.ensure_future(_run_step(run, steps[step_id], finished)) for step_id in level]
+        tasks = [asyncio.ensure_future(_skipped() if shadow and steps[step_id].side_effects
+                                       else _run_step(run, steps[step_id], finished)) for step_id in level]
         try:
             outcomes = await asyncio.gather(*tasks)
         except BaseException:

@@ -204,6 +204,9 @@ class _SteppedCanary(SpecModel):
         "names of Gates (same namespace) every step must pass after its smoke test"))
     header_route: HeaderRoute | None = Field(default=None, description=(
         "requests with this header value go to the canary at every step (a tester cohort)"))
+    shadow_percent: int = Field(default=0, ge=0, le=100, description=(
+        "share of the stable release's live invocations also sent to the canary, its answers discarded (and its "
+        "sideEffects steps not run): a compare gate then sees the canary without exposing anyone to it"))
 
     @model_validator(mode="after")
     def _rising(self) -> Self:
@@ -622,6 +625,9 @@ class Step(SpecModel):
     tool: StepTool
     deps: list[str] = Field(default_factory=list)
     params: dict[str, Any] = Field(default_factory=dict)
+    side_effects: bool = Field(default=False, description=(
+        "the step acts on the world (sends, writes, charges): in a shadow run (canary.shadowPercent) it is "
+        "not run and its result is null"))
 
 
 class Requirements(SpecModel):

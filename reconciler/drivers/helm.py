@@ -219,6 +219,7 @@ def render_values(
             "trafficPercent": request.traffic_percent,
             **({"canaryHeader": {"name": request.canary_header[0], "value": request.canary_header[1]}}
                if request.canary_header else {}),
+            **({"shadowPercent": request.shadow_percent} if request.shadow_percent else {}),
         },
         "track": request.track,
         "image": image_values(image),
@@ -1097,6 +1098,7 @@ class HelmDriver:
             endpoint=endpoint,
             traffic_percent=int(workflow.get("trafficPercent", 0)),
             canary_header=_canary_header(workflow) if values["track"] == "canary" else None,
+            shadow_percent=int(workflow.get("shadowPercent", 0)) if values["track"] == "canary" else 0,
         )
 
     def _lock(self, namespace: str, name: str) -> asyncio.Lock:

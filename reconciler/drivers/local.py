@@ -120,7 +120,8 @@ class LocalDriver:
                 if live.stable is not None:
                     return live.stable  # promoted already: a retried promote finds its own work
                 raise DriverError(f"{namespace}/{name}: no canary to promote")
-            new_stable = live.canary.model_copy(update={"track": "stable", "traffic_percent": 0, "canary_header": None})
+            new_stable = live.canary.model_copy(update={"track": "stable", "traffic_percent": 0, "canary_header": None,
+                                                        "shadow_percent": 0})
             old = live.stable
             self._records.write(LiveWorkflow(namespace=namespace, name=name, stable=new_stable))
             if old is not None and old.pid != new_stable.pid:

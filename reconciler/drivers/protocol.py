@@ -48,6 +48,7 @@ class InstallRequest(BaseModel):
     recipe_dir: str
     traffic_percent: int = 0
     canary_header: tuple[str, str] | None = None  # canary.headerRoute: (lower-case name, value)
+    shadow_percent: int = 0  # canary.shadowPercent
     trust: RecipeTrust = RecipeTrust()  # a model's: the policies its weights were verified with
     model: ModelServing | None = None  # a ModelDeployment's release: a model server, not a runner
     llm_model: str | None = None  # a WorkflowRun bound to a ModelDeployment: its "namespace/name"

@@ -180,7 +180,7 @@ def test_unknown_field_names_allowed_fields(tmp_path: Path) -> None:
     assert where(problems) == [("specs.yaml", 10, "spec.canary.trafficPercentage")]
     message = problems[0].message
     assert message.startswith("unknown field; did you mean 'trafficPercent'?")
-    assert "(allowed: gates, headerRoute, smokeTest, steps, trafficPercent)" in message
+    assert "(allowed: gates, headerRoute, shadowPercent, smokeTest, steps, trafficPercent)" in message
 
 
 def test_missing_required_field_points_at_parent_key(tmp_path: Path) -> None:

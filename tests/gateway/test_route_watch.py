@@ -41,7 +41,7 @@ K8S = Backend("http://wf-stable.agents.svc.cluster.local:8080", "2.0.0", "agents
 def table() -> RouteTable:
     return RouteTable([
         Route("default", "a", stable=A, canary=C, traffic_percent=5, stable_replicas=(A, A2),
-              canary_header=("x-cohort", "testers")),
+              canary_header=("x-cohort", "testers"), shadow_percent=10),
         Route("agents", "b", stable=K8S),
         Route("default", "pending", stable=None),
     ])

@@ -190,3 +190,29 @@ async def test_a_header_cohort_goes_to_the_canary_whatever_its_share(start_serve
                              headers=[("X-Cohort", "testers"), ("X-Plnt-Track", "stable")])
     assert {(s, t, v) for s, t, v in testers} == {(200, "canary", "v2")}
     assert {(s, t, v) for s, t, v in others + plain + pinned} == {(200, "stable", "v1")}
+
+
+
+async def test_a_shadow_share_is_mirrored_to_the_canary_and_its_answers_discarded(
+        start_server: StartServer, start_gateway: StartGateway) -> None:
+    """canary.shadowPercent 100 with 0% of the traffic: every invocation is answered by the stable
+    (v1) and also sent to the canary (v2), marked X-Plnt-Shadow, recorded as track "shadow". A
+    client's own X-Plnt-Shadow never reaches a runner. Fake runners stand in for releases."""
+    stable, canary = FakeRunner("v1"), FakeRunner("v2", delay_s=0.05)
+    v1, v2 = await start_server(stable.app()), await start_server(canary.app())
+    mirrored = Route(namespace="default", name="assistant", stable=backend(v1, "v1"), canary=backend(v2, "v2"),
+                     traffic_percent=0, shadow_percent=100)
+    gw = await start_gateway(Router(RouteTable([mirrored])))
+    answers = await post_many(gw.url, "/workflows/assistant/invoke", 20, 4, headers=[("X-Plnt-Shadow", "0")])
+    assert {(s, t, v) for s, t, v in answers} == {(200, "stable", "v1")}
+    for _ in range(100):
+        if len(canary.requests) == 20:
+            break
+        await asyncio.sleep(0.05)
+    assert len(canary.requests) == 20 and {r["headers"].get("x-plnt-shadow") for r in canary.requests} == {"1"}
+    assert "x-plnt-shadow" not in stable.requests[0]["headers"], "a client's header is not passed on"
+    assert [r["body"] for r in canary.requests] == [r["body"] for r in stable.requests]
+    metrics = (await gw.client.get("/metrics")).text
+    assert 'track="shadow"' in metrics and 'version="v2"' in metrics
+    tracks = {c["track"] for c in (await gw.client.get("/calls", params={"limit": 100})).json()}
+    assert tracks == {"stable", "shadow"}

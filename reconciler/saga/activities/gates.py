@@ -81,7 +81,12 @@ class GatesStep(SagaStep):
             versions = {"canary": canary.version, "stable": stable.version}
 
             def served(track: str) -> Served:
-                return ledger.served(run.metadata.namespace, run.metadata.name, versions[track], track, since)
+                ns, name = run.metadata.namespace, run.metadata.name
+                got = ledger.served(ns, name, versions[track], track, since)
+                if track == "canary":  # and what it answered to mirrored requests (canary.shadowPercent)
+                    mirrored = ledger.served(ns, name, versions[track], "shadow", since)
+                    got = Served(got.latencies_s + mirrored.latencies_s, got.errors + mirrored.errors)
+                return got
 
             passed, reason = await compare_gate(spec.compare, served)
             return GateVerdict(name=name, type="compare", passed=passed, reason=reason)

@@ -34,7 +34,7 @@ class InstallStep(SagaStep):
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary",
             version=run.spec.workflow.version, spec_fingerprint=run.fingerprint(), recipe_digest=request.recipe_digest,
             recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.plan_steps()[0].weight, trust=trust,
-            canary_header=_header_of(run.spec.canary),
+            canary_header=_header_of(run.spec.canary), shadow_percent=run.spec.canary.shadow_percent,
             llm_model=f"{run.metadata.namespace}/{run.spec.model}" if run.spec.model else None,
         )))
 

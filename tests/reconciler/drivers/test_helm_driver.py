@@ -223,7 +223,7 @@ async def test_install_runs_upgrade_install_with_the_rendered_values() -> None:
         "version": "1.2.0", "spec_fingerprint": RUN.fingerprint(), "recipe_digest": "sha256:" + "9a" * 32,
         "recipe_dir": "/var/lib/plnt/recipe", "endpoint": "http://review-responder-canary.agents.svc.cluster.local",
         "traffic_percent": 5, "pid": None, "pid_start": None, "port": None,
-        "park_after_s": None, "parked": False, "model": None, "llm_model": None, "canary_header": None,
+        "park_after_s": None, "parked": False, "model": None, "llm_model": None, "canary_header": None, "shadow_percent": 0,
     }
 
 
