@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from plnt.core.specs.models import Deployable, WorkflowRun, run_key
+from plnt.core.specs.models import CanaryStep, Deployable, WorkflowRun, run_key
 from plnt.core.traffic import TrafficLedger
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import LiveStateUnknown, NeedsHuman, PlntError, RetryLater, UntrustedSagaInput
@@ -167,6 +167,13 @@ class SagaStep:
         if remember is not None and trusted.backend is not None:
             remember(trusted.run, trusted.backend)  # a worker learns each WorkflowRun's backend from its commit
         return trusted, trusted.run
+
+    def _step_at(self, run: Deployable, step: int) -> CanaryStep:
+        """Canary step `step` (1-based) of the run at its commit; a saga naming another is refused."""
+        steps = run.spec.canary.plan_steps()
+        if step > len(steps):
+            raise UntrustedSagaInput(f"{run.key} has {len(steps)} canary step(s) at its commit, not {step}")
+        return steps[step - 1]
 
     def _verified_recipe(self, run: WorkflowRun, digest: str) -> Path:
         """The recipe directory of plnt's own verified cache entry for what the run names."""

@@ -31,9 +31,7 @@ class GatesStep(SagaStep):
     async def check_gates(self, request: GateInput) -> GateResults:
         trusted, run = await self._deploy(request.saga)
         steps = run.spec.canary.plan_steps()
-        if request.step > len(steps):
-            raise UntrustedSagaInput(f"{run.key} has {len(steps)} canary step(s) at its commit, not {request.step}")
-        step = steps[request.step - 1]
+        step = self._step_at(run, request.step)
         canary = await self._release_of(run, "canary")
         live = await self._live_of(run)
         stable = live.stable if live is not None else None

@@ -33,12 +33,9 @@ class PromoteRemoveSteps(SagaStep):
     @boundary
     async def set_canary_traffic(self, request: CanaryStepInput) -> Release:
         _, run = await self._deploy(request.saga)
-        steps = run.spec.canary.plan_steps()
-        if request.step > len(steps):
-            raise UntrustedSagaInput(f"{run.key} has {len(steps)} canary step(s) at its commit, not {request.step}")
+        step = self._step_at(run, request.step)
         await self._release_of(run, "canary")  # the canary this saga installed, nobody else's
-        return await with_heartbeats(self._driver.set_traffic(run.metadata.namespace, run.metadata.name,
-                                                              steps[request.step - 1].weight))
+        return await with_heartbeats(self._driver.set_traffic(run.metadata.namespace, run.metadata.name, step.weight))
 
     @activity.defn(name="remove_release")
     @boundary
