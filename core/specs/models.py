@@ -142,6 +142,12 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600}
 MANUAL = "manual"  # a pause that lasts until a person acts (plnt rollout)
 
 
+def duration_s(value: str | None) -> float | None:
+    """Seconds of a duration as specs write it (30s, 5m, 2h), or None when it is not one."""
+    found = _DURATION.match(value or "")
+    return float(int(found[1]) * _UNIT_S[found[2]]) if found else None
+
+
 class CanaryStep(SpecModel):
     """One step of a stepped canary: the canary takes `weight`% of the traffic and its smoke test must
     pass there; then the rollout waits `pause` (30s, 5m, 1h) before the next step, or with `manual`
@@ -157,18 +163,17 @@ class CanaryStep(SpecModel):
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
         if value is not None and value != MANUAL:
-            found = _DURATION.match(value)
-            if found is None:
+            seconds = duration_s(value)
+            if seconds is None:
                 raise ValueError(f"pause {value!r} is not a duration: write a whole number and s, m or h (30s, 5m, "
                                  f"2h), or {MANUAL} to wait for a person")
-            if int(found[1]) * _UNIT_S[found[2]] > 86_400:
+            if seconds > 86_400:
                 raise ValueError(f"pause {value!r} is longer than 24h")
         return value
 
     @property
     def pause_s(self) -> float:
-        found = _DURATION.match(self.pause or "")
-        return float(int(found[1]) * _UNIT_S[found[2]]) if found else 0.0
+        return duration_s(self.pause) or 0.0
 
     @property
     def manual(self) -> bool:
@@ -696,16 +701,14 @@ class WebhookGate(SpecModel):
     @field_validator("timeout")
     @classmethod
     def _timeout(cls, value: str) -> str:
-        found = _DURATION.match(value)
-        if found is None or int(found[1]) * _UNIT_S[found[2]] > 300:
+        seconds = duration_s(value)
+        if seconds is None or seconds > 300:
             raise ValueError(f"timeout {value!r}: write a duration of at most 5m (10s, 1m)")
         return value
 
     @property
     def timeout_s(self) -> float:
-        found = _DURATION.match(self.timeout)
-        assert found is not None
-        return float(int(found[1]) * _UNIT_S[found[2]])
+        return duration_s(self.timeout) or 0.0  # (validated above)
 
 
 class CompareGate(SpecModel):
@@ -724,16 +727,14 @@ class CompareGate(SpecModel):
     @field_validator("window")
     @classmethod
     def _window(cls, value: str) -> str:
-        found = _DURATION.match(value)
-        if found is None or int(found[1]) * _UNIT_S[found[2]] > 3600:
+        seconds = duration_s(value)
+        if seconds is None or seconds > 3600:
             raise ValueError(f"window {value!r}: write a duration of at most 1h (30s, 5m)")
         return value
 
     @property
     def window_s(self) -> float:
-        found = _DURATION.match(self.window)
-        assert found is not None
-        return float(int(found[1]) * _UNIT_S[found[2]])
+        return duration_s(self.window) or 0.0  # (validated above)
 
 
 GATE_TYPES = ("quality", "compare", "metric", "webhook")
