@@ -36,10 +36,22 @@ def score_of(reply: str) -> int | str:
     return int(found.group()) if found else f"the judge gave no score (it replied {reply[:80]!r})"
 
 
-def model_judge(endpoint: str, model: str, rubric: str, *, timeout_s: float = 60.0) -> Judge:
+def constrained(runtime: str | None) -> dict[str, Any]:
+    """What makes the model server answer with one digit 1-5 and nothing else: a small model follows
+    the instruction alone poorly (SmolLM2-135M replies prose). llama.cpp takes a GBNF grammar, vLLM a
+    guided choice; another server gets the instruction only."""
+    if runtime == "llama.cpp":
+        return {"grammar": "root ::= [1-5]"}
+    if runtime == "vllm":
+        return {"guided_choice": ["1", "2", "3", "4", "5"]}
+    return {}
+
+
+def model_judge(endpoint: str, model: str, rubric: str, *, runtime: str | None = None,
+                timeout_s: float = 60.0) -> Judge:
     async def judge(case: GoldenCase, output: Any) -> int | str:
         body = {"model": model, "messages": prompt(rubric, case, output), "temperature": 0, "max_tokens": 4,
-                "stream": False}
+                "stream": False, **constrained(runtime)}
         try:
             async with httpx.AsyncClient(trust_env=False, timeout=timeout_s, verify=default_tls_context()) as client:
                 response = await client.post(f"{endpoint}/v1/chat/completions", json=body)

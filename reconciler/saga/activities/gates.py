@@ -57,8 +57,10 @@ class GatesStep(SagaStep):
         if live is None or live.stable is None:
             raise GateUnusable(f"Gate {gate}: its judge, ModelDeployment {run.metadata.namespace}/{rubric.model}, has "
                                "no promoted release (dependsOn on it orders the rollouts)")
-        alias = live.stable.model.alias if live.stable.model is not None else rubric.model
-        return model_judge(live.stable.endpoint, alias, rubric.rubric, timeout_s=self._smoke_timeout_s), rubric.min_score
+        serving = live.stable.model
+        alias = serving.alias if serving is not None else rubric.model
+        return model_judge(live.stable.endpoint, alias, rubric.rubric, runtime=serving.runtime if serving else None,
+                           timeout_s=self._smoke_timeout_s), rubric.min_score
 
     async def _verdict(self, gate: Gate, run: Any, canary: Release, stable: Release | None,
                        context: dict[str, Any]) -> GateVerdict:
