@@ -1057,7 +1057,7 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
 
     if check_references or (check_references is None and specs.gates):
         for doc, run in runs:
-            problems += _gate_problems(doc, run, specs.gates)
+            problems += _gate_problems(doc, run, specs.gates, specs.model_deployments)
     if any(run.spec.depends_on for _, run in runs):
         problems += _dependency_problems(runs, specs.deployables())
 
@@ -1111,7 +1111,12 @@ def _cycle_from(start: str, deployables: dict[str, Deployable]) -> list[str] | N
     return None
 
 
-def _gate_problems(doc: _Document, run: Deployable, gates: dict[str, Gate]) -> list[Problem]:
+def _is_model(namespace: str, name: str, models: dict[str, ModelDeployment]) -> bool:
+    return run_key(namespace, name) in models
+
+
+def _gate_problems(doc: _Document, run: Deployable, gates: dict[str, Gate],
+                   models: dict[str, ModelDeployment]) -> list[Problem]:
     """Every Gate a canary names must be declared in its namespace (and a quality gate checks a
     recipe's golden cases: a ModelDeployment has none)."""
     namespace = run.metadata.namespace
@@ -1128,6 +1133,11 @@ def _gate_problems(doc: _Document, run: Deployable, gates: dict[str, Gate]) -> l
             problems.append(Problem(doc.file, doc.line(path), _render(path),
                                     f"no Gate named '{name}' in namespace {namespace} (known: {known}); declare it "
                                     "(kind: Gate) or remove the name"))
+        elif gate.spec.quality is not None and gate.spec.quality.judge is not None \
+                and (judge := gate.spec.quality.judge.model) is not None and not _is_model(namespace, judge, models):
+            problems.append(Problem(doc.file, doc.line(path), _render(path),
+                                    f"Gate '{name}' is judged by '{judge}', which is no ModelDeployment of namespace "
+                                    f"{namespace}; declare it, or fix spec.quality.judge.model"))
         elif isinstance(run, ModelDeployment) and gate.spec.quality is not None:
             problems.append(Problem(doc.file, doc.line(path), _render(path),
                                     f"Gate '{name}' is a quality gate, which checks a recipe's golden cases; a "

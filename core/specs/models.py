@@ -657,6 +657,15 @@ class Workflow(SpecModel):
 # --- Gate: a check a canary step must pass beyond its smoke test ------------------------------
 
 
+class JudgeRubric(SpecModel):
+    """An LLM as judge: a ModelDeployment of the namespace scores each golden case's answer 1-5
+    against the rubric; a case passes only with at least `minScore` (and its expectations)."""
+
+    model: str = Field(pattern=NAME_PATTERN, description="metadata.name of a ModelDeployment in this namespace")
+    rubric: str = Field(min_length=1, max_length=4000, description="what a good answer is, in the judge's words")
+    min_score: int = Field(default=3, ge=1, le=5)
+
+
 class QualityGate(SpecModel):
     """The recipe's golden cases (golden.yaml: `expect` and `checks`) run on the canary and on the
     stable release: the canary's pass rate must reach `minPassRate`, and fall no more than
@@ -666,6 +675,7 @@ class QualityGate(SpecModel):
     max_drop_vs_stable: float | None = Field(default=0.0, ge=0, le=1, description=(
         "how far the canary's pass rate may fall below the stable release's on the same cases (0-1); "
         "null: no comparison"))
+    judge: JudgeRubric | None = None
 
 
 class MetricGate(SpecModel):

@@ -16,6 +16,7 @@ import httpx
 from plnt.core.recipe import GoldenCase
 from plnt.core.specs.models import QualityGate
 from plnt.reconciler.errors import GateUnusable
+from plnt.reconciler.gates.judge import Judge
 from plnt.reconciler.tls_context import default_tls_context
 
 MAX_FAILING_SHOWN = 20
@@ -26,6 +27,7 @@ CONCURRENCY = 2
 class CaseOutcome:
     name: str
     failures: tuple[str, ...]  # empty: the case passed
+    score: int | None = None  # the judge's, when the gate has one and the case met its expectations
 
     @property
     def passed(self) -> bool:
@@ -39,8 +41,10 @@ class QualityVerdict:
     failing: list[str]  # "CASE: why" of the canary's failing cases
 
 
-async def run_cases(endpoint: str, cases: Sequence[GoldenCase], *, timeout_s: float) -> list[CaseOutcome]:
-    """Each case invoked once on the runner at `endpoint` (POST /invoke), its output checked."""
+async def run_cases(endpoint: str, cases: Sequence[GoldenCase], *, timeout_s: float, judge: Judge | None = None,
+                    min_score: int = 3) -> list[CaseOutcome]:
+    """Each case invoked once on the runner at `endpoint` (POST /invoke), its output checked, then,
+    with a `judge`, scored (a case meeting its expectations passes only with `min_score` or more)."""
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def one(client: httpx.AsyncClient, case: GoldenCase) -> CaseOutcome:
@@ -57,7 +61,17 @@ async def run_cases(endpoint: str, cases: Sequence[GoldenCase], *, timeout_s: fl
             return CaseOutcome(case.name, ("the answer is not JSON",))
         if not isinstance(answer, dict) or "output" not in answer:  # a runner answers {"output": ..., ...}
             return CaseOutcome(case.name, ("the answer has no output",))
-        return CaseOutcome(case.name, tuple(case.failures(answer["output"])))
+        failures = case.failures(answer["output"])
+        score = None
+        if judge is not None and not failures:
+            judged = await judge(case, answer["output"])
+            if isinstance(judged, str):
+                failures = [judged]
+            else:
+                score = judged
+                if score < min_score:
+                    failures = [f"the judge scored it {score}/5, under {min_score}"]
+        return CaseOutcome(case.name, tuple(failures), score)
 
     async with httpx.AsyncClient(trust_env=False, timeout=timeout_s, verify=default_tls_context()) as client:
         return list(await asyncio.gather(*(one(client, case) for case in cases)))
@@ -78,6 +92,9 @@ def judge_quality(gate: QualityGate, canary: Sequence[CaseOutcome], stable: Sequ
         said += f", stable {sum(s.passed for s in stable)}/{len(stable)} ({stable_rate:.0%})"
         if rate < stable_rate - gate.max_drop_vs_stable - 1e-9:
             problems.append(f"more than {gate.max_drop_vs_stable:.0%} below the stable release")
+    scores = [f"{c.name} {c.score}/5" for c in canary if c.score is not None]
+    if scores:
+        said += f"; judge: {', '.join(scores)}"
     failing = [f"{c.name}: {'; '.join(c.failures)}" for c in canary if not c.passed]
     shown = failing[:MAX_FAILING_SHOWN]
     if problems:

@@ -105,3 +105,16 @@ def test_duplicate_gates_are_refused(tmp_path: Path) -> None:
     _, problems = load_directory(tmp_path)
     assert [(p.file, p.field) for p in problems] == [("b.yaml", "metadata.name")]
     assert "duplicate Gate default/canary-errors; first declared at a.yaml:3" in problems[0].message
+
+
+
+def test_a_judge_must_be_a_model_deployment_of_the_namespace(tmp_path: Path) -> None:
+    judged = QUALITY.replace("quality: {minPassRate: 0.75, maxDropVsStable: 0}",
+                             "quality: {judge: {model: smollm2, rubric: 'A warm reply', minScore: 4}}")
+    write(tmp_path, "run.yaml", GATED)
+    write(tmp_path, "backend.yaml", BACKEND)
+    write(tmp_path, "gates.yaml", "---\n".join((judged, METRIC, WEBHOOK)))
+    _, problems = load_directory(tmp_path)
+    assert [(p.file, p.field) for p in problems] == [("run.yaml", "spec.canary.steps[0].gates[0]")]
+    assert "Gate 'golden-answers' is judged by 'smollm2', which is no ModelDeployment of namespace default" in \
+        problems[0].message

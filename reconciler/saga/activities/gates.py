@@ -12,10 +12,11 @@ import time
 from typing import Any
 
 from plnt.core.recipe import RecipeError, load_golden
-from plnt.core.specs.models import GATE_SECRET_PREFIX, Gate, WorkflowRun
+from plnt.core.specs.models import GATE_SECRET_PREFIX, Gate, JudgeRubric, WorkflowRun
 from plnt.core.traffic import Served
 from plnt.reconciler.errors import GateUnusable, InvalidRecipe, UntrustedSagaInput
 from plnt.reconciler.gates.compare import compare_gate
+from plnt.reconciler.gates.judge import Judge, model_judge
 from plnt.reconciler.gates.promql import compare, query_value
 from plnt.reconciler.gates.quality import judge_quality, run_cases
 from plnt.reconciler.gates.webhook import webhook_gate
@@ -48,6 +49,19 @@ class GatesStep(SagaStep):
             verdicts.append(verdict.model_copy(update={"duration_ms": round((time.perf_counter() - started) * 1000, 1)}))
         return GateResults(verdicts=verdicts)
 
+    async def _judge(self, gate: str, run: Any, rubric: JudgeRubric | None) -> tuple[Judge | None, int]:
+        """The judge model's promoted server, called directly (its answers are the gate's, not a user's)."""
+        if rubric is None:
+            return None, 0
+        live = await self._live(run.metadata.namespace, rubric.model)
+        if live is None or live.stable is None:
+            raise GateUnusable(f"Gate {gate}: its judge, ModelDeployment {run.metadata.namespace}/{rubric.model}, has "
+                               "no promoted release (dependsOn on it orders the rollouts)")
+        serving = live.stable.model
+        alias = serving.alias if serving is not None else rubric.model
+        return model_judge(live.stable.endpoint, alias, rubric.rubric, runtime=serving.runtime if serving else None,
+                           timeout_s=self._smoke_timeout_s), rubric.min_score
+
     async def _verdict(self, gate: Gate, run: Any, canary: Release, stable: Release | None,
                        context: dict[str, Any]) -> GateVerdict:
         name, spec = gate.metadata.name, gate.spec
@@ -59,10 +73,13 @@ class GatesStep(SagaStep):
                 cases = await asyncio.to_thread(load_golden, recipe_dir)
             except RecipeError as exc:
                 raise InvalidRecipe(f"recipe {run.spec.workflow.ref}: {exc.problem}") from exc
-            on_canary = await run_cases(canary.endpoint, cases, timeout_s=self._smoke_timeout_s)
+            judge, min_score = await self._judge(name, run, spec.quality.judge)
+            on_canary = await run_cases(canary.endpoint, cases, timeout_s=self._smoke_timeout_s, judge=judge,
+                                        min_score=min_score)
             # The stable release on the same cases (its own recipe answers them as it was built to):
             # a case both fail is the cases' fault, not the canary's.
-            on_stable = await run_cases(stable.endpoint, cases, timeout_s=self._smoke_timeout_s) \
+            on_stable = await run_cases(stable.endpoint, cases, timeout_s=self._smoke_timeout_s, judge=judge,
+                                        min_score=min_score) \
                 if stable is not None and spec.quality.max_drop_vs_stable is not None else None
             quality = judge_quality(spec.quality, on_canary, on_stable)
             return GateVerdict(name=name, type="quality", passed=quality.passed, reason=quality.reason,
