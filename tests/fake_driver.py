@@ -81,12 +81,13 @@ class FakeDriver:
         self.records[live.key] = LiveWorkflow(namespace=namespace, name=name, stable=stable)
         return stable
 
-    async def set_traffic(self, namespace: str, name: str, percent: int) -> Release:
+    async def set_traffic(self, namespace: str, name: str, percent: int, *,
+                          canary_header: tuple[str, str] | None) -> Release:
         self._enter("set_traffic", namespace, name, percent)
         live = self.records.get(f"{namespace}/{name}")
         if live is None or live.canary is None:
             raise PlntError(f"{namespace}/{name}: no canary to give {percent}% of the traffic")
-        canary = live.canary.model_copy(update={"traffic_percent": percent})
+        canary = live.canary.model_copy(update={"traffic_percent": percent, "canary_header": canary_header})
         self.records[live.key] = live.model_copy(update={"canary": canary})
         return canary
 

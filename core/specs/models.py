@@ -148,6 +148,29 @@ def duration_s(value: str | None) -> float | None:
     return float(int(found[1]) * _UNIT_S[found[2]]) if found else None
 
 
+RESERVED_HEADERS = {"authorization", "host", "content-type", "content-length", "cookie", "x-plnt-track",
+                    "x-plnt-preview", "x-session-id", "x-forwarded-for"}
+
+
+class HeaderRoute(SpecModel):
+    """Requests carrying `header: value` go to the canary while it is under test, whatever its
+    share (an internal tester cohort); the others are shared by weight as before."""
+
+    header: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$", description="a header name, e.g. X-Cohort")
+    value: str = Field(min_length=1, max_length=200)
+
+    @field_validator("header")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value.lower() in RESERVED_HEADERS:
+            raise ValueError(f"header {value!r} has a meaning of its own to the gateway; choose another (e.g. X-Cohort)")
+        return value
+
+    def pair(self) -> tuple[str, str]:
+        """As releases and routes carry it: (lower-case name, value)."""
+        return self.header.lower(), self.value
+
+
 class CanaryStep(SpecModel):
     """One step of a stepped canary: the canary takes `weight`% of the traffic and its smoke test must
     pass there; then the rollout waits `pause` (30s, 5m, 1h) before the next step, or with `manual`
@@ -158,6 +181,9 @@ class CanaryStep(SpecModel):
         "a duration: 30s, 5m or 2h (at most 24h); or manual: until `plnt rollout resume|promote|abort`"))
     gates: list[str] = Field(default_factory=list, max_length=20, description=(
         "names of Gates (same namespace) this step must pass after its smoke test, besides canary.gates"))
+    header_route: HeaderRoute | None = Field(default=None, description=(
+        "requests with this header value go to the canary during this step, instead of canary.headerRoute "
+        "(e.g. only the testers at a 0% first step)"))
 
     @field_validator("pause")
     @classmethod
@@ -180,25 +206,6 @@ class CanaryStep(SpecModel):
         return self.pause == MANUAL
 
 
-RESERVED_HEADERS = {"authorization", "host", "content-type", "content-length", "cookie", "x-plnt-track",
-                    "x-plnt-preview", "x-session-id", "x-forwarded-for"}
-
-
-class HeaderRoute(SpecModel):
-    """Requests carrying `header: value` go to the canary while it is under test, whatever its
-    share (an internal tester cohort); the others are shared by weight as before."""
-
-    header: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$", description="a header name, e.g. X-Cohort")
-    value: str = Field(min_length=1, max_length=200)
-
-    @field_validator("header")
-    @classmethod
-    def _not_reserved(cls, value: str) -> str:
-        if value.lower() in RESERVED_HEADERS:
-            raise ValueError(f"header {value!r} has a meaning of its own to the gateway; choose another (e.g. X-Cohort)")
-        return value
-
-
 class _SteppedCanary(SpecModel):
     """`trafficPercent` (one step) or `steps` (several, weights rising): what the saga goes through."""
 
@@ -208,7 +215,7 @@ class _SteppedCanary(SpecModel):
     gates: list[str] = Field(default_factory=list, max_length=20, description=(
         "names of Gates (same namespace) every step must pass after its smoke test"))
     header_route: HeaderRoute | None = Field(default=None, description=(
-        "requests with this header value go to the canary at every step (a tester cohort)"))
+        "requests with this header value go to the canary at every step that names none of its own (a tester cohort)"))
     shadow_percent: int = Field(default=0, ge=0, le=100, description=(
         "share of the stable release's live invocations also sent to the canary, its answers discarded (and its "
         "sideEffects steps not run): a compare gate then sees the canary without exposing anyone to it"))
@@ -217,11 +224,14 @@ class _SteppedCanary(SpecModel):
     def _rising(self) -> Self:
         if self.steps and "traffic_percent" in self.model_fields_set:
             raise ValueError("give canary.steps or canary.trafficPercent, not both (one step: steps: [{weight: N}])")
-        weights = [step.weight for step in self.steps]
-        for i, (before, after) in enumerate(zip(weights, weights[1:], strict=False), 2):
-            if after <= before:
-                raise ValueError(f"canary.steps[{i - 1}].weight {after} must be above the step before it ({before}): "
-                                 "weights rise from step to step")
+        for i, (before, after) in enumerate(zip(self.steps, self.steps[1:], strict=False), 1):
+            if after.weight < before.weight:
+                raise ValueError(f"canary.steps[{i}].weight {after.weight} must be above the step before it "
+                                 f"({before.weight}): weights rise from step to step")
+            # The same weight again is a step only when it sends another cohort (0% testers, then 0% staff).
+            if after.weight == before.weight and self.step_canary_header(after) == self.step_canary_header(before):
+                raise ValueError(f"canary.steps[{i}].weight {after.weight} must be above the step before it "
+                                 f"({before.weight}): weights rise from step to step, or stay with another headerRoute")
         return self
 
     def plan_steps(self) -> list[CanaryStep]:
@@ -231,6 +241,11 @@ class _SteppedCanary(SpecModel):
     def step_gates(self, step: CanaryStep) -> list[str]:
         """The Gates a step must pass: canary.gates, then the step's own (each once)."""
         return list(dict.fromkeys([*self.gates, *step.gates]))
+
+    def step_canary_header(self, step: CanaryStep) -> tuple[str, str] | None:
+        """The cohort a step sends to the canary: the step's own headerRoute, else canary.headerRoute."""
+        route = step.header_route or self.header_route
+        return route.pair() if route is not None else None
 
     def gate_names(self) -> list[str]:
         """Every Gate the canary names (for the loader's reference check)."""

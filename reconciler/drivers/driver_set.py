@@ -138,8 +138,10 @@ class DriverSet:
         self._note(namespace, name, {"stable": release, "canary": None})
         return release
 
-    async def set_traffic(self, namespace: str, name: str, percent: int) -> Release:
-        release = await self.driver_for(namespace, name).set_traffic(namespace, name, percent)
+    async def set_traffic(self, namespace: str, name: str, percent: int, *,
+                          canary_header: tuple[str, str] | None) -> Release:
+        release = await self.driver_for(namespace, name).set_traffic(namespace, name, percent,
+                                                                     canary_header=canary_header)
         self._note(namespace, name, {"canary": release})
         return release
 

@@ -217,8 +217,7 @@ def render_values(
             "specFingerprint": request.spec_fingerprint,
             "releaseId": request.release_id,
             "trafficPercent": request.traffic_percent,
-            **({"canaryHeader": {"name": request.canary_header[0], "value": request.canary_header[1]}}
-               if request.canary_header else {}),
+            **canary_header_values(request.canary_header),
             **({"shadowPercent": request.shadow_percent} if request.shadow_percent else {}),
         },
         "track": request.track,
@@ -311,8 +310,7 @@ def render_model_values(
             "specFingerprint": request.spec_fingerprint,
             "releaseId": request.release_id,
             "trafficPercent": request.traffic_percent,
-            **({"canaryHeader": {"name": request.canary_header[0], "value": request.canary_header[1]}}
-               if request.canary_header else {}),
+            **canary_header_values(request.canary_header),
         },
         "track": request.track,
         "model": {"registry": serving.registry, "name": serving.model_name, "version": request.version,
@@ -704,9 +702,10 @@ class HelmDriver:
     async def promote(self, namespace: str, name: str) -> Release:
         return await self._waiting_out_outages(f"promote {namespace}/{name}", lambda: self._promote(namespace, name))
 
-    async def set_traffic(self, namespace: str, name: str, percent: int) -> Release:
+    async def set_traffic(self, namespace: str, name: str, percent: int, *,
+                          canary_header: tuple[str, str] | None) -> Release:
         return await self._waiting_out_outages(f"set traffic {namespace}/{name} to {percent}%",
-                                               lambda: self._set_traffic(namespace, name, percent))
+                                               lambda: self._set_traffic(namespace, name, percent, canary_header))
 
     async def remove(self, namespace: str, name: str, track: Track) -> None:
         await self._waiting_out_outages(f"remove {namespace}/{name} ({track})",
@@ -727,10 +726,11 @@ class HelmDriver:
             await self._upgrade(release, values)
             return await self._serving(self._release(release, values))
 
-    async def _set_traffic(self, namespace: str, name: str, percent: int) -> Release:
-        """The canary release upgraded with its own values but the share: the charts' templates do not
-        read `trafficPercent` (no pod changes, so the default step timeout holds); the gateway reads
-        it from the release's values."""
+    async def _set_traffic(self, namespace: str, name: str, percent: int,
+                           canary_header: tuple[str, str] | None) -> Release:
+        """The canary release upgraded with its own values but the share and the cohort: the charts'
+        templates read neither `trafficPercent` nor `canaryHeader` (no pod changes, so the default step
+        timeout holds); the gateway reads them from the release's values."""
         canary = release_name(name, "canary")
         async with self._lock(namespace, name):
             current = await self.status(canary)
@@ -738,8 +738,11 @@ class HelmDriver:
                 raise DriverError(f"{namespace}/{name}: no deployed canary to give {percent}% of the traffic")
             self._check_owner(canary, current.config, namespace, name, "canary")
             values = json.loads(json.dumps(current.config))
-            if values[_owner_key(values)].get("trafficPercent") != percent:
-                values[_owner_key(values)]["trafficPercent"] = percent
+            owner = values[_owner_key(values)]
+            if owner.get("trafficPercent") != percent or _canary_header(owner) != canary_header:
+                owner["trafficPercent"] = percent
+                owner.pop("canaryHeader", None)
+                owner.update(canary_header_values(canary_header))
                 await self._upgrade(canary, values)
             return self._release(canary, values)
 
@@ -1103,6 +1106,11 @@ class HelmDriver:
 
     def _lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault(f"{namespace}/{name}", asyncio.Lock())
+
+
+def canary_header_values(header: tuple[str, str] | None) -> dict[str, Any]:
+    """canary.headerRoute in a release's values (absent when there is none); _canary_header reads it back."""
+    return {"canaryHeader": {"name": header[0], "value": header[1]}} if header else {}
 
 
 def _canary_header(owner: dict[str, Any]) -> tuple[str, str] | None:

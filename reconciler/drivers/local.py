@@ -128,14 +128,15 @@ class LocalDriver:
                 await self._stop(old)
             return new_stable
 
-    async def set_traffic(self, namespace: str, name: str, percent: int) -> Release:
+    async def set_traffic(self, namespace: str, name: str, percent: int, *,
+                          canary_header: tuple[str, str] | None) -> Release:
         async with self._lock(namespace, name):
             live = self._records.read(namespace, name)
             if live.canary is None:
                 raise DriverError(f"{namespace}/{name}: no canary to give {percent}% of the traffic")
-            if live.canary.traffic_percent != percent:
+            if (live.canary.traffic_percent, live.canary.canary_header) != (percent, canary_header):
                 self._records.write(live.model_copy(update={"canary": live.canary.model_copy(
-                    update={"traffic_percent": percent})}))
+                    update={"traffic_percent": percent, "canary_header": canary_header})}))
             return self._records.read(namespace, name).canary  # type: ignore[return-value]
 
     async def remove(self, namespace: str, name: str, track: Track) -> None:

@@ -77,9 +77,11 @@ class ReleaseDriver(Protocol):
         """Make the canary the stable release and remove the previous stable one."""
         ...
 
-    async def set_traffic(self, namespace: str, name: str, percent: int) -> Release:
-        """Give the canary `percent` of the traffic (a stepped canary's next step); returns the canary.
-        Nothing restarts: the share is the gateway's, read from the release's record."""
+    async def set_traffic(self, namespace: str, name: str, percent: int, *,
+                          canary_header: tuple[str, str] | None) -> Release:
+        """Give the canary `percent` of the traffic and the step's header cohort (a stepped canary's
+        next step); returns the canary. Nothing restarts: the share and the cohort are the gateway's,
+        read from the release's record."""
         ...
 
     async def remove(self, namespace: str, name: str, track: Track) -> None:

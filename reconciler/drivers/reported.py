@@ -115,7 +115,8 @@ class ReportedRunners:
     async def promote(self, namespace: str, name: str) -> Release:
         raise DriverError("local runners are promoted by a worker (plnt worker), not by the reconciler")
 
-    async def set_traffic(self, namespace: str, name: str, percent: int) -> Release:
+    async def set_traffic(self, namespace: str, name: str, percent: int, *,
+                          canary_header: tuple[str, str] | None) -> Release:
         raise DriverError("local runners' traffic is set by a worker (plnt worker), not by the reconciler")
 
     async def remove(self, namespace: str, name: str, track: Track) -> None:

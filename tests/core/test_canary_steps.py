@@ -68,3 +68,26 @@ def test_bad_header_routes_are_named(tmp_path: Path, route: str, field: str, mes
     problems = load_one(tmp_path, RUN.replace("    trafficPercent: 5\n", f"    headerRoute: {route}\n"))
     assert [p.field for p in problems] == [field], problems
     assert message in problems[0].message, problems[0].message
+
+
+def test_a_step_names_its_own_cohort_else_the_canarys(tmp_path: Path) -> None:
+    write(tmp_path, "run.yaml", RUN.replace("    trafficPercent: 5\n", """\
+    headerRoute: {header: X-Cohort, value: staff}
+    steps:
+      - {weight: 0, headerRoute: {header: X-Cohort, value: testers}}
+      - {weight: 25}
+"""))
+    write(tmp_path, "backend.yaml", BACKEND)
+    specs, problems = load_directory(tmp_path)
+    assert problems == []
+    canary = specs.workflow_runs["default/review-responder"].spec.canary
+    assert [canary.step_canary_header(step) for step in canary.plan_steps()] == [
+        ("x-cohort", "testers"), ("x-cohort", "staff")]
+    assert Canary().step_canary_header(Canary().plan_steps()[0]) is None
+
+
+def test_a_bad_step_cohort_is_named_at_its_line(tmp_path: Path) -> None:
+    text = RUN.replace("    trafficPercent: 5\n", "    steps:\n      - {weight: 0, headerRoute: {header: Host, value: a}}\n")
+    problems = load_one(tmp_path, text)
+    assert where(problems)[0][1:] == (9, "spec.canary.steps[0].headerRoute.header"), problems
+    assert "header 'Host' has a meaning of its own to the gateway" in problems[0].message

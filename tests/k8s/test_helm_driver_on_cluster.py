@@ -120,8 +120,9 @@ async def test_stable_canary_rollback_and_promotion_through_real_helm(cluster: L
     canary = await driver.install(request(v2, "canary"))
     pods = {p.metadata.uid for p in k8s.CoreV1Api(cluster.api_client()).list_namespaced_pod(ns).items}
     # A stepped canary's next step: a new revision with the share, and no pod changed (templates do not read it).
-    moved = await driver.set_traffic("team-a", "review-responder", 40)
+    moved = await driver.set_traffic("team-a", "review-responder", 40, canary_header=("x-cohort", "testers"))
     assert moved.traffic_percent == 40 and moved.release_id == canary.release_id
+    assert moved.canary_header == ("x-cohort", "testers")
     assert (await driver.live())["team-a/review-responder"].canary.traffic_percent == 40  # type: ignore[union-attr]
     assert [h["status"] for h in history(cluster, ns, "review-responder-canary")][-1] == "deployed"
     assert len(history(cluster, ns, "review-responder-canary")) == 2

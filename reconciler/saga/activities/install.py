@@ -34,7 +34,7 @@ class InstallStep(SagaStep):
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary",
             version=run.spec.workflow.version, spec_fingerprint=run.fingerprint(), recipe_digest=request.recipe_digest,
             recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.plan_steps()[0].weight, trust=trust,
-            canary_header=_header_of(run.spec.canary), shadow_percent=run.spec.canary.shadow_percent,
+            canary_header=first_step_header(run.spec.canary), shadow_percent=run.spec.canary.shadow_percent,
             llm_model=f"{run.metadata.namespace}/{run.spec.model}" if run.spec.model else None,
         )))
 
@@ -64,7 +64,7 @@ class InstallStep(SagaStep):
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary", version=run.version,
             spec_fingerprint=run.fingerprint(), recipe_digest=digest, recipe_dir=recipe_dir,
             traffic_percent=run.spec.canary.plan_steps()[0].weight, trust=trust,
-            canary_header=_header_of(run.spec.canary),
+            canary_header=first_step_header(run.spec.canary),
             model=ModelServing(runtime=runtime.type, model_file=model_file, alias=run.metadata.name,
                                context_length=runtime.context_length, threads=runtime.threads,
                                args=tuple(runtime.args), registry=model.registry, model_name=model.name,
@@ -81,6 +81,5 @@ class InstallStep(SagaStep):
         return await asyncio.to_thread(RecipeTrust.of, policies, read_root)
 
 
-def _header_of(canary: Canary | ModelCanary) -> tuple[str, str] | None:
-    route = canary.header_route
-    return (route.header.lower(), route.value) if route is not None else None
+def first_step_header(canary: Canary | ModelCanary) -> tuple[str, str] | None:
+    return canary.step_canary_header(canary.plan_steps()[0])

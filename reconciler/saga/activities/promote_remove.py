@@ -35,7 +35,8 @@ class PromoteRemoveSteps(SagaStep):
         _, run = await self._deploy(request.saga)
         step = self._step_at(run, request.step)
         await self._release_of(run, "canary")  # the canary this saga installed, nobody else's
-        return await with_heartbeats(self._driver.set_traffic(run.metadata.namespace, run.metadata.name, step.weight))
+        return await with_heartbeats(self._driver.set_traffic(run.metadata.namespace, run.metadata.name, step.weight,
+                                                              canary_header=run.spec.canary.step_canary_header(step)))
 
     @activity.defn(name="remove_release")
     @boundary

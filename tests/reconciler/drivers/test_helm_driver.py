@@ -485,7 +485,7 @@ async def test_set_traffic_upgrades_the_canary_with_its_own_values_but_the_share
     fake = (FakeHelm()
             .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
             .expect("upgrade", stdout="{}"))
-    canary = await driver(fake).set_traffic("team-a", "review-responder", 40)
+    canary = await driver(fake).set_traffic("team-a", "review-responder", 40, canary_header=None)
     fake.done()
     expected = values()
     expected["workflow"]["trafficPercent"] = 40
@@ -498,7 +498,7 @@ async def test_set_traffic_already_at_the_share_changes_nothing() -> None:
     at = values()
     at["workflow"]["trafficPercent"] = 40
     fake = FakeHelm().expect("status", CANARY, stdout=status_json(CANARY, "deployed", 2, at))
-    assert (await driver(fake).set_traffic("team-a", "review-responder", 40)).traffic_percent == 40
+    assert (await driver(fake).set_traffic("team-a", "review-responder", 40, canary_header=None)).traffic_percent == 40
     fake.done()
     assert fake.commands() == ["status review-responder-canary"], "a retried step finds its own work"
 
@@ -506,7 +506,26 @@ async def test_set_traffic_already_at_the_share_changes_nothing() -> None:
 async def test_set_traffic_without_a_deployed_canary_is_retryable() -> None:
     fake = FakeHelm().expect("status", CANARY, rc=1, stderr=NOT_FOUND)
     with pytest.raises(DriverError, match="no deployed canary to give 40% of the traffic"):
-        await driver(fake).set_traffic("team-a", "review-responder", 40)
+        await driver(fake).set_traffic("team-a", "review-responder", 40, canary_header=None)
+
+
+async def test_set_traffic_gives_the_step_its_own_cohort_and_takes_it_away() -> None:
+    """FakeHelm (canned helm answers): a step's headerRoute replaces the canary's in the values the
+    gateway reads; a later step without one (and no canary-wide one) leaves none."""
+    fake = (FakeHelm()
+            .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+            .expect("upgrade", stdout="{}"))
+    canary = await driver(fake).set_traffic("team-a", "review-responder", 0, canary_header=("x-cohort", "testers"))
+    fake.done()
+    assert fake.values_files[0]["workflow"]["canaryHeader"] == {"name": "x-cohort", "value": "testers"}
+    assert canary.canary_header == ("x-cohort", "testers") and canary.traffic_percent == 0
+    fake = (FakeHelm()
+            .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 2, fake.values_files[0]))
+            .expect("upgrade", stdout="{}"))
+    canary = await driver(fake).set_traffic("team-a", "review-responder", 0, canary_header=None)
+    fake.done()
+    assert "canaryHeader" not in fake.values_files[0]["workflow"], "only the cohort changed, and it went"
+    assert canary.canary_header is None
 
 
 # --- remove ----------------------------------------------------------------------------------

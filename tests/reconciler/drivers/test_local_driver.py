@@ -82,14 +82,18 @@ async def test_set_traffic_changes_the_canarys_record_only(driver: LocalDriver) 
     await driver.promote("default", "rr")
     canary = await driver.install(request("1.3.0", fingerprint="sha256:" + "b" * 64))
     before = len(driver.changes)  # type: ignore[attr-defined]
-    moved = await driver.set_traffic("default", "rr", 60)
+    moved = await driver.set_traffic("default", "rr", 60, canary_header=None)
     assert moved == canary.model_copy(update={"traffic_percent": 60}), "the same process, its share changed"
     assert (await driver.live())["default/rr"].canary == moved and alive(moved.pid)
     assert len(driver.changes) == before + 1, "the records changed: the routes are rebuilt"  # type: ignore[attr-defined]
-    assert await driver.set_traffic("default", "rr", 60) == moved
+    assert await driver.set_traffic("default", "rr", 60, canary_header=None) == moved
+    assert len(driver.changes) == before + 1, "a retried step changes nothing"  # type: ignore[attr-defined]
+    cohort = await driver.set_traffic("default", "rr", 60, canary_header=("x-cohort", "testers"))
+    assert cohort == moved.model_copy(update={"canary_header": ("x-cohort", "testers")}), "a step's own cohort"
+    assert (await driver.live())["default/rr"].canary == cohort
     await driver.remove("default", "rr", "canary")
     with pytest.raises(DriverError, match="no canary to give 60% of the traffic"):
-        await driver.set_traffic("default", "rr", 60)
+        await driver.set_traffic("default", "rr", 60, canary_header=None)
 
 
 async def test_remove_is_idempotent(driver: LocalDriver) -> None:
