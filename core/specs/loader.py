@@ -1117,8 +1117,8 @@ def _is_model(namespace: str, name: str, models: dict[str, ModelDeployment]) -> 
 
 def _gate_problems(doc: _Document, run: Deployable, gates: dict[str, Gate],
                    models: dict[str, ModelDeployment]) -> list[Problem]:
-    """Every Gate a canary names must be declared in its namespace (and a quality gate checks a
-    recipe's golden cases: a ModelDeployment has none)."""
+    """Every Gate a canary names must be declared in its namespace (and a quality gate on a
+    ModelDeployment needs its canary.golden cases)."""
     namespace = run.metadata.namespace
     canary = run.spec.canary
     named = [(("spec", "canary", "gates", i), name) for i, name in enumerate(canary.gates)]
@@ -1138,10 +1138,10 @@ def _gate_problems(doc: _Document, run: Deployable, gates: dict[str, Gate],
             problems.append(Problem(doc.file, doc.line(path), _render(path),
                                     f"Gate '{name}' is judged by '{judge}', which is no ModelDeployment of namespace "
                                     f"{namespace}; declare it, or fix spec.quality.judge.model"))
-        elif isinstance(run, ModelDeployment) and gate.spec.quality is not None:
+        elif isinstance(run, ModelDeployment) and gate.spec.quality is not None and not canary.golden:  # type: ignore[union-attr]
             problems.append(Problem(doc.file, doc.line(path), _render(path),
-                                    f"Gate '{name}' is a quality gate, which checks a recipe's golden cases; a "
-                                    "ModelDeployment has none (use a metric or webhook gate)"))
+                                    f"Gate '{name}' is a quality gate, which checks a model's golden cases: give "
+                                    "spec.canary.golden (prompts with checks), or use another kind of gate"))
     return problems
 
 

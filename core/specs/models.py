@@ -352,12 +352,54 @@ class ModelRuntime(SpecModel):
         return value
 
 
+class ModelGoldenCase(SpecModel):
+    """A model's golden case, what a quality Gate holds its canary (and its stable release) to: the
+    reply to `prompt` at temperature 0 must pass each of `checks` (core/expectations.py: equals,
+    contains, regex, schema, near). The checked output is the reply's text; a check with a `path`,
+    or a `schema` check, reads the text as JSON."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    prompt: str = Field(min_length=1, max_length=8000, description="the user message")
+    system: str | None = Field(default=None, max_length=8000, description="a system message sent before it")
+    max_tokens: int = Field(default=64, ge=1, le=4096, description="tokens the reply may generate")
+    checks: list[dict[str, Any]] = Field(min_length=1, max_length=20, description=(
+        "what the reply must satisfy, each one of {equals}, {contains}, {regex}, {schema}, {near, tolerance}, "
+        "with an optional path into the reply read as JSON"))
+
+    @field_validator("checks")
+    @classmethod
+    def _checks(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from plnt.core.expectations import Check  # (jsonschema and regex: loaded only for specs that have checks)
+        from pydantic import ValidationError
+
+        for i, check in enumerate(value):
+            try:
+                Check.model_validate(check)
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                where = ".".join(str(part) for part in error["loc"])
+                raise ValueError(f"checks[{i}]{'.' + where if where else ''}: "
+                                 f"{error['msg'].removeprefix('Value error, ')}") from None
+        return value
+
+
 class ModelCanary(_SteppedCanary):
     traffic_percent: int = Field(default=5, ge=0, le=100)
     smoke_test: SmokeTest = Field(default_factory=lambda: SmokeTest(invocations=5, concurrency=1))
     prompts: list[str] = Field(default_factory=lambda: list(DEFAULT_SMOKE_PROMPTS), min_length=1,
                                description="user messages the smoke test sends, in turn")
     max_tokens: int = Field(default=16, ge=1, le=4096, description="tokens each smoke-test reply may generate")
+    golden: list[ModelGoldenCase] = Field(default_factory=list, max_length=50, description=(
+        "prompts with expectations, for a quality Gate (canary.gates): run on the canary and the stable release"))
+
+    @field_validator("golden")
+    @classmethod
+    def _unique(cls, value: list[ModelGoldenCase]) -> list[ModelGoldenCase]:
+        names = [case.name for case in value]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"golden case names must be unique: {', '.join(twice)} given more than once")
+        return value
 
 
 class ModelReplicas(Replicas):

@@ -8,13 +8,15 @@ never runs recipe code."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import json
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from plnt.core.expectations import Check
 from plnt.core.recipe import GoldenCase
-from plnt.core.specs.models import QualityGate
+from plnt.core.specs.models import ModelGoldenCase, QualityGate
 from plnt.reconciler.errors import GateUnusable
 from plnt.reconciler.gates.judge import Judge
 from plnt.reconciler.tls_context import default_tls_context
@@ -41,30 +43,88 @@ class QualityVerdict:
     failing: list[str]  # "CASE: why" of the canary's failing cases
 
 
-async def run_cases(endpoint: str, cases: Sequence[GoldenCase], *, timeout_s: float, judge: Judge | None = None,
+@dataclass(frozen=True)
+class NoOutput:
+    why: str
+
+
+# What one case's request gave: the output its expectations check, or why there is none.
+Ask = Callable[[httpx.AsyncClient, GoldenCase], Awaitable[Any]]
+
+
+def runner_asker(endpoint: str) -> Ask:
+    """A recipe's case, invoked on the runner at `endpoint` (POST /invoke): its JSON answer's output."""
+    async def ask(client: httpx.AsyncClient, case: GoldenCase) -> Any:
+        try:
+            response = await client.post(f"{endpoint}/invoke", json=case.input)
+        except httpx.HTTPError as exc:
+            return NoOutput(f"no answer: {type(exc).__name__}: {exc}"[:200])
+        if response.status_code != 200:
+            return NoOutput(f"HTTP {response.status_code}: {_error_of(response)}")
+        try:
+            answer: Any = response.json()
+        except ValueError:
+            return NoOutput("the answer is not JSON")
+        if not isinstance(answer, dict) or "output" not in answer:  # a runner answers {"output": ..., ...}
+            return NoOutput("the answer has no output")
+        return answer["output"]
+
+    return ask
+
+
+def model_cases(golden: Sequence[ModelGoldenCase]) -> list[GoldenCase]:
+    """A ModelDeployment's canary.golden as golden cases: the chat request in `input` (what the judge
+    is shown as the request), the checks parsed."""
+    cases = []
+    for case in golden:
+        messages = ([{"role": "system", "content": case.system}] if case.system else []) \
+            + [{"role": "user", "content": case.prompt}]
+        cases.append(GoldenCase(name=case.name, input={"messages": messages, "max_tokens": case.max_tokens}, expect=None,
+                                checks=tuple(Check.model_validate(check) for check in case.checks)))
+    return cases
+
+
+def model_asker(endpoint: str, model: str) -> Ask:
+    """A model's case (ModelGoldenCase.as_golden: its chat messages and max_tokens in `input`), sent
+    to the model server at `endpoint` at temperature 0: the reply's text, or its JSON when the case's
+    checks read it as JSON."""
+    async def ask(client: httpx.AsyncClient, case: GoldenCase) -> Any:
+        body = {"model": model, **case.input, "temperature": 0, "stream": False}
+        try:
+            response = await client.post(f"{endpoint}/v1/chat/completions", json=body)
+        except httpx.HTTPError as exc:
+            return NoOutput(f"no answer: {type(exc).__name__}: {exc}"[:200])
+        if response.status_code != 200:
+            return NoOutput(f"HTTP {response.status_code}: {_error_of(response)}")
+        try:
+            text = response.json()["choices"][0]["message"]["content"] or ""
+        except (ValueError, LookupError, TypeError):
+            return NoOutput("the answer is not an OpenAI chat completion")
+        if not any(check.path or check.kind == "schema" for check in case.checks):
+            return str(text)
+        try:
+            return json.loads(text)
+        except ValueError:
+            return NoOutput(f"the reply is not JSON, which its checks read: {str(text)[:80]!r}")
+
+    return ask
+
+
+async def run_cases(ask: Ask, cases: Sequence[GoldenCase], *, timeout_s: float, judge: Judge | None = None,
                     min_score: int = 3) -> list[CaseOutcome]:
-    """Each case invoked once on the runner at `endpoint` (POST /invoke), its output checked, then,
-    with a `judge`, scored (a case meeting its expectations passes only with `min_score` or more)."""
+    """Each case asked once (`runner_asker`, `model_asker`), its output checked, then, with a
+    `judge`, scored (a case meeting its expectations passes only with `min_score` or more)."""
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def one(client: httpx.AsyncClient, case: GoldenCase) -> CaseOutcome:
         async with gate:
-            try:
-                response = await client.post(f"{endpoint}/invoke", json=case.input)
-            except httpx.HTTPError as exc:
-                return CaseOutcome(case.name, (f"no answer: {type(exc).__name__}: {exc}"[:200],))
-        if response.status_code != 200:
-            return CaseOutcome(case.name, (f"HTTP {response.status_code}: {_error_of(response)}",))
-        try:
-            answer: Any = response.json()
-        except ValueError:
-            return CaseOutcome(case.name, ("the answer is not JSON",))
-        if not isinstance(answer, dict) or "output" not in answer:  # a runner answers {"output": ..., ...}
-            return CaseOutcome(case.name, ("the answer has no output",))
-        failures = case.failures(answer["output"])
+            output = await ask(client, case)
+        if isinstance(output, NoOutput):
+            return CaseOutcome(case.name, (output.why,))
+        failures = case.failures(output)
         score = None
         if judge is not None and not failures:
-            judged = await judge(case, answer["output"])
+            judged = await judge(case, output)
             if isinstance(judged, str):
                 failures = [judged]
             else:
@@ -81,7 +141,8 @@ def judge_quality(gate: QualityGate, canary: Sequence[CaseOutcome], stable: Sequ
     """The verdict: the canary's pass rate against minPassRate, and against the stable release's on
     the same cases (maxDropVsStable), with the canary's failing cases named."""
     if not canary:
-        raise GateUnusable("the recipe has no golden cases to check (golden.yaml: cases with expect or checks)")
+        raise GateUnusable("there are no golden cases to check (a recipe's golden.yaml: cases with expect or checks; "
+                           "a ModelDeployment's canary.golden)")
     rate = _rate(canary)
     said = f"canary {sum(c.passed for c in canary)}/{len(canary)} golden cases passed ({rate:.0%})"
     problems = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from plnt.core.specs.loader import load_directory
 
-from tests.core.test_loader import BACKEND, RUN, load_one, where, write
+from tests.core.test_loader import BACKEND, MODEL, POLICY, RUN, load_one, where, write
 
 QUALITY = """\
 apiVersion: plnt.work/v1
@@ -118,3 +118,57 @@ def test_a_judge_must_be_a_model_deployment_of_the_namespace(tmp_path: Path) -> 
     assert [(p.file, p.field) for p in problems] == [("run.yaml", "spec.canary.steps[0].gates[0]")]
     assert "Gate 'golden-answers' is judged by 'smollm2', which is no ModelDeployment of namespace default" in \
         problems[0].message
+
+
+# --- a ModelDeployment's golden cases (canary.golden) ---------------------------------------
+
+GOLDEN_MODEL = MODEL.replace("  backend: {cluster: local}\n", """\
+  backend: {cluster: local}
+  canary:
+    gates: [golden-answers]
+    golden:
+      - name: capital
+        prompt: "What is the capital of France? One word."
+        checks: [{regex: "(?i)paris"}]
+      - name: json-reply
+        system: "Answer in JSON."
+        prompt: "Give {\\"ok\\": true}"
+        maxTokens: 16
+        checks: [{path: ok, equals: true}]
+""")
+
+
+def test_a_quality_gate_checks_a_models_golden_cases(tmp_path: Path) -> None:
+    write(tmp_path, "specs.yaml", BACKEND + "---\n" + POLICY + "---\n" + GOLDEN_MODEL + "---\n" + QUALITY)
+    specs, problems = load_directory(tmp_path)
+    assert problems == []
+    golden = specs.model_deployments["default/smollm2"].spec.canary.golden
+    assert [(case.name, case.max_tokens, case.system) for case in golden] == [
+        ("capital", 64, None), ("json-reply", 16, "Answer in JSON.")]
+
+
+def test_a_quality_gate_on_a_model_without_golden_cases_is_refused_at_its_line(tmp_path: Path) -> None:
+    model = MODEL.replace("  backend: {cluster: local}\n", "  backend: {cluster: local}\n  canary: {gates: [golden-answers]}\n")
+    problems = load_one(tmp_path, BACKEND + "---\n" + POLICY + "---\n" + model + "---\n" + QUALITY)
+    assert [(p.line, p.field) for p in problems] == [(21, "spec.canary.gates[0]")], problems
+    assert "Gate 'golden-answers' is a quality gate, which checks a model's golden cases: give spec.canary.golden" \
+        in problems[0].message
+
+
+@pytest.mark.parametrize(("check", "field", "message"), [
+    ('{regex: "(unclosed"}', "spec.canary.golden[0].checks", "checks[0]: regex '(unclosed' does not compile"),
+    ("{contains: a, equals: b}", "spec.canary.golden[0].checks", "checks[0]: a check is one of equals, contains"),
+    ("{bogus: 1}", "spec.canary.golden[0].checks", "checks[0].bogus: Extra inputs are not permitted"),
+])
+def test_a_bad_model_check_is_named(tmp_path: Path, check: str, field: str, message: str) -> None:
+    model = GOLDEN_MODEL.replace('checks: [{regex: "(?i)paris"}]', f"checks: [{check}]")
+    problems = load_one(tmp_path, BACKEND + "---\n" + POLICY + "---\n" + model + "---\n" + QUALITY)
+    assert [p.field for p in problems] == [field], problems
+    assert message in problems[0].message, problems[0].message
+
+
+def test_golden_case_names_are_unique(tmp_path: Path) -> None:
+    model = GOLDEN_MODEL.replace("name: json-reply", "name: capital")
+    problems = load_one(tmp_path, BACKEND + "---\n" + POLICY + "---\n" + model + "---\n" + QUALITY)
+    assert [p.field for p in problems] == ["spec.canary.golden"], problems
+    assert "capital given more than once" in problems[0].message

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from plnt.core.recipe import GoldenCase
 from plnt.reconciler.gates.judge import model_judge, score_of
-from plnt.reconciler.gates.quality import run_cases
+from plnt.reconciler.gates.quality import run_cases, runner_asker
 
 from tests.http_thread import ThreadedHttp
 from tests.openai_peer import OpenAIPeer
@@ -52,7 +52,7 @@ async def test_a_case_passes_with_its_expectations_and_the_judges_score(reply: s
     with ThreadedHttp(Runner) as runner, OpenAIPeer() as judge_model:
         judge_model.configure(reply=reply)
         judge = model_judge(judge_model.url, "smollm2", "A warm, specific thank-you.")
-        (outcome,) = await run_cases(runner.url, [CASE], timeout_s=10, judge=judge, min_score=3)
+        (outcome,) = await run_cases(runner_asker(runner.url), [CASE], timeout_s=10, judge=judge, min_score=3)
         sent = judge_model.requests[-1].json
     assert outcome.failures == failures
     assert (sent["model"], sent["temperature"], sent["max_tokens"]) == ("smollm2", 0, 4)

@@ -18,7 +18,7 @@ from plnt.reconciler.errors import GateUnusable, InvalidRecipe, UntrustedSagaInp
 from plnt.reconciler.gates.compare import compare_gate
 from plnt.reconciler.gates.judge import Judge, model_judge
 from plnt.reconciler.gates.promql import compare, query_value
-from plnt.reconciler.gates.quality import judge_quality, run_cases
+from plnt.reconciler.gates.quality import Ask, judge_quality, model_asker, model_cases, run_cases, runner_asker
 from plnt.reconciler.gates.webhook import webhook_gate
 from plnt.reconciler.saga.activities.base import SagaStep, boundary, with_heartbeats
 from plnt.reconciler.saga.io import GateInput, GateResults, GateVerdict
@@ -66,19 +66,26 @@ class GatesStep(SagaStep):
                        context: dict[str, Any]) -> GateVerdict:
         name, spec = gate.metadata.name, gate.spec
         if spec.quality is not None:
-            if not isinstance(run, WorkflowRun):
-                raise GateUnusable(f"Gate {name}: a quality gate checks a recipe's golden cases; {run.key} is a model")
-            recipe_dir = self._verified_recipe(run, canary.recipe_digest)
-            try:
-                cases = await asyncio.to_thread(load_golden, recipe_dir)
-            except RecipeError as exc:
-                raise InvalidRecipe(f"recipe {run.spec.workflow.ref}: {exc.problem}") from exc
+            if isinstance(run, WorkflowRun):
+                recipe_dir = self._verified_recipe(run, canary.recipe_digest)
+                try:
+                    cases = await asyncio.to_thread(load_golden, recipe_dir)
+                except RecipeError as exc:
+                    raise InvalidRecipe(f"recipe {run.spec.workflow.ref}: {exc.problem}") from exc
+
+                def asker(release: Release) -> Ask:
+                    return runner_asker(release.endpoint)
+            else:  # a ModelDeployment's canary.golden, asked of each release's model server directly
+                cases = model_cases(run.spec.canary.golden)
+
+                def asker(release: Release) -> Ask:
+                    return model_asker(release.endpoint, release.model.alias if release.model else run.metadata.name)
             judge, min_score = await self._judge(name, run, spec.quality.judge)
-            on_canary = await run_cases(canary.endpoint, cases, timeout_s=self._smoke_timeout_s, judge=judge,
+            on_canary = await run_cases(asker(canary), cases, timeout_s=self._smoke_timeout_s, judge=judge,
                                         min_score=min_score)
             # The stable release on the same cases (its own recipe answers them as it was built to):
             # a case both fail is the cases' fault, not the canary's.
-            on_stable = await run_cases(stable.endpoint, cases, timeout_s=self._smoke_timeout_s, judge=judge,
+            on_stable = await run_cases(asker(stable), cases, timeout_s=self._smoke_timeout_s, judge=judge,
                                         min_score=min_score) \
                 if stable is not None and spec.quality.max_drop_vs_stable is not None else None
             quality = judge_quality(spec.quality, on_canary, on_stable)
