@@ -7,6 +7,13 @@ Each step is made wide enough to hit and is seen through the saga's own `step` q
 the new version's archive carries 24 MiB of (seeded) random bytes to verify, its module sleeps 2.5 s
 at import (a slow start) and each invocation 0.3 s (a slow smoke test); the old version's runner
 takes 3 s to exit (an atexit sleep), so promoting waits for it.
+
+The steps a stepped canary adds, each held until plnt is killed in it: a step's gates (check_gates:
+a webhook Gate whose real receiver holds its answer), a dependant's wait for its dependency
+(wait_for_dependencies: the dependency held by `pause: manual`), a timed and a manual pause. After
+the restart the same saga goes on from there, and Temporal's history shows no step before it run
+again. The runners' model is MockBackend, a STAND-IN for a model server; recipes are signed by test
+authorities, STAND-INS for Sigstore's public services.
 """
 
 from __future__ import annotations
