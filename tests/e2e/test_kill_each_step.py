@@ -190,7 +190,6 @@ def await_step_unchanged(state_dir: Path) -> bool:
     return status_files() == before
 
 
-
 # --- the steps a stepped canary adds: its gates, dependsOn, its pauses ----------------------------
 # Plain example recipes (spec_repo), each rollout held at the step under test until plnt is killed:
 # a webhook Gate whose receiver holds its answer, a dependency held by `pause: manual`, a pause.
@@ -288,6 +287,7 @@ def test_plnt_killed_while_a_gate_is_checked_checks_it_again_and_promotes(
 ) -> None:
     monkeypatch.setenv("PLNT_GATE_SECRET_QA", GATE_SECRET)  # plnt's environment: the webhook's HMAC key
     HeldReceiver.calls, HeldReceiver.release = [], [threading.Event(), threading.Event()]
+    HeldReceiver.arrived = threading.Semaphore(0)
     state_dir, port = tmp_path / "state", gateway_port()
     with ThreadedHttp(HeldReceiver) as receiver:
         first = PlntUp(spec_repo.path, state_dir, port, tmp_path / "plnt-1.log")
