@@ -378,6 +378,9 @@ function timeline(history, row, isLatest) {
     h("li", { class: `tl-item outcome ${outcome.cls}`, "data-step": "Outcome", id: "outcome" },
       h("h3", { text: "Outcome" }), badge(outcome.text, outcome.cls),
       outcome.text === "rolled back" && outcome.reason ? h("p", { class: "reason", id: "rollback-reason", text: outcome.reason }) : null,
+      // Why it was promoted, as the saga said: its smoke verdict, or a person's promotion skipping steps.
+      // (The saga's own reason only: a status' lastError may still be the rollout before's.)
+      outcome.text === "promoted" && history.reason ? h("p", { class: "muted", id: "promotion-reason", text: history.reason }) : null,
       step("promote_release") ? stepLine(step("promote_release")) : step("remove_release") ? stepLine(step("remove_release")) : null));
 }
 
