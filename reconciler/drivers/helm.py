@@ -313,6 +313,7 @@ def render_model_values(
             "trafficPercent": request.traffic_percent,
             **({"canaryHeader": {"name": request.canary_header[0], "value": request.canary_header[1]}}
                if request.canary_header else {}),
+            **({"shadowPercent": request.shadow_percent} if request.shadow_percent else {}),
         },
         "track": request.track,
         "model": {"registry": serving.registry, "name": serving.model_name, "version": request.version,
@@ -1080,6 +1081,7 @@ class HelmDriver:
                 endpoint=endpoint,
                 traffic_percent=int(deployment.get("trafficPercent", 0)),
                 canary_header=_canary_header(deployment) if values["track"] == "canary" else None,
+                shadow_percent=int(deployment.get("shadowPercent", 0)) if values["track"] == "canary" else 0,
                 model=ModelServing(runtime=runtime["type"], model_file=runtime.get("modelFile", ""),
                                    alias=deployment["name"], context_length=int(runtime["contextLength"]),
                                    threads=runtime.get("threads"), args=tuple(runtime.get("args", ())),
