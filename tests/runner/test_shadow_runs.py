@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from plnt.runner.adapters import HTTPBackend, MockBackend
 from plnt.runner.engine import run_workflow
 from plnt.runner.recipe import load_recipe_dir
