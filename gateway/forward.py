@@ -77,6 +77,13 @@ class StreamShape:
     failure_event: Callable[[str, str, bytes], bytes | None]  # (error type, failure, last chunk) -> event or None
     error_marker: bytes | None = None  # a chunk holding it is the upstream's own error event
 
+    def observe(self, chunk: bytes, outcome: Outcome) -> None:
+        """What one chunk of the stream tells the metrics: the first token's time, the upstream's own error."""
+        if outcome.ttft is None and self.is_token(chunk):
+            outcome.ttft = time.perf_counter() - outcome.t0
+        if self.error_marker is not None and self.error_marker in chunk:
+            outcome.error_type = "stream_error"
+
 
 def request_headers(scope: ASGIScope) -> dict[bytes, bytes]:
     """The few request headers the hot paths read (ASGI header names are lower-case bytes)."""
@@ -257,10 +264,7 @@ class Gateway:
                 outcome.code, outcome.started = response.status, True
                 try:
                     async for chunk in response.chunks():
-                        if outcome.ttft is None and stream.is_token(chunk):
-                            outcome.ttft = time.perf_counter() - outcome.t0
-                        if stream.error_marker is not None and stream.error_marker in chunk:
-                            outcome.error_type = "stream_error"
+                        stream.observe(chunk, outcome)
                 finally:
                     response.close()
             if outcome.code >= 400:

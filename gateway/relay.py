@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 from plnt.core.upstream import UpstreamError, UpstreamResponse, UpstreamTimeout
 from plnt.gateway.forward import SSE, Exchange, Outcome, StreamShape
@@ -97,10 +96,7 @@ async def relay(exchange: Exchange, receive: Receive, send: Send, outcome: Outco
     last = b"\n\n"
     try:
         async for chunk in response.chunks():
-            if outcome.ttft is None and stream.is_token(chunk):
-                outcome.ttft = time.perf_counter() - outcome.t0
-            if stream.error_marker is not None and stream.error_marker in chunk:
-                outcome.error_type = "stream_error"
+            stream.observe(chunk, outcome)
             last = chunk
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except UpstreamError as exc:
