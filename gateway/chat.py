@@ -18,8 +18,8 @@ from plnt.core.auth import MODELS
 from plnt.core.routes import PREVIEW_HEADER, AmbiguousRoute, PreviewNotFound, preview_target
 from plnt.core.upstream import UpstreamError, UpstreamTimeout
 from plnt.gateway import openai_compat as oai
-from plnt.gateway.forward import SSE, Exchange, Gateway, Outcome, request_headers
-from plnt.gateway.relay import StreamShape, relay, watch_disconnect, whole_body
+from plnt.gateway.forward import SSE, Exchange, Gateway, Outcome, StreamShape, request_headers
+from plnt.gateway.relay import RUNNER_STREAM, relay, watch_disconnect, whole_body
 from plnt.gateway.replies import OPENAI, ASGIScope, Receive, Send, json_position, not_invocable, openai_error, respond
 from plnt.gateway.sse import COMMENT, Event, SSEParser
 
@@ -81,6 +81,9 @@ async def _chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send
 
     # A ModelDeployment's server takes the request as sent; a workflow's runner its own chat body.
     path, runner_body = ("/v1/chat/completions", body) if is_model else ("/chat", oai.runner_chat_body(request))
+    if route.shadow_percent:
+        gateway.shadow(route, name, chosen, headers, "chat", path, runner_body,
+                       (MODEL_STREAM if is_model else RUNNER_STREAM) if request.stream else None)
     exchange = await gateway.forward(table, route, target, name, chosen, path, runner_body,
                                      content_type="application/json", stream=request.stream, outcome=outcome,
                                      errors=OPENAI)

@@ -16,7 +16,8 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from plnt.core import telemetry
 from plnt.core.auth import ALL, Grant, TokenSet, is_json_media
@@ -55,13 +56,33 @@ log = logging.getLogger("plnt.gateway")
 
 Wake = Callable[[str, str, str], Awaitable[str | None]]  # (namespace, name, release id) -> endpoint or None
 
+Api = Literal["invoke", "chat"]
+
 SSE = b"text/event-stream"
-MAX_SHADOWS = 32  # mirrored invocations in flight per gateway process (canary.shadowPercent)
+MAX_SHADOWS = 32  # mirrored requests in flight per gateway process (canary.shadowPercent)
 _SPAN_NAMES = {"invoke": "POST /workflows/{name}/invoke", "chat": "POST /v1/chat/completions"}
 _NO_LABELS = ("", "", "", "")
 _TRACK = TRACK_HEADER.encode()
+_SHADOW = SHADOW_HEADER.encode()
 _WANTED_HEADERS = frozenset({b"authorization", b"accept", b"content-type", b"content-length", b"x-session-id",
-                             PREVIEW_HEADER.encode(), _TRACK})
+                             PREVIEW_HEADER.encode(), _TRACK, _SHADOW})
+
+
+@dataclass(frozen=True, slots=True)
+class StreamShape:
+    """What a streamed answer's bytes mean to the gateway (relay.py sends them on; a mirror reads
+    them to their end)."""
+
+    is_token: Callable[[bytes], bool]  # this chunk carries the first token (time to first token)
+    failure_event: Callable[[str, str, bytes], bytes | None]  # (error type, failure, last chunk) -> event or None
+    error_marker: bytes | None = None  # a chunk holding it is the upstream's own error event
+
+    def observe(self, chunk: bytes, outcome: Outcome) -> None:
+        """What one chunk of the stream tells the metrics: the first token's time, the upstream's own error."""
+        if outcome.ttft is None and self.is_token(chunk):
+            outcome.ttft = time.perf_counter() - outcome.t0
+        if self.error_marker is not None and self.error_marker in chunk:
+            outcome.error_type = "stream_error"
 
 
 def request_headers(scope: ASGIScope) -> dict[bytes, bytes]:
@@ -170,7 +191,7 @@ class Gateway:
         self._shadows: set[asyncio.Task[None]] = set()  # mirrors in flight (canary.shadowPercent)
         self._shadow_rng = random.Random()
 
-    async def measured(self, api: str, errors: ErrorShape, scope: ASGIScope, send: Send,
+    async def measured(self, api: Api, errors: ErrorShape, scope: ASGIScope, send: Send,
                        handle: Callable[[Outcome], Awaitable[None]]) -> None:
         """One hot-path request: errors become answers (unless the answer already started), and
         every request ends in the metrics with its outcome."""
@@ -193,45 +214,69 @@ class Gateway:
             if not outcome.started:
                 await respond(send, 500, errors.internal, [])
         finally:
-            elapsed = time.perf_counter() - outcome.t0
-            self.metrics.finished(api, outcome.labels, outcome.code, elapsed, outcome.error_type, outcome.ttft)
-            self.calls.add(api, outcome.labels, outcome.code, elapsed, outcome.error_type)
-            if outcome.span is not None:
-                telemetry.end_request(outcome.span, outcome.code, outcome.error_type, outcome.labels, outcome.ttft)
+            self.record(api, outcome)
 
-    def shadow(self, route: Route, chosen: tuple[Backend, Track], body: bytes) -> None:
-        """canary.shadowPercent: a share of the invocations the stable answers is also sent to the
-        canary, in the background, marked X-Plnt-Shadow (its sideEffects steps are not run) and its
-        answer discarded; recorded as track "shadow" (metrics, /calls, the compare gate's ledger).
-        At most MAX_SHADOWS at once: beyond that a mirror is skipped, never queued."""
+    def record(self, api: Api, outcome: Outcome) -> None:
+        """A finished call (a caller's, or a mirror's on track "shadow") in the metrics, the call log
+        (GET /calls, and the compare gate's ledger through it) and its trace span: one path for both."""
+        elapsed = time.perf_counter() - outcome.t0
+        self.metrics.finished(api, outcome.labels, outcome.code, elapsed, outcome.error_type, outcome.ttft)
+        self.calls.add(api, outcome.labels, outcome.code, elapsed, outcome.error_type)
+        if outcome.span is not None:
+            telemetry.end_request(outcome.span, outcome.code, outcome.error_type, outcome.labels, outcome.ttft)
+
+    def shadow(self, route: Route, name: str, chosen: tuple[Backend, Track], headers: dict[bytes, bytes],
+               api: Api, path: str, body: bytes, stream: StreamShape | None) -> None:
+        """canary.shadowPercent: a share of the requests the stable answers (invocations and chat
+        completions, streamed or not) is also sent to the canary, in the background, marked
+        X-Plnt-Shadow (a runner does not run its sideEffects steps) and its answer discarded: `path`
+        and `body` as the stable got them, a stream read to its end. Recorded as track "shadow"
+        (metrics, /calls, the compare gate's ledger). A request that is itself marked X-Plnt-Shadow
+        (a runner's LLM call during a mirrored invocation) is not mirrored again. At most
+        MAX_SHADOWS at once: beyond that a mirror is skipped, never queued."""
         canary = route.canary
-        if (canary is None or route.shadow_percent <= 0 or chosen[1] != "stable" or len(self._shadows) >= MAX_SHADOWS
-                or self._shadow_rng.random() * 100 >= route.shadow_percent):
+        if (canary is None or route.shadow_percent <= 0 or chosen[1] != "stable" or headers.get(_SHADOW) == b"1"
+                or len(self._shadows) >= MAX_SHADOWS or self._shadow_rng.random() * 100 >= route.shadow_percent):
             return
-        task = asyncio.create_task(self._mirror(route, canary, body))
+        outcome = Outcome(time.perf_counter())
+        outcome.labels = (route.namespace, name, canary.version, "shadow")
+        self.metrics.started(api)
+        task = asyncio.create_task(self._mirror(api, canary, path, body, stream, outcome))
         self._shadows.add(task)
         task.add_done_callback(self._shadows.discard)
 
-    async def _mirror(self, route: Route, canary: Backend, body: bytes) -> None:
-        labels = (route.namespace, route.name, canary.version, "shadow")
-        started = time.perf_counter()
-        code, error_type = 200, None
-        client = self.client
+    async def _mirror(self, api: Api, canary: Backend, path: str, body: bytes, stream: StreamShape | None,
+                      outcome: Outcome) -> None:
+        headers = [("content-type", "application/json"), (SHADOW_HEADER, "1")]
+        if stream is not None:
+            headers.append(("accept", "text/event-stream"))
         try:
-            if client is None:
-                return
-            async with asyncio.timeout(self.request_timeout_s):
-                response = await client.request(canary.endpoint, "POST", "/invoke", body=body,
-                                                headers=[("content-type", "application/json"), (SHADOW_HEADER, "1")])
-            code = response.status
-            error_type = None if code < 400 else "shadow_error"
+            client = self.client
+            if client is None:  # the app is shutting down
+                raise UpstreamConnectError("the gateway is stopping")
+            if stream is None:
+                async with asyncio.timeout(self.request_timeout_s):
+                    response = await client.request(canary.endpoint, "POST", path, body=body, headers=headers)
+                outcome.code = response.status
+            else:  # read to its end as a caller would, each chunk within the client's read timeout
+                response = await client.request(canary.endpoint, "POST", path, body=body, headers=headers,
+                                                stream=True)
+                outcome.code, outcome.started = response.status, True
+                try:
+                    async for chunk in response.chunks():
+                        stream.observe(chunk, outcome)
+                finally:
+                    response.close()
+            if outcome.code >= 400:
+                outcome.error_type = "shadow_error"
         except (UpstreamError, TimeoutError, OSError) as exc:
-            code, error_type = 504 if isinstance(exc, TimeoutError) else 502, "shadow_unreachable"
+            timed_out = isinstance(exc, (TimeoutError, UpstreamTimeout))
+            if not outcome.started:  # no answer at all
+                outcome.code, outcome.error_type = 504 if timed_out else 502, "shadow_unreachable"
+            else:  # a stream that broke off: recorded as relay.py records a caller's
+                outcome.error_type = "upstream_timeout" if timed_out else "upstream_error"
         finally:
-            elapsed = time.perf_counter() - started
-            self.metrics.started("invoke")
-            self.metrics.finished("invoke", labels, code, elapsed, error_type)
-            self.calls.add("invoke", labels, code, elapsed, error_type)
+            self.record(api, outcome)
 
     def grant(self, authorization: bytes | None, errors: ErrorShape) -> Grant:
         """What the request's bearer token may use (everything when no tokens are configured)."""

@@ -13,28 +13,9 @@ from urllib.parse import parse_qs
 
 from plnt.core import limits as json_limits
 from plnt.core.routes import PREVIEW_HEADER, AmbiguousRoute, PreviewNotFound, preview_target
-from plnt.gateway import openai_compat as oai
 from plnt.gateway.forward import SSE, Gateway, Outcome, request_headers
-from plnt.gateway.relay import StreamShape, relay
+from plnt.gateway.relay import RUNNER_STREAM, relay
 from plnt.gateway.replies import PLNT, ASGIScope, Receive, Send, json_position, not_invocable, plnt_error
-
-
-def _at_event_boundary(chunk: bytes) -> bool:
-    return chunk.endswith((b"\n\n", b"\r\n\r\n", b"\r\r"))
-
-
-def _failure_event(kind: str, failure: str, last: bytes) -> bytes | None:
-    # A partial event cannot be cancelled in SSE; only after a complete one can an error event
-    # follow. Otherwise the stream just ends without a `result`.
-    if not _at_event_boundary(last):
-        return None
-    error = {"error": {"type": kind, "message": f"runner stream failed: {failure}", "step": None}}
-    return b"event: error\ndata: " + oai.dumps(error) + b"\n\n"
-
-
-# A runner's stream: every event but a comment (keepalive) counts for the time to first token.
-RUNNER_STREAM = StreamShape(is_token=lambda chunk: not chunk.startswith(b":"), failure_event=_failure_event,
-                            error_marker=b"event: error")
 
 
 async def invoke(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send, name: str) -> None:
@@ -92,8 +73,8 @@ async def _invoke(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Se
 
     accept, content_type = headers.get(b"accept"), headers.get(b"content-type")
     stream = accept is not None and SSE in accept
-    if route.shadow_percent and not stream:
-        gateway.shadow(route, chosen, body)
+    if route.shadow_percent:
+        gateway.shadow(route, name, chosen, headers, "invoke", "/invoke", body, RUNNER_STREAM if stream else None)
     exchange = await gateway.forward(
         table, route, target, name, chosen, "/invoke", body, stream=stream, outcome=outcome, errors=PLNT,
         content_type=content_type.decode("latin-1") if content_type else "application/json",

@@ -1,7 +1,8 @@
 """Prometheus metrics of one gateway app (its own registry: several apps in one process, as in
 tests, never share or collide).
 
-Series (labels: `api` = invoke|chat, `namespace`, `workflow`, `version`, `track` = stable|canary):
+Series (labels: `api` = invoke|chat, `namespace`, `workflow`, `version`, `track` = stable|canary|shadow, the last
+for the canary's answers to mirrored requests, canary.shadowPercent):
 - `plnt_gateway_requests_total{api,namespace,workflow,version,track,code}`: answered requests.
 - `plnt_gateway_errors_total{api,namespace,workflow,version,track,type}`: requests answered
   with an error, by error type (`not_found`, `unauthorized`, `upstream_timeout`, ..., or the

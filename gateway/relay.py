@@ -8,22 +8,30 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from plnt.core.upstream import UpstreamError, UpstreamResponse, UpstreamTimeout
-from plnt.gateway.forward import SSE, Exchange, Outcome
+from plnt.gateway.forward import SSE, Exchange, Outcome, StreamShape
+from plnt.gateway.openai_compat import dumps
 from plnt.gateway.replies import JSON, ErrorShape, Receive, Send, respond
 
 
-@dataclass(frozen=True, slots=True)
-class StreamShape:
-    """What a relayed stream's bytes mean to the relay."""
+def _at_event_boundary(chunk: bytes) -> bool:
+    return chunk.endswith((b"\n\n", b"\r\n\r\n", b"\r\r"))
 
-    is_token: Callable[[bytes], bool]  # this chunk carries the first token (time to first token)
-    failure_event: Callable[[str, str, bytes], bytes | None]  # (error type, failure, last chunk) -> event or None
-    error_marker: bytes | None = None  # a chunk holding it is the upstream's own error event
+
+def _runner_failure_event(kind: str, failure: str, last: bytes) -> bytes | None:
+    # A partial event cannot be cancelled in SSE; only after a complete one can an error event
+    # follow. Otherwise the stream just ends without a `result`.
+    if not _at_event_boundary(last):
+        return None
+    error = {"error": {"type": kind, "message": f"runner stream failed: {failure}", "step": None}}
+    return b"event: error\ndata: " + dumps(error) + b"\n\n"
+
+
+# A runner's stream (POST /invoke, POST /chat): every event but a comment (keepalive) counts for the
+# time to first token.
+RUNNER_STREAM = StreamShape(is_token=lambda chunk: not chunk.startswith(b":"), failure_event=_runner_failure_event,
+                            error_marker=b"event: error")
 
 
 def runner_error_type(body: bytes) -> str:
@@ -88,10 +96,7 @@ async def relay(exchange: Exchange, receive: Receive, send: Send, outcome: Outco
     last = b"\n\n"
     try:
         async for chunk in response.chunks():
-            if outcome.ttft is None and stream.is_token(chunk):
-                outcome.ttft = time.perf_counter() - outcome.t0
-            if stream.error_marker is not None and stream.error_marker in chunk:
-                outcome.error_type = "stream_error"
+            stream.observe(chunk, outcome)
             last = chunk
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except UpstreamError as exc:

@@ -28,12 +28,26 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from plnt.core import telemetry
+from plnt.core.routes import SHADOW_HEADER
 
 if TYPE_CHECKING:  # httpx is imported on first use: a MockBackend runner starts without it
     import httpx
+
+# Set while a mirrored invocation runs (the gateway's X-Plnt-Shadow, engine.run_workflow): its LLM calls
+# carry X-Plnt-Shadow back to the gateway, which then does not mirror them to a model's canary again.
+SHADOW_RUN: ContextVar[bool] = ContextVar("plnt_shadow_run", default=False)
+
+
+def _shadow_marked(headers: dict[str, str] | None) -> dict[str, str] | None:
+    """`headers` with X-Plnt-Shadow: 1 added during a mirrored invocation (SHADOW_RUN)."""
+    if not SHADOW_RUN.get():
+        return headers
+    return {**(headers or {}), SHADOW_HEADER: "1"}
+
 
 UpstreamErrorKind = Literal["unavailable", "timeout", "bad_status", "bad_response"]
 # gen_ai.provider.name of the LLM-call spans (plnt.core.telemetry): an OpenAI-compatible server
@@ -263,7 +277,7 @@ class HTTPBackend:
         client = self._http()
         try:
             response = await client.post(self.url, json=self._body(prompt, system, max_tokens, stream=False),
-                                         headers=trace_headers)
+                                         headers=_shadow_marked(trace_headers))
         except httpx.TransportError as exc:
             raise self._transport_error(exc, reading=False) from None
         if not 200 <= response.status_code < 300:
@@ -299,7 +313,7 @@ class HTTPBackend:
 
         client = self._http()
         request = client.build_request("POST", self.url, json=self._body(prompt, system, max_tokens, stream=True),
-                                       headers={"accept": "text/event-stream", **trace_headers})
+                                       headers=_shadow_marked({"accept": "text/event-stream", **trace_headers}))
         try:
             response = await client.send(request, stream=True)
         except httpx.TransportError as exc:

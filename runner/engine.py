@@ -48,7 +48,7 @@ from typing import Any
 
 from plnt.core import telemetry
 from plnt.core.specs.models import Step, Workflow, output_step, step_levels
-from plnt.runner.adapters import RuntimeAdapter
+from plnt.runner.adapters import SHADOW_RUN, RuntimeAdapter
 from plnt.runner.cache import MISSING, StepCache, cache_key, is_cacheable
 from plnt.runner.recipe import Recipe
 from plnt.runner.tools import RENDERED_PARAMS, MissingField, Tools, template_fields
@@ -299,22 +299,28 @@ async def run_workflow(
     results: dict[str, Any] = {}
     timings: dict[str, float] = {}
     cached: set[str] = set()
-    for level in step_levels(recipe.workflow.steps):
-        finished = MappingProxyType(dict(results))
-        tasks = [asyncio.ensure_future(_skipped() if shadow and steps[step_id].side_effects
-                                       else _run_step(run, steps[step_id], finished)) for step_id in level]
-        try:
-            outcomes = await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
-        for step_id, (value, ms, hit) in zip(level, outcomes, strict=True):
-            results[step_id] = value
-            timings[step_id] = round(ms, 3)
-            if hit:
-                cached.add(step_id)
+    # The steps' LLM calls say whether this is a mirror (adapters.SHADOW_RUN): the gateway does not mirror
+    # a mirror's calls again. Their tasks copy this context; reset after, for the caller's next run.
+    shadow_run = SHADOW_RUN.set(shadow)
+    try:
+        for level in step_levels(recipe.workflow.steps):
+            finished = MappingProxyType(dict(results))
+            tasks = [asyncio.ensure_future(_skipped() if shadow and steps[step_id].side_effects
+                                           else _run_step(run, steps[step_id], finished)) for step_id in level]
+            try:
+                outcomes = await asyncio.gather(*tasks)
+            except BaseException:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+            for step_id, (value, ms, hit) in zip(level, outcomes, strict=True):
+                results[step_id] = value
+                timings[step_id] = round(ms, 3)
+                if hit:
+                    cached.add(step_id)
+    finally:
+        SHADOW_RUN.reset(shadow_run)
     return WorkflowResult(
         output=results[run.output_id],
         timings_ms=timings,

@@ -64,7 +64,7 @@ class InstallStep(SagaStep):
             namespace=run.metadata.namespace, name=run.metadata.name, track="canary", version=run.version,
             spec_fingerprint=run.fingerprint(), recipe_digest=digest, recipe_dir=recipe_dir,
             traffic_percent=run.spec.canary.plan_steps()[0].weight, trust=trust,
-            canary_header=first_step_header(run.spec.canary),
+            canary_header=first_step_header(run.spec.canary), shadow_percent=run.spec.canary.shadow_percent,
             model=ModelServing(runtime=runtime.type, model_file=model_file, alias=run.metadata.name,
                                context_length=runtime.context_length, threads=runtime.threads,
                                args=tuple(runtime.args), registry=model.registry, model_name=model.name,

@@ -258,6 +258,23 @@ async def test_install_upgrades_the_model_server_chart_and_the_release_serves_op
     assert release.model is not None and release.endpoint.endswith(":8000")
 
 
+async def test_a_model_canarys_shadow_share_rides_in_its_values_and_is_read_back() -> None:
+    """Against the FAKE helm: canary.shadowPercent is in the release's values (the chart's schema takes
+    it; no template renders it), and the Release read back from them carries it to the gateway's route."""
+    import jsonschema
+
+    shadowed = request(CHAT).model_copy(update={"traffic_percent": 0, "shadow_percent": 100})
+    fake = FakeHelm().expect("status", "chat-canary", rc=1, stderr=NOT_FOUND).expect("upgrade", stdout="{}")
+    release = await driver(fake, CHAT).install(shadowed)
+    [values] = fake.values_files
+    assert (values["deployment"]["trafficPercent"], values["deployment"]["shadowPercent"]) == (0, 100)
+    schema = json.loads((Path(__file__).resolve().parents[3] / "charts/model-server/values.schema.json").read_text())
+    # The deployment's part (helm adds the chart's defaults to the rest): its definitions beside it.
+    jsonschema.validate(values["deployment"], {**schema["properties"]["deployment"], "definitions": schema["definitions"]})
+    assert (release.traffic_percent, release.shadow_percent) == (0, 100)
+    assert "shadowPercent" not in render_model_values(request(CHAT), CHAT.spec, BACKEND, IMAGE)["deployment"]
+
+
 async def test_install_of_an_identical_model_release_is_a_no_op_and_other_values_upgrade() -> None:
     """Against the FAKE helm: a deployed release with the same values and chart version is left alone."""
     values = render_model_values(request(CHAT), CHAT.spec, BACKEND, IMAGE, resources=RESOURCES)
