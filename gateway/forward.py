@@ -72,14 +72,16 @@ def request_headers(scope: ASGIScope) -> dict[bytes, bytes]:
 class Outcome:
     """What the metrics record about one request."""
 
-    __slots__ = ("code", "error_type", "labels", "span", "started", "t0", "ttft")
+    __slots__ = ("code", "error_type", "labels", "span", "started", "t0", "tokens", "tpot", "ttft")
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0  # request received (perf_counter)
         self.labels: tuple[str, str, str, str] = _NO_LABELS
         self.code = 500
         self.error_type: str | None = None
-        self.ttft: float | None = None
+        self.ttft: float | None = None  # streams: request received -> first token sent (s)
+        self.tpot: float | None = None  # streams of 2 tokens or more: (last token - first) / (tokens - 1) (s)
+        self.tokens: int | None = None  # completion tokens, where the answer says or the stream counted them
         self.started = False  # response headers sent
         self.span: Any = None  # the request's trace span, only when tracing is on (telemetry.ENABLED)
 
@@ -193,11 +195,17 @@ class Gateway:
             if not outcome.started:
                 await respond(send, 500, errors.internal, [])
         finally:
-            elapsed = time.perf_counter() - outcome.t0
-            self.metrics.finished(api, outcome.labels, outcome.code, elapsed, outcome.error_type, outcome.ttft)
-            self.calls.add(api, outcome.labels, outcome.code, elapsed, outcome.error_type)
-            if outcome.span is not None:
-                telemetry.end_request(outcome.span, outcome.code, outcome.error_type, outcome.labels, outcome.ttft)
+            self.record(api, outcome)
+
+    def record(self, api: str, outcome: Outcome) -> None:
+        """One answered call into the metrics, the call log (and through it the compare gate's ledger)
+        and its trace: real calls and mirrored ones (track "shadow") alike."""
+        elapsed = time.perf_counter() - outcome.t0
+        self.metrics.finished(api, outcome.labels, outcome.code, elapsed, outcome.error_type, outcome.ttft)
+        self.calls.add(api, outcome.labels, outcome.code, elapsed, outcome.error_type, outcome.ttft, outcome.tpot,
+                       outcome.tokens)
+        if outcome.span is not None:
+            telemetry.end_request(outcome.span, outcome.code, outcome.error_type, outcome.labels, outcome.ttft)
 
     def shadow(self, route: Route, chosen: tuple[Backend, Track], body: bytes) -> None:
         """canary.shadowPercent: a share of the invocations the stable answers is also sent to the
@@ -213,8 +221,8 @@ class Gateway:
         task.add_done_callback(self._shadows.discard)
 
     async def _mirror(self, route: Route, canary: Backend, body: bytes) -> None:
-        labels = (route.namespace, route.name, canary.version, "shadow")
-        started = time.perf_counter()
+        outcome = Outcome(time.perf_counter())
+        outcome.labels = (route.namespace, route.name, canary.version, "shadow")
         code, error_type = 200, None
         client = self.client
         try:
@@ -228,10 +236,9 @@ class Gateway:
         except (UpstreamError, TimeoutError, OSError) as exc:
             code, error_type = 504 if isinstance(exc, TimeoutError) else 502, "shadow_unreachable"
         finally:
-            elapsed = time.perf_counter() - started
+            outcome.code, outcome.error_type = code, error_type
             self.metrics.started("invoke")
-            self.metrics.finished("invoke", labels, code, elapsed, error_type)
-            self.calls.add("invoke", labels, code, elapsed, error_type)
+            self.record("invoke", outcome)
 
     def grant(self, authorization: bytes | None, errors: ErrorShape) -> Grant:
         """What the request's bearer token may use (everything when no tokens are configured)."""

@@ -24,6 +24,35 @@ class StreamShape:
     is_token: Callable[[bytes], bool]  # this chunk carries the first token (time to first token)
     failure_event: Callable[[str, str, bytes], bytes | None]  # (error type, failure, last chunk) -> event or None
     error_marker: bytes | None = None  # a chunk holding it is the upstream's own error event
+    # How many token events a chunk holds (time per output token, completion tokens); None: not counted.
+    count_tokens: Callable[[bytes], int] | None = None
+    # The completion tokens an answer (a stream's usage chunk, or a whole body) says it generated, if it says.
+    completion_tokens: Callable[[bytes], int | None] | None = None
+
+
+class TokenClock:
+    """A stream's tokens as they pass: the first's and last's time and how many, for TPOT."""
+
+    __slots__ = ("count", "first", "last", "reported")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first = self.last = 0.0
+        self.reported: int | None = None  # what the answer's usage said
+
+    def tokens(self, n: int, now: float) -> None:
+        if n <= 0:
+            return
+        if self.count == 0:
+            self.first = now
+        self.last = now
+        self.count += n
+
+    def into(self, outcome: Outcome) -> None:
+        if self.count >= 2:
+            outcome.tpot = (self.last - self.first) / (self.count - 1)
+        tokens = self.reported if self.reported is not None else self.count
+        outcome.tokens = tokens if tokens or self.reported is not None else None
 
 
 def runner_error_type(body: bytes) -> str:
@@ -54,15 +83,19 @@ async def watch_disconnect(receive: Receive, response: UpstreamResponse, gone: l
 
 
 async def relay(exchange: Exchange, receive: Receive, send: Send, outcome: Outcome, errors: ErrorShape,
-                stream: StreamShape | None) -> None:
+                stream: StreamShape | None, *, whole: StreamShape | None = None) -> None:
     """The runner's answer as it gave it, with its end-to-end headers and X-Plnt-Version/-Track. `stream`:
     it was asked to stream; an answer that does stream (200, text/event-stream) is relayed chunk by chunk
-    as it arrives; any other (an error, a runner that does not stream) as one body."""
+    as it arrives; any other (an error, a runner that does not stream) as one body, whose completion
+    tokens `whole.completion_tokens` reads (a model's answer says them)."""
     response = exchange.response
     content_type = response.header(b"content-type", JSON) or JSON
     if stream is None or response.status != 200 or not content_type.startswith(SSE):
         body = response.body if stream is None else await whole_body(response, errors)
         outcome.code = response.status
+        said = (stream or whole)
+        if response.status == 200 and said is not None and said.completion_tokens is not None:
+            outcome.tokens = said.completion_tokens(body)
         if response.status >= 400:
             outcome.error_type = runner_error_type(body)
         await respond(send, response.status, body, [*response.relayed_headers(), *exchange.plnt_headers()],
@@ -86,10 +119,16 @@ async def relay(exchange: Exchange, receive: Receive, send: Send, outcome: Outco
     gone: list[bool] = []
     watcher = asyncio.create_task(watch_disconnect(receive, response, gone))
     last = b"\n\n"
+    clock = TokenClock() if stream.count_tokens is not None else None
     try:
         async for chunk in response.chunks():
             if outcome.ttft is None and stream.is_token(chunk):
                 outcome.ttft = time.perf_counter() - outcome.t0
+            if clock is not None:
+                assert stream.count_tokens is not None
+                clock.tokens(stream.count_tokens(chunk), time.perf_counter())
+                if stream.completion_tokens is not None and (said := stream.completion_tokens(chunk)) is not None:
+                    clock.reported = said
             if stream.error_marker is not None and stream.error_marker in chunk:
                 outcome.error_type = "stream_error"
             last = chunk
@@ -104,4 +143,6 @@ async def relay(exchange: Exchange, receive: Receive, send: Send, outcome: Outco
             await send({"type": "http.response.body", "body": event, "more_body": True})
     finally:
         watcher.cancel()
+        if clock is not None:
+            clock.into(outcome)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
