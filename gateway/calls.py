@@ -135,6 +135,7 @@ class CallsHub:
         """A push from `source`; `last`: it is stopping (its calls stay counted; it is not missed)."""
         kept = self.sources.get(source)
         if kept is None:
+            log.info("gateway-calls-from source=%s", source)
             kept = self.sources[source] = deque(maxlen=self.own.size)
             while len(self.sources) > MAX_SOURCES:
                 gone, _ = self.sources.popitem(last=False)
@@ -151,6 +152,7 @@ class CallsHub:
                 if ledger is not None:
                     _to_ledger(ledger, call)
         if last:
+            log.info("gateway-calls-last source=%s", source)
             self._heard.pop(source, None)
         return taken
 
@@ -248,13 +250,12 @@ class CallsPusher:
 
     async def run(self) -> None:
         async with self._factory() as client:
-            last_push = time.monotonic()
+            last_push = -math.inf  # the first push at once: the control plane knows this process from its start
             while True:
+                if self.calls.count != self.pushed or time.monotonic() - last_push >= self.heartbeat_s:
+                    if await self._push(client):
+                        last_push = time.monotonic()
                 await asyncio.sleep(self.every_s)
-                if self.calls.count == self.pushed and time.monotonic() - last_push < self.heartbeat_s:
-                    continue
-                if await self._push(client):
-                    last_push = time.monotonic()
 
     async def leave(self, timeout_s: float = 2.0) -> None:
         """The calls not pushed yet, marked last (the control plane does not miss a gateway that stopped)."""
