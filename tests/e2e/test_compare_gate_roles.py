@@ -10,47 +10,14 @@ example's test authority (a STAND-IN for Sigstore's public services)."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from collections import Counter
 
 import httpx
 
 from tests.conftest import SpecRepo
-from tests.e2e.harness import REVIEW
-from tests.e2e.test_compare_gate import GATE
+from tests.e2e.test_compare_gate import GATE, Traffic
 from tests.e2e.test_split_roles import AUTH, RUN_FILE, TOKEN, Roles, wait_phase
 from tests.e2e.test_split_roles import roles as roles  # noqa: F401 (the fixture: role processes stopped after the test)
-
-
-class Traffic:
-    """One client per gateway, invoking review-responder until stopped; counts (version, track) answered."""
-
-    def __init__(self, gateways: list[str]) -> None:
-        self.answered: Counter[tuple[str, str]] = Counter()
-        self.per_gateway: Counter[str] = Counter()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(url,), daemon=True) for url in gateways]
-
-    def _run(self, url: str) -> None:
-        with httpx.Client(trust_env=False, timeout=30) as client:
-            while not self._stop.is_set():
-                try:
-                    answer = client.post(f"{url}/workflows/review-responder/invoke", json=REVIEW, headers=AUTH)
-                    self.answered[(answer.headers.get("x-plnt-version", "?"), answer.headers.get("x-plnt-track", "?"))] += 1
-                    self.per_gateway[url] += 1
-                except httpx.HTTPError:
-                    self.answered[("error", "")] += 1
-
-    def __enter__(self) -> Traffic:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=30)
 
 
 async def verdict_of(client: httpx.AsyncClient, control: str) -> str:
@@ -73,7 +40,7 @@ async def test_the_compare_gate_reads_every_gateways_traffic_through_the_reconci
                           "    steps:\n      - {weight: 50, pause: 3s, gates: [latency-vs-stable]}\n")
         spec_repo.commit("1.3.0 compared with 1.2.0 on real traffic through two gateways")
         since = time.time()
-        with Traffic(gateways) as traffic:
+        with Traffic(*gateways, headers=AUTH) as traffic:
             await client.post(f"{control}/hooks/git", headers=AUTH)
             await wait_phase(client, control, "Ready", "1.3.0", timeout=120)
         verdict = await verdict_of(client, control)
@@ -98,14 +65,14 @@ async def test_the_compare_gate_reads_every_gateways_traffic_through_the_reconci
 
         spec_repo.replace(RUN_FILE, "review-responder@1.3.0", "review-responder@1.5.0")
         spec_repo.commit("1.5.0: right, but 0.6 s slower per call")
-        with Traffic(gateways) as traffic:
+        with Traffic(*gateways, headers=AUTH) as traffic:
             await client.post(f"{control}/hooks/git", headers=AUTH)
             rolled = await wait_phase(client, control, "RolledBack", "1.3.0", timeout=150)
     reason = rolled["lastError"]
     assert reason.startswith("step 1/1 at 50%: gate latency-vs-stable (compare): p95 "), reason
     assert "over 1.5 x stable" in reason and "+ 100 ms (p95SlackMs)" in reason, reason
     assert rolled["smokeTest"]["passed"], "the smoke test's own budget passed 1.5.0: only the comparison caught it"
-    assert traffic.answered[("1.5.0", "canary")] > 0 and not traffic.answered[("error", "")], traffic.answered
+    assert traffic.answered[("1.5.0", "canary")] > 0 and "error" not in traffic.versions, traffic.answered
     for process in roles.processes:
         assert TOKEN not in process.tail(), "the internal token is in a role's log"
 
