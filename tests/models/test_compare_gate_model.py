@@ -10,6 +10,7 @@ real. Needs `make install-llm` (part of `make test`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -71,13 +72,14 @@ class Chats:
                 except (httpx.HTTPError, IndexError, json.JSONDecodeError) as exc:
                     self.failures.append(repr(exc))
 
-    def __enter__(self) -> Chats:
+    async def __aenter__(self) -> Chats:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    async def __aexit__(self, *exc: object) -> None:
+        # Joined off the event loop: plnt's gateway runs on it and answers the call in flight.
         self._stop.set()
-        self._thread.join(timeout=150)
+        await asyncio.to_thread(self._thread.join, 150)
 
 
 async def test_a_model_canary_is_judged_on_ttft_tpot_and_tokens_of_real_streamed_chat(
@@ -92,7 +94,7 @@ async def test_a_model_canary_is_judged_on_ttft_tpot_and_tokens_of_real_streamed
         repo.write("gates/streamed-vs-stable.yaml", gate(PASSING))
         repo.write(MODEL_FILE, deployment(registry, "1.0.1", publish(registry, "1.0.1", smollm2_gguf, ca)))
         repo.commit("smollm2 1.0.1, held to 1.0.0 on streamed chat")
-        with Chats(plnt.url) as chats:
+        async with Chats(plnt.url) as chats:
             await hook(plnt)
             await wait_phase(plnt, "Ready", version="1.0.1", name="smollm2", timeout=400)
         assert ("1.0.1", "canary") in chats.served and not chats.failures, (chats.served, chats.failures)
@@ -107,7 +109,7 @@ async def test_a_model_canary_is_judged_on_ttft_tpot_and_tokens_of_real_streamed
         repo.write("gates/streamed-vs-stable.yaml", gate(FAILING))
         repo.write(MODEL_FILE, deployment(registry, "1.0.2", publish(registry, "1.0.2", smollm2_gguf, ca)))
         repo.commit("smollm2 1.0.2, held to a quarter of 1.0.1's TTFT")
-        with Chats(plnt.url) as chats:
+        async with Chats(plnt.url) as chats:
             await hook(plnt)
             rolled = await wait_phase(plnt, "RolledBack", version="1.0.1", name="smollm2", timeout=400)
         reason = rolled["lastError"]
