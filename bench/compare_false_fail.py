@@ -6,7 +6,9 @@ worker processes pushing each call to plnt's ledger, local runner processes) on 
 repository (bench/benchlib.py). A load process (a separate Python, 2 clients) invokes the workflow
 through the gateway the whole time. Each rollout: one step at 50% with a 5 s pause (the soak) and
 the Gate `compare` with its defaults (minRequests 50 each, p95Ratio 1.2, p95SlackMs 10,
-errorRatePoints 1). A rollback here is a false fail: both releases run the same code.
+errorRatePoints 1). A rollback here is a false fail: both releases run the same code. The traffic is
+invocations, so only the latency and error rules are exercised (the TTFT, TPOT and tokens rules need
+streamed chat; tests/models/test_compare_gate_model.py runs them on a real model).
 
     python bench/compare_false_fail.py [--rollouts 20] [--slack-ms 10]
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from typing import Any
 
@@ -18,7 +19,7 @@ from plnt.core.auth import MODELS
 from plnt.core.routes import PREVIEW_HEADER, AmbiguousRoute, PreviewNotFound, preview_target
 from plnt.core.upstream import UpstreamError, UpstreamTimeout
 from plnt.gateway import openai_compat as oai
-from plnt.gateway.forward import SSE, Exchange, Gateway, Outcome, StreamShape, request_headers
+from plnt.gateway.forward import SSE, Exchange, Gateway, Outcome, StreamShape, TokenClock, request_headers
 from plnt.gateway.relay import RUNNER_STREAM, relay, watch_disconnect, whole_body
 from plnt.gateway.replies import OPENAI, ASGIScope, Receive, Send, json_position, not_invocable, openai_error, respond
 from plnt.gateway.sse import COMMENT, Event, SSEParser
@@ -28,8 +29,22 @@ def _model_failure_event(kind: str, failure: str, last: bytes) -> bytes:
     return b"data: " + oai.error_body(f"model server stream failed: {failure}", "server_error", None, kind) + b"\n\n"
 
 
-# A model server's stream: OpenAI chunks, the first with "content" is the first token.
-MODEL_STREAM = StreamShape(is_token=lambda chunk: b'"content"' in chunk, failure_event=_model_failure_event)
+# A token event: a non-empty "content" string (a first chunk's `"content": ""` or `null` is none). Inside
+# the generated text a quote is escaped, so the pattern only meets the JSON's own key.
+_TOKEN = re.compile(rb'"content":\s*"(?!")')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d{1,9})')
+
+
+def _completion_tokens(body: bytes) -> int | None:
+    found = _COMPLETION_TOKENS.search(body)
+    return int(found.group(1)) if found else None
+
+
+# A model server's stream: OpenAI chunks, the first with content is the first token, each with content
+# one token (what the smoke test counts too); usage (stream_options.include_usage) says the count.
+MODEL_STREAM = StreamShape(is_token=lambda chunk: _TOKEN.search(chunk) is not None,
+                           failure_event=_model_failure_event,
+                           count_tokens=lambda chunk: len(_TOKEN.findall(chunk)), completion_tokens=_completion_tokens)
 
 
 async def chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send) -> None:
@@ -89,12 +104,16 @@ async def _chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send
                                      errors=OPENAI)
     try:
         if is_model:
-            await relay(exchange, receive, send, outcome, OPENAI, MODEL_STREAM if request.stream else None)
+            await relay(exchange, receive, send, outcome, OPENAI, MODEL_STREAM if request.stream else None,
+                        whole=MODEL_STREAM)
         elif request.stream:
             await _chat_stream(exchange, receive, send, request, outcome)
         else:
             result = _chat_result(exchange.response.status, exchange.response.body)
             outcome.code = 200
+            reported = result.get("usage")
+            if isinstance(reported, dict) and isinstance(reported.get("completion_tokens"), int):
+                outcome.tokens = reported["completion_tokens"]
             await respond(send, 200, oai.completion_body(oai.new_id(), model, result, request), exchange.plnt_headers())
     finally:
         exchange.release()
@@ -205,13 +224,16 @@ async def _chat_stream(exchange: Exchange, receive: Receive, send: Send, request
     parser = SSEParser()
     gone: list[bool] = []
     watcher = asyncio.create_task(watch_disconnect(receive, response, gone))
+    clock = TokenClock()
     try:
         async for chunk in response.chunks():
             out: list[bytes] = []
+            streamed = len(translation.streamed)
             for event in parser.feed(chunk):
                 out.extend(translation.chunks(event))
                 if translation.finished:
                     break
+            clock.tokens(len(translation.streamed) - streamed, time.perf_counter())
             if translation.failed:
                 outcome.error_type = "stream_error"
             if out:
@@ -235,4 +257,5 @@ async def _chat_stream(exchange: Exchange, receive: Receive, send: Send, request
                     "body": writer.error(f"runner stream failed: {exc}", "server_error", kind)})
     finally:
         watcher.cancel()
+        clock.into(outcome)
     await send({"type": "http.response.body", "body": b"", "more_body": False})

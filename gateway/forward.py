@@ -76,13 +76,51 @@ class StreamShape:
     is_token: Callable[[bytes], bool]  # this chunk carries the first token (time to first token)
     failure_event: Callable[[str, str, bytes], bytes | None]  # (error type, failure, last chunk) -> event or None
     error_marker: bytes | None = None  # a chunk holding it is the upstream's own error event
+    # How many token events a chunk holds (time per output token, completion tokens); None: not counted.
+    count_tokens: Callable[[bytes], int] | None = None
+    # The completion tokens an answer (a stream's usage chunk, or a whole body) says it generated, if it says.
+    completion_tokens: Callable[[bytes], int | None] | None = None
 
-    def observe(self, chunk: bytes, outcome: Outcome) -> None:
-        """What one chunk of the stream tells the metrics: the first token's time, the upstream's own error."""
+    def clock(self) -> TokenClock | None:
+        """A clock for one stream's tokens, when this kind of stream counts them."""
+        return TokenClock() if self.count_tokens is not None else None
+
+    def observe(self, chunk: bytes, outcome: Outcome, clock: TokenClock | None) -> None:
+        """What one chunk of the stream tells the metrics: the first token's time, the tokens (into
+        `clock`), the upstream's own error."""
         if outcome.ttft is None and self.is_token(chunk):
             outcome.ttft = time.perf_counter() - outcome.t0
+        if clock is not None and self.count_tokens is not None:
+            clock.tokens(self.count_tokens(chunk), time.perf_counter())
+            if self.completion_tokens is not None and (said := self.completion_tokens(chunk)) is not None:
+                clock.reported = said
         if self.error_marker is not None and self.error_marker in chunk:
             outcome.error_type = "stream_error"
+
+
+class TokenClock:
+    """A stream's tokens as they pass: the first's and last's time and how many, for TPOT."""
+
+    __slots__ = ("count", "first", "last", "reported")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first = self.last = 0.0
+        self.reported: int | None = None  # what the answer's usage said
+
+    def tokens(self, n: int, now: float) -> None:
+        if n <= 0:
+            return
+        if self.count == 0:
+            self.first = now
+        self.last = now
+        self.count += n
+
+    def into(self, outcome: Outcome) -> None:
+        if self.count >= 2:
+            outcome.tpot = (self.last - self.first) / (self.count - 1)
+        tokens = self.reported if self.reported is not None else self.count
+        outcome.tokens = tokens if tokens or self.reported is not None else None
 
 
 def request_headers(scope: ASGIScope) -> dict[bytes, bytes]:
@@ -93,14 +131,16 @@ def request_headers(scope: ASGIScope) -> dict[bytes, bytes]:
 class Outcome:
     """What the metrics record about one request."""
 
-    __slots__ = ("code", "error_type", "labels", "span", "started", "t0", "ttft")
+    __slots__ = ("code", "error_type", "labels", "span", "started", "t0", "tokens", "tpot", "ttft")
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0  # request received (perf_counter)
         self.labels: tuple[str, str, str, str] = _NO_LABELS
         self.code = 500
         self.error_type: str | None = None
-        self.ttft: float | None = None
+        self.ttft: float | None = None  # streams: request received -> first token sent (s)
+        self.tpot: float | None = None  # streams of 2 tokens or more: (last token - first) / (tokens - 1) (s)
+        self.tokens: int | None = None  # completion tokens, where the answer says or the stream counted them
         self.started = False  # response headers sent
         self.span: Any = None  # the request's trace span, only when tracing is on (telemetry.ENABLED)
 
@@ -221,7 +261,8 @@ class Gateway:
         (GET /calls, and the compare gate's ledger through it) and its trace span: one path for both."""
         elapsed = time.perf_counter() - outcome.t0
         self.metrics.finished(api, outcome.labels, outcome.code, elapsed, outcome.error_type, outcome.ttft)
-        self.calls.add(api, outcome.labels, outcome.code, elapsed, outcome.error_type)
+        self.calls.add(api, outcome.labels, outcome.code, elapsed, outcome.error_type, outcome.ttft, outcome.tpot,
+                       outcome.tokens)
         if outcome.span is not None:
             telemetry.end_request(outcome.span, outcome.code, outcome.error_type, outcome.labels, outcome.ttft)
 
@@ -262,11 +303,14 @@ class Gateway:
                 response = await client.request(canary.endpoint, "POST", path, body=body, headers=headers,
                                                 stream=True)
                 outcome.code, outcome.started = response.status, True
+                clock = stream.clock()
                 try:
                     async for chunk in response.chunks():
-                        stream.observe(chunk, outcome)
+                        stream.observe(chunk, outcome, clock)
                 finally:
                     response.close()
+                    if clock is not None:
+                        clock.into(outcome)
             if outcome.code >= 400:
                 outcome.error_type = "shadow_error"
         except (UpstreamError, TimeoutError, OSError) as exc:

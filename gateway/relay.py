@@ -62,15 +62,19 @@ async def watch_disconnect(receive: Receive, response: UpstreamResponse, gone: l
 
 
 async def relay(exchange: Exchange, receive: Receive, send: Send, outcome: Outcome, errors: ErrorShape,
-                stream: StreamShape | None) -> None:
+                stream: StreamShape | None, *, whole: StreamShape | None = None) -> None:
     """The runner's answer as it gave it, with its end-to-end headers and X-Plnt-Version/-Track. `stream`:
     it was asked to stream; an answer that does stream (200, text/event-stream) is relayed chunk by chunk
-    as it arrives; any other (an error, a runner that does not stream) as one body."""
+    as it arrives; any other (an error, a runner that does not stream) as one body, whose completion
+    tokens `whole.completion_tokens` reads (a model's answer says them)."""
     response = exchange.response
     content_type = response.header(b"content-type", JSON) or JSON
     if stream is None or response.status != 200 or not content_type.startswith(SSE):
         body = response.body if stream is None else await whole_body(response, errors)
         outcome.code = response.status
+        said = (stream or whole)
+        if response.status == 200 and said is not None and said.completion_tokens is not None:
+            outcome.tokens = said.completion_tokens(body)
         if response.status >= 400:
             outcome.error_type = runner_error_type(body)
         await respond(send, response.status, body, [*response.relayed_headers(), *exchange.plnt_headers()],
@@ -94,9 +98,10 @@ async def relay(exchange: Exchange, receive: Receive, send: Send, outcome: Outco
     gone: list[bool] = []
     watcher = asyncio.create_task(watch_disconnect(receive, response, gone))
     last = b"\n\n"
+    clock = stream.clock()
     try:
         async for chunk in response.chunks():
-            stream.observe(chunk, outcome)
+            stream.observe(chunk, outcome, clock)
             last = chunk
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except UpstreamError as exc:
@@ -109,4 +114,6 @@ async def relay(exchange: Exchange, receive: Receive, send: Send, outcome: Outco
             await send({"type": "http.response.body", "body": event, "more_body": True})
     finally:
         watcher.cancel()
+        if clock is not None:
+            clock.into(outcome)
     await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -25,6 +25,7 @@ from plnt.core.auth import TokenSet, is_loopback_host, rollout_path
 from plnt.core.limits import HttpLimits
 from plnt.core.server import GatewayServer
 from plnt.gateway.app import GatewayApp, create_app
+from plnt.gateway.calls import CallsPusher, source_name
 from plnt.gateway.control_relay import ControlForwarder
 from plnt.gateway.route_watch import DEFAULT_WAIT_S, ControlWaker, RouteFollower
 from plnt.gateway.router import Router
@@ -123,6 +124,9 @@ class GatewayRole:
         self.forwarder = None
         if forward_control:
             self.forwarder = ControlForwarder(config.control_url, config.internal_token, config.max_body_bytes)
+        # Its calls to the control plane's traffic ledger (what compare gates judge), under a name of its own.
+        self.calls_pusher = CallsPusher(app.gateway.calls, config.control_url, source_name(), config.internal_token)
+        self._pushing: asyncio.Task[None] | None = None
         self.app = _RoleApp(app, self.follower, self.forwarder)
         self.server = GatewayServer(self.app, host=config.host, port=config.port, reuse_port=reuse_port,
                                     joining=worker_index > 0,
@@ -149,6 +153,7 @@ class GatewayRole:
             log.warning("control-url-plaintext url=%s: the internal token travels unencrypted; use https:// "
                         "outside a trusted network", url)
         self._task = asyncio.create_task(self.follower.run(), name="route-follower")
+        self._pushing = asyncio.create_task(self.calls_pusher.run(), name="calls-pusher")
         if wait_for_table_s is not None:
             deadline = asyncio.get_running_loop().time() + wait_for_table_s
             while not self.follower.has_table and asyncio.get_running_loop().time() < deadline:
@@ -165,6 +170,11 @@ class GatewayRole:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         await self.server.stop()
+        if self._pushing is not None:  # after the server: the last calls answered are in the last push
+            self._pushing.cancel()
+            await asyncio.gather(self._pushing, return_exceptions=True)
+            self._pushing = None
+            await self.calls_pusher.leave()
         await self.waker.aclose()
         if self.forwarder is not None:
             await self.forwarder.aclose()

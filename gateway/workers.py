@@ -345,15 +345,9 @@ async def _run_worker(config: WorkerConfig) -> None:
 
     watch = asyncio.create_task(life_line())
     pushing = None
-    pushing_calls = None
-    if config.forward_control:  # plnt up's /metrics sums its workers' (each pushes its own)
+    if config.forward_control:  # plnt up's /metrics sums its workers' (each pushes its own; calls: role.py)
         pushing = asyncio.create_task(push_metrics(role.app.app.gateway.metrics.render, config.control_url,
                                                    config.index, config.internal_token.get_secret_value()))
-        # ... and its GET /calls merges theirs (each pushes its new calls, calls.py).
-        from plnt.gateway.calls import push_calls
-
-        pushing_calls = asyncio.create_task(push_calls(role.app.app.gateway.calls, config.control_url,
-                                                       config.index, config.internal_token.get_secret_value()))
     await role.start(wait_for_table_s=30.0)
     if config.ready_fd is not None:
         os.write(config.ready_fd, b"1")
@@ -363,8 +357,6 @@ async def _run_worker(config: WorkerConfig) -> None:
     watch.cancel()
     if pushing is not None:
         pushing.cancel()
-    if pushing_calls is not None:
-        pushing_calls.cancel()
     await role.stop()
     log.info("gateway-worker-stopped index=%d", config.index)
 

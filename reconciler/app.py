@@ -25,7 +25,7 @@ from plnt.core.specs.limits import SpecLimits
 from plnt.core.specs.models import PlntBackend
 from plnt.core.traffic import TrafficLedger
 from plnt.gateway.app import create_app
-from plnt.gateway.calls import CallsHub
+from plnt.gateway.calls import CallLog, CallsHub
 from plnt.gateway.control_relay import TrustForwarded
 from plnt.gateway.route_watch import RoutePublisher, add_control_routes, release_everywhere
 from plnt.gateway.router import Router
@@ -38,6 +38,7 @@ from plnt.reconciler.drivers.helm import DEFAULT_CHART, DEFAULT_MODEL_CHART, Hel
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.drivers.processes import raise_open_files_limit
 from plnt.reconciler.drivers.reported import ReportedRunners
+from plnt.reconciler.gates.compare import TrafficReader, in_process
 from plnt.reconciler.plan.view import add_plan_routes
 from plnt.reconciler.recipes.archive import ExtractLimits
 from plnt.reconciler.recipes.pull import RecipeCache
@@ -421,8 +422,9 @@ def make_verifier(settings: Settings, state: StateDir) -> CommitVerifier | None:
 
 def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, source: GitSource | KubernetesSource,
                     statuses: StatusStore | None, verifier: CommitVerifier | None = None,
-                    traffic: TrafficLedger | None = None) -> SagaActivities:
-    """`traffic`: the gateway's ledger of each release's real traffic, where this process has it (plnt up)."""
+                    traffic: TrafficReader | None = None) -> SagaActivities:
+    """`traffic`: how a compare gate reads each release's real traffic (plnt up: its own ledger; a
+    plnt worker: the reconciler's, reconciler/gates/compare.py)."""
     return SagaActivities(
         driver=drivers, statuses=statuses,
         commit_specs=CommitSpecs(source, limits=settings.spec_limits, verifier=verifier),
@@ -434,7 +436,7 @@ def make_activities(settings: Settings, state: StateDir, drivers: DriverSet, sou
                              max_files=settings.registries.max_recipe_files,
                              max_file_bytes=settings.registries.max_recipe_file_bytes),
         weights=WeightsStore(state.root / "weights", budget_bytes=settings.runners.weights_budget_bytes),
-        traffic=(lambda: traffic) if traffic is not None else None,
+        traffic=traffic,
     )
 
 
@@ -528,8 +530,12 @@ async def start(settings: Settings) -> Plnt:
                                   on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None)
         source = make_source(settings, state)
         verifier = make_verifier(settings, state)
-        traffic = TrafficLedger()  # what each release served through this plnt's gateway (compare gates)
-        activities = make_activities(settings, state, drivers, source, statuses, verifier, traffic)
+        # What each release served through this plnt's gateway processes (and any `plnt gateway`
+        # following it): compare gates read it (calls.CallsHub, core/traffic.py).
+        own_calls = CallLog()
+        own_calls.ledger = TrafficLedger()
+        calls_hub = CallsHub(own_calls)
+        activities = make_activities(settings, state, drivers, source, statuses, verifier, in_process(calls_hub.reading))
         # Phase changes also change routes (a WorkflowRun seen for the first time answers 503, not 404).
         control_metrics = ControlPlaneMetrics()  # the control plane's series, after the gateway's on GET /metrics
         reconciler = make_reconciler(settings, state=state, source=source, client=client, statuses=statuses,
@@ -553,7 +559,7 @@ async def start(settings: Settings) -> Plnt:
                                  health=lambda: (200, {"status": "ok", "worker": 0, "workers": worker_count}),
                                  wake=wake)
 
-        gateway_app.gateway.calls.ledger = traffic  # (the workers' calls reach it through CallsHub)
+        gateway_app.gateway.calls = own_calls  # (the gateway processes' calls reach it through the hub)
         # The plan preview between revisions reads git history (--source kubernetes has none).
         add_reconciler_routes(gateway_app, reconciler, client, source=source if isinstance(source, GitSource) else None,
                               spec_limits=settings.spec_limits)
@@ -569,7 +575,7 @@ async def start(settings: Settings) -> Plnt:
             worker_metrics = WorkerMetrics(gateway_app.gateway.metrics.render)
             worker_metrics.mount(gateway_app, internal_token)
             gateway_app.state.render_metrics = worker_metrics.render
-            CallsHub(gateway_app.gateway.calls).mount(gateway_app, internal_token)  # GET /calls: every process's
+        calls_hub.mount(gateway_app, internal_token)  # GET /calls: every gateway process's; their pushes
         control_metrics.append_to(gateway_app)  # after the workers' sum: these are this process's alone
         http_limits = HttpLimits(max_head_bytes=settings.gateway.max_header_bytes,
                                  head_timeout_s=settings.gateway.header_timeout_s)

@@ -2,7 +2,8 @@
 
     plnt reconcile   fetch, plan, start sagas; runs the DeploySaga workflows and their status writes;
                      serves the control API (status, history, source, hooks, the route table, the
-                     workers' runner reports). Exactly one active: a lease elects it.
+                     workers' runner reports, the gateways' calls and the traffic ledger compare
+                     gates read). Exactly one active: a lease elects it.
     plnt worker      runs the saga's steps (validate, pull and verify, install, smoke test, promote,
                      remove) on Temporal; hosts the local runner processes it installs and reports
                      them to the control API. Any number for Kubernetes backends.
@@ -27,7 +28,9 @@ from fastapi.responses import JSONResponse, Response
 from plnt.core import telemetry
 from plnt.core.limits import HttpLimits
 from plnt.core.server import GatewayServer, ServerStartError
+from plnt.core.traffic import TrafficLedger
 from plnt.gateway.app import create_app
+from plnt.gateway.calls import CallsHub
 from plnt.gateway.route_watch import InternalGuard, RoutePublisher, add_control_routes, internal_guard
 from plnt.gateway.router import Router
 from plnt.reconciler.app import (
@@ -49,6 +52,7 @@ from plnt.reconciler.control.access import internal_token, load_role_access
 from plnt.reconciler.control.lease import FileLease, LeaderLease
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
 from plnt.reconciler.drivers.reported import RUNNERS_PATH, ReportedRunners, RunnerReport, RunnerReporter
+from plnt.reconciler.gates.compare import ControlTraffic
 from plnt.reconciler.saga.activities.recorder import PhaseRecorder
 from plnt.reconciler.saga.temporal_server import connect_external
 from plnt.reconciler.settings import Settings
@@ -212,6 +216,10 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     add_role_health(control, "reconciler", lambda: {"active": active.is_set()}, ready=active.is_set)
     add_control_routes(control, publisher, access.internal_token)
     add_runner_reports(control, runners, internal_guard(control, access.internal_token))
+    # Every `plnt gateway` process pushes its calls here; a worker's compare gate reads the ledger
+    # (GET /internal/traffic). Kept in memory: a reconciler taking over starts it empty.
+    control.gateway.calls.ledger = TrafficLedger()
+    CallsHub(control.gateway.calls).mount(control, access.internal_token)
     control_metrics = ControlPlaneMetrics()  # after the app's own series on GET /metrics (reconciler/control/metrics.py)
     _serve_leader_metrics(control, control_metrics, active.is_set)
     server = GatewayServer(_StandbyGate(control, active.is_set), host=settings.host, port=settings.port,
@@ -328,8 +336,11 @@ async def start_worker(settings: Settings) -> Role:
                                   interval_s=settings.roles.report_interval_s)
         holder["reporter"] = reporter
         cleanups.append(local.shutdown)
+        # A compare gate reads the traffic the gateways pushed to the reconciler.
+        traffic = ControlTraffic(settings.roles.control_url, token) if token is not None else None
         activities = make_activities(settings, state, drivers, make_source(settings, state), statuses=None,
-                                     verifier=make_verifier(settings, state))
+                                     verifier=make_verifier(settings, state),
+                                     traffic=traffic.reader if traffic is not None else None)
 
         app = FastAPI(title="plnt worker", docs_url=None, redoc_url=None, openapi_url=None)
 

@@ -783,13 +783,25 @@ class CompareGate(SpecModel):
     against what the stable release served meanwhile, once each has `minRequests` (waiting at most
     `window`; fewer fails the gate: a verdict on three requests is noise)."""
 
-    min_requests: int = Field(default=50, ge=1, le=20_000, description="requests each release must have served")
+    min_requests: int = Field(default=50, ge=1, le=20_000, description=(
+        "requests each release must have served (for TTFT, TPOT and tokens: calls that have the figure)"))
     window: str = Field(default="5m", description="how long to wait, at most, for minRequests each (at most 1h)")
     p95_ratio: float | None = Field(default=1.2, gt=0, description="canary p95 <= p95Ratio x stable p95 + p95SlackMs")
     p95_slack_ms: float = Field(default=10.0, ge=0, description=(
         "added to the allowed p95: on millisecond latencies a ratio alone is noise"))
     error_rate_points: float | None = Field(default=1.0, ge=0, description=(
         "canary error rate (5xx, %) <= stable's + this many points"))
+    # Streamed chat (a ModelDeployment's or a workflow's): judged over the calls that have the figure,
+    # minRequests of them each; none by default.
+    ttft_ratio: float | None = Field(default=None, gt=0, description=(
+        "canary TTFT p95 <= ttftRatio x stable TTFT p95 + ttftSlackMs (streamed calls)"))
+    ttft_slack_ms: float = Field(default=10.0, ge=0, description="added to the allowed TTFT p95")
+    tpot_ratio: float | None = Field(default=None, gt=0, description=(
+        "canary TPOT p95 <= tpotRatio x stable TPOT p95 + tpotSlackMs (streamed calls of 2 tokens or more)"))
+    tpot_slack_ms: float = Field(default=2.0, ge=0, description="added to the allowed TPOT p95")
+    tokens_ratio: float | None = Field(default=None, ge=1, description=(
+        "canary mean completion tokens per call within stable's / tokensRatio and stable's x tokensRatio "
+        "(a model that rambles or cuts short)"))
 
     @field_validator("window")
     @classmethod

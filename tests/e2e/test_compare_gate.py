@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -31,20 +32,25 @@ spec:
 
 
 class Traffic:
-    """Two clients invoking review-responder through the gateway until stopped."""
+    """One client per URL given (a gateway), invoking review-responder until stopped; what answered:
+    `versions` in order, `answered` by (version, track), `per_gateway` by URL."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, *urls: str, headers: dict[str, str] | None = None) -> None:
+        self.headers = headers or {}
         self.versions: list[str] = []
+        self.answered: Counter[tuple[str, str]] = Counter()
+        self.per_gateway: Counter[str] = Counter()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(2)]
+        self._threads = [threading.Thread(target=self._run, args=(url,), daemon=True) for url in urls]
 
-    def _run(self) -> None:
+    def _run(self, url: str) -> None:
         with httpx.Client(trust_env=False, timeout=30) as client:
             while not self._stop.is_set():
                 try:
-                    answer = client.post(f"{self.url}/workflows/review-responder/invoke", json=REVIEW)
+                    answer = client.post(f"{url}/workflows/review-responder/invoke", json=REVIEW, headers=self.headers)
                     self.versions.append(answer.json().get("version", "?"))
+                    self.answered[(answer.headers.get("x-plnt-version", "?"), answer.headers.get("x-plnt-track", "?"))] += 1
+                    self.per_gateway[url] += 1
                 except (httpx.HTTPError, ValueError):
                     self.versions.append("error")
 
@@ -69,7 +75,7 @@ def test_the_canary_is_compared_with_its_stable_release_on_real_traffic(
     spec_repo.replace(RUN_FILE, "    trafficPercent: 5\n",
                       "    steps:\n      - {weight: 50, pause: 3s, gates: [latency-vs-stable]}\n")
     spec_repo.commit("1.3.0 compared with 1.2.0 on real traffic")
-    with Traffic(up.url) as traffic:
+    with Traffic(up.url, up.url) as traffic:
         httpx.post(f"{up.url}/hooks/git", trust_env=False)
         wait_row(up, lambda r: r["phase"] == "Ready" and r["version"] == "1.3.0", "1.3.0 promoted", timeout=120)
         history = httpx.get(f"{up.url}/workflows/review-responder/history", trust_env=False).json()

@@ -157,7 +157,7 @@ def test_call_log_is_bounded_and_hands_out_what_is_new() -> None:
     assert [c[6] for c in log.since(0)] == [202, 203, 204]  # only what is still kept
     assert log.since(5) == []
     hub = CallsHub(CallLog(size=3))
-    taken = hub.take(1, [list(c) for c in log.calls] + [["bogus"], [1, "delete", "", "", "", "", 200, 0.1, None]])
+    taken = hub.take("w1", [list(c) for c in log.calls] + [["bogus"], [1, "delete", "", "", "", "", 200, 0.1, None]])
     assert taken == 3
     assert [r["code"] for r in hub.rows(10)] == [204, 203, 202]
     assert call_json(log.calls[0])["latencyMs"] == 1.0

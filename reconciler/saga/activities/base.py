@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from plnt.core.specs.models import CanaryStep, Deployable, WorkflowRun, run_key
-from plnt.core.traffic import TrafficLedger
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import LiveStateUnknown, NeedsHuman, PlntError, RetryLater, UntrustedSagaInput
+from plnt.reconciler.gates.compare import TrafficReader
 from plnt.reconciler.recipes.archive import ExtractLimits
 from plnt.reconciler.recipes.pull import ExportFromRepo, ReadFromRepo, RecipeCache
 from plnt.reconciler.recipes.registries import RegistryOptions
@@ -104,7 +104,7 @@ class SagaStep:
         supported_backend_types: tuple[str, ...] = ("local",),
         saga_task_queue: str | None,
         weights: WeightsStore | None = None,
-        traffic: Callable[[], TrafficLedger | None] | None = None,
+        traffic: TrafficReader | None = None,
     ) -> None:
         """`weights`: where ModelDeployments' verified weights are kept (None: this plnt deploys none).
         `saga_task_queue`: the queue plnt's DeploySaga runs on; an activity scheduled by any other
@@ -121,9 +121,9 @@ class SagaStep:
         self._backend_types = supported_backend_types
         self._saga_task_queue = saga_task_queue
         self._weights = ModelWeights(weights) if weights is not None else None
-        # The gateway's ledger of each release's real traffic (a compare gate's data): plnt up's own
-        # process has it; a worker of split roles does not (None).
-        self._traffic = traffic or (lambda: None)
+        # Each release's real traffic as the gateways answered it (a compare gate's data): plnt up's own
+        # ledger, or a plnt worker's read of the reconciler's (reconciler/gates/compare.py).
+        self._traffic = traffic
         # Saga runs (workflow id, run id) found on plnt's task queue: one describe per saga, not one
         # per step (each is a Temporal round trip; 5 per saga were measured in bench/saga_profile.py).
         self._trusted_runs: dict[tuple[str, str], None] = {}

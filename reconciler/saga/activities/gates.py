@@ -1,6 +1,6 @@
 """check_gates: after a canary step's smoke test, the Gates the step names (canary.gates and its own),
 read at the saga's commit, each giving a verdict: quality (golden cases on canary and stable),
-compare (the canary's real traffic against the stable's, from the gateway's ledger), metric (a
+compare (the canary's real traffic against the stable's, from the control plane's traffic ledger), metric (a
 PromQL query), webhook (a signed HTTP check). A gate whose source did not answer is
 retried (GateUnavailable); one that cannot give a verdict fails the step (GateUnusable)."""
 
@@ -13,7 +13,6 @@ from typing import Any
 
 from plnt.core.recipe import RecipeError, load_golden
 from plnt.core.specs.models import GATE_SECRET_PREFIX, Gate, JudgeRubric, WorkflowRun
-from plnt.core.traffic import Served
 from plnt.reconciler.errors import GateUnusable, InvalidRecipe, UntrustedSagaInput
 from plnt.reconciler.gates.compare import compare_gate
 from plnt.reconciler.gates.judge import Judge, model_judge
@@ -92,25 +91,16 @@ class GatesStep(SagaStep):
             return GateVerdict(name=name, type="quality", passed=quality.passed, reason=quality.reason,
                                failing=quality.failing)
         if spec.compare is not None:
-            ledger = self._traffic()
-            if ledger is None:
-                raise GateUnusable(f"Gate {name}: a compare gate reads the gateway's traffic, which this worker "
-                                   "does not see (plnt up runs it; with the roles apart, not yet)")
+            if self._traffic is None:
+                raise GateUnusable(f"Gate {name}: a compare gate reads the gateways' traffic from the control plane "
+                                   "with the internal token, which this worker was not given (plnt worker "
+                                   "--internal-token-file)")
             if stable is None:
                 raise GateUnusable(f"Gate {name}: {run.key} has no stable release to compare its canary with "
                                    "(a first install): leave the compare gate out of the first rollout")
-            since = float(context.get("since") or 0.0)
-            versions = {"canary": canary.version, "stable": stable.version}
-
-            def served(track: str) -> Served:
-                ns, name = run.metadata.namespace, run.metadata.name
-                got = ledger.served(ns, name, versions[track], track, since)
-                if track == "canary":  # and what it answered to mirrored requests (canary.shadowPercent)
-                    mirrored = ledger.served(ns, name, versions[track], "shadow", since)
-                    got = Served(got.latencies_s + mirrored.latencies_s, got.errors + mirrored.errors)
-                return got
-
-            passed, reason = await compare_gate(spec.compare, served)
+            read = self._traffic(run.metadata.namespace, run.metadata.name, canary.version, stable.version,
+                                 float(context.get("since") or 0.0))
+            passed, reason = await compare_gate(spec.compare, read)
             return GateVerdict(name=name, type="compare", passed=passed, reason=reason)
         if spec.metric is not None:
             query = spec.metric.query
