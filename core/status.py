@@ -104,4 +104,7 @@ class WorkflowRunStatus(BaseModel):
             "rollout": self.rollout.model_dump(mode="json") if self.rollout is not None else None,
             "smokeBudget": self.smoke_budget,
             "inputs": self.inputs,
+            # The promoted release's placement and replicas, as its spec said (plnt list): None until one is promoted.
+            "backend": (self.deployed_spec or {}).get("backend", {}).get("cluster"),
+            "replicas": (self.deployed_spec or {}).get("replicas"),
         }

@@ -1,0 +1,113 @@
+"""The GitOps verbs on the embedded default, as a user runs them: `plnt up` in its own process
+(embedded Temporal, real runner processes), and `plnt list`, `plnt run`, `plnt scale` and
+`plnt rollback` as console commands against it and its spec repository (a local git repository
+here; the pull-request path against a real Gitea is tests/forge/test_verbs_pull_requests.py).
+
+The runners' model is MockBackend, a STAND-IN for a model server; recipes are signed by test
+authorities (tests/sigstore_ca.py), STAND-INS for Sigstore's public services."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import SpecRepo
+from tests.e2e.test_plnt_up_process import PLNT, REVIEW, PlntUp, gateway_port
+from tests.e2e.test_plnt_up_process import started as started  # noqa: F401 (the fixture: plnt processes killed after the test)
+
+pytestmark = pytest.mark.integration
+
+
+def plnt(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PLNT, *args], capture_output=True, text=True, timeout=120, input=stdin, check=False)
+
+
+def wait_row(up: PlntUp, check: Any, what: str, timeout: float = 90.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    rows = None
+    while time.monotonic() < deadline:
+        assert up.process.poll() is None, up.why(f"plnt exited ({up.process.returncode})")
+        for row in (rows := up.workflows()) or []:
+            if row["name"] == "review-responder" and check(row):
+                return row
+        time.sleep(0.2)
+    raise AssertionError(up.why(f"timed out after {timeout:.0f}s waiting for {what}; GET /workflows: {rows}"))
+
+
+# A second workflow, whose output step streams its tokens (an llm.generate), with room for two runners.
+TREND_MONITOR = """\
+apiVersion: plnt.work/v1
+kind: WorkflowRun
+metadata:
+  name: trend-monitor
+spec:
+  workflow:
+    ref: trend-monitor@1.0.0
+    registry: file:registry
+  backend:
+    cluster: local
+  replicas: {min: 1, max: 2}
+"""
+POSTS = "the app is down again, so annoying\nlove the new dark mode @acme #darkmode"
+
+
+def test_list_and_run_on_plnt_up(spec_repo: SpecRepo, tmp_path: Path, started: list[PlntUp]) -> None:
+    spec_repo.write("workflowruns/trend-monitor.yaml", TREND_MONITOR)
+    spec_repo.commit("trend-monitor")
+    up = PlntUp(spec_repo.path, tmp_path / "state", gateway_port(), tmp_path / "plnt.log")
+    started.append(up)
+    up.wait_ready()
+    up.wait_ready("trend-monitor")
+
+    # plnt list: the table, one line per resource, and the JSON rows of GET /workflows.
+    listed = plnt("list", "--url", up.url)
+    assert listed.returncode == 0, up.why(listed.stderr)
+    header, *lines = listed.stdout.splitlines()
+    assert header.split() == ["KIND", "NAMESPACE/NAME", "PHASE", "STABLE", "CANARY", "BACKEND", "REPLICAS"]
+    assert [line.split() for line in lines] == [
+        ["WorkflowRun", "default/review-responder", "Ready", "1.2.0", "-", "local", "1"],
+        ["WorkflowRun", "default/trend-monitor", "Ready", "1.0.0", "-", "local", "1-2"]], listed.stdout
+    as_json = plnt("list", "-o", "json", "--url", up.url)
+    row = {r["name"]: r for r in json.loads(as_json.stdout)}["review-responder"]
+    assert (row["kind"], row["backend"], row["replicas"]) == ("WorkflowRun", "local", {"min": 1, "max": 1}), row
+    bad = plnt("list", "-o", "yaml", "--url", up.url)
+    assert bad.returncode == 2 and "--output must be table or json" in bad.stderr, bad.stderr
+
+    # plnt run: inputs from the command line; the answer on stdout, what served it on stderr.
+    ran = plnt("run", "review-responder", "--input", f"review={REVIEW['review']}", "--input",
+               f"brand_voice={REVIEW['brand_voice']}", "--url", up.url)
+    assert ran.returncode == 0, up.why(ran.stderr)
+    assert "parking" in json.loads(ran.stdout)["reply"], ran.stdout
+    assert ran.stderr == "served by review-responder 1.2.0 (stable)\n", ran.stderr  # its output step streams nothing
+    # A workflow whose output step streams: its tokens on stderr as they came, then the answer.
+    trend = plnt("run", "trend-monitor", "-i", f"posts={POSTS}", "--url", up.url)
+    assert trend.returncode == 0, up.why(trend.stderr)
+    summary = json.loads(trend.stdout)["summary"]
+    *tokens, served = trend.stderr.splitlines()
+    assert served == "served by trend-monitor 1.0.0 (stable)", trend.stderr
+    assert summary and "\n".join(tokens).strip() == summary.strip(), trend.stderr
+
+    # The same from a file (stdin), not streamed, the whole answer as JSON; --input wins over the file.
+    whole = plnt("run", "review-responder", "--input-file", "-", "--input", "brand_voice=curt", "--no-stream",
+                 "--json", "--url", up.url, stdin=json.dumps({**REVIEW, "brand_voice": "ignored"}))
+    assert whole.returncode == 0, up.why(whole.stderr)
+    body = json.loads(whole.stdout)
+    assert body["version"] == "1.2.0" and "parking" in body["output"]["reply"], body
+
+    # Clear errors, and exit codes that say what next.
+    unknown = plnt("run", "no-such-workflow", "--input", "a=b", "--url", up.url)
+    assert unknown.returncode == 1 and unknown.stderr.startswith("error: no-such-workflow: not_found"), unknown.stderr
+    no_canary = plnt("run", "review-responder", "--input", "review=x", "--input", "brand_voice=y", "--track", "canary",
+                     "--url", up.url)
+    assert no_canary.returncode == 1 and "no_canary" in no_canary.stderr, no_canary.stderr
+    missing = plnt("run", "review-responder", "--input", "review=only this", "--url", up.url)
+    assert missing.returncode == 1 and "brand_voice" in missing.stderr, missing.stderr
+    bad_input = plnt("run", "review-responder", "--input", "review", "--url", up.url)
+    assert bad_input.returncode == 2 and "give KEY=VALUE" in bad_input.stderr, bad_input.stderr
+    nobody = plnt("run", "review-responder", "--input", "a=b", "--url", "http://127.0.0.1:9")
+    assert nobody.returncode == 2 and "no plnt answers" in nobody.stderr, nobody.stderr

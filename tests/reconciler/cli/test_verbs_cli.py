@@ -1,0 +1,66 @@
+"""The pure parts of the GitOps verbs (reconciler/cli/listing.py, run.py, gitops.py), table-tested:
+what a `plnt list` line shows, how `plnt run` builds its request body. The verbs against a running
+plnt are tests/e2e/test_verbs.py and tests/forge/test_verbs_pull_requests.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import typer
+from plnt.reconciler.cli.listing import replicas_text, table
+from plnt.reconciler.cli.run import request_body
+
+
+@pytest.mark.parametrize(("replicas", "shown"), [
+    (None, "-"), ({"min": 1, "max": None}, "1"), ({"min": 2, "max": 2}, "2"), ({"min": 1, "max": 3}, "1-3"),
+    ({"min": 0, "max": 1}, "0-1"),
+])
+def test_replicas_cell(replicas: dict[str, Any] | None, shown: str) -> None:
+    assert replicas_text(replicas) == shown
+
+
+def _row(**fields: Any) -> dict[str, Any]:
+    return {"name": "review-responder", "namespace": "default", "kind": "WorkflowRun", "phase": "Ready",
+            "version": "1.2.0", "canaryVersion": None, "canaryPercent": 0, "backend": "local",
+            "replicas": {"min": 1, "max": 1}, "preview": None, **fields}
+
+
+@pytest.mark.parametrize(("row", "cells"), [
+    (_row(), ["WorkflowRun", "default/review-responder", "Ready", "1.2.0", "-", "local", "1"]),
+    (_row(phase="Canary", canaryVersion="1.4.0", canaryPercent=5),
+     ["WorkflowRun", "default/review-responder", "Canary", "1.2.0", "1.4.0@5%", "local", "1"]),
+    (_row(phase="Deploying", version=None, backend=None, replicas=None),
+     ["WorkflowRun", "default/review-responder", "Deploying", "-", "-", "-", "-"]),
+    (_row(name="review-responder--pr7", preview=7),
+     ["WorkflowRun", "default/review-responder[PR#7]", "Ready", "1.2.0", "-", "local", "1"]),
+    (_row(kind="ModelDeployment", name="smollm2", version="1.0.0", replicas={"min": 2, "max": None}),
+     ["ModelDeployment", "default/smollm2", "Ready", "1.0.0", "-", "local", "2"]),
+])
+def test_a_list_line(row: dict[str, Any], cells: list[str]) -> None:
+    header, line = table([row])
+    assert header.split() == ["KIND", "NAMESPACE/NAME", "PHASE", "STABLE", "CANARY", "BACKEND", "REPLICAS"]
+    assert line.split() == cells
+
+
+def test_list_lines_are_sorted_and_aligned() -> None:
+    lines = table([_row(name="b"), _row(kind="ModelDeployment", name="m"), _row(name="a", namespace="team-x")])
+    assert [line.split()[1] for line in lines[1:]] == ["default/m", "default/b", "team-x/a"]
+    assert len({line.index(line.split()[2]) for line in lines}) == 1  # the PHASE column starts at one place
+
+
+@pytest.mark.parametrize(("pairs", "from_file", "body"), [
+    ([], {}, {}),
+    (["review=Great service"], {}, {"review": "Great service"}),
+    (["a=x=y", "b="], {}, {"a": "x=y", "b": ""}),  # the first = splits; an empty value is a value
+    (["brand_voice=curt"], {"review": "r", "brand_voice": "warm", "n": 3}, {"review": "r", "brand_voice": "curt", "n": 3}),
+])
+def test_run_request_body(pairs: list[str], from_file: dict[str, Any], body: dict[str, Any]) -> None:
+    assert request_body(pairs, from_file) == body
+
+
+@pytest.mark.parametrize("pair", ["review", "=value", " =x"])
+def test_run_refuses_an_input_without_a_key(pair: str) -> None:
+    with pytest.raises(typer.Exit) as refused:
+        request_body([pair], {})
+    assert refused.value.exit_code == 2
