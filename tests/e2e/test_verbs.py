@@ -9,6 +9,7 @@ authorities (tests/sigstore_ca.py), STAND-INS for Sigstore's public services."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SpecRepo
+from tests.conftest import GIT_ENV, SpecRepo
 from tests.e2e.test_plnt_up_process import PLNT, REVIEW, PlntUp, gateway_port
 from tests.e2e.test_plnt_up_process import started as started  # noqa: F401 (the fixture: plnt processes killed after the test)
 
@@ -24,7 +25,9 @@ pytestmark = pytest.mark.integration
 
 
 def plnt(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*PLNT, *args], capture_output=True, text=True, timeout=120, input=stdin, check=False)
+    # A person's git identity (the verbs that commit use it), and nothing else of theirs.
+    return subprocess.run([*PLNT, *args], capture_output=True, text=True, timeout=120, input=stdin, check=False,
+                          env={**os.environ, **GIT_ENV})
 
 
 def wait_row(up: PlntUp, check: Any, what: str, timeout: float = 90.0) -> dict[str, Any]:
@@ -111,3 +114,51 @@ def test_list_and_run_on_plnt_up(spec_repo: SpecRepo, tmp_path: Path, started: l
     assert bad_input.returncode == 2 and "give KEY=VALUE" in bad_input.stderr, bad_input.stderr
     nobody = plnt("run", "review-responder", "--input", "a=b", "--url", "http://127.0.0.1:9")
     assert nobody.returncode == 2 and "no plnt answers" in nobody.stderr, nobody.stderr
+
+
+def test_scale_and_rollback_committed_to_the_tracked_branch(spec_repo: SpecRepo, tmp_path: Path,
+                                                            started: list[PlntUp]) -> None:
+    """--commit-to-branch, where the repository takes direct pushes (this one: a local repository whose
+    checked-out main accepts them): the commit lands on main, plnt rolls it out like any other."""
+    spec_repo.git("config", "receive.denyCurrentBranch", "updateInstead")
+    up = PlntUp(spec_repo.path, tmp_path / "state", gateway_port(), tmp_path / "plnt.log")
+    started.append(up)
+    up.wait_ready()
+    repo = ("--repo", str(spec_repo.path))
+    run_file = spec_repo.path / "workflowruns/review-responder.yaml"
+    before = run_file.read_text()
+
+    # Nothing is done without a way to propose it, nor for a name the specs do not hold.
+    no_forge = plnt("scale", "review-responder", "--replicas", "2", *repo)
+    assert no_forge.returncode == 2 and "a pull request needs --forge" in no_forge.stderr, no_forge.stderr
+    unknown = plnt("scale", "no-such", "--replicas", "2", *repo, "--commit-to-branch")
+    assert unknown.returncode == 1 and "no WorkflowRun or ModelDeployment default/no-such" in unknown.stderr, \
+        unknown.stderr
+
+    scaled = plnt("scale", "review-responder", "--replicas", "2", *repo, "--commit-to-branch")
+    assert scaled.returncode == 0, up.why(scaled.stderr)
+    assert "committed" in scaled.stdout and "to main" in scaled.stdout, scaled.stdout
+    # One line changed in the file, its comments kept; the commit says who asked.
+    assert run_file.read_text() == before.replace("replicas: {min: 1, max: 1}", "replicas: {min: 2, max: 2}")
+    assert "plnt scale" in spec_repo.git("log", "-1", "--format=%B")
+    wait_row(up, lambda row: row["replicas"] == {"min": 2, "max": 2} and row["phase"] == "Ready",
+             "the two replicas rolled out")
+    again = plnt("scale", "review-responder", "--replicas", "2", *repo, "--commit-to-branch")
+    assert again.returncode == 1 and "nothing to scale" in again.stderr, again.stderr
+
+    # A new version promoted, then rolled back to the one before it, which plnt's rollouts know.
+    spec_repo.replace("workflowruns/review-responder.yaml", "review-responder@1.2.0", "review-responder@1.3.0")
+    spec_repo.commit("review-responder 1.3.0")
+    wait_row(up, lambda row: row["version"] == "1.3.0" and row["phase"] == "Ready", "1.3.0 promoted", timeout=120)
+    never = plnt("rollback", "review-responder", "--to", "1.5.0", "--url", up.url, *repo, "--commit-to-branch")
+    assert never.returncode == 1 and "plnt never promoted 1.5.0" in never.stderr, never.stderr
+    rolled = plnt("rollback", "review-responder", "--url", up.url, *repo, "--commit-to-branch")
+    assert rolled.returncode == 0, up.why(rolled.stderr)
+    assert "roll default/review-responder back to 1.2.0 (from 1.3.0)" in rolled.stdout, rolled.stdout
+    assert "review-responder@1.2.0" in run_file.read_text()
+    row = wait_row(up, lambda row: row["version"] == "1.2.0" and row["phase"] == "Ready", "1.2.0 rolled back to",
+                   timeout=120)
+    assert row["replicas"] == {"min": 2, "max": 2}, row  # a rollback changes the release, nothing else
+    ran = plnt("run", "review-responder", "--input", "review=slow parking", "--input", "brand_voice=warm",
+               "--url", up.url)
+    assert ran.returncode == 0 and ran.stderr.endswith("served by review-responder 1.2.0 (stable)\n"), ran.stderr

@@ -4,11 +4,13 @@ plnt are tests/e2e/test_verbs.py and tests/forge/test_verbs_pull_requests.py."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 import typer
 from plnt.reconciler.cli.listing import replicas_text, table
+from plnt.reconciler.cli.rollback import pick_version, promoted_versions, release_fields
 from plnt.reconciler.cli.run import request_body
 
 
@@ -64,3 +66,54 @@ def test_run_refuses_an_input_without_a_key(pair: str) -> None:
     with pytest.raises(typer.Exit) as refused:
         request_body([pair], {})
     assert refused.value.exit_code == 2
+
+
+def _rollout(version: str, phase: str | None, action: str = "deploy") -> dict[str, Any]:
+    return {"version": version, "phase": phase, "action": action}
+
+
+def test_promoted_versions_newest_first_each_once() -> None:
+    rollouts = [_rollout("1.4.0", "RolledBack"), _rollout("1.3.0", "Ready"), _rollout("1.2.0", "Ready", "uninstall"),
+                _rollout("1.2.0", "Ready"), _rollout("1.3.0", "Ready"), _rollout("1.1.0", None)]
+    assert promoted_versions(rollouts) == ["1.3.0", "1.2.0"]
+    assert promoted_versions({"error": {}}) == []
+
+
+@pytest.mark.parametrize(("current", "to", "promoted", "picked"), [
+    ("1.3.0", None, ["1.3.0", "1.2.0"], "1.2.0"),            # the one before the current
+    ("1.4.0", None, ["1.2.0", "1.1.0"], "1.2.0"),            # 1.4.0 failed: back to what serves
+    ("1.3.0", "1.1.0", ["1.3.0", "1.2.0", "1.1.0"], "1.1.0"),
+    ("1.3.0", "0.9.0", None, "0.9.0"),                       # --force: not checked
+])
+def test_pick_version(current: str, to: str | None, promoted: list[str] | None, picked: str) -> None:
+    assert pick_version(current, to, promoted) == picked
+
+
+@pytest.mark.parametrize(("current", "to", "promoted", "why"), [
+    ("1.3.0", None, ["1.3.0"], "no promoted version other than 1.3.0"),
+    ("1.3.0", "1.5.0", ["1.3.0", "1.2.0"], "plnt never promoted 1.5.0 (promoted, newest first: 1.3.0, 1.2.0)"),
+    ("1.3.0", "1.3.0", ["1.3.0"], "names 1.3.0 already"),
+])
+def test_pick_version_refusals(current: str, to: str | None, promoted: list[str], why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        pick_version(current, to, promoted)
+
+
+def test_release_fields_from_the_files_history() -> None:
+    from plnt.core.specs.models import WorkflowRun
+
+    def run(ref: str, pin: str | None) -> WorkflowRun:
+        return WorkflowRun.model_validate({
+            "apiVersion": "plnt.work/v1", "kind": "WorkflowRun", "metadata": {"name": "r"},
+            "spec": {"workflow": {"ref": ref, "registry": "file:registry", **({"integrityHash": pin} if pin else {})},
+                     "backend": {"cluster": "local"}}}, by_alias=True, strict=False)
+
+    pinned = run("r@1.3.0", "sha256:" + "a" * 64)
+    assert release_fields("WorkflowRun", pinned, run("r@1.2.0", "sha256:" + "b" * 64), "1.2.0") == {
+        ("spec", "workflow", "ref"): "r@1.2.0", ("spec", "workflow", "registry"): "file:registry",
+        ("spec", "workflow", "integrityHash"): "sha256:" + "b" * 64}
+    assert release_fields("WorkflowRun", run("r@1.3.0", None), None, "1.2.0") == {("spec", "workflow", "ref"): "r@1.2.0"}
+    with pytest.raises(ValueError, match="integrityHash is unknown"):
+        release_fields("WorkflowRun", pinned, None, "1.2.0")
+    with pytest.raises(ValueError, match="rootDigest is unknown"):
+        release_fields("ModelDeployment", None, None, "1.0.0")
