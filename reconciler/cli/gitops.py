@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from plnt.reconciler.cli.common import fail, secret_from
-from plnt.reconciler.cli.options import OptionGroup
+from plnt.reconciler.cli.options import (
+    ForgeApiUrl,
+    ForgeProject,
+    ForgeTokenEnv,
+    ForgeTokenFile,
+    GitCredentialsFile,
+    GitKnownHosts,
+    OptionGroup,
+    SpecPath,
+)
 
 if TYPE_CHECKING:
     from plnt.core.specs.edit import FieldPath
@@ -32,20 +41,16 @@ class ChangeOptions(OptionGroup):
     repo: Annotated[str | None, typer.Option(envvar="PLNT_REPO", help=(
         "Spec repository plnt tracks: a path, file://, https:// or ssh URL (or PLNT_REPO); required. Credentials "
         "in an https URL are never shown; prefer --git-credentials-file."))] = None
-    path: Annotated[str, typer.Option(help="Subdirectory of the repository holding the specs.")] = ""
+    path: SpecPath = ""
     branch: Annotated[str, typer.Option(help="The branch plnt tracks: the pull request's base.")] = "main"
-    git_credentials_file: Annotated[Path | None, typer.Option(help=(
-        "The repository's credentials: TOKEN or USER:TOKEN on the first line (https), or an ssh private key."))] = None
-    git_known_hosts: Annotated[Path | None, typer.Option(help="ssh known_hosts for the repository's host.")] = None
+    git_credentials_file: GitCredentialsFile = None
+    git_known_hosts: GitKnownHosts = None
     forge: Annotated[str | None, typer.Option(help="The repository's forge (github, gitlab or gitea): where the "
                                                    "pull request is opened.")] = None
-    forge_api_url: Annotated[str | None, typer.Option(help=(
-        "The forge's REST API: https://api.github.com, https://gitlab.example/api/v4, https://gitea.example/api/v1."))] = None
-    forge_project: Annotated[str | None, typer.Option(
-        help="OWNER/REPO on the forge (GitLab: the project's full path).")] = None
-    forge_token_env: Annotated[str | None, typer.Option(
-        help="NAME of the environment variable holding the forge token.")] = None
-    forge_token_file: Annotated[Path | None, typer.Option(help="File holding the forge token.")] = None
+    forge_api_url: ForgeApiUrl = None
+    forge_project: ForgeProject = None
+    forge_token_env: ForgeTokenEnv = None
+    forge_token_file: ForgeTokenFile = None
     commit_to_branch: Annotated[bool, typer.Option("--commit-to-branch", help=(
         "Commit straight to the tracked branch instead of opening a pull request. Works only where the "
         "repository lets you push to that branch: its protection on the forge is the operator's switch."))] = False
