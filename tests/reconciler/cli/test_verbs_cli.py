@@ -7,11 +7,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import httpx
 import pytest
 import typer
 from plnt.reconciler.cli.listing import replicas_text, table
 from plnt.reconciler.cli.rollback import pick_version, promoted_versions, release_fields
-from plnt.reconciler.cli.run import request_body
+from plnt.reconciler.cli.run import refused, request_body
 
 
 @pytest.mark.parametrize(("replicas", "shown"), [
@@ -117,3 +118,25 @@ def test_release_fields_from_the_files_history() -> None:
         release_fields("WorkflowRun", pinned, None, "1.2.0")
     with pytest.raises(ValueError, match="rootDigest is unknown"):
         release_fields("ModelDeployment", None, None, "1.0.0")
+
+
+def _answer(status: int, error: dict[str, Any], **headers: str) -> httpx.Response:
+    return httpx.Response(status, json={"error": error}, headers=headers,
+                          request=httpx.Request("POST", "http://plnt/workflows/w/invoke"))
+
+
+@pytest.mark.parametrize(("response", "code", "message"), [
+    (_answer(404, {"type": "not_found", "message": "unknown workflow 'w'"}), 1, "w: not_found: unknown workflow 'w'"),
+    (_answer(503, {"type": "not_ready", "message": "w has no promoted release yet"}, **{"retry-after": "5"}), 1,
+     "not_ready: w has no promoted release yet (retry in 5 s)"),
+    (_answer(409, {"type": "ambiguous", "message": "workflow 'w' exists in namespaces a, b; pick one with ?namespace="}),
+     1, "pick one with --namespace"),
+    (_answer(500, {"type": "step_failed", "step": "draft", "message": "boom"}), 1, "step_failed at step draft: boom"),
+    (_answer(401, {"type": "unauthorized", "message": "a token is required"}), 2, "(--token/--token-file)"),
+    (_answer(502, {"type": "runner_unreachable", "message": "no runner"}), 3, "runner_unreachable: no runner"),
+    (_answer(504, {"type": "timeout", "message": "slow"}), 3, "timeout: slow"),
+])
+def test_run_says_why_not_and_what_next(response: httpx.Response, code: int, message: str,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert refused(response, "w").exit_code == code
+    assert message in capsys.readouterr().err
