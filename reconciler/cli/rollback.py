@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from plnt.reconciler.cli.common import api_get, fail, secret
-from plnt.reconciler.cli.gitops import Change, ChangeOptions, branch_name, propose
+from plnt.reconciler.cli.common import api_answer, api_get, auth_headers, fail, secret
+from plnt.reconciler.cli.gitops import Change, ChangeOptions, branch_name, propose, who
 from plnt.reconciler.cli.lazy import command_app
 from plnt.reconciler.cli.options import Token, TokenFile, with_option_groups
 
@@ -32,6 +32,11 @@ def rollback(
         "The version to roll back to (default: the newest promoted one other than the spec's now)."))] = None,
     force: Annotated[bool, typer.Option("--force", help="Roll back to --to even if plnt never promoted it (or "
                                                          "without asking plnt).")] = False,
+    now: Annotated[bool, typer.Option("--now", help=(
+        "Also pin the stable release to the version at once (admin scope): plnt deploys it again from the "
+        "commit that last promoted it, promoted as soon as it is installed, and holds it, shown as drift, until "
+        "the commit naming it lands."))] = False,
+    reason: Annotated[str, typer.Option(help="Why, recorded with the pin (--now).")] = "",
     namespace: Annotated[str, typer.Option(help="Its namespace.")] = "default",
     url: Annotated[str, typer.Option(help="Gateway of the running plnt that knows the promoted versions.")] = (
         "http://127.0.0.1:8000"),
@@ -43,10 +48,13 @@ def rollback(
     branch and a pull request (or, with --commit-to-branch, on the tracked branch). Prints its URL."""
     if to is None and force:
         raise fail("--force needs --to VERSION: the version to roll back to", 2)
+    if now and force:
+        raise fail("--now pins only a version plnt promoted: leave out --force", 2)
     change.check()
+    token = secret(token, token_file, "--token")
     promoted: list[str] | None = None
     if not (force and to):
-        promoted = promoted_versions(api_get(url, f"/workflows/{name}/rollouts", secret(token, token_file, "--token"),
+        promoted = promoted_versions(api_get(url, f"/workflows/{name}/rollouts", token,
                                              {"namespace": namespace, "limit": "100"}))
 
     def changes_for(located: Any, at_version: Any) -> tuple[Change, dict[tuple[str, ...], Any]]:
@@ -62,10 +70,25 @@ def rollback(
             changes = release_fields(located.kind, located.resource, old, target)
         except ValueError as exc:
             raise ProposalRefused(f"{located.file}: {exc}") from exc
+        if now:  # before the commit: the pin holds until the commit made next lands
+            typer.echo(pin(url, token, namespace, name, target, reason), err=True)
         summary = f"roll {namespace}/{name} back to {target} (from {current})"
         return Change("rollback", summary, branch_name("rollback", namespace, name, target)), changes
 
     propose(change, namespace, name, changes_for)
+
+
+def pin(url: str, token: str | None, namespace: str, name: str, version: str, reason: str) -> str:
+    """POST /workflows/NAME/pin: plnt's answer, or exit (1 refused, 2 unreachable or not admin)."""
+    import httpx
+
+    try:
+        with httpx.Client(trust_env=False, timeout=30, headers=auth_headers(token)) as client:
+            response = client.post(f"{url}/workflows/{name}/pin", params={"namespace": namespace},
+                                   json={"version": version, "by": who(), "reason": reason})
+    except httpx.HTTPError as exc:
+        raise fail(f"no plnt answers at {url} ({exc}); is plnt up running? (--url)", 2) from exc
+    return f"{namespace}/{name}: {api_answer(response)['message']}"
 
 
 def promoted_versions(rollouts: Any) -> list[str]:

@@ -162,3 +162,59 @@ def test_scale_and_rollback_committed_to_the_tracked_branch(spec_repo: SpecRepo,
     ran = plnt("run", "review-responder", "--input", "review=slow parking", "--input", "brand_voice=warm",
                "--url", up.url)
     assert ran.returncode == 0 and ran.stderr.endswith("served by review-responder 1.2.0 (stable)\n"), ran.stderr
+
+
+def test_an_emergency_rollback_pins_at_once_and_shows_drift_until_its_commit_lands(
+        spec_repo: SpecRepo, tmp_path: Path, started: list[PlntUp]) -> None:
+    """`plnt rollback --now`: the stable release goes back to 1.2.0 at once (promoted once installed, no
+    smoke test), held against newer commits and shown as drift, while the rollback waits as a pull request
+    (on the DECLARED stand-in of GitHub's API, tests/forge_standin.py); the commit landing releases the pin."""
+    from tests.forge_standin import ForgeStandin
+
+    bare = tmp_path / "specs.git"  # the repository as the forge holds it; spec_repo is the author's clone
+    spec_repo.git("clone", "-q", "--bare", str(spec_repo.path), str(bare))
+    spec_repo.git("remote", "add", "origin", str(bare))
+    up = PlntUp(bare, tmp_path / "state", gateway_port(), tmp_path / "plnt.log")
+    started.append(up)
+    up.wait_ready()
+    spec_repo.replace("workflowruns/review-responder.yaml", "review-responder@1.2.0", "review-responder@1.3.0")
+    spec_repo.commit("review-responder 1.3.0")
+    spec_repo.git("push", "-q", "origin", "main")
+    wait_row(up, lambda row: row["version"] == "1.3.0" and row["phase"] == "Ready", "1.3.0 promoted", timeout=120)
+
+    token = tmp_path / "forge-token"
+    token.write_text("a-forge-token\n")
+    with ForgeStandin("github", "platform/specs", "a-forge-token") as forge:
+        rolled = plnt("rollback", "review-responder", "--to", "1.2.0", "--now", "--reason", "1.3.0 answers rudely",
+                      "--url", up.url, "--repo", str(bare), "--forge", "github", "--forge-api-url", forge.api_url,
+                      "--forge-project", forge.project, "--forge-token-file", str(token))
+        assert rolled.returncode == 0, up.why(rolled.stderr)
+        assert "pinning default/review-responder to 1.2.0" in rolled.stderr, rolled.stderr
+        [pull] = forge.pulls.values()
+        assert pull["head"] == "plnt/rollback-review-responder-1.2.0", pull
+    pinned = wait_row(up, lambda row: row["version"] == "1.2.0" and row["phase"] == "Ready", "the pin promoted")
+    assert pinned["pin"]["version"] == "1.2.0" and pinned["pin"]["reason"] == "1.3.0 answers rudely", pinned
+    history = plnt("history", "review-responder", "--url", up.url)
+    assert "smoke_test" not in history.stdout, history.stdout  # promoted at once, as the saga's result says
+    assert "1.2.0 promoted; pinned by " in history.stdout and "without a smoke test: 1.3.0 answers rudely" in \
+        history.stdout, history.stdout
+
+    # A newer commit that still names 1.3.0: held, shown as drift, nothing deployed.
+    spec_repo.replace("workflowruns/review-responder.yaml", "invocations: 10", "invocations: 12")
+    spec_repo.commit("a longer smoke test")
+    spec_repo.git("push", "-q", "origin", "main")
+    drift = "drift: pinned by a person"
+    held = wait_row(up, lambda row: row["observedCommit"] == spec_repo.git("rev-parse", "HEAD")
+                    and row["message"].startswith(drift), "the newer commit held as drift")
+    assert held["version"] == "1.2.0" and "until the commit lands" in held["message"], held
+    status = plnt("status", "--url", up.url)
+    assert drift in status.stdout, status.stdout
+
+    # The pull request merged: the commit naming 1.2.0 lands, the pin is released, plnt follows git again.
+    spec_repo.git("fetch", "-q", "origin")
+    spec_repo.git("merge", "-q", "--no-edit", "origin/plnt/rollback-review-responder-1.2.0")
+    spec_repo.git("push", "-q", "origin", "main")
+    released = wait_row(up, lambda row: row["pin"] is None and row["phase"] == "Ready"
+                        and row["observedCommit"] == spec_repo.git("rev-parse", "HEAD"), "the pin released",
+                        timeout=120)
+    assert released["version"] == "1.2.0", released

@@ -140,3 +140,20 @@ def test_run_says_why_not_and_what_next(response: httpx.Response, code: int, mes
                                         capsys: pytest.CaptureFixture[str]) -> None:
     assert refused(response, "w").exit_code == code
     assert message in capsys.readouterr().err
+
+
+def test_the_commit_a_pin_deploys_is_the_newest_that_promoted_its_version() -> None:
+    from datetime import datetime
+
+    from plnt.reconciler.control.pins import promoting_commit
+    from plnt.reconciler.saga.history import SagaRollout
+
+    def rollout(version: str, phase: str | None, commit: str, action: str = "deploy") -> SagaRollout:
+        return SagaRollout(runId=commit, status="COMPLETED", startedAt=datetime(2026, 1, 1), closedAt=None,
+                           durationMs=None, commit=commit * 40, version=version, phase=phase, action=action)
+
+    newest_first = [rollout("1.3.0", "Ready", "d"), rollout("1.2.0", "RolledBack", "c"), rollout("1.2.0", "Ready", "b"),
+                    rollout("1.2.0", "Ready", "a")]
+    assert promoting_commit(newest_first, "1.2.0") == "b" * 40
+    assert promoting_commit(newest_first, "1.1.0") is None
+    assert promoting_commit([rollout("1.2.0", "Ready", "e", "uninstall")], "1.2.0") is None
