@@ -157,3 +157,9 @@ def test_the_commit_a_pin_deploys_is_the_newest_that_promoted_its_version() -> N
     assert promoting_commit(newest_first, "1.2.0") == "b" * 40
     assert promoting_commit(newest_first, "1.1.0") is None
     assert promoting_commit([rollout("1.2.0", "Ready", "e", "uninstall")], "1.2.0") is None
+
+
+def test_an_emergency_pin_needs_the_admin_scope() -> None:
+    from plnt.core.auth import ADMIN, required_scope
+
+    assert required_scope("/workflows/review-responder/pin") == ADMIN
