@@ -56,7 +56,10 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
     if row.get("preview"):  # a preview (--previews): its WorkflowRun and pull request
         name = f"{name.rsplit('--pr', 1)[0]}[PR#{row['preview']}]"
     canary = f"{row['canaryVersion']}@{row.get('canaryPercent') or 0}%" if row.get("canaryVersion") else "-"
-    return (row.get("kind") or "WorkflowRun", f"{row['namespace']}/{name}", row["phase"], row.get("version") or "-",
+    stable = row.get("version") or "-"
+    if row.get("pin"):  # a person's emergency pin holds it until the commit naming it lands (drift)
+        stable += "(pinned)"
+    return (row.get("kind") or "WorkflowRun", f"{row['namespace']}/{name}", row["phase"], stable,
             canary, row.get("backend") or "-", replicas_text(row.get("replicas")))
 
 

@@ -209,6 +209,8 @@ def test_an_emergency_rollback_pins_at_once_and_shows_drift_until_its_commit_lan
     assert held["version"] == "1.2.0" and "until the commit lands" in held["message"], held
     status = plnt("status", "--url", up.url)
     assert drift in status.stdout, status.stdout
+    listed = plnt("list", "--url", up.url)
+    assert listed.stdout.splitlines()[1].split()[3] == "1.2.0(pinned)", listed.stdout
 
     # The pull request merged: the commit naming 1.2.0 lands, the pin is released, plnt follows git again.
     spec_repo.git("fetch", "-q", "origin")

@@ -37,6 +37,8 @@ def _row(**fields: Any) -> dict[str, Any]:
      ["WorkflowRun", "default/review-responder", "Deploying", "-", "-", "-", "-"]),
     (_row(name="review-responder--pr7", preview=7),
      ["WorkflowRun", "default/review-responder[PR#7]", "Ready", "1.2.0", "-", "local", "1"]),
+    (_row(pin={"version": "1.2.0", "commit": "c" * 40}),
+     ["WorkflowRun", "default/review-responder", "Ready", "1.2.0(pinned)", "-", "local", "1"]),
     (_row(kind="ModelDeployment", name="smollm2", version="1.0.0", replicas={"min": 2, "max": None}),
      ["ModelDeployment", "default/smollm2", "Ready", "1.0.0", "-", "local", "2"]),
 ])
