@@ -38,6 +38,24 @@ class RolloutMark(BaseModel):
     at: float = 0.0
 
 
+class Pin(BaseModel):
+    """A person's emergency pin of the stable release (`plnt rollback --now`): `version`, as deployed from
+    `commit` (an earlier commit that promoted it), held against newer commits until a commit naming that
+    version lands on the tracked branch, which releases it. Shown as drift meanwhile."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    version: str
+    commit: str
+    by: str = ""
+    reason: str = ""
+    at: float = 0.0
+
+    def drift(self) -> str:
+        who = f" ({self.by})" if self.by else ""
+        return f"pinned by a person{who} to {self.version} until the commit lands"
+
+
 class WorkflowRunStatus(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -73,6 +91,7 @@ class WorkflowRunStatus(BaseModel):
     signer: str | None = None
     # A WorkflowRun's recipe inputs (its templates' placeholders, saga_io.recipe_inputs); None for models.
     inputs: list[str] | None = None
+    pin: Pin | None = None  # a person's emergency pin (plnt rollback --now), until its commit lands
     updated_at: float = 0.0
 
     @property
@@ -104,4 +123,8 @@ class WorkflowRunStatus(BaseModel):
             "rollout": self.rollout.model_dump(mode="json") if self.rollout is not None else None,
             "smokeBudget": self.smoke_budget,
             "inputs": self.inputs,
+            # The promoted release's placement and replicas, as its spec said (plnt list): None until one is promoted.
+            "backend": (self.deployed_spec or {}).get("backend", {}).get("cluster"),
+            "replicas": (self.deployed_spec or {}).get("replicas"),
+            "pin": self.pin.model_dump(mode="json") if self.pin is not None else None,
         }

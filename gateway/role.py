@@ -66,7 +66,7 @@ class _RoleApp:
     @staticmethod
     def _control_path(method: str, path: str) -> bool:
         return (path in ("/hooks/git", "/source", "/plan", "/plan/revisions") or path.startswith("/hooks/")
-                or (path.startswith("/workflows/") and path.endswith(("/history", "/rollouts")))
+                or (path.startswith("/workflows/") and path.endswith(("/history", "/rollouts", "/pin")))
                 or rollout_path(path) is not None)
 
     def _known_caller(self, scope: dict[str, Any]) -> bool:

@@ -33,6 +33,7 @@ from plnt.gateway.workers import WorkerConfig, WorkerMetrics, WorkerSupervisor, 
 from plnt.reconciler.control.access import GatewayTokens, load_role_access
 from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
+from plnt.reconciler.control.pins import PinRefused, PinRequest
 from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.helm import DEFAULT_CHART, DEFAULT_MODEL_CHART, HelmDriver, RunnerImage, SpecLookup
 from plnt.reconciler.drivers.local import LocalDriver
@@ -486,6 +487,17 @@ def add_reconciler_routes(app: Any, reconciler: Reconciler, client: Client, *, s
                  action.commit[:12], message)
         return {"message": message, "rollout": (await rollout_state(client, namespace, name)).model_dump(mode="json")
                 if verb in ("pause", "resume") else None}
+
+    # A person's emergency pin (plnt rollback --now; reconciler/control/pins.py). Scope `admin`.
+    @app.post("/workflows/{name}/pin")
+    async def pin(name: str, body: PinRequest, namespace: str = "default") -> Any:
+        try:
+            message = await reconciler.pin(namespace, name, body)
+        except PinRefused as exc:
+            return JSONResponse({"error": {"type": "refused", "message": str(exc)}}, status_code=409)
+        log.warning("pin workflowrun=%s/%s version=%s by=%r reason=%r", namespace, name, body.version, body.by,
+                    body.reason)
+        return {"message": message}
 
     if source is not None:
         add_plan_routes(app, source, spec_limits)

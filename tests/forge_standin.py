@@ -91,7 +91,7 @@ class ForgeStandin:
     project: str
     token: str
     page_size: int = 3
-    deny: set[str] = field(default_factory=set)  # operations answered 403: comment, status, read
+    deny: set[str] = field(default_factory=set)  # operations answered 403: comment, status, read, open
     fail: list[tuple[int, dict[str, str]]] = field(default_factory=list)
     comments: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     statuses: list[dict[str, Any]] = field(default_factory=list)
@@ -330,6 +330,8 @@ class ForgeStandin:
                 return self._page(rec, prs, base)
             if self.kind == "gitea" and p.endswith("/pull"):
                 return (200, prs[0], {}) if prs else (404, {"message": "Not Found"}, {})
+        if p == f"{repo}/pulls" and m == "POST":
+            return self._open_pull(rec, base, unprocessable)
         if (mt := re.fullmatch(re.escape(repo) + r"/pulls/(\d+)", p)) and m == "GET":
             if denied := self._denied("read"):
                 return denied
@@ -478,6 +480,30 @@ class ForgeStandin:
             return 200, {"permission": legacy, "role_name": role, "user": {"login": user}}, {}
         return 200, {"permission": role, "role_name": role, "user": {"login": user}}, {}
 
+    def _open_pull(self, rec: Recorded, base: str, invalid: int) -> tuple[int, Any, dict[str, str]]:
+        """A new pull request (GitHub and Gitea: POST /repos/{o}/{r}/pulls {head, base, title, body}, 201 with
+        `number` and `html_url`; GitLab: POST /projects/:id/merge_requests {source_branch, target_branch, title,
+        description}, 201 with `iid` and `web_url`). Missing fields: 422 (GitLab 400); a second open pull
+        request of the same branch: 422 on GitHub ("A pull request already exists"), 409 on Gitea and GitLab."""
+        if denied := self._denied("open"):
+            return denied
+        body = rec.body if isinstance(rec.body, dict) else {}
+        gitlab = self.kind == "gitlab"
+        head, into = (body.get("source_branch"), body.get("target_branch")) if gitlab else (body.get("head"), body.get("base"))
+        if not all(isinstance(v, str) and v for v in (head, into, body.get("title"))):
+            return invalid, {"message": "Validation Failed: head, base and title are required"}, {}
+        if any(pr.get("head") == head and not pr["merged"] and not pr.get("closed") for pr in self.pulls.values()):
+            return (422, {"message": f"Validation Failed: A pull request already exists for {head}."}, {}) \
+                if self.kind == "github" else (409, {"message": "pull request already exists for these targets"}, {})
+        with self._lock:
+            number = max(self.pulls, default=0) + 1
+            self.pulls[number] = {"head_sha": "0" * 40, "merged": False, "commits": [], "base": into, "head": head,
+                                  "title": body["title"], "body": body.get("body", body.get("description", ""))}
+        if gitlab:
+            return 201, {**self._gitlab_mr(number, self.pulls[number]),
+                         "web_url": f"{base}/{self.project}/-/merge_requests/{number}"}, {}
+        return 201, {**self._github_pr(number, self.pulls[number]), "html_url": f"{base}/{self.project}/pull/{number}"}, {}
+
     def _github_pr(self, n: int, pr: dict[str, Any]) -> dict[str, Any]:
         closed = pr["merged"] or pr.get("closed", False)
         out: dict[str, Any] = {"number": n, "state": "closed" if closed else "open", "head": {"sha": pr["head_sha"]},
@@ -601,6 +627,8 @@ class ForgeStandin:
             if not level:
                 return 404, {"message": "404 Not found"}, {}
             return 200, {"id": int(mt.group(1)), "username": user, "state": "active", "access_level": level}, {}
+        if rest == "/merge_requests" and m == "POST":
+            return self._open_pull(rec, base, 400)
         if rest == "/approvals":
             return 200, {"reset_approvals_on_push": self.gitlab_reset_on_push}, {}
         if mt := re.fullmatch(r"/merge_requests/(\d+)(/approvals)?", rest):

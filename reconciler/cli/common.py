@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from plnt.reconciler.redact import redact
@@ -142,6 +142,38 @@ def start_failure(exc: Exception, what: str, *also: type[BaseException]) -> type
 def auth_headers(token: str | None) -> dict[str, str]:
     """The gateway's bearer token as a request header, when there is one."""
     return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def api_answer(response: Any) -> Any:
+    """A running plnt's JSON answer; its refusals as plnt's client commands word them: 404 and 409 (not
+    there, refused) exit 1, 401/403 (the token) and any other error exit 2."""
+    if response.status_code in (404, 409):
+        raise fail(_error_message(response), 1)
+    if response.status_code in (401, 403):
+        raise fail(_error_message(response) + " (--token/--token-file)", 2)
+    if response.status_code >= 400:
+        raise fail(f"{response.request.method} {response.request.url.path}: HTTP {response.status_code}: "
+                   f"{response.text[:500]}", 2)
+    return response.json()
+
+
+def _error_message(response: Any) -> str:
+    try:
+        return str(response.json().get("error", {}).get("message") or response.text)
+    except (ValueError, AttributeError):  # not plnt's JSON error (a proxy's page, say)
+        return f"HTTP {response.status_code}: {response.text[:300]}"
+
+
+def api_get(url: str, path: str, token: str | None, params: dict[str, str] | None = None) -> Any:
+    """GET a running plnt's PATH (api_answer's exits); exit 2 when nothing answers at URL."""
+    import httpx
+
+    try:
+        with httpx.Client(trust_env=False, timeout=10, headers=auth_headers(token)) as client:
+            response = client.get(f"{url}{path}", params=params)
+    except httpx.HTTPError as exc:
+        raise fail(f"no plnt answers at {url} ({exc}); is plnt up running? (--url)", 2) from exc
+    return api_answer(response)
 
 
 def failure_of(exc: Exception) -> typer.Exit:

@@ -21,9 +21,20 @@ COMMANDS = {
         "Warnings (FILE:LINE: field: warning: ...) do not change the exit code.")),
     "plan": _here("plan", "What would change: against the live state in --state-dir, or between --base and --head (a pull request)."),
     "status": _here("status", "Each WorkflowRun's phase, version, canary share, endpoint, commit and message."),
+    "list": _here("listing", (
+        "Every WorkflowRun and ModelDeployment, one line each: kind, name, phase, versions, backend, replicas.")),
     "history": _here("history", (
         "The newest saga's steps for a WorkflowRun: start, duration, attempts, outcome (from Temporal's history).")),
     "rollout": _here("rollout", "A running rollout: show, pause, resume, promote or abort it (admin scope for actions)."),
+    "run": _here("run", (
+        "Invoke a workflow through the gateway: its answer on stdout, streamed tokens and the version that served "
+        "it on stderr.")),
+    "scale": _here("scale", (
+        "Change a WorkflowRun's or ModelDeployment's replicas in git: a commit on a new branch and a pull request\n"
+        "(or, with --commit-to-branch, a commit on the tracked branch). Prints the pull request's URL.")),
+    "rollback": _here("rollback", (
+        "Roll a WorkflowRun or ModelDeployment back to an earlier promoted version in git: a commit on a new\n"
+        "branch and a pull request (or, with --commit-to-branch, on the tracked branch). Prints its URL.")),
     "bench": _here("bench", (
         "Load a deployed workflow through the gateway: latency p50/p95/p99, error rate, throughput,\n"
         "step-cache hit rate, and with --stream TTFT and TPOT.")),

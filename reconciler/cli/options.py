@@ -135,6 +135,19 @@ def read_internal_token(file: Path | None) -> str | None:
     return secret(None, file, "--internal-token-file")
 
 
+# The spec repository and its forge, as plnt up, plnt scale and plnt rollback name them.
+SpecPath = Annotated[str, typer.Option(help="Subdirectory of the repository holding the specs.")]
+GitCredentialsFile = Annotated[Path | None, typer.Option(help=(
+    "The repository's credentials: TOKEN or USER:TOKEN on the first line (https), or an ssh private key."))]
+GitKnownHosts = Annotated[Path | None, typer.Option(help=(
+    "ssh known_hosts for the repository's host; without it the first host key is trusted, then pinned."))]
+ForgeApiUrl = Annotated[str | None, typer.Option(help=(
+    "The forge's REST API: https://api.github.com, https://gitlab.example/api/v4, https://gitea.example/api/v1."))]
+ForgeProject = Annotated[str | None, typer.Option(help="OWNER/REPO on the forge (GitLab: the project's full path).")]
+ForgeTokenEnv = Annotated[str | None, typer.Option(help="NAME of the environment variable holding the forge token.")]
+ForgeTokenFile = Annotated[Path | None, typer.Option(help="File holding the forge token.")]
+
+
 # --- the groups ----------------------------------------------------------------------------------
 
 
@@ -157,12 +170,10 @@ class SourceOptions(OptionGroup):
     repo: Annotated[str | None, typer.Option(envvar="PLNT_REPO", help=(
         "Spec repository: a path, file://, https:// or ssh URL (or PLNT_REPO). Credentials in an https URL "
         "are never logged or stored; pass such a URL as PLNT_REPO, not on the command line (ps shows it)."))] = None
-    path: Annotated[str, typer.Option(help="Subdirectory of the repository holding the specs.")] = ""
+    path: SpecPath = ""
     branch: Annotated[str, typer.Option(help="Branch to track.")] = "main"
-    git_credentials_file: Annotated[Path | None, typer.Option(help=(
-        "The repository's credentials: TOKEN or USER:TOKEN on the first line (https), or an ssh private key."))] = None
-    git_known_hosts: Annotated[Path | None, typer.Option(help=(
-        "ssh known_hosts for the repository's host; without it the first host key is trusted, then pinned."))] = None
+    git_credentials_file: GitCredentialsFile = None
+    git_known_hosts: GitKnownHosts = None
     source_kind: Annotated[str, typer.Option("--source", help=SOURCE_HELP)] = "git"
     source_namespace: Annotated[list[str] | None, typer.Option("--source-namespace", help=(
         "With --source kubernetes: a namespace whose WorkflowRuns and ModelDeployments plnt reads (repeatable; "
@@ -261,13 +272,10 @@ class ForgeOptions(OptionGroup):
     forge: Annotated[str | None, typer.Option(help=(
         "The spec repository's forge (github, gitlab or gitea): where --require-approval reads approvals and "
         "each rollout's verdict goes as a commit status plnt/NAMESPACE/NAME."))] = None
-    forge_api_url: Annotated[str | None, typer.Option(help=(
-        "The forge's REST API: https://api.github.com, https://gitlab.example/api/v4, https://gitea.example/api/v1."))] = None
-    forge_project: Annotated[str | None, typer.Option(
-        help="OWNER/REPO on the forge (GitLab: the project's full path).")] = None
-    forge_token_env: Annotated[str | None, typer.Option(
-        help="NAME of the environment variable holding the forge token.")] = None
-    forge_token_file: Annotated[Path | None, typer.Option(help="File holding the forge token.")] = None
+    forge_api_url: ForgeApiUrl = None
+    forge_project: ForgeProject = None
+    forge_token_env: ForgeTokenEnv = None
+    forge_token_file: ForgeTokenFile = None
     require_approval: Annotated[bool, typer.Option("--require-approval", help=(
         "Deploy a commit only when the pull request that brought it was approved on its head commit and the plan "
         "digest `plnt review` posted there equals the one computed now; otherwise hold it, with the reason in "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from plnt.reconciler.cli.common import auth_headers, fail, secret
+from plnt.reconciler.cli.common import api_answer, api_get, auth_headers, fail, secret
 from plnt.reconciler.cli.lazy import command_app
 from plnt.reconciler.cli.options import Token, TokenFile
 
@@ -27,28 +27,6 @@ By = Annotated[str | None, typer.Option(help="Who acts, as recorded (default: US
 Json = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
-def _get(url: str, path: str, token: str | None, params: dict[str, str]) -> Any:
-    import httpx
-
-    try:
-        with httpx.Client(trust_env=False, timeout=10, headers=auth_headers(token)) as client:
-            response = client.get(f"{url}{path}", params=params)
-    except httpx.HTTPError as exc:
-        raise fail(f"no plnt answers at {url} ({exc}); is plnt up running? (--url)", 2) from exc
-    return _answer(response)
-
-
-def _answer(response: Any) -> Any:
-    if response.status_code in (404, 409):
-        raise fail(response.json().get("error", {}).get("message", response.text), 1)
-    if response.status_code in (401, 403):
-        raise fail(response.json().get("error", {}).get("message", response.text) + " (--token/--token-file)", 2)
-    if response.status_code >= 400:
-        raise fail(f"{response.request.method} {response.request.url.path}: HTTP {response.status_code}: "
-                   f"{response.text[:500]}", 2)
-    return response.json()
-
-
 def describe(state: dict[str, Any]) -> str:
     where = (f"step {state['canary_step']}/{state['canary_steps']}" if state.get("canary_step")
              else f"at {state['step']} (its canary takes no traffic yet)")
@@ -63,7 +41,7 @@ def describe(state: dict[str, Any]) -> str:
 
 
 def _show(name: str, namespace: str, url: str, token: str | None, as_json: bool) -> dict[str, Any]:
-    state: dict[str, Any] = _get(url, f"/workflows/{name}/rollout", token, {"namespace": namespace})
+    state: dict[str, Any] = api_get(url, f"/workflows/{name}/rollout", token, {"namespace": namespace})
     if as_json:
         import json
 
@@ -86,7 +64,7 @@ def _act(verb: str, name: str, namespace: str, url: str, token: str | None, toke
     token = secret(token, token_file, "--token")
     if commit is not None and (len(commit) < 7 or not all(c in "0123456789abcdef" for c in commit)):
         raise fail(f"--commit {commit!r}: give a commit sha (7 hex digits or more)", 2)
-    state: dict[str, Any] = _get(url, f"/workflows/{name}/rollout", token, {"namespace": namespace})
+    state: dict[str, Any] = api_get(url, f"/workflows/{name}/rollout", token, {"namespace": namespace})
     if commit is not None and not state["commit"].startswith(commit):
         raise fail(f"the rollout of {namespace}/{name} under way deploys commit {state['commit'][:12]}, not {commit}: "
                    "a newer commit came; look again with plnt status (nothing done)", 1)
@@ -98,7 +76,7 @@ def _act(verb: str, name: str, namespace: str, url: str, token: str | None, toke
             response = client.post(f"{url}/workflows/{name}/rollout/{verb}", params={"namespace": namespace}, json=body)
     except httpx.HTTPError as exc:
         raise fail(f"no plnt answers at {url} ({exc}); is plnt up running? (--url)", 2) from exc
-    answer = _answer(response)
+    answer = api_answer(response)
     if as_json:
         typer.echo(json.dumps(answer, indent=2))
         return

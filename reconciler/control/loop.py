@@ -17,15 +17,18 @@ from typing import Any
 from plnt.core import telemetry
 from plnt.core.routes import preview_of
 from plnt.core.specs.loader import Problem, SpecSet
-from plnt.core.status import FINAL_PHASES, Phase
+from plnt.core.specs.models import Deployable
+from plnt.core.status import FINAL_PHASES, Phase, Pin
 from plnt.reconciler.bulk import in_bulk_thread
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
+from plnt.reconciler.control.pins import PinRefused, PinRequest, promoting_commit
 from plnt.reconciler.drivers.helm import model_step_timeouts, runner_step_timeouts
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
 from plnt.reconciler.review.approval import ApprovalGate
-from plnt.reconciler.saga.io import SagaInput
+from plnt.reconciler.saga.history import MAX_ROLLOUTS, NoSaga, saga_rollouts
+from plnt.reconciler.saga.io import RolloutTarget, SagaInput
 from plnt.reconciler.saga.launch import SagaLauncher, poll
 from plnt.reconciler.saga.smoke_progress import follow_smoke_progress
 from plnt.reconciler.settings import Settings
@@ -170,6 +173,7 @@ class Reconciler:
             listener(commit, specs)
         refused = self._note_refused(commit)
         desired = self._desired(commit, specs)
+        self._release_pins(desired)
         releases = await self._driver.live()
         quiet = self._quiet_inputs(commit, specs, releases)
         if quiet is not None and quiet == self._quiet:
@@ -284,20 +288,7 @@ class Reconciler:
         else:
             # The input names the commit; the saga's activities read the spec, its backend and the
             # trust policies from plnt's own clone at that commit (it carries none of them).
-            retry = self._settings.temporal.retry
-            if run.kind == "ModelDeployment":
-                # A model release's helm --wait covers the weights fetch and the server's start
-                # (model_install_timeout_s), far longer than a runner's: its install and promote steps
-                # get that plus a margin. Given here, in the saga's input, and not by raising the
-                # defaults: a runner's steps keep their 3 minutes, and saga/workflow.py is unchanged, so recorded
-                # histories replay as they were (their input carries the timeouts they ran with).
-                retry = retry.model_copy(update={"step_timeouts": model_step_timeouts(
-                    retry.step_timeouts, self._settings.kubernetes.model_install_timeout_s)})
-            else:  # a raised runner install timeout (kubernetes.install_timeout_s) raises its steps' too
-                retry = retry.model_copy(update={"step_timeouts": runner_step_timeouts(
-                    retry.step_timeouts, self._settings.kubernetes.install_timeout_s)})
-            saga = SagaInput(action="deploy", namespace=item.namespace, name=item.name, commit=commit,
-                             fingerprint=run.fingerprint(), version=run.version, retry=retry)
+            saga = self._deploy_input(run, commit)
             if self._statuses.get(item.key) is None:
                 self._statuses.update_nowait(item.namespace, item.name, phase=Phase.PENDING, observed_commit=commit,
                                              attempted_version=saga.version, message=f"{item.action.value}: {item.reason}",
@@ -310,6 +301,69 @@ class Reconciler:
         if await self._sagas.start(item.key, saga, traced):
             log.info("saga-started workflowrun=%s action=%s version=%s commit=%s reason=%r",
                      item.key, item.action.value, item.to_version or item.from_version, commit[:12], item.reason)
+
+    def _deploy_input(self, run: Deployable, commit: str, **more: Any) -> SagaInput:
+        """The input of a saga deploying `run` as commit `commit` has it."""
+        retry = self._settings.temporal.retry
+        if run.kind == "ModelDeployment":
+            # A model release's helm --wait covers the weights fetch and the server's start
+            # (model_install_timeout_s), far longer than a runner's: its install and promote steps
+            # get that plus a margin. Given here, in the saga's input, and not by raising the
+            # defaults: a runner's steps keep their 3 minutes, and saga/workflow.py is unchanged, so recorded
+            # histories replay as they were (their input carries the timeouts they ran with).
+            retry = retry.model_copy(update={"step_timeouts": model_step_timeouts(
+                retry.step_timeouts, self._settings.kubernetes.model_install_timeout_s)})
+        else:  # a raised runner install timeout (kubernetes.install_timeout_s) raises its steps' too
+            retry = retry.model_copy(update={"step_timeouts": runner_step_timeouts(
+                retry.step_timeouts, self._settings.kubernetes.install_timeout_s)})
+        return SagaInput(action="deploy", namespace=run.metadata.namespace, name=run.metadata.name, commit=commit,
+                         fingerprint=run.fingerprint(), version=run.version, retry=retry, **more)
+
+    async def pin(self, namespace: str, name: str, request: PinRequest) -> str:
+        """A person's emergency pin (reconciler/control/pins.py): deploy `request.version` again at once
+        from the commit that last promoted it, and hold it until a commit naming it lands. PinRefused
+        says why not (a rollout under way, a version never promoted, its commit no longer that release)."""
+        key = f"{namespace}/{name}"
+        if key in self._sagas:
+            raise PinRefused(f"a rollout of {key} is under way: abort it first (plnt rollout abort {name}), then pin")
+        try:
+            rollouts = await saga_rollouts(self._client, namespace, name, MAX_ROLLOUTS)
+        except NoSaga as exc:
+            raise PinRefused(f"{exc}: there is no release to pin") from exc
+        commit = promoting_commit(rollouts, request.version)
+        if commit is None:
+            raise PinRefused(f"plnt never promoted {request.version} for {key}, so there is no release of it to pin at "
+                             f"once; roll back through git alone (plnt rollback without --now)")
+        specs, _ = await in_bulk_thread(self._read_specs, commit)
+        run = specs.deployable(key)
+        if run is None or run.version != request.version:
+            raise PinRefused(f"commit {commit[:12]}, which promoted {request.version}, does not read as that release "
+                             "now (its specs no longer load); roll back through git alone (plnt rollback without --now)")
+        pin = Pin(version=request.version, commit=commit, by=request.by, reason=request.reason, at=time.time())
+        self._statuses.update(namespace, name, pin=pin, message=f"drift: {pin.drift()}")
+        live = (await self._driver.live()).get(key)
+        if live is not None and live.stable is not None and live.stable.spec_fingerprint == run.fingerprint():
+            return f"{key} serves {request.version} already; pinned until the commit naming it lands"
+        target = RolloutTarget(commit=commit, fingerprint=run.fingerprint(), by=request.by,
+                               reason=request.reason or "emergency pin")
+        saga = self._deploy_input(run, commit, promote_at_once=target)
+        if not await self._sagas.start(key, saga):
+            raise PinRefused(f"a rollout of {key} started meanwhile: abort it (plnt rollout abort {name}), then pin")
+        log.warning("pin workflowrun=%s version=%s commit=%s by=%r: promoting it at once", key, request.version,
+                    commit[:12], request.by)
+        return f"pinning {key} to {request.version} (as commit {commit[:12]} deployed it): promoted once installed"
+
+    def _release_pins(self, desired: dict[str, DesiredRun]) -> None:
+        """A pin ends when the commit naming its version lands (or its resource leaves the repository)."""
+        for status in self._statuses.all():
+            if status.pin is None:
+                continue
+            want = desired.get(status.key)
+            if want is None or want.version == status.pin.version:
+                log.info("pin-released workflowrun=%s version=%s: the commit naming it landed", status.key,
+                         status.pin.version)
+                self._statuses.update_nowait(status.namespace, status.name, pin=None,
+                                             message=f"pin to {status.pin.version} released: the commit landed")
 
     async def _heal_drift(self, specs: SpecSet) -> None:
         """Releases that stopped running out of band are restored (selfHeal, the default) or reported."""

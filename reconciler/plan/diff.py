@@ -15,7 +15,7 @@ from enum import Enum
 from typing import Any
 
 from plnt.core.specs.models import Deployable, flatten
-from plnt.core.status import Phase, WorkflowRunStatus
+from plnt.core.status import Phase, Pin, WorkflowRunStatus
 from plnt.reconciler.state import LiveWorkflow
 
 
@@ -67,6 +67,8 @@ class LiveRun:
     saga_fingerprint: str | None = None
     # What plnt last promoted: when the live release no longer matches it, it drifted out of band.
     deployed_fingerprint: str | None = None
+    # A person's emergency pin (plnt rollback --now): this version stays until a commit naming it lands.
+    pin: Pin | None = None
 
     @property
     def key(self) -> str:
@@ -148,6 +150,7 @@ def live_run(key: str, release: LiveWorkflow | None, status: WorkflowRunStatus |
         saga_running=saga_running,
         saga_fingerprint=saga_fingerprint,
         deployed_fingerprint=status.deployed_fingerprint if status else None,
+        pin=status.pin if status else None,
     )
 
 
@@ -218,6 +221,10 @@ def _decide(want: DesiredRun | None, have: LiveRun | None) -> PlanItem | None:
         return PlanItem(have.namespace, have.name, Action.UNINSTALL, "removed from the repository",
                         from_version=have.version, waiting=waiting, supersedes=supersedes)
 
+    if have is not None and have.pin is not None and have.pin.version != want.version:
+        # Pinned by a person: what runs stays (the pin's own saga included) until the commit lands.
+        return PlanItem(want.namespace, want.name, Action.UNCHANGED, f"drift: {have.pin.drift()}; the spec names "
+                        f"{want.version}", from_version=have.version, to_version=want.version, waiting=waiting)
     base = dict(namespace=want.namespace, name=want.name, to_version=want.version, waiting=waiting,
                 supersedes=supersedes)
     # Drift: the spec is what plnt last deployed, but the live release is gone or changed out of band

@@ -1,5 +1,6 @@
 """Forge client: the plan comment on a pull request, commit statuses, the PR of a commit and its
-approvals, on GitHub, GitLab and Gitea REST APIs (async, httpx).
+approvals, and opening a pull request (plnt scale, plnt rollback), on GitHub, GitLab and Gitea REST
+APIs (async, httpx).
 
 Endpoints, fields and headers follow each forge's documentation; they are tested against a declared
 stand-in (tests/forge_standin.py), not against a live forge.
@@ -72,6 +73,13 @@ class PullRequest(BaseModel):
     base_ref: str | None = None  # the branch it targets (merges into), when the forge says
 
 
+class OpenedPullRequest(BaseModel):
+    """A pull request (GitLab: merge request) plnt opened: its number and the page a person reviews it on."""
+
+    number: int
+    url: str
+
+
 class CommitStatus(BaseModel):
     state: State  # plnt's names on every forge (GitLab's failed/canceled read back as failure/error)
     context: str
@@ -111,6 +119,7 @@ class Forge(Protocol):
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None: ...
     async def pull_request(self, number: int) -> PullRequest: ...
     async def approvals(self, pr: int) -> list[Review]: ...
+    async def open_pull_request(self, head: str, base: str, title: str, body: str) -> OpenedPullRequest: ...
     async def access(self, review: Review) -> Access: ...
     async def in_team(self, team: str, review: Review) -> bool: ...
     async def aclose(self) -> None: ...
@@ -153,6 +162,16 @@ class _GitHubPull(_Answer):
     base: _Ref | None = None
     merged_at: str | None = None  # GitHub
     merged: bool | None = None    # Gitea
+
+
+class _GitHubOpened(_Answer):
+    number: int
+    html_url: str
+
+
+class _GitLabOpened(_Answer):
+    iid: int
+    web_url: str
 
 
 class _GitHubStatus(_Answer):
@@ -504,6 +523,7 @@ class GitHubForge(_Base):
         "comment": "'Pull requests: write' (fine-grained token) or the 'repo' / 'public_repo' scope (classic)",
         "status": "'Commit statuses: write' (fine-grained token) or the 'repo:status' scope (classic)",
         "read": "'Pull requests: read' and 'Contents: read' (fine-grained token) or the 'repo' scope (classic)",
+        "open": "'Pull requests: write' (fine-grained token) or the 'repo' scope (classic)",
         "members": "'Metadata: read' on the repository and, for --approvers teams, 'Members: read' on the "
                    "organization (fine-grained token), or the 'repo' and 'read:org' scopes (classic)",
     }
@@ -552,6 +572,12 @@ class GitHubForge(_Base):
         prs = [_github_pull(p) async for p in self._pages(f"{self._repo}/commits/{sha}/pulls", "read", _GitHubPull)]
         return _pick(prs, sha)
 
+    async def open_pull_request(self, head: str, base: str, title: str, body: str) -> OpenedPullRequest:
+        """POST /repos/{owner}/{repo}/pulls (GitHub and Gitea): branch `head` into `base`."""
+        opened = self._read(await self._request("POST", f"{self._repo}/pulls", "open", json={
+            "head": head, "base": base, "title": title, "body": body}), _GitHubOpened)
+        return OpenedPullRequest(number=opened.number, url=opened.html_url)
+
     async def approvals(self, pr: int) -> list[Review]:
         # A deleted account's review (user null) is left out: no one can say what it may approve.
         # Gitea marks reviews made on an older head `stale`; commit_id says which head either way.
@@ -592,6 +618,7 @@ class GiteaForge(GitHubForge):
         "comment": "the 'write:issue' scope",
         "status": "the 'write:repository' scope",
         "read": "the 'read:repository' scope",
+        "open": "the 'write:repository' scope and write access to the repository",
         # Gitea shows an organization's teams only to its members (seen on Gitea 1.26: 403 otherwise).
         "members": "the 'read:repository' scope; for --approvers teams, 'read:organization' with the token's "
                    "account a member of each team; for a review without Gitea's `official` flag, the token's "
@@ -678,6 +705,7 @@ class GitLabForge(_Base):
         "comment": "the 'api' scope and at least the Reporter role on the project",
         "status": "the 'api' scope and at least the Developer role on the project",
         "read": "the 'read_api' scope and at least the Reporter role on the project",
+        "open": "the 'api' scope and at least the Developer role on the project",
         "members": "the 'read_api' scope and at least the Reporter role on the project (and on each --approvers group)",
     }
     # GitLab's default for a protected branch is "Allowed to merge: Maintainers": an approval counts from
@@ -752,6 +780,12 @@ class GitLabForge(_Base):
     async def pull_request_for_commit(self, sha: str) -> PullRequest | None:
         mrs = await self._get(f"{self._proj}/repository/commits/{sha}/merge_requests", "read", list[_GitLabMR])
         return _pick([_gitlab_pull(m) for m in mrs], sha)
+
+    async def open_pull_request(self, head: str, base: str, title: str, body: str) -> OpenedPullRequest:
+        """POST /projects/:id/merge_requests: a merge request of branch `head` into `base`."""
+        opened = self._read(await self._request("POST", f"{self._proj}/merge_requests", "open", json={
+            "source_branch": head, "target_branch": base, "title": title, "description": body}), _GitLabOpened)
+        return OpenedPullRequest(number=opened.iid, url=opened.web_url)
 
     async def approvals(self, pr: int) -> list[Review]:
         """GitLab approvals carry no commit id. They are bound to the MR's head read before and after

@@ -70,13 +70,17 @@ class SagaRef(_Io):
 
 class SagaInput(SagaRef):
     retry: RetrySettings = RetrySettings()
+    # A person's emergency pin (plnt rollback --now): the release is promoted as soon as it is installed,
+    # as if this person had promoted its canary at once (no smoke test, no steps). None for every other saga,
+    # so histories recorded before it replay as they were.
+    promote_at_once: RolloutTarget | None = None
 
     @property
     def workflow_id(self) -> str:
         return saga_workflow_id(self.namespace, self.name)
 
     def ref(self) -> SagaRef:
-        return SagaRef.model_validate(self.model_dump(exclude={"retry"}))
+        return SagaRef.model_validate(self.model_dump(exclude={"retry", "promote_at_once"}))
 
 
 def saga_workflow_id(namespace: str, name: str) -> str:

@@ -184,6 +184,10 @@ class DeploySaga:
         # Checked against the commit before the first status write: a refused saga writes nothing.
         valid = await self._call("validate", ValidateInput(saga=ref), ValidatedSpec, saga)
         self._validated = True
+        if saga.promote_at_once is not None:  # an emergency pin: promoted once installed, as a person's promote
+            pin = saga.promote_at_once
+            self._decision = RolloutAction(verb="promote", **pin.model_dump())
+            self._actions.append(f"pin by {pin.by or 'someone'}" + (f": {pin.reason}" if pin.reason else ""))
         if valid.depends_on:  # (histories recorded before dependsOn have none, and replay as they were)
             await self._phase(saga, Phase.VERIFYING, f"waiting for {', '.join(valid.depends_on)} to be promoted "
                               f"(dependsOn) before {saga.version}", {
@@ -345,6 +349,9 @@ class DeploySaga:
 
     def _promoted_because(self, smoke: SmokeResult | None) -> str:
         decision = self._decision
+        if decision is not None and self._saga is not None and self._saga.promote_at_once is not None:
+            why = f": {decision.reason}" if decision.reason else ""
+            return f"pinned by {decision.by or 'someone'} at once, without a smoke test{why}"
         if decision is not None and decision.verb == "promote":
             why = f": {decision.reason}" if decision.reason else ""
             return f"promoted by {decision.by or 'someone'} at {self._where()}, skipping what was left of its steps{why}"

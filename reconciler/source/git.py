@@ -179,6 +179,16 @@ class GitSource:
         self.parse_cache: ParseCache = MemoryParseCache()
 
     @property
+    def git_env(self) -> dict[str, str]:
+        """The environment git needs for this repository's credentials and known hosts (a copy): for a
+        git command plnt runs outside its clone (plnt scale and plnt rollback clone and push with it)."""
+        return dict(self._git_env)
+
+    def redacted(self, text: str) -> str:
+        """`text` (git's complaint, say) with this repository's credentials removed."""
+        return redact(text, *self._secrets)
+
+    @property
     def git_dir(self) -> Path:
         """plnt's bare clone (it exists once a fetch succeeded)."""
         return self._clone_dir

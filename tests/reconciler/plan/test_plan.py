@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from plnt.core.status import Pin
 from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, plan, render_markdown, render_text
 
 
@@ -25,6 +26,7 @@ def live(version: str | None = "1.2.0", fp: str | None = "A", **kw: Any) -> Live
 
 
 K = "default/rr"
+PIN = Pin(version="1.2.0", commit="c" * 40, by="ops@host")
 
 CASES = [
     # (name, desired, live, action, reason contains, waiting)
@@ -41,6 +43,16 @@ CASES = [
     ("a new spec after a failure runs", desired("1.3.0", "G"), live(failed_fingerprint="F"), Action.UPGRADE, "1.3.0", False),
     ("change while a saga runs waits", desired("1.3.0", "B"), live(saga_running=True), Action.UPGRADE, "1.3.0", True),
     ("removal while a saga runs waits", None, live(saga_running=True), Action.UNINSTALL, "removed", True),
+    # A person's emergency pin (plnt rollback --now) holds against any spec naming another version...
+    ("pinned: a newer version is held", desired("1.3.0", "B"), live(pin=PIN), Action.UNCHANGED,
+     "drift: pinned by a person (ops@host) to 1.2.0 until the commit lands; the spec names 1.3.0", False),
+    ("pinned: its own saga is not superseded", desired("1.3.0", "B"), live(pin=PIN, saga_running=True,
+                                                                       saga_fingerprint="P"),
+     Action.UNCHANGED, "drift: pinned", True),
+    # ...and a spec naming the pinned version is planned as ever (the loop releases the pin then).
+    ("pinned version landed, other fields changed", desired("1.2.0", "C", percent=10), live(pin=PIN),
+     Action.UPGRADE, "canary.trafficPercent: 5 -> 10", False),
+    ("removed while pinned", None, live(pin=PIN), Action.UNINSTALL, "removed", False),
 ]
 
 SUPERSEDE_CASES = [
@@ -204,3 +216,8 @@ def test_the_memo_plans_what_plan_plans_and_decides_again_only_what_changed() ->
     check({"c"})
     releases["default/a--pr3"] = record("a--pr3", "2.1.0", "q")  # a preview changed: not the reconciler's
     check(set())
+
+
+def test_a_pin_is_never_superseded_by_the_spec_it_holds_against() -> None:
+    [item] = plan({K: desired("1.3.0", "B")}, {K: live(pin=PIN, saga_running=True, saga_fingerprint="P")})
+    assert not item.supersedes and not item.needs_saga

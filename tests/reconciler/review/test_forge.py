@@ -137,6 +137,30 @@ async def test_pull_request_for_commit(standin: ForgeStandin) -> None:
 
 
 @pytest.mark.integration
+async def test_open_pull_request(standin: ForgeStandin) -> None:
+    """plnt scale / plnt rollback open one pull request (GitLab: merge request) of their branch; a second
+    one of the same branch is the forge's refusal (a bad request), and a token that may not is refused."""
+    async with client(standin) as forge:
+        opened = await forge.open_pull_request("plnt/scale-review-responder-3", "main", "scale", "why")
+        with pytest.raises(ForgeBadRequest) as again:
+            await forge.open_pull_request("plnt/scale-review-responder-3", "main", "scale", "why")
+    assert opened.number in standin.pulls and opened.url.endswith(str(opened.number))
+    pull = standin.pulls[opened.number]
+    assert (pull["head"], pull["base"], pull["title"], pull["body"]) == ("plnt/scale-review-responder-3", "main",
+                                                                         "scale", "why")
+    assert ("422" if standin.kind == "github" else "409") in str(again.value)
+    [sent, *_] = [r for r in standin.requests if r.method == "POST"]
+    assert set(sent.body) == ({"source_branch", "target_branch", "title", "description"} if standin.kind == "gitlab"
+                              else {"head", "base", "title", "body"})
+    standin.deny.add("open")
+    async with client(standin) as forge:
+        with pytest.raises(ForgeRefused) as denied:
+            await forge.open_pull_request("plnt/other", "main", "t", "b")
+    expected = {"github": "Pull requests: write", "gitlab": "Developer role", "gitea": "write:repository"}
+    assert expected[standin.kind] in str(denied.value)
+
+
+@pytest.mark.integration
 async def test_approvals_with_commit_ids_across_pages(standin: ForgeStandin) -> None:
     standin.pulls[5] = {"head_sha": HEAD, "merged": False, "commits": [OLD, HEAD]}
     if standin.kind == "gitlab":
