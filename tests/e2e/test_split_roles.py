@@ -107,6 +107,11 @@ async def status(client: httpx.AsyncClient, url: str) -> dict | None:
     return rows[0] if rows else None
 
 
+# Two fresh processes (imports, Temporal's connection, the worker's registration) before the first
+# saga: a minute was short on a 2-core machine running other suites beside.
+FIRST_READY_S = 120
+
+
 async def wait_phase(client: httpx.AsyncClient, url: str, phase: str, version: str, timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     last = None
@@ -146,7 +151,7 @@ async def test_roles_apart_serve_through_two_gateways_survive_a_killed_reconcile
     roles.reconciler()
     roles.worker()
     async with httpx.AsyncClient(timeout=30) as client:
-        await wait_phase(client, roles.control_url, "Ready", "1.2.0")
+        await wait_phase(client, roles.control_url, "Ready", "1.2.0", timeout=FIRST_READY_S)
         gateways = [roles.gateway("gateway-1"), roles.gateway("gateway-2")]
         for url in gateways:
             await served_version(client, url, "1.2.0")
@@ -214,7 +219,7 @@ async def test_a_canary_share_is_honoured_by_each_gateway(roles: Roles) -> None:
     roles.reconciler()
     roles.worker()
     async with httpx.AsyncClient(timeout=30) as client:
-        await wait_phase(client, roles.control_url, "Ready", "1.2.0")
+        await wait_phase(client, roles.control_url, "Ready", "1.2.0", timeout=FIRST_READY_S)
         gateways = [roles.gateway("gateway-1"), roles.gateway("gateway-2")]
         # 1.5.0 answers slowly (0.6 s per call) and its smoke test of 40 calls keeps it in canary for a while.
         roles.repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.5.0")

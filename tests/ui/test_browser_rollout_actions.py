@@ -6,6 +6,8 @@ services. Saves docs/screenshots/rollout-actions.png (overwritten every run) for
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,26 @@ HELD = """\
 """
 
 
+@asynccontextmanager
+async def held_rollout(spec_repo: SpecRepo, tmp_path: Path, temporal_address: str,
+                       temporal_namespace: str) -> AsyncIterator[tuple[Any, str]]:
+    """plnt with an admin's and a reader's gateway token, and 1.3.0's canary held at its manual
+    first step: (the running plnt, the commit)."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("ui-admin-token scopes=invoke,read,admin\nui-reader-token scopes=invoke,read\n")
+    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
+                            gateway_tokens_file=tokens)
+    async with running_plnt(settings) as plnt:
+        await wait_phase(plnt, "Ready", version="1.2.0")
+        spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")
+        spec_repo.replace(RUN_FILE, "    trafficPercent: 5\n", HELD)
+        commit = spec_repo.commit("1.3.0: 20%, held for a person, then 60%")
+        plnt.reconciler.wake()  # (what a signed webhook does)
+        await wait_for(lambda: "waiting for a person" in (status_of(plnt) or {}).get("message", ""),
+                       timeout=60, what=lambda: f"the held step (now: {status_of(plnt)})")
+        yield plnt, commit
+
+
 async def sign_in(page: Any, url: str, token: str) -> None:  # noqa: F811 - the fixture passed in
     await page.goto(f"{url}/ui")
     if await page.locator("button", has_text="Sign out").count():
@@ -38,18 +60,7 @@ async def sign_in(page: Any, url: str, token: str) -> None:  # noqa: F811 - the 
 async def test_pause_resume_and_abort_from_the_rollout_view(
     spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str, page: Any,  # noqa: F811
 ) -> None:
-    tokens = tmp_path / "tokens"
-    tokens.write_text("ui-admin-token scopes=invoke,read,admin\nui-reader-token scopes=invoke,read\n")
-    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
-                            gateway_tokens_file=tokens)
-    async with running_plnt(settings) as plnt:
-        await wait_phase(plnt, "Ready", version="1.2.0")
-        spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")
-        spec_repo.replace(RUN_FILE, "    trafficPercent: 5\n", HELD)
-        commit = spec_repo.commit("1.3.0: 20%, held for a person, then 60%")
-        plnt.reconciler.wake()  # (what a signed webhook does)
-        await wait_for(lambda: "waiting for a person" in (status_of(plnt) or {}).get("message", ""),
-                       timeout=60, what=lambda: f"the held step (now: {status_of(plnt)})")
+    async with held_rollout(spec_repo, tmp_path, temporal_address, temporal_namespace) as (plnt, commit):
 
         # A reader sees where the rollout is; acting needs the admin scope, and the page says so.
         await sign_in(page, plnt.url, "ui-reader-token")
@@ -84,7 +95,8 @@ async def test_pause_resume_and_abort_from_the_rollout_view(
         listed = await people.inner_text()
         assert "pause by web UI" in listed and "watching the 20%" in listed and "resume by web UI" in listed, listed
         await page.locator("#outcome", has_text="promoted").wait_for()
-        assert await page.locator("#rollout-controls").count() == 0, "no controls once the rollout is over"
+        # No controls once the rollout is over (the view may draw the outcome a refresh before).
+        await page.locator("#rollout-controls").wait_for(state="detached", timeout=10_000)
 
         # Back to 1.2.0, held, then aborted (after a confirmation): rolled back with the reason shown.
         spec_repo.replace(RUN_FILE, "review-responder@1.3.0", "review-responder@1.2.0")
@@ -101,18 +113,7 @@ async def test_pause_resume_and_abort_from_the_rollout_view(
 async def test_promote_now_from_the_rollout_view(
     spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str, page: Any,  # noqa: F811
 ) -> None:
-    tokens = tmp_path / "tokens"
-    tokens.write_text("ui-admin-token scopes=invoke,read,admin\nui-reader-token scopes=invoke,read\n")
-    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace,
-                            gateway_tokens_file=tokens)
-    async with running_plnt(settings) as plnt:
-        await wait_phase(plnt, "Ready", version="1.2.0")
-        spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")
-        spec_repo.replace(RUN_FILE, "    trafficPercent: 5\n", HELD)
-        commit = spec_repo.commit("1.3.0: 20%, held for a person, then 60%")
-        plnt.reconciler.wake()  # (what a signed webhook does)
-        await wait_for(lambda: "waiting for a person" in (status_of(plnt) or {}).get("message", ""),
-                       timeout=60, what=lambda: f"the held step (now: {status_of(plnt)})")
+    async with held_rollout(spec_repo, tmp_path, temporal_address, temporal_namespace) as (plnt, commit):
         asked: list[str] = []
 
         async def confirm(dialog: Any) -> None:
@@ -158,7 +159,7 @@ async def test_promote_now_from_the_rollout_view(
         newest = page.locator("nav.past li").first
         await newest.locator(".badge", has_text="Ready").wait_for()
         assert await newest.locator(".rl-version").inner_text() == "1.3.0"
-        assert await page.locator("#rollout-controls").count() == 0, "no controls once the rollout is over"
+        await page.locator("#rollout-controls").wait_for(state="detached", timeout=10_000)  # over: no controls
         async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
             saga = (await client.get(f"{plnt.url}/workflows/review-responder/history",
                                      headers={"authorization": "Bearer ui-reader-token"})).json()
