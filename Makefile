@@ -23,6 +23,7 @@ demo-repo:
 	  git -C $(DEMO)/repo init --quiet --initial-branch=main && \
 	  git -C $(DEMO)/repo config user.name plnt-demo && \
 	  git -C $(DEMO)/repo config user.email demo@plnt.invalid && \
+	  git -C $(DEMO)/repo config receive.denyCurrentBranch updateInstead && \
 	  git -C $(DEMO)/repo add -A && \
 	  git -C $(DEMO)/repo commit --quiet -m "gitops-example" && \
 	  echo "created $(DEMO)/repo (a git copy of gitops-example)"; \

@@ -146,6 +146,11 @@ class SpecCheckout:
         try:
             self.git("push", "-q", "origin", f"HEAD:refs/heads/{target}", what=f"cannot push to {target}")
         except ProposalFailed as exc:
+            if "branch is currently checked out" in str(exc):  # git's words for a non-bare repository's branch
+                raise ProposalFailed(
+                    f"cannot push to {target}: {self.url} is a checkout with {target} checked out, which git refuses "
+                    "to update; there, run `git config receive.denyCurrentBranch updateInstead` (make up's demo "
+                    "repository has it), or use a bare repository; nothing was pushed") from None
             hint = (" (the branch is protected, or you may not push there: leave out --commit-to-branch to open a "
                     "pull request)") if branch is None else ""
             raise ProposalFailed(f"{exc}{hint}; nothing was pushed") from None

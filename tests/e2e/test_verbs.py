@@ -120,6 +120,10 @@ def test_scale_and_rollback_committed_to_the_tracked_branch(spec_repo: SpecRepo,
                                                             started: list[PlntUp]) -> None:
     """--commit-to-branch, where the repository takes direct pushes (this one: a local repository whose
     checked-out main accepts them): the commit lands on main, plnt rolls it out like any other."""
+    # As git leaves a checkout, its checked-out main refuses a push: the error says what to set.
+    refused = plnt("scale", "review-responder", "--replicas", "2", "--repo", str(spec_repo.path), "--commit-to-branch")
+    assert refused.returncode == 3 and "git config receive.denyCurrentBranch updateInstead" in refused.stderr, \
+        refused.stderr
     spec_repo.git("config", "receive.denyCurrentBranch", "updateInstead")
     up = PlntUp(spec_repo.path, tmp_path / "state", gateway_port(), tmp_path / "plnt.log")
     started.append(up)
