@@ -114,6 +114,9 @@ async def test_a_models_chat_completions_are_mirrored_to_its_canary_and_never_an
         metrics = (await gw.client.get("/metrics")).text
         assert 'plnt_gateway_ttft_seconds_count{api="chat",namespace="default",track="shadow",version="1.0.1",' \
                'workflow="smollm2"} 4.0' in metrics, "the streamed mirrors' first tokens"
+        # What the compare gate reads of a mirror: the streamed ones' tokens and time per token too.
+        streamed = [c for c in calls if c["ttftMs"] is not None]
+        assert len(streamed) == 4 and all(c["tokens"] == 3 and c["tpotMs"] is not None for c in streamed), streamed
 
 
 async def test_a_mirrored_stream_is_recorded_only_once_the_canary_ended_it(start_gateway: StartGateway) -> None:
