@@ -161,8 +161,10 @@ def test_schemas_are_structural(doc: dict[str, Any]) -> None:
             assert all(isinstance(v, {"string": str, "integer": int}[node["type"]]) for v in node["enum"]), path
         if "default" in node:  # defaults must fit their own node
             jsonschema.Draft4Validator(json_schema(node, root=False)).validate(node["default"])
-    # Free-form only where the model is dict[str, Any].
-    assert free_form == ([".status.smokeTest"] if doc["spec"]["names"]["kind"] == "WorkflowRun" else [])
+    # Free-form only where the model is dict[str, Any]: a run's smoke-test figures, a model's golden
+    # checks (each checked by core/expectations.Check when the spec loads).
+    assert free_form == {"WorkflowRun": [".status.smokeTest"],
+                         "ModelDeployment": [".spec.canary.golden[].checks[]"]}.get(doc["spec"]["names"]["kind"], [])
     assert version["served"] is version["storage"] is True
     # WorkflowRuns live in a namespace; backends and trust policies are cluster-wide, as in the spec repository.
     expected_scope = "Namespaced" if doc["spec"]["names"]["kind"] in ("WorkflowRun", "ModelDeployment") else "Cluster"
