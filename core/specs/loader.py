@@ -1165,24 +1165,23 @@ def _policy_problems(doc: _Document, policy: GatewayPolicy, docs: dict[str, _Doc
                                 f"a second GatewayPolicy; the first is declared at {first.file}:{first.line(name_path)}; "
                                 "the gateway enforces one policy: merge them into one"))
         return problems
-    seen: dict[str, int] = {}
-    for i, entry in enumerate(policy.spec.tokens):
-        path = ("spec", "tokens", i, "name")
-        if entry.name in seen:
-            problems.append(Problem(doc.file, doc.line(path), _render(path),
-                                    f"token {entry.name!r} is listed twice (first as spec.tokens[{seen[entry.name]}]); "
-                                    "give each token name one entry"))
-        seen.setdefault(entry.name, i)
-    priced: dict[str, int] = {}
-    for i, price in enumerate(policy.spec.prices):
-        path = ("spec", "prices", i, "model")
-        if price.model in priced:
-            problems.append(Problem(doc.file, doc.line(path), _render(path),
-                                    f"model {price.model!r} is priced twice (first as spec.prices[{priced[price.model]}]); "
-                                    "give each model one price"))
-        priced.setdefault(price.model, i)
+    problems += _listed_twice(doc, [entry.name for entry in policy.spec.tokens], ("spec", "tokens"), "name",
+                              "token {!r} is listed twice (first as spec.tokens[{}]); give each token name one entry")
+    problems += _listed_twice(doc, [price.model for price in policy.spec.prices], ("spec", "prices"), "model",
+                              "model {!r} is priced twice (first as spec.prices[{}]); give each model one price")
     if not problems:
         specs.gateway_policy = policy
+    return problems
+
+
+def _listed_twice(doc: _Document, names: list[str], where: DocPath, field: str, message: str) -> list[Problem]:
+    """A problem at each entry of a list whose `field` repeats an earlier entry's (`message`: name, first index)."""
+    problems, first = [], {}
+    for i, name in enumerate(names):
+        path = (*where, i, field)
+        if name in first:
+            problems.append(Problem(doc.file, doc.line(path), _render(path), message.format(name, first[name])))
+        first.setdefault(name, i)
     return problems
 
 

@@ -31,8 +31,7 @@ kind: GatewayPolicy
 metadata: {name: quotas}
 spec:
   currency: EUR
-  prices:
-    - {model: review-responder, inputPerMillion: 0.5, outputPerMillion: 1.5}
+  prices: [{model: review-responder, inputPerMillion: 0.5, outputPerMillion: 1.5}]
   tokens:
     - {name: app, requestsPerMinute: 4}
 """
