@@ -90,6 +90,7 @@ class Quotas:
         self._requests: dict[str, Bucket] = {}
         self._tokens: dict[str, Bucket] = {}
         self._spent: dict[str, tuple[str, float]] = {}  # token -> (period, cost spent in it)
+        self._periods: dict[str, tuple[str, float, float]] = {}  # "day"/"month" -> (current period, start, end)
 
     def admit(self, policy: GatewayPolicySpec | None, token: str) -> Denial | None:
         """None: let the request through (one request taken from the token's rate); else why not."""
@@ -103,7 +104,7 @@ class Quotas:
                 return denial
         if limits.tokens_per_minute is not None:
             capacity, per_s = self._rate(limits.tokens_per_minute)
-            bucket = self._tokens.setdefault(token, Bucket(capacity, now))
+            bucket = self._bucket(self._tokens, token, capacity, now)
             bucket.refill(capacity, per_s, now)
             if bucket.level <= 0:
                 return Denial("tokensPerMinute", token, _seconds((1e-6 - bucket.level) / per_s),
@@ -111,7 +112,7 @@ class Quotas:
                               f"{self._share_note(limits.tokens_per_minute)})")
         if limits.requests_per_minute is not None:
             capacity, per_s = self._rate(limits.requests_per_minute)
-            bucket = self._requests.setdefault(token, Bucket(capacity, now))
+            bucket = self._bucket(self._requests, token, capacity, now)
             bucket.refill(capacity, per_s, now)
             if bucket.level < 1:
                 return Denial("requestsPerMinute", token, _seconds((1 - bucket.level) / per_s),
@@ -128,18 +129,27 @@ class Quotas:
         if llm_tokens > 0 and limits.tokens_per_minute is not None:
             now = self.clock()
             capacity, per_s = self._rate(limits.tokens_per_minute)
-            bucket = self._tokens.setdefault(token, Bucket(capacity, now))
+            bucket = self._bucket(self._tokens, token, capacity, now)
             bucket.refill(capacity, per_s, now)
             bucket.level -= llm_tokens
         if cost > 0 and limits.budget is not None:
-            period = period_key(limits.budget.per, self.wall())
+            period = self._period(limits.budget.per, self.wall())
             held, spent = self._spent.get(token, (period, 0.0))
             self._spent[token] = (period, (spent if held == period else 0.0) + cost)
 
     def spent(self, token: str, per: str) -> float:
         """What `token` spent in this process in the current period."""
         held, spent = self._spent.get(token, ("", 0.0))
-        return spent if held == period_key(per, self.wall()) else 0.0
+        return spent if held == self._period(per, self.wall()) else 0.0
+
+    def _period(self, per: str, wall: float) -> str:
+        """period_key, worked out once per period (a datetime per request costs more than the rest)."""
+        known = self._periods.get(per)
+        if known is None or not known[1] <= wall < known[2]:
+            key = period_key(per, wall)
+            start = datetime.strptime(key, "%Y-%m-%d" if per == "day" else "%Y-%m").replace(tzinfo=UTC).timestamp()
+            known = self._periods[per] = (key, start, period_end(per, wall))
+        return known[0]
 
     def _over_budget(self, limits: Limits, token: str, currency: str) -> Denial | None:
         budget = limits.budget
@@ -151,6 +161,13 @@ class Quotas:
         return Denial("budget", token, _seconds(period_end(budget.per, wall) - wall),
                       f"token {token!r} spent its budget of {budget.amount:g} {currency} per {budget.per}"
                       f"{self._share_note(budget.amount)}; it is renewed when the {budget.per} ends (UTC)")
+
+    @staticmethod
+    def _bucket(buckets: dict[str, Bucket], token: str, capacity: float, now: float) -> Bucket:
+        bucket = buckets.get(token)
+        if bucket is None:
+            bucket = buckets[token] = Bucket(capacity, now)
+        return bucket
 
     def _rate(self, per_minute: int) -> tuple[float, float]:
         """(capacity, refill per second) of this process's share of a per-minute limit; the capacity is

@@ -15,6 +15,7 @@ import fnmatch
 import hashlib
 import json
 import re
+from functools import cached_property
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -896,12 +897,13 @@ class GatewayPolicySpec(SpecModel):
     # The limits of every token the list does not name (a token with no `name=` included).
     default: Limits | None = None
 
+    @cached_property
+    def _by_name(self) -> dict[str, TokenLimits]:  # limits_for is on every request's path
+        return {entry.name: entry for entry in self.tokens}
+
     def limits_for(self, token: str) -> Limits | None:
         """The limits of the token named `token` (its own entry, else `default`)."""
-        for entry in self.tokens:
-            if entry.name == token:
-                return entry
-        return self.default
+        return self._by_name.get(token, self.default)
 
     def price_of(self, namespace: str, name: str) -> ModelPrice | None:
         """The price of `namespace/name`: an entry naming it with its namespace first, else by name."""
