@@ -10,13 +10,19 @@ reads the environment). File format, one token per line:
     dashboards     scopes=read                  # status, history, metrics, stats
     ci-deployer    scopes=admin                 # POST /hooks/git, GET /source
     app-backend    scopes=invoke,read invoke=summarize
+    s3cr3t-2       name=team-a scopes=invoke     # name=: what quotas (GatewayPolicy) and usage call it
+
+`name=` is how a GatewayPolicy's limits and the usage (`GET /usage`, `plnt usage`, /metrics) name a
+token: never the secret itself. Two lines may share a name (a token being rotated): they share its
+limits. A token without a name is "unnamed" in the usage and gets the policy's `default` limits.
 
 Scopes (see docs/gateway.md, "Gateway authentication"):
 - `invoke`: POST /workflows/{name}/invoke and /v1/chat/completions, optionally limited to
   workflows (`invoke=wf1,ns/wf2`, or the older bare list); `GET /v1/models` and `GET /workflows`
   show such a token only its workflows;
 - `read`: `GET /workflows` (every row), `/workflows/{name}/history`, `/workflows/{name}/stats`,
-  `/workflows/{name}/rollouts`, `/metrics`, `/calls`, `/plan`, `/plan/revisions`;
+  `/workflows/{name}/rollouts`, `/metrics`, `/calls`, `/plan`, `/plan/revisions`, `/usage` (an
+  admin token sees every token's usage, others their own name's);
 - any valid token: `GET /workflows` and `GET /workflows/events` (its rows, as for `GET /workflows`);
 - `admin`: `POST /hooks/git`, `GET /source`, runner endpoints in `GET /workflows`, and any
   endpoint not listed here (fail closed);
@@ -64,6 +70,9 @@ SCOPES = (INVOKE, READ, ADMIN, MODELS)
 # The roles' own scope (GET /internal/routes): held by the internal token only (--internal-token-file),
 # never by a token-file line; an admin token is accepted too (see Grant.has).
 INTERNAL = "internal"
+# How usage and quotas name a token without `name=` (and every caller of a gateway with no tokens).
+UNNAMED = "unnamed"
+_TOKEN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # as core/specs/models.py TOKEN_NAME_PATTERN
 
 
 def is_ui_path(path: str) -> bool:
@@ -78,6 +87,12 @@ class Grant:
 
     workflows: frozenset[str] | None = None  # entries "name" or "namespace/name"
     scopes: frozenset[str] = frozenset(SCOPES)
+    name: str | None = None  # the token file's `name=`: quotas and usage name the token by it
+
+    @property
+    def label(self) -> str:
+        """The token as quotas and usage name it: its `name=`, else UNNAMED."""
+        return self.name or UNNAMED
 
     def allows(self, namespace: str, name: str) -> bool:
         """May this token invoke namespace/name?"""
@@ -112,7 +127,7 @@ class Grant:
             workflows = None
         else:
             workflows = self.workflows | other.workflows
-        return Grant(workflows, self.scopes | other.scopes)
+        return Grant(workflows, self.scopes | other.scopes, self.name or other.name)
 
 
 def invoke_only(workflows: Iterable[str]) -> Grant:
@@ -201,20 +216,26 @@ def _workflow_list(value: str, where: str) -> frozenset[str]:
 
 
 def _parse_fields(rest: str, where: str) -> Grant:
-    """`scopes=read,admin` and/or `invoke=wf1,wf2` (either order, each at most once)."""
+    """`scopes=read,admin`, `invoke=wf1,wf2` and/or `name=NAME` (any order, each at most once)."""
     # "invoke=a, b" is one field: join list items split by spaces after commas first.
     fields = re.sub(r",\s+", ",", rest).split()
     seen: dict[str, str] = {}
     for number, field in enumerate(fields, start=2):
         key, sep, value = field.partition("=")
-        if not sep or key not in ("scopes", "invoke"):
+        if not sep or key not in ("scopes", "invoke", "name"):
             # Named by position, not echoed: a misplaced secret must not reach the log.
             what = f"unknown field {key}=" if sep else f"word {number} is not a field"
-            raise TokenFileError(f"{where}: {what}; write TOKEN [scopes=invoke,read,admin] "
+            raise TokenFileError(f"{where}: {what}; write TOKEN [name=NAME] [scopes=invoke,read,admin] "
                                  "[invoke=workflow1,workflow2] (or TOKEN workflow1,workflow2 for invoke-only)")
         if key in seen:
             raise TokenFileError(f"{where}: {key}= is given twice")
         seen[key] = value
+    name = seen.get("name")
+    if name is not None and not _TOKEN_NAME.fullmatch(name):
+        raise TokenFileError(f"{where}: name= is 1 to 63 letters, digits, '_', '.' or '-', starting with a letter "
+                             "or digit")
+    if set(seen) == {"name"}:  # only a name: every scope, every workflow, as a bare token
+        return Grant(name=name)
     scopes: set[str] = set()
     if "scopes" in seen:
         scopes = {s.strip() for s in seen["scopes"].split(",") if s.strip()}
@@ -226,7 +247,7 @@ def _parse_fields(rest: str, where: str) -> Grant:
     if "invoke" in seen:
         workflows = _workflow_list(seen["invoke"], where)
         scopes.add(INVOKE)
-    return Grant(workflows, frozenset(scopes))
+    return Grant(workflows, frozenset(scopes), name)
 
 
 def parse_token_file(text: str, *, source: str = "token file") -> list[tuple[str, Grant]]:
@@ -285,7 +306,7 @@ def required_scope(path: str) -> str | None:
     shows). Anything not listed needs `admin`, so a new endpoint is closed until it is listed."""
     if path in ("/workflows", "/workflows/events") or path == "/v1/models" or path.startswith("/v1/models/"):
         return None
-    if path in ("/metrics", "/calls", "/plan", "/plan/revisions") or (
+    if path in ("/metrics", "/calls", "/plan", "/plan/revisions", "/usage") or (
             path.startswith("/workflows/") and path.endswith(("/history", "/stats", "/rollouts"))) or (
             rollout_path(path) == "state"):
         return READ

@@ -26,7 +26,10 @@ import hashlib
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from plnt.core.specs.models import GatewayPolicySpec
 
 Track = Literal["stable", "canary"]
 Protocol = Literal["runner", "openai"]
@@ -113,9 +116,12 @@ def session_bucket(route: Route, session_id: str) -> int:
 
 
 class RouteTable:
-    """Immutable snapshot of all routes, indexed by workflow name then namespace."""
+    """Immutable snapshot of all routes, indexed by workflow name then namespace, with the quotas the
+    gateway enforces (the GatewayPolicy of the reconciled commit: it travels with the routes, so every
+    gateway process gets it the way it gets them)."""
 
-    def __init__(self, routes: Iterable[Route] = ()) -> None:
+    def __init__(self, routes: Iterable[Route] = (), policy: GatewayPolicySpec | None = None) -> None:
+        self.policy = policy
         by_name: dict[str, dict[str, Route]] = {}
         for route in routes:
             namespaces = by_name.setdefault(route.name, {})

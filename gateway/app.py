@@ -56,6 +56,7 @@ from plnt.gateway.forward import Gateway, Wake
 from plnt.gateway.hooks import GitHook
 from plnt.gateway.invoke import invoke
 from plnt.gateway.metrics import GatewayMetrics
+from plnt.gateway.quotas import Quotas
 from plnt.gateway.read_api import Health, ListWorkflows, add_read_api
 from plnt.gateway.replies import OPENAI, PLNT, ASGIScope, Receive, Send, plnt_error, respond
 from plnt.gateway.router import Router
@@ -139,6 +140,7 @@ def create_app(
     events_poll_s: float = 0.5,
     events_keepalive_s: float = 15.0,
     max_event_streams: int = 64,
+    gateway_processes: int = 1,
 ) -> GatewayApp:
     """Build the gateway app. The runner client lives in the app lifespan.
 
@@ -150,6 +152,8 @@ def create_app(
     `health`: (status code, body) of `GET /healthz` (the gateway role answers 503 until it has a
     route table); default 200 `{"status": "ok"}`. `wake(namespace, name, release_id)`: start a
     parked runner (scale to zero) again; its endpoint, or None when that release did not park.
+    `gateway_processes`: how many processes serve this gateway's port; each enforces that share of the
+    GatewayPolicy's limits (quotas.py).
     """
     tokens = tokens or TokenSet()
     gateway = Gateway(
@@ -160,6 +164,7 @@ def create_app(
         max_body_bytes=max_body_bytes,
         allowed_hosts=open_gateway_hosts(host, tokens),
         wake=wake,
+        quotas=Quotas(1 / max(1, gateway_processes)),
     )
 
     @asynccontextmanager

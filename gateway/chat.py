@@ -33,6 +33,7 @@ def _model_failure_event(kind: str, failure: str, last: bytes) -> bytes:
 # the generated text a quote is escaped, so the pattern only meets the JSON's own key.
 _TOKEN = re.compile(rb'"content":\s*"(?!")')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d{1,9})')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d{1,9})')
 
 
 def _completion_tokens(body: bytes) -> int | None:
@@ -40,11 +41,17 @@ def _completion_tokens(body: bytes) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def _prompt_tokens(body: bytes) -> int | None:
+    found = _PROMPT_TOKENS.search(body)
+    return int(found.group(1)) if found else None
+
+
 # A model server's stream: OpenAI chunks, the first with content is the first token, each with content
 # one token (what the smoke test counts too); usage (stream_options.include_usage) says the count.
 MODEL_STREAM = StreamShape(is_token=lambda chunk: _TOKEN.search(chunk) is not None,
                            failure_event=_model_failure_event,
-                           count_tokens=lambda chunk: len(_TOKEN.findall(chunk)), completion_tokens=_completion_tokens)
+                           count_tokens=lambda chunk: len(_TOKEN.findall(chunk)), completion_tokens=_completion_tokens,
+                           prompt_tokens=_prompt_tokens)
 
 
 async def chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send) -> None:
@@ -54,6 +61,7 @@ async def chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send)
 async def _chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send, outcome: Outcome) -> None:
     headers = request_headers(scope)
     grant = gateway.grant(headers.get(b"authorization"), OPENAI)
+    gateway.admit(grant, outcome, OPENAI)
     body = await gateway.json_body(receive, headers, OPENAI)
     try:
         request = oai.parse_chat_request(json_limits.loads(body))
@@ -114,6 +122,8 @@ async def _chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send
             reported = result.get("usage")
             if isinstance(reported, dict) and isinstance(reported.get("completion_tokens"), int):
                 outcome.tokens = reported["completion_tokens"]
+            if isinstance(reported, dict) and isinstance(reported.get("prompt_tokens"), int):
+                outcome.prompt_tokens = reported["prompt_tokens"]
             await respond(send, 200, oai.completion_body(oai.new_id(), model, result, request), exchange.plnt_headers())
     finally:
         exchange.release()

@@ -38,6 +38,7 @@ from plnt.core.routes import (
 from plnt.core.upstream import UpstreamClient, UpstreamConnectError, UpstreamError, UpstreamResponse, UpstreamTimeout
 from plnt.gateway.calls import CallLog
 from plnt.gateway.metrics import GatewayMetrics
+from plnt.gateway.quotas import Quotas, call_cost
 from plnt.gateway.replies import (
     ASGIScope,
     BodyTooLarge,
@@ -80,6 +81,8 @@ class StreamShape:
     count_tokens: Callable[[bytes], int] | None = None
     # The completion tokens an answer (a stream's usage chunk, or a whole body) says it generated, if it says.
     completion_tokens: Callable[[bytes], int | None] | None = None
+    # The prompt tokens an answer says it read (a stream says them in its usage chunk, if asked to).
+    prompt_tokens: Callable[[bytes], int | None] | None = None
 
     def clock(self) -> TokenClock | None:
         """A clock for one stream's tokens, when this kind of stream counts them."""
@@ -94,6 +97,8 @@ class StreamShape:
             clock.tokens(self.count_tokens(chunk), time.perf_counter())
             if self.completion_tokens is not None and (said := self.completion_tokens(chunk)) is not None:
                 clock.reported = said
+            if self.prompt_tokens is not None and (prompt := self.prompt_tokens(chunk)) is not None:
+                clock.prompt = prompt
         if self.error_marker is not None and self.error_marker in chunk:
             outcome.error_type = "stream_error"
 
@@ -101,12 +106,13 @@ class StreamShape:
 class TokenClock:
     """A stream's tokens as they pass: the first's and last's time and how many, for TPOT."""
 
-    __slots__ = ("count", "first", "last", "reported")
+    __slots__ = ("count", "first", "last", "prompt", "reported")
 
     def __init__(self) -> None:
         self.count = 0
         self.first = self.last = 0.0
         self.reported: int | None = None  # what the answer's usage said
+        self.prompt: int | None = None  # the prompt tokens the answer's usage said
 
     def tokens(self, n: int, now: float) -> None:
         if n <= 0:
@@ -121,6 +127,8 @@ class TokenClock:
             outcome.tpot = (self.last - self.first) / (self.count - 1)
         tokens = self.reported if self.reported is not None else self.count
         outcome.tokens = tokens if tokens or self.reported is not None else None
+        if self.prompt is not None:
+            outcome.prompt_tokens = self.prompt
 
 
 def request_headers(scope: ASGIScope) -> dict[bytes, bytes]:
@@ -131,7 +139,8 @@ def request_headers(scope: ASGIScope) -> dict[bytes, bytes]:
 class Outcome:
     """What the metrics record about one request."""
 
-    __slots__ = ("code", "error_type", "labels", "span", "started", "t0", "tokens", "tpot", "ttft")
+    __slots__ = ("code", "error_type", "labels", "prompt_tokens", "span", "started", "t0", "token", "tokens", "tpot",
+                 "ttft")
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0  # request received (perf_counter)
@@ -141,6 +150,8 @@ class Outcome:
         self.ttft: float | None = None  # streams: request received -> first token sent (s)
         self.tpot: float | None = None  # streams of 2 tokens or more: (last token - first) / (tokens - 1) (s)
         self.tokens: int | None = None  # completion tokens, where the answer says or the stream counted them
+        self.prompt_tokens: int | None = None  # prompt tokens, where the answer says them
+        self.token: str | None = None  # the caller's token name (usage, quotas); None: a mirror, nobody's
         self.started = False  # response headers sent
         self.span: Any = None  # the request's trace span, only when tracing is on (telemetry.ENABLED)
 
@@ -218,6 +229,7 @@ class Gateway:
         max_body_bytes: int,
         allowed_hosts: frozenset[bytes] | None = None,
         wake: Wake | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self.router = router
         self.tokens = tokens
@@ -228,6 +240,7 @@ class Gateway:
         self.waker = Waker(wake, metrics, request_timeout_s) if wake is not None else None
         self.client: UpstreamClient | None = None  # created in the app's lifespan (needs the loop)
         self.calls = CallLog()  # GET /calls: the last calls, no body, no token (calls.py)
+        self.quotas = quotas or Quotas()  # the GatewayPolicy's limits, this process's share (quotas.py)
         self._shadows: set[asyncio.Task[None]] = set()  # mirrors in flight (canary.shadowPercent)
         self._shadow_rng = random.Random()
 
@@ -265,6 +278,25 @@ class Gateway:
                        outcome.tokens)
         if outcome.span is not None:
             telemetry.end_request(outcome.span, outcome.code, outcome.error_type, outcome.labels, outcome.ttft)
+        if outcome.token is not None and outcome.labels[1]:  # a caller's request that reached a workflow
+            self._use(outcome.token, outcome)
+
+    def _use(self, token: str, outcome: Outcome) -> None:
+        """A caller's call in the usage (per token name and workflow) and charged to its quotas."""
+        namespace, workflow = outcome.labels[0], outcome.labels[1]
+        prompt, completion = outcome.prompt_tokens or 0, outcome.tokens or 0
+        policy = self.router.table.policy
+        cost = call_cost(policy, namespace, workflow, prompt, completion)
+        self.metrics.used(token, namespace, workflow, prompt, completion, cost)
+        self.quotas.charge(policy, token, prompt + completion, cost)
+
+    def admit(self, grant: Grant, outcome: Outcome, errors: ErrorShape) -> None:
+        """The caller's token within its GatewayPolicy limits, or 429 with Retry-After naming the limit."""
+        token = outcome.token = grant.label
+        denial = self.quotas.admit(self.router.table.policy, token)
+        if denial is not None:
+            self.metrics.denied(token, denial.limit)
+            raise errors.over_quota(denial.limit, token, denial.retry_after_s, denial.message)
 
     def shadow(self, route: Route, name: str, chosen: tuple[Backend, Track], headers: dict[bytes, bytes],
                api: Api, path: str, body: bytes, stream: StreamShape | None) -> None:

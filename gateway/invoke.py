@@ -29,6 +29,7 @@ async def _invoke(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Se
     grant = gateway.grant(headers.get(b"authorization"), PLNT)
     if gateway.tokens.enabled and not grant.allows_name(name):
         raise plnt_error(403, "forbidden", not_invocable(grant, f"workflow {name}"))
+    gateway.admit(grant, outcome, PLNT)
     body = await gateway.json_body(receive, headers, PLNT)
     try:
         parsed = json_limits.loads(body)

@@ -16,6 +16,13 @@ for the canary's answers to mirrored requests, canary.shadowPercent):
   another replica.
 - `plnt_gateway_runner_wakes_total{namespace,workflow}`: parked runners (scale to zero) started
   again for a request.
+- `plnt_gateway_usage_requests_total{token,namespace,workflow}`, `plnt_gateway_usage_prompt_tokens_total`,
+  `plnt_gateway_usage_completion_tokens_total` and `plnt_gateway_usage_cost_total` (same labels; the
+  GatewayPolicy's currency): what each token used, by its name in the token file (`unnamed` without
+  one), for the requests that reached a workflow or model; tokens where the answer says them.
+- `plnt_gateway_quota_denials_total{token,limit}`: requests refused with 429 by a GatewayPolicy limit
+  (`requestsPerMinute`, `tokensPerMinute`, `budget`).
+The token label holds names from the token file only (never a secret): a bounded set.
 Requests that never reach a route (401, unknown workflow, bad body before the model is known)
 carry empty workflow/version/track labels, so clients cannot inflate the label space.
 """
@@ -49,6 +56,17 @@ class GatewayMetrics:
                                ("namespace", "workflow"), registry=r)
         self.wakes = Counter("plnt_gateway_runner_wakes", "Parked runners started again for a request.",
                              ("namespace", "workflow"), registry=r)
+        usage = ("token", "namespace", "workflow")
+        self.usage_requests = Counter("plnt_gateway_usage_requests", "Requests per token name and workflow.",
+                                      usage, registry=r)
+        self.usage_prompt = Counter("plnt_gateway_usage_prompt_tokens", "Prompt tokens per token name and workflow.",
+                                    usage, registry=r)
+        self.usage_completion = Counter("plnt_gateway_usage_completion_tokens",
+                                        "Completion tokens per token name and workflow.", usage, registry=r)
+        self.usage_cost = Counter("plnt_gateway_usage_cost", "Cost per token name and workflow (GatewayPolicy prices).",
+                                  usage, registry=r)
+        self.denials = Counter("plnt_gateway_quota_denials", "Requests refused by a GatewayPolicy limit.",
+                               ("token", "limit"), registry=r)
         # labels() takes a lock and builds a key on every call; the children are cached here
         # (a few us per request saved on the hot path).
         self._children: dict[tuple[object, ...], object] = {}
@@ -81,6 +99,20 @@ class GatewayMetrics:
             self._child(self.errors, (*route, error_type)).inc()  # type: ignore[attr-defined]
         if ttft_s is not None:
             self._child(self.ttft, route).observe(ttft_s)  # type: ignore[attr-defined]
+
+    def used(self, token: str, namespace: str, workflow: str, prompt: int, completion: int, cost: float) -> None:
+        """One call of `token` to namespace/workflow answered (usage)."""
+        key = (token, namespace, workflow)
+        self._child(self.usage_requests, key).inc()  # type: ignore[attr-defined]
+        if prompt:
+            self._child(self.usage_prompt, key).inc(prompt)  # type: ignore[attr-defined]
+        if completion:
+            self._child(self.usage_completion, key).inc(completion)  # type: ignore[attr-defined]
+        if cost:
+            self._child(self.usage_cost, key).inc(cost)  # type: ignore[attr-defined]
+
+    def denied(self, token: str, limit: str) -> None:
+        self._child(self.denials, (token, limit)).inc()  # type: ignore[attr-defined]
 
     def retried(self, namespace: str, workflow: str) -> None:
         self._child(self.retries, (namespace, workflow)).inc()  # type: ignore[attr-defined]

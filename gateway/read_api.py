@@ -21,10 +21,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from plnt.core.auth import ADMIN, ALL, READ, Grant
 from plnt.core.routes import AmbiguousRoute, Backend, preview_of
+from plnt.core.specs.models import GatewayPolicySpec
 from plnt.core.upstream import UpstreamError
 from plnt.gateway import openai_compat as oai
 from plnt.gateway.calls import MAX_LIMIT as MAX_CALLS_LIMIT
 from plnt.gateway.forward import Gateway
+from plnt.gateway.quotas import limits_rows, usage_rows
 from plnt.gateway.replies import ASGIScope, Receive, Send
 from plnt.gateway.router import Router
 
@@ -81,7 +83,23 @@ def add_read_api(app: FastAPI, gateway: Gateway, *, list_workflows: ListWorkflow
     async def metrics() -> Response:
         return Response(app.state.render_metrics(), media_type=gateway.metrics.content_type)
 
+    @app.get("/usage")
+    async def usage(request: Request) -> JSONResponse:
+        return JSONResponse(usage_body(app.state.render_metrics(), gateway.router.table.policy, _grant(request),
+                                       gateway.tokens.enabled))
+
     _add_models(app, gateway.router)
+
+
+def usage_body(metrics_text: bytes, policy: GatewayPolicySpec | None, grant: Grant, tokens_enabled: bool) -> dict[str, Any]:
+    """`GET /usage`: per token name, namespace and workflow the requests, prompt and completion tokens and
+    cost since the gateway processes started (the sum over plnt up's processes, as /metrics), and the
+    GatewayPolicy's limits. An admin token (or an open gateway) sees every token; others their own name."""
+    rows, limits = usage_rows(metrics_text), limits_rows(policy)
+    if tokens_enabled and not grant.has(ADMIN):
+        rows = [row for row in rows if row["token"] == grant.label]
+        limits = [row for row in limits if row["token"] in (grant.label, "*")]
+    return {"currency": policy.currency if policy is not None else None, "usage": rows, "limits": limits}
 
 
 def _error(status: int, kind: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

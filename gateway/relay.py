@@ -75,6 +75,8 @@ async def relay(exchange: Exchange, receive: Receive, send: Send, outcome: Outco
         said = (stream or whole)
         if response.status == 200 and said is not None and said.completion_tokens is not None:
             outcome.tokens = said.completion_tokens(body)
+            if said.prompt_tokens is not None:
+                outcome.prompt_tokens = said.prompt_tokens(body)
         if response.status >= 400:
             outcome.error_type = runner_error_type(body)
         await respond(send, response.status, body, [*response.relayed_headers(), *exchange.plnt_headers()],

@@ -144,6 +144,11 @@ class ErrorShape(Protocol):
     def no_canary(self, message: str) -> Reply: ...
     def not_ready(self, what: str) -> Reply: ...
     def upstream(self, status: int, kind: str, message: str) -> Reply: ...
+    def over_quota(self, limit: str, token: str, retry_after_s: int, message: str) -> Reply: ...
+
+
+def _quota_message(message: str, retry_after_s: int) -> str:
+    return f"{message}: retry in {retry_after_s} s (GatewayPolicy limits; GET /usage shows this token's use)"
 
 
 class PlntErrors:
@@ -169,6 +174,11 @@ class PlntErrors:
 
     def upstream(self, status: int, kind: str, message: str) -> Reply:
         return plnt_error(status, kind, message)
+
+    def over_quota(self, limit: str, token: str, retry_after_s: int, message: str) -> Reply:
+        kind = "budget_exhausted" if limit == "budget" else "rate_limited"
+        return plnt_error(429, kind, _quota_message(message, retry_after_s),
+                          [(b"retry-after", str(retry_after_s).encode())], limit=limit, token=token)
 
 
 class OpenAIErrors:
@@ -198,6 +208,14 @@ class OpenAIErrors:
 
     def upstream(self, status: int, kind: str, message: str) -> Reply:
         return openai_error(status, message, "server_error", None, kind)
+
+    def over_quota(self, limit: str, token: str, retry_after_s: int, message: str) -> Reply:
+        # As OpenAI answers: type `requests` or `tokens` with code rate_limit_exceeded; insufficient_quota.
+        type_, code = {"requestsPerMinute": ("requests", "rate_limit_exceeded"),
+                       "tokensPerMinute": ("tokens", "rate_limit_exceeded")}.get(
+                           limit, ("insufficient_quota", "insufficient_quota"))
+        return openai_error(429, _quota_message(message, retry_after_s), type_, None, code,
+                            [(b"retry-after", str(retry_after_s).encode())])
 
 
 PLNT: ErrorShape = PlntErrors()

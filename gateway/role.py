@@ -46,6 +46,7 @@ class GatewayRoleConfig:
     header_timeout_s: float = 10.0
     watch_wait_s: float = DEFAULT_WAIT_S
     watch_retry_max_s: float = 10.0
+    processes: int = 1  # the processes serving this port (--workers): each enforces its share of the quotas
 
 
 def _reply(status: int, kind: str, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
@@ -82,7 +83,7 @@ class _RoleApp:
             answer = None
             # /metrics and /calls: plnt up's process merges every gateway process's (the workers push theirs).
             if self.forward is not None and (self._control_path(scope["method"], path) or path.startswith("/internal/")
-                                             or path in ("/metrics", "/calls")):
+                                             or path in ("/metrics", "/calls", "/usage")):
                 await self.forward(scope, receive, send)
                 return
             if self._control_path(scope["method"], path):
@@ -120,7 +121,8 @@ class GatewayRole:
         self.waker = ControlWaker(config.control_url, config.internal_token, timeout_s=config.request_timeout_s)
         app = create_app(self.router, list_workflows=self.follower.workflows, on_git_hook=None, tokens=config.tokens,
                          max_body_bytes=config.max_body_bytes, request_timeout_s=config.request_timeout_s,
-                         host=config.host, health=self.health, wake=self.waker)
+                         host=config.host, health=self.health, wake=self.waker,
+                         gateway_processes=config.processes)
         self.forwarder = None
         if forward_control:
             self.forwarder = ControlForwarder(config.control_url, config.internal_token, config.max_body_bytes)

@@ -41,6 +41,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from plnt.core.auth import INTERNAL, Grant, TokenSet, missing_scope_message
 from plnt.core.routes import Backend, Route, RouteTable
+from plnt.core.specs.models import GatewayPolicySpec
 from plnt.gateway.router import Router
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -107,6 +108,8 @@ class RouteTableDoc(BaseModel):
     version: int = Field(ge=0)  # grows with each content change within one epoch
     routes: tuple[RouteDoc, ...] = Field(default=(), max_length=MAX_ROUTES)
     workflows: tuple[dict[str, Any], ...] = Field(default=(), max_length=MAX_ROUTES)  # GET /workflows rows
+    # The GatewayPolicy of the reconciled commit (quotas and prices); absent: none (an older publisher too).
+    policy: GatewayPolicySpec | None = None
 
     @field_validator("workflows")
     @classmethod
@@ -120,12 +123,12 @@ class RouteTableDoc(BaseModel):
         """The gateway's table; RouteDocError if the routes do not make one (duplicates, a stable that is
         not the first of its replicas, ...)."""
         try:
-            return RouteTable(_route(r) for r in self.routes)
+            return RouteTable((_route(r) for r in self.routes), self.policy)
         except ValueError as exc:
             raise RouteDocError(f"route table version {self.version}: {exc}") from None
 
     def same_content(self, other: RouteTableDoc) -> bool:
-        return self.routes == other.routes and self.workflows == other.workflows
+        return self.routes == other.routes and self.workflows == other.workflows and self.policy == other.policy
 
 
 def _backend(doc: BackendDoc | None) -> Backend | None:
@@ -198,9 +201,10 @@ class Published:
     version: int
     routes: tuple[Route, ...]  # sorted by namespace, name
     workflows: tuple[dict[str, Any], ...]
+    policy: GatewayPolicySpec | None = None
 
     def to_table(self) -> RouteTable:
-        return RouteTable(self.routes)
+        return RouteTable(self.routes, self.policy)
 
     @cached_property
     def endpoints(self) -> frozenset[str]:
@@ -219,6 +223,7 @@ class Published:
                         **({"canary_header": list(r.canary_header)} if r.canary_header else {}),
                         **({"shadow_percent": r.shadow_percent} if r.shadow_percent else {})} for r in self.routes],
             "workflows": list(self.workflows),
+            **({"policy": self.policy.model_dump(mode="json", by_alias=True)} if self.policy is not None else {}),
         }, fallback=str)
 
     def to_doc(self) -> RouteTableDoc:
@@ -300,10 +305,11 @@ class RoutePublisher:
         rows = tuple(workflows)
         with self._lock:
             current = self._doc
-            if current is not None and current.routes == routes and current.workflows == rows:
+            if (current is not None and current.routes == routes and current.workflows == rows
+                    and current.policy == table.policy):
                 return current
             version = 1 if current is None else current.version + 1
-            doc = self._doc = Published(self.epoch, version, routes, rows)
+            doc = self._doc = Published(self.epoch, version, routes, rows, table.policy)
             changed, self._changed = self._changed, asyncio.Event()
         self._wake(changed)
         return doc

@@ -22,7 +22,8 @@ from plnt.core.limits import HttpLimits
 from plnt.core.routes import Backend, Route, RouteTable
 from plnt.core.server import GatewayServer, ServerStartError, check_free, reuse_port_socket
 from plnt.core.specs.limits import SpecLimits
-from plnt.core.specs.models import PlntBackend
+from plnt.core.specs.loader import SpecSet
+from plnt.core.specs.models import GatewayPolicy, GatewayPolicySpec, PlntBackend
 from plnt.core.traffic import TrafficLedger
 from plnt.gateway.app import create_app
 from plnt.gateway.calls import CallLog, CallsHub
@@ -79,9 +80,11 @@ SAGA_RUNNER = UnsandboxedWorkflowRunner()
 
 
 def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore,
-                      built: dict[str, tuple[LiveWorkflow, Route]] | None = None) -> RouteTable:
+                      built: dict[str, tuple[LiveWorkflow, Route]] | None = None,
+                      policy: GatewayPolicySpec | None = None) -> RouteTable:
     """Routes from the live releases; a WorkflowRun known to status but not promoted gets a route
-    with no stable backend (the gateway answers 503 rather than 404).
+    with no stable backend (the gateway answers 503 rather than 404). `policy`: the reconciled
+    commit's GatewayPolicy, which travels with the routes to every gateway process.
 
     `built` (kept by the caller between rebuilds) holds each route with the record it was built
     from: records are frozen and a snapshot hands back the same object for an unchanged one, so a
@@ -111,7 +114,25 @@ def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore,
     if built is not None:
         built.clear()
         built.update(fresh)
-    return RouteTable(routes.values())
+    return RouteTable(routes.values(), policy)
+
+
+# How usage and quotas name the token plnt up gives the runners of WorkflowRuns bound to a model.
+RUNNERS_TOKEN_NAME = "runners"
+
+
+def on_policy(apply: Callable[[GatewayPolicySpec | None], None]) -> Callable[[str, SpecSet], None]:
+    """A spec listener that hands a reconciled commit's GatewayPolicy to `apply` (which rebuilds the
+    routes: they carry it to the gateway processes) when it changed; a pass with the same policy does
+    nothing. A refused commit is no reconciled one: the last policy stays."""
+    seen: list[GatewayPolicy | None] = [None]
+
+    def listener(_commit: str, specs: SpecSet) -> None:
+        if specs.gateway_policy != seen[0]:
+            seen[0] = specs.gateway_policy
+            apply(specs.gateway_policy.spec if specs.gateway_policy is not None else None)
+
+    return listener
 
 
 def public_rows(statuses: StatusStore, live: dict[str, LiveWorkflow]) -> list[dict[str, Any]]:
@@ -198,6 +219,7 @@ class Plnt:
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     _built_routes: dict[str, tuple[LiveWorkflow, Route]] = field(default_factory=dict)  # see build_route_table
+    gateway_policy: GatewayPolicySpec | None = None  # the reconciled commit's, carried by the routes
 
     @property
     def url(self) -> str:
@@ -210,6 +232,11 @@ class Plnt:
         """Rebuild the routes once the current event-loop turn is over (see TurnBatched)."""
         self._refresh()
 
+    def apply_policy(self, policy: GatewayPolicySpec | None) -> None:
+        """A reconciled commit's GatewayPolicy (quotas), to every gateway process with the routes."""
+        self.gateway_policy = policy
+        self.refresh_routes()
+
     def flush_routes(self) -> None:
         """Apply a pending rebuild now: before draining a release the routes must have let go of it."""
         self._refresh.flush()
@@ -218,7 +245,7 @@ class Plnt:
         # Every backend: local runners and the last known releases of each Kubernetes backend.
         source = self.drivers if self.drivers is not None else self.driver
         live = source.snapshot()
-        table = build_route_table(live, self.statuses, self._built_routes)
+        table = build_route_table(live, self.statuses, self._built_routes, self.gateway_policy)
         self.router.replace(table)
         if self.publisher is not None:
             self.publisher.publish(table, public_rows(self.statuses, live))
@@ -511,7 +538,7 @@ async def start(settings: Settings) -> Plnt:
     # required, they get this one (scope `models`: chat with models, nothing else), made per start.
     model_token = secrets.token_urlsafe(32) if tokens.enabled else None
     if model_token is not None:
-        tokens = tokens.with_token(model_token, Grant(None, frozenset({MODELS})))
+        tokens = tokens.with_token(model_token, Grant(None, frozenset({MODELS}), RUNNERS_TOKEN_NAME))
     state = StateDir(settings.state_dir).ensure()
     cleanups: list[Callable[[], Awaitable[None]]] = []
     try:
@@ -569,7 +596,7 @@ async def start(settings: Settings) -> Plnt:
                                  request_timeout_s=settings.gateway.request_timeout_s,
                                  webhook_secret=access.webhook_secret, host=settings.host,
                                  health=lambda: (200, {"status": "ok", "worker": 0, "workers": worker_count}),
-                                 wake=wake)
+                                 wake=wake, gateway_processes=worker_count)
 
         gateway_app.gateway.calls = own_calls  # (the gateway processes' calls reach it through the hub)
         # The plan preview between revisions reads git history (--source kubernetes has none).
@@ -605,6 +632,7 @@ async def start(settings: Settings) -> Plnt:
                     drivers=drivers, model_token=model_token)
         holder["plnt"] = plnt
         statuses.on_change = plnt.refresh_routes
+        reconciler.spec_listeners.append(on_policy(plnt.apply_policy))
         cleanups.extend(attach_status_followers(settings, statuses, reconciler, source))  # after on_change is set
         cleanups.append(control_metrics.attach(statuses))
 
@@ -688,7 +716,7 @@ async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, inte
     plnt.control_listener = private
     tokens_text = tokens.file_text  # as start read it: every gateway process gets the same tokens
     if plnt.model_token is not None:  # the bound runners' token (see start), for every gateway process
-        tokens_text = f"{tokens_text or ''}\n{plnt.model_token} scopes=models\n"
+        tokens_text = f"{tokens_text or ''}\n{plnt.model_token} name={RUNNERS_TOKEN_NAME} scopes=models\n"
     parent = os.getpid()
 
     def config_for(index: int) -> WorkerConfig:
@@ -699,7 +727,7 @@ async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, inte
             tokens_source=tokens.source, plain_tokens=tuple(SecretStr(t) for t in tokens.plain),
             max_body_bytes=settings.gateway.max_body_bytes, request_timeout_s=settings.gateway.request_timeout_s,
             max_header_bytes=settings.gateway.max_header_bytes, header_timeout_s=settings.gateway.header_timeout_s,
-            watch_retry_max_s=1.0, verbose=log.isEnabledFor(logging.DEBUG))
+            watch_retry_max_s=1.0, verbose=log.isEnabledFor(logging.DEBUG), processes=count)
 
     supervisor = WorkerSupervisor(config_for, workers)
     plnt.gateway_workers = supervisor

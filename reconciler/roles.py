@@ -45,6 +45,7 @@ from plnt.reconciler.app import (
     make_saga_worker,
     make_source,
     make_verifier,
+    on_policy,
     resume_runners,
     start_previews,
 )
@@ -190,13 +191,17 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     built: dict[str, Any] = {}  # routes with the records they came from (build_route_table)
 
     def rebuild_routes() -> None:
-        table = build_route_table(drivers.snapshot(), statuses, built)  # reported local runners + known Helm releases
+        table = build_route_table(drivers.snapshot(), statuses, built, holder.get("policy"))  # reported local runners + known Helm releases
         router.replace(table)
         publisher.publish(table, [status.public() for status in statuses.all()])
 
     # Once per event-loop turn, however many changes it made. (Nothing drains here: a worker asks
     # POST /internal/drain before it stops a runner, answered once every `plnt gateway` let go of it.)
     refresh_routes = TurnBatched(rebuild_routes)
+
+    def apply_policy(policy: Any) -> None:  # the reconciled commit's GatewayPolicy, carried by the routes
+        holder["policy"] = policy
+        refresh_routes()
 
     runners = ReportedRunners(on_change=refresh_routes)
     drivers = make_driver_set(settings, runners, state, on_change=refresh_routes)
@@ -253,6 +258,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
             reconciler = make_reconciler(settings, state=state, source=source, client=client, statuses=statuses,
                                          drivers=drivers, verifier=verifier, metrics=control_metrics, cleanups=cleanups)
             holder["reconciler"] = reconciler
+            reconciler.spec_listeners.append(on_policy(apply_policy))
             add_reconciler_routes(control, reconciler, client)
             cleanups.append(reconciler.close)
             cleanups.extend(attach_status_followers(settings, statuses, reconciler, source))

@@ -5,7 +5,7 @@ subprocess.
 
 1. Every ```yaml block that holds a plnt resource is checked with `plnt validate`. A block holds a
    resource when it has a top-level `apiVersion: plnt.work/v1` line and a top-level `kind:` line
-   naming WorkflowRun, ModelDeployment, PlntBackend or RecipeTrustPolicy. Every other block is a
+   naming WorkflowRun, ModelDeployment, PlntBackend, RecipeTrustPolicy or GatewayPolicy. Every other block is a
    fragment (a recipe's workflow.yaml, part of a spec, a values file) and is skipped: that is the
    whole rule. The block goes into a copy of gitops-example: it replaces the file holding a spec
    of the same kind, name and namespace, or else is added as a new file, so that the names it
@@ -38,7 +38,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLE = ROOT / "gitops-example"
 PLNT = [sys.executable, "-m", "plnt.reconciler.cli"]
 
-RESOURCE_KINDS = ("WorkflowRun", "ModelDeployment", "PlntBackend", "RecipeTrustPolicy")
+RESOURCE_KINDS = ("WorkflowRun", "ModelDeployment", "PlntBackend", "RecipeTrustPolicy", "GatewayPolicy")
 INVALID_MARK = re.compile(r"^<!--\s*invalid:.*-->\s*$")
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
 

@@ -38,6 +38,7 @@ from plnt.core.specs.models import (
     VERSION_PATTERN,
     Deployable,
     Gate,
+    GatewayPolicy,
     ModelDeployment,
     PlntBackend,
     RecipeTrustPolicy,
@@ -125,6 +126,8 @@ class SpecSet:
     locations: dict[str, tuple[str, int]] = field(default_factory=dict)
     trust_policies: dict[str, RecipeTrustPolicy] = field(default_factory=dict)
     gates: dict[str, Gate] = field(default_factory=dict)  # by namespace/name
+    # The quotas and prices the gateway enforces: at most one per repository (None: no limits).
+    gateway_policy: GatewayPolicy | None = None
     warnings: list[Problem] = field(default_factory=list)
 
     def deployables(self) -> dict[str, Deployable]:
@@ -995,6 +998,8 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
                 key, label = model.metadata.name, "RecipeTrustPolicy"
             elif isinstance(model, Gate):
                 key, label = model.key, "Gate"
+            elif isinstance(model, GatewayPolicy):
+                key, label = model.metadata.name, "GatewayPolicy"
             else:
                 assert isinstance(model, Workflow)
                 key, label = f"{model.metadata.name}@{model.metadata.version}", "Workflow"
@@ -1026,6 +1031,8 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
                 specs.backends[key] = model
             elif isinstance(model, Gate):
                 specs.gates[key] = model
+            elif isinstance(model, GatewayPolicy):
+                problems += _policy_problems(doc, model, docs, specs)
             elif isinstance(model, RecipeTrustPolicy):
                 # Overlapping policies are allowed on purpose (any-of), so no cross-check here.
                 specs.trust_policies[key] = model
@@ -1058,6 +1065,9 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
     if check_references or (check_references is None and specs.gates):
         for doc, run in runs:
             problems += _gate_problems(doc, run, specs.gates, specs.model_deployments)
+    if specs.gateway_policy is not None and (check_references or (check_references is None and runs)):
+        specs.warnings += _price_warnings(docs[f"GatewayPolicy/{specs.gateway_policy.metadata.name}"],
+                                          specs.gateway_policy, specs.deployables())
     if any(run.spec.depends_on for _, run in runs):
         problems += _dependency_problems(runs, specs.deployables())
 
@@ -1143,6 +1153,49 @@ def _gate_problems(doc: _Document, run: Deployable, gates: dict[str, Gate],
                                     f"Gate '{name}' is a quality gate, which checks a model's golden cases: give "
                                     "spec.canary.golden (prompts with checks), or use another kind of gate"))
     return problems
+
+
+def _policy_problems(doc: _Document, policy: GatewayPolicy, docs: dict[str, _Document], specs: SpecSet) -> list[Problem]:
+    """A GatewayPolicy's own checks: the only one of its repository, each token and price named once."""
+    problems = []
+    if specs.gateway_policy is not None:
+        first = docs[f"GatewayPolicy/{specs.gateway_policy.metadata.name}"]
+        name_path = ("metadata", "name")
+        problems.append(Problem(doc.file, doc.line(name_path), "metadata.name",
+                                f"a second GatewayPolicy; the first is declared at {first.file}:{first.line(name_path)}; "
+                                "the gateway enforces one policy: merge them into one"))
+        return problems
+    problems += _listed_twice(doc, [entry.name for entry in policy.spec.tokens], ("spec", "tokens"), "name",
+                              "token {!r} is listed twice (first as spec.tokens[{}]); give each token name one entry")
+    problems += _listed_twice(doc, [price.model for price in policy.spec.prices], ("spec", "prices"), "model",
+                              "model {!r} is priced twice (first as spec.prices[{}]); give each model one price")
+    if not problems:
+        specs.gateway_policy = policy
+    return problems
+
+
+def _listed_twice(doc: _Document, names: list[str], where: DocPath, field: str, message: str) -> list[Problem]:
+    """A problem at each entry of a list whose `field` repeats an earlier entry's (`message`: name, first index)."""
+    problems, first = [], {}
+    for i, name in enumerate(names):
+        path = (*where, i, field)
+        if name in first:
+            problems.append(Problem(doc.file, doc.line(path), _render(path), message.format(name, first[name])))
+        first.setdefault(name, i)
+    return problems
+
+
+def _price_warnings(doc: _Document, policy: GatewayPolicy, deployables: dict[str, Deployable]) -> list[Problem]:
+    """A price naming no WorkflowRun or ModelDeployment (a typo costs nothing: its calls count no cost)."""
+    names = {key.split("/", 1)[1] for key in deployables} | set(deployables)
+    warnings = []
+    for i, price in enumerate(policy.spec.prices):
+        if price.model not in names:
+            path = ("spec", "prices", i, "model")
+            warnings.append(Problem(doc.file, doc.line(path), _render(path),
+                                    f"warning: no WorkflowRun or ModelDeployment named {price.model!r}; its calls "
+                                    "would cost nothing: check the name (NAME or NAMESPACE/NAME)"))
+    return warnings
 
 
 def _signer_warnings(doc: _Document, policy: RecipeTrustPolicy) -> list[Problem]:

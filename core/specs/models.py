@@ -15,6 +15,7 @@ import fnmatch
 import hashlib
 import json
 import re
+from functools import cached_property
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -852,12 +853,86 @@ class Gate(SpecModel):
         return run_key(self.metadata.namespace, self.metadata.name)
 
 
+# --- GatewayPolicy: quotas and prices at the gateway ------------------------------------------------
+
+# A token's name in the token file (`name=`): what a policy and the usage name, never the secret itself.
+TOKEN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+
+
+class Budget(SpecModel):
+    """What a token may spend per period (UTC day or calendar month), in the policy's currency."""
+
+    amount: float = Field(ge=0, le=1e12)
+    per: Literal["day", "month"] = "day"
+
+
+class Limits(SpecModel):
+    """A token's limits. Unset: no limit of that kind."""
+
+    requests_per_minute: int | None = Field(default=None, ge=1, le=10**9)
+    # LLM tokens (prompt + completion) per minute, charged once a call has answered: the call that
+    # goes over is answered, the next ones wait until the minute's share is back.
+    tokens_per_minute: int | None = Field(default=None, ge=1, le=10**12)
+    budget: Budget | None = None
+
+
+class TokenLimits(Limits):
+    """One token's limits, by its name in the token file (`TOKEN name=NAME ...`)."""
+
+    name: str = Field(pattern=TOKEN_NAME_PATTERN)
+
+
+class ModelPrice(SpecModel):
+    """What one workflow's or model's tokens cost, per million, in the policy's currency."""
+
+    model: str = Field(pattern=r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    input_per_million: float = Field(ge=0, le=1e9)
+    output_per_million: float = Field(ge=0, le=1e9)
+
+
+class GatewayPolicySpec(SpecModel):
+    currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
+    prices: list[ModelPrice] = Field(default_factory=list)
+    tokens: list[TokenLimits] = Field(default_factory=list)
+    # The limits of every token the list does not name (a token with no `name=` included).
+    default: Limits | None = None
+
+    @cached_property
+    def _by_name(self) -> dict[str, TokenLimits]:  # limits_for is on every request's path
+        return {entry.name: entry for entry in self.tokens}
+
+    def limits_for(self, token: str) -> Limits | None:
+        """The limits of the token named `token` (its own entry, else `default`)."""
+        return self._by_name.get(token, self.default)
+
+    def price_of(self, namespace: str, name: str) -> ModelPrice | None:
+        """The price of `namespace/name`: an entry naming it with its namespace first, else by name."""
+        found = None
+        for price in self.prices:
+            if price.model == f"{namespace}/{name}":
+                return price
+            if price.model == name:
+                found = price
+        return found
+
+
+class GatewayPolicy(SpecModel):
+    """Quotas and prices the gateway enforces (at most one per repository; cluster-wide, like a
+    PlntBackend): per token name a request rate, an LLM token rate and a budget, and a price table."""
+
+    api_version: Literal["plnt.work/v1"]
+    kind: Literal["GatewayPolicy"]
+    metadata: BackendMetadata
+    spec: GatewayPolicySpec
+
+
 KIND_MODELS: dict[tuple[str, str], type[SpecModel]] = {
     (PLNT_API_VERSION, "WorkflowRun"): WorkflowRun,
     (PLNT_API_VERSION, "ModelDeployment"): ModelDeployment,
     (PLNT_API_VERSION, "PlntBackend"): PlntBackend,
     (PLNT_API_VERSION, "RecipeTrustPolicy"): RecipeTrustPolicy,
     (PLNT_API_VERSION, "Gate"): Gate,
+    (PLNT_API_VERSION, "GatewayPolicy"): GatewayPolicy,
     (RECIPE_API_VERSION, "Workflow"): Workflow,
 }
 

@@ -1,10 +1,11 @@
-// plnt's web UI: four views behind hash routes, built with DOM calls only (text goes in through
+// plnt's web UI: five views behind hash routes, built with DOM calls only (text goes in through
 // textContent, never innerHTML). Data comes from the gateway's API with the user's bearer token.
 //   #/workflows                     every WorkflowRun and ModelDeployment, live (SSE)
 //   #/rollouts, #/rollout/NS/NAME[/RUN]   one rollout's timeline and the past rollouts; pause,
 //                                         resume, promote or abort the one under way
 //   #/playground[/NS/NAME]          invoke or chat, streamed; the invocation log
 //   #/plan                          the plan between two revisions, as the PR comment shows it
+//   #/usage                         per gateway token and workflow: requests, tokens, cost; the limits
 
 import { ApiError, getJSON, getToken, onAuthProblem, readSSE, request, setToken, watchWorkflows } from "./api.js";
 import { renderMarkdown } from "./markdown.js";
@@ -209,7 +210,7 @@ function route(force) {
   if (state.authProblem) { renderSignIn(); return; }
   const parts = hash.slice(2).split("/").map(decodeURIComponent);
   const [view, ...rest] = parts;
-  const views = { workflows: workflowsView, rollouts: rolloutView, rollout: rolloutView, playground: playgroundView, plan: planView };
+  const views = { workflows: workflowsView, rollouts: rolloutView, rollout: rolloutView, playground: playgroundView, plan: planView, usage: usageView };
   const render = views[view] || workflowsView;
   const container = h("div", { class: "view" });
   main().replaceChildren(container);
@@ -949,6 +950,55 @@ function planView(container) {
     base.value = revisions[Math.min(1, revisions.length - 1)].commit;
     show();
   })();
+}
+
+// ---- view: usage -----------------------------------------------------------------------------
+
+function usageView(container) {
+  const out = h("div", { id: "usage-out", "aria-live": "polite" });
+  append(container, [h("h1", { text: "Usage" }),
+    h("p", { class: "muted", text: "What each gateway token used since the gateway started, per workflow or model, and the limits of the GatewayPolicy in git. An admin token sees every token; others their own." }),
+    out]);
+  const cost = (value, currency) => `${Number(value).toPrecision(4).replace(/\.?0+$/, "")} ${currency || ""}`.trim();
+  const limit = (value) => (value === null || value === undefined ? "–" : Number(value).toLocaleString("en"));
+  async function load() {
+    let body;
+    try {
+      body = await getJSON("/usage");
+    } catch (err) {
+      if (err.kind !== "unauthorized") out.replaceChildren(problem(err, "GET /usage"));
+      return;
+    }
+    const rows = body.usage || [];
+    const limits = body.limits || [];
+    out.replaceChildren(
+      rows.length ? h("table", { class: "grid", id: "usage-table" },
+        h("caption", { class: "sr-only", text: "Usage per token and workflow" }),
+        h("thead", {}, h("tr", {}, ["Token", "Workflow", "Requests", "Prompt tokens", "Completion tokens", "Cost"]
+          .map((t) => h("th", { scope: "col", text: t })))),
+        h("tbody", {}, rows.map((r) => h("tr", { "data-token": r.token, "data-workflow": `${r.namespace}/${r.workflow}` },
+          h("th", { scope: "row", text: r.token }),
+          h("td", { text: `${r.namespace}/${r.workflow}` }),
+          h("td", { text: String(r.requests) }),
+          h("td", { text: String(r.promptTokens) }),
+          h("td", { text: String(r.completionTokens) }),
+          h("td", { text: cost(r.cost, body.currency) })))))
+        : h("p", { class: "empty", text: "No usage yet." }),
+      h("h2", { text: "Limits" }),
+      limits.length ? h("table", { class: "grid small", id: "limits-table" },
+        h("caption", { class: "sr-only", text: "Limits per token" }),
+        h("thead", {}, h("tr", {}, ["Token", "Requests per minute", "LLM tokens per minute", "Budget"]
+          .map((t) => h("th", { scope: "col", text: t })))),
+        h("tbody", {}, limits.map((l) => h("tr", { "data-token": l.token },
+          h("th", { scope: "row", text: l.token === "*" ? "every other token" : l.token }),
+          h("td", { text: limit(l.requestsPerMinute) }),
+          h("td", { text: limit(l.tokensPerMinute) }),
+          h("td", { text: l.budget ? `${cost(l.budget.amount, l.budget.currency)} per ${l.budget.per}` : "–" })))))
+        : h("p", { class: "muted", text: "No limits: the specs hold no GatewayPolicy naming this token." }));
+  }
+  load();
+  const timer = setInterval(load, 5000);
+  return () => clearInterval(timer);
 }
 
 // ---- start -----------------------------------------------------------------------------------

@@ -50,14 +50,15 @@ def gateway(
     assert internal_token is not None
     tokens = options.checked_tokens()
     loop_factory = event_loop_factory(loop)
+    count = workers or auto_workers()
     config = GatewayRoleConfig(
         control_url=control_url.rstrip("/"), internal_token=internal_token, host=options.host, port=options.port,
         tokens=tokens.tokens, max_body_bytes=options.max_body_bytes, request_timeout_s=options.gateway_timeout,
         max_header_bytes=options.max_header_bytes, header_timeout_s=options.header_timeout, watch_wait_s=watch_wait,
-        watch_retry_max_s=watch_retry_max)
+        watch_retry_max_s=watch_retry_max, processes=count)
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(serve(config, workers or auto_workers(), tokens, loop, verbose))
+            runner.run(serve(config, count, tokens, loop, verbose))
     except KeyboardInterrupt:
         pass
     except Exception as exc:  # noqa: BLE001 - one clear line for start-up failures
@@ -87,7 +88,7 @@ async def serve(config: GatewayRoleConfig, count: int, tokens: GatewayTokens, lo
                 max_body_bytes=config.max_body_bytes, request_timeout_s=config.request_timeout_s,
                 max_header_bytes=config.max_header_bytes, header_timeout_s=config.header_timeout_s,
                 watch_wait_s=config.watch_wait_s, watch_retry_max_s=config.watch_retry_max_s, loop=loop_name,
-                verbose=verbose)
+                verbose=verbose, processes=count)
 
         supervisor = WorkerSupervisor(config_for, count - 1)
         await supervisor.start()

@@ -25,6 +25,7 @@ COMMANDS = {
         "Every WorkflowRun and ModelDeployment, one line each: kind, name, phase, versions, backend, replicas.")),
     "history": _here("history", (
         "The newest saga's steps for a WorkflowRun: start, duration, attempts, outcome (from Temporal's history).")),
+    "usage": _here("usage", "Per gateway token and workflow: requests, prompt and completion tokens, cost; and each token's limits."),
     "rollout": _here("rollout", "A running rollout: show, pause, resume, promote or abort it (admin scope for actions)."),
     "run": _here("run", (
         "Invoke a workflow through the gateway: its answer on stdout, streamed tokens and the version that served "

@@ -755,3 +755,60 @@ def test_a_name_that_only_starts_with_dots_passes_and_a_models_registry_is_check
                                                                                         "file:///srv/../models"))
     assert where(problems) == [("specs.yaml", 18, "spec.model.registry")]
     assert DOTDOT_MESSAGE in problems[0].message
+
+
+# --- GatewayPolicy: quotas and prices at the gateway ------------------------------------------
+
+GATEWAY_POLICY = """\
+apiVersion: plnt.work/v1
+kind: GatewayPolicy
+metadata: {name: quotas}
+spec:
+  currency: EUR
+  prices:
+    - {model: review-responder, inputPerMillion: 0.5, outputPerMillion: 1.5}
+  tokens:
+    - name: app-backend
+      requestsPerMinute: 60
+      tokensPerMinute: 20000
+      budget: {amount: 5, per: day}
+  default: {requestsPerMinute: 10}
+"""
+
+
+def test_a_gateway_policy_loads() -> None:
+    specs, problems = load_sources([SourceFile("policy.yaml", GATEWAY_POLICY), SourceFile("run.yaml", BACKEND + "---\n" + RUN)])
+    assert problems == [] and specs.warnings == []
+    assert specs.gateway_policy is not None
+    spec = specs.gateway_policy.spec
+    assert spec.limits_for("app-backend").budget.amount == 5  # type: ignore[union-attr]
+    assert spec.limits_for("someone-else") == spec.default
+    assert spec.price_of("default", "review-responder").output_per_million == 1.5  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    (GATEWAY_POLICY + "---\n" + GATEWAY_POLICY.replace("name: quotas", "name: more"),
+     ("policy.yaml", 17, "metadata.name", "a second GatewayPolicy; the first is declared at policy.yaml:3")),
+    (GATEWAY_POLICY.replace("  default:", "    - {name: app-backend, requestsPerMinute: 1}\n  default:"),
+     ("policy.yaml", 13, "spec.tokens[1].name", "token 'app-backend' is listed twice")),
+    (GATEWAY_POLICY.replace("  tokens:", "    - {model: review-responder, inputPerMillion: 1, outputPerMillion: 1}\n  tokens:"),
+     ("policy.yaml", 8, "spec.prices[1].model", "model 'review-responder' is priced twice")),
+    (GATEWAY_POLICY.replace("requestsPerMinute: 60", "requestsPerMinute: 0"),
+     ("policy.yaml", 10, "spec.tokens[0].requestsPerMinute", "greater than or equal to 1")),
+    (GATEWAY_POLICY.replace("per: day", "per: week"), ("policy.yaml", 12, "spec.tokens[0].budget.per", "'day' or 'month'")),
+    (GATEWAY_POLICY.replace("name: app-backend", "name: 'app backend'"), ("policy.yaml", 9, "spec.tokens[0].name", "")),
+    (GATEWAY_POLICY.replace("currency: EUR", "currency: euro"), ("policy.yaml", 5, "spec.currency", "")),
+])
+def test_gateway_policy_problems_name_file_line_and_field(text: str, problem: tuple[str, int, str, str]) -> None:
+    specs, problems = load_sources([SourceFile("policy.yaml", text)], check_references=None)
+    assert [(p.file, p.line, p.field) for p in problems] == [problem[:3]], problems
+    assert problem[3] in problems[0].message
+
+
+def test_a_price_naming_no_workflow_is_a_warning() -> None:
+    text = GATEWAY_POLICY.replace("model: review-responder", "model: review-respnder")
+    specs, problems = load_sources([SourceFile("policy.yaml", text), SourceFile("run.yaml", BACKEND + "---\n" + RUN)])
+    assert problems == []
+    assert [str(w) for w in specs.warnings] == [
+        "policy.yaml:7: spec.prices[0].model: warning: no WorkflowRun or ModelDeployment named 'review-respnder'; "
+        "its calls would cost nothing: check the name (NAME or NAMESPACE/NAME)"]
