@@ -417,6 +417,13 @@ class ModelDeploymentSpec(SpecModel):
     canary: ModelCanary = Field(default_factory=ModelCanary)
     self_heal: bool = True
     depends_on: list[DependencyName] = Field(default_factory=list, max_length=20, description=DEPENDS_ON_HELP)
+    fallback: str | None = Field(default=None, pattern=NAME_PATTERN, description=(
+        "metadata.name of another ModelDeployment of this namespace: the gateway sends this model's chat "
+        "completions there when this one is down or over its own limit (one hop; never past a token's limits)"))
+
+
+# Routing only: changing it reaches the gateways with the next reconciled commit, it rolls nothing out.
+ROUTING_FIELDS = frozenset({"fallback"})
 
 
 class ModelDeployment(SpecModel):
@@ -438,7 +445,7 @@ class ModelDeployment(SpecModel):
         return self.spec.model.version
 
     def fingerprint(self) -> str:
-        return spec_fingerprint(self.spec)
+        return spec_fingerprint(self.spec, exclude=ROUTING_FIELDS)
 
 
 Deployable = WorkflowRun | ModelDeployment  # what a saga rolls out
@@ -941,8 +948,10 @@ def run_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def spec_fingerprint(model: BaseModel) -> str:
-    canonical = json.dumps(model.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
+def spec_fingerprint(model: BaseModel, exclude: frozenset[str] = frozenset()) -> str:
+    """`exclude`: fields (by attribute name) that change no release."""
+    dumped = model.model_dump(mode="json", by_alias=True, exclude=set(exclude) or None)
+    canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
