@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 from functools import cached_property
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -421,9 +421,9 @@ class ModelDeploymentSpec(SpecModel):
         "metadata.name of another ModelDeployment of this namespace: the gateway sends this model's chat "
         "completions there when this one is down or over its own limit (one hop; never past a token's limits)"))
 
-
-# Routing only: changing it reaches the gateways with the next reconciled commit, it rolls nothing out.
-ROUTING_FIELDS = frozenset({"fallback"})
+    # Routing only, left out of the fingerprint (spec_fingerprint): a change reaches the gateways with the
+    # next reconciled commit and rolls nothing out.
+    routing_fields: ClassVar[frozenset[str]] = frozenset({"fallback"})
 
 
 class ModelDeployment(SpecModel):
@@ -445,7 +445,7 @@ class ModelDeployment(SpecModel):
         return self.spec.model.version
 
     def fingerprint(self) -> str:
-        return spec_fingerprint(self.spec, exclude=ROUTING_FIELDS)
+        return spec_fingerprint(self.spec)
 
 
 Deployable = WorkflowRun | ModelDeployment  # what a saga rolls out
@@ -948,9 +948,10 @@ def run_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def spec_fingerprint(model: BaseModel, exclude: frozenset[str] = frozenset()) -> str:
-    """`exclude`: fields (by attribute name) that change no release."""
-    dumped = model.model_dump(mode="json", by_alias=True, exclude=set(exclude) or None)
+def spec_fingerprint(model: BaseModel) -> str:
+    """A spec's identity for its releases: all of it but its `routing_fields` (which change no release)."""
+    exclude = getattr(type(model), "routing_fields", None)
+    dumped = model.model_dump(mode="json", by_alias=True, exclude=set(exclude) if exclude else None)
     canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
