@@ -209,8 +209,8 @@ def preview_target(name: str, header: bytes | None) -> str:
 
 
 # --- X-Plnt-Not-Started: a runner's 503 that proves nothing ran ----------------------------------
-# A runner answers 503 with this header (value "1") for an invocation it refused before running anything
-# (a parked or stopping runner): the gateway may send the request to another runner (gateway/retry.py).
+# A 503 with this header (value "1") says the invocation was refused before anything ran (a runner, or a proxy
+# in front of one, that is stopping): the gateway may send the request to another runner (gateway/retry.py).
 NOT_STARTED_HEADER = "x-plnt-not-started"
 # X-Plnt-Fallback: on an answer the fallback model gave, its name (the model the caller named was down).
 FALLBACK_HEADER = "x-plnt-fallback"

@@ -472,16 +472,6 @@ class Gateway:
             if failure is not None and retries.retry_target(
                     retries.Attempt(failure, track, side_effects, forced=forced)) is not None:
                 retry = self._retry_target(table, route, target, backend)
-            if retry is None and failure == "not_started" and self.waker is not None:
-                # A runner that parks right now: once it is gone, `wake` starts it again (one resend).
-                woken = await self.waker.woken(route, backend)
-                if woken is not None:
-                    response.close()
-                    self.router.leave(backend)
-                    backend = woken
-                    response = await self._send_once(route, target, backend, path, body, headers, stream, errors,
-                                                     outcome)
-                    failure = retries.status_failure(response.status, response.header(_NOT_STARTED) == b"1")
             if retry is None:
                 outcome.failure = failure
                 outcome.labels = (route.namespace, name, backend.version, track)

@@ -2,8 +2,8 @@
 
 A failed attempt is retried once, and only before the caller got a byte of the answer:
 - Nothing reached the runner, or the runner says nothing ran: the connection was refused, the connect
-  timed out, or the runner answered 503 with `X-Plnt-Not-Started: 1` (a parked or stopping runner,
-  runner/idle.py). Any request may be sent again: on a stable replica other than the failed one
+  timed out, or the runner answered 503 with `X-Plnt-Not-Started: 1` (routes.NOT_STARTED_HEADER).
+  Any request may be sent again: on a stable replica other than the failed one
   (a canary's request goes to the stable release, a stable replica's to another replica).
 - Anything else before the first byte (the runner's 502/503/504 or other 5xx, a timeout before the
   answer, a connection reset under the request) proves nothing: the body reached a runner that may

@@ -193,9 +193,6 @@ def main(argv: list[str] | None = None) -> int:
             server.request_exit()
 
         served = IdleParker(app, idle_s, park)
-    from plnt.runner.idle import RefuseWhenStopping
-
-    served = RefuseWhenStopping(served, lambda: server.should_exit)  # nothing new starts once it stops
     # The gateway's HTTP limits (header size and count, slow-client deadlines) apply here too.
     # log_config=None: the logging set up above serves; uvicorn's dictConfig would build its own
     # handlers and formatters in every runner (private memory in each forked one).

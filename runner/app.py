@@ -61,8 +61,6 @@ upstream_unavailable    502     the model server refused the connection / DNS fa
 upstream_bad_status     502     the model server answered non-2xx (its message included)
 upstream_bad_response   502     the model server's answer was malformed
 upstream_timeout        504     the model server did not answer in time
-not_started             503     the runner is stopping (parked, SIGTERM): nothing ran (X-Plnt-Not-Started: 1;
-                                the gateway sends the request to another runner, runner/idle.py)
 internal                500     the output is not JSON-serialisable; an engine bug
 ======================  ======  =====================================================
 """

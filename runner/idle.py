@@ -6,11 +6,6 @@ Only invocations count (POST /invoke and /chat): plnt's health checks and /stats
 To park, the runner writes PARKED_FILE ({"pid", "idleSeconds"}) in its working directory (its own
 STATE/runners/RELEASE/), so plnt tells a parked runner from one that died, then stops as on SIGTERM:
 the listener closes first, and a request accepted before that is still answered.
-
-A runner that is stopping (parked, or SIGTERM) answers an invocation that reaches it after that moment (on a
-keep-alive connection the gateway still holds) with 503, `X-Plnt-Not-Started: 1` and `Connection: close`
-(`RefuseWhenStopping`): nothing ran, so the gateway sends it to another runner (gateway/retry.py) instead
-of losing it to a connection closed under it.
 """
 
 from __future__ import annotations
@@ -20,28 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from plnt.core.routes import NOT_STARTED_HEADER
-
 INVOCATION_PATHS = frozenset({"/invoke", "/chat"})
-_NOT_STARTED_BODY = (b'{"error":{"type":"not_started","message":"the runner is stopping: nothing ran; send the '
-                     b'request again","step":null}}')
-
-
-class RefuseWhenStopping:
-    """ASGI wrapper: once `stopping()`, invocations are answered 503 X-Plnt-Not-Started: 1 without running."""
-
-    def __init__(self, app: Any, stopping: Callable[[], bool]) -> None:
-        self.app = app
-        self._stopping = stopping
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] in INVOCATION_PATHS and self._stopping():
-            await send({"type": "http.response.start", "status": 503, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(_NOT_STARTED_BODY)).encode()),
-                (NOT_STARTED_HEADER.encode(), b"1"), (b"retry-after", b"1"), (b"connection", b"close")]})
-            await send({"type": "http.response.body", "body": _NOT_STARTED_BODY})
-            return
-        await self.app(scope, receive, send)
 
 
 class IdleParker:

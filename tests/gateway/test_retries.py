@@ -1,6 +1,6 @@
 """Retries at the gateway with real runner processes (`python -m plnt.runner`): a canary whose runner is
 killed is answered by the stable release, no side-effecting step ever runs twice, and each retry is in the
-metrics and the call log, its failed attempt counted against the canary; a stopping runner says nothing ran."""
+metrics and the call log, its failed attempt counted against the canary."""
 
 from __future__ import annotations
 
@@ -176,35 +176,11 @@ async def test_a_canary_killed_mid_request_is_not_run_again(runners, start_gatew
     assert "plnt_gateway_retries_total{" not in metrics
 
 
-async def test_a_stopping_runner_answers_not_started(runners) -> None:  # type: ignore[no-untyped-def]
-    """SIGTERM: the runner finishes what it runs; an invocation that reaches it after that (on a connection
-    held open) is answered 503 X-Plnt-Not-Started: 1 without running anything."""
-    canary = runners("1.1.0", delay_s=1.5)
-    await canary.healthy()
-    async with httpx.AsyncClient(base_url=canary.backend.endpoint, trust_env=False, timeout=10) as direct, \
-            httpx.AsyncClient(base_url=canary.backend.endpoint, trust_env=False, timeout=10) as second:
-        slow = asyncio.ensure_future(direct.post("/invoke", json={"i": 1}))
-        assert (await second.get("/healthz")).status_code == 200  # its connection is open
-        while canary.ran() != [1]:
-            await asyncio.sleep(0.02)
-        canary.process.send_signal(signal.SIGTERM)
-        await asyncio.sleep(0.3)
-        try:
-            refused = await second.post("/invoke", json={"i": 2})
-        except httpx.TransportError:
-            refused = None  # uvicorn closed the idle connection first: a refused connect, also nothing ran
-        if refused is not None:
-            assert refused.status_code == 503 and refused.headers["x-plnt-not-started"] == "1"
-            assert refused.json()["error"]["type"] == "not_started"
-        assert (await slow).status_code == 200  # what it ran is answered
-    assert canary.ran() == [1]
-    assert canary.process.wait(10) == 0
-
-
 async def test_a_not_started_answer_is_sent_to_stable(runners, start_server: StartServer,
                                                        start_gateway: StartGateway) -> None:  # type: ignore[no-untyped-def]
-    """The runner's 503 X-Plnt-Not-Started: 1 (a stand-in answers every invocation so: a stopping runner does
-    for the requests that reach it after SIGTERM) is retried on stable; a 503 without it is not."""
+    """A 503 with X-Plnt-Not-Started: 1 (the contract for a runner, or whatever stands before one, that refused
+    an invocation before running anything; a stand-in answers every invocation so) is retried on stable; a 503
+    without it is not."""
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
