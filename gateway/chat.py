@@ -125,12 +125,15 @@ async def _chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send
     is_model = route.protocol == "openai"
     if not grant.may_chat(route.namespace, name, is_model=is_model):
         raise openai_error(403, f"this API key may not use model {model}", "permission_error", "model", "model_not_allowed")
-    forced = _TRACK in headers
+    forced, raw_headers = _TRACK in headers, scope["headers"]
     if is_model and route.fallback is not None and not forced:
-        exchange = await _model_or_fallback(gateway, table, route, target, name, headers, scope["headers"], body,
+        exchange = await _model_or_fallback(gateway, table, route, target, name, headers, raw_headers, body,
                                             request, outcome, grant)
     else:
-        chosen = gateway.choose(route, headers, OPENAI, f"model {model}", scope["headers"])
+        if is_model and (over := gateway.model_over_limit(route, OPENAI)) is not None:
+            outcome.labels = (route.namespace, name, "", "")
+            raise over
+        chosen = gateway.choose(route, headers, OPENAI, f"model {model}", raw_headers)
         # A ModelDeployment's server takes the request as sent; a workflow's runner its own chat body.
         path, runner_body = (MODEL_PATH, body) if is_model else ("/chat", oai.runner_chat_body(request))
         if route.shadow_percent:
@@ -166,10 +169,11 @@ async def _model_or_fallback(gateway: Gateway, table: RouteTable, route: Route, 
     its own fallback is not followed). The model's failed attempt is recorded as its own call."""
     failed: Reply | None = None
     exchange: Exchange | None = None
-    if not route.stable_replicas:
-        reason: retries.Failure | None = "not_ready"
+    over = gateway.model_over_limit(route, OPENAI)
+    if over is not None or not route.stable_replicas:
+        reason: retries.Failure | None = "over_limit" if over is not None else "not_ready"
         outcome.labels = (route.namespace, name, "", "")
-        failed = OPENAI.not_ready(f"model {request.model}")
+        failed = over or OPENAI.not_ready(f"model {request.model}")
     else:
         chosen = gateway.choose(route, headers, OPENAI, f"model {request.model}", raw_headers)
         if route.shadow_percent:
@@ -189,6 +193,8 @@ async def _model_or_fallback(gateway: Gateway, table: RouteTable, route: Route, 
             if reason is None:
                 return exchange
     fallback = _fallback_route(table, route, grant)
+    if fallback is not None and gateway.model_over_limit(fallback, OPENAI) is not None:
+        fallback = None  # the fallback is at its own limit too
     if fallback is None:  # nowhere to go: the model's own answer
         if exchange is not None:
             return exchange

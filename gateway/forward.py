@@ -329,6 +329,14 @@ class Gateway:
             self.metrics.denied(token, denial.limit)
             raise errors.over_quota(denial.limit, token, denial.retry_after_s, denial.message)
 
+    def model_over_limit(self, route: Route, errors: ErrorShape) -> Reply | None:
+        """A ModelDeployment's own requests per minute (the GatewayPolicy's `models`): None when this request
+        fits (one taken), else the 429 to answer (chat.py may send the request to the model's fallback instead)."""
+        denial = self.quotas.admit_model(self.router.table.policy, route.namespace, route.name)
+        if denial is None:
+            return None
+        return errors.over_quota(denial.limit, "", denial.retry_after_s, denial.message)
+
     def shadow(self, route: Route, name: str, chosen: tuple[Backend, Track], headers: dict[bytes, bytes],
                api: Api, path: str, body: bytes, stream: StreamShape | None) -> None:
         """canary.shadowPercent: a share of the requests the stable answers (invocations and chat

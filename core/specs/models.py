@@ -897,12 +897,31 @@ class ModelPrice(SpecModel):
     output_per_million: float = Field(ge=0, le=1e9)
 
 
+class ModelLimit(SpecModel):
+    """A ModelDeployment's capacity at the gateway: chat completions per minute, whoever asks. Over it, a
+    model with a `fallback` sends the request there; one without answers 429."""
+
+    model: str = Field(pattern=r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    requests_per_minute: int = Field(ge=1, le=10**9)
+
+
 class GatewayPolicySpec(SpecModel):
     currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
     prices: list[ModelPrice] = Field(default_factory=list)
     tokens: list[TokenLimits] = Field(default_factory=list)
     # The limits of every token the list does not name (a token with no `name=` included).
     default: Limits | None = None
+    models: list[ModelLimit] = Field(default_factory=list)
+
+    def model_limit(self, namespace: str, name: str) -> ModelLimit | None:
+        """The limit of model `namespace/name`: an entry naming it with its namespace first, else by name."""
+        found = None
+        for limit in self.models:
+            if limit.model == f"{namespace}/{name}":
+                return limit
+            if limit.model == name:
+                found = limit
+        return found
 
     @cached_property
     def _by_name(self) -> dict[str, TokenLimits]:  # limits_for is on every request's path
