@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 from functools import cached_property
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -915,13 +915,7 @@ class GatewayPolicySpec(SpecModel):
 
     def model_limit(self, namespace: str, name: str) -> ModelLimit | None:
         """The limit of model `namespace/name`: an entry naming it with its namespace first, else by name."""
-        found = None
-        for limit in self.models:
-            if limit.model == f"{namespace}/{name}":
-                return limit
-            if limit.model == name:
-                found = limit
-        return found
+        return _entry_for(self.models, namespace, name)
 
     @cached_property
     def _by_name(self) -> dict[str, TokenLimits]:  # limits_for is on every request's path
@@ -933,13 +927,21 @@ class GatewayPolicySpec(SpecModel):
 
     def price_of(self, namespace: str, name: str) -> ModelPrice | None:
         """The price of `namespace/name`: an entry naming it with its namespace first, else by name."""
-        found = None
-        for price in self.prices:
-            if price.model == f"{namespace}/{name}":
-                return price
-            if price.model == name:
-                found = price
-        return found
+        return _entry_for(self.prices, namespace, name)
+
+
+_Entry = TypeVar("_Entry", ModelPrice, ModelLimit)
+
+
+def _entry_for(entries: list[_Entry], namespace: str, name: str) -> _Entry | None:
+    """The entry whose `model` is `namespace/name`, else the last one naming `name` alone, else None."""
+    found = None
+    for entry in entries:
+        if entry.model == f"{namespace}/{name}":
+            return entry
+        if entry.model == name:
+            found = entry
+    return found
 
 
 class GatewayPolicy(SpecModel):
