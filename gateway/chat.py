@@ -210,7 +210,9 @@ async def _model_or_fallback(gateway: Gateway, table: RouteTable, route: Route, 
         code, error_type = failed.status, failed.error_type
     gateway.attempt_failed(outcome, code, error_type, reason)
     namespace, _, version, track = outcome.labels
-    outcome.first, outcome.reason, outcome.fallback_of = f"{track or 'none'} {version or 'none'}", reason, name
+    # the backend first tried; "not sent" when the model had none to try (not ready, over its capacity)
+    outcome.first = f"{track} {version}" if version else "not sent"
+    outcome.reason, outcome.fallback_of = reason, name
     gateway.metrics.fell_back(namespace, name, fallback.name, reason)
     chosen = gateway.choose(fallback, headers, OPENAI, f"model {fallback.name}", raw_headers)
     said = request.model.rpartition("/")[0]  # the caller's form: with a namespace if it gave one

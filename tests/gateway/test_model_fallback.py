@@ -77,6 +77,9 @@ async def test_a_down_model_is_answered_by_its_fallback(start_gateway: StartGate
         router.replace(RouteTable([model_route("big", None, "1.0.0", "small"), model_route("small", small, "2.0.0")]))
         unready = await gw.client.post("/v1/chat/completions", json=ask())
         assert unready.status_code == 200 and unready.headers["x-plnt-fallback"] == "small"
+        last = next(c for c in (await gw.client.get("/calls")).json() if c["fallbackOf"] == "big")
+        assert (last["workflow"], last["fallbackOf"], last["retry"]) == (
+            "small", "big", {"from": "not sent", "reason": "not_ready"})
 
 
 @pytest.mark.parametrize(("status", "reason"), [(429, "over_limit"), (503, "upstream_status"),
