@@ -85,6 +85,9 @@ class Route:
     # "runner": a plnt runner (POST /invoke, /chat); "openai": a ModelDeployment's model server, which
     # speaks the OpenAI API itself (the gateway passes /v1/chat/completions through unchanged).
     protocol: Protocol = "runner"
+    # A ModelDeployment's spec.fallback: metadata.name of another model of this namespace that answers its chat
+    # when it is down or over its own limits (gateway/retry.py says when; one hop).
+    fallback: str | None = None
 
     def __post_init__(self) -> None:
         # Reject bad percentages here, where the reconciler builds the route, rather than
@@ -203,6 +206,14 @@ def preview_target(name: str, header: bytes | None) -> str:
         return preview_name(name, int(value))
     except ValueError as exc:
         raise PreviewNotFound(str(exc)) from None
+
+
+# --- X-Plnt-Not-Started: a runner's 503 that proves nothing ran ----------------------------------
+# A 503 with this header (value "1") says the invocation was refused before anything ran (a runner, or a proxy
+# in front of one, that is stopping): the gateway may send the request to another runner (gateway/retry.py).
+NOT_STARTED_HEADER = "x-plnt-not-started"
+# X-Plnt-Fallback: on an answer the fallback model gave, its name (the model the caller named was down).
+FALLBACK_HEADER = "x-plnt-fallback"
 
 
 # --- X-Plnt-Track: a request that names its track (the playground's version pick) ----------------

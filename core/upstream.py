@@ -12,8 +12,9 @@ chunked bodies, no TLS, no redirects, no proxies.
 Errors are split by what they mean for a retry:
 - `UpstreamConnectError`: the connection could not be opened; nothing reached the runner,
   so the request may safely go to another replica.
-- `UpstreamTimeout`: no byte from the runner for `read_timeout_s` (or the connect took
-  longer than `connect_timeout_s`).
+- `UpstreamTimeout`: no byte from the runner for `read_timeout_s`; its subclass
+  `UpstreamConnectTimeout`: the connect took longer than `connect_timeout_s`, or every pooled
+  connection stayed busy (nothing was sent).
 - `UpstreamBroken`: the connection broke mid-exchange; the runner may have done the work.
 """
 
@@ -31,6 +32,7 @@ __all__ = [
     "UpstreamBroken",
     "UpstreamClient",
     "UpstreamConnectError",
+    "UpstreamConnectTimeout",
     "UpstreamError",
     "UpstreamResponse",
     "UpstreamTimeout",
@@ -82,6 +84,10 @@ class UpstreamConnectError(UpstreamError):
 
 class UpstreamTimeout(UpstreamError):
     """Connect took too long, or the runner sent nothing for the read timeout."""
+
+
+class UpstreamConnectTimeout(UpstreamTimeout):
+    """No connection within the connect timeout, or none free in the pool. Nothing was sent."""
 
 
 class UpstreamBroken(UpstreamError):
@@ -321,7 +327,7 @@ class _Pool:
                 async with asyncio.timeout(self.client.read_timeout_s):  # (not wait_for: see _connect)
                     await waiter
             except TimeoutError:
-                raise UpstreamTimeout(
+                raise UpstreamConnectTimeout(
                     f"all {self.client.max_connections} connections to {self.host}:{self.port} stayed busy "
                     f"for {self.client.read_timeout_s:g}s"
                 ) from None
@@ -345,7 +351,7 @@ class _Pool:
             async with asyncio.timeout(self.client.connect_timeout_s):
                 await self.loop.create_connection(lambda: conn, self.host, self.port)
         except TimeoutError:
-            raise UpstreamTimeout(
+            raise UpstreamConnectTimeout(
                 f"connecting to {self.host}:{self.port} took over {self.client.connect_timeout_s:g}s"
             ) from None
         except OSError as exc:

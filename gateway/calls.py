@@ -42,22 +42,33 @@ MAX_SOURCES = 1000  # gateway processes kept apart in the hub (a fleet is far sm
 _SOURCE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 # (at epoch s, api, namespace, workflow, version, track, code, latency s, error type or None,
-#  ttft s or None, tpot s or None, completion tokens or None)
-Call = tuple[float, str, str, str, str, str, int, float, "str | None", "float | None", "float | None", "int | None"]
-_FIELDS = 12
-_OLD_FIELDS = 9  # a gateway of the version before TTFT, TPOT and tokens
+#  ttft s or None, tpot s or None, completion tokens or None,
+#  first or None, reason or None, fallback of or None): retries and fallbacks (gateway/retry.py). The answered
+#  call of a retry names the backend first tried ("track version") and why it was left; a failed attempt that
+#  was sent again is a call of its own, with the reason and no `first`; `fallback of` is the model the caller
+#  named when its fallback model answered (`workflow` is the fallback's name).
+Call = tuple[float, str, str, str, str, str, int, float, "str | None", "float | None", "float | None", "int | None",
+             "str | None", "str | None", "str | None"]
+_FIELDS = 15
+_OLD_FIELDS = (9, 12)  # gateways of the versions before TTFT, TPOT and tokens, and before retries
 
 
 def call_json(call: Call) -> dict[str, Any]:
-    at, api, namespace, workflow, version, track, code, latency_s, error_type, ttft_s, tpot_s, tokens = call
+    (at, api, namespace, workflow, version, track, code, latency_s, error_type, ttft_s, tpot_s, tokens, first, reason,
+     fallback_of) = call
     return {"at": round(at, 3), "api": api, "namespace": namespace, "workflow": workflow, "version": version,
             "track": track, "code": code, "latencyMs": round(latency_s * 1000, 2), "errorType": error_type,
             "ttftMs": None if ttft_s is None else round(ttft_s * 1000, 2),
-            "tpotMs": None if tpot_s is None else round(tpot_s * 1000, 2), "tokens": tokens}
+            "tpotMs": None if tpot_s is None else round(tpot_s * 1000, 2), "tokens": tokens,
+            # a retry or fallback answered: the backend first tried and why it was left
+            "retry": None if first is None else {"from": first, "reason": reason},
+            # this attempt failed and the request was sent again (retry, or to the fallback model): why
+            "retried": reason if first is None else None,
+            "fallbackOf": fallback_of}
 
 
 def _to_ledger(ledger: TrafficLedger, call: Call) -> None:
-    at, _, namespace, workflow, version, track, code, latency_s, _, ttft_s, tpot_s, tokens = call
+    at, _, namespace, workflow, version, track, code, latency_s, _, ttft_s, tpot_s, tokens = call[:12]
     ledger.add(namespace, workflow, version, track, at, code, latency_s, (ttft_s, tpot_s, tokens))
 
 
@@ -72,10 +83,11 @@ class CallLog:
 
     def add(self, api: str, labels: tuple[str, str, str, str], code: int, latency_s: float,
             error_type: str | None, ttft_s: float | None = None, tpot_s: float | None = None,
-            tokens: int | None = None) -> None:
+            tokens: int | None = None, first: str | None = None, reason: str | None = None,
+            fallback_of: str | None = None) -> None:
         namespace, workflow, version, track = labels
         call = (time.time(), api, namespace, workflow, version, track, code, latency_s, error_type, ttft_s, tpot_s,
-                tokens)
+                tokens, first, reason, fallback_of)
         self.calls.append(call)
         self.count += 1
         if self.ledger is not None:
@@ -101,19 +113,21 @@ def _figure(value: Any) -> bool:
 
 def _valid(item: Any) -> Call | None:
     """A pushed call as it must be (a gateway holds the internal token; still, nothing else is kept)."""
-    if isinstance(item, list) and len(item) == _OLD_FIELDS:
-        item = [*item, None, None, None]
+    if isinstance(item, list) and len(item) in _OLD_FIELDS:
+        item = [*item, *(None,) * (_FIELDS - len(item))]
     if not isinstance(item, list) or len(item) != _FIELDS:
         return None
-    at, api, namespace, workflow, version, track, code, latency, error_type, ttft, tpot, tokens = item
+    at, api, namespace, workflow, version, track, code, latency, error_type, ttft, tpot, tokens, *retry = item
     if not (isinstance(at, (int, float)) and api in ("invoke", "chat") and isinstance(code, int)
             and isinstance(latency, (int, float)) and (error_type is None or isinstance(error_type, str))
             and all(isinstance(v, str) and len(v) <= 256 for v in (namespace, workflow, version, track))
-            and _figure(ttft) and _figure(tpot) and (tokens is None or (isinstance(tokens, int) and 0 <= tokens < 2**31))):
+            and _figure(ttft) and _figure(tpot) and (tokens is None or (isinstance(tokens, int) and 0 <= tokens < 2**31))
+            and all(v is None or (isinstance(v, str) and len(v) <= 256) for v in retry)):
         return None
+    first, reason, fallback_of = retry
     return (float(at), api, namespace, workflow, version, track, code, float(latency),
             error_type[:100] if error_type else error_type, None if ttft is None else float(ttft),
-            None if tpot is None else float(tpot), tokens)
+            None if tpot is None else float(tpot), tokens, first, reason, fallback_of)
 
 
 class CallsHub:

@@ -1,6 +1,8 @@
 """`POST /v1/chat/completions`: OpenAI chat completions, `model` = a workflow's name (or
 `namespace/name`), translated to the runner's `POST /chat` (openai_compat.py). A ModelDeployment's
 server speaks the OpenAI API itself: its requests go through as sent, its answers come back as given.
+A ModelDeployment with a `fallback` sends the request to that model when it is down or over its own
+limit (retry.py says when; one hop): the answer's `model` is the fallback's name, X-Plnt-Fallback names it.
 
 Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`: 400 for malformed or too deeply
 nested JSON and for a model name in several namespaces; the rest as forward.py and app.py say.
@@ -15,14 +17,37 @@ import time
 from typing import Any
 
 from plnt.core import limits as json_limits
-from plnt.core.auth import MODELS
-from plnt.core.routes import PREVIEW_HEADER, AmbiguousRoute, PreviewNotFound, preview_target
+from plnt.core.auth import MODELS, Grant
+from plnt.core.routes import PREVIEW_HEADER, TRACK_HEADER, AmbiguousRoute, PreviewNotFound, Route, RouteTable, preview_target
 from plnt.core.upstream import UpstreamError, UpstreamTimeout
 from plnt.gateway import openai_compat as oai
-from plnt.gateway.forward import SSE, Exchange, Gateway, Outcome, StreamShape, TokenClock, request_headers
+from plnt.gateway import retry as retries
+from plnt.gateway.forward import (
+    SSE,
+    Exchange,
+    Gateway,
+    Outcome,
+    StreamShape,
+    TokenClock,
+    request_headers,
+    runner_error_type,
+)
 from plnt.gateway.relay import RUNNER_STREAM, relay, watch_disconnect, whole_body
-from plnt.gateway.replies import OPENAI, ASGIScope, Receive, Send, json_position, not_invocable, openai_error, respond
+from plnt.gateway.replies import (
+    OPENAI,
+    ASGIScope,
+    Receive,
+    Reply,
+    Send,
+    json_position,
+    not_invocable,
+    openai_error,
+    respond,
+)
 from plnt.gateway.sse import COMMENT, Event, SSEParser
+
+MODEL_PATH = "/v1/chat/completions"
+_TRACK = TRACK_HEADER.encode()
 
 
 def _model_failure_event(kind: str, failure: str, last: bytes) -> bytes:
@@ -100,16 +125,23 @@ async def _chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send
     is_model = route.protocol == "openai"
     if not grant.may_chat(route.namespace, name, is_model=is_model):
         raise openai_error(403, f"this API key may not use model {model}", "permission_error", "model", "model_not_allowed")
-    chosen = gateway.choose(route, headers, OPENAI, f"model {model}", scope["headers"])
-
-    # A ModelDeployment's server takes the request as sent; a workflow's runner its own chat body.
-    path, runner_body = ("/v1/chat/completions", body) if is_model else ("/chat", oai.runner_chat_body(request))
-    if route.shadow_percent:
-        gateway.shadow(route, name, chosen, headers, "chat", path, runner_body,
-                       (MODEL_STREAM if is_model else RUNNER_STREAM) if request.stream else None)
-    exchange = await gateway.forward(table, route, target, name, chosen, path, runner_body,
-                                     content_type="application/json", stream=request.stream, outcome=outcome,
-                                     errors=OPENAI)
+    forced, raw_headers = _TRACK in headers, scope["headers"]
+    if is_model and route.fallback is not None and not forced:
+        exchange = await _model_or_fallback(gateway, table, route, target, name, headers, raw_headers, body,
+                                            request, outcome, grant)
+    else:
+        if is_model and (over := gateway.model_over_limit(route, OPENAI)) is not None:
+            outcome.labels = (route.namespace, name, "", "")
+            raise over
+        chosen = gateway.choose(route, headers, OPENAI, f"model {model}", raw_headers)
+        # A ModelDeployment's server takes the request as sent; a workflow's runner its own chat body.
+        path, runner_body = (MODEL_PATH, body) if is_model else ("/chat", oai.runner_chat_body(request))
+        if route.shadow_percent:
+            gateway.shadow(route, name, chosen, headers, "chat", path, runner_body,
+                           (MODEL_STREAM if is_model else RUNNER_STREAM) if request.stream else None)
+        exchange = await gateway.forward(table, route, target, name, chosen, path, runner_body,
+                                         content_type="application/json", stream=request.stream, outcome=outcome,
+                                         errors=OPENAI, forced=forced)
     try:
         if is_model:
             await relay(exchange, receive, send, outcome, OPENAI, MODEL_STREAM if request.stream else None,
@@ -127,6 +159,85 @@ async def _chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send
             await respond(send, 200, oai.completion_body(oai.new_id(), model, result, request), exchange.plnt_headers())
     finally:
         exchange.release()
+
+
+async def _model_or_fallback(gateway: Gateway, table: RouteTable, route: Route, target: str, name: str,
+                             headers: dict[bytes, bytes], raw_headers: Any, body: bytes, request: oai.ChatRequest,
+                             outcome: Outcome, grant: Grant) -> Exchange:
+    """A ModelDeployment's chat; when the model is down or over its own limit (retry.fallback_reason, after
+    forward's own retry) and its fallback model is there for this caller, the fallback's answer (one hop:
+    its own fallback is not followed). The model's failed attempt is recorded as its own call."""
+    failed: Reply | None = None
+    exchange: Exchange | None = None
+    over = gateway.model_over_limit(route, OPENAI)
+    if over is not None or not route.stable_replicas:
+        reason: retries.Failure | None = "over_limit" if over is not None else "not_ready"
+        outcome.labels = (route.namespace, name, "", "")
+        failed = over or OPENAI.not_ready(f"model {request.model}")
+    else:
+        chosen = gateway.choose(route, headers, OPENAI, f"model {request.model}", raw_headers)
+        if route.shadow_percent:
+            gateway.shadow(route, name, chosen, headers, "chat", MODEL_PATH, body,
+                           MODEL_STREAM if request.stream else None)
+        try:
+            exchange = await gateway.forward(table, route, target, name, chosen, MODEL_PATH, body,
+                                             content_type="application/json", stream=request.stream, outcome=outcome,
+                                             errors=OPENAI)
+        except Reply as reply:
+            reason = retries.fallback_reason(outcome.failure)
+            if reason is None:
+                raise
+            failed = reply
+        else:
+            reason = retries.fallback_reason(outcome.failure, exchange.response.status)
+            if reason is None:
+                return exchange
+    fallback = _fallback_route(table, route, grant)
+    if fallback is not None and gateway.model_over_limit(fallback, OPENAI) is not None:
+        fallback = None  # the fallback is at its own limit too
+    if fallback is None:  # nowhere to go: the model's own answer
+        if exchange is not None:
+            return exchange
+        assert failed is not None
+        raise failed
+    assert reason is not None
+    if exchange is not None:
+        response = exchange.response
+        code, error_type = response.status, runner_error_type(response.body) if not request.stream else reason
+        exchange.release()
+    else:
+        assert failed is not None
+        code, error_type = failed.status, failed.error_type
+    gateway.attempt_failed(outcome, code, error_type, reason)
+    namespace, _, version, track = outcome.labels
+    # the backend first tried; "not sent" when the model had none to try (not ready, over its capacity)
+    outcome.first = f"{track} {version}" if version else "not sent"
+    outcome.reason, outcome.fallback_of = reason, name
+    gateway.metrics.fell_back(namespace, name, fallback.name, reason)
+    chosen = gateway.choose(fallback, headers, OPENAI, f"model {fallback.name}", raw_headers)
+    said = request.model.rpartition("/")[0]  # the caller's form: with a namespace if it gave one
+    exchange = await gateway.forward(table, fallback, fallback.name, fallback.name, chosen, MODEL_PATH,
+                                     _renamed(body, f"{said}/{fallback.name}" if said else fallback.name),
+                                     content_type="application/json", stream=request.stream, outcome=outcome,
+                                     errors=OPENAI)
+    exchange.fallback = fallback.name
+    return exchange
+
+
+def _fallback_route(table: RouteTable, route: Route, grant: Grant) -> Route | None:
+    """The route of `route`'s fallback model, when it is a model with a promoted release this caller may use."""
+    assert route.fallback is not None
+    fallback = table.lookup(route.fallback, route.namespace)
+    if fallback is None or fallback.protocol != "openai" or not fallback.stable_replicas:
+        return None
+    return fallback if grant.may_chat(fallback.namespace, fallback.name, is_model=True) else None
+
+
+def _renamed(body: bytes, model: str) -> bytes:
+    """The chat request with `model` naming the fallback (a model server names in its answer the model asked)."""
+    request = json_limits.loads(body)  # parsed once already: within the limits
+    request["model"] = model
+    return oai.dumps(request)
 
 
 def _chat_result(status: int, body: bytes) -> dict[str, Any]:

@@ -2,16 +2,20 @@
 choose the backend of its route and send it to that runner (relay.py brings the answer back).
 
 Choosing: X-Plnt-Track names the track (routes.forced_track); otherwise the router splits stable and
-canary (by X-Session-Id when sent). Sending: a refused connect (nothing reached the runner) is retried
-once: on the new route table if it was swapped since the request looked (a promotion replaced the
-runner), else on another stable replica, else (scale to zero) on the same release once `wake` started
-its parked runner again; concurrent requests for one parked release share one wake. Any other failure
-is not retried: the runner may have done the work.
+canary (by X-Session-Id when sent). Sending: a failed attempt is sent once more when retry.py says so
+(before the caller got a byte: nothing reached the runner, the runner said nothing ran, or a model's
+canary failed), to a stable replica other than the failed one, looked up in the new route table if it
+was swapped since the request looked (a promotion replaced the runner); a refused connect with no
+other replica (scale to zero) goes to the same release once `wake` started its parked runner again
+(concurrent requests for one parked release share one wake). The failed attempt is recorded as its own
+call (metrics, call log, the compare gate's ledger: a canary's failure stays the canary's), the answer
+names the first backend and the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -22,6 +26,8 @@ from typing import Any, Literal
 from plnt.core import telemetry
 from plnt.core.auth import ALL, Grant, TokenSet, is_json_media
 from plnt.core.routes import (
+    FALLBACK_HEADER,
+    NOT_STARTED_HEADER,
     PREVIEW_HEADER,
     SHADOW_HEADER,
     TRACK_HEADER,
@@ -36,6 +42,7 @@ from plnt.core.routes import (
     forced_track,
 )
 from plnt.core.upstream import UpstreamClient, UpstreamConnectError, UpstreamError, UpstreamResponse, UpstreamTimeout
+from plnt.gateway import retry as retries
 from plnt.gateway.calls import CallLog
 from plnt.gateway.metrics import GatewayMetrics
 from plnt.gateway.quotas import Quotas, call_cost
@@ -63,6 +70,8 @@ SSE = b"text/event-stream"
 MAX_SHADOWS = 32  # mirrored requests in flight per gateway process (canary.shadowPercent)
 _SPAN_NAMES = {"invoke": "POST /workflows/{name}/invoke", "chat": "POST /v1/chat/completions"}
 _NO_LABELS = ("", "", "", "")
+_NOT_STARTED = NOT_STARTED_HEADER.encode()
+_FALLBACK = FALLBACK_HEADER.encode()
 _TRACK = TRACK_HEADER.encode()
 _SHADOW = SHADOW_HEADER.encode()
 _WANTED_HEADERS = frozenset({b"authorization", b"accept", b"content-type", b"content-length", b"x-session-id",
@@ -131,6 +140,16 @@ class TokenClock:
             outcome.prompt_tokens = self.prompt
 
 
+def runner_error_type(body: bytes) -> str:
+    """The `error.type` of a runner's (or model server's) error answer, for the metrics."""
+    try:
+        error = json.loads(body).get("error")
+        kind = error.get("type") if isinstance(error, dict) else None
+    except (ValueError, AttributeError, RecursionError):
+        kind = None
+    return kind if isinstance(kind, str) and kind else "runner_error"
+
+
 def request_headers(scope: ASGIScope) -> dict[bytes, bytes]:
     """The few request headers the hot paths read (ASGI header names are lower-case bytes)."""
     return {key: value for key, value in scope["headers"] if key in _WANTED_HEADERS}
@@ -139,11 +158,12 @@ def request_headers(scope: ASGIScope) -> dict[bytes, bytes]:
 class Outcome:
     """What the metrics record about one request."""
 
-    __slots__ = ("code", "error_type", "labels", "prompt_tokens", "span", "started", "t0", "token", "tokens", "tpot",
-                 "ttft")
+    __slots__ = ("api", "code", "error_type", "failure", "fallback_of", "first", "labels", "prompt_tokens", "reason",
+                 "span", "started", "t0", "token", "tokens", "tpot", "ttft")
 
-    def __init__(self, t0: float) -> None:
+    def __init__(self, t0: float, api: Api = "invoke") -> None:
         self.t0 = t0  # request received (perf_counter)
+        self.api: Api = api
         self.labels: tuple[str, str, str, str] = _NO_LABELS
         self.code = 500
         self.error_type: str | None = None
@@ -154,23 +174,34 @@ class Outcome:
         self.token: str | None = None  # the caller's token name (usage, quotas); None: a mirror, nobody's
         self.started = False  # response headers sent
         self.span: Any = None  # the request's trace span, only when tracing is on (telemetry.ENABLED)
+        # Retries and fallbacks (retry.py). On the answered call: `first` the backend first tried ("track
+        # version"), `reason` why it was left; on a failed attempt's own record: `reason` alone.
+        self.first: str | None = None
+        self.reason: str | None = None
+        self.fallback_of: str | None = None  # the model the caller named, when its fallback answered
+        self.failure: retries.Failure | None = None  # why the last attempt failed (the fallback reads it)
 
 
 class Exchange:
     """A runner's answer to a forwarded request, and the backend that gave it: counted in flight
     until `release`."""
 
-    __slots__ = ("_router", "backend", "response", "track")
+    __slots__ = ("_router", "backend", "fallback", "response", "track")
 
     def __init__(self, router: Router, response: UpstreamResponse, backend: Backend, track: Track) -> None:
         self._router = router
         self.response = response
         self.backend = backend
         self.track = track
+        self.fallback: str | None = None  # the fallback model that answered (chat.py)
 
     def plnt_headers(self) -> Headers:
-        """Which release answered (X-Plnt-Version) on which track (X-Plnt-Track)."""
-        return [(b"x-plnt-version", self.backend.version.encode()), (b"x-plnt-track", self.track.encode())]
+        """Which release answered (X-Plnt-Version) on which track (X-Plnt-Track), and X-Plnt-Fallback
+        naming the fallback model when it answered."""
+        headers = [(b"x-plnt-version", self.backend.version.encode()), (b"x-plnt-track", self.track.encode())]
+        if self.fallback is not None:
+            headers.append((_FALLBACK, self.fallback.encode()))
+        return headers
 
     def release(self) -> None:
         self.response.close()  # idempotent: a no-op once the body was read to its end
@@ -248,7 +279,7 @@ class Gateway:
                        handle: Callable[[Outcome], Awaitable[None]]) -> None:
         """One hot-path request: errors become answers (unless the answer already started), and
         every request ends in the metrics with its outcome."""
-        outcome = Outcome(time.perf_counter())
+        outcome = Outcome(time.perf_counter(), api)
         self.metrics.started(api)
         if telemetry.ENABLED:  # off: this one check is all tracing costs a request
             outcome.span = telemetry.start_span(_SPAN_NAMES[api], {"http.request.method": "POST"},
@@ -275,7 +306,7 @@ class Gateway:
         elapsed = time.perf_counter() - outcome.t0
         self.metrics.finished(api, outcome.labels, outcome.code, elapsed, outcome.error_type, outcome.ttft)
         self.calls.add(api, outcome.labels, outcome.code, elapsed, outcome.error_type, outcome.ttft, outcome.tpot,
-                       outcome.tokens)
+                       outcome.tokens, outcome.first, outcome.reason, outcome.fallback_of)
         if outcome.span is not None:
             telemetry.end_request(outcome.span, outcome.code, outcome.error_type, outcome.labels, outcome.ttft)
         if outcome.token is not None and outcome.labels[1]:  # a caller's request that reached a workflow
@@ -298,6 +329,14 @@ class Gateway:
             self.metrics.denied(token, denial.limit)
             raise errors.over_quota(denial.limit, token, denial.retry_after_s, denial.message)
 
+    def model_over_limit(self, route: Route, errors: ErrorShape) -> Reply | None:
+        """A ModelDeployment's own requests per minute (the GatewayPolicy's `models`): None when this request
+        fits (one taken), else the 429 to answer (chat.py may send the request to the model's fallback instead)."""
+        denial = self.quotas.admit_model(self.router.table.policy, route.namespace, route.name)
+        if denial is None:
+            return None
+        return errors.over_quota(denial.limit, "", denial.retry_after_s, denial.message)
+
     def shadow(self, route: Route, name: str, chosen: tuple[Backend, Track], headers: dict[bytes, bytes],
                api: Api, path: str, body: bytes, stream: StreamShape | None) -> None:
         """canary.shadowPercent: a share of the requests the stable answers (invocations and chat
@@ -311,7 +350,7 @@ class Gateway:
         if (canary is None or route.shadow_percent <= 0 or chosen[1] != "stable" or headers.get(_SHADOW) == b"1"
                 or len(self._shadows) >= MAX_SHADOWS or self._shadow_rng.random() * 100 >= route.shadow_percent):
             return
-        outcome = Outcome(time.perf_counter())
+        outcome = Outcome(time.perf_counter(), api)
         outcome.labels = (route.namespace, name, canary.version, "shadow")
         self.metrics.started(api)
         task = asyncio.create_task(self._mirror(api, canary, path, body, stream, outcome))
@@ -400,10 +439,12 @@ class Gateway:
     async def forward(
         self, table: RouteTable, route: Route, target: str, name: str, chosen: tuple[Backend, Track],
         path: str, body: bytes, *, content_type: str, stream: bool, outcome: Outcome, errors: ErrorShape,
+        forced: bool = False,
     ) -> Exchange:
         """POST `body` to `path` of the chosen backend of `route` (`target` in `table`; `name` as the
-        caller named it, for the metrics), retrying a refused connect once. The caller must `release`
-        the exchange."""
+        caller named it, for the metrics), sent once more where retry.py says (`forced`: the request named
+        its track). An answer that is itself a failure (a 5xx) comes back as an Exchange when it is not
+        retried. The caller must `release` the exchange."""
         backend, track = chosen
         outcome.labels = (route.namespace, name, backend.version, track)
         headers = [("content-type", content_type)]
@@ -411,30 +452,71 @@ class Gateway:
             headers.append(("accept", "text/event-stream"))
         if outcome.span is not None:  # the runner continues this trace (W3C traceparent)
             headers.extend(telemetry.inject({}, outcome.span).items())
+        side_effects = route.protocol == "runner"
         try:
             response = await self._send(backend, path, body, headers, stream)
-        except UpstreamConnectError as exc:
-            retry = self._retry_target(table, route, target, backend)
-            woke = False
-            if retry is None and self.waker is not None:
+        except UpstreamError as exc:
+            failure = outcome.failure = retries.error_failure(exc)
+            retry = None
+            if retries.retry_target(retries.Attempt(failure, track, side_effects, forced=forced)) is not None:
+                retry = self._retry_target(table, route, target, backend)
+            if retry is None and failure == "connect_refused" and self.waker is not None:
                 woken = await self.waker.woken(route, backend)
-                if woken is not None:
-                    retry, woke = (woken, track), True
+                if woken is not None:  # the same release started again: not a retry on another runner
+                    log.info("retry-on-woken-runner workflow=%s/%s from=%s to=%s", route.namespace, target,
+                             backend.endpoint, woken.endpoint)
+                    backend = woken
+                    response = await self._send_once(route, target, backend, path, body, headers, stream, errors,
+                                                     outcome)
+                    outcome.labels = (route.namespace, name, backend.version, track)
+                    return Exchange(self.router, response, backend, track)
             if retry is None:
                 raise self._failed(exc, route, target, backend, errors) from None
-            if not woke:
-                self.metrics.retried(route.namespace, target)
-            log.info("%s workflow=%s/%s from=%s to=%s", "retry-on-woken-runner" if woke else "retry-on-replica",
-                     route.namespace, target, backend.endpoint, retry[0].endpoint)
-            backend, track = retry
-            try:
-                response = await self._send(backend, path, body, headers, stream)
-            except UpstreamError as exc2:
-                raise self._failed(exc2, route, target, backend, errors) from None
-        except UpstreamError as exc:
-            raise self._failed(exc, route, target, backend, errors) from None
+            failed = self._failed(exc, route, target, backend, errors)
+            self.attempt_failed(outcome, failed.status, failed.error_type, failure)
+        else:
+            failure = retries.status_failure(response.status, response.header(_NOT_STARTED) == b"1")
+            retry = None
+            if failure is not None and retries.retry_target(
+                    retries.Attempt(failure, track, side_effects, forced=forced)) is not None:
+                retry = self._retry_target(table, route, target, backend)
+            if retry is None:
+                outcome.failure = failure
+                outcome.labels = (route.namespace, name, backend.version, track)
+                return Exchange(self.router, response, backend, track)
+            assert failure is not None
+            error_type = runner_error_type(response.body) if not stream else failure
+            response.close()
+            self.router.leave(backend)
+            self.attempt_failed(outcome, response.status, error_type, failure)
+        self.metrics.retried(route.namespace, target, failure)
+        log.info("retry workflow=%s/%s reason=%s from=%s (%s) to=%s", route.namespace, target, failure,
+                 backend.endpoint, track, retry[0].endpoint)
+        outcome.first, outcome.reason = f"{track} {backend.version}", failure
+        backend, track = retry
         outcome.labels = (route.namespace, name, backend.version, track)
+        response = await self._send_once(route, target, backend, path, body, headers, stream, errors, outcome)
+        outcome.failure = retries.status_failure(response.status, response.header(_NOT_STARTED) == b"1")
         return Exchange(self.router, response, backend, track)
+
+    async def _send_once(self, route: Route, target: str, backend: Backend, path: str, body: bytes,
+                         headers: list[tuple[str, str]], stream: bool, errors: ErrorShape,
+                         outcome: Outcome) -> UpstreamResponse:
+        """The last attempt: its failure is the answer (a Reply)."""
+        try:
+            return await self._send(backend, path, body, headers, stream)
+        except UpstreamError as exc:
+            outcome.failure = retries.error_failure(exc)
+            raise self._failed(exc, route, target, backend, errors) from None
+
+    def attempt_failed(self, outcome: Outcome, code: int, error_type: str, reason: str) -> None:
+        """A failed attempt that is sent again (or to a fallback model) as its own call: the metrics, the
+        call log and the compare gate's ledger count it against the release that failed (outcome.labels),
+        nobody's usage. The caller's call is recorded when it is answered."""
+        attempt = Outcome(outcome.t0, outcome.api)
+        attempt.labels, attempt.code, attempt.error_type, attempt.reason = outcome.labels, code, error_type, reason
+        self.metrics.started(outcome.api)
+        self.record(outcome.api, attempt)
 
     async def _send(self, backend: Backend, path: str, body: bytes, headers: list[tuple[str, str]],
                     stream: bool) -> UpstreamResponse:
@@ -449,24 +531,20 @@ class Gateway:
             raise
 
     def _retry_target(self, table: RouteTable, route: Route, name: str, failed: Backend) -> tuple[Backend, Track] | None:
-        """Where to retry after `failed` refused the connection, or None."""
+        """A stable replica other than `failed` to retry on, or None: of the new route table if a
+        promotion or rollback swapped it since this request looked (it has the runner that replaced
+        the failed one)."""
         router = self.router
         current = router.table
         if current is not table:
-            # A promotion or rollback swapped the table since this request looked: the new
-            # table has the runner that replaced the refusing one.
             try:
                 fresh = current.lookup(name, route.namespace)
-                if fresh is None:
-                    return None
-                candidate, track = router.choose(fresh)
-            except (AmbiguousRoute, RouteNotReady):
+            except AmbiguousRoute:
                 return None
-            if candidate.endpoint != failed.endpoint:
-                return candidate, track
-            other = router.fallback(fresh, failed)
-            return (other, "stable") if other is not None else None
-        other = router.fallback(route, failed)
+            if fresh is None:
+                return None
+            route = fresh
+        other = router.other_replica(route, failed)
         return (other, "stable") if other is not None else None
 
     def _failed(self, exc: UpstreamError, route: Route, name: str, backend: Backend, errors: ErrorShape) -> Reply:

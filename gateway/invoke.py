@@ -12,7 +12,7 @@ import json
 from urllib.parse import parse_qs
 
 from plnt.core import limits as json_limits
-from plnt.core.routes import PREVIEW_HEADER, AmbiguousRoute, PreviewNotFound, preview_target
+from plnt.core.routes import PREVIEW_HEADER, TRACK_HEADER, AmbiguousRoute, PreviewNotFound, preview_target
 from plnt.gateway.forward import SSE, Gateway, Outcome, request_headers
 from plnt.gateway.relay import RUNNER_STREAM, relay
 from plnt.gateway.replies import PLNT, ASGIScope, Receive, Send, json_position, not_invocable, plnt_error
@@ -79,6 +79,7 @@ async def _invoke(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Se
     exchange = await gateway.forward(
         table, route, target, name, chosen, "/invoke", body, stream=stream, outcome=outcome, errors=PLNT,
         content_type=content_type.decode("latin-1") if content_type else "application/json",
+        forced=TRACK_HEADER.encode() in headers,
     )
     try:
         await relay(exchange, receive, send, outcome, PLNT, RUNNER_STREAM if stream else None)

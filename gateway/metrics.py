@@ -12,8 +12,13 @@ for the canary's answers to mirrored requests, canary.shadowPercent):
 - `plnt_gateway_ttft_seconds{api,namespace,workflow,version,track}`: histogram, streams only:
   request received -> first token event sent to the client.
 - `plnt_gateway_in_flight_requests{api}`: requests being served now.
-- `plnt_gateway_upstream_retries_total{namespace,workflow}`: refused connects retried on
-  another replica.
+- `plnt_gateway_retries_total{namespace,workflow,reason}`: failed attempts sent once more to a
+  stable replica (gateway/retry.py: `connect_refused`, `connect_timeout`, `not_started`, and for a
+  model's canary `upstream_status`, `upstream_timeout`, `connection_broken`). The failed attempt is
+  also counted in the request series of the release that failed.
+- `plnt_gateway_fallbacks_total{namespace,model,fallback,reason}`: chat completions a ModelDeployment's
+  fallback model answered because `model` was down or over its own limit (`reason` as above, or
+  `not_ready`, `over_limit`).
 - `plnt_gateway_runner_wakes_total{namespace,workflow}`: parked runners (scale to zero) started
   again for a request.
 - `plnt_gateway_usage_requests_total{token,namespace,workflow}`, `plnt_gateway_usage_prompt_tokens_total`,
@@ -52,8 +57,10 @@ class GatewayMetrics:
         self.ttft = Histogram("plnt_gateway_ttft_seconds", "Streams: request received to first token sent.",
                               _ROUTE_LABELS, buckets=LATENCY_BUCKETS, registry=r)
         self.in_flight = Gauge("plnt_gateway_in_flight_requests", "Requests being served now.", ("api",), registry=r)
-        self.retries = Counter("plnt_gateway_upstream_retries", "Refused connects retried on another replica.",
-                               ("namespace", "workflow"), registry=r)
+        self.retries = Counter("plnt_gateway_retries", "Failed attempts sent once more, to a stable replica.",
+                               ("namespace", "workflow", "reason"), registry=r)
+        self.fallbacks = Counter("plnt_gateway_fallbacks", "Chat completions a model's fallback model answered.",
+                                 ("namespace", "model", "fallback", "reason"), registry=r)
         self.wakes = Counter("plnt_gateway_runner_wakes", "Parked runners started again for a request.",
                              ("namespace", "workflow"), registry=r)
         usage = ("token", "namespace", "workflow")
@@ -114,8 +121,11 @@ class GatewayMetrics:
     def denied(self, token: str, limit: str) -> None:
         self._child(self.denials, (token, limit)).inc()  # type: ignore[attr-defined]
 
-    def retried(self, namespace: str, workflow: str) -> None:
-        self._child(self.retries, (namespace, workflow)).inc()  # type: ignore[attr-defined]
+    def retried(self, namespace: str, workflow: str, reason: str) -> None:
+        self._child(self.retries, (namespace, workflow, reason)).inc()  # type: ignore[attr-defined]
+
+    def fell_back(self, namespace: str, model: str, fallback: str, reason: str) -> None:
+        self._child(self.fallbacks, (namespace, model, fallback, reason)).inc()  # type: ignore[attr-defined]
 
     def woke(self, namespace: str, workflow: str) -> None:
         self._child(self.wakes, (namespace, workflow)).inc()  # type: ignore[attr-defined]

@@ -9,6 +9,9 @@ without I/O (the clocks are given), and the usage as `GET /usage` reads it from 
 - `budget`: the cost (the policy's `prices`, per million input and output tokens) charged after each
   call, per UTC day or calendar month; a token whose spending reached its budget is denied until the
   period ends (Retry-After: the seconds until then).
+- `models[].requestsPerMinute`: a ModelDeployment's own capacity, whoever asks (a token bucket per
+  model, `admit_model`). A model with a `fallback` sends a request over it there (chat.py); a token's
+  own limits above are checked first and never escaped by a fallback.
 
 Several gateway processes (plnt up's gateway workers, `plnt gateway --workers N`): each process
 enforces `share` = 1/N of every limit, so together they never let through more than the limit (a
@@ -27,7 +30,7 @@ from typing import Any, Literal
 
 from plnt.core.specs.models import GatewayPolicySpec, Limits
 
-LimitName = Literal["requestsPerMinute", "tokensPerMinute", "budget"]
+LimitName = Literal["requestsPerMinute", "tokensPerMinute", "budget", "modelRequestsPerMinute"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,7 @@ class Quotas:
         self.clock = clock  # rates (monotonic seconds)
         self.wall = wall  # budget periods (epoch seconds, UTC)
         self._requests: dict[str, Bucket] = {}
+        self._models: dict[str, Bucket] = {}  # "namespace/name" -> the model's requests bucket
         self._tokens: dict[str, Bucket] = {}
         self._spent: dict[str, tuple[str, float]] = {}  # token -> (period, cost spent in it)
         self._periods: dict[str, tuple[str, float, float]] = {}  # "day"/"month" -> (current period, start, end)
@@ -119,6 +123,22 @@ class Quotas:
                               f"token {token!r} is over its {limits.requests_per_minute:,} requests per minute"
                               f"{self._share_note(limits.requests_per_minute)}")
             bucket.level -= 1
+        return None
+
+    def admit_model(self, policy: GatewayPolicySpec | None, namespace: str, name: str) -> Denial | None:
+        """None: a request to model namespace/name fits its requests per minute (one taken); else why not."""
+        limit = policy.model_limit(namespace, name) if policy is not None and policy.models else None
+        if limit is None:
+            return None
+        now = self.clock()
+        capacity, per_s = self._rate(limit.requests_per_minute)
+        bucket = self._bucket(self._models, f"{namespace}/{name}", capacity, now)
+        bucket.refill(capacity, per_s, now)
+        if bucket.level < 1:
+            return Denial("modelRequestsPerMinute", "", _seconds((1 - bucket.level) / per_s),
+                          f"model {namespace}/{name} is at its {limit.requests_per_minute:,} requests per minute"
+                          f"{self._share_note(limit.requests_per_minute)}")
+        bucket.level -= 1
         return None
 
     def charge(self, policy: GatewayPolicySpec | None, token: str, llm_tokens: int, cost: float) -> None:

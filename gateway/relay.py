@@ -7,10 +7,9 @@ caller hanging up closes the runner's connection, so the runner can stop working
 from __future__ import annotations
 
 import asyncio
-import json
 
 from plnt.core.upstream import UpstreamError, UpstreamResponse, UpstreamTimeout
-from plnt.gateway.forward import SSE, Exchange, Outcome, StreamShape
+from plnt.gateway.forward import SSE, Exchange, Outcome, StreamShape, runner_error_type
 from plnt.gateway.openai_compat import dumps
 from plnt.gateway.replies import JSON, ErrorShape, Receive, Send, respond
 
@@ -32,16 +31,6 @@ def _runner_failure_event(kind: str, failure: str, last: bytes) -> bytes | None:
 # time to first token.
 RUNNER_STREAM = StreamShape(is_token=lambda chunk: not chunk.startswith(b":"), failure_event=_runner_failure_event,
                             error_marker=b"event: error")
-
-
-def runner_error_type(body: bytes) -> str:
-    """The `error.type` of a runner's (or model server's) error answer, for the metrics."""
-    try:
-        error = json.loads(body).get("error")
-        kind = error.get("type") if isinstance(error, dict) else None
-    except (ValueError, AttributeError, RecursionError):
-        kind = None
-    return kind if isinstance(kind, str) and kind else "runner_error"
 
 
 async def whole_body(response: UpstreamResponse, errors: ErrorShape) -> bytes:

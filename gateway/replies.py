@@ -212,6 +212,7 @@ class OpenAIErrors:
     def over_quota(self, limit: str, token: str, retry_after_s: int, message: str) -> Reply:
         # As OpenAI answers: type `requests` or `tokens` with code rate_limit_exceeded; insufficient_quota.
         type_, code = {"requestsPerMinute": ("requests", "rate_limit_exceeded"),
+                       "modelRequestsPerMinute": ("requests", "rate_limit_exceeded"),
                        "tokensPerMinute": ("tokens", "rate_limit_exceeded")}.get(
                            limit, ("insufficient_quota", "insufficient_quota"))
         return openai_error(429, _quota_message(message, retry_after_s), type_, None, code,

@@ -89,6 +89,8 @@ class RouteDoc(BaseModel):
     # canary.headerRoute: [lower-case header name, value] (absent on the wire when there is none)
     canary_header: tuple[str, str] | None = None
     shadow_percent: int = Field(default=0, ge=0, le=100)
+    # A ModelDeployment's spec.fallback (absent on the wire when there is none)
+    fallback: str | None = Field(default=None, min_length=1, max_length=253)
 
     @field_validator("namespace", "name")
     @classmethod
@@ -138,7 +140,7 @@ def _backend(doc: BackendDoc | None) -> Backend | None:
 def _route(doc: RouteDoc) -> Route:
     return Route(namespace=doc.namespace, name=doc.name, stable=_backend(doc.stable), canary=_backend(doc.canary),
                  traffic_percent=doc.canary_percent, protocol=doc.protocol, canary_header=doc.canary_header,
-                 shadow_percent=doc.shadow_percent,
+                 shadow_percent=doc.shadow_percent, fallback=doc.fallback,
                  stable_replicas=tuple(Backend(b.endpoint, b.version, b.release_id) for b in doc.stable_replicas))
 
 
@@ -156,7 +158,7 @@ def routes_doc(table: RouteTable) -> tuple[RouteDoc, ...]:
         RouteDoc.model_construct(
             namespace=r.namespace, name=r.name, stable=_backend_doc(r.stable), canary=_backend_doc(r.canary),
             canary_percent=r.traffic_percent, stable_replicas=tuple(_backend_doc(x) for x in r.stable_replicas),
-            protocol=r.protocol, canary_header=r.canary_header, shadow_percent=r.shadow_percent)
+            protocol=r.protocol, canary_header=r.canary_header, shadow_percent=r.shadow_percent, fallback=r.fallback)
         for r in routes
     )
 
@@ -221,7 +223,8 @@ class Published:
                         "stable_replicas": [_backend_json(b) for b in r.stable_replicas],
                         **({"protocol": r.protocol} if r.protocol != "runner" else {}),
                         **({"canary_header": list(r.canary_header)} if r.canary_header else {}),
-                        **({"shadow_percent": r.shadow_percent} if r.shadow_percent else {})} for r in self.routes],
+                        **({"shadow_percent": r.shadow_percent} if r.shadow_percent else {}),
+                        **({"fallback": r.fallback} if r.fallback else {})} for r in self.routes],
             "workflows": list(self.workflows),
             **({"policy": self.policy.model_dump(mode="json", by_alias=True)} if self.policy is not None else {}),
         }, fallback=str)

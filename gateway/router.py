@@ -26,7 +26,7 @@ class Router:
     Skipping `drain` is *almost* safe: a request that picked the old runner just before
     `replace` may reach it while it shuts down. A refused connect is retried on the new
     table, but a reused keep-alive connection the runner closes under the request fails
-    (ReadError) and cannot safely be retried: the runner may have started the work.
+    (ReadError) and is not retried for a runner: it may have started the work (gateway/retry.py).
     """
 
     def __init__(self, table: RouteTable | None = None, *, rng: random.Random | None = None) -> None:
@@ -81,8 +81,8 @@ class Router:
             raise RouteNotReady(route)
         return replicas[next(self._turn) % len(replicas)] if len(replicas) > 1 else replicas[0], "stable"
 
-    def fallback(self, route: Route, failed: Backend) -> Backend | None:
-        """Another stable replica to retry on after `failed` refused the connection, or None."""
+    def other_replica(self, route: Route, failed: Backend) -> Backend | None:
+        """A stable replica other than `failed` to retry on (gateway/retry.py says when), or None."""
         replicas = [b for b in route.stable_replicas if b.endpoint != failed.endpoint]
         if not replicas:
             return None

@@ -10,7 +10,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,10 +81,12 @@ SAGA_RUNNER = UnsandboxedWorkflowRunner()
 
 def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore,
                       built: dict[str, tuple[LiveWorkflow, Route]] | None = None,
-                      policy: GatewayPolicySpec | None = None) -> RouteTable:
+                      policy: GatewayPolicySpec | None = None,
+                      fallbacks: Mapping[str, str] | None = None) -> RouteTable:
     """Routes from the live releases; a WorkflowRun known to status but not promoted gets a route
     with no stable backend (the gateway answers 503 rather than 404). `policy`: the reconciled
-    commit's GatewayPolicy, which travels with the routes to every gateway process.
+    commit's GatewayPolicy, which travels with the routes to every gateway process; `fallbacks`: its
+    ModelDeployments' spec.fallback by key (routing only: no release carries it).
 
     `built` (kept by the caller between rebuilds) holds each route with the record it was built
     from: records are frozen and a snapshot hands back the same object for an unchanged one, so a
@@ -104,13 +106,16 @@ def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore,
                      canary=backend(item.canary), traffic_percent=item.canary.traffic_percent if item.canary else 0,
                      canary_header=item.canary.canary_header if item.canary else None,
                      shadow_percent=item.canary.shadow_percent if item.canary else 0,
-                     protocol="openai" if serving is not None and serving.model is not None else "runner")
+                     protocol="openai" if serving is not None and serving.model is not None else "runner",
+                     fallback=fallback_of.get(item.key))
 
+    fallback_of = fallbacks or {}
     previous = built or {}
     fresh: dict[str, tuple[LiveWorkflow, Route]] = {}
     for key, item in live.items():
         hit = previous.get(key)
-        fresh[key] = hit if hit is not None and hit[0] is item else (item, route(item))
+        same = hit is not None and hit[0] is item and hit[1].fallback == fallback_of.get(item.key)
+        fresh[key] = hit if same and hit is not None else (item, route(item))
     routes = {key: made for key, (_, made) in fresh.items()}
     for status in statuses.all():
         key = status.key
@@ -136,6 +141,20 @@ def on_policy(apply: Callable[[GatewayPolicySpec | None], None]) -> Callable[[st
         if specs.gateway_policy != seen[0]:
             seen[0] = specs.gateway_policy
             apply(specs.gateway_policy.spec if specs.gateway_policy is not None else None)
+
+    return listener
+
+
+def on_fallbacks(apply: Callable[[dict[str, str]], None]) -> Callable[[str, SpecSet], None]:
+    """A spec listener that hands a reconciled commit's ModelDeployment fallbacks ({key: fallback name}) to
+    `apply` (which rebuilds the routes: they carry them to the gateways) when they changed."""
+    seen: list[dict[str, str] | None] = [None]
+
+    def listener(_commit: str, specs: SpecSet) -> None:
+        fallbacks = {key: model.spec.fallback for key, model in specs.model_deployments.items() if model.spec.fallback}
+        if fallbacks != seen[0]:
+            seen[0] = fallbacks
+            apply(fallbacks)
 
     return listener
 
@@ -232,6 +251,7 @@ class Plnt:
     _cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     _built_routes: dict[str, tuple[LiveWorkflow, Route]] = field(default_factory=dict)  # see build_route_table
     gateway_policy: GatewayPolicySpec | None = None  # the reconciled commit's, carried by the routes
+    model_fallbacks: dict[str, str] = field(default_factory=dict)  # its ModelDeployments' spec.fallback, by key
 
     @property
     def url(self) -> str:
@@ -249,6 +269,11 @@ class Plnt:
         self.gateway_policy = policy
         self.refresh_routes()
 
+    def apply_fallbacks(self, fallbacks: dict[str, str]) -> None:
+        """A reconciled commit's ModelDeployment fallbacks, to every gateway process with the routes."""
+        self.model_fallbacks = fallbacks
+        self.refresh_routes()
+
     def flush_routes(self) -> None:
         """Apply a pending rebuild now: before draining a release the routes must have let go of it."""
         self._refresh.flush()
@@ -257,7 +282,7 @@ class Plnt:
         # Every backend: local runners and the last known releases of each Kubernetes backend.
         source = self.drivers if self.drivers is not None else self.driver
         live = source.snapshot()
-        table = build_route_table(live, self.statuses, self._built_routes, self.gateway_policy)
+        table = build_route_table(live, self.statuses, self._built_routes, self.gateway_policy, self.model_fallbacks)
         self.router.replace(table)
         if self.publisher is not None:
             self.publisher.publish(table, public_rows(self.statuses, live))
@@ -645,6 +670,7 @@ async def start(settings: Settings) -> Plnt:
         holder["plnt"] = plnt
         statuses.on_change = plnt.refresh_routes
         reconciler.spec_listeners.append(on_policy(plnt.apply_policy))
+        reconciler.spec_listeners.append(on_fallbacks(plnt.apply_fallbacks))
         cleanups.extend(attach_status_followers(settings, statuses, reconciler, source))  # after on_change is set
         cleanups.append(control_metrics.attach(statuses))
 

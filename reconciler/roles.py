@@ -45,6 +45,7 @@ from plnt.reconciler.app import (
     make_saga_worker,
     make_source,
     make_verifier,
+    on_fallbacks,
     on_policy,
     resume_runners,
     start_previews,
@@ -191,13 +192,18 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     built: dict[str, Any] = {}  # routes with the records they came from (build_route_table)
 
     def rebuild_routes() -> None:
-        table = build_route_table(drivers.snapshot(), statuses, built, holder.get("policy"))  # reported local runners + known Helm releases
+        # reported local runners + known Helm releases
+        table = build_route_table(drivers.snapshot(), statuses, built, holder.get("policy"), holder.get("fallbacks"))
         router.replace(table)
         publisher.publish(table, [status.public() for status in statuses.all()])
 
     # Once per event-loop turn, however many changes it made. (Nothing drains here: a worker asks
     # POST /internal/drain before it stops a runner, answered once every `plnt gateway` let go of it.)
     refresh_routes = TurnBatched(rebuild_routes)
+
+    def apply_fallbacks(fallbacks: dict[str, str]) -> None:  # its ModelDeployments' spec.fallback, by key
+        holder["fallbacks"] = fallbacks
+        refresh_routes()
 
     def apply_policy(policy: Any) -> None:  # the reconciled commit's GatewayPolicy, carried by the routes
         holder["policy"] = policy
@@ -259,6 +265,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
                                          drivers=drivers, verifier=verifier, metrics=control_metrics, cleanups=cleanups)
             holder["reconciler"] = reconciler
             reconciler.spec_listeners.append(on_policy(apply_policy))
+            reconciler.spec_listeners.append(on_fallbacks(apply_fallbacks))
             add_reconciler_routes(control, reconciler, client)
             cleanups.append(reconciler.close)
             cleanups.extend(attach_status_followers(settings, statuses, reconciler, source))

@@ -1054,6 +1054,8 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
                 problems.append(Problem(doc.file, doc.line(("spec", "model")), "spec.model",
                                         f"no ModelDeployment named '{bound}' in namespace {run.metadata.namespace} "
                                         f"(known: {known}); declare it or remove spec.model"))
+    if any(isinstance(run, ModelDeployment) and run.spec.fallback for _, run in runs):
+        problems += _fallback_problems(runs, specs.model_deployments)
     if check_references or (check_references is None and specs.trust_policies):
         for doc, run in runs:
             named = run.spec.model.trust_policy if isinstance(run, ModelDeployment) else None
@@ -1074,6 +1076,42 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
     problems.sort(key=lambda p: (p.file, p.line))
     specs.warnings.sort(key=lambda p: (p.file, p.line))
     return specs, problems
+
+
+def _fallback_problems(runs: list[tuple[_Document, Deployable]], models: dict[str, ModelDeployment]) -> list[Problem]:
+    """spec.fallback names another ModelDeployment of the same namespace, and no chain of fallbacks comes back
+    to where it started (the gateway follows one hop; a cycle says the repository means something else)."""
+    problems = []
+    path = ("spec", "fallback")
+    for doc, run in runs:
+        if not isinstance(run, ModelDeployment) or run.spec.fallback is None:
+            continue
+        namespace, name, fallback = run.metadata.namespace, run.metadata.name, run.spec.fallback
+        if fallback == name:
+            problems.append(Problem(doc.file, doc.line(path), _render(path),
+                                    f"{name} names itself as its fallback; name another ModelDeployment or remove "
+                                    "spec.fallback"))
+            continue
+        if run_key(namespace, fallback) not in models:
+            known = ", ".join(sorted(k.split("/", 1)[1] for k in models if k.startswith(f"{namespace}/")
+                                     and k != run.key)) or "none"
+            problems.append(Problem(doc.file, doc.line(path), _render(path),
+                                    f"no ModelDeployment named '{fallback}' in namespace {namespace} (known: {known}); "
+                                    "declare it or remove spec.fallback"))
+            continue
+        chain, at = [name], fallback
+        while at not in chain:
+            chain.append(at)
+            nxt = models.get(run_key(namespace, at))
+            if nxt is None or nxt.spec.fallback is None:
+                break
+            at = nxt.spec.fallback
+        else:
+            if at == name:
+                problems.append(Problem(doc.file, doc.line(path), _render(path),
+                                        f"fallback cycle: {' -> '.join([*chain, name])}; remove one of these "
+                                        "fallbacks"))
+    return problems
 
 
 def _dependency_problems(runs: list[tuple[_Document, Deployable]], deployables: dict[str, Deployable]) -> list[Problem]:

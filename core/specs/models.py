@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 from functools import cached_property
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -417,6 +417,13 @@ class ModelDeploymentSpec(SpecModel):
     canary: ModelCanary = Field(default_factory=ModelCanary)
     self_heal: bool = True
     depends_on: list[DependencyName] = Field(default_factory=list, max_length=20, description=DEPENDS_ON_HELP)
+    fallback: str | None = Field(default=None, pattern=NAME_PATTERN, description=(
+        "metadata.name of another ModelDeployment of this namespace: the gateway sends this model's chat "
+        "completions there when this one is down or over its own limit (one hop; never past a token's limits)"))
+
+    # Routing only, left out of the fingerprint (spec_fingerprint): a change reaches the gateways with the
+    # next reconciled commit and rolls nothing out.
+    routing_fields: ClassVar[frozenset[str]] = frozenset({"fallback"})
 
 
 class ModelDeployment(SpecModel):
@@ -890,12 +897,25 @@ class ModelPrice(SpecModel):
     output_per_million: float = Field(ge=0, le=1e9)
 
 
+class ModelLimit(SpecModel):
+    """A ModelDeployment's capacity at the gateway: chat completions per minute, whoever asks. Over it, a
+    model with a `fallback` sends the request there; one without answers 429."""
+
+    model: str = Field(pattern=r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    requests_per_minute: int = Field(ge=1, le=10**9)
+
+
 class GatewayPolicySpec(SpecModel):
     currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
     prices: list[ModelPrice] = Field(default_factory=list)
     tokens: list[TokenLimits] = Field(default_factory=list)
     # The limits of every token the list does not name (a token with no `name=` included).
     default: Limits | None = None
+    models: list[ModelLimit] = Field(default_factory=list)
+
+    def model_limit(self, namespace: str, name: str) -> ModelLimit | None:
+        """The limit of model `namespace/name`: an entry naming it with its namespace first, else by name."""
+        return _entry_for(self.models, namespace, name)
 
     @cached_property
     def _by_name(self) -> dict[str, TokenLimits]:  # limits_for is on every request's path
@@ -907,13 +927,21 @@ class GatewayPolicySpec(SpecModel):
 
     def price_of(self, namespace: str, name: str) -> ModelPrice | None:
         """The price of `namespace/name`: an entry naming it with its namespace first, else by name."""
-        found = None
-        for price in self.prices:
-            if price.model == f"{namespace}/{name}":
-                return price
-            if price.model == name:
-                found = price
-        return found
+        return _entry_for(self.prices, namespace, name)
+
+
+_Entry = TypeVar("_Entry", ModelPrice, ModelLimit)
+
+
+def _entry_for(entries: list[_Entry], namespace: str, name: str) -> _Entry | None:
+    """The entry whose `model` is `namespace/name`, else the last one naming `name` alone, else None."""
+    found = None
+    for entry in entries:
+        if entry.model == f"{namespace}/{name}":
+            return entry
+        if entry.model == name:
+            found = entry
+    return found
 
 
 class GatewayPolicy(SpecModel):
@@ -942,11 +970,13 @@ def run_key(namespace: str, name: str) -> str:
 
 
 def spec_fingerprint(model: BaseModel) -> str:
-    """The digest of a spec, which names its release. A WorkflowRun's or ModelDeployment's replica count
-    (`replicas`, `autoscaling`) is left out: changing only it scales the live release in place (the
-    plan's "scale"), it makes no new release. Whether it parks (`replicas.min: 0`) is kept in: a
-    parking runner is started another way. Specs at the default count keep the digest they always had."""
-    data = model.model_dump(mode="json", by_alias=True)
+    """The digest of a spec, which names its release: all of it but its `routing_fields` (which change
+    no release) and a WorkflowRun's or ModelDeployment's replica count (`replicas`, `autoscaling`):
+    changing only that scales the live release in place (the plan's "scale"), it makes no new
+    release. Whether it parks (`replicas.min: 0`) is kept in: a parking runner is started another
+    way. Specs at the default count keep the digest they always had."""
+    exclude = getattr(type(model), "routing_fields", None)
+    data = model.model_dump(mode="json", by_alias=True, exclude=set(exclude) if exclude else None)
     if isinstance(model, WorkflowRunSpec | ModelDeploymentSpec):
         data["replicas"] = {"min": 0 if model.replicas.min == 0 else 1, "max": None}
         if "autoscaling" in data:

@@ -867,9 +867,12 @@ function playgroundView(container, rest) {
       h("thead", {}, h("tr", {}, ["Time", "Call", "Workflow", "Latency", "Version", "Track", "Status"].map((t) => h("th", { scope: "col", text: t })))),
       h("tbody", {}, calls.map((c) => h("tr", {},
         h("td", { text: when(c.at) }), h("td", { text: c.api || "–" }),
-        h("td", { text: `${c.namespace ? `${c.namespace}/` : ""}${c.workflow || "–"}` }),
+        h("td", { text: `${c.namespace ? `${c.namespace}/` : ""}${c.workflow || "–"}${c.fallbackOf ? ` (fallback of ${c.fallbackOf})` : ""}` }),
         h("td", { text: duration(c.latencyMs) }), h("td", { text: c.version || "–" }), h("td", { text: c.track || "–" }),
-        h("td", {}, badge(`${c.code ?? "–"}${c.errorType ? ` ${c.errorType}` : ""}`, typeof c.code === "number" && c.code < 400 ? "ok" : "bad"))))))
+        h("td", {}, badge(`${c.code ?? "–"}${c.errorType ? ` ${c.errorType}` : ""}`, typeof c.code === "number" && c.code < 400 ? "ok" : "bad"),
+          // a retry or fallback: the backend first tried and why; a failed attempt that was sent again: why
+          c.retry ? h("span", { class: "muted small", text: ` after ${c.retry.from}: ${c.retry.reason}` })
+            : c.retried ? h("span", { class: "muted small", text: ` sent again: ${c.retried}` }) : "")))))
       : h("p", { class: "empty", text: "No calls yet." });
     callsBox.replaceChildren(note ? h("p", { class: "muted small", text: note }) : "", table);
   }

@@ -175,3 +175,25 @@ def test_the_policy_travels_with_the_route_table_to_every_gateway_process() -> N
     doc, table = parse_doc_and_table(second.json)
     assert table.policy == spec and doc.policy == spec
     assert parse_doc_and_table(first.json)[1].policy is None
+
+
+@pytest.mark.parametrize(("share", "admitted", "after_30s", "retry_after"), [
+    (1.0, 3, 1, 20),  # 3 a minute: three at once, then one per 20 s
+    (0.5, 1, 1, 20),  # one of two gateway processes: its 1.5 a minute (0.5 left after one: 20 s to the next)
+])
+def test_a_models_requests_per_minute(share: float, admitted: int, after_30s: int, retry_after: int) -> None:
+    """GatewayPolicy models[]: a model's capacity, whoever asks; by NAMESPACE/NAME first, else NAME."""
+    clock = FakeClock(NOON)
+    limits = GatewayPolicySpec.model_validate({"models": [{"model": "smollm", "requestsPerMinute": 3},
+                                                          {"model": "team-b/smollm", "requestsPerMinute": 1}]})
+    q = quotas(clock, share)
+    results = [q.admit_model(limits, "default", "smollm") for _ in range(4)]
+    assert [r is None for r in results] == [True] * admitted + [False] * (4 - admitted)
+    denial = results[-1]
+    assert denial is not None and denial.limit == "modelRequestsPerMinute" and denial.retry_after_s == retry_after
+    assert "model default/smollm is at its 3 requests per minute" in denial.message
+    clock.advance(30)
+    assert sum(q.admit_model(limits, "default", "smollm") is None for _ in range(3)) == after_30s
+    assert q.admit_model(limits, "default", "other") is None  # not listed: no limit
+    assert q.admit_model(None, "default", "smollm") is None
+    assert [q.admit_model(limits, "team-b", "smollm") is None for _ in range(2)] == [True, False]  # its own entry

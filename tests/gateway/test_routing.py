@@ -129,7 +129,7 @@ async def test_refused_connect_retried_on_another_stable_replica(start_server: S
     assert {r[0] for r in results} == {200}
     assert len(a_runner.requests) == 10 and len(b_runner.requests) == 30
     metrics = (await gw.client.get("/metrics")).text
-    assert 'plnt_gateway_upstream_retries_total{namespace="default",workflow="assistant"}' in metrics
+    assert 'plnt_gateway_retries_total{namespace="default",reason="connect_refused",workflow="assistant"}' in metrics
 
     # Streams and chat completions are retried the same way (nothing was sent before the refusal).
     for _ in range(2):

@@ -521,6 +521,20 @@ async def test_a_model_on_kubernetes_gets_an_openai_route_from_the_driver_set(tm
     route = build_route_table(drivers.snapshot(), StatusStore(state.status_file)).lookup("chat", "team-a")
     assert route is not None and route.protocol == "openai" and route.traffic_percent == 5
     assert route.canary is not None and route.canary.endpoint == "http://chat-canary.agents.svc.cluster.local:8000"
+    assert route.fallback is None
+
+    # spec.fallback rides on the route (the reconciled commit's, by key), also when the release record did not
+    # change (a rebuild reuses routes), and through the route table document every gateway process follows.
+    from plnt.gateway.route_watch import Published, parse_doc_and_table
+
+    built: dict = {}
+    statuses = StatusStore(state.status_file)
+    for fallbacks, expected in (({CHAT.key: "small"}, "small"), ({CHAT.key: "tiny"}, "tiny"), ({}, None)):
+        table = build_route_table(drivers.snapshot(), statuses, built, None, fallbacks)
+        route = table.lookup("chat", "team-a")
+        assert route is not None and route.fallback == expected
+        followed = parse_doc_and_table(Published("e", 1, tuple(table), ()).json)[1].lookup("chat", "team-a")
+        assert followed == route
 
 
 def test_release_records_made_before_the_model_source_was_recorded_still_load() -> None:
