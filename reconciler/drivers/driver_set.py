@@ -73,7 +73,8 @@ class DriverSet:
         for run in specs.deployables().values():
             if remember:
                 self._specs.remember(run)
-            self._assigned[run.key] = run.spec.backend.cluster
+            if run.spec.backend.cluster is not None:  # (a pool is placed by the plan, not deployed yet)
+                self._assigned[run.key] = run.spec.backend.cluster
         self._backends.update(specs.backends)
         self._save()
 

@@ -120,12 +120,12 @@ class CommitSpecs:
             base, base_problems = await self._load(branch)
             if base_problems:  # the reconciler deploys nothing from such a commit; nor does a preview
                 raise RetryLater(f"the tracked branch's head {branch[:12]} is invalid: no preview until it is fixed")
-            return TrustedSaga(ref, run, base.backends.get(run.spec.backend.cluster),
+            return TrustedSaga(ref, run, base.backends.get(run.spec.backend.cluster or ""),
                                tuple(base.trust_policies.values()), policy_commit=branch,
                                gates=_gates_of(specs, ref.namespace))
         dependencies = {name: dep for name in run.spec.depends_on
                         if (dep := specs.deployable(run_key(ref.namespace, name))) is not None}
-        return TrustedSaga(ref, run, specs.backends.get(run.spec.backend.cluster),
+        return TrustedSaga(ref, run, specs.backends.get(run.spec.backend.cluster or ""),
                            tuple(specs.trust_policies.values()), gates=_gates_of(specs, ref.namespace),
                            dependencies=dependencies)
 

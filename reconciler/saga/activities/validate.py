@@ -15,6 +15,12 @@ class ValidateStep(SagaStep):
     @boundary
     async def validate(self, request: ValidateInput) -> ValidatedSpec:
         trusted, run = await self._deploy(request.saga)
+        if run.spec.backend.pooled:
+            # The plan places a pool's replicas (reconciler/plan/placement.py); deploying one release
+            # per backend of the pool needs several replicas per release, which drivers do not run yet.
+            raise InvalidSpec(f"spec.backend: {run.spec.backend.describe()} is a pool of backends: placement across "
+                              "pools is planned but not deployed yet; name one backend (spec.backend.cluster) to "
+                              "deploy it")
         cluster = run.spec.backend.cluster
         backend = trusted.backend
         if backend is None:  # the loader refuses such a commit; kept for a spec set loaded without references
