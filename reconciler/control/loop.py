@@ -26,6 +26,7 @@ from plnt.reconciler.drivers.helm import model_step_timeouts, runner_step_timeou
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
+from plnt.reconciler.plan.placement import Placement, place_commit, replicas_wanted, with_placements
 from plnt.reconciler.review.approval import ApprovalGate
 from plnt.reconciler.saga.history import MAX_ROLLOUTS, NoSaga, saga_rollouts
 from plnt.reconciler.saga.io import RolloutTarget, SagaInput
@@ -83,6 +84,8 @@ class Reconciler:
         self._quiet: tuple[Any, ...] | None = None
         self._quiet_items: list[PlanItem] = []
         self._plan = PlanMemo()
+        # (commit, its specs, the keys with a promoted release, their placements): see _placements.
+        self._placed: tuple[str, SpecSet, frozenset[str], dict[str, Placement]] | None = None
         self.source_status: dict[str, Any] = read_json(state.source_file, default={}) or {}
         # Called with (commit, specs) for every valid commit a pass reconciles (e.g. --mirror-status).
         self.spec_listeners: list[Callable[[str, SpecSet], None]] = []
@@ -187,6 +190,7 @@ class Reconciler:
         # Preview releases (`<name>--pr<N>`) belong to the PreviewController (reconciler/review/previews.py).
         items = self._plan.plan(desired, releases, self._statuses.all(), self._sagas.fingerprints,
                                 keep=lambda key: preview_of(key.split("/", 1)[1]) is None)
+        items = with_placements(items, self._placements(commit, specs, releases))
         in_sync = all(item.action is Action.UNCHANGED and not item.waiting for item in items)
         budget = self._settings.temporal.max_concurrent_sagas - len(self._sagas)
         live_unknown = getattr(self._driver, "live_unknown", lambda key: None)
@@ -197,6 +201,8 @@ class Reconciler:
             unknown = live_unknown(item.key)
             if unknown is not None and item.key not in self._sagas and self._was_deployed(item.key):
                 self._hold_unknown(item, unknown)
+            elif item.unplaceable is not None and item.action is not Action.UNCHANGED and not item.waiting:
+                self._note_unplaceable(item, specs, commit)
             elif item.supersedes:
                 await self._sagas.cancel(item.namespace, item.name,
                                          why="a newer commit changed it; cancelling the running saga")
@@ -414,6 +420,34 @@ class Reconciler:
                 self._statuses.remove(status.namespace, status.name)
         self._refused = set(snapshot.refused)
         return snapshot.refused
+
+    def _placements(self, commit: str, specs: SpecSet, releases: dict[str, Any]) -> dict[str, Placement]:
+        """Where every run's replicas go at this commit (reconciler/plan/placement.py), decided again
+        when the commit or the set of running releases changes. A release runs on its one backend
+        today (a pool is refused by the saga's validate step until drivers run a release's replicas)."""
+        running = frozenset(key for key, live in releases.items() if live.stable is not None)
+        if self._placed is None or self._placed[0] != commit or self._placed[1] is not specs \
+                or self._placed[2] != running:
+            current = {key: {run.spec.backend.cluster: replicas_wanted(run)} for key in running
+                       if (run := specs.deployable(key)) is not None and run.spec.backend.cluster is not None}
+            self._placed = (commit, specs, running, place_commit(specs, current))
+        return self._placed[3]
+
+    def _note_unplaceable(self, item: PlanItem, specs: SpecSet, commit: str) -> None:
+        """An install or upgrade whose replicas do not fit: no saga; the missing capacity in its status,
+        beside what it still serves (Failed when nothing of it runs). Not held like a failed saga: the
+        spec is tried again as soon as the capacity is there (a backend added, another release gone)."""
+        why = f"cannot be placed: {item.unplaceable}"
+        status = self._statuses.get(item.key)
+        if status is None or status.version is None:
+            fields: dict[str, Any] = dict(phase=Phase.FAILED, message=why, last_error=why)
+        else:
+            fields = dict(message=f"{status.phase.value} {status.version} keeps serving; {why}", last_error=why)
+        if status is None or any(getattr(status, name) != value for name, value in fields.items()):
+            log.warning("plan-unplaceable workflowrun=%s reason=%r", item.key, item.unplaceable)
+            run = specs.deployable(item.key)
+            self._statuses.update_nowait(item.namespace, item.name, observed_commit=commit,
+                                         **({"kind": run.kind} if run is not None else {}), **fields)
 
     def _was_deployed(self, key: str) -> bool:
         """Status says plnt deployed it: then "not seen" on an unreadable backend is not "gone". (A

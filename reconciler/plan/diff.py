@@ -97,6 +97,10 @@ class PlanItem:
     waiting: bool = False  # a saga for this WorkflowRun is running; act when it ends
     supersedes: bool = False  # ...and it deploys something else than the newest spec: cancel it
     after: tuple[str, ...] = ()  # dependsOn: its saga waits for these to be promoted first
+    # Where each replica goes and why (reconciler/plan/placement.py), for a pool or declared capacity;
+    # `unplaceable`: the capacity it lacks. Such an item starts no saga: what runs keeps serving.
+    placement: tuple[str, ...] = ()
+    unplaceable: str | None = None
 
     @property
     def key(self) -> str:
@@ -104,7 +108,7 @@ class PlanItem:
 
     @property
     def needs_saga(self) -> bool:
-        return self.action is not Action.UNCHANGED and not self.waiting
+        return self.action is not Action.UNCHANGED and not self.waiting and self.unplaceable is None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,6 +122,8 @@ class PlanItem:
             "waiting": self.waiting,
             "supersedes": self.supersedes,
             "after": list(self.after),
+            "placement": list(self.placement),
+            "unplaceable": self.unplaceable,
         }
 
 
@@ -295,6 +301,7 @@ def render_text(items: list[PlanItem]) -> str:
             lines.extend(f"    {change}" for change in item.changes)
         else:
             lines.append(f"    {item.reason}")
+        lines.extend(f"    {line}" for line in item.placement)
     lines.append(summary(items))
     return "\n".join(lines) + "\n"
 
@@ -308,13 +315,22 @@ def render_markdown(items: list[PlanItem], title: str = "plnt plan") -> str:
             after = f" (after {', '.join(item.after)})" if item.after else ""
             out.append(f"| {_SYMBOL[item.action]} | `{item.key}` | **{item.action.value}**{_md(after)} | "
                        f"{_md(_versions(item))} | {why} |")
+    placed = [item for item in items if item.placement]
+    if placed:
+        out += ["", "#### Where the replicas go", ""]
+        for item in placed:
+            out.append(f"- `{item.key}`" + (" **cannot be placed**: nothing of it is deployed, what runs keeps serving"
+                                            if item.unplaceable else ""))
+            out.extend(f"  - {_md(line)}" for line in item.placement)
     return "\n".join(out) + "\n"
 
 
 def summary(items: list[PlanItem]) -> str:
     counts = {action: sum(1 for i in items if i.action is action) for action in Action}
+    unplaceable = sum(1 for i in items if i.unplaceable)
     return (f"Plan: {counts[Action.INSTALL]} to install, {counts[Action.UPGRADE]} to upgrade, "
-            f"{counts[Action.UNINSTALL]} to uninstall, {counts[Action.UNCHANGED]} unchanged.")
+            f"{counts[Action.UNINSTALL]} to uninstall, {counts[Action.UNCHANGED]} unchanged"
+            + (f"; {unplaceable} cannot be placed." if unplaceable else "."))
 
 
 def _versions(item: PlanItem) -> str:

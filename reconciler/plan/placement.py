@@ -20,9 +20,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from plnt.core.specs.loader import SpecSet
 from plnt.core.specs.models import LOCAL_MODEL_RUNTIMES, Deployable, ModelDeployment, PlntBackend
+from plnt.reconciler.plan.diff import Action, PlanItem
 
 UNLIMITED = math.inf
 
@@ -295,3 +297,22 @@ def place_all(runs: Iterable[Deployable], backends: Mapping[str, PlntBackend],
 def current_of(placements: Mapping[str, Placement]) -> dict[str, dict[str, int]]:
     """Placements as the `current` of the next decision (e.g. a base commit's, for its head)."""
     return {key: p.counts() for key, p in placements.items() if p.placed}
+
+
+def place_commit(specs: SpecSet, current: Mapping[str, Mapping[str, int]] | None = None,
+                 observed: Mapping[str, Observed] | None = None) -> dict[str, Placement]:
+    """`place_all` over a commit's WorkflowRuns and ModelDeployments and its PlntBackends."""
+    return place_all(specs.deployables().values(), specs.backends, current, observed)
+
+
+def with_placements(items: Iterable[PlanItem], placements: Mapping[str, Placement]) -> list[PlanItem]:
+    """Each plan item with where its replicas go (for a pool, declared capacity or a failure). An
+    install or upgrade that cannot be placed starts no saga; an unchanged release that would not fit
+    any more keeps running, and says so."""
+    out = []
+    for item in items:
+        placement = placements.get(item.key) if item.action is not Action.UNINSTALL else None
+        if placement is not None and placement.shown:
+            item = replace(item, placement=tuple(placement.lines()), unplaceable=placement.missing)
+        out.append(item)
+    return out
