@@ -15,8 +15,8 @@ import fnmatch
 import hashlib
 import json
 import re
-from functools import cached_property
 from collections.abc import Mapping
+from functools import cached_property
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (

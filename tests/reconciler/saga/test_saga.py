@@ -560,6 +560,21 @@ async def test_an_invalid_commit_and_an_unsupported_backend(spec_repo: SpecRepo,
     assert f"commit {bad.commit[:12]} has 1 spec problem(s) and plnt starts no saga for it" in message
 
 
+async def test_validate_refuses_a_pool_until_pools_are_deployed(spec_repo: SpecRepo, clone: GitSource,
+                                                                tmp_path: Path) -> None:
+    """A spec naming a pool of backends loads and is planned, but its saga stops at validate."""
+    spec_repo.write("backends/east.yaml", "apiVersion: plnt.work/v1\nkind: PlntBackend\n"
+                                          "metadata: {name: east, labels: {pool: agents}}\nspec: {type: local}\n")
+    spec_repo.replace("workflowruns/review-responder.yaml", "cluster: local", "refs: [local, east]")
+    spec_repo.commit("a pool")
+    clone.fetch()
+    with pytest.raises(ApplicationError) as caught:
+        await ActivityEnvironment().run(real_activities(tmp_path, clone).validate, ValidateInput(saga=ref_at(spec_repo)))
+    assert caught.value.type == "InvalidSpec" and caught.value.non_retryable
+    assert caught.value.message == ("spec.backend: refs [local, east] is a pool of backends: placement across pools is "
+                                    "planned but not deployed yet; name one backend (spec.backend.cluster) to deploy it")
+
+
 async def test_later_steps_act_only_on_what_plnt_verified_and_installed(spec_repo: SpecRepo, clone: GitSource,
                                                                         tmp_path: Path) -> None:
     activities = real_activities(tmp_path, clone)
