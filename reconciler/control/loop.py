@@ -26,7 +26,7 @@ from plnt.reconciler.drivers.helm import model_step_timeouts, runner_step_timeou
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
-from plnt.reconciler.plan.placement import Placement, place_commit, replicas_wanted, with_placements
+from plnt.reconciler.plan.placement import Placement, place_commit, with_placements
 from plnt.reconciler.review.approval import ApprovalGate
 from plnt.reconciler.saga.history import MAX_ROLLOUTS, NoSaga, saga_rollouts
 from plnt.reconciler.saga.io import RolloutTarget, SagaInput
@@ -423,13 +423,18 @@ class Reconciler:
 
     def _placements(self, commit: str, specs: SpecSet, releases: dict[str, Any]) -> dict[str, Placement]:
         """Where every run's replicas go at this commit (reconciler/plan/placement.py), decided again
-        when the commit or the set of running releases changes. A release runs on its one backend
-        today (a pool is refused by the saga's validate step until drivers run a release's replicas)."""
+        when the commit or the set of running releases changes. A release runs where its promoted spec
+        put it: one backend today (the saga's validate step refuses a pool until drivers deploy one)."""
         running = frozenset(key for key, live in releases.items() if live.stable is not None)
         if self._placed is None or self._placed[0] != commit or self._placed[1] is not specs \
                 or self._placed[2] != running:
-            current = {key: {run.spec.backend.cluster: replicas_wanted(run)} for key in running
-                       if (run := specs.deployable(key)) is not None and run.spec.backend.cluster is not None}
+            current = {}
+            for key in running:
+                status = self._statuses.get(key)
+                deployed = status.deployed_spec if status is not None else None
+                cluster = (deployed or {}).get("backend", {}).get("cluster")
+                if isinstance(cluster, str):  # what plnt last promoted there, as many replicas as it asked for
+                    current[key] = {cluster: max(int((deployed or {}).get("replicas", {}).get("min", 1)), 1)}
             self._placed = (commit, specs, running, place_commit(specs, current))
         return self._placed[3]
 
