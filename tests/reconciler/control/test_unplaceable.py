@@ -36,7 +36,7 @@ async def test_an_upgrade_and_an_install_that_cannot_be_placed(spec_repo: SpecRe
     items = {item.key: item for item in await reconciler.reconcile_once()}
 
     upgrade = items["default/review-responder"]
-    assert upgrade.action is Action.UPGRADE and not upgrade.needs_saga
+    assert upgrade.action is Action.SCALE and not upgrade.needs_saga  # (replicas only: a scale in place)
     assert upgrade.unplaceable == "needs 1 more replica slot: local has 0 free (local: 0 of 2)"
     status = statuses.get("default/review-responder")
     assert status is not None and status.phase is Phase.READY and status.version == "1.2.0"

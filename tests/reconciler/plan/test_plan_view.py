@@ -163,7 +163,7 @@ def test_plan_between_shows_where_a_pools_replicas_go_and_what_capacity_is_missi
     too_many = spec_repo.commit("three replicas")
     view = plan_between(source, head=too_many, base=pooled)
     [item] = view.items
-    assert item.action.value == "upgrade" and not item.needs_saga
+    assert item.action.value == "scale" and not item.needs_saga  # (replicas only)
     assert item.unplaceable == ("needs 1 more replica slot: selector pool=agents has 0 free (east: 0 of 2, "
                                 "west: 0 of 0)")
     assert "cannot be placed: needs 1 more replica slot" in view.text()
