@@ -23,6 +23,8 @@ from plnt.core.specs.models import Deployable, flatten, replica_count
 from plnt.core.status import Phase, Pin, WorkflowRunStatus
 from plnt.reconciler.state import LiveWorkflow
 
+IN_SYNC = "in sync"  # the reason of an unchanged item whose release runs its spec (placement may still move it)
+
 
 class Action(str, Enum):
     INSTALL = "install"
@@ -123,6 +125,8 @@ class PlanItem:
     # `unplaceable`: the capacity it lacks. Such an item starts no saga: what runs keeps serving.
     placement: tuple[str, ...] = ()
     unplaceable: str | None = None
+    # A pool's replicas per backend as placed (what its saga installs, or a re-placing scale moves to).
+    replicas_by_backend: tuple[tuple[str, int], ...] = ()
 
     @property
     def key(self) -> str:
@@ -148,6 +152,7 @@ class PlanItem:
                if self.action is Action.SCALE else {}),
             "placement": list(self.placement),
             "unplaceable": self.unplaceable,
+            **({"replicasByBackend": dict(self.replicas_by_backend)} if self.replicas_by_backend else {}),
         }
 
 
@@ -284,7 +289,7 @@ def _decide(want: DesiredRun | None, have: LiveRun | None) -> PlanItem | None:
         if scale is not None and not waiting:
             return PlanItem(action=Action.SCALE, reason=f"replicas {have.replicas} -> {scale}", from_version=have.version,
                             from_replicas=have.replicas, to_replicas=scale, **base)
-        return PlanItem(action=Action.UNCHANGED, reason="in sync", from_version=have.version, **base)
+        return PlanItem(action=Action.UNCHANGED, reason=IN_SYNC, from_version=have.version, **base)
     if have.failed_fingerprint == want.fingerprint:
         return PlanItem(action=Action.UNCHANGED, reason=_held(have), from_version=have.version, **base)
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field, replace
 
 from plnt.core.specs.loader import SpecSet
 from plnt.core.specs.models import LOCAL_MODEL_RUNTIMES, Deployable, ModelDeployment, PlntBackend
-from plnt.reconciler.plan.diff import Action, PlanItem
+from plnt.reconciler.plan.diff import IN_SYNC, Action, PlanItem
+from plnt.reconciler.state import LiveWorkflow
 
 UNLIMITED = math.inf
 
@@ -294,6 +295,23 @@ def place_all(runs: Iterable[Deployable], backends: Mapping[str, PlntBackend],
     return out
 
 
+def observed_load(in_flight: Mapping[str, int], releases: Mapping[str, LiveWorkflow],
+                  current: Mapping[str, Mapping[str, int]]) -> dict[str, Observed]:
+    """Requests in flight per backend, from the gateway's counts per endpoint: each replica process
+    counted on the backend it was placed on (a pool's record names it), a release on one backend on
+    that one (`current`). An endpoint no release holds counts nowhere; a backend with no reading is
+    left out ("unknown": placement goes by declared capacity there)."""
+    load: Counter[str] = Counter()
+    for key, live in releases.items():
+        single = next(iter(current[key])) if len(current.get(key) or ()) == 1 else None
+        for release in (live.stable, live.canary):
+            for process in release.processes() if release is not None else ():
+                backend = process.backend or single
+                if backend is not None and in_flight.get(process.endpoint):
+                    load[backend] += in_flight[process.endpoint]
+    return {backend: Observed(in_flight=count) for backend, count in load.items()}
+
+
 def current_of(placements: Mapping[str, Placement]) -> dict[str, dict[str, int]]:
     """Placements as the `current` of the next decision (e.g. a base commit's, for its head)."""
     return {key: p.counts() for key, p in placements.items() if p.placed}
@@ -305,14 +323,31 @@ def place_commit(specs: SpecSet, current: Mapping[str, Mapping[str, int]] | None
     return place_all(specs.deployables().values(), specs.backends, current, observed)
 
 
-def with_placements(items: Iterable[PlanItem], placements: Mapping[str, Placement]) -> list[PlanItem]:
+def with_placements(items: Iterable[PlanItem], placements: Mapping[str, Placement],
+                    current: Mapping[str, Mapping[str, int]] | None = None) -> list[PlanItem]:
     """Each plan item with where its replicas go (for a pool, declared capacity or a failure). An
     install or upgrade that cannot be placed starts no saga; an unchanged release that would not fit
-    any more keeps running, and says so."""
+    any more keeps running, and says so. A pool's release in sync whose replicas now go elsewhere than
+    they run (`current`: replicas per backend now; a backend gone, full or its capacity lowered) is
+    re-placed: a "scale" to the new placement, no canary (the same version)."""
+    current = current or {}
     out = []
     for item in items:
         placement = placements.get(item.key) if item.action is not Action.UNINSTALL else None
         if placement is not None and placement.shown:
-            item = replace(item, placement=tuple(placement.lines()), unplaceable=placement.missing)
+            counts = tuple(placement.counts().items()) if placement.placed and placement.pooled else ()
+            item = replace(item, placement=tuple(placement.lines()), unplaceable=placement.missing,
+                           replicas_by_backend=counts)
+            now = current.get(item.key)
+            if (counts and now and item.action is Action.UNCHANGED and item.reason == IN_SYNC and not item.waiting
+                    and dict(now) != dict(counts)):
+                item = replace(item, action=Action.SCALE, from_replicas=sum(now.values()),
+                               to_replicas=sum(dict(counts).values()),
+                               reason=f"re-placed: {_spread(now)} -> {_spread(dict(counts))}")
         out.append(item)
     return out
+
+
+def _spread(counts: Mapping[str, int]) -> str:
+    """Replicas per backend in a few words: "east 1, west 1"."""
+    return ", ".join(f"{backend} {count}" for backend, count in sorted(counts.items()))

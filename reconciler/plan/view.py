@@ -113,7 +113,7 @@ def plan_between(source: GitSource, *, head: str | None, base: str | None,
     else:
         have = dict(live()) if live is not None else {}
         title = f"plnt plan {head_commit[:12]} against {live_label}"
-    items = with_placements(make_plan(desired, have), place_commit(desired_specs, current))
+    items = with_placements(make_plan(desired, have), place_commit(desired_specs, current), current)
     return PlanView(base=base_commit, head=head_commit, title=title, items=items)
 
 

@@ -100,8 +100,9 @@ def review_commits(source: GitSource, merge_base: str | None, head_sha: str, *, 
         base_specs, review.base_warnings = SpecSet(), [str(exc)]
     review.desired = desired_runs(head_specs)
     # Where the replicas go at head, from where they run at the base; one that cannot be placed blocks.
-    placements = place_commit(head_specs, current_of(place_commit(base_specs)))
-    review.items = with_placements(plan(review.desired, as_live(desired_runs(base_specs))), placements)
+    current = current_of(place_commit(base_specs))
+    placements = place_commit(head_specs, current)
+    review.items = with_placements(plan(review.desired, as_live(desired_runs(base_specs))), placements, current)
     review.evidence = recipe_evidence(review.items, head_specs, commit=head_sha, cache=cache,
                                       read_from_repo=source.read_file, export_from_repo=source.export,
                                       registry_options=registry_options)

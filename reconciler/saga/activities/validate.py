@@ -16,12 +16,17 @@ class ValidateStep(SagaStep):
     async def validate(self, request: ValidateInput) -> ValidatedSpec:
         trusted, run = await self._deploy(request.saga)
         if run.spec.backend.pooled:
-            # The plan places a pool's replicas (reconciler/plan/placement.py); deploying one release
-            # per backend of the pool needs several replicas per release, which drivers do not run yet.
-            raise InvalidSpec(f"spec.backend: {run.spec.backend.describe()} is a pool of backends: placement across "
-                              "pools is planned but not deployed yet; name one backend (spec.backend.cluster) to "
-                              "deploy it")
-        cluster = run.spec.backend.cluster
+            # A pool's replicas are processes of one local release, each on the backend it is placed on
+            # (reconciler/plan/placement.py); one Helm release per Kubernetes backend is not built yet.
+            pool = {b.metadata.name: b for b in trusted.backends}
+            members = run.spec.backend.members(pool)
+            others = [f"{name} (type: {pool[name].spec.type})" for name in members if pool[name].spec.type != "local"]
+            if others:
+                raise InvalidSpec(f"spec.backend: {run.spec.backend.describe()} includes {', '.join(others)}: a pool "
+                                  "deploys on type: local backends only (pools across Kubernetes backends are not "
+                                  "deployed yet); narrow the pool to local backends or name one backend "
+                                  "(spec.backend.cluster)")
+        cluster = run.spec.backend.cluster or (trusted.backend.metadata.name if trusted.backend else None)
         backend = trusted.backend
         if backend is None:  # the loader refuses such a commit; kept for a spec set loaded without references
             raise UnknownBackend(f"spec.backend.cluster: no PlntBackend named {cluster!r}")

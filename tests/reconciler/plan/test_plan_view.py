@@ -157,6 +157,10 @@ def test_plan_between_shows_where_a_pools_replicas_go_and_what_capacity_is_missi
     [item] = plan_between(source, head=lowered, base=pooled).items
     assert item.placement == ("replica 1 -> east: kept: 1 of 2 replica slots free, 0 in flight",
                               "replica 2 -> east: 1 of 2 replica slots free, 0 in flight")
+    # ...moved in place: a scale to the new placement (same version, no saga).
+    assert (item.action.value, item.reason, item.replicas_by_backend) == ("scale", "re-placed: east 1, west 1 -> east 2",
+                                                                          (("east", 2),))
+    assert not item.needs_saga and (item.from_replicas, item.to_replicas) == (2, 2)
 
     # Three replicas cannot fit in 2 + 0: the plan item fails, naming the missing capacity.
     spec_repo.replace(RUN_FILE, "replicas: {min: 2, max: 2}", "replicas: {min: 3, max: 3}")
