@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 from plnt.core.specs.models import ModelDeployment, PlntBackend, WorkflowRun
-from plnt.reconciler.plan.placement import Held, Observed, Placement, current_of, place, place_all
+from plnt.reconciler.plan.diff import IN_SYNC, Action, PlanItem
+from plnt.reconciler.plan.placement import Held, Observed, Placement, current_of, observed_load, place, place_all, with_placements
+from plnt.reconciler.state import LiveWorkflow, Release, ReplicaProcess
 
 
 def backend(name: str, *, labels: dict[str, str] | None = None, gpus: dict[str, int] | None = None,
@@ -180,3 +182,75 @@ def test_model_deployments_are_placed_only_where_their_runtime_runs() -> None:
     placement = place(model, by_name(backend("laptop", type="local"), backend("gpu")))
     assert placement.counts() == {"gpu": 1}
     assert isinstance(placement, Placement) and placement.pooled and placement.shown
+
+
+# --- the plan's re-place: a pool's release in sync whose replicas now go elsewhere -----------------
+
+def _item(action: Action = Action.UNCHANGED, reason: str = IN_SYNC, waiting: bool = False) -> PlanItem:
+    return PlanItem("default", "rr", action, reason, from_version="1.0.0", to_version="1.0.0", waiting=waiting)
+
+
+POOL = by_name(backend("a", replicas=2), backend("b", replicas=1))
+FULL_B = by_name(backend("a", replicas=2), backend("b", replicas=0))
+
+# (name, backends, plan item, where it runs now, expected action, reason, replicas by backend)
+REPLACE_CASES: list[tuple[str, dict[str, PlntBackend], PlanItem, dict[str, int] | None, Action, str,
+                          tuple[tuple[str, int], ...]]] = [
+    ("in sync and where placed: unchanged", POOL, _item(), {"a": 1, "b": 1}, Action.UNCHANGED, IN_SYNC,
+     (("a", 1), ("b", 1))),
+    ("b full: its replica moves to a, a scale in place", FULL_B, _item(), {"a": 1, "b": 1}, Action.SCALE,
+     "re-placed: a 1, b 1 -> a 2", (("a", 2),)),
+    ("b gone from the commit: moved likewise", by_name(backend("a", replicas=2)), _item(), {"a": 1, "b": 1},
+     Action.SCALE, "re-placed: a 1, b 1 -> a 2", (("a", 2),)),
+    ("a saga runs: wait for it", FULL_B, _item(waiting=True), {"a": 1, "b": 1}, Action.UNCHANGED, IN_SYNC,
+     (("a", 2),)),
+    ("held (not in sync): not moved", FULL_B, _item(reason="held: this spec already failed"), {"a": 1, "b": 1},
+     Action.UNCHANGED, "held: this spec already failed", (("a", 2),)),
+    ("not running yet (no current): the install places it", FULL_B, _item(Action.INSTALL, "new WorkflowRun"), None,
+     Action.INSTALL, "new WorkflowRun", (("a", 2),)),
+]
+
+
+@pytest.mark.parametrize(("backends", "item", "now", "action", "reason", "counts"),
+                         [case[1:] for case in REPLACE_CASES], ids=[case[0] for case in REPLACE_CASES])
+def test_with_placements_re_places_a_pool_in_sync(backends: dict[str, PlntBackend], item: PlanItem,
+                                                  now: dict[str, int] | None, action: Action, reason: str,
+                                                  counts: tuple[tuple[str, int], ...]) -> None:
+    current = {"default/rr": now} if now is not None else {}
+    placements = place_all([run(replicas=2)], backends, current)
+    [out] = with_placements([item], placements, current)
+    assert (out.action, out.reason, out.replicas_by_backend) == (action, reason, counts)
+    assert not out.needs_saga or action is Action.INSTALL
+
+
+def test_one_backend_gets_no_replicas_by_backend() -> None:
+    """A run on one backend is scaled by a count (set_replicas), not by a placement."""
+    backends = by_name(backend("a", replicas=2))
+    placements = place_all([run(pool={"cluster": "a"}, replicas=2)], backends)
+    [out] = with_placements([_item()], placements, {"default/rr": {"a": 1}})
+    assert out.action is Action.UNCHANGED and out.replicas_by_backend == () and out.placement
+
+
+def _release(endpoint: str, backend: str | None, more: tuple[tuple[str, str | None], ...] = ()) -> Release:
+    return Release(release_id="r", namespace="default", name="rr", track="stable", version="1.0.0",
+                   spec_fingerprint="sha256:" + "0" * 64, recipe_digest="d", recipe_dir="/r", endpoint=endpoint,
+                   backend=backend, replicas=1 + len(more),
+                   more_replicas=tuple(ReplicaProcess(endpoint=e, backend=b) for e, b in more))
+
+
+def test_observed_load_counts_each_replica_on_its_backend() -> None:
+    """The gateway's in-flight counts per endpoint, summed per backend: a pool's processes by their
+    recorded backend, a one-backend release's on its backend; unknown endpoints and idle backends are
+    left out (unknown, not zero)."""
+    releases = {
+        "default/rr": LiveWorkflow(namespace="default", name="rr", stable=_release("e1", "a", (("e2", "b"),)),
+                                   canary=_release("e3", "a")),
+        "default/one": LiveWorkflow(namespace="default", name="one", stable=_release("e4", None)),
+        "default/idle": LiveWorkflow(namespace="default", name="idle", stable=_release("e5", None)),
+    }
+    current = {"default/rr": {"a": 1, "b": 1}, "default/one": {"c": 1}, "default/idle": {"d": 1}}
+    in_flight = {"e1": 2, "e2": 1, "e3": 4, "e4": 3, "stranger": 9}
+    load = observed_load(in_flight, releases, current)
+    assert load == {"a": Observed(in_flight=6), "b": Observed(in_flight=1), "c": Observed(in_flight=3)}
+    # Fed to placement: the less loaded of two equal backends takes a new replica.
+    assert place(run(replicas=1), by_name(backend("a"), backend("b")), observed=load).counts() == {"b": 1}
