@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from plnt.core.specs.loader import SpecSet
-from plnt.core.specs.models import LOCAL_MODEL_RUNTIMES, Deployable, ModelDeployment, PlntBackend
+from plnt.core.specs.models import LOCAL_MODEL_RUNTIMES, Deployable, ModelDeployment, PlntBackend, replica_count
 from plnt.reconciler.plan.diff import IN_SYNC, Action, PlanItem
 from plnt.reconciler.state import LiveWorkflow
 
@@ -107,7 +107,7 @@ class Placement:
 
 def replicas_wanted(run: Deployable) -> int:
     """Replicas to place: replicas.min, and one for a run that scales to zero (where it wakes)."""
-    return max(run.spec.replicas.min, 1)
+    return replica_count(run.spec)
 
 
 def _unfit(run: Deployable, backend: PlntBackend | None, observed: Observed) -> str | None:
