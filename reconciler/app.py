@@ -41,6 +41,7 @@ from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.drivers.processes import raise_open_files_limit
 from plnt.reconciler.drivers.reported import ReportedRunners
 from plnt.reconciler.gates.compare import TrafficReader, in_process
+from plnt.reconciler.plan.placement import observed_load
 from plnt.reconciler.plan.view import add_plan_routes
 from plnt.reconciler.recipes.archive import ExtractLimits
 from plnt.reconciler.recipes.pull import RecipeCache
@@ -669,6 +670,8 @@ async def start(settings: Settings) -> Plnt:
                     drivers=drivers, model_token=model_token)
         holder["plnt"] = plnt
         statuses.on_change = plnt.refresh_routes
+        if not apart:  # placement reads this gateway's in-flight counts (gateway workers keep their own)
+            reconciler.observe = lambda releases, current: observed_load(router.in_flight_by_endpoint(), releases, current)
         reconciler.spec_listeners.append(on_policy(plnt.apply_policy))
         reconciler.spec_listeners.append(on_fallbacks(plnt.apply_fallbacks))
         cleanups.extend(attach_status_followers(settings, statuses, reconciler, source))  # after on_change is set

@@ -101,6 +101,7 @@ class ReplicaProcess(BaseModel):
     pid_start: str | None = None
     port: int | None = None
     endpoint: str = ""
+    backend: str | None = None  # the PlntBackend of a pool it was placed on (see Release.placement)
 
 
 class Release(BaseModel):
@@ -112,7 +113,11 @@ class Release(BaseModel):
     or what a scale set since), a canary one. On the local driver, the first is the release's own
     `pid`/`port`/`endpoint` and the others are `more_replicas`; `processes()` gives each as a release
     of its own, which is what starts, stops, drains and health checks work on. On Kubernetes the
-    release's endpoint is its Service and `replicas` the Deployment's count (no `more_replicas`)."""
+    release's endpoint is its Service and `replicas` the Deployment's count (no `more_replicas`).
+
+    Placement across a pool of local backends (`spec.backend.refs` or `selector`): `placement` is the
+    replicas per backend (in order; the canary runs on the first) and each process names its
+    `backend`; `replicas` is their sum."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -141,6 +146,8 @@ class Release(BaseModel):
     llm_model: str | None = None
     replicas: int = Field(default=1, ge=1)  # processes it runs as the stable release (a canary runs one)
     more_replicas: tuple[ReplicaProcess, ...] = ()  # local: the processes past the first (see the class doc)
+    placement: dict[str, int] | None = None  # a pool's: replicas per backend (None: one backend, the assigned one)
+    backend: str | None = None  # a pool's: the backend the first process was placed on
 
     def processes(self) -> list[Release]:
         """Each replica process as a release of its own (the first is this one, without `more_replicas`)."""
@@ -152,8 +159,23 @@ class Release(BaseModel):
         first, *rest = processes
         return first.model_copy(update={
             "replicas": self.replicas,
-            "more_replicas": tuple(ReplicaProcess(pid=p.pid, pid_start=p.pid_start, port=p.port, endpoint=p.endpoint)
-                                   for p in rest)})
+            "placement": self.placement,
+            "more_replicas": tuple(ReplicaProcess(pid=p.pid, pid_start=p.pid_start, port=p.port, endpoint=p.endpoint,
+                                                  backend=p.backend) for p in rest)})
+
+    def placed_backends(self) -> list[str | None]:
+        """The backend of each replica it is to run, in order (None for each without a placement)."""
+        if self.placement is None:
+            return [None] * self.replicas
+        return [backend for backend, count in self.placement.items() for _ in range(count)]
+
+    def replicas_by_backend(self) -> dict[str, int]:
+        """The processes it runs per backend (a pool's; empty without a placement)."""
+        counts: dict[str, int] = {}
+        for process in self.processes():
+            if process.backend is not None:
+                counts[process.backend] = counts.get(process.backend, 0) + 1
+        return counts
 
     @property
     def endpoints(self) -> tuple[str, ...]:

@@ -873,6 +873,9 @@ def _cycle_problems(doc: _Document, recipe: Workflow, index_of: dict[str, int]) 
 
 def _backend_problems(doc: _Document, run: Deployable, backends: dict[str, PlntBackend]) -> list[Problem]:
     placement = run.spec.backend
+    if placement.pooled:
+        return _pool_problems(doc, run, backends)
+    assert placement.cluster is not None
     backend = backends.get(placement.cluster)
     if backend is None:
         known = ", ".join(sorted(backends)) or "none declared"
@@ -885,41 +888,69 @@ def _backend_problems(doc: _Document, run: Deployable, backends: dict[str, PlntB
                 f"'{placement.cluster}' or use one of: {known}",
             )
         ]
+    why = _unfit(run, backend)
+    return [Problem(doc.file, doc.line(why[0]), _render(why[0]), why[1])] if why is not None else []
+
+
+def _unfit(run: Deployable, backend: PlntBackend) -> tuple[DocPath, str] | None:
+    """Why `run` cannot run on `backend` at all (the field to fix, and the message), or None."""
+    placement = run.spec.backend
     if run.spec.replicas.min == 0 and backend.spec.type != "local":
-        return [
-            Problem(
-                doc.file,
-                doc.line(("spec", "replicas", "min")),
-                "spec.replicas.min",
+        return (("spec", "replicas", "min"),
                 f"replicas.min: 0 (scale to zero) needs a type: local backend; backend '{backend.metadata.name}' is "
-                f"type: {backend.spec.type} (use min: 1 or more there)",
-            )
-        ]
+                f"type: {backend.spec.type} (use min: 1 or more there)")
     if isinstance(run, ModelDeployment) and backend.spec.type == "local" \
             and run.spec.runtime.type not in LOCAL_MODEL_RUNTIMES:
-        return [
-            Problem(
-                doc.file,
-                doc.line(("spec", "runtime", "type")),
-                "spec.runtime.type",
+        return (("spec", "runtime", "type"),
                 f"runtime {run.spec.runtime.type} runs on Kubernetes backends (GPU servers); backend "
                 f"'{backend.metadata.name}' is type: local, which runs {', '.join(LOCAL_MODEL_RUNTIMES)} on its CPU "
-                "(use runtime type llama.cpp with a GGUF model, or a kubernetes backend)",
-            )
-        ]
+                "(use runtime type llama.cpp with a GGUF model, or a kubernetes backend)")
     offered = backend.spec.gpu_classes
     if placement.gpu_class is not None and placement.gpu_class not in offered:
         what = f"offers: {', '.join(offered)}" if offered else "offers no GPU classes"
-        return [
-            Problem(
-                doc.file,
-                doc.line(("spec", "backend", "gpuClass")),
-                "spec.backend.gpuClass",
+        return (("spec", "backend", "gpuClass"),
                 f"backend '{backend.metadata.name}' has no GPU class '{placement.gpu_class}'; it {what} "
-                "(add it to the backend's spec.gpuClasses or pick another backend)",
-            )
-        ]
+                "(add it to the backend's spec.gpuClasses or pick another backend)")
+    return None
+
+
+def _pool_problems(doc: _Document, run: Deployable, backends: dict[str, PlntBackend]) -> list[Problem]:
+    """A pool (refs or selector) names backends that exist, and at least one of them can run `run`
+    (placement uses only those; a member that cannot is reported when none can, with each reason)."""
+    placement = run.spec.backend
+    known = ", ".join(sorted(backends)) or "none declared"
+    if placement.refs is not None:
+        problems = []
+        for i, name in enumerate(placement.refs):
+            if name not in backends:
+                path = ("spec", "backend", "refs", i)
+                problems.append(Problem(doc.file, doc.line(path), _render(path),
+                                        f"unknown backend '{name}'; declare a PlntBackend named '{name}' or use one "
+                                        f"of: {known}"))
+        if problems:
+            return problems
+    members = placement.members(backends)
+    if not members:
+        path = ("spec", "backend", "selector", "matchLabels")
+        labelled = "; ".join(f"{name} {_labels(backend.metadata.labels)}" for name, backend in sorted(backends.items()))
+        return [Problem(doc.file, doc.line(path), _render(path),
+                        f"selects no PlntBackend (backends and their labels: {labelled or 'none declared'}); label a "
+                        "backend with these labels (metadata.labels) or change the selector")]
+    unfit = [(name, why) for name in members if (why := _unfit(run, backends[name])) is not None]
+    if run.spec.replicas.min == 0 and unfit and unfit[0][1][0] == ("spec", "replicas", "min"):
+        path, message = unfit[0][1]  # scale to zero: every member must be local, or the replica could not park
+        return [Problem(doc.file, doc.line(path), _render(path), message.replace("needs a type: local backend",
+                                                                                  "needs every backend of the pool local"))]
+    if len(unfit) == len(members):
+        path = unfit[0][1][0]
+        reasons = "; ".join(why for _, (_, why) in unfit)
+        return [Problem(doc.file, doc.line(path), _render(path),
+                        f"no backend of the pool ({placement.describe()}) can run it: {reasons}")]
     return []
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f"{key}: {value}" for key, value in sorted(labels.items())) + "}"
 
 
 # --- loading -------------------------------------------------------------------------------

@@ -15,10 +15,19 @@ import fnmatch
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 PLNT_API_VERSION = "plnt.work/v1"
@@ -94,20 +103,81 @@ class Toleration(SpecModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
-class BackendPlacement(SpecModel):
-    """Where a WorkflowRun runs: a PlntBackend by name, and what it needs there."""
+class BackendSelector(SpecModel):
+    """The PlntBackends whose metadata.labels hold every one of `matchLabels` (as a Kubernetes selector)."""
 
-    cluster: str = Field(pattern=NAME_PATTERN, description="metadata.name of a PlntBackend")
+    match_labels: dict[str, str] = Field(min_length=1, description="labels a PlntBackend must carry, all of them")
+
+    def matches(self, backend: PlntBackend) -> bool:
+        labels = backend.metadata.labels
+        return all(labels.get(key) == value for key, value in self.match_labels.items())
+
+
+POOL_FIELDS = ("cluster", "refs", "selector")
+
+
+class BackendPlacement(SpecModel):
+    """Where a WorkflowRun or ModelDeployment runs: one PlntBackend by name (`cluster`), or a pool of
+    them (`refs`, or a `selector` on their labels) across which plnt places its replicas by free
+    capacity (reconciler/plan/placement.py); and what each replica needs there."""
+
+    cluster: str | None = Field(default=None, pattern=NAME_PATTERN, description="metadata.name of a PlntBackend")
+    refs: list[Annotated[str, Field(pattern=NAME_PATTERN)]] | None = Field(
+        default=None, min_length=1, max_length=50,
+        description="a pool: metadata.names of PlntBackends; plnt spreads the replicas across them")
+    selector: BackendSelector | None = Field(default=None, description=(
+        "a pool: the PlntBackends whose labels match; plnt spreads the replicas across them"))
     gpu_class: str | None = None
-    gpu_count: int = Field(default=0, ge=0)
+    gpu_count: int = Field(default=0, ge=0, description="GPUs of gpuClass each replica needs")
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _gpu_count_needs_class(self) -> BackendPlacement:
+        given = [name for name in POOL_FIELDS if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of cluster (one PlntBackend), refs (a list of them) or selector "
+                             f"(matchLabels on their labels); this gives {' and '.join(given) or 'none'}")
+        if self.refs is not None and len(set(self.refs)) != len(self.refs):
+            twice = sorted({ref for ref in self.refs if self.refs.count(ref) > 1})
+            raise ValueError(f"refs names {', '.join(twice)} more than once; list each backend once")
         if self.gpu_count > 0 and self.gpu_class is None:
             raise ValueError("gpuCount > 0 needs a gpuClass")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_pool(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # The pool fields are left out when unset: a spec naming one backend keeps the fingerprint
+        # (a digest of this dump) it had before pools existed, so nothing is rolled out again.
+        data: dict[str, Any] = handler(self)
+        for name in POOL_FIELDS:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+    @property
+    def pooled(self) -> bool:
+        """A pool (refs or selector) rather than one backend."""
+        return self.cluster is None
+
+    def members(self, backends: Mapping[str, PlntBackend]) -> list[str]:
+        """The names of the declared backends this placement may use: the cluster, the refs (in
+        their order) or those the selector matches (by name); a name no backend has is left out."""
+        if self.cluster is not None:
+            return [self.cluster] if self.cluster in backends else []
+        if self.refs is not None:
+            return [name for name in self.refs if name in backends]
+        assert self.selector is not None
+        return sorted(name for name, backend in backends.items() if self.selector.matches(backend))
+
+    def describe(self) -> str:
+        """The placement as a person wrote it: `a`, `refs [a, b]` or `selector pool=x`."""
+        if self.cluster is not None:
+            return self.cluster
+        if self.refs is not None:
+            return f"refs [{', '.join(self.refs)}]"
+        assert self.selector is not None
+        return "selector " + ",".join(f"{k}={v}" for k, v in sorted(self.selector.match_labels.items()))
 
 
 class Replicas(SpecModel):
@@ -478,9 +548,21 @@ class RunnerLimits(SpecModel):
     processes: int = Field(default=4096, ge=64, le=2**22)
 
 
+class BackendCapacity(SpecModel):
+    """What plnt may place on a backend (declared, not measured): GPUs of each class, and replicas
+    (runner and model-server processes or pods) in all. Unset: no limit of that kind."""
+
+    gpus: dict[str, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(default_factory=dict, description=(
+        "GPUs of each class (a class of spec.gpuClasses) that replicas may request here, e.g. {nvidia.com/h100: 8}"))
+    replicas: int | None = Field(default=None, ge=0, le=1_000_000, description=(
+        "replicas of every WorkflowRun and ModelDeployment this backend may run at once"))
+
+
 class PlntBackendSpec(SpecModel):
     type: Literal["local", "kubernetes"]
     gpu_classes: list[str] = Field(default_factory=list)
+    capacity: BackendCapacity | None = Field(default=None, description=(
+        "what plnt may place here (GPUs per class, replicas); placement across pools spreads by what is free"))
     kubernetes: KubernetesTarget | None = None
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
@@ -490,6 +572,10 @@ class PlntBackendSpec(SpecModel):
 
     @model_validator(mode="after")
     def _kubernetes_needs_target(self) -> PlntBackendSpec:
+        unoffered = sorted(set(self.capacity.gpus) - set(self.gpu_classes)) if self.capacity is not None else []
+        if unoffered:
+            raise ValueError(f"capacity.gpus names {', '.join(unoffered)}, which spec.gpuClasses does not list; add "
+                             "it to gpuClasses or remove it from capacity.gpus")
         if self.type == "kubernetes" and self.kubernetes is None:
             raise ValueError("type: kubernetes needs a kubernetes: {context, namespace} block")
         if self.type == "local" and self.kubernetes is not None:

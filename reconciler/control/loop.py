@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from plnt.core import telemetry
@@ -26,6 +26,7 @@ from plnt.reconciler.drivers.helm import model_step_timeouts, runner_step_timeou
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
+from plnt.reconciler.plan.placement import Observed, Placement, place_commit, with_placements
 from plnt.reconciler.review.approval import ApprovalGate
 from plnt.reconciler.saga.history import MAX_ROLLOUTS, NoSaga, saga_rollouts
 from plnt.reconciler.saga.io import RolloutTarget, SagaInput
@@ -35,7 +36,7 @@ from plnt.reconciler.settings import Settings
 from plnt.reconciler.source.commit_trust import CommitVerifier
 from plnt.reconciler.source.git import GitSource, redact
 from plnt.reconciler.source.kubernetes import KubernetesSource
-from plnt.reconciler.state import StateDir, atomic_write_json, read_json
+from plnt.reconciler.state import LiveWorkflow, Release, StateDir, atomic_write_json, read_json
 from plnt.reconciler.status_store import StatusStore
 from temporalio.client import Client
 
@@ -83,6 +84,12 @@ class Reconciler:
         self._quiet: tuple[Any, ...] | None = None
         self._quiet_items: list[PlanItem] = []
         self._plan = PlanMemo()
+        # (commit, its specs, the stable releases, their placements, where they run): see _placements.
+        self._placed: tuple[str, SpecSet, dict[str, Release], dict[str, Placement], dict[str, dict[str, int]]] \
+            | None = None
+        # Measured load per backend for placement (plnt up: the gateway's in-flight counts), or None.
+        self.observe: Callable[[Mapping[str, LiveWorkflow], Mapping[str, Mapping[str, int]]],
+                               Mapping[str, Observed]] | None = None
         self.source_status: dict[str, Any] = read_json(state.source_file, default={}) or {}
         # Called with (commit, specs) for every valid commit a pass reconciles (e.g. --mirror-status).
         self.spec_listeners: list[Callable[[str, SpecSet], None]] = []
@@ -191,6 +198,8 @@ class Reconciler:
         # Preview releases (`<name>--pr<N>`) belong to the PreviewController (reconciler/review/previews.py).
         items = self._plan.plan(desired, releases, self._statuses.all(), self._sagas.fingerprints,
                                 keep=lambda key: preview_of(key.split("/", 1)[1]) is None)
+        placements, current = self._placements(commit, specs, releases)
+        items = with_placements(items, placements, current)
         in_sync = all(item.action is Action.UNCHANGED and not item.waiting for item in items)
         budget = self._settings.temporal.max_concurrent_sagas - len(self._sagas)
         live_unknown = getattr(self._driver, "live_unknown", lambda key: None)
@@ -201,6 +210,8 @@ class Reconciler:
             unknown = live_unknown(item.key)
             if unknown is not None and item.key not in self._sagas and self._was_deployed(item.key):
                 self._hold_unknown(item, unknown)
+            elif item.unplaceable is not None and item.action is not Action.UNCHANGED and not item.waiting:
+                self._note_unplaceable(item, specs, commit)
             elif item.supersedes:
                 await self._sagas.cancel(item.namespace, item.name,
                                          why="a newer commit changed it; cancelling the running saga")
@@ -322,6 +333,9 @@ class Reconciler:
         else:  # a raised runner install timeout (kubernetes.install_timeout_s) raises its steps' too
             retry = retry.model_copy(update={"step_timeouts": runner_step_timeouts(
                 retry.step_timeouts, self._settings.kubernetes.install_timeout_s)})
+        if run.spec.backend.pooled and "placement" not in more:  # where the replicas go (the install checks it)
+            placed = self._placed[3].get(run.key) if self._placed is not None else None
+            more["placement"] = placed.counts() if placed is not None and placed.placed else None
         return SagaInput(action="deploy", namespace=run.metadata.namespace, name=run.metadata.name, commit=commit,
                          fingerprint=run.fingerprint(), version=run.version, retry=retry, **more)
 
@@ -395,13 +409,18 @@ class Reconciler:
         if run is None or replicas is None:
             return
         try:
-            release = await self._driver.set_replicas(item.namespace, item.name, replicas)
+            if item.replicas_by_backend:  # a pool's: each replica where it is placed (moved, added, stopped)
+                release = await self._driver.place_replicas(  # type: ignore[attr-defined]
+                    item.namespace, item.name, dict(item.replicas_by_backend))
+            else:
+                release = await self._driver.set_replicas(item.namespace, item.name, replicas)
         except PlntError as exc:
             log.error("scale-failed workflowrun=%s replicas=%s error=%s", item.key, replicas, exc)
             self._statuses.update_nowait(item.namespace, item.name,
                                          message=f"scale {item.from_replicas} -> {replicas} failed: {exc}")
             return
-        log.info("scaled workflowrun=%s replicas=%s -> %s commit=%s", item.key, item.from_replicas, replicas, commit[:12])
+        log.info("scaled workflowrun=%s replicas=%s -> %s commit=%s reason=%r", item.key, item.from_replicas, replicas,
+                 commit[:12], item.reason)
         if self._statuses.get(item.key) is not None:
             self._statuses.update_nowait(item.namespace, item.name, observed_commit=commit,
                                          deployed_spec=run.spec.model_dump(mode="json", by_alias=True),
@@ -456,6 +475,61 @@ class Reconciler:
                 self._statuses.remove(status.namespace, status.name)
         self._refused = set(snapshot.refused)
         return snapshot.refused
+
+    def _placements(self, commit: str, specs: SpecSet,
+                    releases: dict[str, Any]) -> tuple[dict[str, Placement], dict[str, dict[str, int]]]:
+        """Where every run's replicas go at this commit (reconciler/plan/placement.py), and where they
+        run now (replicas per backend), decided again when the commit or a stable release changes (its
+        replicas started, stopped or moved). A pool's release records each replica's backend; a release
+        on one backend runs its replicas there. The measured load (`observe`) is read then, not on every
+        pass: it only orders the backends new replicas go to."""
+        stables = {key: live.stable for key, live in releases.items() if live.stable is not None}
+        placed = self._placed
+        if placed is not None and placed[0] == commit and placed[1] is specs and placed[2].keys() == stables.keys() \
+                and all(placed[2][key] is stable for key, stable in stables.items()):
+            return placed[3], placed[4]
+        current: dict[str, dict[str, int]] = {}
+        for key, stable in stables.items():
+            if stable.placement is not None:
+                current[key] = stable.replicas_by_backend()
+                continue
+            status = self._statuses.get(key)
+            deployed = status.deployed_spec if status is not None else None
+            cluster = (deployed or {}).get("backend", {}).get("cluster")
+            if isinstance(cluster, str):  # where plnt last promoted it, with the replicas it runs
+                current[key] = {cluster: stable.replicas}
+        observed = self._observe_backends(releases, current)
+        self._placed = (commit, specs, stables, place_commit(specs, current, observed), current)
+        return self._placed[3], current
+
+    def _observe_backends(self, releases: dict[str, Any],
+                          current: Mapping[str, Mapping[str, int]]) -> dict[str, Observed] | None:
+        """The measured load per backend (requests in flight and queued), from `observe` when this
+        plnt has one (plnt up: its gateway's counts); a failed or missing reading is "unknown": the
+        placement then goes by declared capacity alone."""
+        if self.observe is None:
+            return None
+        try:
+            return dict(self.observe(releases, current))
+        except Exception as exc:  # (a reading is an optimisation: never a reason to stop placing)
+            log.warning("placement-observe-failed error=%s (placing by declared capacity)", exc)
+            return None
+
+    def _note_unplaceable(self, item: PlanItem, specs: SpecSet, commit: str) -> None:
+        """An install or upgrade whose replicas do not fit: no saga; the missing capacity in its status,
+        beside what it still serves (Failed when nothing of it runs). Not held like a failed saga: the
+        spec is tried again as soon as the capacity is there (a backend added, another release gone)."""
+        why = f"cannot be placed: {item.unplaceable}"
+        status = self._statuses.get(item.key)
+        if status is None or status.version is None:
+            fields: dict[str, Any] = dict(phase=Phase.FAILED, message=why, last_error=why)
+        else:
+            fields = dict(message=f"{status.phase.value} {status.version} keeps serving; {why}", last_error=why)
+        if status is None or any(getattr(status, name) != value for name, value in fields.items()):
+            log.warning("plan-unplaceable workflowrun=%s reason=%r", item.key, item.unplaceable)
+            run = specs.deployable(item.key)
+            self._statuses.update_nowait(item.namespace, item.name, observed_commit=commit,
+                                         **({"kind": run.kind} if run is not None else {}), **fields)
 
     def _was_deployed(self, key: str) -> bool:
         """Status says plnt deployed it: then "not seen" on an unreadable backend is not "gone". (A

@@ -27,7 +27,7 @@ from plnt.reconciler.drivers.helm import HelmConfigError, HelmDriver, SpecCache,
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.drivers.reported import ReportedRunners
-from plnt.reconciler.errors import PlntError
+from plnt.reconciler.errors import DriverError, PlntError
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir, Track, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,8 @@ class DriverSet:
         for run in specs.deployables().values():
             if remember:
                 self._specs.remember(run)
-            self._assigned[run.key] = run.spec.backend.cluster
+            if run.spec.backend.cluster is not None:  # (a pool is placed by the plan, not deployed yet)
+                self._assigned[run.key] = run.spec.backend.cluster
         self._backends.update(specs.backends)
         self._save()
 
@@ -152,6 +153,16 @@ class DriverSet:
     async def set_replicas(self, namespace: str, name: str, replicas: int) -> Release:
         release = await self.driver_for(namespace, name).set_replicas(namespace, name, replicas)
         self._note(namespace, name, {"stable": release})
+        return release
+
+    async def place_replicas(self, namespace: str, name: str, placement: dict[str, int]) -> Release:
+        """A pool's stable release run as `placement` (replicas per backend). Pools deploy on type:
+        local backends only (the saga's validate step refuses others), so it is the local driver's."""
+        place = getattr(self.local, "place_replicas", None)
+        if place is None:  # ReportedRunners: the worker that runs them would have to be asked
+            raise DriverError(f"{namespace}/{name}: a pool's replicas are placed by `plnt up`; a reconciler of "
+                              "split roles cannot place them yet")
+        release: Release = await place(namespace, name, placement)
         return release
 
     def knows(self, namespace: str, name: str) -> bool:

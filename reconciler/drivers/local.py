@@ -114,7 +114,8 @@ class LocalDriver:
                           if self._park_after_for is not None else None)
             release = request.release().model_copy(update={"park_after_s": park_after})
             count = release.replicas if request.track == "stable" else 1  # a canary is one process
-            release = release.with_processes(await self._start_replicas(release, range(count)))
+            backends = release.placed_backends()[:count]  # (a pool's canary: on the first placed backend)
+            release = release.with_processes(await self._start_replicas(release, range(count), backends))
             try:
                 live = self._records.read(request.namespace, request.name)
                 self._records.write(live.model_copy(update={request.track: release}))
@@ -135,9 +136,11 @@ class LocalDriver:
                                                         "shadow_percent": 0})
             # The canary's one process becomes the first replica; the others start before the routes
             # change, so the new release serves with all of them the moment the old one leaves.
+            # A pool's: each where it is placed (the canary's on the first placed backend).
             running = new_stable.processes()
             if not new_stable.parked and len(running) < new_stable.replicas:
-                running += await self._start_replicas(new_stable, range(len(running), new_stable.replicas))
+                more = range(len(running), new_stable.replicas)
+                running += await self._start_replicas(new_stable, more, new_stable.placed_backends()[more.start:])
                 new_stable = new_stable.with_processes(running)
             old = live.stable
             self._records.write(LiveWorkflow(namespace=namespace, name=name, stable=new_stable))
@@ -177,6 +180,9 @@ class LocalDriver:
             stable = live.stable
             if stable is None:
                 raise DriverError(f"{namespace}/{name}: no stable release to scale to {replicas} replicas")
+            if stable.placement is not None:
+                raise DriverError(f"{namespace}/{name}: a pool's release is scaled by placing its replicas "
+                                  "(place_replicas), not by a count")
             running = stable.processes()
             surplus: list[Release] = []
             if stable.parked:
@@ -192,6 +198,46 @@ class LocalDriver:
                          len(stable.processes()))
             await asyncio.gather(*(self._stop_process(process) for process in surplus))
             return scaled
+
+    async def place_replicas(self, namespace: str, name: str, placement: dict[str, int]) -> Release:
+        """Run the stable release of a pool as `placement` (replicas per backend), in place: the
+        processes already on a backend that keeps them stay, the missing ones start where they are
+        placed (recorded once healthy, so the gateway routes to them), then the ones a backend gives
+        up leave the records, drain and stop. The same release (no canary: its version is proven)."""
+        if sum(placement.values()) < 1 or any(count < 0 for count in placement.values()):
+            raise DriverError(f"{namespace}/{name}: a placement runs at least one replica, none negative: {placement}")
+        async with self._lock(namespace, name):
+            live = self._records.read(namespace, name)
+            stable = live.stable
+            if stable is None:
+                raise DriverError(f"{namespace}/{name}: no stable release to place as {placement}")
+            wanted = {backend: count for backend, count in placement.items() if count > 0}
+            if stable.parked:  # a request wakes its first replica; the next placement starts the others
+                placed = stable.model_copy(update={"placement": wanted, "replicas": sum(wanted.values())})
+                if placed != stable:
+                    self._records.write(live.model_copy(update={"stable": placed}))
+                return placed
+            kept: list[Release] = []
+            surplus: list[Release] = []
+            have: dict[str | None, int] = {}
+            for process in stable.processes():
+                if have.get(process.backend, 0) < wanted.get(process.backend or "", 0):
+                    have[process.backend] = have.get(process.backend, 0) + 1
+                    kept.append(process)
+                else:
+                    surplus.append(process)
+            missing = [backend for backend, count in wanted.items() for _ in range(count - have.get(backend, 0))]
+            first = len(stable.processes())  # (new replica numbers after every old one: their logs stay apart)
+            started = await self._start_replicas(stable, range(first, first + len(missing)), missing)
+            placed = stable.model_copy(update={"placement": wanted, "replicas": sum(wanted.values())}) \
+                .with_processes(kept + started)
+            if placed != stable:
+                self._records.write(live.model_copy(update={"stable": placed}))
+                log.info("release-placed release=%s placement=%s (was %s)", stable.release_id,
+                         ",".join(f"{b}:{n}" for b, n in wanted.items()),
+                         ",".join(f"{b}:{n}" for b, n in stable.replicas_by_backend().items()) or "-")
+            await asyncio.gather(*(self._stop_process(process) for process in surplus))
+            return placed
 
     async def live(self) -> dict[str, LiveWorkflow]:
         return self.snapshot()
@@ -340,11 +386,15 @@ class LocalDriver:
     def _lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault(f"{namespace}/{name}", asyncio.Lock())
 
-    async def _start_replicas(self, release: Release, replicas: range) -> list[Release]:
-        """Start these replica processes of `release` at once (each on a free port) and wait until
-        all are healthy; if one fails, the others are stopped and its error raised."""
-        results = await asyncio.gather(*(self._start(release.model_copy(update={"more_replicas": ()}), replica=i)
-                                         for i in replicas), return_exceptions=True)
+    async def _start_replicas(self, release: Release, replicas: range,
+                              backends: list[str | None] | None = None) -> list[Release]:
+        """Start these replica processes of `release` at once (each on a free port; a pool's each on
+        its backend of `backends`, in order) and wait until all are healthy; if one fails, the others
+        are stopped and its error raised."""
+        where = list(backends or ()) + [None] * len(replicas)
+        results = await asyncio.gather(*(self._start(release.model_copy(update={"more_replicas": (), "backend": where[j]}),
+                                                     replica=i)
+                                         for j, i in enumerate(replicas)), return_exceptions=True)
         failed = [result for result in results if isinstance(result, BaseException)]
         if failed:
             await asyncio.gather(*(self._stop_process(r) for r in results if isinstance(r, Release)),

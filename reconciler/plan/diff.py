@@ -23,6 +23,8 @@ from plnt.core.specs.models import Deployable, flatten, replica_count
 from plnt.core.status import Phase, Pin, WorkflowRunStatus
 from plnt.reconciler.state import LiveWorkflow
 
+IN_SYNC = "in sync"  # the reason of an unchanged item whose release runs its spec (placement may still move it)
+
 
 class Action(str, Enum):
     INSTALL = "install"
@@ -119,6 +121,12 @@ class PlanItem:
     # A scale: the live release's replica count and the one it gets (None for other actions).
     from_replicas: int | None = None
     to_replicas: int | None = None
+    # Where each replica goes and why (reconciler/plan/placement.py), for a pool or declared capacity;
+    # `unplaceable`: the capacity it lacks. Such an item starts no saga: what runs keeps serving.
+    placement: tuple[str, ...] = ()
+    unplaceable: str | None = None
+    # A pool's replicas per backend as placed (what its saga installs, or a re-placing scale moves to).
+    replicas_by_backend: tuple[tuple[str, int], ...] = ()
 
     @property
     def key(self) -> str:
@@ -126,7 +134,7 @@ class PlanItem:
 
     @property
     def needs_saga(self) -> bool:
-        return self.action not in (Action.UNCHANGED, Action.SCALE) and not self.waiting
+        return self.action not in (Action.UNCHANGED, Action.SCALE) and not self.waiting and self.unplaceable is None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -142,6 +150,9 @@ class PlanItem:
             "after": list(self.after),
             **({"fromReplicas": self.from_replicas, "toReplicas": self.to_replicas}
                if self.action is Action.SCALE else {}),
+            "placement": list(self.placement),
+            "unplaceable": self.unplaceable,
+            **({"replicasByBackend": dict(self.replicas_by_backend)} if self.replicas_by_backend else {}),
         }
 
 
@@ -278,7 +289,7 @@ def _decide(want: DesiredRun | None, have: LiveRun | None) -> PlanItem | None:
         if scale is not None and not waiting:
             return PlanItem(action=Action.SCALE, reason=f"replicas {have.replicas} -> {scale}", from_version=have.version,
                             from_replicas=have.replicas, to_replicas=scale, **base)
-        return PlanItem(action=Action.UNCHANGED, reason="in sync", from_version=have.version, **base)
+        return PlanItem(action=Action.UNCHANGED, reason=IN_SYNC, from_version=have.version, **base)
     if have.failed_fingerprint == want.fingerprint:
         return PlanItem(action=Action.UNCHANGED, reason=_held(have), from_version=have.version, **base)
 
@@ -331,6 +342,7 @@ def render_text(items: list[PlanItem]) -> str:
             lines.extend(f"    {change}" for change in item.changes)
         else:
             lines.append(f"    {item.reason}")
+        lines.extend(f"    {line}" for line in item.placement)
     lines.append(summary(items))
     return "\n".join(lines) + "\n"
 
@@ -344,14 +356,23 @@ def render_markdown(items: list[PlanItem], title: str = "plnt plan") -> str:
             after = f" (after {', '.join(item.after)})" if item.after else ""
             out.append(f"| {_SYMBOL[item.action]} | `{item.key}` | **{item.action.value}**{_md(after)} | "
                        f"{_md(_versions(item))} | {why} |")
+    placed = [item for item in items if item.placement]
+    if placed:
+        out += ["", "#### Where the replicas go", ""]
+        for item in placed:
+            out.append(f"- `{item.key}`" + (" **cannot be placed**: nothing of it is deployed, what runs keeps serving"
+                                            if item.unplaceable else ""))
+            out.extend(f"  - {_md(line)}" for line in item.placement)
     return "\n".join(out) + "\n"
 
 
 def summary(items: list[PlanItem]) -> str:
     counts = {action: sum(1 for i in items if i.action is action) for action in Action}
     scales = f"{counts[Action.SCALE]} to scale, " if counts[Action.SCALE] else ""
+    unplaceable = sum(1 for i in items if i.unplaceable)
     return (f"Plan: {counts[Action.INSTALL]} to install, {counts[Action.UPGRADE]} to upgrade, {scales}"
-            f"{counts[Action.UNINSTALL]} to uninstall, {counts[Action.UNCHANGED]} unchanged.")
+            f"{counts[Action.UNINSTALL]} to uninstall, {counts[Action.UNCHANGED]} unchanged"
+            + (f"; {unplaceable} cannot be placed." if unplaceable else "."))
 
 
 def _versions(item: PlanItem) -> str:

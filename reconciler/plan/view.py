@@ -17,6 +17,7 @@ from plnt.core.specs.limits import SpecLimits
 from plnt.core.specs.loader import DEFAULT_LIMITS, Problem, SpecSet
 from plnt.reconciler.plan.diff import DesiredRun, LiveRun, PlanItem, render_markdown, render_text
 from plnt.reconciler.plan.diff import plan as make_plan
+from plnt.reconciler.plan.placement import current_of, place_commit, with_placements
 from plnt.reconciler.source.git import GitSource, SourceError
 
 MAX_REVISIONS = 200
@@ -102,15 +103,18 @@ def plan_between(source: GitSource, *, head: str | None, base: str | None,
 
     desired = {k: desired_of(r) for k, r in desired_specs.deployables().items()}
     base_commit: str | None = None
+    current: dict[str, dict[str, int]] = {}
     if base is not None:
         base_commit = _resolve(source, base)
         base_specs = _load(source, base_commit, limits)
         have = {key: LiveRun.as_deployed(desired_of(r)) for key, r in base_specs.deployables().items()}
+        current = current_of(place_commit(base_specs))  # the base's placement is where the replicas run
         title = f"plnt plan {base_commit[:12]}..{head_commit[:12]}"
     else:
         have = dict(live()) if live is not None else {}
         title = f"plnt plan {head_commit[:12]} against {live_label}"
-    return PlanView(base=base_commit, head=head_commit, title=title, items=make_plan(desired, have))
+    items = with_placements(make_plan(desired, have), place_commit(desired_specs, current), current)
+    return PlanView(base=base_commit, head=head_commit, title=title, items=items)
 
 
 def revisions(source: GitSource, limit: int = 30) -> list[dict[str, Any]]:

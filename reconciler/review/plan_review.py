@@ -24,6 +24,7 @@ from plnt.core.specs.limits import SpecLimits
 from plnt.core.specs.loader import DEFAULT_LIMITS, SpecSet, load_sources
 from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, plan, render_markdown
 from plnt.reconciler.plan.digest import STATUS_CONTEXT, PlanEvidence, digest_of, recipe_evidence, short
+from plnt.reconciler.plan.placement import current_of, place_commit, with_placements
 from plnt.reconciler.recipes.pull import RecipeCache
 from plnt.reconciler.recipes.registries import RegistryOptions
 from plnt.reconciler.redact import redact
@@ -48,7 +49,12 @@ class Review:
 
     @property
     def ok(self) -> bool:
-        return not self.spec_problems and not self.evidence.problems
+        return not self.spec_problems and not self.evidence.problems and not self.unplaceable
+
+    @property
+    def unplaceable(self) -> list[PlanItem]:
+        """Installs and upgrades that cannot be placed (the capacity they lack): they would not deploy."""
+        return [item for item in self.items if item.unplaceable and item.action is not Action.UNCHANGED]
 
     @property
     def digest(self) -> str | None:
@@ -93,7 +99,10 @@ def review_commits(source: GitSource, merge_base: str | None, head_sha: str, *, 
     except SourceError as exc:  # the pull request creates the spec directory: everything is new
         base_specs, review.base_warnings = SpecSet(), [str(exc)]
     review.desired = desired_runs(head_specs)
-    review.items = plan(review.desired, as_live(desired_runs(base_specs)))
+    # Where the replicas go at head, from where they run at the base; one that cannot be placed blocks.
+    current = current_of(place_commit(base_specs))
+    placements = place_commit(head_specs, current)
+    review.items = with_placements(plan(review.desired, as_live(desired_runs(base_specs))), placements, current)
     review.evidence = recipe_evidence(review.items, head_specs, commit=head_sha, cache=cache,
                                       read_from_repo=source.read_file, export_from_repo=source.export,
                                       registry_options=registry_options)
@@ -120,6 +129,10 @@ def status_of(review: Review) -> tuple[State, str]:
         n = len(review.evidence.problems)
         who = ", ".join(p.split(":", 1)[0] for p in review.evidence.problems)
         return "failure", f"plan blocked: {n} recipe problem{'s' if n != 1 else ''} ({who})"
+    if review.unplaceable:
+        n = len(review.unplaceable)
+        return "failure", (f"plan blocked: {n} cannot be placed "
+                           f"({', '.join(item.key for item in review.unplaceable)})")
     digest = review.digest
     assert digest is not None
     return "success", f"plan {short(digest)}: {counts(review.items)}"
@@ -150,6 +163,12 @@ def render_comment(review: Review) -> str:
             out += ["", f"#### Blocked: {n} recipe{'s' if n != 1 else ''} cannot be trusted", "",
                     "plnt would refuse to deploy these, so this plan cannot be approved:", "",
                     *_block(review.evidence.problems)]
+        if review.unplaceable:
+            n = len(review.unplaceable)
+            out += ["", f"#### Blocked: {n} cannot be placed", "",
+                    "Their backends lack the capacity named below, so this plan cannot be approved: lower the "
+                    "replicas or GPUs asked for, add backends to the pool, or raise a backend's spec.capacity.", "",
+                    *_block([f"{item.key}: {item.unplaceable}" for item in review.unplaceable])]
         if review.evidence.recipes:
             out += ["", "#### Recipes this plan deploys (pulled and verified as the rollout will)", "",
                     "| WorkflowRun | Recipe | Archive digest | Signed by (issuer) |", "|---|---|---|---|"]

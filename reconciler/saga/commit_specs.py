@@ -54,6 +54,13 @@ class TrustedSaga:
     dependencies: Mapping[str, Deployable] = field(default_factory=dict)  # dependsOn, by name, as the commit gives them
 
 
+def _backend_of(run: Deployable, backends: Mapping[str, PlntBackend]) -> PlntBackend | None:
+    """The backend a run's release is checked against: its one backend, or a pool's first member
+    (the validate step checks that every member is of a type pools deploy on)."""
+    members = run.spec.backend.members(backends)
+    return backends[members[0]] if members else None
+
+
 def _gates_of(specs: SpecSet, namespace: str) -> dict[str, Gate]:
     return {gate.metadata.name: gate for gate in specs.gates.values() if gate.metadata.namespace == namespace}
 
@@ -120,13 +127,14 @@ class CommitSpecs:
             base, base_problems = await self._load(branch)
             if base_problems:  # the reconciler deploys nothing from such a commit; nor does a preview
                 raise RetryLater(f"the tracked branch's head {branch[:12]} is invalid: no preview until it is fixed")
-            return TrustedSaga(ref, run, base.backends.get(run.spec.backend.cluster),
-                               tuple(base.trust_policies.values()), policy_commit=branch,
+            return TrustedSaga(ref, run, _backend_of(run, base.backends),
+                               tuple(base.trust_policies.values()), tuple(base.backends.values()), policy_commit=branch,
                                gates=_gates_of(specs, ref.namespace))
         dependencies = {name: dep for name in run.spec.depends_on
                         if (dep := specs.deployable(run_key(ref.namespace, name))) is not None}
-        return TrustedSaga(ref, run, specs.backends.get(run.spec.backend.cluster),
-                           tuple(specs.trust_policies.values()), gates=_gates_of(specs, ref.namespace),
+        return TrustedSaga(ref, run, _backend_of(run, specs.backends),
+                           tuple(specs.trust_policies.values()), tuple(specs.backends.values()),
+                           gates=_gates_of(specs, ref.namespace),
                            dependencies=dependencies)
 
     async def _on_branch(self, commit: str) -> bool:

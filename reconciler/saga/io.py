@@ -74,13 +74,17 @@ class SagaInput(SagaRef):
     # as if this person had promoted its canary at once (no smoke test, no steps). None for every other saga,
     # so histories recorded before it replay as they were.
     promote_at_once: RolloutTarget | None = None
+    # A pool's placement as the reconciler decided it (replicas per backend, the canary's first): where
+    # it runs depends on live capacity, not only on the commit. The install step checks it against the
+    # commit (every backend in the run's pool, the sum its replica count). None for one backend.
+    placement: dict[str, int] | None = None
 
     @property
     def workflow_id(self) -> str:
         return saga_workflow_id(self.namespace, self.name)
 
     def ref(self) -> SagaRef:
-        return SagaRef.model_validate(self.model_dump(exclude={"retry", "promote_at_once"}))
+        return SagaRef.model_validate(self.model_dump(exclude={"retry", "promote_at_once", "placement"}))
 
 
 def saga_workflow_id(namespace: str, name: str) -> str:
@@ -215,6 +219,7 @@ class InstallInput(_Io):
     saga: SagaRef
     track: Track
     recipe_digest: str   # must be the verified cache entry of the recipe the commit names
+    placement: dict[str, int] | None = None  # a pool's (SagaInput.placement), checked against the commit
 
 
 class SmokeInput(_Io):

@@ -205,7 +205,8 @@ class DeploySaga:
 
         percent = valid.traffic_percent
         await self._phase(saga, Phase.DEPLOYING, f"installing canary {saga.version}", {})
-        await self._call("install_release", InstallInput(saga=ref, track="canary", recipe_digest=pulled.digest),
+        await self._call("install_release", InstallInput(saga=ref, track="canary", recipe_digest=pulled.digest,
+                                                      placement=saga.placement),
                          Release, saga)
         steps = valid.canary_steps
         if len(steps) > 1 or any(step.pause_s or step.manual or step.gates for step in steps):

@@ -184,9 +184,9 @@ def test_unknown_field_names_allowed_fields(tmp_path: Path) -> None:
 
 
 def test_missing_required_field_points_at_parent_key(tmp_path: Path) -> None:
-    text = RUN.replace("  backend: {cluster: local}\n", "  backend: {}\n")
+    text = RUN.replace("{ref: review-responder@1.2.0, registry", "{registry")
     problems = load_one(tmp_path, BACKEND + "---\n" + text)
-    assert where(problems) == [("specs.yaml", 11, "spec.backend.cluster")]
+    assert where(problems) == [("specs.yaml", 10, "spec.workflow.ref")]
     assert problems[0].message == "required field is missing; add it"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 
-from plnt.core.specs.models import Canary, ModelCanary, ModelDeployment, RecipeTrustPolicy, replica_count
+from plnt.core.specs.models import Canary, Deployable, ModelCanary, ModelDeployment, RecipeTrustPolicy, replica_count
 from plnt.reconciler.drivers.model_runtime import gguf_file
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.errors import InvalidSpec, UntrustedSagaInput
@@ -26,8 +26,9 @@ class InstallStep(SagaStep):
         trusted, run = await self._deploy(request.saga)
         if request.track != "canary":
             raise UntrustedSagaInput("a saga installs a canary; only promote_release makes a stable release")
+        placement = checked_placement(trusted, run, request.placement)
         if isinstance(run, ModelDeployment):
-            return await self._install_model(trusted, run, request.recipe_digest)
+            return await self._install_model(trusted, run, request.recipe_digest, placement)
         recipe_dir = self._verified_recipe(run, request.recipe_digest)
         trust = await self._trust(trusted, policies_for(run.spec.workflow.name, trusted.policies))
         return await with_heartbeats(self._driver.install(InstallRequest(
@@ -36,10 +37,11 @@ class InstallStep(SagaStep):
             recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.plan_steps()[0].weight, trust=trust,
             canary_header=first_step_header(run.spec.canary), shadow_percent=run.spec.canary.shadow_percent,
             llm_model=f"{run.metadata.namespace}/{run.spec.model}" if run.spec.model else None,
-            replicas=replica_count(run.spec),
+            replicas=replica_count(run.spec), placement=placement,
         )))
 
-    async def _install_model(self, trusted: TrustedSaga, run: ModelDeployment, digest: str) -> Release:
+    async def _install_model(self, trusted: TrustedSaga, run: ModelDeployment, digest: str,
+                             placement: dict[str, int] | None) -> Release:
         """The canary of a model: served from plnt's verified store directory (local), or by a pod that
         fetches the weights itself (Kubernetes), its manifest verified again here (the file llama.cpp
         loads is named from it) and the trust it was verified with handed to the pod."""
@@ -70,7 +72,7 @@ class InstallStep(SagaStep):
                                context_length=runtime.context_length, threads=runtime.threads,
                                args=tuple(runtime.args), registry=model.registry, model_name=model.name,
                                memory_mib=runtime.resources.memory_mi_b if runtime.resources else None),
-            replicas=replica_count(run.spec),
+            replicas=replica_count(run.spec), placement=placement,
         )))
         if self._weights is not None:
             self._weights.installed(digest)
@@ -85,3 +87,25 @@ class InstallStep(SagaStep):
 
 def first_step_header(canary: Canary | ModelCanary) -> tuple[str, str] | None:
     return canary.step_canary_header(canary.plan_steps()[0])
+
+
+def checked_placement(trusted: TrustedSaga, run: Deployable, placement: dict[str, int] | None) -> dict[str, int] | None:
+    """A pool's placement from the (untrusted) saga input, checked against the commit: every backend in
+    the run's pool, each count positive, their sum its replica count. Where replicas go depends on live
+    capacity, so the reconciler decides it; what it may name is the commit's. None for one backend."""
+    if not run.spec.backend.pooled:
+        if placement is not None:
+            raise UntrustedSagaInput(f"{run.key} names one backend at its commit; the saga names a placement")
+        return None
+    if not placement:
+        raise UntrustedSagaInput(f"{run.key} names a pool ({run.spec.backend.describe()}) at its commit; the saga "
+                                 "names no placement for its replicas")
+    members = run.spec.backend.members({b.metadata.name: b for b in trusted.backends})
+    strangers = sorted(set(placement) - set(members))
+    if strangers:
+        raise UntrustedSagaInput(f"the saga places {run.key} on {', '.join(strangers)}, outside its pool "
+                                 f"{run.spec.backend.describe()} at the commit ({', '.join(members) or 'no backend'})")
+    if any(count < 1 for count in placement.values()) or sum(placement.values()) != replica_count(run.spec):
+        raise UntrustedSagaInput(f"the saga places {sum(placement.values())} replicas of {run.key} "
+                                 f"({placement}); its commit asks for {replica_count(run.spec)}")
+    return dict(placement)

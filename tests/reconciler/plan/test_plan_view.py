@@ -119,3 +119,58 @@ def test_plan_between_refuses_a_revision_with_invalid_specs(spec_repo: SpecRepo,
     view = plan_between(source, head=first, base=None, live=dict, live_label="nothing")
     assert view.base is None and view.title == f"plnt plan {first[:12]} against nothing"
     assert [i.action.value for i in view.items] == ["install"]
+
+
+POOL_BACKENDS = """\
+apiVersion: plnt.work/v1
+kind: PlntBackend
+metadata: {name: east, labels: {pool: agents}}
+spec: {type: local, capacity: {replicas: 2}}
+---
+apiVersion: plnt.work/v1
+kind: PlntBackend
+metadata: {name: west, labels: {pool: agents}}
+spec: {type: local, capacity: {replicas: 1}}
+"""
+
+
+@pytest.mark.integration  # git processes
+def test_plan_between_shows_where_a_pools_replicas_go_and_what_capacity_is_missing(spec_repo: SpecRepo,
+                                                                                 tmp_path: Path) -> None:
+    first = spec_repo.git("rev-parse", "HEAD")
+    spec_repo.write("backends/pool.yaml", POOL_BACKENDS)
+    spec_repo.replace(RUN_FILE, "    cluster: local", "    selector: {matchLabels: {pool: agents}}")
+    spec_repo.replace(RUN_FILE, "replicas: {min: 1, max: 1}", "replicas: {min: 2, max: 2}")
+    pooled = spec_repo.commit("review-responder on the agents pool, 2 replicas")
+    source = GitSource(str(spec_repo.path), tmp_path / "clone")
+    [item] = plan_between(source, head=pooled, base=first).items
+    assert item.unplaceable is None and item.needs_saga
+    assert item.placement == ("replica 1 -> east: 2 of 2 replica slots free, 0 in flight",
+                              "replica 2 -> west: 1 of 1 replica slots free, 0 in flight")
+    view = plan_between(source, head=pooled, base=first)
+    assert "    replica 2 -> west: 1 of 1 replica slots free, 0 in flight" in view.text()
+    assert "#### Where the replicas go" in view.markdown()
+
+    # west's capacity lowered to 0 in git: its replica moves to east, which has room for both.
+    spec_repo.replace("backends/pool.yaml", "capacity: {replicas: 1}", "capacity: {replicas: 0}")
+    lowered = spec_repo.commit("west full")
+    [item] = plan_between(source, head=lowered, base=pooled).items
+    assert item.placement == ("replica 1 -> east: kept: 1 of 2 replica slots free, 0 in flight",
+                              "replica 2 -> east: 1 of 2 replica slots free, 0 in flight")
+    # ...moved in place: a scale to the new placement (same version, no saga).
+    assert (item.action.value, item.reason, item.replicas_by_backend) == ("scale", "re-placed: east 1, west 1 -> east 2",
+                                                                          (("east", 2),))
+    assert not item.needs_saga and (item.from_replicas, item.to_replicas) == (2, 2)
+
+    # Three replicas cannot fit in 2 + 0: the plan item fails, naming the missing capacity.
+    spec_repo.replace(RUN_FILE, "replicas: {min: 2, max: 2}", "replicas: {min: 3, max: 3}")
+    too_many = spec_repo.commit("three replicas")
+    view = plan_between(source, head=too_many, base=pooled)
+    [item] = view.items
+    assert item.action.value == "scale" and not item.needs_saga  # (replicas only)
+    assert item.unplaceable == ("needs 1 more replica slot: selector pool=agents has 0 free (east: 0 of 2, "
+                                "west: 0 of 0)")
+    assert "cannot be placed: needs 1 more replica slot" in view.text()
+    assert "1 cannot be placed." in view.text()
+    assert "**cannot be placed**" in view.markdown()
+    assert view.cli_json()["items"][0]["unplaceable"] == item.unplaceable

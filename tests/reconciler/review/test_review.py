@@ -65,6 +65,12 @@ def test_counts(items: list[PlanItem], want: str) -> None:
     (_review([], spec_problems=["a.yaml:3: spec: bad", "b.yaml:1: kind: bad"]), "failure", r"plan invalid: 2 problems", False),
     (_review([UP], recipe_problems=["default/app: recipe app@1: VerificationFailed"]), "failure",
      r"plan blocked: 1 recipe problem \(default/app\)", False),
+    (_review([UP, PlanItem("default", "big", Action.INSTALL, "x", unplaceable="needs 1 more GPU of class a100: a has 0 free",
+                           placement=("cannot be placed: needs 1 more GPU of class a100: a has 0 free",))]),
+     "failure", r"plan blocked: 1 cannot be placed \(default/big\)", False),
+    # An unchanged release that would not fit any more keeps running: it blocks nothing.
+    (_review([UP, PlanItem("default", "old", Action.UNCHANGED, "in sync", unplaceable="needs 1 more replica slot")]),
+     "success", r"plan sha256:[0-9a-f]{12}: 1 to upgrade", True),
 ])
 def test_status_of(review: Review, state: str, pattern: str, digest: bool) -> None:
     """A failure carries no digest: nothing may approve a plan that cannot be made."""
@@ -74,6 +80,7 @@ def test_status_of(review: Review, state: str, pattern: str, digest: bool) -> No
     if digest:
         assert in_description(description) == short(review.digest or "")
     assert ("Approving means" in render_comment(review)) is digest
+    assert ("#### Blocked: 1 cannot be placed" in render_comment(review)) is ("cannot be placed" in description)
 
 
 # --- the real thing: git, recipes, the forge stand-in ---------------------------------------------

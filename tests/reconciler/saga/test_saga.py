@@ -560,6 +560,53 @@ async def test_an_invalid_commit_and_an_unsupported_backend(spec_repo: SpecRepo,
     assert f"commit {bad.commit[:12]} has 1 spec problem(s) and plnt starts no saga for it" in message
 
 
+async def test_a_pool_deploys_on_local_backends_only_and_its_placement_is_checked_against_the_commit(
+        spec_repo: SpecRepo, clone: GitSource, tmp_path: Path) -> None:
+    """A pool of local backends validates; one with a Kubernetes member is refused at validate (not
+    deployed yet). The install step takes the saga's placement only within the commit's pool and for
+    the replica count the commit asks (the input is not trusted)."""
+    spec_repo.write("backends/east.yaml", "apiVersion: plnt.work/v1\nkind: PlntBackend\n"
+                                          "metadata: {name: east, labels: {pool: agents}}\nspec: {type: local}\n")
+    spec_repo.replace("workflowruns/review-responder.yaml", "cluster: local", "refs: [local, east]")
+    spec_repo.replace("workflowruns/review-responder.yaml", "replicas: {min: 1, max: 1}", "replicas: {min: 2, max: 2}")
+    spec_repo.commit("a pool")
+    clone.fetch()
+    activities = real_activities(tmp_path, clone)
+    ref = ref_at(spec_repo)
+    valid = await ActivityEnvironment().run(activities.validate, ValidateInput(saga=ref))
+    assert valid.backend_type == "local"
+    digest = "sha256:" + "a" * 64
+    for placement, why in [
+        (None, "default/review-responder names a pool (refs [local, east]) at its commit; the saga names no "
+               "placement for its replicas"),
+        ({"local": 1, "elsewhere": 1}, "the saga places default/review-responder on elsewhere, outside its pool "
+                                       "refs [local, east] at the commit (local, east)"),
+        ({"local": 1, "east": 2}, "the saga places 3 replicas of default/review-responder ({'local': 1, 'east': 2}); "
+                                  "its commit asks for 2"),
+        ({"local": 2, "east": 0}, "the saga places 2 replicas of default/review-responder ({'local': 2, 'east': 0}); "
+                                  "its commit asks for 2"),
+    ]:
+        message = await refused(activities.install_release,
+                                InstallInput(saga=ref, track="canary", recipe_digest=digest, placement=placement))
+        assert message == why
+    # Within the pool and at the count: the placement passes (what stops it here is the unverified recipe).
+    assert "is not plnt's verified copy" in await refused(activities.install_release, InstallInput(
+        saga=ref, track="canary", recipe_digest=digest, placement={"local": 1, "east": 1}))
+
+    spec_repo.write("backends/east.yaml", "apiVersion: plnt.work/v1\nkind: PlntBackend\n"
+                                          "metadata: {name: east, labels: {pool: agents}}\n"
+                                          "spec: {type: kubernetes, kubernetes: {context: kind}}\n")
+    spec_repo.commit("east is a cluster")
+    clone.fetch()
+    with pytest.raises(ApplicationError) as caught:
+        await ActivityEnvironment().run(activities.validate, ValidateInput(saga=ref_at(spec_repo)))
+    assert caught.value.type == "InvalidSpec" and caught.value.non_retryable
+    assert caught.value.message == (
+        "spec.backend: refs [local, east] includes east (type: kubernetes): a pool deploys on type: local backends "
+        "only (pools across Kubernetes backends are not deployed yet); narrow the pool to local backends or name one "
+        "backend (spec.backend.cluster)")
+
+
 async def test_later_steps_act_only_on_what_plnt_verified_and_installed(spec_repo: SpecRepo, clone: GitSource,
                                                                         tmp_path: Path) -> None:
     activities = real_activities(tmp_path, clone)

@@ -1,0 +1,353 @@
+"""Placement: which backend each replica of a WorkflowRun or ModelDeployment goes to, and why.
+
+Pure: no I/O. `place` decides one run given what the other releases hold; `place_all` decides every
+run of a commit, in a deterministic order, the capacity each takes counted against the next.
+
+A run names one backend (`backend.cluster`) or a pool (`refs`, or a `selector` on PlntBackend
+labels). Each replica needs `gpuCount` GPUs of `gpuClass` and one replica slot. What is free on a
+backend is its declared capacity (`spec.capacity`: GPUs per class, replicas; unset: no limit) minus
+what other releases hold there, and, for a new replica, at most the free GPUs the backend reports
+(`Observed.gpus_free`). Replicas stay where they run while that backend is still in the pool, can
+still run them and has room for them (no churn); the others go, one at a time, to the backend holding
+the fewest replicas of this run (spread), then the one with room for the most more replicas, then the
+one with the least load measured at the gateway (requests in flight and queued), then by name. A backend
+removed from the pool, gone, unreachable, or full gives its replicas up and they are placed again.
+A run whose replicas do not all fit gets `missing`: the capacity it lacks, named.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from plnt.core.specs.loader import SpecSet
+from plnt.core.specs.models import LOCAL_MODEL_RUNTIMES, Deployable, ModelDeployment, PlntBackend, replica_count
+from plnt.reconciler.plan.diff import IN_SYNC, Action, PlanItem
+from plnt.reconciler.state import LiveWorkflow
+
+UNLIMITED = math.inf
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What plnt measured of one backend: requests in flight to its replicas and waiting in queues
+    (at the gateway; for a model server, its waiting requests), the free GPUs per class it reports
+    (None: it reports none, the declared capacity alone counts), and whether it answers at all."""
+
+    in_flight: int = 0
+    queue_depth: int = 0
+    gpus_free: Mapping[str, int] | None = None
+    reachable: bool = True
+
+    @property
+    def load(self) -> int:
+        return self.in_flight + self.queue_depth
+
+
+NOTHING_OBSERVED = Observed()
+
+
+@dataclass
+class Held:
+    """What the releases placed so far hold on each backend: replicas, and GPUs per class."""
+
+    replicas: Counter[str] = field(default_factory=Counter)
+    gpus: dict[str, Counter[str]] = field(default_factory=dict)  # backend -> class -> GPUs
+
+    def take(self, backend: str, gpu_class: str | None, gpu_count: int, replicas: int = 1) -> None:
+        self.replicas[backend] += replicas
+        if gpu_class is not None and gpu_count:
+            self.gpus.setdefault(backend, Counter())[gpu_class] += gpu_count * replicas
+
+    def gpus_of(self, backend: str, gpu_class: str) -> int:
+        return self.gpus.get(backend, Counter())[gpu_class]
+
+
+@dataclass(frozen=True)
+class ReplicaPlace:
+    backend: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.backend}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a run's replicas go (`replicas`, in order) or, with `missing`, why not all of them can."""
+
+    key: str
+    replicas: tuple[ReplicaPlace, ...]
+    missing: str | None = None
+    pooled: bool = False
+    capacity_declared: bool = False  # a backend it may use declares capacity (so placement can fail)
+
+    @property
+    def placed(self) -> bool:
+        return self.missing is None
+
+    @property
+    def shown(self) -> bool:
+        """Worth a line in a plan: a pool, a backend with declared capacity, or a failure."""
+        return self.pooled or self.capacity_declared or self.missing is not None
+
+    def counts(self) -> dict[str, int]:
+        """Replicas per backend, in the order backends first appear."""
+        return dict(Counter(replica.backend for replica in self.replicas))
+
+    def lines(self) -> list[str]:
+        """`replica N -> backend: why` for each replica, then the missing capacity if any."""
+        out = [f"replica {i} -> {replica}" for i, replica in enumerate(self.replicas, 1)]
+        if self.missing is not None:
+            out.append(f"cannot be placed: {self.missing}")
+        return out
+
+
+def replicas_wanted(run: Deployable) -> int:
+    """Replicas to place: replicas.min, and one for a run that scales to zero (where it wakes)."""
+    return replica_count(run.spec)
+
+
+def _unfit(run: Deployable, backend: PlntBackend | None, observed: Observed) -> str | None:
+    """Why a backend cannot take any replica of `run` whatever its capacity, or None."""
+    if backend is None:
+        return "gone (no such PlntBackend at this commit)"
+    if not observed.reachable:
+        return "unreachable"
+    gpu_class = run.spec.backend.gpu_class
+    if gpu_class is not None and gpu_class not in backend.spec.gpu_classes:
+        return f"no GPU class {gpu_class}"
+    if isinstance(run, ModelDeployment) and backend.spec.type == "local" \
+            and run.spec.runtime.type not in LOCAL_MODEL_RUNTIMES:
+        return f"type: local cannot run {run.spec.runtime.type}"
+    if run.spec.replicas.min == 0 and backend.spec.type != "local":
+        return "scale to zero needs a type: local backend"
+    return None
+
+
+class _Backend:
+    """One candidate backend while a run is placed: its room, as replicas of this run."""
+
+    def __init__(self, name: str, backend: PlntBackend, observed: Observed, held: Held, run: Deployable) -> None:
+        self.name = name
+        self.observed = observed
+        self.mine = 0  # replicas of this run placed here so far (kept or new)
+        self.new = 0   # ...of which new (they need the observed free GPUs)
+        capacity = backend.spec.capacity
+        self.slots = capacity.replicas if capacity is not None else None
+        self.held_slots = held.replicas[name]
+        self.gpu_class = run.spec.backend.gpu_class
+        self.gpu_count = run.spec.backend.gpu_count if self.gpu_class is not None else 0
+        gpus = capacity.gpus if capacity is not None else {}
+        self.gpus = gpus.get(self.gpu_class) if self.gpu_count and self.gpu_class is not None else None
+        self.held_gpus = held.gpus_of(name, self.gpu_class) if self.gpu_class is not None else 0
+        seen = observed.gpus_free
+        self.seen_gpus = seen.get(self.gpu_class) if self.gpu_count and seen is not None and self.gpu_class else None
+
+    @property
+    def declared(self) -> bool:
+        return self.slots is not None or self.gpus is not None
+
+    def free_slots(self) -> float:
+        return UNLIMITED if self.slots is None else self.slots - self.held_slots - self.mine
+
+    def free_gpus(self, new: bool) -> float:
+        """GPUs of the class free for another replica here (declared less held; for a new replica, at
+        most what the backend reports free less the new replicas placed here already)."""
+        free = UNLIMITED if self.gpus is None else self.gpus - self.held_gpus - self.mine * self.gpu_count
+        if new and self.seen_gpus is not None:
+            free = min(free, self.seen_gpus - self.new * self.gpu_count)
+        return free
+
+    def room(self, new: bool) -> float:
+        """How many more replicas of this run fit here."""
+        room = self.free_slots()
+        if self.gpu_count:
+            room = min(room, self.free_gpus(new) // self.gpu_count)
+        return max(room, 0)
+
+    def describe(self) -> str:
+        """What is free here before the next replica: "2 of 4 GPUs of class a100 free, 1 in flight"."""
+        parts = []
+        if self.gpu_count:
+            free = self.free_gpus(new=True)
+            if self.gpus is not None or self.seen_gpus is not None:
+                total = f" of {self.gpus}" if self.gpus is not None else " (reported)"
+                parts.append(f"{_count(free)}{total} GPUs of class {self.gpu_class} free")
+        if self.slots is not None:
+            parts.append(f"{_count(self.free_slots())} of {self.slots} replica slots free")
+        if not parts:
+            parts.append("no declared capacity")
+        parts.append(f"{self.observed.in_flight} in flight")
+        if self.observed.queue_depth:
+            parts.append(f"{self.observed.queue_depth} queued")
+        return ", ".join(parts)
+
+    def take(self, new: bool) -> None:
+        self.mine += 1
+        self.new += new
+
+
+def place(run: Deployable, backends: Mapping[str, PlntBackend], current: Mapping[str, int] | None = None,
+          observed: Mapping[str, Observed] | None = None, held: Held | None = None) -> Placement:
+    """Where each replica of `run` goes. `current`: its replicas per backend now; `observed`: load
+    and reported free GPUs per backend; `held`: what other releases hold (their replicas and GPUs)."""
+    current = current or {}
+    observed = observed or {}
+    held = held or Held()
+    spec = run.spec.backend
+    wanted = replicas_wanted(run)
+    members = spec.members(backends)
+    unfit: dict[str, str] = {}
+    candidates: dict[str, _Backend] = {}
+    for name in members:
+        seen = observed.get(name, NOTHING_OBSERVED)
+        why = _unfit(run, backends[name], seen)
+        if why is None:
+            candidates[name] = _Backend(name, backends[name], seen, held, run)
+        else:
+            unfit[name] = why
+    placed: list[ReplicaPlace] = []
+    # Kept first: the replicas that run where they still may, least loaded backends first on a scale down.
+    for name in sorted(current, key=lambda n: (observed.get(n, NOTHING_OBSERVED).load, n)):
+        here = candidates.get(name)
+        if here is None:
+            continue
+        keep = min(current[name], wanted - len(placed), int(min(here.room(new=False), wanted)))
+        for _ in range(keep):
+            here.take(new=False)
+            placed.append(ReplicaPlace(name, f"kept: {here.describe()}"))
+    while len(placed) < wanted:
+        fits = [b for b in candidates.values() if b.room(new=True) >= 1]
+        if not fits:
+            break
+        best = min(fits, key=lambda b: (b.mine, -b.room(new=True), b.observed.load, b.name))
+        placed.append(ReplicaPlace(best.name, best.describe()))
+        best.take(new=True)
+    missing = None
+    if len(placed) < wanted:
+        missing = _missing(run, wanted - len(placed), spec.describe(), members, candidates, unfit)
+    return Placement(key=run.key, replicas=tuple(placed), missing=missing, pooled=spec.pooled,
+                     capacity_declared=any(b.declared for b in candidates.values()))
+
+
+def _missing(run: Deployable, short: int, pool: str, members: list[str], candidates: Mapping[str, _Backend],
+             unfit: Mapping[str, str]) -> str:
+    """The capacity a run lacks: "needs 1 more GPU of class a100: pool has 0 free (a: 0 of 4, b: 0 of 2)"."""
+    replicas = f"{short} more replica{'s' if short != 1 else ''}"
+    if not candidates:
+        if not members:
+            return f"needs {replicas}: {pool} names no PlntBackend declared at this commit"
+        why = "; ".join(f"{name}: {reason}" for name, reason in sorted(unfit.items()))
+        return f"needs {replicas}: no backend of {pool} can run it ({why})"
+    parts = []
+    spec = run.spec.backend
+    if spec.gpu_count and spec.gpu_class is not None:
+        gpu_bound = [b for b in candidates.values() if b.free_gpus(new=True) < spec.gpu_count]
+        if gpu_bound:
+            free = sum(max(b.free_gpus(new=True), 0) for b in candidates.values())
+            need = short * spec.gpu_count
+            each = (f" ({spec.gpu_count} on one backend for each of {short} replica{'s' if short != 1 else ''})"
+                    if spec.gpu_count > 1 else "")
+            detail = ", ".join(f"{b.name}: {_count(max(b.free_gpus(new=True), 0))}"
+                               + (f" of {b.gpus}" if b.gpus is not None else "") for b in candidates.values())
+            parts.append(f"needs {need} more GPU{'s' if need != 1 else ''} of class {spec.gpu_class}{each}: "
+                         f"{pool} has {_count(free)} free ({detail})")
+    slot_bound = [b for b in candidates.values() if b.free_slots() < 1]
+    if slot_bound:
+        free = sum(max(b.free_slots(), 0) for b in candidates.values())
+        detail = ", ".join(f"{b.name}: {_count(max(b.free_slots(), 0))}" + (f" of {b.slots}" if b.slots is not None else "")
+                           for b in candidates.values())
+        parts.append(f"needs {short} more replica slot{'s' if short != 1 else ''}: {pool} has {_count(free)} "
+                     f"free ({detail})")
+    if unfit:
+        parts.append("not usable: " + "; ".join(f"{name}: {reason}" for name, reason in sorted(unfit.items())))
+    return "; ".join(parts)
+
+
+def _count(value: float) -> str:
+    return "unlimited" if value == UNLIMITED else str(int(value))
+
+
+def place_all(runs: Iterable[Deployable], backends: Mapping[str, PlntBackend],
+              current: Mapping[str, Mapping[str, int]] | None = None,
+              observed: Mapping[str, Observed] | None = None) -> dict[str, Placement]:
+    """Every run's placement; they compete for capacity. Runs that run somewhere now go first (they
+    keep what they hold), then the new ones, each group by key: the same inputs give the same result.
+    A run that cannot be placed keeps holding what it runs on now (its release keeps serving)."""
+    current = current or {}
+    held = Held()
+    out: dict[str, Placement] = {}
+    for run in sorted(runs, key=lambda r: (not current.get(r.key), r.key)):
+        now = current.get(run.key, {})
+        placement = place(run, backends, now, observed, held)
+        gpu_class, gpu_count = run.spec.backend.gpu_class, run.spec.backend.gpu_count
+        if placement.placed:
+            for backend, count in placement.counts().items():
+                held.take(backend, gpu_class, gpu_count, count)
+        else:
+            for backend, count in now.items():
+                if backend in backends:
+                    held.take(backend, gpu_class, gpu_count, count)
+        out[run.key] = placement
+    return out
+
+
+def observed_load(in_flight: Mapping[str, int], releases: Mapping[str, LiveWorkflow],
+                  current: Mapping[str, Mapping[str, int]]) -> dict[str, Observed]:
+    """Requests in flight per backend, from the gateway's counts per endpoint: each replica process
+    counted on the backend it was placed on (a pool's record names it), a release on one backend on
+    that one (`current`). An endpoint no release holds counts nowhere; a backend with no reading is
+    left out ("unknown": placement goes by declared capacity there)."""
+    load: Counter[str] = Counter()
+    for key, live in releases.items():
+        single = next(iter(current[key])) if len(current.get(key) or ()) == 1 else None
+        for release in (live.stable, live.canary):
+            for process in release.processes() if release is not None else ():
+                backend = process.backend or single
+                if backend is not None and in_flight.get(process.endpoint):
+                    load[backend] += in_flight[process.endpoint]
+    return {backend: Observed(in_flight=count) for backend, count in load.items()}
+
+
+def current_of(placements: Mapping[str, Placement]) -> dict[str, dict[str, int]]:
+    """Placements as the `current` of the next decision (e.g. a base commit's, for its head)."""
+    return {key: p.counts() for key, p in placements.items() if p.placed}
+
+
+def place_commit(specs: SpecSet, current: Mapping[str, Mapping[str, int]] | None = None,
+                 observed: Mapping[str, Observed] | None = None) -> dict[str, Placement]:
+    """`place_all` over a commit's WorkflowRuns and ModelDeployments and its PlntBackends."""
+    return place_all(specs.deployables().values(), specs.backends, current, observed)
+
+
+def with_placements(items: Iterable[PlanItem], placements: Mapping[str, Placement],
+                    current: Mapping[str, Mapping[str, int]] | None = None) -> list[PlanItem]:
+    """Each plan item with where its replicas go (for a pool, declared capacity or a failure). An
+    install or upgrade that cannot be placed starts no saga; an unchanged release that would not fit
+    any more keeps running, and says so. A pool's release in sync whose replicas now go elsewhere than
+    they run (`current`: replicas per backend now; a backend gone, full or its capacity lowered) is
+    re-placed: a "scale" to the new placement, no canary (the same version)."""
+    current = current or {}
+    out = []
+    for item in items:
+        placement = placements.get(item.key) if item.action is not Action.UNINSTALL else None
+        if placement is not None and placement.shown:
+            counts = tuple(placement.counts().items()) if placement.placed and placement.pooled else ()
+            item = replace(item, placement=tuple(placement.lines()), unplaceable=placement.missing,
+                           replicas_by_backend=counts)
+            now = current.get(item.key)
+            if (counts and now and item.action is Action.UNCHANGED and item.reason == IN_SYNC and not item.waiting
+                    and dict(now) != dict(counts)):
+                item = replace(item, action=Action.SCALE, from_replicas=sum(now.values()),
+                               to_replicas=sum(dict(counts).values()),
+                               reason=f"re-placed: {_spread(now)} -> {_spread(dict(counts))}")
+        out.append(item)
+    return out
+
+
+def _spread(counts: Mapping[str, int]) -> str:
+    """Replicas per backend in a few words: "east 1, west 1"."""
+    return ", ".join(f"{backend} {count}" for backend, count in sorted(counts.items()))

@@ -1,0 +1,93 @@
+"""Placement across a pool of local backends through `plnt up` (real Temporal, git, runner processes
+and gateway): a WorkflowRun with `backend: {selector}` and `replicas.min: 2` spreads one replica on
+each of two PlntBackends (the release record names each process's backend); the gateway sends
+requests to both; lowering one backend's `capacity.replicas` to 0 in git moves its replica to the
+other in place (no saga, no failed request); asking for more replicas than the pool holds fails
+with the missing capacity named while the placed release keeps serving.
+
+The runners' model is MockBackend (`--backend mock`), a STAND-IN for a model server."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from plnt.reconciler.state import Release
+
+from tests.conftest import SpecRepo
+from tests.e2e.harness import REVIEW, hook, running_plnt, settings_for, status_of, wait_for, wait_phase
+from tests.e2e.test_replicas import SteadyLoad, alive, invocations
+
+pytestmark = pytest.mark.integration
+
+RUN_FILE = "workflowruns/review-responder.yaml"
+POOL = """\
+apiVersion: plnt.work/v1
+kind: PlntBackend
+metadata: {name: east, labels: {pool: agents, zone: east}}
+spec: {type: local, capacity: {replicas: 2}}
+---
+apiVersion: plnt.work/v1
+kind: PlntBackend
+metadata: {name: west, labels: {pool: agents, zone: west}}
+spec: {type: local, capacity: {replicas: 1}}
+"""
+
+
+async def test_a_pool_spreads_serves_moves_and_refuses_what_does_not_fit(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    spec_repo.write("backends/pool.yaml", POOL)
+    spec_repo.replace(RUN_FILE, "    cluster: local", "    selector: {matchLabels: {pool: agents}}")
+    spec_repo.replace(RUN_FILE, "replicas: {min: 1, max: 1}", "replicas: {min: 2, max: 2}")
+    spec_repo.commit("review-responder on the agents pool, two replicas")
+    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
+
+    def stable(plnt) -> Release:  # type: ignore[no-untyped-def]
+        record = plnt.driver.record_of("default", "review-responder")
+        assert record is not None and record.stable is not None
+        return record.stable
+
+    async with running_plnt(settings) as plnt, httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        await wait_phase(plnt, "Ready", version="1.2.0", timeout=60)
+        spread = stable(plnt)
+        processes = spread.processes()
+        assert spread.placement == {"east": 1, "west": 1} and spread.replicas == 2
+        assert sorted(p.backend for p in processes) == ["east", "west"]
+        assert len({p.port for p in processes}) == 2 and all(alive(p.pid) for p in processes)
+        saga_id = status_of(plnt)["sagaId"]  # type: ignore[index]
+        for _ in range(20):
+            response = await client.post(f"{plnt.url}/workflows/review-responder/invoke", json=REVIEW)
+            assert response.status_code == 200, response.text
+        assert all(n > 0 for n in await invocations(client, spread)), "both backends' replicas serve"
+
+        with SteadyLoad(plnt.url) as load:
+            # west's capacity lowered to 0 in git: its replica moves to east (started there before the
+            # one on west leaves the routes and drains), the same release, no saga.
+            spec_repo.replace("backends/pool.yaml", "capacity: {replicas: 1}", "capacity: {replicas: 0}")
+            spec_repo.commit("west is full")
+            await hook(plnt)
+            moved = await wait_for(lambda: (r := stable(plnt)).placement == {"east": 2} and r, timeout=30,
+                                   what=lambda: f"the replica moved to east (now {stable(plnt).placement})")
+            assert moved.release_id == spread.release_id and [p.backend for p in moved.processes()] == ["east", "east"]
+            on_west = next(p for p in processes if p.backend == "west")
+            await wait_for(lambda: not alive(on_west.pid), timeout=30, what="the replica on west stopped")
+            assert all(alive(p.pid) for p in moved.processes())
+            assert status_of(plnt)["sagaId"] == saga_id, "a move runs no saga"  # type: ignore[index]
+
+            # Three replicas do not fit in 2 + 0: nothing is deployed, the missing capacity is named,
+            # and the two replicas on east keep serving.
+            spec_repo.replace(RUN_FILE, "replicas: {min: 2, max: 2}", "replicas: {min: 3, max: 3}")
+            spec_repo.commit("three replicas")
+            await hook(plnt)
+            missing = "needs 1 more replica slot: selector pool=agents has 0 free (east: 0 of 2, west: 0 of 0)"
+            await wait_for(lambda: (status_of(plnt) or {}).get("lastError") == f"cannot be placed: {missing}",
+                           timeout=30, what=lambda: f"the missing capacity in the status (now {status_of(plnt)})")
+            row = status_of(plnt)
+            assert row is not None and row["phase"] == "Ready" and row["version"] == "1.2.0"
+            assert stable(plnt).placement == {"east": 2} and len(stable(plnt).processes()) == 2
+            await asyncio.sleep(0.5)  # the placed replicas serve a while under load
+        await load.done()
+        print(f"served={load.served} failed=0")

@@ -1,0 +1,256 @@
+"""Placement is a pure function: table tests over specs built in memory, no I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from plnt.core.specs.models import ModelDeployment, PlntBackend, WorkflowRun
+from plnt.reconciler.plan.diff import IN_SYNC, Action, PlanItem
+from plnt.reconciler.plan.placement import Held, Observed, Placement, current_of, observed_load, place, place_all, with_placements
+from plnt.reconciler.state import LiveWorkflow, Release, ReplicaProcess
+
+
+def backend(name: str, *, labels: dict[str, str] | None = None, gpus: dict[str, int] | None = None,
+            replicas: int | None = None, classes: list[str] | None = None, type: str = "kubernetes") -> PlntBackend:
+    spec: dict[str, Any] = {"type": type, "gpuClasses": classes if classes is not None else sorted(gpus or {})}
+    if type == "kubernetes":
+        spec["kubernetes"] = {"namespace": "default"}
+    if gpus is not None or replicas is not None:
+        spec["capacity"] = {"gpus": gpus or {}, **({"replicas": replicas} if replicas is not None else {})}
+    return PlntBackend.model_validate({"apiVersion": "plnt.work/v1", "kind": "PlntBackend",
+                                       "metadata": {"name": name, "labels": labels or {}}, "spec": spec})
+
+
+def run(name: str = "rr", *, pool: dict[str, Any] | None = None, replicas: int = 1, gpu_class: str | None = None,
+        gpu_count: int = 0) -> WorkflowRun:
+    where: dict[str, Any] = dict(pool or {"refs": ["a", "b"]})
+    if gpu_class is not None:
+        where.update(gpuClass=gpu_class, gpuCount=gpu_count)
+    return WorkflowRun.model_validate({
+        "apiVersion": "plnt.work/v1", "kind": "WorkflowRun", "metadata": {"name": name},
+        "spec": {"workflow": {"ref": f"{name}@1.0.0", "registry": "file:registry"}, "backend": where,
+                 "replicas": {"min": replicas}}})
+
+
+def by_name(*backends: PlntBackend) -> dict[str, PlntBackend]:
+    return {b.metadata.name: b for b in backends}
+
+
+A100 = "nvidia.com/a100"
+GPU_RUN = {"gpu_class": A100, "gpu_count": 1}
+
+# (name, backends, run, current, observed, held, expected replicas per backend (in order), missing contains)
+CASES: list[tuple[str, dict[str, PlntBackend], WorkflowRun, dict[str, int], dict[str, Observed], Held | None,
+                  dict[str, int], str | None]] = [
+    ("one backend, no capacity declared", by_name(backend("a")), run(pool={"cluster": "a"}), {}, {}, None,
+     {"a": 1}, None),
+    ("two replicas spread 1+1 over equal backends", by_name(backend("a"), backend("b")), run(replicas=2), {}, {},
+     None, {"a": 1, "b": 1}, None),
+    ("more free GPUs first", by_name(backend("a", gpus={A100: 2}), backend("b", gpus={A100: 4})),
+     run(replicas=1, **GPU_RUN), {}, {}, None, {"b": 1}, None),
+    ("spread by free capacity: 4 free and 2 free take 3 replicas 2+1",
+     by_name(backend("a", gpus={A100: 2}), backend("b", gpus={A100: 4})), run(replicas=3, **GPU_RUN), {}, {}, None,
+     {"b": 2, "a": 1}, None),
+    ("GPUs held by other releases are not free", by_name(backend("a", gpus={A100: 4}), backend("b", gpus={A100: 4})),
+     run(replicas=1, **GPU_RUN), {}, {}, Held(gpus={"b": __import__("collections").Counter({A100: 3})}),
+     {"a": 1}, None),
+    ("equal capacity: the less loaded backend", by_name(backend("a"), backend("b")), run(replicas=1), {},
+     {"a": Observed(in_flight=5), "b": Observed(in_flight=1)}, None, {"b": 1}, None),
+    ("queue depth counts as load", by_name(backend("a"), backend("b")), run(replicas=1), {},
+     {"a": Observed(in_flight=0, queue_depth=3), "b": Observed(in_flight=1)}, None, {"b": 1}, None),
+    ("equal everything: by name", by_name(backend("b"), backend("a")), run(replicas=1), {}, {}, None, {"a": 1}, None),
+    ("no churn: replicas stay where they run", by_name(backend("a"), backend("b")), run(replicas=2), {"a": 2},
+     {"a": Observed(in_flight=9)}, None, {"a": 2}, None),
+    ("scale up: the new replica goes where there is most room", by_name(backend("a", replicas=2), backend("b",
+     replicas=4)), run(replicas=3), {"a": 2}, {}, None, {"a": 2, "b": 1}, None),
+    ("scale down: the least loaded backend keeps its replica", by_name(backend("a"), backend("b")), run(replicas=1),
+     {"a": 1, "b": 1}, {"a": Observed(in_flight=4)}, None, {"b": 1}, None),
+    ("backend gone from the commit: re-placed", by_name(backend("b")), run(replicas=1), {"a": 1}, {}, None,
+     {"b": 1}, None),
+    ("backend removed from the refs: re-placed", by_name(backend("a"), backend("b"), backend("c")),
+     run(pool={"refs": ["b", "c"]}, replicas=1), {"a": 1}, {}, None, {"b": 1}, None),
+    ("backend full after its capacity was lowered: the replicas that fit stay, the rest move",
+     by_name(backend("a", replicas=1), backend("b")), run(replicas=2), {"a": 2}, {}, None, {"a": 1, "b": 1}, None),
+    ("unreachable backend: re-placed", by_name(backend("a"), backend("b")), run(replicas=1), {"a": 1},
+     {"a": Observed(reachable=False)}, None, {"b": 1}, None),
+    ("a member without the GPU class is skipped", by_name(backend("a", classes=["nvidia.com/h100"]),
+     backend("b", gpus={A100: 1})), run(replicas=1, **GPU_RUN), {}, {}, None, {"b": 1}, None),
+    ("selector picks the labelled backends", by_name(backend("a", labels={"pool": "x"}),
+     backend("b", labels={"pool": "y"}), backend("c", labels={"pool": "x"})),
+     run(pool={"selector": {"matchLabels": {"pool": "x"}}}, replicas=2), {}, {}, None, {"a": 1, "c": 1}, None),
+    ("reported free GPUs bound a new replica", by_name(backend("a", gpus={A100: 8}), backend("b", gpus={A100: 2})),
+     run(replicas=1, **GPU_RUN), {}, {"a": Observed(gpus_free={A100: 0})}, None, {"b": 1}, None),
+    ("reported free GPUs do not evict a running replica", by_name(backend("a", gpus={A100: 1})),
+     run(pool={"cluster": "a"}, replicas=1, **GPU_RUN), {"a": 1}, {"a": Observed(gpus_free={A100: 0})}, None,
+     {"a": 1}, None),
+    ("two GPUs each must fit on one backend", by_name(backend("a", gpus={A100: 1}), backend("b", gpus={A100: 1})),
+     run(replicas=1, gpu_class=A100, gpu_count=2), {}, {}, None, {},
+     "needs 2 more GPUs of class nvidia.com/a100 (2 on one backend for each of 1 replica): refs [a, b] has 2 free "
+     "(a: 1 of 1, b: 1 of 1)"),
+    ("no GPU free: the missing GPU named", by_name(backend("a", gpus={A100: 0}), backend("b", gpus={A100: 0})),
+     run(replicas=1, **GPU_RUN), {}, {}, None, {},
+     "needs 1 more GPU of class nvidia.com/a100: refs [a, b] has 0 free (a: 0 of 0, b: 0 of 0)"),
+    ("partly placed: the rest named", by_name(backend("a", gpus={A100: 1}), backend("b", gpus={A100: 1})),
+     run(replicas=3, **GPU_RUN), {}, {}, None, {"a": 1, "b": 1},
+     "needs 1 more GPU of class nvidia.com/a100: refs [a, b] has 0 free"),
+    ("replica slots full", by_name(backend("a", replicas=0), backend("b", replicas=1)), run(replicas=2), {}, {}, None,
+     {"b": 1}, "needs 1 more replica slot: refs [a, b] has 0 free (a: 0 of 0, b: 0 of 1)"),
+    ("every member gone", by_name(backend("c")), run(replicas=1), {"a": 1}, {}, None, {},
+     "needs 1 more replica: refs [a, b] names no PlntBackend declared at this commit"),
+    ("no member can run it", by_name(backend("a"), backend("b")), run(replicas=1), {},
+     {"a": Observed(reachable=False), "b": Observed(reachable=False)}, None, {},
+     "no backend of refs [a, b] can run it (a: unreachable; b: unreachable)"),
+    ("scale to zero still places one replica (where it wakes)", by_name(backend("a", type="local"),
+     backend("b", type="local")), run(replicas=0), {}, {}, None, {"a": 1}, None),
+]
+
+
+@pytest.mark.parametrize(("backends", "the_run", "current", "observed", "held", "expected", "missing"),
+                         [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_place(backends: dict[str, PlntBackend], the_run: WorkflowRun, current: dict[str, int],
+               observed: dict[str, Observed], held: Held | None, expected: dict[str, int], missing: str | None) -> None:
+    placement = place(the_run, backends, current, observed, held)
+    assert placement.counts() == expected
+    assert list(placement.counts()) == list(expected)  # and in that order (kept first, then by room)
+    if missing is None:
+        assert placement.missing is None and placement.placed
+    else:
+        assert placement.missing is not None and missing in placement.missing, placement.missing
+        assert not placement.placed
+
+
+def test_reasons_say_what_is_free_and_the_load() -> None:
+    backends = by_name(backend("a", gpus={A100: 4}), backend("b", gpus={A100: 1}))
+    held = Held()
+    held.take("a", A100, 1, 2)
+    placement = place(run(replicas=1, **GPU_RUN), backends, {}, {"a": Observed(in_flight=1)}, held)
+    assert placement.lines() == ["replica 1 -> a: 2 of 4 GPUs of class nvidia.com/a100 free, 1 in flight"]
+
+
+def test_kept_replicas_say_so() -> None:
+    placement = place(run(replicas=1), by_name(backend("a", replicas=3), backend("b")), {"a": 1})
+    assert placement.lines() == ["replica 1 -> a: kept: 2 of 3 replica slots free, 0 in flight"]
+
+
+def test_a_placement_that_fails_lists_what_fits_and_what_is_missing() -> None:
+    placement = place(run(replicas=2), by_name(backend("a", replicas=1), backend("b", replicas=0)))
+    assert placement.lines() == ["replica 1 -> a: 1 of 1 replica slots free, 0 in flight",
+                                 "cannot be placed: needs 1 more replica slot: refs [a, b] has 0 free "
+                                 "(a: 0 of 1, b: 0 of 0)"]
+
+
+def test_place_all_runs_compete_in_key_order() -> None:
+    """Two new runs, one GPU: the first by key gets it, the second names what it misses."""
+    backends = by_name(backend("a", gpus={A100: 1}), backend("b", gpus={A100: 0}))
+    placements = place_all([run("zz", **GPU_RUN), run("aa", **GPU_RUN)], backends)
+    assert placements["default/aa"].counts() == {"a": 1}
+    assert placements["default/zz"].missing is not None
+    assert "needs 1 more GPU of class nvidia.com/a100" in placements["default/zz"].missing
+
+
+def test_place_all_running_releases_keep_their_capacity_before_new_ones() -> None:
+    backends = by_name(backend("a", gpus={A100: 1}), backend("b", gpus={A100: 0}))
+    placements = place_all([run("aa", **GPU_RUN), run("zz", **GPU_RUN)], backends, current={"default/zz": {"a": 1}})
+    assert placements["default/zz"].counts() == {"a": 1}
+    assert placements["default/aa"].missing is not None
+
+
+def test_place_all_a_run_that_cannot_be_placed_keeps_holding_what_it_runs_on() -> None:
+    """zz runs 1 on a and now wants 3 (only 2 fit): it fails and still holds a's slot, so aa goes to b."""
+    backends = by_name(backend("a", replicas=1), backend("b", replicas=1))
+    placements = place_all([run("zz", replicas=3), run("aa")], backends, current={"default/zz": {"a": 1}})
+    assert placements["default/zz"].missing is not None
+    assert placements["default/aa"].counts() == {"b": 1}
+
+
+def test_place_all_is_deterministic_whatever_the_input_order() -> None:
+    backends = by_name(backend("a", replicas=3), backend("b", replicas=2), backend("c"))
+    runs = [run(name, pool={"refs": ["a", "b", "c"]}, replicas=2) for name in ("p", "q", "r", "s")]
+    first = place_all(runs, backends)
+    assert all(p.placed for p in first.values())
+    assert place_all(list(reversed(runs)), backends) == first
+    # and a second decision from the first's result churns nothing
+    assert {k: p.counts() for k, p in place_all(runs, backends, current_of(first)).items()} == current_of(first)
+
+
+def test_model_deployments_are_placed_only_where_their_runtime_runs() -> None:
+    model = ModelDeployment.model_validate({
+        "apiVersion": "plnt.work/v1", "kind": "ModelDeployment", "metadata": {"name": "m"},
+        "spec": {"model": {"registry": "file:models", "name": "m", "version": "1.0.0", "rootDigest": "sha256:" + "0" * 64},
+                 "runtime": {"type": "vllm"}, "backend": {"refs": ["laptop", "gpu"]}}})
+    placement = place(model, by_name(backend("laptop", type="local"), backend("gpu")))
+    assert placement.counts() == {"gpu": 1}
+    assert isinstance(placement, Placement) and placement.pooled and placement.shown
+
+
+# --- the plan's re-place: a pool's release in sync whose replicas now go elsewhere -----------------
+
+def _item(action: Action = Action.UNCHANGED, reason: str = IN_SYNC, waiting: bool = False) -> PlanItem:
+    return PlanItem("default", "rr", action, reason, from_version="1.0.0", to_version="1.0.0", waiting=waiting)
+
+
+POOL = by_name(backend("a", replicas=2), backend("b", replicas=1))
+FULL_B = by_name(backend("a", replicas=2), backend("b", replicas=0))
+
+# (name, backends, plan item, where it runs now, expected action, reason, replicas by backend)
+REPLACE_CASES: list[tuple[str, dict[str, PlntBackend], PlanItem, dict[str, int] | None, Action, str,
+                          tuple[tuple[str, int], ...]]] = [
+    ("in sync and where placed: unchanged", POOL, _item(), {"a": 1, "b": 1}, Action.UNCHANGED, IN_SYNC,
+     (("a", 1), ("b", 1))),
+    ("b full: its replica moves to a, a scale in place", FULL_B, _item(), {"a": 1, "b": 1}, Action.SCALE,
+     "re-placed: a 1, b 1 -> a 2", (("a", 2),)),
+    ("b gone from the commit: moved likewise", by_name(backend("a", replicas=2)), _item(), {"a": 1, "b": 1},
+     Action.SCALE, "re-placed: a 1, b 1 -> a 2", (("a", 2),)),
+    ("a saga runs: wait for it", FULL_B, _item(waiting=True), {"a": 1, "b": 1}, Action.UNCHANGED, IN_SYNC,
+     (("a", 2),)),
+    ("held (not in sync): not moved", FULL_B, _item(reason="held: this spec already failed"), {"a": 1, "b": 1},
+     Action.UNCHANGED, "held: this spec already failed", (("a", 2),)),
+    ("not running yet (no current): the install places it", FULL_B, _item(Action.INSTALL, "new WorkflowRun"), None,
+     Action.INSTALL, "new WorkflowRun", (("a", 2),)),
+]
+
+
+@pytest.mark.parametrize(("backends", "item", "now", "action", "reason", "counts"),
+                         [case[1:] for case in REPLACE_CASES], ids=[case[0] for case in REPLACE_CASES])
+def test_with_placements_re_places_a_pool_in_sync(backends: dict[str, PlntBackend], item: PlanItem,
+                                                  now: dict[str, int] | None, action: Action, reason: str,
+                                                  counts: tuple[tuple[str, int], ...]) -> None:
+    current = {"default/rr": now} if now is not None else {}
+    placements = place_all([run(replicas=2)], backends, current)
+    [out] = with_placements([item], placements, current)
+    assert (out.action, out.reason, out.replicas_by_backend) == (action, reason, counts)
+    assert not out.needs_saga or action is Action.INSTALL
+
+
+def test_one_backend_gets_no_replicas_by_backend() -> None:
+    """A run on one backend is scaled by a count (set_replicas), not by a placement."""
+    backends = by_name(backend("a", replicas=2))
+    placements = place_all([run(pool={"cluster": "a"}, replicas=2)], backends)
+    [out] = with_placements([_item()], placements, {"default/rr": {"a": 1}})
+    assert out.action is Action.UNCHANGED and out.replicas_by_backend == () and out.placement
+
+
+def _release(endpoint: str, backend: str | None, more: tuple[tuple[str, str | None], ...] = ()) -> Release:
+    return Release(release_id="r", namespace="default", name="rr", track="stable", version="1.0.0",
+                   spec_fingerprint="sha256:" + "0" * 64, recipe_digest="d", recipe_dir="/r", endpoint=endpoint,
+                   backend=backend, replicas=1 + len(more),
+                   more_replicas=tuple(ReplicaProcess(endpoint=e, backend=b) for e, b in more))
+
+
+def test_observed_load_counts_each_replica_on_its_backend() -> None:
+    """The gateway's in-flight counts per endpoint, summed per backend: a pool's processes by their
+    recorded backend, a one-backend release's on its backend; unknown endpoints and idle backends are
+    left out (unknown, not zero)."""
+    releases = {
+        "default/rr": LiveWorkflow(namespace="default", name="rr", stable=_release("e1", "a", (("e2", "b"),)),
+                                   canary=_release("e3", "a")),
+        "default/one": LiveWorkflow(namespace="default", name="one", stable=_release("e4", None)),
+        "default/idle": LiveWorkflow(namespace="default", name="idle", stable=_release("e5", None)),
+    }
+    current = {"default/rr": {"a": 1, "b": 1}, "default/one": {"c": 1}, "default/idle": {"d": 1}}
+    in_flight = {"e1": 2, "e2": 1, "e3": 4, "e4": 3, "stranger": 9}
+    load = observed_load(in_flight, releases, current)
+    assert load == {"a": Observed(in_flight=6), "b": Observed(in_flight=1), "c": Observed(in_flight=3)}
+    # Fed to placement: the less loaded of two equal backends takes a new replica.
+    assert place(run(replicas=1), by_name(backend("a"), backend("b")), observed=load).counts() == {"b": 1}
