@@ -369,7 +369,8 @@ def autoscaling_values(scaling: Autoscaling | None) -> dict[str, Any]:
         return {}
     targets = {"targetInFlight": scaling.target_in_flight,
                "targetInvocationsPerSecond": scaling.target_invocations_per_second}
-    return {key: value for key, value in targets.items() if value is not None}
+    return {**{key: value for key, value in targets.items() if value is not None},
+            "scaleDownAfterSeconds": scaling.scale_down_after_seconds}
 
 
 def placement_values(placement: BackendPlacement, backend: PlntBackend) -> dict[str, Any]:
