@@ -318,7 +318,10 @@ def render_model_values(
         "runtime": runtime,
         "image": image_values(image),
         **placement,
-        "replicas": spec.replicas.min,  # a model server never scales to zero, and has no autoscaler
+        "replicas": spec.replicas.min,  # a model server never scales to zero
+        "autoscaling": ({"targetInFlight": spec.autoscaling.target_in_flight, "maxReplicas": spec.replicas.max,
+                         "scaleDownAfterSeconds": spec.autoscaling.scale_down_after_seconds}
+                        if spec.autoscaling is not None and spec.autoscaling.target_in_flight is not None else {}),
         "resources": resources or {},
         "service": {"port": MODEL_PORT},
         "weights": {
