@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 from plnt.reconciler.plan.autoscale import ScaleDecision, ScaleMemory, ScalePolicy, decide
+from plnt.reconciler.state import LiveWorkflow
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 
@@ -62,6 +63,21 @@ class ScaleView:
 
     def public(self) -> dict[str, Any]:
         return {"running": self.running, "desired": self.desired, "inFlight": self.in_flight, "reason": self.reason}
+
+
+def local_targets(live: dict[str, LiveWorkflow],
+                  policy_of: Callable[[str, str], ScalePolicy | None]) -> list[ScaleTarget]:
+    """The autoscaled releases among local records: each promoted release that runs (not parked, not a
+    Kubernetes one: those have no process of plnt's) and whose spec autoscales on in-flight requests."""
+    targets = []
+    for item in live.values():
+        stable = item.stable
+        if stable is None or stable.parked or stable.pid is None:
+            continue
+        policy = policy_of(item.namespace, item.name)
+        if policy is not None:
+            targets.append(ScaleTarget(item.namespace, item.name, stable.release_id, policy, tuple(stable.endpoints)))
+    return targets
 
 
 def parse_load(body: bytes) -> int | None:
