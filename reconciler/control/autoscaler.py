@@ -141,24 +141,27 @@ class Autoscaler:
             self._memory[memory_key] = decision.memory
             self._views[target.key] = ScaleView(current, decision.desired, decision.in_flight, decision.reason)
             decisions.append((target, decision))
-            if decision.desired != current:
-                await self._apply(target, current, decision)
+            if decision.desired != current and await self._apply(target, current, decision):
+                # set_count returns once they run (or are stopped): what runs now
+                self._views[target.key] = ScaleView(decision.desired, decision.desired, decision.in_flight,
+                                                    decision.reason)
         for gone in set(self._memory) - seen:
             del self._memory[gone]
         for key in set(self._views) - {key for key, _ in seen}:
             del self._views[key]
         return decisions
 
-    async def _apply(self, target: ScaleTarget, current: int, decision: ScaleDecision) -> None:
+    async def _apply(self, target: ScaleTarget, current: int, decision: ScaleDecision) -> bool:
         direction = "up" if decision.desired > current else "down"
         log.info("autoscale %s %d -> %d: %s", target.key, current, decision.desired, decision.reason)
         try:
             await self.set_count(target.namespace, target.name, decision.desired)
         except Exception as exc:  # noqa: BLE001 - the next pass decides again from what runs then
             log.warning("autoscale-failed %s %d -> %d: %s", target.key, current, decision.desired, exc)
-            return
+            return False
         if self._changes is not None:
             self._changes.labels(target.namespace, target.name, direction).inc()
+        return True
 
     async def _read(self, http: httpx.AsyncClient, endpoint: str) -> int | None:
         try:

@@ -77,10 +77,16 @@ async def test_load_raises_the_replicas_the_gateway_spreads_over_them_and_they_c
         assert steps in ([3, 2, 1], [2, 1]), steps  # down one replica at a time
         assert answers and set(answers) == {200}, {code: answers.count(code) for code in set(answers)}
 
-        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for family in
-                   text_string_to_metric_families((await client.get(f"{plnt.url}/metrics")).text)
-                   for s in family.samples}
         labels = (("name", "review-responder"), ("namespace", "default"))
-        assert samples[("plnt_autoscale_changes_total", (("direction", "up"), *labels))] >= 1
-        assert samples[("plnt_autoscale_changes_total", (("direction", "down"), *labels))] >= 1
-        assert samples[("plnt_replicas", (*labels, ("state", "running")))] == 1
+
+        async def settled() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+            text = (await client.get(f"{plnt.url}/metrics")).text
+            found = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                     for family in text_string_to_metric_families(text) for s in family.samples}
+            return found if found.get(("plnt_replicas", (*labels, ("state", "running")))) == 1 else None
+
+        # (the last replica's stop, after its drain, ends the change: then the gauge says 1)
+        found = await wait_for(settled, timeout=20, what="plnt_replicas running 1")
+        assert found[("plnt_autoscale_changes_total", (("direction", "up"), *labels))] >= 1
+        assert found[("plnt_autoscale_changes_total", (("direction", "down"), *labels))] >= 1
+        assert found[("plnt_replicas", (*labels, ("state", "desired")))] == 1

@@ -86,7 +86,7 @@ async def test_the_loop_scales_up_on_real_load_and_down_after_the_window(runners
         clock[0] = 6.0
         [(_, down)] = await scaler.pass_once(http)
         assert (down.desired, calls) == (2, [3, 2])
-        assert scaler.view("default/slow").public() == {"running": 3, "desired": 2, "inFlight": 0,
+        assert scaler.view("default/slow").public() == {"running": 2, "desired": 2, "inFlight": 0,
                                                         "reason": down.reason}
         # A replica that does not answer: its load is unknown, and nothing scales down.
         running[:] = [runners[0], f"http://127.0.0.1:{free_port()}"]  # nothing listens there
