@@ -9,6 +9,9 @@ The runners' model is MockBackend (`--backend mock`), a STAND-IN for a model ser
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from tests.e2e.harness import REVIEW, running_plnt, settings_for, wait_for, wait
 pytestmark = pytest.mark.integration
 
 RUN_FILE = "workflowruns/review-responder.yaml"
+PLNT = str(Path(sys.executable).parent / "plnt")
 
 
 def replicas(plnt: object) -> tuple[str, ...]:
@@ -56,6 +60,8 @@ async def test_load_raises_the_replicas_the_gateway_spreads_over_them_and_they_c
                                     what=lambda: f"3 replicas (now {replicas(plnt)})")
             peak.update(scaled)
             row = next(r for r in (await client.get(f"{plnt.url}/workflows")).json() if r["name"] == "review-responder")
+            shown = await asyncio.to_thread(subprocess.run, [PLNT, "status", "--url", plnt.url], capture_output=True,
+                                            text=True, timeout=60)
             started = time.monotonic()
             while time.monotonic() - started < 3:  # the load goes on over the three replicas
                 await asyncio.sleep(0.2)
@@ -65,6 +71,7 @@ async def test_load_raises_the_replicas_the_gateway_spreads_over_them_and_they_c
         served = {endpoint: (await client.get(f"{endpoint}/stats")).json()["invocations"] for endpoint in peak}
         assert all(count > 0 for count in served.values()), served  # the gateway used every new runner
         assert row["autoscale"]["desired"] == 3 and row["autoscale"]["reason"], row
+        assert re.search(r"replicas 3/3 \(autoscaled: \d+ in flight\)", shown.stdout), shown.stdout + shown.stderr
 
         history = [len(replicas(plnt))]
 
