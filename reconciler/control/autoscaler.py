@@ -16,6 +16,7 @@ Each change is logged (`autoscale namespace/name 1 -> 3: reason`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -121,10 +122,9 @@ class Autoscaler:
                     await self.pass_once(http)
                 except Exception:  # noqa: BLE001 - one bad pass must not end autoscaling
                     log.exception("autoscale-pass-failed")
-                try:
-                    await asyncio.wait_for(stop.wait(), self.interval_s)
-                except TimeoutError:
-                    pass
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.interval_s):
+                        await stop.wait()
 
     async def pass_once(self, http: httpx.AsyncClient) -> list[tuple[ScaleTarget, ScaleDecision]]:
         """Read every target's loads at once, decide, and apply the changes; returns the decisions."""
