@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from benchlib import git, how_it_ran, print_json  # noqa: E402
+from benchlib import git, how_it_ran, print_json, stop_process  # noqa: E402
 from plnt.gateway.bench import percentile  # noqa: E402
 from plnt.reconciler.drivers.processes import free_port  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -160,12 +159,7 @@ async def main() -> None:
                     task.cancel()
                 await asyncio.gather(*clients, return_exceptions=True)
     finally:
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            up.wait()
+        stop_process(up)
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
         else:

@@ -55,7 +55,7 @@ class ScaleTarget:
 
 @dataclass(frozen=True)
 class ScaleView:
-    """What `plnt status` and `plnt list` show of one autoscaled release."""
+    """The autoscaler's last decision on one release, as GET /workflows (`autoscale`) and plnt status show it."""
 
     running: int
     desired: int
