@@ -680,7 +680,8 @@ async def start(settings: Settings) -> Plnt:
         cleanups.append(_closer(publisher))  # runs before gateway.stop: long-polls answer at once
         cleanups.append(reconciler.close)
         plnt._tasks.append(asyncio.create_task(reconciler.run(stop_event), name="reconciler"))
-        cleanups.append(start_autoscaler(plnt, drivers, control_metrics))  # stopped before the runners are
+        plnt.autoscaler = make_autoscaler(drivers, control_metrics)
+        cleanups.append(run_autoscaler(plnt.autoscaler, stop_event))  # stopped before the runners are
         if settings.review.previews:
             plnt.previews, close_previews = start_previews(
                 settings, source=source, client=client, statuses=statuses, driver=drivers, reconciler=reconciler,
@@ -705,20 +706,25 @@ async def start(settings: Settings) -> Plnt:
         raise
 
 
-def start_autoscaler(plnt: Plnt, drivers: DriverSet, metrics: ControlPlaneMetrics) -> Callable[[], Awaitable[None]]:
-    """The autoscaler of local releases (reconciler/control/autoscaler.py): it reads their replicas'
-    load and sets their replica count through the driver. Returns what stops it."""
+def make_autoscaler(drivers: DriverSet, metrics: ControlPlaneMetrics) -> Autoscaler:
+    """The autoscaler of local releases (reconciler/control/autoscaler.py), its series in `metrics`:
+    it reads their replicas' load and sets their count through the driver (plnt up's runners, or on
+    the reconcile role the workers', which take the count in the reply to their next report)."""
     local = drivers.local
     autoscaler = Autoscaler(lambda: local_targets(local.snapshot(), drivers.scale_policy), drivers.set_replicas)
     autoscaler.register(metrics.registry)
-    plnt.autoscaler = autoscaler
-    task = asyncio.create_task(autoscaler.run(plnt.stop_event), name="autoscaler")
+    return autoscaler
 
-    async def stop() -> None:
+
+def run_autoscaler(autoscaler: Autoscaler, stop: asyncio.Event) -> Callable[[], Awaitable[None]]:
+    """Run its loop until `stop`; returns what stops it sooner."""
+    task = asyncio.create_task(autoscaler.run(stop), name="autoscaler")
+
+    async def halt() -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-    return stop
+    return halt
 
 
 async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, internal_token: str, tokens: GatewayTokens,
