@@ -76,6 +76,7 @@ bench: install install-llm
 	$(PY) bench/spec_load.py --repeat 3 --no-bombs | tee $(BENCH_OUT)/spec_load.txt
 	$(PY) bench/plan_scale.py --repeat 5 | tee $(BENCH_OUT)/plan_scale.txt
 	$(PY) bench/gates.py --rollouts 3 | tee $(BENCH_OUT)/gates.txt
+	$(PY) bench/autoscale.py --steps 1:5,8:15,1:25 | tee $(BENCH_OUT)/autoscale.txt
 	$(PY) bench/compare_false_fail.py --rollouts 5 | tee $(BENCH_OUT)/compare_false_fail.txt
 	$(PY) bench/cli_startup.py --runs 1000 --repeat 3 | tee $(BENCH_OUT)/cli_startup.txt
 	$(PY) bench/route_rebuild.py --runs 1000 | tee $(BENCH_OUT)/route_rebuild.txt

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -254,6 +255,16 @@ def how_it_ran(bench: str, args: dict[str, Any], notes: list[str]) -> dict[str, 
     for note in notes:
         print(f"# {note}")
     return info
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    """SIGTERM (plnt up stops what it started), SIGKILL after `timeout_s`; reaped either way."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def print_json(how: dict[str, Any], results: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ from plnt.gateway.route_watch import RoutePublisher, add_control_routes, release
 from plnt.gateway.router import Router
 from plnt.gateway.workers import WorkerConfig, WorkerMetrics, WorkerSupervisor, auto_workers
 from plnt.reconciler.control.access import GatewayTokens, load_role_access
+from plnt.reconciler.control.autoscaler import Autoscaler, local_targets
 from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
 from plnt.reconciler.control.pins import PinRefused, PinRequest
@@ -180,6 +181,17 @@ def public_rows(statuses: StatusStore, live: dict[str, LiveWorkflow]) -> list[di
     return rows
 
 
+def with_scaling(rows: list[dict[str, Any]], autoscaler: Autoscaler | None) -> list[dict[str, Any]]:
+    """`GET /workflows` rows with `autoscale` {running, desired, inFlight, reason} where the autoscaler
+    follows the release (its last decision), else without."""
+    if autoscaler is not None:
+        for row in rows:
+            view = autoscaler.view(f"{row['namespace']}/{row['name']}")
+            if view is not None:
+                row["autoscale"] = view.public()
+    return rows
+
+
 class TurnBatched:
     """Runs `rebuild` once the current event-loop turn is over, however often it was asked for,
     and at most as often as keeps it under a tenth of the loop's time.
@@ -253,6 +265,7 @@ class Plnt:
     _built_routes: dict[str, tuple[LiveWorkflow, Route]] = field(default_factory=dict)  # see build_route_table
     gateway_policy: GatewayPolicySpec | None = None  # the reconciled commit's, carried by the routes
     model_fallbacks: dict[str, str] = field(default_factory=dict)  # its ModelDeployments' spec.fallback, by key
+    autoscaler: Autoscaler | None = None  # local releases with spec.autoscaling
 
     @property
     def url(self) -> str:
@@ -286,7 +299,7 @@ class Plnt:
         table = build_route_table(live, self.statuses, self._built_routes, self.gateway_policy, self.model_fallbacks)
         self.router.replace(table)
         if self.publisher is not None:
-            self.publisher.publish(table, public_rows(self.statuses, live))
+            self.publisher.publish(table, with_scaling(public_rows(self.statuses, live), self.autoscaler))
 
     async def stop(self) -> None:
         """Stop everything `start` started, runners included; release records stay for the next start."""
@@ -619,7 +632,8 @@ async def start(settings: Settings) -> Plnt:
                                      drivers=drivers, verifier=verifier, metrics=control_metrics, cleanups=cleanups)
 
         def list_workflows() -> list[dict[str, Any]]:
-            return public_rows(statuses, drivers.snapshot())
+            return with_scaling(public_rows(statuses, drivers.snapshot()), holder["plnt"].autoscaler
+                                if "plnt" in holder else None)
 
         async def on_git_hook() -> None:
             reconciler.wake()
@@ -695,6 +709,8 @@ async def start(settings: Settings) -> Plnt:
         cleanups.append(_closer(publisher))  # runs before gateway.stop: long-polls answer at once
         cleanups.append(reconciler.close)
         plnt._tasks.append(asyncio.create_task(reconciler.run(stop_event), name="reconciler"))
+        plnt.autoscaler = make_autoscaler(drivers, control_metrics)
+        cleanups.append(run_autoscaler(plnt.autoscaler, stop_event))  # stopped before the runners are
         if settings.review.previews:
             plnt.previews, close_previews = start_previews(
                 settings, source=source, client=client, statuses=statuses, driver=drivers, reconciler=reconciler,
@@ -717,6 +733,27 @@ async def start(settings: Settings) -> Plnt:
             except Exception:  # noqa: BLE001
                 log.exception("cleanup-after-failed-start")
         raise
+
+
+def make_autoscaler(drivers: DriverSet, metrics: ControlPlaneMetrics) -> Autoscaler:
+    """The autoscaler of local releases (reconciler/control/autoscaler.py), its series in `metrics`:
+    it reads their replicas' load and sets their count through the driver (plnt up's runners, or on
+    the reconcile role the workers', which take the count in the reply to their next report)."""
+    local = drivers.local
+    autoscaler = Autoscaler(lambda: local_targets(local.snapshot(), drivers.scale_policy), drivers.set_replicas)
+    autoscaler.register(metrics.registry)
+    return autoscaler
+
+
+def run_autoscaler(autoscaler: Autoscaler, stop: asyncio.Event) -> Callable[[], Awaitable[None]]:
+    """Run its loop until `stop`; returns what stops it sooner."""
+    task = asyncio.create_task(autoscaler.run(stop), name="autoscaler")
+
+    async def halt() -> None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    return halt
 
 
 async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, internal_token: str, tokens: GatewayTokens,

@@ -39,6 +39,7 @@ from plnt.reconciler.app import (
     attach_status_followers,
     build_route_table,
     make_activities,
+    make_autoscaler,
     make_driver_set,
     make_local_driver,
     make_reconciler,
@@ -48,6 +49,7 @@ from plnt.reconciler.app import (
     on_fallbacks,
     on_policy,
     resume_runners,
+    run_autoscaler,
     start_previews,
 )
 from plnt.reconciler.control.access import internal_token, load_role_access
@@ -246,6 +248,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
 
     role._cleanups.append(close_publisher)
     role._cleanups.append(control_metrics.attach(statuses))
+    autoscaler = make_autoscaler(drivers, control_metrics)  # runs while this replica leads
     refresh_routes()
 
     async def lead() -> None:
@@ -275,6 +278,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
                     verifier=verifier, gateway_url=lambda: server.url, stop=role.stop_event)
                 cleanups.append(close_previews)
             reconcile_task = asyncio.create_task(reconciler.run(role.stop_event), name="reconciler")
+            cleanups.append(run_autoscaler(autoscaler, role.stop_event))
             active.set()
             log.info("reconciler-active control=%s repo=%s branch=%s temporal=%s", server.url, source.url,
                      settings.source.branch, settings.temporal.address)

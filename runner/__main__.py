@@ -178,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
 
     app = create_app(recipe, adapter, args.release_id, step_cache_size=args.step_cache_size,  # type: ignore[arg-type]
                      host=args.host)
-    served: Any = app
+    from plnt.runner.load import LoadMeter
+
+    # GET /load and /metrics: the invocations in flight, what autoscaling follows (an IdleParker is a LoadMeter)
+    served: Any = LoadMeter(app)
     if args.park_after_idle_s is not None:
         from plnt.core.parking import write_parked
         from plnt.runner.idle import IdleParker

@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-INVOCATION_PATHS = frozenset({"/invoke", "/chat"})
+from plnt.runner.load import LoadMeter
 
 
-class IdleParker:
-    """ASGI wrapper: counts invocations in flight and calls `park` once none has run for `after_s`.
+class IdleParker(LoadMeter):
+    """ASGI wrapper: a LoadMeter (it counts invocations in flight) that calls `park` once none has run
+    for `after_s`.
 
     One timer at a time, re-armed only when it fires: an invocation costs two counter updates, and an
     idle runner wakes once per `after_s`."""
@@ -28,12 +29,9 @@ class IdleParker:
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not after_s > 0:
             raise ValueError("after_s must be > 0")
-        self.app = app
+        super().__init__(app, clock)
         self.after_s = after_s
         self._park = park
-        self._clock = clock
-        self.in_flight = 0
-        self.last_activity = clock()
         self.parked = False
         self._timer: asyncio.TimerHandle | None = None
 
@@ -56,12 +54,4 @@ class IdleParker:
         if scope["type"] == "lifespan" and self._timer is None and not self.parked:
             self.last_activity = self._clock()  # counted from when the runner serves
             self._arm(self.after_s)
-        if scope["type"] != "http" or scope["path"] not in INVOCATION_PATHS:
-            await self.app(scope, receive, send)
-            return
-        self.in_flight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.in_flight -= 1
-            self.last_activity = self._clock()
+        await super().__call__(scope, receive, send)

@@ -8,7 +8,8 @@ before the model loads, listens on 127.0.0.1, and drains on SIGTERM (uvicorn's g
 
 Besides llama.cpp's `/v1/chat/completions`, `/v1/completions` and `/v1/models` it answers
 `GET /healthz` as a runner does, `{"status": "ok", "version": ..., "release": ...}`, once the
-weights are loaded: how the driver knows the process on that port is this release.
+weights are loaded: how the driver knows the process on that port is this release; and `GET /load`,
+`{"inFlight": n, "waiting": m}` (requests to the model running plus waiting: what autoscaling follows).
 
     python runner/model_server.py --model FILE.gguf --alias NAME --host 127.0.0.1 --port P
         --release-id ID --version V [--context N] [--threads N] [--limit-memory-mib M]
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import resource
 import sys
 
@@ -99,8 +101,36 @@ def main(argv: list[str] | None = None) -> None:
     def healthz() -> dict[str, str]:
         return health
 
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+    uvicorn.run(LoadMeter(app), host=args.host, port=args.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=10)
+
+
+class LoadMeter:
+    """ASGI wrapper: the requests to the model (POST /v1/...) in flight, and GET /load ->
+    {"inFlight": n, "waiting": m}, what plnt's autoscaler polls. llama-cpp-python's server reports no
+    queue of its own and serves one request at a time (the others wait for its lock), so of n in
+    flight one runs and n - 1 wait. The runner's meter (plnt.runner.load) answers the same shape;
+    this one is apart because this script imports nothing of plnt."""
+
+    def __init__(self, app: object) -> None:
+        self.app = app
+        self.in_flight = 0
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST" and scope["path"].startswith("/v1/"):
+            self.in_flight += 1
+            try:
+                await self.app(scope, receive, send)  # type: ignore[operator]
+            finally:
+                self.in_flight -= 1
+            return
+        if scope["type"] == "http" and scope.get("method") == "GET" and scope["path"] == "/load":
+            body = json.dumps({"inFlight": self.in_flight, "waiting": max(0, self.in_flight - 1)}).encode()
+            await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})  # type: ignore[operator]
+            return
+        await self.app(scope, receive, send)  # type: ignore[operator]
 
 
 if __name__ == "__main__":

@@ -871,6 +871,24 @@ def _cycle_problems(doc: _Document, recipe: Workflow, index_of: dict[str, int]) 
     return problems
 
 
+def _autoscaling_problems(doc: _Document, run: Deployable) -> list[Problem]:
+    """autoscaling needs room to scale (replicas.max above min); a ModelDeployment scales on in-flight
+    requests only (model servers report no invocation rate)."""
+    scaling, replicas = run.spec.autoscaling, run.spec.replicas
+    if scaling is None:
+        return []
+    if replicas.max is None or replicas.max <= replicas.min:
+        return [Problem(doc.file, doc.line(("spec", "replicas", "max") if ("spec", "replicas") in doc.lines
+                                             else ("spec", "autoscaling")), "spec.replicas.max",
+                        f"autoscaling needs replicas.max above replicas.min ({replicas.min}), e.g. replicas: "
+                        f"{{min: {replicas.min}, max: {max(replicas.min, 1) + 2}}}; or remove spec.autoscaling")]
+    if isinstance(run, ModelDeployment) and scaling.target_in_flight is None:
+        return [Problem(doc.file, doc.line(("spec", "autoscaling")), "spec.autoscaling.targetInFlight",
+                        "a ModelDeployment scales on in-flight requests (running plus waiting): give "
+                        "autoscaling.targetInFlight (e.g. 2); targetInvocationsPerSecond is for WorkflowRuns on Kubernetes")]
+    return []
+
+
 def _backend_problems(doc: _Document, run: Deployable, backends: dict[str, PlntBackend]) -> list[Problem]:
     placement = run.spec.backend
     if placement.pooled:
@@ -905,6 +923,13 @@ def _unfit(run: Deployable, backend: PlntBackend) -> tuple[DocPath, str] | None:
                 f"runtime {run.spec.runtime.type} runs on Kubernetes backends (GPU servers); backend "
                 f"'{backend.metadata.name}' is type: local, which runs {', '.join(LOCAL_MODEL_RUNTIMES)} on its CPU "
                 "(use runtime type llama.cpp with a GGUF model, or a kubernetes backend)")
+    scaling = run.spec.autoscaling
+    # (a ModelDeployment without targetInFlight is refused whatever its backend: _autoscaling_problems)
+    if isinstance(run, WorkflowRun) and scaling is not None and scaling.target_in_flight is None \
+            and backend.spec.type == "local":
+        return (("spec", "autoscaling"),
+                f"backend '{backend.metadata.name}' is type: local, where plnt scales on in-flight requests: give "
+                "autoscaling.targetInFlight (e.g. 4); targetInvocationsPerSecond is for Kubernetes backends' HPA")
     offered = backend.spec.gpu_classes
     if placement.gpu_class is not None and placement.gpu_class not in offered:
         what = f"offers: {', '.join(offered)}" if offered else "offers no GPU classes"
@@ -1055,9 +1080,11 @@ def load_sources(files: Iterable[SourceFile], *, check_references: bool | None =
             if isinstance(model, WorkflowRun):
                 specs.workflow_runs[key] = model
                 runs.append((doc, model))
+                problems += _autoscaling_problems(doc, model)
             elif isinstance(model, ModelDeployment):
                 specs.model_deployments[key] = model
                 runs.append((doc, model))
+                problems += _autoscaling_problems(doc, model)
             elif isinstance(model, PlntBackend):
                 specs.backends[key] = model
             elif isinstance(model, Gate):

@@ -193,8 +193,29 @@ class Replicas(SpecModel):
         return self
 
 
+DEFAULT_SCALE_DOWN_AFTER_S = 60.0
+
+
 class Autoscaling(SpecModel):
-    target_invocations_per_second: float = Field(gt=0)
+    """Replicas between replicas.min and replicas.max follow the load. `targetInFlight`: the in-flight
+    requests (being served plus waiting) one replica should carry; plnt's local driver scales on it,
+    and so does the Kubernetes charts' HPA (a Pods metric through a metrics adapter, docs/kubernetes.md).
+    `targetInvocationsPerSecond`: the workflow-runner chart's HPA only (Kubernetes)."""
+
+    target_in_flight: float | None = Field(default=None, gt=0, le=10_000, description=(
+        "in-flight requests (being served plus waiting) per replica: above it replicas are added at once, "
+        "up to replicas.max"))
+    target_invocations_per_second: float | None = Field(default=None, gt=0, description=(
+        "Kubernetes WorkflowRuns: invocations per second per pod, for the chart's HPA"))
+    scale_down_after_seconds: float = Field(default=DEFAULT_SCALE_DOWN_AFTER_S, ge=1, le=86_400, description=(
+        "how long the load must stay low enough for one replica fewer before one is stopped (one at a time)"))
+
+    @model_validator(mode="after")
+    def _some_target(self) -> Self:
+        if self.target_in_flight is None and self.target_invocations_per_second is None:
+            raise ValueError("autoscaling needs a target: targetInFlight (in-flight requests per replica, e.g. 4)"
+                             " or, on Kubernetes, targetInvocationsPerSecond")
+        return self
 
 
 class SmokeTest(SpecModel):
@@ -484,6 +505,7 @@ class ModelDeploymentSpec(SpecModel):
     runtime: ModelRuntime
     backend: BackendPlacement
     replicas: ModelReplicas = Field(default_factory=ModelReplicas)
+    autoscaling: Autoscaling | None = None
     canary: ModelCanary = Field(default_factory=ModelCanary)
     self_heal: bool = True
     depends_on: list[DependencyName] = Field(default_factory=list, max_length=20, description=DEPENDS_ON_HELP)

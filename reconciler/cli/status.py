@@ -80,7 +80,12 @@ def _message(row: dict[str, Any]) -> str:
         return "parked: the next request starts it" + (f"; {message}" if message else "")
     if row.get("replicasDesired") is not None:  # live/desired processes of the stable release
         live = row.get("replicasLive")
-        return f"replicas {'?' if live is None else live}/{row['replicasDesired']}" + (f"; {message}" if message else "")
+        scaling = row.get("autoscale")  # the autoscaler's last decision (spec.autoscaling, local)
+        desired = scaling["desired"] if scaling else row["replicasDesired"]
+        text = f"replicas {'?' if live is None else live}/{desired}"
+        if scaling:
+            text += f" (autoscaled: {scaling['inFlight']} in flight)"
+        return text + (f"; {message}" if message else "")
     return message
 
 

@@ -28,6 +28,7 @@ from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.drivers.reported import ReportedRunners
 from plnt.reconciler.errors import DriverError, PlntError
+from plnt.reconciler.plan.autoscale import ScalePolicy
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir, Track, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,15 @@ class DriverSet:
         if spec is None or backend is None or spec.replicas.min != 0 or backend.spec.type != "local":
             return None
         return backend.spec.scale_to_zero_after_seconds
+
+    def scale_policy(self, namespace: str, name: str) -> ScalePolicy | None:
+        """How plnt's autoscaler scales this WorkflowRun's or ModelDeployment's local replicas: its spec's
+        (the newest valid commit's) autoscaling on in-flight requests; None when it has none, or runs on
+        Kubernetes (the charts' HPA scales it there)."""
+        run = self._remembered.deployable(run_key(namespace, name)) if self._remembered is not None else None
+        if run is None or self.driver_for(namespace, name) is not self.local:
+            return None
+        return ScalePolicy.of(run)
 
     async def wake(self, namespace: str, name: str, release_id: str) -> Release | None:
         """Start a parked local runner again (LocalDriver.wake); None for anything else."""

@@ -76,6 +76,7 @@ from typing import Any, TypeVar
 import yaml
 from plnt.core import telemetry
 from plnt.core.specs.models import (
+    Autoscaling,
     BackendPlacement,
     Deployable,
     ModelDeploymentSpec,
@@ -203,9 +204,7 @@ def render_values(
     registry settings; credentials only as the name of a Secret in the backend's namespace.
     `tracing`: `tracing_values(...)` of the worker's environment (empty: no `tracing` key at all)."""
     placement = placement_values(spec.backend, backend)
-    autoscaling: dict[str, Any] = {}
-    if spec.autoscaling is not None:
-        autoscaling["targetInvocationsPerSecond"] = spec.autoscaling.target_invocations_per_second
+    autoscaling = autoscaling_values(spec.autoscaling)
     return {
         "workflow": {
             "name": request.name,
@@ -319,7 +318,10 @@ def render_model_values(
         "runtime": runtime,
         "image": image_values(image),
         **placement,
-        "replicas": spec.replicas.min,  # a model server never scales to zero, and has no autoscaler
+        "replicas": spec.replicas.min,  # a model server never scales to zero
+        "autoscaling": ({"targetInFlight": spec.autoscaling.target_in_flight, "maxReplicas": spec.replicas.max,
+                         "scaleDownAfterSeconds": spec.autoscaling.scale_down_after_seconds}
+                        if spec.autoscaling is not None and spec.autoscaling.target_in_flight is not None else {}),
         "resources": resources or {},
         "service": {"port": MODEL_PORT},
         "weights": {
@@ -362,6 +364,16 @@ def model_step_timeouts(timeouts: StepTimeouts, model_timeout_s: float) -> StepT
 
 def image_values(image: RunnerImage) -> dict[str, str]:
     return {"repository": image.repository, "tag": image.tag, "pullPolicy": image.pull_policy}
+
+
+def autoscaling_values(scaling: Autoscaling | None) -> dict[str, Any]:
+    """The charts' `autoscaling` values: each HPA target the spec sets (none: no HPA)."""
+    if scaling is None:
+        return {}
+    targets = {"targetInFlight": scaling.target_in_flight,
+               "targetInvocationsPerSecond": scaling.target_invocations_per_second}
+    return {**{key: value for key, value in targets.items() if value is not None},
+            "scaleDownAfterSeconds": scaling.scale_down_after_seconds}
 
 
 def placement_values(placement: BackendPlacement, backend: PlntBackend) -> dict[str, Any]:

@@ -442,3 +442,28 @@ def test_the_rendered_fetch_command_puts_the_file_the_server_loads(helm: str, tm
     result = refused.run()
     assert result.returncode == 1 and "VerificationFailed: pin-mismatch" in result.stderr, result.stderr
     assert list(Path(refused.host("/models")).iterdir()) == []
+
+
+# --- autoscaling: an HPA on the servers' in-flight requests ----------------------------------------
+
+
+def test_autoscaling_makes_an_hpa_on_in_flight_requests_that_owns_the_count(helm: str) -> None:
+    docs = by_kind(render(helm, CHART, merged(BASE, {"replicas": 2, "autoscaling": {
+        "targetInFlight": 3, "maxReplicas": 5, "scaleDownAfterSeconds": 120}}), release="chat", namespace=NAMESPACE))
+    assert "replicas" not in docs["Deployment"]["spec"]  # the HPA owns it
+    hpa = docs["HorizontalPodAutoscaler"]
+    validate_strictly(hpa, "autoscaled")
+    assert hpa["apiVersion"] == "autoscaling/v2" and hpa["metadata"]["name"] == "chat"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "chat"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 5)
+    assert hpa["spec"]["metrics"] == [{"type": "Pods", "pods": {"metric": {"name": "plnt_model_in_flight_requests"},
+                                                                "target": {"type": "AverageValue", "averageValue": "3"}}}]
+    assert hpa["spec"]["behavior"]["scaleDown"] == {"stabilizationWindowSeconds": 120,
+                                                    "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}]}
+    plain = by_kind(render(helm, CHART, BASE, release="chat", namespace=NAMESPACE))
+    assert "HorizontalPodAutoscaler" not in plain and plain["Deployment"]["spec"]["replicas"] == 1
+
+
+def test_autoscaling_max_below_the_floor_fails_the_render(helm: str) -> None:
+    stderr = failure(helm, merged(BASE, {"replicas": 3, "autoscaling": {"targetInFlight": 2, "maxReplicas": 2}}))
+    assert "autoscaling.maxReplicas (2) must be >= replicas (3)" in stderr, stderr

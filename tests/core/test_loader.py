@@ -679,6 +679,46 @@ def test_scale_to_zero_seconds_only_on_local_backends(tmp_path: Path) -> None:
     assert problems[0].field == "spec.scaleToZeroAfterSeconds" and "greater than or equal to 1" in problems[0].message
 
 
+# --- autoscaling -----------------------------------------------------------------------------
+
+
+def test_autoscaling_on_in_flight_requests_loads_with_its_window(tmp_path: Path) -> None:
+    run = RUN + "  replicas: {min: 1, max: 3}\n  autoscaling: {targetInFlight: 4, scaleDownAfterSeconds: 20}\n"
+    write(tmp_path, "specs.yaml", BACKEND + "---\n" + run)
+    specs, problems = load_directory(tmp_path)
+    assert problems == []
+    scaling = specs.workflow_runs["default/review-responder"].spec.autoscaling
+    assert scaling is not None and (scaling.target_in_flight, scaling.scale_down_after_seconds) == (4, 20)
+
+
+K8S_BACKEND = ("apiVersion: plnt.work/v1\nkind: PlntBackend\nmetadata: {name: local}\n"
+               "spec: {type: kubernetes, kubernetes: {context: kind}}\n")
+
+
+@pytest.mark.parametrize(("backend", "tail", "line", "field", "message"), [
+    (BACKEND, "  replicas: {min: 2, max: 2}\n  autoscaling: {targetInFlight: 4}\n", 15, "spec.replicas.max",
+     "autoscaling needs replicas.max above replicas.min (2)"),
+    (BACKEND, "  autoscaling: {targetInFlight: 4}\n", 15, "spec.replicas.max",
+     "autoscaling needs replicas.max above replicas.min (1)"),
+    (BACKEND, "  replicas: {min: 1, max: 3}\n  autoscaling: {scaleDownAfterSeconds: 30}\n", 16, "spec.autoscaling",
+     "autoscaling needs a target: targetInFlight"),
+    (BACKEND, "  replicas: {min: 1, max: 3}\n  autoscaling: {targetInFlight: 0}\n", 16,
+     "spec.autoscaling.targetInFlight", "greater than 0"),
+    (BACKEND, "  replicas: {min: 1, max: 3}\n  autoscaling: {targetInvocationsPerSecond: 5}\n", 16,
+     "spec.autoscaling.targetInFlight", "is type: local, where plnt scales on in-flight requests"),
+], ids=["max-not-above-min", "no-max", "no-target", "zero-target", "rate-on-local"])
+def test_autoscaling_problems_name_file_line_and_field(tmp_path: Path, backend: str, tail: str, line: int,
+                                                      field: str, message: str) -> None:
+    problems = load_one(tmp_path, backend + "---\n" + RUN + tail)
+    assert where(problems) == [("specs.yaml", line, field)], problems
+    assert message in problems[0].message, problems[0].message
+
+
+def test_invocation_rate_autoscaling_stays_valid_on_kubernetes(tmp_path: Path) -> None:
+    run = RUN + "  replicas: {min: 1, max: 4}\n  autoscaling: {targetInvocationsPerSecond: 25}\n"
+    assert load_one(tmp_path, K8S_BACKEND + "---\n" + run) == []
+
+
 # --- ModelDeployment -------------------------------------------------------------------------
 
 MODEL = """\
@@ -722,7 +762,11 @@ def test_a_model_deployment_loads_beside_workflow_runs_and_is_deployable(tmp_pat
     (("rootDigest: \"sha256:", "rootDigest: \"md5:"), 5, "spec.model.rootDigest", "'sha256:' followed by 64"),
     (("backend: {cluster: local}", "backend: {cluster: local}\n  replicas: {min: 0}"), 8, "spec.replicas.min",
      "greater than or equal to 1"),
-], ids=["name-taken-by-a-workflowrun", "gpu-runtime-on-local", "unknown-policy", "reserved-arg", "digest", "no-scale-to-zero"])
+    (("backend: {cluster: local}", "backend: {cluster: local}\n  replicas: {min: 1, max: 2}\n"
+      "  autoscaling: {targetInvocationsPerSecond: 3}"), 9, "spec.autoscaling.targetInFlight",
+     "a ModelDeployment scales on in-flight requests"),
+], ids=["name-taken-by-a-workflowrun", "gpu-runtime-on-local", "unknown-policy", "reserved-arg", "digest", "no-scale-to-zero",
+        "model-scales-on-in-flight"])
 def test_model_deployment_problems_name_file_line_and_field(
         tmp_path: Path, change: tuple[str, str], line: int, field: str, message: str) -> None:
     model = MODEL.replace(*change)

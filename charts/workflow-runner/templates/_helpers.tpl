@@ -38,7 +38,8 @@ plnt.work/workflow-namespace: {{ .Values.workflow.namespace }}
 
 {{/* "true" when an HPA owns the replica count. */}}
 {{- define "workflow-runner.autoscaled" -}}
-{{- if (.Values.autoscaling | default dict).targetInvocationsPerSecond -}}true{{- end -}}
+{{- $scaling := .Values.autoscaling | default dict -}}
+{{- if or $scaling.targetInFlight $scaling.targetInvocationsPerSecond -}}true{{- end -}}
 {{- end -}}
 
 {{- define "workflow-runner.checkReplicas" -}}

@@ -115,6 +115,10 @@ CASES: dict[str, tuple[WorkflowRun, str]] = {
     "gpu-autoscaled-stable": (workflow_run(
         backend={"cluster": "gpu-cluster-01", "gpuClass": "nvidia.com/l4", "gpuCount": 1},
         replicas={"min": 2, "max": 6}, autoscaling={"targetInvocationsPerSecond": 2.5}), "stable"),
+    "in-flight-autoscaled-stable": (workflow_run(
+        replicas={"min": 1, "max": 3}, autoscaling={"targetInFlight": 4, "scaleDownAfterSeconds": 30}), "stable"),
+    "both-targets-stable": (workflow_run(
+        replicas={"min": 1, "max": 5}, autoscaling={"targetInFlight": 2.5, "targetInvocationsPerSecond": 10}), "stable"),
     "cpu-fixed-stable": (workflow_run(replicas={"min": 3}), "stable"),
     "cpu-fixed-canary": (workflow_run(
         backend={"cluster": "gpu-cluster-01", "nodeSelector": {"cloud.example.com/pool": "cpu"}},
@@ -292,10 +296,16 @@ async def test_driver_manifests_render_and_validate_strictly(helm: str, validate
         assert hpa["apiVersion"] == "autoscaling/v2"
         assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": release}
         assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (run.spec.replicas.min, run.spec.replicas.max)
-        [metric] = hpa["spec"]["metrics"]
-        target = run.spec.autoscaling.target_invocations_per_second
-        assert metric == {"type": "Pods", "pods": {"metric": {"name": "plnt_invocations_per_second"},
-                                                   "target": {"type": "AverageValue", "averageValue": f"{target:g}"}}}
+        scaling = run.spec.autoscaling
+        wanted = [(name, target) for name, target in (("plnt_runner_in_flight_requests", scaling.target_in_flight),
+                                                      ("plnt_invocations_per_second", scaling.target_invocations_per_second))
+                  if target is not None]
+        assert hpa["spec"]["metrics"] == [
+            {"type": "Pods", "pods": {"metric": {"name": name}, "target": {"type": "AverageValue", "averageValue": f"{target:g}"}}}
+            for name, target in wanted]
+        window = int(scaling.scale_down_after_seconds)  # one pod fewer per window, as the local autoscaler
+        assert hpa["spec"]["behavior"] == {"scaleDown": {"stabilizationWindowSeconds": window, "policies": [
+            {"type": "Pods", "value": 1, "periodSeconds": window}]}}
     else:
         assert deployment["spec"]["replicas"] == run.spec.replicas.min
 

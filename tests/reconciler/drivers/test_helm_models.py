@@ -194,12 +194,20 @@ def test_render_model_values_is_the_request_the_spec_and_plnts_settings() -> Non
         "nodeSelector": {"cloud.example.com/pool": "cpu-models", "zone": "a"},
         "tolerations": [GPU_TAINT, DEDICATED],
         "replicas": 1,
+        "autoscaling": {},
         "resources": RESOURCES,
         "service": {"port": 8000},
         "weights": {"trustedRoots": {"trust/models-root.json": ROOT_JSON},
                     "s3": {"endpointUrl": "http://minio.storage:9000", "region": "eu-west-1"},
                     "ociInsecureHosts": ["registry.local:5000"], "credentialsSecret": "model-registry"},
     }
+
+
+def test_an_autoscaled_model_gets_the_charts_hpa_values() -> None:
+    run = model(replicas={"min": 2, "max": 6}, autoscaling={"targetInFlight": 3, "scaleDownAfterSeconds": 90})
+    values = render_model_values(request(run, "stable"), run.spec, BACKEND, IMAGE)
+    assert (values["replicas"], values["autoscaling"]) == (
+        2, {"targetInFlight": 3, "maxReplicas": 6, "scaleDownAfterSeconds": 90})
 
 
 @pytest.mark.parametrize(("gpu_class", "configured", "expected"), [
