@@ -886,6 +886,13 @@ def _autoscaling_problems(doc: _Document, run: Deployable) -> list[Problem]:
         return [Problem(doc.file, doc.line(("spec", "autoscaling")), "spec.autoscaling.targetInFlight",
                         "a ModelDeployment scales on in-flight requests (running plus waiting): give "
                         "autoscaling.targetInFlight (e.g. 2); targetInvocationsPerSecond is for WorkflowRuns on Kubernetes")]
+    if run.spec.backend.pooled:
+        # Placement spreads replicas.min over the pool; an autoscaler changing the count under it would be
+        # placed back (no shared count yet), so the two are not combined rather than fight.
+        return [Problem(doc.file, doc.line(("spec", "autoscaling")), "spec.autoscaling",
+                        "autoscaling is not available on a pool of backends (backend: refs or selector) yet: "
+                        "name one backend (backend: {cluster: NAME}) or set a fixed replicas.min and remove "
+                        "spec.autoscaling")]
     return []
 
 

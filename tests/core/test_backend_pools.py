@@ -111,3 +111,14 @@ def test_one_backend_keeps_the_fingerprint_it_had_before_pools() -> None:
     dumped = BackendPlacement(cluster="local").model_dump(mode="json", by_alias=True)
     assert dumped == {"cluster": "local", "gpuClass": None, "gpuCount": 0, "nodeSelector": {}, "tolerations": []}
     assert BackendPlacement.model_validate(dumped) == BackendPlacement(cluster="local")
+
+
+def test_autoscaling_on_a_pool_is_refused_naming_the_field(tmp_path: Path) -> None:
+    """Placement spreads a fixed count over a pool; an autoscaler under it would fight it, so the loader
+    refuses the pair until they share one count."""
+    (tmp_path / "backends.yaml").write_text(BACKENDS)
+    (tmp_path / "runs.yaml").write_text(RUN.replace("BACKEND", "{refs: [east, west]}")
+                                        + "  replicas: {min: 1, max: 3}\n  autoscaling: {targetInFlight: 2}\n")
+    _, problems = load_directory(tmp_path)
+    assert [(p.field, p.line) for p in problems] == [("spec.autoscaling", 8)]
+    assert "not available on a pool" in problems[0].message and "cluster" in problems[0].message
