@@ -934,7 +934,7 @@ def _unfit(run: Deployable, backend: PlntBackend) -> tuple[DocPath, str] | None:
     # (a ModelDeployment without targetInFlight is refused whatever its backend: _autoscaling_problems)
     if isinstance(run, WorkflowRun) and scaling is not None and scaling.target_in_flight is None \
             and backend.spec.type == "local":
-        return (("spec", "autoscaling"),
+        return (("spec", "autoscaling", "targetInFlight"),
                 f"backend '{backend.metadata.name}' is type: local, where plnt scales on in-flight requests: give "
                 "autoscaling.targetInFlight (e.g. 4); targetInvocationsPerSecond is for Kubernetes backends' HPA")
     offered = backend.spec.gpu_classes
