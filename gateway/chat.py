@@ -1,6 +1,7 @@
 """`POST /v1/chat/completions`: OpenAI chat completions, `model` = a workflow's name (or
 `namespace/name`), translated to the runner's `POST /chat` (openai_compat.py). A ModelDeployment's
-server speaks the OpenAI API itself: its requests go through as sent, its answers come back as given.
+server speaks the OpenAI API itself: its requests go through as sent, its answers come back as given;
+with several stable replicas each conversation goes to the one that served it before (affinity.py).
 
 Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`: 400 for malformed or too deeply
 nested JSON and for a model name in several namespaces; the rest as forward.py and app.py say.
@@ -19,6 +20,7 @@ from plnt.core.auth import MODELS
 from plnt.core.routes import PREVIEW_HEADER, AmbiguousRoute, PreviewNotFound, preview_target
 from plnt.core.upstream import UpstreamError, UpstreamTimeout
 from plnt.gateway import openai_compat as oai
+from plnt.gateway.affinity import conversation_key
 from plnt.gateway.forward import SSE, Exchange, Gateway, Outcome, StreamShape, TokenClock, request_headers
 from plnt.gateway.relay import RUNNER_STREAM, relay, watch_disconnect, whole_body
 from plnt.gateway.replies import OPENAI, ASGIScope, Receive, Send, json_position, not_invocable, openai_error, respond
@@ -100,7 +102,11 @@ async def _chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send
     is_model = route.protocol == "openai"
     if not grant.may_chat(route.namespace, name, is_model=is_model):
         raise openai_error(403, f"this API key may not use model {model}", "permission_error", "model", "model_not_allowed")
-    chosen = gateway.choose(route, headers, OPENAI, f"model {model}", scope["headers"])
+    # A model's replicas keep the KV cache of the conversations they read: each conversation keeps its own
+    # (affinity.py); worked out only where there is a choice.
+    conversation = (conversation_key(request.messages)
+                    if is_model and gateway.router.cache_affinity and len(route.stable_replicas) > 1 else None)
+    chosen = gateway.choose(route, headers, OPENAI, f"model {model}", scope["headers"], conversation)
 
     # A ModelDeployment's server takes the request as sent; a workflow's runner its own chat body.
     path, runner_body = ("/v1/chat/completions", body) if is_model else ("/chat", oai.runner_chat_body(request))
