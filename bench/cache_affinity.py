@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import sys
@@ -51,6 +52,7 @@ import httpx  # noqa: E402
 from benchlib import how_it_ran, print_json  # noqa: E402
 from plnt.core.routes import Backend, Route, RouteTable  # noqa: E402
 from plnt.core.server import GatewayServer  # noqa: E402
+from plnt.gateway.affinity import MAX_EXTRA  # noqa: E402
 from plnt.gateway.app import create_app  # noqa: E402
 from plnt.gateway.bench import percentile  # noqa: E402
 from plnt.gateway.chat import MODEL_STREAM  # noqa: E402
@@ -158,8 +160,9 @@ async def run_servers(config: str, args: argparse.Namespace, gguf: Path, scratch
         runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
         for round_ in range(args.rounds):
             for mode in (("off", "on") if round_ % 2 == 0 else ("on", "off")):
-                server = GatewayServer(create_app(Router(RouteTable([route]), cache_affinity=mode == "on"),
-                                                  list_workflows=list, request_timeout_s=600), "127.0.0.1", 0)
+                router = Router(RouteTable([route]), cache_affinity=mode == "on")
+                router.max_extra = args.max_extra
+                server = GatewayServer(create_app(router, list_workflows=list, request_timeout_s=600), "127.0.0.1", 0)
                 await server.start()
                 try:
                     started = time.perf_counter()
@@ -189,6 +192,8 @@ async def main() -> None:
     parser.add_argument("--memory-mib", type=int, default=4096, help="each replica's address-space limit")
     parser.add_argument("--servers", default="default,cache")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--max-extra", type=int, default=MAX_EXTRA, help=(
+        "the load bound: requests in flight beyond the least loaded replica a conversation's own may have"))
     args = parser.parse_args()
     import subprocess
 
@@ -201,14 +206,17 @@ async def main() -> None:
         f"{args.context}) behind plnt's gateway app in this process; the client in this process too",
         f"{args.conversations} conversations x {args.turns} turns, a {args.system_words}-word system prompt each, "
         f"streamed, max_tokens {args.max_tokens}, temperature 0, at most {args.concurrency} requests in flight",
-        "TTFT = request sent -> first chunk with content, at the client"])
+        f"TTFT = request sent -> first chunk with content, at the client; load bound: {args.max_extra} request(s) "
+        "in flight beyond the least loaded replica", f"load average before: {os.getloadavg()[0]:.1f}"])
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="plnt-bench-affinity-") as scratch:
         for config in args.servers.split(","):
             results[config] = await run_servers(config, args, gguf, Path(scratch))
+    results["load_average_end"] = round(os.getloadavg()[0], 1)
     print("\n| servers | affinity | TTFT p50 | TTFT p95 | turns 2+ p50 | same replica | requests per replica | errors |")
     print("|---|---|---|---|---|---|---|---|")
-    for config, modes in results.items():
+    for config in args.servers.split(","):
+        modes = results[config]
         for mode in ("off", "on"):
             s = modes[mode]
             print(f"| {config} | {mode} | {s['ttft_p50_ms']:.0f} ms | {s['ttft_p95_ms']:.0f} ms | "

@@ -38,6 +38,7 @@ class Router:
         self._rng = rng if rng is not None else random.Random()
         # A model's conversations keep their stable replica (affinity.py); off: round robin, as for runners.
         self.cache_affinity = cache_affinity
+        self.max_extra = affinity.MAX_EXTRA  # the load bound (affinity.place); a bench may try another
         self.placed: Callable[[Route, bool], None] | None = None  # (route, spilled) of each placement by conversation
         self._turn = itertools.count()  # round robin over stable replicas
         self._in_flight: dict[str, int] = {}  # endpoint -> requests using it right now
@@ -85,7 +86,7 @@ class Router:
         replicas = route.stable_replicas
         in_flight = self._in_flight
         placement = affinity.place(conversation, [b.endpoint for b in replicas],
-                                   [in_flight.get(b.endpoint, 0) for b in replicas])
+                                   [in_flight.get(b.endpoint, 0) for b in replicas], max_extra=self.max_extra)
         if self.placed is not None:
             self.placed(route, placement.spilled)
         return replicas[placement.index]

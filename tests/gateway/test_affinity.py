@@ -178,3 +178,27 @@ def test_the_canary_split_comes_before_the_affinity() -> None:
     for session in stable_sessions:
         chosen = {router.choose(half, session=session, conversation=conversation) for _ in range(3)}
         assert chosen == {(router.by_conversation(half, conversation), "stable")}
+
+
+# --- the setting: from the command line to every gateway process's router --------------------------
+
+def test_no_cache_affinity_reaches_every_gateway_process() -> None:
+    import json
+
+    from plnt.gateway.role import GatewayRole, GatewayRoleConfig
+    from plnt.gateway.workers import WorkerConfig
+    from plnt.reconciler.cli.options import GatewayOptions
+    from plnt.reconciler.settings import GatewaySettings
+
+    assert GatewaySettings().cache_affinity is True and GatewayOptions().cache_affinity is True
+    off = GatewaySettings(**GatewayOptions(cache_affinity=False).settings())
+    assert off.cache_affinity is False
+    # plnt up's gateway workers get it in the JSON line on their stdin.
+    line = WorkerConfig(index=1, parent_pid=1, control_url="http://127.0.0.1:1", internal_token="t", port=1,
+                        cache_affinity=off.cache_affinity).wire()
+    config = WorkerConfig.model_validate(json.loads(line))
+    assert config.cache_affinity is False
+    role = GatewayRole(GatewayRoleConfig(control_url=config.control_url, internal_token="t",
+                                         cache_affinity=config.cache_affinity))
+    assert role.router.cache_affinity is False
+    assert GatewayRole(GatewayRoleConfig(control_url="http://127.0.0.1:1", internal_token="t")).router.cache_affinity
