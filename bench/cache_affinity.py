@@ -9,8 +9,8 @@ and server in this process) whose route lists both as the stable replicas of one
 workload: `--conversations` chats of `--turns` turns each; every conversation has a long system prompt of
 its own (`--system-words` words, ~1.3 tokens each) and a short question per turn; each turn resends the
 whole history (as chat clients do), streamed, temperature 0, `--max-tokens`. All conversations run at once
-with at most `--concurrency` requests in flight (the next turn of a conversation queues behind the other
-conversations' turns: users chatting at the same time). TTFT: request sent -> first chunk with content,
+with `--concurrency` requests in flight: each free slot sends the next turn of a conversation drawn at
+random (seeded) among those not waiting for an answer (users chatting independently). TTFT: request sent -> first chunk with content,
 at the client. Each mode gets conversations of its own (other system prompts), so no mode finds the other's
 history in a cache; with `--rounds` > 1 the modes alternate which goes first.
 
@@ -111,25 +111,38 @@ async def chat_turn(client: httpx.AsyncClient, url: str, messages: list[dict[str
 
 
 async def workload(url: str, args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
-    """Every conversation at once, at most `concurrency` turns in flight; one record per turn."""
-    limit = asyncio.Semaphore(args.concurrency)
+    """Every conversation at once, `concurrency` turns in flight: each free slot takes the next turn of a
+    conversation drawn at random among those not waiting for an answer (users who chat independently; a
+    fixed order would let round robin land a conversation's every turn on one replica by parity). One
+    record per turn."""
+    rng = random.Random(seed)
+    conversations = [[{"role": "system", "content": system_prompt(random.Random(seed * 1000 + i), args.system_words)}]
+                     for i in range(args.conversations)]
+    turns_done = [0] * args.conversations
+    previous: list[str | None] = [None] * args.conversations
+    ready = list(range(args.conversations))
     records: list[dict[str, Any]] = []
 
-    async def conversation(index: int, client: httpx.AsyncClient) -> None:
-        rng = random.Random(seed * 1000 + index)
-        messages = [{"role": "system", "content": system_prompt(rng, args.system_words)}]
-        previous = None
-        for turn in range(args.turns):
+    async def slot(client: httpx.AsyncClient) -> None:
+        while any(done < args.turns for done in turns_done):
+            if not ready:  # the rest are waiting for their answers: one may come back
+                await asyncio.sleep(0.01)
+                continue
+            index = ready.pop(rng.randrange(len(ready)))
+            messages = conversations[index]
+            turn = turns_done[index]
             messages.append({"role": "user", "content": QUESTIONS[(index + turn) % len(QUESTIONS)]})
-            async with limit:
-                ttft, version, reply, status = await chat_turn(client, url, messages, args.max_tokens)
-            records.append({"conversation": index, "turn": turn, "ttft_ms": ttft, "replica": version,
-                            "status": status, "same_replica": None if previous is None else previous == version})
-            previous = version
+            ttft, version, reply, status = await chat_turn(client, url, messages, args.max_tokens)
+            records.append({"conversation": index, "turn": turn, "ttft_ms": ttft, "replica": version, "status": status,
+                            "same_replica": None if previous[index] is None else previous[index] == version})
+            previous[index] = version
             messages.append({"role": "assistant", "content": reply})
+            turns_done[index] += 1
+            if turns_done[index] < args.turns:
+                ready.append(index)
 
     async with httpx.AsyncClient(trust_env=False, timeout=600) as client:
-        await asyncio.gather(*(conversation(i, client) for i in range(args.conversations)))
+        await asyncio.gather(*(slot(client) for _ in range(args.concurrency)))
     return records
 
 
