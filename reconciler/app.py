@@ -93,9 +93,14 @@ def build_route_table(live: dict[str, LiveWorkflow], statuses: StatusStore,
     def backend(release: Release | None) -> Backend | None:
         return None if release is None else Backend(release.endpoint, release.version, release.release_id)
 
+    def replicas(release: Release | None) -> tuple[Backend, ...]:
+        """Every replica process of the stable release (the gateway takes them in turn)."""
+        return () if release is None else tuple(Backend(endpoint, release.version, release.release_id)
+                                                for endpoint in release.endpoints)
+
     def route(item: LiveWorkflow) -> Route:
         serving = item.stable or item.canary
-        return Route(namespace=item.namespace, name=item.name, stable=backend(item.stable),
+        return Route(namespace=item.namespace, name=item.name, stable_replicas=replicas(item.stable), stable=None,
                      canary=backend(item.canary), traffic_percent=item.canary.traffic_percent if item.canary else 0,
                      canary_header=item.canary.canary_header if item.canary else None,
                      shadow_percent=item.canary.shadow_percent if item.canary else 0,
@@ -137,13 +142,20 @@ def on_policy(apply: Callable[[GatewayPolicySpec | None], None]) -> Callable[[st
 
 def public_rows(statuses: StatusStore, live: dict[str, LiveWorkflow]) -> list[dict[str, Any]]:
     """`GET /workflows`: each status's public row, with `"parked": true` where the promoted release's
-    runner parked (scale to zero: the next request starts it)."""
+    runner parked (scale to zero: the next request starts it), and its replica count: `replicasLive`
+    (the processes recorded for it, 0 while parked; None on Kubernetes, where the pods are the
+    Deployment's) and `replicasDesired`."""
     rows = []
     for status in statuses.all():
         row = status.public()
         item = live.get(status.key)
-        if item is not None and item.stable is not None and item.stable.parked:
+        stable = item.stable if item is not None else None
+        if stable is not None and stable.parked:
             row["parked"] = True
+        if stable is not None:
+            local = stable.pid is not None or stable.parked
+            row["replicasLive"] = (0 if stable.parked else len(stable.endpoints)) if local else None
+            row["replicasDesired"] = stable.replicas
         rows.append(row)
     return rows
 

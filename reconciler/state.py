@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 Track = Literal["stable", "canary"]
 
@@ -91,10 +91,28 @@ class ModelServing(BaseModel):
     model_name: str = ""
 
 
+class ReplicaProcess(BaseModel):
+    """One more process of a local release (a replica past its first): where it listens and which
+    process it is. The first replica's are the release's own `pid`, `pid_start`, `port`, `endpoint`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pid: int | None = None
+    pid_start: str | None = None
+    port: int | None = None
+    endpoint: str = ""
+
+
 class Release(BaseModel):
     """One installed release of a WorkflowRun (a runner serving one recipe version) or of a
     ModelDeployment (`model` set: a model server; `recipe_digest`/`recipe_dir` are then the root
-    digest and the verified model directory)."""
+    digest and the verified model directory).
+
+    Replicas: a stable release runs `replicas` interchangeable processes (the spec's `replicas.min`,
+    or what a scale set since), a canary one. On the local driver, the first is the release's own
+    `pid`/`port`/`endpoint` and the others are `more_replicas`; `processes()` gives each as a release
+    of its own, which is what starts, stops, drains and health checks work on. On Kubernetes the
+    release's endpoint is its Service and `replicas` the Deployment's count (no `more_replicas`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -121,6 +139,26 @@ class Release(BaseModel):
     model: ModelServing | None = None
     # A WorkflowRun bound to a ModelDeployment (spec.model): "namespace/name" its runner's LLM calls go to.
     llm_model: str | None = None
+    replicas: int = Field(default=1, ge=1)  # processes it runs as the stable release (a canary runs one)
+    more_replicas: tuple[ReplicaProcess, ...] = ()  # local: the processes past the first (see the class doc)
+
+    def processes(self) -> list[Release]:
+        """Each replica process as a release of its own (the first is this one, without `more_replicas`)."""
+        first = self.model_copy(update={"more_replicas": ()}) if self.more_replicas else self
+        return [first, *(first.model_copy(update=extra.model_dump()) for extra in self.more_replicas)]
+
+    def with_processes(self, processes: list[Release]) -> Release:
+        """This release running `processes` (as `processes()` gives them; the first is its own)."""
+        first, *rest = processes
+        return first.model_copy(update={
+            "replicas": self.replicas,
+            "more_replicas": tuple(ReplicaProcess(pid=p.pid, pid_start=p.pid_start, port=p.port, endpoint=p.endpoint)
+                                   for p in rest)})
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """Where its replicas listen, the first first."""
+        return (self.endpoint, *(extra.endpoint for extra in self.more_replicas))
 
 
 class LiveWorkflow(BaseModel):

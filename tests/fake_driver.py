@@ -103,6 +103,15 @@ class FakeDriver:
         else:
             self.records[key] = live
 
+    async def set_replicas(self, namespace: str, name: str, replicas: int) -> Release:
+        self._enter("set_replicas", namespace, name, replicas)
+        live = self.records.get(f"{namespace}/{name}")
+        if live is None or live.stable is None:
+            raise PlntError(f"{namespace}/{name}: no stable release to scale")
+        stable = live.stable.model_copy(update={"replicas": replicas})
+        self.records[live.key] = live.model_copy(update={"stable": stable})
+        return stable
+
     async def live(self) -> dict[str, LiveWorkflow]:
         self._enter("live")
         return dict(self.records)

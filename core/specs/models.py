@@ -942,8 +942,23 @@ def run_key(namespace: str, name: str) -> str:
 
 
 def spec_fingerprint(model: BaseModel) -> str:
-    canonical = json.dumps(model.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
+    """The digest of a spec, which names its release. A WorkflowRun's or ModelDeployment's replica count
+    (`replicas`, `autoscaling`) is left out: changing only it scales the live release in place (the
+    plan's "scale"), it makes no new release. Whether it parks (`replicas.min: 0`) is kept in: a
+    parking runner is started another way. Specs at the default count keep the digest they always had."""
+    data = model.model_dump(mode="json", by_alias=True)
+    if isinstance(model, WorkflowRunSpec | ModelDeploymentSpec):
+        data["replicas"] = {"min": 0 if model.replicas.min == 0 else 1, "max": None}
+        if "autoscaling" in data:
+            data["autoscaling"] = None
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def replica_count(spec: WorkflowRunSpec | ModelDeploymentSpec) -> int:
+    """The processes (pods) a stable release of this spec starts with: replicas.min, at least one
+    (min 0 parks that one when idle)."""
+    return max(spec.replicas.min, 1)
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:

@@ -300,7 +300,9 @@ function workflowsView(container) {
           h("td", { text: row.kind || "WorkflowRun" }),
           h("td", {}, badge(row.phase), row.parked ? h("span", { class: "muted small", text: " parked" }) : null,
             row.preview ? h("span", { class: "muted small", text: ` preview #${row.preview}` }) : null),
-          h("td", {}, row.version ? h("code", { text: row.version }) : h("span", { class: "muted", text: "nothing promoted yet" })),
+          h("td", {}, row.version ? h("code", { text: row.version }) : h("span", { class: "muted", text: "nothing promoted yet" }),
+            row.replicasDesired != null ? h("span", { class: "muted small", "data-replicas": "",
+              text: ` ${row.replicasLive ?? "?"}/${row.replicasDesired} replicas` }) : null),
           h("td", {}, row.canaryVersion ? [h("code", { text: row.canaryVersion }), ` ${num(row.canaryPercent) ?? 0}%`,
                                             row.canaryStep ? ` step ${row.canaryStep}/${row.canarySteps}` : ""]
             : h("span", { class: "muted", text: "–" })),

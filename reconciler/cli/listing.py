@@ -60,12 +60,17 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
     if row.get("pin"):  # a person's emergency pin holds it until the commit naming it lands (drift)
         stable += "(pinned)"
     return (row.get("kind") or "WorkflowRun", f"{row['namespace']}/{name}", row["phase"], stable,
-            canary, row.get("backend") or "-", replicas_text(row.get("replicas")))
+            canary, row.get("backend") or "-", replicas_text(row.get("replicas"), row))
 
 
-def replicas_text(replicas: dict[str, Any] | None) -> str:
-    """{min, max} as one cell: 2 (min only, or min = max), 1-3, 0-1 (scale to zero); - before any release."""
+def replicas_text(replicas: dict[str, Any] | None, row: dict[str, Any] | None = None) -> str:
+    """{min, max} as one cell: 2 (min only, or min = max), 1-3, 0-1 (scale to zero); - before any release;
+    with the processes running out of those asked for first, when the row has them: 2/3 (1-4)."""
     if not replicas:
         return "-"
     low, high = replicas.get("min"), replicas.get("max")
-    return str(low) if high is None or high == low else f"{low}-{high}"
+    text = str(low) if high is None or high == low else f"{low}-{high}"
+    if row is not None and row.get("replicasDesired") is not None:
+        live = row.get("replicasLive")
+        text = f"{'?' if live is None else live}/{row['replicasDesired']} ({text})"
+    return text

@@ -78,6 +78,9 @@ def _message(row: dict[str, Any]) -> str:
     message = str(row.get("message") or "")
     if row.get("parked"):  # scale to zero (replicas.min: 0)
         return "parked: the next request starts it" + (f"; {message}" if message else "")
+    if row.get("replicasDesired") is not None:  # live/desired processes of the stable release
+        live = row.get("replicasLive")
+        return f"replicas {'?' if live is None else live}/{row['replicasDesired']}" + (f"; {message}" if message else "")
     return message
 
 

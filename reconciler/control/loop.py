@@ -89,6 +89,7 @@ class Reconciler:
         # Called (no arguments) after source_status changed: it is read then, e.g. to report a refusal.
         self.source_listeners: list[Callable[[], None]] = []
         self._refused: set[str] = set()  # --source kubernetes: the objects the last pass refused
+        self._scaling: dict[str, asyncio.Task[None]] = {}  # scales in place under way, by key (see _scale)
 
     # --- loop --------------------------------------------------------------------------------
 
@@ -131,6 +132,9 @@ class Reconciler:
             self.metrics.pass_finished(full, outcome, time.perf_counter() - started)
 
     async def close(self) -> None:
+        for task in self._scaling.values():
+            task.cancel()
+        await asyncio.gather(*self._scaling.values(), return_exceptions=True)
         await self._sagas.close()
 
     @property
@@ -203,6 +207,8 @@ class Reconciler:
             elif item.needs_saga and budget > 0:
                 starts.append(self._start_saga(item, specs, commit))
                 budget -= 1
+            elif item.action is Action.SCALE and not item.waiting:
+                self._start_scale(item, specs, commit)
             elif item.action is Action.UNCHANGED and not item.waiting:
                 self._observe(item, commit)
         # All of this pass's sagas are started at once: each start is a Temporal round trip, and a
@@ -364,6 +370,42 @@ class Reconciler:
                          status.pin.version)
                 self._statuses.update_nowait(status.namespace, status.name, pin=None,
                                              message=f"pin to {status.pin.version} released: the commit landed")
+
+    def _start_scale(self, item: PlanItem, specs: SpecSet, commit: str) -> None:
+        """Scale in place, in the background (a model server takes seconds to load): one at a time per
+        WorkflowRun; its end wakes the loop, whose next plan sees the new count."""
+        running = self._scaling.get(item.key)
+        if running is not None and not running.done():
+            return
+        task = asyncio.create_task(self._scale(item, specs, commit), name=f"scale {item.key}")
+        self._scaling[item.key] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            if self._scaling.get(item.key) is task:
+                del self._scaling[item.key]
+            self._wake.set()
+
+        task.add_done_callback(done)
+
+    async def _scale(self, item: PlanItem, specs: SpecSet, commit: str) -> None:
+        """The plan's "scale": the live release runs `to_replicas` processes (pods), no saga: the same
+        release, whose version is proven. The status records the spec it now serves (so a later change
+        is named against it) and the count."""
+        run, replicas = specs.deployable(item.key), item.to_replicas
+        if run is None or replicas is None:
+            return
+        try:
+            release = await self._driver.set_replicas(item.namespace, item.name, replicas)
+        except PlntError as exc:
+            log.error("scale-failed workflowrun=%s replicas=%s error=%s", item.key, replicas, exc)
+            self._statuses.update_nowait(item.namespace, item.name,
+                                         message=f"scale {item.from_replicas} -> {replicas} failed: {exc}")
+            return
+        log.info("scaled workflowrun=%s replicas=%s -> %s commit=%s", item.key, item.from_replicas, replicas, commit[:12])
+        if self._statuses.get(item.key) is not None:
+            self._statuses.update_nowait(item.namespace, item.name, observed_commit=commit,
+                                         deployed_spec=run.spec.model_dump(mode="json", by_alias=True),
+                                         message=f"{release.version} scaled {item.from_replicas} -> {replicas} replicas")
 
     async def _heal_drift(self, specs: SpecSet) -> None:
         """Releases that stopped running out of band are restored (selfHeal, the default) or reported."""

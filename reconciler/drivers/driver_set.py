@@ -149,6 +149,11 @@ class DriverSet:
         await self.driver_for(namespace, name).remove(namespace, name, track)
         self._note(namespace, name, {track: None})
 
+    async def set_replicas(self, namespace: str, name: str, replicas: int) -> Release:
+        release = await self.driver_for(namespace, name).set_replicas(namespace, name, replicas)
+        self._note(namespace, name, {"stable": release})
+        return release
+
     def knows(self, namespace: str, name: str) -> bool:
         """Whether this DriverSet knows the WorkflowRun's backend (it assigned or remembered it)."""
         return run_key(namespace, name) in self._assigned

@@ -712,6 +712,32 @@ class HelmDriver:
         await self._waiting_out_outages(f"remove {namespace}/{name} ({track})",
                                         lambda: self._remove(namespace, name, track))
 
+    async def set_replicas(self, namespace: str, name: str, replicas: int) -> Release:
+        return await self._waiting_out_outages(f"scale {namespace}/{name} to {replicas}",
+                                               lambda: self._set_replicas(namespace, name, replicas))
+
+    async def _set_replicas(self, namespace: str, name: str, replicas: int) -> Release:
+        """The stable release upgraded with its own values but the replica count (the Deployment's
+        `replicas`, and the HPA's floor for a runner): the same pods, more or fewer of them."""
+        stable = release_name(name, "stable")
+        async with self._lock(namespace, name):
+            current = await self.status(stable)
+            if current is None or current.status != "deployed":
+                raise DriverError(f"{namespace}/{name}: no deployed stable release to scale to {replicas} replicas")
+            self._check_owner(stable, current.config, namespace, name, "stable")
+            values = json.loads(json.dumps(current.config))
+            if _owner_key(values) == "deployment":
+                changed = values.get("replicas") != replicas
+                values["replicas"] = replicas
+            else:
+                counts = values.setdefault("replicas", {})
+                high = max(replicas, int(counts.get("max") or replicas))
+                changed = (counts.get("min"), counts.get("max")) != (replicas, high)
+                counts.update({"min": replicas, "max": high})
+            if changed:
+                await self._upgrade(stable, values)
+            return self._release(stable, values)
+
     async def _install(self, request: InstallRequest) -> Release:
         release = release_name(request.name, request.track)
         values = self._values(request)
@@ -1089,6 +1115,7 @@ class HelmDriver:
                                    alias=deployment["name"], context_length=int(runtime["contextLength"]),
                                    threads=runtime.get("threads"), args=tuple(runtime.get("args", ())),
                                    registry=model["registry"], model_name=model["name"]),
+                replicas=max(1, int(values.get("replicas", 1))),
             )
         workflow = values["workflow"]
         return Release(
@@ -1104,6 +1131,7 @@ class HelmDriver:
             traffic_percent=int(workflow.get("trafficPercent", 0)),
             canary_header=_canary_header(workflow) if values["track"] == "canary" else None,
             shadow_percent=int(workflow.get("shadowPercent", 0)) if values["track"] == "canary" else 0,
+            replicas=max(1, int(values.get("replicas", {}).get("min", 1))),
         )
 
     def _lock(self, namespace: str, name: str) -> asyncio.Lock:

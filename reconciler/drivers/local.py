@@ -1,4 +1,10 @@
-"""Local driver: each release is a runner process on 127.0.0.1 (the embedded default).
+"""Local driver: each release is one or more runner processes on 127.0.0.1 (the embedded default).
+
+Replicas: a stable release runs `release.replicas` processes (the spec's replicas.min, or what a scale
+set since), each on its own port; a canary runs one, and promote starts the others before the old
+stable is retired. One record per WorkflowRun holds every process (Release.more_replicas). A process
+that dies is restarted alone (repair) while the others serve; a scale adds or stops processes of the
+live release (set_replicas), with no new release.
 
 A release counts as installed once its /healthz answers with the right version. Release records
 live in STATE/releases so a restarted `plnt up` knows what is live: `resume()` restarts the runner
@@ -97,19 +103,24 @@ class LocalDriver:
             live = self._records.read(request.namespace, request.name)
             current: Release | None = getattr(live, request.track)
             if current is not None and current.release_id == request.release_id and self.is_running(current):
-                if await self._processes.healthy(current, request.version, timeout_s=2.0):
+                healthy = await asyncio.gather(*(self._processes.healthy(p, request.version, timeout_s=2.0)
+                                                 for p in current.processes()))
+                if all(healthy):
                     return current
             if current is not None:
                 self._records.write(live.model_copy(update={request.track: None}))
                 await self._stop(current)
             park_after = (self._park_after_for(request.namespace, request.name, request.spec_fingerprint)
                           if self._park_after_for is not None else None)
-            release = await self._start(request.release().model_copy(update={"park_after_s": park_after}))
+            release = request.release().model_copy(update={"park_after_s": park_after})
+            count = release.replicas if request.track == "stable" else 1  # a canary is one process
+            release = release.with_processes(await self._start_replicas(release, range(count)))
             try:
                 live = self._records.read(request.namespace, request.name)
                 self._records.write(live.model_copy(update={request.track: release}))
             except BaseException:
-                self._processes.kill_unrecorded(release)
+                for process in release.processes():
+                    self._processes.kill_unrecorded(process)
                 raise
             return release
 
@@ -122,6 +133,12 @@ class LocalDriver:
                 raise DriverError(f"{namespace}/{name}: no canary to promote")
             new_stable = live.canary.model_copy(update={"track": "stable", "traffic_percent": 0, "canary_header": None,
                                                         "shadow_percent": 0})
+            # The canary's one process becomes the first replica; the others start before the routes
+            # change, so the new release serves with all of them the moment the old one leaves.
+            running = new_stable.processes()
+            if not new_stable.parked and len(running) < new_stable.replicas:
+                running += await self._start_replicas(new_stable, range(len(running), new_stable.replicas))
+                new_stable = new_stable.with_processes(running)
             old = live.stable
             self._records.write(LiveWorkflow(namespace=namespace, name=name, stable=new_stable))
             if old is not None and old.pid != new_stable.pid:
@@ -148,6 +165,34 @@ class LocalDriver:
             self._records.write(live.model_copy(update={track: None}))
             await self._stop(release)
 
+    async def set_replicas(self, namespace: str, name: str, replicas: int) -> Release:
+        """Run the stable release as `replicas` processes: new ones start (and are recorded once
+        healthy, so the gateway routes to them), surplus ones leave the records first, then drain
+        and stop. A parked release (scale to zero) only records the count: a request wakes its first
+        replica, and a later scale adds the others."""
+        if replicas < 1:
+            raise DriverError(f"{namespace}/{name}: a release runs at least one replica (replicas.min: 0 parks it)")
+        async with self._lock(namespace, name):
+            live = self._records.read(namespace, name)
+            stable = live.stable
+            if stable is None:
+                raise DriverError(f"{namespace}/{name}: no stable release to scale to {replicas} replicas")
+            running = stable.processes()
+            surplus: list[Release] = []
+            if stable.parked:
+                pass
+            elif replicas > len(running):
+                running += await self._start_replicas(stable, range(len(running), replicas))
+            else:
+                running, surplus = running[:replicas], running[replicas:]
+            scaled = stable.model_copy(update={"replicas": replicas}).with_processes(running)
+            if scaled != stable:
+                self._records.write(live.model_copy(update={"stable": scaled}))
+                log.info("release-scaled release=%s replicas=%d (was %d)", stable.release_id, replicas,
+                         len(stable.processes()))
+            await asyncio.gather(*(self._stop_process(process) for process in surplus))
+            return scaled
+
     async def live(self) -> dict[str, LiveWorkflow]:
         return self.snapshot()
 
@@ -166,7 +211,8 @@ class LocalDriver:
         return self._records.scans
 
     def is_running(self, release: Release) -> bool:
-        return self._processes.running(release)
+        """Whether every replica process of the release runs."""
+        return all(self._processes.running(process) for process in release.processes())
 
     # --- lifecycle of `plnt up` --------------------------------------------------------------
 
@@ -179,7 +225,8 @@ class LocalDriver:
             gone = [r for r in (live.stable, live.canary) if r is not None and not r.parked and not self.is_running(r)]
             if not gone:
                 continue
-            dead = [r for r in gone if not self._parking.parked_itself(r)]  # (each parked file read once)
+            # (each parked file read once; only a release of one replica parks: see repair)
+            dead = [r for r in gone if r.more_replicas or not self._parking.parked_itself(r)]
             if len(dead) < len(gone):
                 parked.append(live)
             if dead:
@@ -189,24 +236,34 @@ class LocalDriver:
         return drifted
 
     async def repair(self, namespace: str, name: str) -> list[Release]:
-        """Restart the runner of each recorded release of one WorkflowRun that is not running:
-        the same release (recipe, version, id), on its old port if free."""
+        """Restart each replica process of one WorkflowRun's recorded releases that is not running:
+        the same release (recipe, version, id), on its old port if free; the replicas that run keep
+        serving meanwhile (the gateway retries a refused connect on another replica)."""
         restarted: list[Release] = []
         async with self._lock(namespace, name):
             live = self._records.read(namespace, name)
             for track in ("stable", "canary"):
                 release: Release | None = getattr(live, track)
-                if (release is None or release.parked or self.is_running(release)
-                        or self._parking.parked_itself(release)):
-                    continue  # (one that parked is woken by a request, not restarted: see wake)
-                try:
-                    new = await self._start(release, preferred_port=release.port)
-                except DriverError as exc:
-                    log.error("restart-failed release=%s error=%s", release.release_id, exc)
+                if release is None or release.parked or self.is_running(release):
                     continue
-                live = live.model_copy(update={track: new})
-                self._records.write(live)
-                restarted.append(new)
+                if not release.more_replicas and self._parking.parked_itself(release):
+                    continue  # (one that parked is woken by a request, not restarted: see wake)
+                processes = release.processes()
+                dead = [i for i, process in enumerate(processes) if not self._processes.running(process)]
+                results = await asyncio.gather(*(self._start(processes[i], preferred_port=processes[i].port, replica=i)
+                                                 for i in dead), return_exceptions=True)
+                for i, result in zip(dead, results, strict=True):
+                    if isinstance(result, DriverError):
+                        log.error("restart-failed release=%s replica=%d error=%s", release.release_id, i, result)
+                    elif isinstance(result, BaseException):
+                        raise result
+                    else:
+                        processes[i] = result
+                restored = release.with_processes(processes)
+                if restored != release:
+                    live = live.model_copy(update={track: restored})
+                    self._records.write(live)
+                    restarted.append(restored)
         return restarted
 
     async def resume(self) -> list[Release]:
@@ -262,9 +319,9 @@ class LocalDriver:
         another, each drain and exit took a few milliseconds: minutes for Ctrl-C with 1,000 runners);
         the release records stay."""
         self._processes.stopping = True  # from here on no start forks, and one that already did kills its runner
-        releases = [release for live in (await self.live()).values()
-                    for release in (live.stable, live.canary) if release is not None]
-        results = await _at_most(SHUTDOWN_PARALLEL, [self._stop(release) for release in releases])
+        releases = [process for live in (await self.live()).values()
+                    for release in (live.stable, live.canary) if release is not None for process in release.processes()]
+        results = await _at_most(SHUTDOWN_PARALLEL, [self._stop_process(release) for release in releases])
         for release, result in zip(releases, results, strict=True):
             if isinstance(result, BaseException):  # the others are stopped all the same
                 log.error("runner-stop-failed release=%s error=%s", release.release_id, result)
@@ -274,8 +331,8 @@ class LocalDriver:
     async def stop_unrecorded(self) -> list[int]:
         """Stop every runner in STATE/runner-pids (or under STATE/runners) that no release record
         names; returns their pids. Only when no install runs (at start and at shutdown)."""
-        recorded = {(r.pid, r.pid_start) for live in self.snapshot().values()
-                    for r in (live.stable, live.canary) if r is not None}
+        recorded = {(p.pid, p.pid_start) for live in self.snapshot().values()
+                    for r in (live.stable, live.canary) if r is not None for p in r.processes()}
         return await self._processes.stop_unrecorded(recorded, self._state.runner_logs)
 
     # --- internals ---------------------------------------------------------------------------
@@ -283,14 +340,30 @@ class LocalDriver:
     def _lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault(f"{namespace}/{name}", asyncio.Lock())
 
-    async def _start(self, release: Release, preferred_port: int | None = None) -> Release:
-        """Start the release's runner and wait until it is healthy; its pid file is written before
-        the health check, and a runner that never served is killed whatever ends the start."""
+    async def _start_replicas(self, release: Release, replicas: range) -> list[Release]:
+        """Start these replica processes of `release` at once (each on a free port) and wait until
+        all are healthy; if one fails, the others are stopped and its error raised."""
+        results = await asyncio.gather(*(self._start(release.model_copy(update={"more_replicas": ()}), replica=i)
+                                         for i in replicas), return_exceptions=True)
+        failed = [result for result in results if isinstance(result, BaseException)]
+        if failed:
+            await asyncio.gather(*(self._stop_process(r) for r in results if isinstance(r, Release)),
+                                 return_exceptions=True)
+            raise failed[0]
+        return [result for result in results if isinstance(result, Release)]
+
+    async def _start(self, release: Release, preferred_port: int | None = None, replica: int = 0) -> Release:
+        """Start one replica process of the release and wait until it is healthy; its pid file is
+        written before the health check, and a runner that never served is killed whatever ends the
+        start. Replicas share the release's directory; each has its own log."""
         runner_dir = self._state.runner_logs / release.release_id  # cwd, HOME and TMPDIR of the runner
         runner_dir.mkdir(parents=True, exist_ok=True)
         limits = self._limits_for(release.namespace, release.name)
         env = self._spawner.env_for(release, runner_dir)
-        log_path = self._state.runner_logs / f"{release.release_id}.log"
+        suffix = f".{replica}" if replica else ""
+        if replica:  # only the first replica parks (scale to zero): the others are a scale's, which stops them
+            release = release.model_copy(update={"park_after_s": None})
+        log_path = self._state.runner_logs / f"{release.release_id}{suffix}.log"
         last_error = ""
         for attempt in range(START_ATTEMPTS):
             self._processes.refuse_if_stopping(release)
@@ -324,7 +397,7 @@ class LocalDriver:
                 return started
             code = child.poll()
             tail = log_tail(log_path)
-            await self._stop(started)
+            await self._stop_process(started)
             if code == RECIPE_LOAD_FAILED_EXIT:
                 what = "model server could not load its weights" if release.model else "runner could not load its recipe"
                 raise InvalidRecipe(f"{what} for {release.version}: {tail}")
@@ -334,7 +407,15 @@ class LocalDriver:
         raise DriverError(f"runner {release.release_id} did not start: {last_error}")
 
     async def _stop(self, release: Release) -> None:
-        if release.pid is None or not self.is_running(release):
+        """Stop every replica process of the release (each drained first), at once."""
+        results = await asyncio.gather(*(self._stop_process(p) for p in release.processes()), return_exceptions=True)
+        failed = [result for result in results if isinstance(result, BaseException)]
+        if failed:
+            raise failed[0]
+
+    async def _stop_process(self, release: Release) -> None:
+        """Stop one process (`release` as `Release.processes()` gives it)."""
+        if release.pid is None or not self._processes.running(release):
             self._processes.reap(release.pid)
             return
         try:

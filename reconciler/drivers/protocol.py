@@ -52,6 +52,9 @@ class InstallRequest(BaseModel):
     trust: RecipeTrust = RecipeTrust()  # a model's: the policies its weights were verified with
     model: ModelServing | None = None  # a ModelDeployment's release: a model server, not a runner
     llm_model: str | None = None  # a WorkflowRun bound to a ModelDeployment: its "namespace/name"
+    # Processes the release runs once it is the stable one (the spec's replicas.min, at least 1); a
+    # canary runs one, and promote starts the others before the old stable is retired.
+    replicas: int = Field(default=1, ge=1)
 
     def release(self, endpoint: str = "") -> Release:
         """The release this request makes, before a driver gives it an endpoint (and a process)."""
@@ -86,6 +89,12 @@ class ReleaseDriver(Protocol):
 
     async def remove(self, namespace: str, name: str, track: Track) -> None:
         """Remove one track's release; nothing to remove is not an error."""
+        ...
+
+    async def set_replicas(self, namespace: str, name: str, replicas: int) -> Release:
+        """Run the live stable release as `replicas` processes (pods), in place: the same release, no
+        canary (its version is proven). Returns it as recorded. Scale in place (the plan's "scale")
+        and the autoscaler call it; DriverError when there is no stable release."""
         ...
 
     async def live(self) -> dict[str, LiveWorkflow]:

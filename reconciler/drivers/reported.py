@@ -4,7 +4,8 @@
 so only it can see them. It reports them to the reconciler's control API (`PUT /internal/runners`,
 the internal token): at once after each change, and every few seconds as a heartbeat that also
 carries the releases whose runner is not running (drift). The reconciler answers with the
-WorkflowRuns whose drift it wants healed (selfHeal), and the worker restarts those.
+WorkflowRuns whose drift it wants healed (selfHeal), and the worker restarts those, and with the
+replica counts it wants (a scale in place), which the worker sets.
 
 On the reconciler, `ReportedRunners` stands in for the local driver in the DriverSet: its live state
 is the last report. Until a worker has reported since the reconciler started, that state is unknown,
@@ -21,7 +22,7 @@ from collections.abc import Callable
 
 import httpx
 from plnt.reconciler.drivers.protocol import InstallRequest
-from plnt.reconciler.errors import DriverError
+from plnt.reconciler.errors import DriverError, PlntError
 from plnt.reconciler.redact import redact
 from plnt.reconciler.state import LiveWorkflow, Release, Track
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,6 +47,7 @@ class RunnerReportReply(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     repair: list[str] = Field(default_factory=list, description="WorkflowRun keys whose drift to heal now")
+    scale: dict[str, int] = Field(default_factory=dict, description="WorkflowRun key -> stable replicas to run")
 
 
 class ReportedRunners:
@@ -54,6 +56,7 @@ class ReportedRunners:
     def __init__(self, on_change: Callable[[], None] = lambda: None) -> None:
         self._reports: dict[str, RunnerReport] = {}
         self._repair: set[str] = set()
+        self._scale: dict[str, int] = {}  # replica counts to ask of the worker that runs each (set_replicas)
         self._on_change = on_change
 
     # --- fed by the control API ----------------------------------------------------------------
@@ -72,9 +75,14 @@ class ReportedRunners:
                             key, report.worker, ",".join(others))
         repair = sorted(self._repair & set(report.drift))
         self._repair -= set(repair)
+        scale = {key: n for key, n in self._scale.items() if key in report.live}
+        for key, n in scale.items():  # asked until its report shows the count
+            stable = report.live[key].stable
+            if stable is None or stable.replicas == n:
+                del self._scale[key]
         if changed:
             self._on_change()
-        return RunnerReportReply(repair=repair)
+        return RunnerReportReply(repair=repair, scale=scale)
 
     # --- the part of the driver interface the reconciler uses ---------------------------------
 
@@ -121,6 +129,16 @@ class ReportedRunners:
 
     async def remove(self, namespace: str, name: str, track: Track) -> None:
         raise DriverError("local runners are removed by a worker (plnt worker), not by the reconciler")
+
+    async def set_replicas(self, namespace: str, name: str, replicas: int) -> Release:
+        """Asks the worker that runs it (in the reply to its next report) to run `replicas`; returns the
+        release as last reported. The plan sees the new count once the worker reported it."""
+        key = f"{namespace}/{name}"
+        stable = self.snapshot().get(key, LiveWorkflow(namespace=namespace, name=name)).stable
+        if stable is None:
+            raise DriverError(f"{key}: no stable release reported to scale to {replicas} replicas")
+        self._scale[key] = replicas
+        return stable
 
 
 class RunnerReporter:
@@ -223,5 +241,12 @@ class RunnerReporter:
             healed = await self._local.repair(namespace, name)  # type: ignore[attr-defined]
             log.warning("drift-healed workflowrun=%s restored=%s (asked by the reconciler)",
                         key, ",".join(r.release_id for r in healed) or "-")
-        if reply.repair:
-            self._now.set()  # report the restarted runners at once
+        for key, replicas in reply.scale.items():
+            namespace, _, name = key.partition("/")
+            try:
+                await self._local.set_replicas(namespace, name, replicas)  # type: ignore[attr-defined]
+            except PlntError as exc:
+                log.error("scale-failed workflowrun=%s replicas=%d error=%s (asked by the reconciler)", key, replicas,
+                          redact(str(exc)))
+        if reply.repair or reply.scale:
+            self._now.set()  # report the restarted (or scaled) runners at once

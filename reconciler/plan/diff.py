@@ -3,6 +3,11 @@
 No I/O here. The reconciler builds `DesiredRun`s from the specs at a commit and `LiveRun`s from
 the driver's releases and the status store; `plnt plan --base --head` builds both sides from two
 commits. Every item carries the reason and, for an upgrade, the fields that changed.
+
+A change of the replica count only (`replicas`, `autoscaling`: outside the spec fingerprint) is a
+"scale": the live release runs more or fewer processes, no saga (its version is proven). With
+`autoscaling` any count within [replicas.min, replicas.max] is in sync (the autoscaler moves it);
+without, the count is replicas.min.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from plnt.core.specs.models import Deployable, flatten
+from plnt.core.specs.models import Deployable, flatten, replica_count
 from plnt.core.status import Phase, Pin, WorkflowRunStatus
 from plnt.reconciler.state import LiveWorkflow
 
@@ -23,6 +28,7 @@ class Action(str, Enum):
     INSTALL = "install"
     UPGRADE = "upgrade"
     UNINSTALL = "uninstall"
+    SCALE = "scale"  # replicas only: the live release scaled in place, no saga
     UNCHANGED = "unchanged"
 
 
@@ -34,6 +40,10 @@ class DesiredRun:
     fingerprint: str
     spec: Mapping[str, Any]  # spec as camelCase JSON, for naming what changed
     self_heal: bool = True
+    # The replica counts in sync with the spec: replicas.min (at least 1) up to replicas.max with
+    # autoscaling (the autoscaler's range), else replicas.min only.
+    replicas: int = 1
+    replicas_max: int = 1
 
     @property
     def key(self) -> str:
@@ -48,6 +58,8 @@ class DesiredRun:
             fingerprint=run.fingerprint(),
             spec=run.spec.model_dump(mode="json", by_alias=True),
             self_heal=run.spec.self_heal,
+            replicas=(low := replica_count(run.spec)),
+            replicas_max=max(low, run.spec.replicas.max or low) if getattr(run.spec, "autoscaling", None) else low,
         )
 
 
@@ -69,10 +81,17 @@ class LiveRun:
     deployed_fingerprint: str | None = None
     # A person's emergency pin (plnt rollback --now): this version stays until a commit naming it lands.
     pin: Pin | None = None
+    replicas: int | None = None  # the stable release's replica count (None: not known)
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def as_deployed(cls, desired: DesiredRun) -> LiveRun:
+        """A commit's spec as if it were deployed: the live side of a commit-to-commit plan."""
+        return cls(namespace=desired.namespace, name=desired.name, version=desired.version,
+                   fingerprint=desired.fingerprint, spec=desired.spec, replicas=desired.replicas)
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,9 @@ class PlanItem:
     waiting: bool = False  # a saga for this WorkflowRun is running; act when it ends
     supersedes: bool = False  # ...and it deploys something else than the newest spec: cancel it
     after: tuple[str, ...] = ()  # dependsOn: its saga waits for these to be promoted first
+    # A scale: the live release's replica count and the one it gets (None for other actions).
+    from_replicas: int | None = None
+    to_replicas: int | None = None
 
     @property
     def key(self) -> str:
@@ -104,7 +126,7 @@ class PlanItem:
 
     @property
     def needs_saga(self) -> bool:
-        return self.action is not Action.UNCHANGED and not self.waiting
+        return self.action not in (Action.UNCHANGED, Action.SCALE) and not self.waiting
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,6 +140,8 @@ class PlanItem:
             "waiting": self.waiting,
             "supersedes": self.supersedes,
             "after": list(self.after),
+            **({"fromReplicas": self.from_replicas, "toReplicas": self.to_replicas}
+               if self.action is Action.SCALE else {}),
         }
 
 
@@ -151,6 +175,7 @@ def live_run(key: str, release: LiveWorkflow | None, status: WorkflowRunStatus |
         saga_fingerprint=saga_fingerprint,
         deployed_fingerprint=status.deployed_fingerprint if status else None,
         pin=status.pin if status else None,
+        replicas=stable.replicas if stable else None,
     )
 
 
@@ -249,6 +274,10 @@ def _decide(want: DesiredRun | None, have: LiveRun | None) -> PlanItem | None:
         if supersedes:  # back to what runs: stop the saga that would replace it
             return PlanItem(action=Action.UNCHANGED, reason="in sync; the running saga is superseded",
                             from_version=have.version, **base)
+        scale = _scale(want, have)
+        if scale is not None and not waiting:
+            return PlanItem(action=Action.SCALE, reason=f"replicas {have.replicas} -> {scale}", from_version=have.version,
+                            from_replicas=have.replicas, to_replicas=scale, **base)
         return PlanItem(action=Action.UNCHANGED, reason="in sync", from_version=have.version, **base)
     if have.failed_fingerprint == want.fingerprint:
         return PlanItem(action=Action.UNCHANGED, reason=_held(have), from_version=have.version, **base)
@@ -256,6 +285,13 @@ def _decide(want: DesiredRun | None, have: LiveRun | None) -> PlanItem | None:
     changes = diff_specs(have.spec or {}, want.spec)
     reason = "; ".join(str(change) for change in changes) or "spec changed"
     return PlanItem(action=Action.UPGRADE, reason=reason, from_version=have.version, changes=tuple(changes), **base)
+
+
+def _scale(want: DesiredRun, have: LiveRun) -> int | None:
+    """The replica count the live release must get, or None when its count is in sync."""
+    if have.replicas is None or want.replicas <= have.replicas <= want.replicas_max:
+        return None
+    return min(max(have.replicas, want.replicas), want.replicas_max)
 
 
 def diff_specs(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
@@ -278,7 +314,7 @@ def _show(value: Any) -> str:
 
 # --- rendering --------------------------------------------------------------------------------
 
-_SYMBOL = {Action.INSTALL: "+", Action.UPGRADE: "~", Action.UNINSTALL: "-", Action.UNCHANGED: "="}
+_SYMBOL = {Action.INSTALL: "+", Action.UPGRADE: "~", Action.UNINSTALL: "-", Action.SCALE: "^", Action.UNCHANGED: "="}
 
 
 def render_text(items: list[PlanItem]) -> str:
@@ -313,11 +349,14 @@ def render_markdown(items: list[PlanItem], title: str = "plnt plan") -> str:
 
 def summary(items: list[PlanItem]) -> str:
     counts = {action: sum(1 for i in items if i.action is action) for action in Action}
-    return (f"Plan: {counts[Action.INSTALL]} to install, {counts[Action.UPGRADE]} to upgrade, "
+    scales = f"{counts[Action.SCALE]} to scale, " if counts[Action.SCALE] else ""
+    return (f"Plan: {counts[Action.INSTALL]} to install, {counts[Action.UPGRADE]} to upgrade, {scales}"
             f"{counts[Action.UNINSTALL]} to uninstall, {counts[Action.UNCHANGED]} unchanged.")
 
 
 def _versions(item: PlanItem) -> str:
+    if item.action is Action.SCALE:
+        return f"{item.to_version or ''} replicas {item.from_replicas} -> {item.to_replicas}".strip()
     if item.action is Action.INSTALL:
         return item.to_version or ""
     if item.action is Action.UNINSTALL:

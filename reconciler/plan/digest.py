@@ -61,6 +61,7 @@ def digest_of(items: Sequence[PlanItem], desired: Mapping[str, DesiredRun],
             "action": item.action.value,
             "fingerprint": want.fingerprint if want else None,
             "recipe": {"ref": recipe.ref, "digest": recipe.digest, "signer": recipe.signer} if recipe else None,
+            **({"replicas": item.to_replicas} if item.action is Action.SCALE else {}),  # approves that count
         })
     canonical = json.dumps(effect, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
@@ -86,8 +87,8 @@ def recipe_evidence(items: Sequence[PlanItem], specs: SpecSet, *, commit: str, c
     evidence = PlanEvidence()
     for item in changed(items):
         run = specs.workflow_runs.get(item.key)
-        if item.action is Action.UNINSTALL or run is None:
-            continue
+        if item.action in (Action.UNINSTALL, Action.SCALE) or run is None:
+            continue  # (a scale keeps the verified release that runs)
         source = run.spec.workflow
         try:
             pulled = pull_recipe(source, commit=commit, cache=cache, policies=specs.trust_policies.values(),

@@ -105,10 +105,7 @@ def plan_between(source: GitSource, *, head: str | None, base: str | None,
     if base is not None:
         base_commit = _resolve(source, base)
         base_specs = _load(source, base_commit, limits)
-        have = {
-            key: LiveRun(namespace=d.namespace, name=d.name, version=d.version, fingerprint=d.fingerprint, spec=d.spec)
-            for key, d in ((k, desired_of(r)) for k, r in base_specs.deployables().items())
-        }
+        have = {key: LiveRun.as_deployed(desired_of(r)) for key, r in base_specs.deployables().items()}
         title = f"plnt plan {base_commit[:12]}..{head_commit[:12]}"
     else:
         have = dict(live()) if live is not None else {}

@@ -62,8 +62,7 @@ def desired_runs(specs: SpecSet) -> dict[str, DesiredRun]:
 
 def as_live(desired: Mapping[str, DesiredRun]) -> dict[str, LiveRun]:
     """A commit's specs as if they were deployed: the live side of a commit-to-commit plan."""
-    return {key: LiveRun(namespace=d.namespace, name=d.name, version=d.version, fingerprint=d.fingerprint, spec=d.spec)
-            for key, d in desired.items()}
+    return {key: LiveRun.as_deployed(d) for key, d in desired.items()}
 
 
 def make_review(source: GitSource, base: str, head: str, *, cache: RecipeCache, registry_options: RegistryOptions,
@@ -106,7 +105,8 @@ def review_commits(source: GitSource, merge_base: str | None, head_sha: str, *, 
 
 def counts(items: Sequence[PlanItem]) -> str:
     """The plan's changes in a few words: "1 to install, 2 to upgrade", or "no changes"."""
-    words = {Action.INSTALL: "to install", Action.UPGRADE: "to upgrade", Action.UNINSTALL: "to uninstall"}
+    words = {Action.INSTALL: "to install", Action.UPGRADE: "to upgrade", Action.SCALE: "to scale",
+             Action.UNINSTALL: "to uninstall"}
     parts = [f"{n} {words[a]}" for a in words if (n := sum(1 for i in items if i.action is a))]
     return ", ".join(parts) or "no changes"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 
-from plnt.core.specs.models import Canary, ModelCanary, ModelDeployment, RecipeTrustPolicy
+from plnt.core.specs.models import Canary, ModelCanary, ModelDeployment, RecipeTrustPolicy, replica_count
 from plnt.reconciler.drivers.model_runtime import gguf_file
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.errors import InvalidSpec, UntrustedSagaInput
@@ -36,6 +36,7 @@ class InstallStep(SagaStep):
             recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.plan_steps()[0].weight, trust=trust,
             canary_header=first_step_header(run.spec.canary), shadow_percent=run.spec.canary.shadow_percent,
             llm_model=f"{run.metadata.namespace}/{run.spec.model}" if run.spec.model else None,
+            replicas=replica_count(run.spec),
         )))
 
     async def _install_model(self, trusted: TrustedSaga, run: ModelDeployment, digest: str) -> Release:
@@ -69,6 +70,7 @@ class InstallStep(SagaStep):
                                context_length=runtime.context_length, threads=runtime.threads,
                                args=tuple(runtime.args), registry=model.registry, model_name=model.name,
                                memory_mib=runtime.resources.memory_mi_b if runtime.resources else None),
+            replicas=replica_count(run.spec),
         )))
         if self._weights is not None:
             self._weights.installed(digest)

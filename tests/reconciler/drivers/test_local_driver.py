@@ -132,14 +132,14 @@ async def test_shutdown_stops_runners_at_once_not_one_after_another(driver: Loca
     for name in ("a", "b", "c"):
         releases.append(await driver.install(request("1.2.0").model_copy(update={"name": name})))
     spans: list[tuple[str, float, float]] = []
-    stop = driver._stop
+    stop = driver._stop_process
 
     async def timed(release: Release) -> None:
         began = time.monotonic()
         await stop(release)
         spans.append((release.name, began, time.monotonic()))
 
-    driver._stop = timed  # type: ignore[method-assign]
+    driver._stop_process = timed  # type: ignore[method-assign]
     await driver.shutdown()
     assert sorted(name for name, _, _ in spans) == ["a", "b", "c"]
     assert max(began for _, began, _ in spans) < min(ended for _, _, ended in spans), spans
@@ -157,9 +157,9 @@ async def test_resume_restarts_recorded_releases_at_once_not_one_after_another(
     spans: list[tuple[str, float, float]] = []
     start = fresh._start
 
-    async def timed(release: Release, preferred_port: int | None = None) -> Release:
+    async def timed(release: Release, preferred_port: int | None = None, replica: int = 0) -> Release:
         began = time.monotonic()
-        started = await start(release, preferred_port)
+        started = await start(release, preferred_port, replica)
         spans.append((release.name, began, time.monotonic()))
         return started
 

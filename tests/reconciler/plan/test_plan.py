@@ -133,7 +133,8 @@ def test_live_from_combines_releases_statuses_and_running_sagas() -> None:
         WorkflowRunStatus(namespace="default", name="new", phase=Phase.READY, attempted_fingerprint="G"),
     ]
     live = live_from(releases, statuses, running_sagas=["default/new"])
-    assert live["default/rr"] == LiveRun("default", "rr", "1.2.0", "A", spec(), "F", "smoke test failed", False)
+    assert live["default/rr"] == LiveRun("default", "rr", "1.2.0", "A", spec(), "F", "smoke test failed", False,
+                                         replicas=1)
     assert live["default/new"] == LiveRun("default", "new", saga_running=True)  # Ready holds nothing back
 
 
@@ -221,3 +222,60 @@ def test_the_memo_plans_what_plan_plans_and_decides_again_only_what_changed() ->
 def test_a_pin_is_never_superseded_by_the_spec_it_holds_against() -> None:
     [item] = plan({K: desired("1.3.0", "B")}, {K: live(pin=PIN, saga_running=True, saga_fingerprint="P")})
     assert not item.supersedes and not item.needs_saga
+
+
+# Scale in place: a change of the replica count only (outside the fingerprint) scales the live release.
+SCALE_CASES = [
+    # (name, desired replicas (min, max in sync), live replicas, running saga, action, to_replicas)
+    ("same count", (2, 2), 2, False, Action.UNCHANGED, None),
+    ("up: 1 -> 3", (3, 3), 1, False, Action.SCALE, 3),
+    ("down: 3 -> 1", (1, 1), 3, False, Action.SCALE, 1),
+    ("autoscaled within min..max is in sync", (1, 4), 3, False, Action.UNCHANGED, None),
+    ("below the autoscaling floor: up to min", (2, 4), 1, False, Action.SCALE, 2),
+    ("above the autoscaling ceiling: down to max", (1, 4), 6, False, Action.SCALE, 4),
+    ("count unknown (e.g. a plan between two commits' sides)", (3, 3), None, False, Action.UNCHANGED, None),
+    ("a saga of this spec runs: wait for it", (3, 3), 1, True, Action.UNCHANGED, None),
+]
+
+
+@pytest.mark.parametrize(("name", "want", "have", "saga", "action", "to"), SCALE_CASES, ids=[c[0] for c in SCALE_CASES])
+def test_scale_in_place(name: str, want: tuple[int, int], have: int | None, saga: bool, action: Action,
+                        to: int | None) -> None:
+    desired_run = DesiredRun("default", "rr", "1.2.0", "A", spec(), replicas=want[0], replicas_max=want[1])
+    items = plan({K: desired_run}, {K: live(replicas=have, saga_running=saga, saga_fingerprint="A" if saga else None)})
+    assert [i.action for i in items] == [action]
+    assert items[0].to_replicas == to
+    assert not items[0].needs_saga, "a scale runs no saga"
+    if action is Action.SCALE:
+        assert items[0].from_replicas == have and items[0].reason == f"replicas {have} -> {to}"
+        text = render_text(items)
+        assert f"scale     1.2.0 replicas {have} -> {to}" in text and "1 to scale" in text
+        assert items[0].to_json()["toReplicas"] == to
+
+
+def test_a_real_change_with_a_new_count_is_an_upgrade_not_a_scale() -> None:
+    """The saga installs the new release at the new count (promote starts its replicas)."""
+    items = plan({K: DesiredRun("default", "rr", "1.3.0", "B", spec("1.3.0"), replicas=3, replicas_max=3)},
+                 {K: live(replicas=1)})
+    assert [i.action for i in items] == [Action.UPGRADE]
+
+
+def test_only_the_count_stays_out_of_the_fingerprint() -> None:
+    """replicas and autoscaling do not name a new release, parking (min 0) does; a spec at the default
+    count keeps the digest it had before counts were left out (a plain sha256 of the whole spec)."""
+    import hashlib
+    import json
+
+    from plnt.core.specs.models import WorkflowRunSpec, spec_fingerprint
+
+    def of(**extra: Any) -> WorkflowRunSpec:
+        return WorkflowRunSpec.model_validate({"workflow": {"ref": "rr@1.2.0", "registry": "file:r"},
+                                               "backend": {"cluster": "local"}, **extra})
+
+    base = of()
+    whole = json.dumps(base.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
+    assert spec_fingerprint(base) == "sha256:" + hashlib.sha256(whole.encode()).hexdigest()
+    assert spec_fingerprint(of(replicas={"min": 3, "max": 5}, autoscaling={"targetInvocationsPerSecond": 9})) \
+        == spec_fingerprint(base)
+    assert spec_fingerprint(of(replicas={"min": 0})) != spec_fingerprint(base)
+    assert spec_fingerprint(of(canary={"trafficPercent": 7})) != spec_fingerprint(base)
