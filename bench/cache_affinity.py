@@ -136,7 +136,10 @@ async def workload(url: str, args: argparse.Namespace, seed: int) -> list[dict[s
             messages = conversations[index]
             turn = turns_done[index]
             messages.append({"role": "user", "content": QUESTIONS[(index + turn) % len(QUESTIONS)]})
-            ttft, version, reply, status = await chat_turn(client, url, messages, args.max_tokens)
+            try:
+                ttft, version, reply, status = await chat_turn(client, url, messages, args.max_tokens)
+            except httpx.HTTPError as exc:  # counted as an error, the conversation goes on
+                ttft, version, reply, status = None, "", f"({type(exc).__name__})", 599
             records.append({"conversation": index, "turn": turn, "ttft_ms": ttft, "replica": version, "status": status,
                             "same_replica": None if previous[index] is None else previous[index] == version})
             previous[index] = version
@@ -158,6 +161,7 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             "ttft_p50_ms": round(percentile(ttfts, 50), 1), "ttft_p95_ms": round(percentile(ttfts, 95), 1),
             "ttft_mean_ms": round(statistics.fmean(ttfts), 1) if ttfts else None,
             "later_turns_ttft_p50_ms": round(percentile(later, 50), 1),
+            "later_turns_ttft_mean_ms": round(statistics.fmean(later), 1) if later else None,
             "same_replica_share": round(sum(same) / len(same), 2) if same else None,
             "per_replica": {v: sum(r["replica"] == v for r in records) for v in sorted({r["replica"] for r in records})}}
 
@@ -254,6 +258,9 @@ async def run_plnt(config: str, args: argparse.Namespace, scratch: Path) -> dict
                       f"p95 {part['ttft_p95_ms']:7.0f} ms, {wall:.0f} s", flush=True)
         for mode, records in runs.items():
             results[mode] = summary(records)
+        if any(r["status"] != 200 or r["ttft_ms"] is None for records in runs.values() for r in records):
+            for log in sorted((home / "state" / "runners").rglob("*.log")):  # what the failed requests met
+                print(f"# {log.relative_to(home)}: ...{log.read_text(errors='replace')[-600:]}")
     finally:
         await plnt.stop()
     return results
