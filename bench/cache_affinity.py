@@ -275,7 +275,7 @@ async def main() -> None:
     parser.add_argument("--system-words", type=int, default=500)
     parser.add_argument("--threads", type=int, default=1, help="llama threads of each replica")
     parser.add_argument("--context", type=int, default=2048)
-    parser.add_argument("--memory-mib", type=int, default=4096, help="each replica's address-space limit")
+    parser.add_argument("--memory-mib", type=int, default=8192, help="each replica's address-space limit")
     parser.add_argument("--servers", default="default,cache", help="of default, cache, plnt-default, plnt-cache")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--max-extra", type=int, default=MAX_EXTRA, help=(
