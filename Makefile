@@ -68,6 +68,8 @@ bench: install install-llm
 	$(PY) bench/commit_to_ready.py --commits 3 --interval 2 | tee $(BENCH_OUT)/commit_to_ready.txt
 	$(PY) bench/many_workflowruns.py --runs 50 | tee $(BENCH_OUT)/many_workflowruns.txt
 	$(PY) bench/model_gateway.py | tee $(BENCH_OUT)/model_gateway.txt
+	$(PY) bench/cache_affinity.py --conversations 4 --turns 3 --system-words 250 --max-tokens 8 \
+	  | tee $(BENCH_OUT)/cache_affinity.txt
 	$(PY) bench/weights_pull.py | tee $(BENCH_OUT)/weights_pull.txt
 	$(PY) bench/saga_profile.py --commits 5 | tee $(BENCH_OUT)/saga_profile.txt
 	$(PY) bench/many_workflowruns.py --runs 50 --standin-runners | tee $(BENCH_OUT)/many_workflowruns_standin.txt

@@ -17,7 +17,9 @@ The workflow is part of the hash so that one unlucky session is not on every wor
 canary at once. Raising the percentage only moves sessions from stable to canary (a
 session on the canary stays there while the canary grows); promotion or rollback moves
 everyone to the one remaining version. Among several stable replicas a session also
-keeps its replica (bucket modulo the replica count); other requests take them in turn.
+keeps its replica (bucket modulo the replica count); other requests take them in turn; a model's
+chat completions go to their conversation's replica (plnt.gateway.affinity) when the gateway's cache
+affinity is on.
 """
 
 from __future__ import annotations

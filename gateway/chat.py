@@ -1,6 +1,7 @@
 """`POST /v1/chat/completions`: OpenAI chat completions, `model` = a workflow's name (or
 `namespace/name`), translated to the runner's `POST /chat` (openai_compat.py). A ModelDeployment's
-server speaks the OpenAI API itself: its requests go through as sent, its answers come back as given.
+server speaks the OpenAI API itself: its requests go through as sent, its answers come back as given;
+with several stable replicas each conversation goes to the one that served it before (affinity.py).
 A ModelDeployment with a `fallback` sends the request to that model when it is down or over its own
 limit (retry.py says when; one hop): the answer's `model` is the fallback's name, X-Plnt-Fallback names it.
 
@@ -22,6 +23,7 @@ from plnt.core.routes import PREVIEW_HEADER, TRACK_HEADER, AmbiguousRoute, Previ
 from plnt.core.upstream import UpstreamError, UpstreamTimeout
 from plnt.gateway import openai_compat as oai
 from plnt.gateway import retry as retries
+from plnt.gateway.affinity import conversation_key
 from plnt.gateway.forward import (
     SSE,
     Exchange,
@@ -126,14 +128,18 @@ async def _chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send
     if not grant.may_chat(route.namespace, name, is_model=is_model):
         raise openai_error(403, f"this API key may not use model {model}", "permission_error", "model", "model_not_allowed")
     forced, raw_headers = _TRACK in headers, scope["headers"]
+    # A model's replicas keep the KV cache of the conversations they read: each conversation keeps its own
+    # (affinity.py); worked out only where there is a choice.
+    conversation = (conversation_key(request.messages)
+                    if is_model and gateway.router.cache_affinity and len(route.stable_replicas) > 1 else None)
     if is_model and route.fallback is not None and not forced:
         exchange = await _model_or_fallback(gateway, table, route, target, name, headers, raw_headers, body,
-                                            request, outcome, grant)
+                                            request, outcome, grant, conversation)
     else:
         if is_model and (over := gateway.model_over_limit(route, OPENAI)) is not None:
             outcome.labels = (route.namespace, name, "", "")
             raise over
-        chosen = gateway.choose(route, headers, OPENAI, f"model {model}", raw_headers)
+        chosen = gateway.choose(route, headers, OPENAI, f"model {model}", raw_headers, conversation)
         # A ModelDeployment's server takes the request as sent; a workflow's runner its own chat body.
         path, runner_body = (MODEL_PATH, body) if is_model else ("/chat", oai.runner_chat_body(request))
         if route.shadow_percent:
@@ -163,7 +169,7 @@ async def _chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send
 
 async def _model_or_fallback(gateway: Gateway, table: RouteTable, route: Route, target: str, name: str,
                              headers: dict[bytes, bytes], raw_headers: Any, body: bytes, request: oai.ChatRequest,
-                             outcome: Outcome, grant: Grant) -> Exchange:
+                             outcome: Outcome, grant: Grant, conversation: bytes | None = None) -> Exchange:
     """A ModelDeployment's chat; when the model is down or over its own limit (retry.fallback_reason, after
     forward's own retry) and its fallback model is there for this caller, the fallback's answer (one hop:
     its own fallback is not followed). The model's failed attempt is recorded as its own call."""
@@ -175,7 +181,7 @@ async def _model_or_fallback(gateway: Gateway, table: RouteTable, route: Route, 
         outcome.labels = (route.namespace, name, "", "")
         failed = over or OPENAI.not_ready(f"model {request.model}")
     else:
-        chosen = gateway.choose(route, headers, OPENAI, f"model {request.model}", raw_headers)
+        chosen = gateway.choose(route, headers, OPENAI, f"model {request.model}", raw_headers, conversation)
         if route.shadow_percent:
             gateway.shadow(route, name, chosen, headers, "chat", MODEL_PATH, body,
                            MODEL_STREAM if request.stream else None)
@@ -214,7 +220,7 @@ async def _model_or_fallback(gateway: Gateway, table: RouteTable, route: Route, 
     outcome.first = f"{track} {version}" if version else "not sent"
     outcome.reason, outcome.fallback_of = reason, name
     gateway.metrics.fell_back(namespace, name, fallback.name, reason)
-    chosen = gateway.choose(fallback, headers, OPENAI, f"model {fallback.name}", raw_headers)
+    chosen = gateway.choose(fallback, headers, OPENAI, f"model {fallback.name}", raw_headers, conversation)
     said = request.model.rpartition("/")[0]  # the caller's form: with a namespace if it gave one
     exchange = await gateway.forward(table, fallback, fallback.name, fallback.name, chosen, MODEL_PATH,
                                      _renamed(body, f"{said}/{fallback.name}" if said else fallback.name),

@@ -2,14 +2,15 @@
 choose the backend of its route and send it to that runner (relay.py brings the answer back).
 
 Choosing: X-Plnt-Track names the track (routes.forced_track); otherwise the router splits stable and
-canary (by X-Session-Id when sent). Sending: a failed attempt is sent once more when retry.py says so
-(before the caller got a byte: nothing reached the runner, the runner said nothing ran, or a model's
-canary failed), to a stable replica other than the failed one, looked up in the new route table if it
-was swapped since the request looked (a promotion replaced the runner); a refused connect with no
-other replica (scale to zero) goes to the same release once `wake` started its parked runner again
-(concurrent requests for one parked release share one wake). The failed attempt is recorded as its own
-call (metrics, call log, the compare gate's ledger: a canary's failure stays the canary's), the answer
-names the first backend and the reason.
+canary (by X-Session-Id when sent); a model's chat goes to its conversation's stable replica
+(affinity.py) when the router's cache affinity is on. Sending: a failed attempt is sent once more when
+retry.py says so (before the caller got a byte: nothing reached the runner, the runner said nothing
+ran, or a model's canary failed), to a stable replica other than the failed one, looked up in the new
+route table if it was swapped since the request looked (a promotion replaced the runner); a refused
+connect with no other replica (scale to zero) goes to the same release once `wake` started its parked
+runner again (concurrent requests for one parked release share one wake). The failed attempt is
+recorded as its own call (metrics, call log, the compare gate's ledger: a canary's failure stays the
+canary's), the answer names the first backend and the reason.
 """
 
 from __future__ import annotations
@@ -274,6 +275,7 @@ class Gateway:
         self.quotas = quotas or Quotas()  # the GatewayPolicy's limits, this process's share (quotas.py)
         self._shadows: set[asyncio.Task[None]] = set()  # mirrors in flight (canary.shadowPercent)
         self._shadow_rng = random.Random()
+        router.placed = lambda route, spilled: metrics.placed(route.namespace, route.name, spilled)
 
     async def measured(self, api: Api, errors: ErrorShape, scope: ASGIScope, send: Send,
                        handle: Callable[[Outcome], Awaitable[None]]) -> None:
@@ -413,11 +415,13 @@ class Gateway:
             raise errors.too_large(self.max_body_bytes, exc) from None
 
     def choose(self, route: Route, headers: dict[bytes, bytes], errors: ErrorShape, what: str,
-               raw_headers: Iterable[tuple[bytes, bytes]] = ()) -> tuple[Backend, Track]:
+               raw_headers: Iterable[tuple[bytes, bytes]] = (), conversation: bytes | None = None,
+               ) -> tuple[Backend, Track]:
         """The backend for this request: the track X-Plnt-Track names (400 for another value, 409
         `no_canary` when it names a canary and none is under test), the canary for a request of its
         header cohort (canary.headerRoute, looked up in `raw_headers`: the name is the spec's), else
-        the router's pick. `what` names the route in the 503 of a route with nothing promoted yet."""
+        the router's pick (among stable replicas by `conversation`, a model chat's affinity.conversation_key,
+        when given). `what` names the route in the 503 of a route with nothing promoted yet."""
         forced = headers.get(_TRACK)
         try:
             cohort = route.canary_header
@@ -427,8 +431,9 @@ class Gateway:
                     return route.canary, "canary"
             if forced is None:
                 session = headers.get(b"x-session-id")
-                return self.router.choose(route, session=session.decode("latin-1") if session else None)
-            return self.router.choose_track(route, forced_track(forced) or "stable")
+                return self.router.choose(route, session=session.decode("latin-1") if session else None,
+                                          conversation=conversation)
+            return self.router.choose_track(route, forced_track(forced) or "stable", conversation=conversation)
         except BadTrack as exc:
             raise errors.bad_track(str(exc)) from None
         except NoCanary as exc:

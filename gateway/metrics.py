@@ -21,6 +21,9 @@ for the canary's answers to mirrored requests, canary.shadowPercent):
   `not_ready`, `over_limit`).
 - `plnt_gateway_runner_wakes_total{namespace,workflow}`: parked runners (scale to zero) started
   again for a request.
+- `plnt_gateway_affinity_placements_total{namespace,workflow,placed}`: a model's chat requests placed
+  on a stable replica by their conversation (affinity.py): `placed="own"` on the conversation's own
+  replica, `"spilled"` on another because its own had too many requests in flight.
 - `plnt_gateway_usage_requests_total{token,namespace,workflow}`, `plnt_gateway_usage_prompt_tokens_total`,
   `plnt_gateway_usage_completion_tokens_total` and `plnt_gateway_usage_cost_total` (same labels; the
   GatewayPolicy's currency): what each token used, by its name in the token file (`unnamed` without
@@ -63,6 +66,9 @@ class GatewayMetrics:
                                  ("namespace", "model", "fallback", "reason"), registry=r)
         self.wakes = Counter("plnt_gateway_runner_wakes", "Parked runners started again for a request.",
                              ("namespace", "workflow"), registry=r)
+        self.placements = Counter("plnt_gateway_affinity_placements",
+                                  "Model chats placed on a replica by conversation: own, or spilled (it was busy).",
+                                  ("namespace", "workflow", "placed"), registry=r)
         usage = ("token", "namespace", "workflow")
         self.usage_requests = Counter("plnt_gateway_usage_requests", "Requests per token name and workflow.",
                                       usage, registry=r)
@@ -129,6 +135,9 @@ class GatewayMetrics:
 
     def woke(self, namespace: str, workflow: str) -> None:
         self._child(self.wakes, (namespace, workflow)).inc()  # type: ignore[attr-defined]
+
+    def placed(self, namespace: str, workflow: str, spilled: bool) -> None:
+        self._child(self.placements, (namespace, workflow, "spilled" if spilled else "own")).inc()  # type: ignore[attr-defined]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -47,6 +47,7 @@ class GatewayRoleConfig:
     watch_wait_s: float = DEFAULT_WAIT_S
     watch_retry_max_s: float = 10.0
     processes: int = 1  # the processes serving this port (--workers): each enforces its share of the quotas
+    cache_affinity: bool = True  # a model's conversations keep their replica (affinity.py)
 
 
 def _reply(status: int, kind: str, message: str, extra: list[tuple[bytes, bytes]] | None = None) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
@@ -114,7 +115,7 @@ class GatewayRole:
         `forward_control`: forward the control plane's endpoints to control_url (plnt up's workers)."""
         self.config = config
         self.worker_index = worker_index
-        self.router = Router()
+        self.router = Router(cache_affinity=config.cache_affinity)
         self.follower = RouteFollower(config.control_url, config.internal_token, self.router,
                                       wait_s=config.watch_wait_s, backoff_max_s=config.watch_retry_max_s)
         # A runner that parked (scale to zero) is started again by the control plane, asked here.

@@ -1,16 +1,18 @@
 """The gateway's router: holds the current `RouteTable` (plnt.core.routes), picks the backend of
-each request (weighted or by session bucket: see plnt.core.routes), and counts requests in flight
-per runner so a retired runner is stopped only once they ended (`drain`)."""
+each request (weighted or by session bucket: see plnt.core.routes; among a model's stable replicas
+by conversation: see affinity.py), and counts requests in flight per runner so a retired runner is
+stopped only once they ended (`drain`)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from plnt.core.routes import Backend, NoCanary, Route, RouteNotReady, RouteTable, Track, session_bucket
+from plnt.gateway import affinity
 
 
 class Router:
@@ -29,10 +31,15 @@ class Router:
     (ReadError) and is not retried for a runner: it may have started the work (gateway/retry.py).
     """
 
-    def __init__(self, table: RouteTable | None = None, *, rng: random.Random | None = None) -> None:
+    def __init__(self, table: RouteTable | None = None, *, rng: random.Random | None = None,
+                 cache_affinity: bool = True) -> None:
         self._table = table if table is not None else RouteTable()
         # Injectable so tests (and benchmarks) can make the canary split reproducible.
         self._rng = rng if rng is not None else random.Random()
+        # A model's conversations keep their stable replica (affinity.py); off: round robin, as for runners.
+        self.cache_affinity = cache_affinity
+        self.max_extra = affinity.MAX_EXTRA  # the load bound (affinity.place); a bench may try another
+        self.placed: Callable[[Route, bool], None] | None = None  # (route, spilled) of each placement by conversation
         self._turn = itertools.count()  # round robin over stable replicas
         self._in_flight: dict[str, int] = {}  # endpoint -> requests using it right now
         self._drained: dict[str, asyncio.Event] = {}  # endpoint -> set when it reaches 0
@@ -45,10 +52,13 @@ class Router:
         self._table = table
 
     def choose(
-        self, route: Route, rng: random.Random | None = None, *, session: str | None = None
+        self, route: Route, rng: random.Random | None = None, *, session: str | None = None,
+        conversation: bytes | None = None,
     ) -> tuple[Backend, Track]:
         """Pick the backend for one request: the canary with probability traffic_percent/100,
-        or, with a `session` id, by the session's bucket (same session, same version).
+        or, with a `session` id, by the session's bucket (same session, same version). Among
+        several stable replicas: by `conversation` (affinity.conversation_key) when given,
+        else the session's bucket, else in turn.
 
         Raises RouteNotReady when nothing is promoted, even if a canary exists: a canary
         alone must never take all the traffic.
@@ -65,13 +75,26 @@ class Router:
                 return route.canary, "canary"
         if len(replicas) == 1:
             return replicas[0], "stable"
+        if conversation is not None:
+            return self.by_conversation(route, conversation), "stable"
         index = bucket if bucket is not None else next(self._turn)
         return replicas[index % len(replicas)], "stable"
 
-    def choose_track(self, route: Route, track: Track) -> tuple[Backend, Track]:
+    def by_conversation(self, route: Route, conversation: bytes) -> Backend:
+        """The stable replica for a conversation: its own, unless that one has too many requests in
+        flight (affinity.place)."""
+        replicas = route.stable_replicas
+        in_flight = self._in_flight
+        placement = affinity.place(conversation, [b.endpoint for b in replicas],
+                                   [in_flight.get(b.endpoint, 0) for b in replicas], max_extra=self.max_extra)
+        if self.placed is not None:
+            self.placed(route, placement.spilled)
+        return replicas[placement.index]
+
+    def choose_track(self, route: Route, track: Track, *, conversation: bytes | None = None) -> tuple[Backend, Track]:
         """The backend of a track the request named (X-Plnt-Track, see forced_track): a stable
-        replica (round robin), or the canary under test. Raises RouteNotReady (stable: nothing
-        promoted) or NoCanary."""
+        replica (by `conversation` when given, else round robin), or the canary under test.
+        Raises RouteNotReady (stable: nothing promoted) or NoCanary."""
         if track == "canary":
             if route.canary is None:
                 raise NoCanary(route)
@@ -79,7 +102,11 @@ class Router:
         replicas = route.stable_replicas
         if not replicas:
             raise RouteNotReady(route)
-        return replicas[next(self._turn) % len(replicas)] if len(replicas) > 1 else replicas[0], "stable"
+        if len(replicas) == 1:
+            return replicas[0], "stable"
+        if conversation is not None:
+            return self.by_conversation(route, conversation), "stable"
+        return replicas[next(self._turn) % len(replicas)], "stable"
 
     def other_replica(self, route: Route, failed: Backend) -> Backend | None:
         """A stable replica other than `failed` to retry on (gateway/retry.py says when), or None."""

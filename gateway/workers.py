@@ -75,6 +75,7 @@ class WorkerConfig(BaseModel):
     verbose: bool = False
     ready_fd: int | None = None  # the worker writes one byte there once it listens
     processes: int = 1  # the gateway processes on the port: each enforces its share of the quotas
+    cache_affinity: bool = True  # a model's conversations keep their replica (affinity.py)
 
     def wire(self) -> bytes:
         """The JSON line with the secrets in clear (only ever written to the child's stdin pipe)."""
@@ -330,7 +331,8 @@ async def _run_worker(config: WorkerConfig) -> None:
                           host=config.host, port=config.port, tokens=tokens, max_body_bytes=config.max_body_bytes,
                           request_timeout_s=config.request_timeout_s, max_header_bytes=config.max_header_bytes,
                           header_timeout_s=config.header_timeout_s, watch_wait_s=config.watch_wait_s,
-                          watch_retry_max_s=config.watch_retry_max_s, processes=config.processes),
+                          watch_retry_max_s=config.watch_retry_max_s, processes=config.processes,
+                          cache_affinity=config.cache_affinity),
         worker_index=config.index, reuse_port=True, forward_control=config.forward_control)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

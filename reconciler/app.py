@@ -604,7 +604,7 @@ async def start(settings: Settings) -> Plnt:
 
         statuses = StatusStore(state.status_file)
         cleanups.append(statuses.flush)  # last but the Temporal server: after the sagas and passes stopped
-        router = Router()
+        router = Router(cache_affinity=settings.gateway.cache_affinity)
         holder: dict[str, Plnt] = {}
         driver = make_local_driver(
             settings, state, on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None,
@@ -805,7 +805,8 @@ async def start_gateway_workers(plnt: Plnt, settings: Settings, count: int, inte
             tokens_source=tokens.source, plain_tokens=tuple(SecretStr(t) for t in tokens.plain),
             max_body_bytes=settings.gateway.max_body_bytes, request_timeout_s=settings.gateway.request_timeout_s,
             max_header_bytes=settings.gateway.max_header_bytes, header_timeout_s=settings.gateway.header_timeout_s,
-            watch_retry_max_s=1.0, verbose=log.isEnabledFor(logging.DEBUG), processes=count)
+            watch_retry_max_s=1.0, verbose=log.isEnabledFor(logging.DEBUG), processes=count,
+            cache_affinity=settings.gateway.cache_affinity)
 
     supervisor = WorkerSupervisor(config_for, workers)
     plnt.gateway_workers = supervisor

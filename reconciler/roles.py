@@ -187,7 +187,7 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
     lease = lease or make_lease(settings, state)
     verifier = make_verifier(settings, state)  # a bad --allowed-signers or --gpg-keys fails the start
     statuses = StatusStore(state.status_file)
-    router = Router()
+    router = Router(cache_affinity=settings.gateway.cache_affinity)
     publisher = RoutePublisher()  # what `plnt gateway` replicas follow
     holder: dict[str, Any] = {}
 

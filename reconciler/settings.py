@@ -230,6 +230,10 @@ class GatewaySettings(BaseModel):
             "on a private loopback port, so a busy reconcile never stalls an invocation"))
     webhook_secret_file: Path | None = Field(
         default=None, description="POST /hooks/git needs a forge signature made with this secret (any caller)")
+    cache_affinity: bool = Field(
+        default=True, description=(
+            "a model's chat completions go to the stable replica that served the conversation's earlier turns "
+            "(its KV cache), unless that one is busier; off: the replicas take turns (gateway/affinity.py)"))
 
 
 class RunnerSettings(BaseModel):
@@ -349,6 +353,7 @@ FLAT_NAMES: dict[str, str] = {
     "gateway_request_timeout_s": "gateway.request_timeout_s", "gateway_max_header_bytes": "gateway.max_header_bytes",
     "gateway_header_timeout_s": "gateway.header_timeout_s", "gateway_workers": "gateway.workers",
     "control_plane_gateway": "gateway.control_plane_gateway", "webhook_secret_file": "gateway.webhook_secret_file",
+    "gateway_cache_affinity": "gateway.cache_affinity",
     "runner_start_timeout_s": "runners.start_timeout_s", "runner_stop_timeout_s": "runners.stop_timeout_s",
     "smoke_request_timeout_s": "runners.smoke_request_timeout_s", "runner_start": "runners.start",
     "runner_env": "runners.env",

@@ -55,7 +55,7 @@ def gateway(
         control_url=control_url.rstrip("/"), internal_token=internal_token, host=options.host, port=options.port,
         tokens=tokens.tokens, max_body_bytes=options.max_body_bytes, request_timeout_s=options.gateway_timeout,
         max_header_bytes=options.max_header_bytes, header_timeout_s=options.header_timeout, watch_wait_s=watch_wait,
-        watch_retry_max_s=watch_retry_max, processes=count)
+        watch_retry_max_s=watch_retry_max, processes=count, cache_affinity=options.cache_affinity)
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(serve(config, count, tokens, loop, verbose))
@@ -88,7 +88,7 @@ async def serve(config: GatewayRoleConfig, count: int, tokens: GatewayTokens, lo
                 max_body_bytes=config.max_body_bytes, request_timeout_s=config.request_timeout_s,
                 max_header_bytes=config.max_header_bytes, header_timeout_s=config.header_timeout_s,
                 watch_wait_s=config.watch_wait_s, watch_retry_max_s=config.watch_retry_max_s, loop=loop_name,
-                verbose=verbose, processes=count)
+                verbose=verbose, processes=count, cache_affinity=config.cache_affinity)
 
         supervisor = WorkerSupervisor(config_for, count - 1)
         await supervisor.start()

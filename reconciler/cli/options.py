@@ -348,12 +348,17 @@ class GatewayOptions(OptionGroup):
     max_header_bytes: Annotated[int, typer.Option(help="Gateway: larger request heads get 431.")] = 64 * 1024
     header_timeout: Annotated[float, typer.Option(
         help="Gateway: close connections whose request headers are not complete within this many seconds.")] = 10.0
+    cache_affinity: Annotated[bool, typer.Option(
+        "--cache-affinity/--no-cache-affinity", help=(
+            "Gateway: a model's chat goes to the replica that served the conversation before (its KV cache), "
+            "unless that one is busier; --no-cache-affinity: the replicas take turns."))] = True
 
     def settings(self, **more: Any) -> dict[str, Any]:
         """Settings.gateway (--host and --port are Settings.host and Settings.port)."""
         return dict(tokens=env_gateway_tokens(), tokens_file=self.tokens_file, insecure_no_auth=self.insecure_no_auth,
                     max_body_bytes=self.max_body_bytes, request_timeout_s=self.gateway_timeout,
-                    max_header_bytes=self.max_header_bytes, header_timeout_s=self.header_timeout, **more)
+                    max_header_bytes=self.max_header_bytes, header_timeout_s=self.header_timeout,
+                    cache_affinity=self.cache_affinity, **more)
 
     def checked_tokens(self) -> GatewayTokens:
         """The tokens (--tokens-file and PLNT_GATEWAY_TOKENS), read once; exit 2 when they cannot be
