@@ -317,8 +317,9 @@ class PromoteAfterChoose(Router):
         super().__init__(table)
         self._then: RouteTable | None = then
 
-    def choose(self, route: Route, rng: random.Random | None = None, *, session: str | None = None) -> tuple[Backend, Track]:
-        chosen = super().choose(route, rng, session=session)
+    def choose(self, route: Route, rng: random.Random | None = None, *, session: str | None = None,
+               conversation: bytes | None = None) -> tuple[Backend, Track]:
+        chosen = super().choose(route, rng, session=session, conversation=conversation)
         if self._then is not None:
             self.replace(self._then)
             self._then = None
