@@ -12,7 +12,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from plnt.core import telemetry
@@ -27,7 +26,7 @@ from plnt.reconciler.drivers.helm import model_step_timeouts, runner_step_timeou
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
-from plnt.reconciler.plan.placement import NOTHING_OBSERVED, Observed, Placement, place_commit, with_placements
+from plnt.reconciler.plan.placement import Observed, Placement, gpu_backends, place_commit, with_gpu_readings, with_placements
 from plnt.reconciler.review.approval import ApprovalGate
 from plnt.reconciler.saga.history import MAX_ROLLOUTS, NoSaga, saga_rollouts
 from plnt.reconciler.saga.io import RolloutTarget, SagaInput
@@ -528,9 +527,7 @@ class Reconciler:
         counts, and the placement's reason says so). None when nothing was read."""
         if self.observe_gpus is None:
             return None
-        wanted = {name for run in specs.deployables().values() if run.spec.backend.gpu_count
-                  and run.spec.backend.gpu_class is not None for name in run.spec.backend.members(specs.backends)}
-        backends = {name: specs.backends[name] for name in sorted(wanted) if name in specs.backends}
+        backends = gpu_backends(specs)
         if not backends:
             return None
         try:
@@ -538,12 +535,7 @@ class Reconciler:
         except Exception as exc:  # (a reading is an optimisation: never a reason to stop placing)
             log.warning("placement-gpus-failed error=%s (placing by declared capacity)", type(exc).__name__)
             return None
-        out = dict(observed)
-        for name, reading in readings.items():
-            seen = out.get(name, NOTHING_OBSERVED)
-            out[name] = replace(seen, gpus_unknown=reading) if isinstance(reading, str) \
-                else replace(seen, gpus_free=dict(reading))
-        return out
+        return with_gpu_readings(observed, readings)
 
     def _note_unplaceable(self, item: PlanItem, specs: SpecSet, commit: str) -> None:
         """An install or upgrade whose replicas do not fit: no saga; the missing capacity in its status,

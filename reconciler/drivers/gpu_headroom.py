@@ -166,6 +166,8 @@ async def read_gpu_headroom(backend: PlntBackend, *, configured: str | None = No
         raise HeadroomUnknown(f"no answer within {timeout_s:g}s") from None
     except Exception as exc:  # (the API's own errors carry headers: the type and status only)
         status = getattr(exc, "status", None)
+        if status == 403:
+            raise HeadroomUnknown("forbidden: its account needs list on nodes and pods, cluster-wide") from None
         raise HeadroomUnknown(f"{type(exc).__name__}{f' {status}' if status else ''}") from None
 
 

@@ -319,6 +319,25 @@ def observed_load(in_flight: Mapping[str, int], releases: Mapping[str, LiveWorkf
     return {backend: Observed(in_flight=count) for backend, count in load.items()}
 
 
+def gpu_backends(specs: SpecSet) -> dict[str, PlntBackend]:
+    """The backends whose free GPUs matter at this commit: those a run asking for GPUs may use."""
+    wanted = {name for run in specs.deployables().values() if run.spec.backend.gpu_count
+              and run.spec.backend.gpu_class is not None for name in run.spec.backend.members(specs.backends)}
+    return {name: specs.backends[name] for name in sorted(wanted) if name in specs.backends}
+
+
+def with_gpu_readings(observed: Mapping[str, Observed],
+                      readings: Mapping[str, Mapping[str, int] | str]) -> dict[str, Observed]:
+    """`observed` with each backend's free GPUs per class as read, or why they could not be (a string:
+    "unknown", the declared capacity counts and the reason says so)."""
+    out = dict(observed)
+    for name, reading in readings.items():
+        seen = out.get(name, NOTHING_OBSERVED)
+        out[name] = replace(seen, gpus_unknown=reading) if isinstance(reading, str) \
+            else replace(seen, gpus_free=dict(reading))
+    return out
+
+
 def current_of(placements: Mapping[str, Placement]) -> dict[str, dict[str, int]]:
     """Placements as the `current` of the next decision (e.g. a base commit's, for its head)."""
     return {key: p.counts() for key, p in placements.items() if p.placed}
