@@ -159,7 +159,8 @@ async def read_gpu_headroom(backend: PlntBackend, *, configured: str | None = No
     """Free GPUs per class of a `type: kubernetes` backend (see the module); HeadroomUnknown when its
     cluster cannot be read within `timeout_s` (the reason, secret-free)."""
     try:
-        return await asyncio.wait_for(asyncio.to_thread(_read, backend, configured), timeout_s)
+        async with asyncio.timeout(timeout_s):  # (the thread's calls end by their own READ_TIMEOUT_S)
+            return await asyncio.to_thread(_read, backend, configured)
     except HeadroomUnknown:
         raise
     except TimeoutError:
