@@ -5,9 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from plnt.core.specs.loader import SpecSet
 from plnt.core.specs.models import ModelDeployment, PlntBackend, WorkflowRun
 from plnt.reconciler.plan.diff import IN_SYNC, Action, PlanItem
-from plnt.reconciler.plan.placement import Held, Observed, Placement, current_of, observed_load, place, place_all, with_placements
+from plnt.reconciler.plan.placement import (
+    Held,
+    Observed,
+    Placement,
+    current_of,
+    gpu_backends,
+    observed_load,
+    place,
+    place_all,
+    with_gpu_readings,
+    with_placements,
+)
 from plnt.reconciler.state import LiveWorkflow, Release, ReplicaProcess
 
 
@@ -280,3 +292,17 @@ def test_observed_free_gpus_move_a_replica_and_name_the_observed_count_when_none
                                                            "b": Observed(gpus_free={A100: 1})})
     assert full.missing == ("needs 1 more GPU of class nvidia.com/a100: refs [a, b] has 0 free (a: 0 observed, "
                             "b: 0 observed)")
+
+
+def test_gpu_backends_are_the_members_of_pools_of_runs_asking_for_gpus() -> None:
+    backends = by_name(backend("a", classes=[A100]), backend("b", classes=[A100]), backend("c", classes=[A100]))
+    gpu = run("gpu", pool={"refs": ["a", "b"]}, **GPU_RUN)
+    cpu = run("cpu", pool={"refs": ["c"]})
+    assert list(gpu_backends(SpecSet(workflow_runs={gpu.key: gpu, cpu.key: cpu}, backends=backends))) == ["a", "b"]
+    assert gpu_backends(SpecSet(workflow_runs={cpu.key: cpu}, backends=backends)) == {}
+
+
+def test_with_gpu_readings_keeps_the_load_and_marks_an_unknown_reading() -> None:
+    merged = with_gpu_readings({"a": Observed(in_flight=3)}, {"a": {A100: 2}, "b": "no answer within 15s"})
+    assert merged == {"a": Observed(in_flight=3, gpus_free={A100: 2}),
+                      "b": Observed(gpus_unknown="no answer within 15s")}
