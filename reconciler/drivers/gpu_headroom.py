@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plnt.core.specs.models import PlntBackend
-from plnt.reconciler.drivers.helm import gpu_resource_name
+from plnt.reconciler.drivers.helm import backend_api_client, gpu_resource_name
 
 log = logging.getLogger(__name__)
 
@@ -131,16 +131,9 @@ def _list_all(call: Any, **kwargs: Any) -> list[Any]:
 
 def _read(backend: PlntBackend, configured: str | None) -> dict[str, int]:
     from kubernetes import client as k8s
-    from kubernetes import config
 
-    target = backend.spec.kubernetes
-    assert target is not None
-    if target.kubeconfig or target.context:
-        api = config.new_client_from_config(config_file=target.kubeconfig, context=target.context)
-    else:
-        configuration = k8s.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
-        api = k8s.ApiClient(configuration)
+    assert backend.spec.kubernetes is not None
+    api = backend_api_client(backend.spec.kubernetes)
     with api:
         core = k8s.CoreV1Api(api)
         selector = ",".join(f"{k}={v}" for k, v in backend.spec.node_selector.items()) or None
