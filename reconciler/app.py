@@ -37,6 +37,7 @@ from plnt.reconciler.control.loop import Reconciler
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
 from plnt.reconciler.control.pins import PinRefused, PinRequest
 from plnt.reconciler.drivers.driver_set import DriverSet
+from plnt.reconciler.drivers.gpu_headroom import observe_gpu_headroom
 from plnt.reconciler.drivers.helm import DEFAULT_CHART, DEFAULT_MODEL_CHART, HelmDriver, RunnerImage, SpecLookup
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.drivers.processes import raise_open_files_limit
@@ -480,8 +481,12 @@ def make_reconciler(settings: Settings, *, state: StateDir, source: GitSource | 
     approval = make_approval_gate(settings, state, source)
     if approval is not None:
         cleanups.append(approval.aclose)
-    return Reconciler(settings=settings, source=source, client=client, statuses=statuses, driver=drivers, state=state,
-                      verifier=verifier, approval=approval, metrics=metrics)
+    reconciler = Reconciler(settings=settings, source=source, client=client, statuses=statuses, driver=drivers,
+                            state=state, verifier=verifier, approval=approval, metrics=metrics)
+    # Placement counts the free GPUs Kubernetes backends' clusters report (RBAC: list nodes and pods).
+    gpu_resource = settings.kubernetes.gpu_resource
+    reconciler.observe_gpus = lambda backends: observe_gpu_headroom(backends, configured=gpu_resource)
+    return reconciler
 
 
 async def resume_runners(driver: LocalDriver) -> None:

@@ -18,8 +18,9 @@ class ApiCall:
     resource: str  # plural; a subresource as "workflowruns/status"
     verb: Literal["get", "list", "watch", "create", "update", "patch", "delete"]
     # plnt's own namespace; each namespace WorkflowRuns are mirrored into; each --source-namespace
-    # (--source kubernetes, which also writes status and Events there as "mirror" says, never a spec).
-    scope: Literal["plnt", "mirror", "source"]
+    # (--source kubernetes, which also writes status and Events there as "mirror" says, never a spec);
+    # the whole cluster of a type: kubernetes backend (rbac.reconciler.readGpuHeadroom in the chart).
+    scope: Literal["plnt", "mirror", "source", "cluster"]
 
 
 API_CALLS: tuple[ApiCall, ...] = (
@@ -44,4 +45,7 @@ API_CALLS: tuple[ApiCall, ...] = (
     ApiCall("reconciler", "", "events", "create", "source"),
     ApiCall("worker", "plnt.work", "workflowruns", "list", "source"),
     ApiCall("worker", "plnt.work", "modeldeployments", "list", "source"),
+    # Placement's observed free GPUs of a Kubernetes backend (reconciler/drivers/gpu_headroom.py).
+    ApiCall("reconciler", "", "nodes", "list", "cluster"),
+    ApiCall("reconciler", "", "pods", "list", "cluster"),
 )

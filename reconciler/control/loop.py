@@ -11,13 +11,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from plnt.core import telemetry
 from plnt.core.routes import preview_of
 from plnt.core.specs.loader import Problem, SpecSet
-from plnt.core.specs.models import Deployable
+from plnt.core.specs.models import Deployable, PlntBackend
 from plnt.core.status import FINAL_PHASES, Phase, Pin
 from plnt.reconciler.bulk import in_bulk_thread
 from plnt.reconciler.control.metrics import ControlPlaneMetrics
@@ -26,7 +26,7 @@ from plnt.reconciler.drivers.helm import model_step_timeouts, runner_step_timeou
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
-from plnt.reconciler.plan.placement import Observed, Placement, place_commit, with_placements
+from plnt.reconciler.plan.placement import Observed, Placement, gpu_backends, place_commit, with_gpu_readings, with_placements
 from plnt.reconciler.review.approval import ApprovalGate
 from plnt.reconciler.saga.history import MAX_ROLLOUTS, NoSaga, saga_rollouts
 from plnt.reconciler.saga.io import RolloutTarget, SagaInput
@@ -90,6 +90,10 @@ class Reconciler:
         # Measured load per backend for placement (plnt up: the gateway's in-flight counts), or None.
         self.observe: Callable[[Mapping[str, LiveWorkflow], Mapping[str, Mapping[str, int]]],
                                Mapping[str, Observed]] | None = None
+        # Free GPUs per class of each backend whose cluster reports them (Kubernetes backends: their
+        # Nodes less the pods' requests, reconciler/drivers/gpu_headroom.py), or why not (a string).
+        self.observe_gpus: Callable[[Mapping[str, PlntBackend]], Awaitable[Mapping[str, Mapping[str, int] | str]]] \
+            | None = None
         self.source_status: dict[str, Any] = read_json(state.source_file, default={}) or {}
         # Called with (commit, specs) for every valid commit a pass reconciles (e.g. --mirror-status).
         self.spec_listeners: list[Callable[[str, SpecSet], None]] = []
@@ -198,7 +202,7 @@ class Reconciler:
         # Preview releases (`<name>--pr<N>`) belong to the PreviewController (reconciler/review/previews.py).
         items = self._plan.plan(desired, releases, self._statuses.all(), self._sagas.fingerprints,
                                 keep=lambda key: preview_of(key.split("/", 1)[1]) is None)
-        placements, current = self._placements(commit, specs, releases)
+        placements, current = await self._placements(commit, specs, releases)
         items = with_placements(items, placements, current)
         in_sync = all(item.action is Action.UNCHANGED and not item.waiting for item in items)
         budget = self._settings.temporal.max_concurrent_sagas - len(self._sagas)
@@ -476,13 +480,14 @@ class Reconciler:
         self._refused = set(snapshot.refused)
         return snapshot.refused
 
-    def _placements(self, commit: str, specs: SpecSet,
+    async def _placements(self, commit: str, specs: SpecSet,
                     releases: dict[str, Any]) -> tuple[dict[str, Placement], dict[str, dict[str, int]]]:
         """Where every run's replicas go at this commit (reconciler/plan/placement.py), and where they
         run now (replicas per backend), decided again when the commit or a stable release changes (its
         replicas started, stopped or moved). A pool's release records each replica's backend; a release
         on one backend runs its replicas there. The measured load (`observe`) is read then, not on every
-        pass: it only orders the backends new replicas go to."""
+        pass: it only orders the backends new replicas go to. So are the free GPUs the backends'
+        clusters report (`observe_gpus`), when a run asks for GPUs."""
         stables = {key: live.stable for key, live in releases.items() if live.stable is not None}
         placed = self._placed
         if placed is not None and placed[0] == commit and placed[1] is specs and placed[2].keys() == stables.keys() \
@@ -499,6 +504,7 @@ class Reconciler:
             if isinstance(cluster, str):  # where plnt last promoted it, with the replicas it runs
                 current[key] = {cluster: stable.replicas}
         observed = self._observe_backends(releases, current)
+        observed = await self._observe_gpus(specs, observed or {}) or observed
         self._placed = (commit, specs, stables, place_commit(specs, current, observed), current)
         return self._placed[3], current
 
@@ -514,6 +520,22 @@ class Reconciler:
         except Exception as exc:  # (a reading is an optimisation: never a reason to stop placing)
             log.warning("placement-observe-failed error=%s (placing by declared capacity)", exc)
             return None
+
+    async def _observe_gpus(self, specs: SpecSet, observed: dict[str, Observed]) -> dict[str, Observed] | None:
+        """`observed` with the free GPUs of the backends that runs asking for GPUs may use, as their
+        clusters report them; a backend that could not be read is "unknown" (declared capacity
+        counts, and the placement's reason says so). None when nothing was read."""
+        if self.observe_gpus is None:
+            return None
+        backends = gpu_backends(specs)
+        if not backends:
+            return None
+        try:
+            readings = await self.observe_gpus(backends)
+        except Exception as exc:  # (a reading is an optimisation: never a reason to stop placing)
+            log.warning("placement-gpus-failed error=%s (placing by declared capacity)", type(exc).__name__)
+            return None
+        return with_gpu_readings(observed, readings)
 
     def _note_unplaceable(self, item: PlanItem, specs: SpecSet, commit: str) -> None:
         """An install or upgrade whose replicas do not fit: no saga; the missing capacity in its status,

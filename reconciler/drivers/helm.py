@@ -79,6 +79,7 @@ from plnt.core.specs.models import (
     Autoscaling,
     BackendPlacement,
     Deployable,
+    KubernetesTarget,
     ModelDeploymentSpec,
     PlntBackend,
     WorkflowRunSpec,
@@ -329,6 +330,19 @@ def render_model_values(
             **registry_values(registry_options, credentials_secret),
         },
     }
+
+
+def backend_api_client(target: KubernetesTarget) -> Any:
+    """A Kubernetes API client with a backend's own credentials: its kubeconfig and context, else
+    plnt's in-cluster service account (what its helm calls use)."""
+    from kubernetes import client as k8s
+    from kubernetes import config
+
+    if target.kubeconfig or target.context:
+        return config.new_client_from_config(config_file=target.kubeconfig, context=target.context)
+    configuration = k8s.Configuration()
+    config.load_incluster_config(client_configuration=configuration)
+    return k8s.ApiClient(configuration)
 
 
 def gpu_resource_name(gpu_class: str, configured: str | None = None) -> str:
@@ -942,14 +956,8 @@ class HelmDriver:
         only says it timed out. Empty when the pods cannot be read (RBAC, cluster away)."""
         try:
             from kubernetes import client as k8s
-            from kubernetes import config
 
-            if self._target.kubeconfig or self._target.context:
-                api = config.new_client_from_config(config_file=self._target.kubeconfig, context=self._target.context)
-            else:
-                config.load_incluster_config()
-                api = k8s.ApiClient()
-            with api:
+            with backend_api_client(self._target) as api:
                 pods = k8s.CoreV1Api(api).list_namespaced_pod(
                     self.namespace, label_selector=f"app.kubernetes.io/instance={release}", limit=20,
                     _request_timeout=10).items

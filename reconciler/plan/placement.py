@@ -34,11 +34,13 @@ UNLIMITED = math.inf
 class Observed:
     """What plnt measured of one backend: requests in flight to its replicas and waiting in queues
     (at the gateway; for a model server, its waiting requests), the free GPUs per class it reports
-    (None: it reports none, the declared capacity alone counts), and whether it answers at all."""
+    (None: it reports none, the declared capacity alone counts; `gpus_unknown`: why they could not be
+    read, e.g. a Kubernetes backend's cluster away), and whether it answers at all."""
 
     in_flight: int = 0
     queue_depth: int = 0
     gpus_free: Mapping[str, int] | None = None
+    gpus_unknown: str | None = None
     reachable: bool = True
 
     @property
@@ -174,8 +176,12 @@ class _Backend:
         if self.gpu_count:
             free = self.free_gpus(new=True)
             if self.gpus is not None or self.seen_gpus is not None:
-                total = f" of {self.gpus}" if self.gpus is not None else " (reported)"
+                total = f" of {self.gpus}" if self.gpus is not None else " (observed)"
                 parts.append(f"{_count(free)}{total} GPUs of class {self.gpu_class} free")
+            if self.seen_gpus is not None and self.gpus is not None:
+                parts.append(f"{self.seen_gpus - self.new * self.gpu_count} observed free")
+            elif self.observed.gpus_unknown is not None:
+                parts.append(f"free GPUs unknown ({self.observed.gpus_unknown}): by declared capacity")
         if self.slots is not None:
             parts.append(f"{_count(self.free_slots())} of {self.slots} replica slots free")
         if not parts:
@@ -252,7 +258,8 @@ def _missing(run: Deployable, short: int, pool: str, members: list[str], candida
             each = (f" ({spec.gpu_count} on one backend for each of {short} replica{'s' if short != 1 else ''})"
                     if spec.gpu_count > 1 else "")
             detail = ", ".join(f"{b.name}: {_count(max(b.free_gpus(new=True), 0))}"
-                               + (f" of {b.gpus}" if b.gpus is not None else "") for b in candidates.values())
+                               + (f" of {b.gpus}" if b.gpus is not None else "")
+                               + (" observed" if b.seen_gpus is not None else "") for b in candidates.values())
             parts.append(f"needs {need} more GPU{'s' if need != 1 else ''} of class {spec.gpu_class}{each}: "
                          f"{pool} has {_count(free)} free ({detail})")
     slot_bound = [b for b in candidates.values() if b.free_slots() < 1]
@@ -310,6 +317,25 @@ def observed_load(in_flight: Mapping[str, int], releases: Mapping[str, LiveWorkf
                 if backend is not None and in_flight.get(process.endpoint):
                     load[backend] += in_flight[process.endpoint]
     return {backend: Observed(in_flight=count) for backend, count in load.items()}
+
+
+def gpu_backends(specs: SpecSet) -> dict[str, PlntBackend]:
+    """The backends whose free GPUs matter at this commit: those a run asking for GPUs may use."""
+    wanted = {name for run in specs.deployables().values() if run.spec.backend.gpu_count
+              and run.spec.backend.gpu_class is not None for name in run.spec.backend.members(specs.backends)}
+    return {name: specs.backends[name] for name in sorted(wanted) if name in specs.backends}
+
+
+def with_gpu_readings(observed: Mapping[str, Observed],
+                      readings: Mapping[str, Mapping[str, int] | str]) -> dict[str, Observed]:
+    """`observed` with each backend's free GPUs per class as read, or why they could not be (a string:
+    "unknown", the declared capacity counts and the reason says so)."""
+    out = dict(observed)
+    for name, reading in readings.items():
+        seen = out.get(name, NOTHING_OBSERVED)
+        out[name] = replace(seen, gpus_unknown=reading) if isinstance(reading, str) \
+            else replace(seen, gpus_free=dict(reading))
+    return out
 
 
 def current_of(placements: Mapping[str, Placement]) -> dict[str, dict[str, int]]:

@@ -131,6 +131,8 @@ def expected_grants(helm: str, values: dict[str, Any],
         if source.get("kind") == "kubernetes":
             for namespace in source.get("namespaces") or [EVERY_NAMESPACE]:
                 expected[(role, namespace)] |= api_calls(role, "source")
+    if values.get("rbac", {}).get("reconciler", {}).get("readGpuHeadroom"):
+        expected[("reconciler", EVERY_NAMESPACE)] |= api_calls("reconciler", "cluster")
     for namespace in values.get("deployNamespaces", ["plnt-runners"]):
         expected[("worker", namespace)] |= needs
         expected[("reconciler", namespace)] |= RELEASE_READ
@@ -312,3 +314,16 @@ def test_the_cluster_source_over_every_namespace_is_one_cluster_role_per_role(he
             [namespaced] = [d for d in listed if d["kind"] == "Role" and d["metadata"]["name"] == f"{FULLNAME}-{role}-source"
                             and d["metadata"]["namespace"] == namespace]
             assert namespaced["rules"] == cluster_role["rules"], role
+
+
+def test_reading_gpu_headroom_is_one_cluster_role_to_list_nodes_and_pods(helm: str) -> None:
+    """rbac.reconciler.readGpuHeadroom: placement's free GPUs of the cluster plnt runs in (a backend
+    without a kubeconfig); the reconciler alone may list nodes and pods, nothing more, and only then."""
+    values = merged(BASE, {"rbac": {"reconciler": {"readGpuHeadroom": True}}})
+    docs = render(helm, PLNT_CHART, values)
+    actual, expected = granted(docs), expected_grants(helm, values)
+    assert actual == expected
+    assert actual[("reconciler", EVERY_NAMESPACE)] == {("", "nodes", "list"), ("", "pods", "list")}
+    name = f"{NAMESPACE}-{FULLNAME}-reconciler-gpu-headroom"
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in docs if "namespace" not in d["metadata"]) \
+        == [("ClusterRole", name), ("ClusterRoleBinding", name)]

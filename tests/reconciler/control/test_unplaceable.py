@@ -55,3 +55,49 @@ async def test_an_upgrade_and_an_install_that_cannot_be_placed(spec_repo: SpecRe
     assert new is not None and new.phase is Phase.FAILED and new.version is None
     assert new.message == new.last_error == "cannot be placed: needs 1 more replica slot: local has 0 free (local: 0 of 2)"
     assert reconciler.running_sagas == set()
+
+
+GPU_RUN = """\
+apiVersion: plnt.work/v1
+kind: WorkflowRun
+metadata: {name: trainer}
+spec:
+  workflow: {ref: review-responder@1.2.0, registry: "file:registry"}
+  backend: {cluster: local, gpuClass: nvidia.com/h100, gpuCount: 1}
+"""
+
+
+async def test_the_loop_places_by_the_free_gpus_read_and_falls_back_when_the_reading_fails(
+        spec_repo: SpecRepo, tmp_path: Path) -> None:
+    """The reconciler's wiring of `observe_gpus`, with a stand-in reading (the reading of a real cluster:
+    tests/k8s/test_gpu_headroom_on_cluster.py): asked for the backends of runs wanting GPUs, its
+    answer bounds the placement; a reading that raises leaves the declared capacity alone."""
+    reconciler, statuses, _, _ = in_sync(spec_repo, tmp_path)
+    await reconciler.reconcile_once()
+    asked: list[list[str]] = []
+
+    async def none_free(backends: dict[str, object]) -> dict[str, dict[str, int] | str]:
+        asked.append(sorted(backends))
+        return {name: {"nvidia.com/h100": 0} for name in backends}
+
+    reconciler.observe_gpus = none_free
+    spec_repo.replace("backends/local.yaml", "type: local", "type: local\n  gpuClasses: [nvidia.com/h100]")
+    spec_repo.write("workflowruns/trainer.yaml", GPU_RUN)
+    spec_repo.commit("a run asking for a GPU")
+    items = {item.key: item for item in await reconciler.reconcile_once()}
+    assert asked == [["local"]]
+    assert items["default/trainer"].unplaceable == ("needs 1 more GPU of class nvidia.com/h100: local has 0 free "
+                                                    "(local: 0 observed)")
+    status = statuses.get("default/trainer")
+    assert status is not None and status.phase is Phase.FAILED
+
+    async def broken(backends: dict[str, object]) -> dict[str, dict[str, int] | str]:
+        raise RuntimeError("reader crashed")
+
+    reconciler.observe_gpus = broken
+    spec_repo.replace("backends/local.yaml", "gpuClasses: [nvidia.com/h100]",
+                      "gpuClasses: [nvidia.com/h100]\n  capacity: {gpus: {nvidia.com/h100: 0}}")
+    spec_repo.commit("declared: no GPU; the reading now fails")
+    items = {item.key: item for item in await reconciler.reconcile_once()}
+    assert items["default/trainer"].unplaceable == ("needs 1 more GPU of class nvidia.com/h100: local has 0 free "
+                                                    "(local: 0 of 0)")  # by the declared capacity alone

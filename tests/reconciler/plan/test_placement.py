@@ -5,9 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from plnt.core.specs.loader import SpecSet
 from plnt.core.specs.models import ModelDeployment, PlntBackend, WorkflowRun
 from plnt.reconciler.plan.diff import IN_SYNC, Action, PlanItem
-from plnt.reconciler.plan.placement import Held, Observed, Placement, current_of, observed_load, place, place_all, with_placements
+from plnt.reconciler.plan.placement import (
+    Held,
+    Observed,
+    Placement,
+    current_of,
+    gpu_backends,
+    observed_load,
+    place,
+    place_all,
+    with_gpu_readings,
+    with_placements,
+)
 from plnt.reconciler.state import LiveWorkflow, Release, ReplicaProcess
 
 
@@ -254,3 +266,43 @@ def test_observed_load_counts_each_replica_on_its_backend() -> None:
     assert load == {"a": Observed(in_flight=6), "b": Observed(in_flight=1), "c": Observed(in_flight=3)}
     # Fed to placement: the less loaded of two equal backends takes a new replica.
     assert place(run(replicas=1), by_name(backend("a"), backend("b")), observed=load).counts() == {"b": 1}
+
+
+@pytest.mark.parametrize(("declared", "observed", "line"), [
+    ({A100: 4}, Observed(gpus_free={A100: 3}),
+     "replica 1 -> a: 3 of 4 GPUs of class nvidia.com/a100 free, 3 observed free, 0 in flight"),
+    (None, Observed(gpus_free={A100: 2}), "replica 1 -> a: 2 (observed) GPUs of class nvidia.com/a100 free, 0 in flight"),
+    ({A100: 4}, Observed(gpus_unknown="ApiException 403"),
+     "replica 1 -> a: 4 of 4 GPUs of class nvidia.com/a100 free, free GPUs unknown (ApiException 403): by declared "
+     "capacity, 0 in flight"),
+], ids=["declared and observed", "observed alone", "observation failed"])
+def test_reasons_say_the_observed_free_gpus_or_that_they_are_unknown(declared: dict[str, int] | None,
+                                                                      observed: Observed, line: str) -> None:
+    backends = by_name(backend("a", gpus=declared, classes=[A100]))
+    placement = place(run(pool={"cluster": "a"}, replicas=1, **GPU_RUN), backends, {}, {"a": observed})
+    assert placement.lines() == [line]
+
+
+def test_observed_free_gpus_move_a_replica_and_name_the_observed_count_when_none_fit() -> None:
+    backends = by_name(backend("a", classes=[A100]), backend("b", classes=[A100]))
+    moved = place(run(replicas=1, **GPU_RUN), backends, {}, {"a": Observed(gpus_free={A100: 0}),
+                                                            "b": Observed(gpus_free={A100: 1})})
+    assert moved.lines() == ["replica 1 -> b: 1 (observed) GPUs of class nvidia.com/a100 free, 0 in flight"]
+    full = place(run(replicas=2, **GPU_RUN), backends, {}, {"a": Observed(gpus_free={A100: 0}),
+                                                           "b": Observed(gpus_free={A100: 1})})
+    assert full.missing == ("needs 1 more GPU of class nvidia.com/a100: refs [a, b] has 0 free (a: 0 observed, "
+                            "b: 0 observed)")
+
+
+def test_gpu_backends_are_the_members_of_pools_of_runs_asking_for_gpus() -> None:
+    backends = by_name(backend("a", classes=[A100]), backend("b", classes=[A100]), backend("c", classes=[A100]))
+    gpu = run("gpu", pool={"refs": ["a", "b"]}, **GPU_RUN)
+    cpu = run("cpu", pool={"refs": ["c"]})
+    assert list(gpu_backends(SpecSet(workflow_runs={gpu.key: gpu, cpu.key: cpu}, backends=backends))) == ["a", "b"]
+    assert gpu_backends(SpecSet(workflow_runs={cpu.key: cpu}, backends=backends)) == {}
+
+
+def test_with_gpu_readings_keeps_the_load_and_marks_an_unknown_reading() -> None:
+    merged = with_gpu_readings({"a": Observed(in_flight=3)}, {"a": {A100: 2}, "b": "no answer within 15s"})
+    assert merged == {"a": Observed(in_flight=3, gpus_free={A100: 2}),
+                      "b": Observed(gpus_unknown="no answer within 15s")}
