@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import select
 from collections.abc import AsyncIterator, Iterable
 from urllib.parse import urlsplit
 
@@ -312,6 +313,13 @@ class _Pool:
             conn = self.idle.pop()
             if conn.closed or conn.transport is None or conn.transport.is_closing():
                 continue
+            if _readable(conn):
+                # An idle connection has nothing to say: readable means the runner closed it (it
+                # stopped or died) and the loop has not seen it yet. Written to, the request would
+                # fail in a way that cannot be retried (it may have reached the runner).
+                conn._close()
+                self.forget(conn)
+                continue
             if now - conn.idle_since > expiry:
                 # The runner (uvicorn: 5 s keep-alive) may be closing it right now; a request
                 # written onto a closing connection fails in a way that cannot be retried.
@@ -538,3 +546,17 @@ class UpstreamClient:
         for pool in self._pools.values():
             pool.close()
         self._pools.clear()
+
+
+def _readable(conn: _Conn) -> bool:
+    """Whether an idle connection's socket has something to read: its EOF (or reset) not yet seen by
+    the loop, or stray bytes. One poll, no wait."""
+    assert conn.transport is not None
+    sock = conn.transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)

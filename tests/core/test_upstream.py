@@ -197,3 +197,44 @@ async def test_a_cancelled_request_is_cancelled_whenever_the_cancel_lands(raw_se
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     assert outcomes.get("cancelled", 0) >= 1, outcomes
     await client.aclose()
+
+
+async def test_an_idle_connection_the_runner_closed_is_not_reused_even_before_the_loop_saw_it() -> None:
+    """A runner (here a STAND-IN: a blocking socket server in a thread) that closes a kept-alive connection
+    while the gateway's loop is busy: the next request must not be written onto it (it would fail as
+    'closed mid-response', which is never retried), but go on a new connection."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted: list[socket.socket] = []
+    first_closed = threading.Event()
+
+    def serve() -> None:
+        for n in range(2):
+            conn, _ = listener.accept()
+            accepted.append(conn)
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\n" + str(n).encode())
+            if n == 0:
+                time.sleep(0.05)
+                conn.close()  # keep-alive given, then closed: the runner stopped
+                first_closed.set()
+        listener.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = UpstreamClient()
+    try:
+        assert (await client.request(f"http://127.0.0.1:{port}", "POST", "/invoke", body=b"{}")).body == b"0"
+        assert first_closed.wait(5)
+        time.sleep(0.05)  # blocks the loop: the FIN has arrived, connection_lost has not run
+        answer = await client.request(f"http://127.0.0.1:{port}", "POST", "/invoke", body=b"{}")
+        assert answer.body == b"1" and len(accepted) == 2
+    finally:
+        await client.aclose()
+        thread.join(5)
+        for conn in accepted:
+            conn.close()

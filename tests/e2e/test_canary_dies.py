@@ -89,6 +89,20 @@ class PausableTraffic:
             thread.join(timeout=30)
 
 
+def gone(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until `pid` has exited (a zombie counts: its sockets are closed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except FileNotFoundError:
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} still runs {timeout_s:g}s after SIGKILL")
+
+
 def test_a_canary_whose_runner_dies_loses_no_request_and_is_rolled_back(
         spec_repo: SpecRepo, tmp_path: Path, started: list[PlntUp]) -> None:  # noqa: F811
     state = tmp_path / "state"
@@ -113,6 +127,7 @@ def test_a_canary_whose_runner_dies_loses_no_request_and_is_rolled_back(
         before = sum(traffic.statuses.values())
         assert traffic.failures == [], traffic.failures[:3]
         os.kill(canary[0], signal.SIGKILL)
+        gone(canary[0])  # kill returns before the process is gone: a request sent before that may reach it
         traffic.resume()
         rolled = wait_row(up, lambda r: r["phase"] == "RolledBack", "1.3.0 rolled back", timeout=150)
         time.sleep(0.5)  # a little traffic on 1.2.0 alone
