@@ -312,8 +312,9 @@ def test_plnt_killed_while_a_gate_is_checked_checks_it_again_and_promotes(
         started.append(second)
         # The same saga asks the gate again (after the dead worker's heartbeat timeout) and waits.
         assert HeldReceiver.arrived.acquire(timeout=120), second.why("the gate was not checked again")
-        again = row(second)
-        assert again is not None and (again["sagaId"], again["phase"], again["canaryVersion"], again["canaryPercent"]) \
+        # (the restarted worker may ask before the restarted gateway answers GET /workflows)
+        again = wait_row(second, lambda r: r.get("sagaId") == checking["sagaId"], "the resumed saga's row")
+        assert (again["sagaId"], again["phase"], again["canaryVersion"], again["canaryPercent"]) \
             == (checking["sagaId"], "Canary", "1.3.0", 50), second.why(str(again))
         assert stable_record(state_dir) == stable, "the stable release changed"
         stable_answers(second, "1.2.0")
