@@ -816,15 +816,20 @@ class HelmDriver:
         values["placement"] = dict(placement)
         stable = release_name(name, "stable")
         async with self._lock(namespace, name):
-            current = await self.status(stable)
-            if current is not None:
-                self._check_owner(stable, current.config, namespace, name, "stable")
-                if current.pending:
-                    await self.recover_stuck(stable, current)
-            if not (current is not None and current.status == "deployed" and current.config == values
-                    and await self._same_chart(stable, values)):
-                await self._upgrade(stable, values)
+            await self._stable_as(stable, namespace, name, values)
             return await self._serving(self._release(stable, values))
+
+    async def _stable_as(self, stable: str, namespace: str, name: str, values: dict[str, Any]) -> None:
+        """The stable release deployed with `values` (upgraded, a stuck one recovered first), or left as
+        it is when it already runs them with this driver's chart. Under the WorkflowRun's lock."""
+        current = await self.status(stable)
+        if current is not None:
+            self._check_owner(stable, current.config, namespace, name, "stable")
+            if current.pending:
+                await self.recover_stuck(stable, current)
+        if not (current is not None and current.status == "deployed" and current.config == values
+                and await self._same_chart(stable, values)):
+            await self._upgrade(stable, values)
 
     async def track_values(self, namespace: str, name: str, track: Track) -> dict[str, Any] | None:
         """The values of this WorkflowRun's (or ModelDeployment's) deployed release of `track` here, or
@@ -892,14 +897,7 @@ class HelmDriver:
             values = json.loads(json.dumps(canary_status.config))
             values["track"] = "stable"
             values[_owner_key(values)]["trafficPercent"] = 0
-            stable_status = await self.status(stable)
-            if stable_status is not None:
-                self._check_owner(stable, stable_status.config, namespace, name, "stable")
-                if stable_status.pending:
-                    await self.recover_stuck(stable, stable_status)
-            if not (stable_status is not None and stable_status.status == "deployed" and stable_status.config == values
-                    and await self._same_chart(stable, values)):
-                await self._upgrade(stable, values)
+            await self._stable_as(stable, namespace, name, values)
             promoted = await self._serving(self._release(stable, values))  # before the canary's Service goes
             await self._uninstall(canary)
             return promoted
