@@ -170,7 +170,11 @@ class Release(BaseModel):
         return [backend for backend, count in self.placement.items() for _ in range(count)]
 
     def replicas_by_backend(self) -> dict[str, int]:
-        """The processes it runs per backend (a pool's; empty without a placement)."""
+        """The processes it runs per backend (a pool's; empty without a placement). On Kubernetes (no
+        pid, not parked) each backend's process is its Helm release's Service: the placement's count
+        of pods each."""
+        if self.placement is not None and self.pid is None and not self.parked and self.backend is not None:
+            return dict(self.placement)
         counts: dict[str, int] = {}
         for process in self.processes():
             if process.backend is not None:

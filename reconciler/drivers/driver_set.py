@@ -14,16 +14,22 @@ strength of a failed read.
 
 Routes: `snapshot()` is the local records plus that last known Helm state, so the gateway routes to
 Kubernetes releases (their Services) as to local runners; `on_change` fires whenever it changes.
+
+Pools over Kubernetes backends (helm_pool.py): a WorkflowRun whose pool has type: kubernetes members
+gets one Helm release per placed backend. Its members (every backend it was ever a member of, so a
+backend that left the pool is still cleaned up) are kept in STATE/backends.json as `pools`; its live
+state is each member's view merged into one Release (one endpoint per backend's Service).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from plnt.core.specs.loader import SpecSet
 from plnt.core.specs.models import Deployable, PlntBackend, RunnerLimits, run_key, spec_fingerprint
 from plnt.reconciler.drivers.helm import HelmConfigError, HelmDriver, SpecCache, SpecLookup
+from plnt.reconciler.drivers.helm_pool import HelmPool, merged_live
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.drivers.reported import ReportedRunners
@@ -49,6 +55,8 @@ class DriverSet:
         self._saved: dict[str, object] = saved
         self._assigned: dict[str, str] = saved.get("workflowRuns", {})  # namespace/name -> backend name
         self._backends = {name: PlntBackend.model_validate(doc) for name, doc in saved.get("backends", {}).items()}
+        self._pools: dict[str, list[str]] = saved.get("pools", {})  # namespace/name -> its Kubernetes pool's members
+        self._pool = HelmPool(lambda backend: self._helm_driver(self._backends[backend]), self._note_at)
         self._specs = SpecCache()
         self._remembered: SpecSet | None = None  # the spec set assign() last remembered
         self._assigned_by: SpecSet | None = None  # the spec set the assignments are those of (None: changed since)
@@ -77,31 +85,61 @@ class DriverSet:
             if run.spec.backend.cluster is not None:  # (a pool is placed by the plan, not deployed yet)
                 self._assigned[run.key] = run.spec.backend.cluster
         self._backends.update(specs.backends)
+        for run in specs.deployables().values():
+            self._remember_pool(run, specs.backends)
         self._save()
+
+    def _remember_pool(self, run: Deployable, backends: Mapping[str, PlntBackend]) -> None:
+        """A pool of Kubernetes backends: its members now, after those it had (each may hold a release)."""
+        if not run.spec.backend.pooled:
+            return
+        members = run.spec.backend.members(backends)
+        if not any(backends[name].spec.type == "kubernetes" for name in members):
+            return
+        before = self._pools.get(run.key, [])
+        self._pools[run.key] = [*members, *(name for name in before if name not in members)]
 
     def _save(self) -> None:
         record = {
             "workflowRuns": dict(self._assigned),
             "backends": {name: b.model_dump(mode="json", by_alias=True) for name, b in self._backends.items()},
+            **({"pools": {key: list(members) for key, members in self._pools.items()}} if self._pools else {}),
         }
         if record != self._saved:  # every poll assigns; write only what changed
             atomic_write_json(self._file, record)
             self._saved = record
 
-    def remember(self, run: Deployable, backend: PlntBackend) -> None:
-        """One WorkflowRun or ModelDeployment and its backend, as a saga's commit gives them: how a
+    def remember(self, run: Deployable, backend: PlntBackend, backends: Iterable[PlntBackend] = ()) -> None:
+        """One WorkflowRun or ModelDeployment and its backend (a pool's first member), as a saga's
+        commit gives them, with the commit's `backends` (a pool's members are among them): how a
         worker, which never sees the reconciler's spec sets, knows where each release goes (and where
         to remove it from)."""
         self._specs.remember(run)
-        if self._assigned.get(run.key) == backend.metadata.name and self._backends.get(backend.metadata.name) == backend:
+        pooled = run.spec.backend.pooled
+        if pooled:
+            by_name = {b.metadata.name: b for b in backends}
+            members = [by_name[name] for name in run.spec.backend.members(by_name)]
+            pool_before = list(self._pools.get(run.key, []))
+            self._remember_pool(run, by_name)
+        if self._assigned.get(run.key) == backend.metadata.name and self._backends.get(backend.metadata.name) == backend \
+                and (not pooled or (self._pools.get(run.key, []) == pool_before
+                                    and all(self._backends.get(b.metadata.name) == b for b in members))):
             return
         self._assigned[run.key] = backend.metadata.name
         self._backends[backend.metadata.name] = backend
+        if pooled:
+            self._backends.update({b.metadata.name: b for b in members})
         self._assigned_by = None  # the next assign() sets the reconciler's spec set's assignments again
         self._save()
 
+    def _pool_of(self, namespace: str, name: str) -> list[str] | None:
+        """The members of a WorkflowRun's pool of Kubernetes backends (None: not such a pool)."""
+        return self._pools.get(run_key(namespace, name))
+
     def driver_for(self, namespace: str, name: str) -> LocalDriver | HelmDriver:
-        backend = self._backends.get(self._assigned.get(run_key(namespace, name), ""))
+        """The driver of the WorkflowRun's backend (a Kubernetes pool's: its first member's)."""
+        key = run_key(namespace, name)
+        backend = self._backends.get(self._pools[key][0] if key in self._pools else self._assigned.get(key, ""))
         if backend is None or backend.spec.type == "local":
             return self.local
         return self._helm_driver(backend)
@@ -140,34 +178,50 @@ class DriverSet:
     # --- the driver interface, dispatched ----------------------------------------------------
 
     async def install(self, request: InstallRequest) -> Release:
+        if request.placement is not None and self._pool_of(request.namespace, request.name) is not None:
+            return await self._pool.install(request)
         release = await self.driver_for(request.namespace, request.name).install(request)
         self._note(request.namespace, request.name, {request.track: release})
         return release
 
     async def promote(self, namespace: str, name: str) -> Release:
+        if (members := self._pool_of(namespace, name)) is not None:
+            return await self._pool.promote(namespace, name, members)
         release = await self.driver_for(namespace, name).promote(namespace, name)
         self._note(namespace, name, {"stable": release, "canary": None})
         return release
 
     async def set_traffic(self, namespace: str, name: str, percent: int, *,
                           canary_header: tuple[str, str] | None) -> Release:
+        if (members := self._pool_of(namespace, name)) is not None:
+            return await self._pool.set_traffic(namespace, name, percent, canary_header, members)
         release = await self.driver_for(namespace, name).set_traffic(namespace, name, percent,
                                                                      canary_header=canary_header)
         self._note(namespace, name, {"canary": release})
         return release
 
     async def remove(self, namespace: str, name: str, track: Track) -> None:
+        if (members := self._pool_of(namespace, name)) is not None:
+            await self._pool.remove(namespace, name, track, members)
+            return
         await self.driver_for(namespace, name).remove(namespace, name, track)
         self._note(namespace, name, {track: None})
 
     async def set_replicas(self, namespace: str, name: str, replicas: int) -> Release:
+        if self._pool_of(namespace, name) is not None:
+            raise DriverError(f"{namespace}/{name}: a pool's release is scaled by placing its replicas "
+                              "(place_replicas), not by a count")
         release = await self.driver_for(namespace, name).set_replicas(namespace, name, replicas)
         self._note(namespace, name, {"stable": release})
         return release
 
     async def place_replicas(self, namespace: str, name: str, placement: dict[str, int]) -> Release:
-        """A pool's stable release run as `placement` (replicas per backend). Pools deploy on type:
-        local backends only (the saga's validate step refuses others), so it is the local driver's."""
+        """A pool's stable release run as `placement` (replicas per backend): a helm upgrade per
+        Kubernetes backend with its count and an uninstall where it went to 0 (helm_pool.py), or the
+        local driver's processes moved, started and stopped. (A pool mixing local and Kubernetes
+        backends is refused at the saga's validate step.)"""
+        if (members := self._pool_of(namespace, name)) is not None:
+            return await self._pool.place(namespace, name, placement, members)
         place = getattr(self.local, "place_replicas", None)
         if place is None:  # ReportedRunners: the worker that runs them would have to be asked
             raise DriverError(f"{namespace}/{name}: a pool's replicas are placed by `plnt up`; a reconciler of "
@@ -201,6 +255,7 @@ class DriverSet:
 
     async def live(self) -> dict[str, LiveWorkflow]:
         live = dict(await self.local.live())
+        views: dict[str, dict[str, LiveWorkflow]] = {}  # backend -> its releases, as read (or last known)
         for backend in self._kubernetes_backends():
             name = backend.metadata.name
             try:
@@ -212,12 +267,28 @@ class DriverSet:
                                 "stands: nothing there is restored or uninstalled until it can be read)",
                                 name, len(known), exc)
                 self._unknown[name] = str(exc)
-                live.update(known)
+                views[name] = known
                 continue
             if self._unknown.pop(name, None) is not None:
                 log.info("live-state-readable backend=%s releases=%d", name, len(found))
             self._remember(name, found)
-            live.update(found)
+            views[name] = found
+        return self._with_views(live, views)
+
+    def _with_views(self, live: dict[str, LiveWorkflow], views: Mapping[str, Mapping[str, LiveWorkflow]]
+                    ) -> dict[str, LiveWorkflow]:
+        """`live` and each Kubernetes backend's releases; a pool's, from each of its members, merged."""
+        pooled: dict[str, list[LiveWorkflow]] = {}
+        for found in views.values():
+            for key, item in found.items():
+                if key in self._pools:
+                    pooled.setdefault(key, []).append(item)
+                else:
+                    live[key] = item
+        for key, items in pooled.items():
+            merged = merged_live(items)
+            if merged is not None and not merged.empty:
+                live[key] = merged
         return live
 
     async def live_of(self, namespace: str, name: str) -> LiveWorkflow | None:
@@ -235,9 +306,8 @@ class DriverSet:
         state of each Kubernetes backend in use (Helm releases' endpoints are their Services). What
         the gateway's route table is built from."""
         result = dict(self.local.snapshot())
-        for backend in self._kubernetes_backends():
-            result.update(self._known.get(backend.metadata.name, {}))
-        return result
+        return self._with_views(result, {b.metadata.name: self._known.get(b.metadata.name, {})
+                                         for b in self._kubernetes_backends()})
 
     def any_live_unknown(self) -> bool:
         """Whether live_unknown may give a reason for some WorkflowRun (when not, it gives None for all)."""
@@ -253,10 +323,11 @@ class DriverSet:
             if local_unknown is not None:
                 return f"the local runners' state is not known yet ({local_unknown})"
             return None
-        why = self._unknown.get(backend)
-        if why is None or key in self._known.get(backend, {}):
-            return None
-        return f"the live state of backend {backend!r} cannot be read ({why})"
+        for member in self._pools.get(key, [backend]):
+            why = self._unknown.get(member)
+            if why is not None and key not in self._known.get(member, {}):
+                return f"the live state of backend {member!r} cannot be read ({why})"
+        return None
 
     async def drift(self) -> dict[str, list[Release]]:
         # Helm is its own record: a release removed or changed by hand shows in live() and the
@@ -273,6 +344,10 @@ class DriverSet:
         backend = self._assigned.get(run_key(namespace, name), "")
         if self.driver_for(namespace, name) is self.local:
             return
+        self._note_at(backend, namespace, name, change)
+
+    def _note_at(self, backend: str, namespace: str, name: str, change: dict[str, Release | None]) -> None:
+        """`_note` on one named Kubernetes backend (a pool's member)."""
         known = dict(self._known.get(backend, {}))
         key = run_key(namespace, name)
         item = (known.get(key) or LiveWorkflow(namespace=namespace, name=name)).model_copy(update=change)
@@ -294,7 +369,7 @@ class DriverSet:
             self._on_change()
 
     def _kubernetes_backends(self) -> list[PlntBackend]:
-        used = set(self._assigned.values())
+        used = {*self._assigned.values(), *(name for members in self._pools.values() for name in members)}
         return [b for name, b in sorted(self._backends.items()) if b.spec.type == "kubernetes" and name in used]
 
     def _helm_driver(self, backend: PlntBackend) -> HelmDriver:

@@ -224,7 +224,7 @@ def render_values(
         "image": image_values(image),
         "runner": {"port": 8080},
         **placement,
-        "replicas": {"min": spec.replicas.min, "max": spec.replicas.max or spec.replicas.min},
+        **pool_replicas(request, backend, {"min": spec.replicas.min, "max": spec.replicas.max or spec.replicas.min}),
         "autoscaling": autoscaling,
         "resources": resources or {},
         "service": {"port": 80},
@@ -319,7 +319,7 @@ def render_model_values(
         "runtime": runtime,
         "image": image_values(image),
         **placement,
-        "replicas": spec.replicas.min,  # a model server never scales to zero
+        **pool_replicas(request, backend, spec.replicas.min),  # a model server never scales to zero
         "autoscaling": ({"targetInFlight": spec.autoscaling.target_in_flight, "maxReplicas": spec.replicas.max,
                          "scaleDownAfterSeconds": spec.autoscaling.scale_down_after_seconds}
                         if spec.autoscaling is not None and spec.autoscaling.target_in_flight is not None else {}),
@@ -330,6 +330,26 @@ def render_model_values(
             **registry_values(registry_options, credentials_secret),
         },
     }
+
+
+def pool_replicas(request: InstallRequest, backend: PlntBackend, replicas: Any) -> dict[str, Any]:
+    """`replicas` as the spec gives them (`replicas` of the chart's shape), or for a pool's release on
+    this backend (`request.placement`) its own count, and the whole `placement` kept in the values:
+    the cluster is the record a promotion, a re-placement or a restarted plnt reads back. A pool's
+    canary runs one pod (on the first placed backend); a pool's HPA floor and ceiling are the placed
+    count (plnt's placement decides where replicas go, not each backend's HPA)."""
+    if request.placement is None:
+        return {"replicas": replicas}
+    count = 1 if request.track == "canary" else request.placement.get(backend.metadata.name, 0)
+    if count < 1:
+        raise DriverError(f"{request.namespace}/{request.name}: the placement {request.placement} puts no "
+                          f"{request.track} replica on backend {backend.metadata.name!r}")
+    return {"replicas": chart_replicas(replicas, count), "placement": dict(request.placement)}
+
+
+def chart_replicas(shape: Any, count: int) -> Any:
+    """`count` in the chart's shape of `replicas`: a model server's number, a runner's {min, max}."""
+    return {"min": count, "max": count} if isinstance(shape, dict) else count
 
 
 def backend_api_client(target: KubernetesTarget) -> Any:
@@ -764,6 +784,67 @@ class HelmDriver:
                 await self._upgrade(stable, values)
             return self._release(stable, values)
 
+    async def place(self, values_of_pool: dict[str, Any], placement: dict[str, int]) -> Release:
+        """A pool's stable release on this backend: the release whose values (read from any backend of
+        the pool: its canary on promotion, a stable on a re-placement) are `values_of_pool`, as the
+        stable track with this backend's count of `placement` and this backend's own node placement.
+        Installed or upgraded (helm --wait), or left as it is when it already runs exactly so."""
+        return await self._waiting_out_outages(f"place {_owner_of(values_of_pool)} on {self._backend.metadata.name}",
+                                               lambda: self._place(values_of_pool, placement))
+
+    async def _place(self, values_of_pool: dict[str, Any], placement: dict[str, int]) -> Release:
+        key = _owner_key(values_of_pool)
+        owner = values_of_pool[key]
+        namespace, name = owner["namespace"], owner["name"]
+        spec = self._specs(namespace, name, owner["specFingerprint"])
+        if spec is None or not spec.backend.pooled:
+            raise DriverError(f"{namespace}/{name}: no pool's spec with fingerprint {owner['specFingerprint'][:19]} is "
+                              "known to the Helm driver (yet)")
+        count = placement.get(self._backend.metadata.name, 0)
+        if count < 1:
+            raise DriverError(f"{namespace}/{name}: the placement {placement} puts no replica on backend "
+                              f"{self._backend.metadata.name!r}")
+        values = json.loads(json.dumps(values_of_pool))
+        values["track"] = "stable"
+        values[key]["trafficPercent"] = 0
+        for cohort in ("canaryHeader", "shadowPercent"):
+            values[key].pop(cohort, None)
+        values.update(placement_values(spec.backend, self._backend))  # this backend's nodes, not the canary's
+        if key == "deployment":
+            values["gpu"]["resourceName"] = gpu_resource_name(values["gpu"]["class"], self._gpu_resource)
+        values["replicas"] = chart_replicas(values_of_pool["replicas"], count)
+        values["placement"] = dict(placement)
+        stable = release_name(name, "stable")
+        async with self._lock(namespace, name):
+            await self._stable_as(stable, namespace, name, values)
+            return await self._serving(self._release(stable, values))
+
+    async def _stable_as(self, stable: str, namespace: str, name: str, values: dict[str, Any]) -> None:
+        """The stable release deployed with `values` (upgraded, a stuck one recovered first), or left as
+        it is when it already runs them with this driver's chart. Under the WorkflowRun's lock."""
+        current = await self.status(stable)
+        if current is not None:
+            self._check_owner(stable, current.config, namespace, name, "stable")
+            if current.pending:
+                await self.recover_stuck(stable, current)
+        if not (current is not None and current.status == "deployed" and current.config == values
+                and await self._same_chart(stable, values)):
+            await self._upgrade(stable, values)
+
+    async def track_values(self, namespace: str, name: str, track: Track) -> dict[str, Any] | None:
+        """The values of this WorkflowRun's (or ModelDeployment's) deployed release of `track` here, or
+        None when it has none deployed (a release of another owner: HelmConfigError)."""
+        release = release_name(name, track)
+        current = await self.status(release)
+        if current is None or current.status != "deployed":
+            return None
+        self._check_owner(release, current.config, namespace, name, track)
+        return current.config
+
+    def release_of(self, namespace: str, name: str, track: Track, values: dict[str, Any]) -> Release:
+        """The Release of this WorkflowRun's `track` release here, deployed with `values`."""
+        return self._release(release_name(name, track), values)
+
     async def _install(self, request: InstallRequest) -> Release:
         release = release_name(request.name, request.track)
         values = self._values(request)
@@ -816,14 +897,7 @@ class HelmDriver:
             values = json.loads(json.dumps(canary_status.config))
             values["track"] = "stable"
             values[_owner_key(values)]["trafficPercent"] = 0
-            stable_status = await self.status(stable)
-            if stable_status is not None:
-                self._check_owner(stable, stable_status.config, namespace, name, "stable")
-                if stable_status.pending:
-                    await self.recover_stuck(stable, stable_status)
-            if not (stable_status is not None and stable_status.status == "deployed" and stable_status.config == values
-                    and await self._same_chart(stable, values)):
-                await self._upgrade(stable, values)
+            await self._stable_as(stable, namespace, name, values)
             promoted = await self._serving(self._release(stable, values))  # before the canary's Service goes
             await self._uninstall(canary)
             return promoted
@@ -1081,7 +1155,8 @@ class HelmDriver:
         if spec_fingerprint(spec) != request.spec_fingerprint:
             raise DriverError(f"{request.namespace}/{request.name}: the spec lookup returned a spec with another "
                               "fingerprint than the install request's")
-        if spec.backend.cluster != self._backend.metadata.name:
+        placed_here = spec.backend.pooled and self._backend.metadata.name in (request.placement or {})
+        if spec.backend.cluster != self._backend.metadata.name and not placed_here:
             raise UnknownBackend(f"{request.namespace}/{request.name} runs on backend {spec.backend.cluster!r}; this "
                                  f"Helm driver serves {self._backend.metadata.name!r}")
         return spec
@@ -1116,6 +1191,9 @@ class HelmDriver:
         """The Release a deployed release's values describe (a runner's, or a model server's)."""
         port = int(values.get("service", {}).get("port", 80))
         endpoint = self.endpoint(release) + ("" if port == 80 else f":{port}")
+        placement = values.get("placement")
+        # A pool's release on this backend: the pool's placement, and this backend as where it runs.
+        pool = {"placement": dict(placement), "backend": self._backend.metadata.name} if placement else {}
         if _owner_key(values) == "deployment":
             deployment, model, runtime = values["deployment"], values["model"], values["runtime"]
             return Release(
@@ -1136,6 +1214,7 @@ class HelmDriver:
                                    threads=runtime.get("threads"), args=tuple(runtime.get("args", ())),
                                    registry=model["registry"], model_name=model["name"]),
                 replicas=max(1, int(values.get("replicas", 1))),
+                **pool,
             )
         workflow = values["workflow"]
         return Release(
@@ -1152,6 +1231,7 @@ class HelmDriver:
             canary_header=_canary_header(workflow) if values["track"] == "canary" else None,
             shadow_percent=int(workflow.get("shadowPercent", 0)) if values["track"] == "canary" else 0,
             replicas=max(1, int(values.get("replicas", {}).get("min", 1))),
+            **pool,
         )
 
     def _lock(self, namespace: str, name: str) -> asyncio.Lock:
@@ -1168,6 +1248,11 @@ def _canary_header(owner: dict[str, Any]) -> tuple[str, str] | None:
     if isinstance(header, dict) and isinstance(header.get("name"), str) and isinstance(header.get("value"), str):
         return header["name"], header["value"]
     return None
+
+
+def _owner_of(values: dict[str, Any]) -> str:
+    owner = values.get(_owner_key(values)) or {}
+    return f"{owner.get('namespace')}/{owner.get('name')}"
 
 
 def _owner_key(values: dict[str, Any]) -> str:

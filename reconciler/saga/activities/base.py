@@ -165,7 +165,8 @@ class SagaStep:
         assert trusted.run is not None
         remember = getattr(self._driver, "remember", None)
         if remember is not None and trusted.backend is not None:
-            remember(trusted.run, trusted.backend)  # a worker learns each WorkflowRun's backend from its commit
+            # A worker learns each WorkflowRun's backend (a pool's members) from its commit.
+            remember(trusted.run, trusted.backend, trusted.backends)
         return trusted, trusted.run
 
     def _step_at(self, run: Deployable, step: int) -> CanaryStep:

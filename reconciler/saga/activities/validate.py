@@ -16,16 +16,16 @@ class ValidateStep(SagaStep):
     async def validate(self, request: ValidateInput) -> ValidatedSpec:
         trusted, run = await self._deploy(request.saga)
         if run.spec.backend.pooled:
-            # A pool's replicas are processes of one local release, each on the backend it is placed on
-            # (reconciler/plan/placement.py); one Helm release per Kubernetes backend is not built yet.
+            # A pool deploys as processes of one local release, each on the backend it is placed on, or
+            # as one Helm release per placed Kubernetes backend (drivers/helm_pool.py); not both at once.
             pool = {b.metadata.name: b for b in trusted.backends}
             members = run.spec.backend.members(pool)
-            others = [f"{name} (type: {pool[name].spec.type})" for name in members if pool[name].spec.type != "local"]
-            if others:
-                raise InvalidSpec(f"spec.backend: {run.spec.backend.describe()} includes {', '.join(others)}: a pool "
-                                  "deploys on type: local backends only (pools across Kubernetes backends are not "
-                                  "deployed yet); narrow the pool to local backends or name one backend "
-                                  "(spec.backend.cluster)")
+            types = {pool[name].spec.type for name in members}
+            if len(types) > 1:
+                listed = ", ".join(f"{name} (type: {pool[name].spec.type})" for name in members)
+                raise InvalidSpec(f"spec.backend: {run.spec.backend.describe()} mixes backend types ({listed}): a pool "
+                                  "deploys on backends of one type (all local, or all kubernetes); narrow the pool "
+                                  "or name one backend (spec.backend.cluster)")
         cluster = run.spec.backend.cluster or (trusted.backend.metadata.name if trusted.backend else None)
         backend = trusted.backend
         if backend is None:  # the loader refuses such a commit; kept for a spec set loaded without references

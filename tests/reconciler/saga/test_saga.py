@@ -560,10 +560,10 @@ async def test_an_invalid_commit_and_an_unsupported_backend(spec_repo: SpecRepo,
     assert f"commit {bad.commit[:12]} has 1 spec problem(s) and plnt starts no saga for it" in message
 
 
-async def test_a_pool_deploys_on_local_backends_only_and_its_placement_is_checked_against_the_commit(
+async def test_a_pool_deploys_on_backends_of_one_type_and_its_placement_is_checked_against_the_commit(
         spec_repo: SpecRepo, clone: GitSource, tmp_path: Path) -> None:
-    """A pool of local backends validates; one with a Kubernetes member is refused at validate (not
-    deployed yet). The install step takes the saga's placement only within the commit's pool and for
+    """A pool of local backends validates; one mixing local and Kubernetes members is refused at
+    validate, one of Kubernetes members only gets a Kubernetes backend's checks. The install step takes the saga's placement only within the commit's pool and for
     the replica count the commit asks (the input is not trusted)."""
     spec_repo.write("backends/east.yaml", "apiVersion: plnt.work/v1\nkind: PlntBackend\n"
                                           "metadata: {name: east, labels: {pool: agents}}\nspec: {type: local}\n")
@@ -602,9 +602,24 @@ async def test_a_pool_deploys_on_local_backends_only_and_its_placement_is_checke
         await ActivityEnvironment().run(activities.validate, ValidateInput(saga=ref_at(spec_repo)))
     assert caught.value.type == "InvalidSpec" and caught.value.non_retryable
     assert caught.value.message == (
-        "spec.backend: refs [local, east] includes east (type: kubernetes): a pool deploys on type: local backends "
-        "only (pools across Kubernetes backends are not deployed yet); narrow the pool to local backends or name one "
-        "backend (spec.backend.cluster)")
+        "spec.backend: refs [local, east] mixes backend types (local (type: local), east (type: kubernetes)): a pool "
+        "deploys on backends of one type (all local, or all kubernetes); narrow the pool or name one backend "
+        "(spec.backend.cluster)")
+
+    # A pool of Kubernetes backends only deploys (one Helm release per placed backend): what validate
+    # refuses of it here is what it refuses of one Kubernetes backend, a recipe a pod cannot fetch.
+    spec_repo.write("backends/west.yaml", "apiVersion: plnt.work/v1\nkind: PlntBackend\n"
+                                          "metadata: {name: west, labels: {pool: agents}}\n"
+                                          "spec: {type: kubernetes, kubernetes: {context: kind}}\n")
+    spec_repo.replace("workflowruns/review-responder.yaml", "refs: [local, east]", "refs: [east, west]")
+    spec_repo.commit("a pool of two clusters")
+    clone.fetch()
+    both = real_activities(tmp_path, clone, backend_types=("local", "kubernetes"))
+    with pytest.raises(ApplicationError) as caught:
+        await ActivityEnvironment().run(both.validate, ValidateInput(saga=ref_at(spec_repo)))
+    assert caught.value.type == "InvalidSpec"
+    assert caught.value.message.startswith("spec.workflow.registry: 'file:"), caught.value.message
+    assert "cannot be reached from a runner pod on Kubernetes backend 'east'" in caught.value.message
 
 
 async def test_later_steps_act_only_on_what_plnt_verified_and_installed(spec_repo: SpecRepo, clone: GitSource,
