@@ -73,8 +73,8 @@ def test_list_and_run_on_plnt_up(spec_repo: SpecRepo, tmp_path: Path, started: l
     header, *lines = listed.stdout.splitlines()
     assert header.split() == ["KIND", "NAMESPACE/NAME", "PHASE", "STABLE", "CANARY", "BACKEND", "REPLICAS"]
     assert [line.split() for line in lines] == [
-        ["WorkflowRun", "default/review-responder", "Ready", "1.2.0", "-", "local", "1"],
-        ["WorkflowRun", "default/trend-monitor", "Ready", "1.0.0", "-", "local", "1-2"]], listed.stdout
+        ["WorkflowRun", "default/review-responder", "Ready", "1.2.0", "-", "local", "1/1", "(1)"],
+        ["WorkflowRun", "default/trend-monitor", "Ready", "1.0.0", "-", "local", "1/1", "(1-2)"]], listed.stdout
     as_json = plnt("list", "-o", "json", "--url", up.url)
     row = {r["name"]: r for r in json.loads(as_json.stdout)}["review-responder"]
     assert (row["kind"], row["backend"], row["replicas"]) == ("WorkflowRun", "local", {"min": 1, "max": 1}), row
