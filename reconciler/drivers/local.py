@@ -137,12 +137,13 @@ class LocalDriver:
             # The canary's one process becomes the first replica; the others start before the routes
             # change, so the new release serves with all of them the moment the old one leaves.
             # A pool's: each where it is placed (the canary's on the first placed backend).
+            old = live.stable
+            new_stable = new_stable.model_copy(update={"replicas": promoted_count(new_stable, old)})
             running = new_stable.processes()
             if not new_stable.parked and len(running) < new_stable.replicas:
                 more = range(len(running), new_stable.replicas)
                 running += await self._start_replicas(new_stable, more, new_stable.placed_backends()[more.start:])
                 new_stable = new_stable.with_processes(running)
-            old = live.stable
             self._records.write(LiveWorkflow(namespace=namespace, name=name, stable=new_stable))
             if old is not None and old.pid != new_stable.pid:
                 await self._stop(old)
@@ -476,6 +477,15 @@ class LocalDriver:
                 await self._drain(release)
         finally:  # also when cancelled while draining: its record is gone already, so must it be
             await self._processes.terminate(release.pid, release.pid_start, release.release_id)
+
+
+def promoted_count(new_stable: Release, old: Release | None) -> int:
+    """The replicas a promoted release starts with: its spec's floor, or, when its spec autoscales
+    (`replicas_max`), as many as the old stable runs now (within floor..replicas_max), so that a
+    promotion under load does not drop to the floor until the autoscaler raises it again."""
+    if new_stable.replicas_max is None or old is None or old.parked or new_stable.placement is not None:
+        return new_stable.replicas
+    return max(new_stable.replicas, min(new_stable.replicas_max, len(old.processes())))
 
 
 async def _at_most(limit: int, calls: list[Coroutine[Any, Any, _T]]) -> list[_T | BaseException]:

@@ -27,10 +27,12 @@ pytestmark = pytest.mark.integration
 RECIPES = EXAMPLE / "recipes" / "review-responder"
 
 
-def request(version: str, replicas: int, track: str = "canary", fingerprint: str = "sha256:" + "a" * 64) -> InstallRequest:
+def request(version: str, replicas: int, track: str = "canary", fingerprint: str = "sha256:" + "a" * 64,
+            replicas_max: int | None = None) -> InstallRequest:
     directory = RECIPES / version
     return InstallRequest(namespace="default", name="rr", track=track, version=version, spec_fingerprint=fingerprint,
-                          recipe_digest=directory_digest(directory), recipe_dir=str(directory), replicas=replicas)
+                          recipe_digest=directory_digest(directory), recipe_dir=str(directory), replicas=replicas,
+                          replicas_max=replicas_max)
 
 
 def alive(pid: int | None) -> bool:
@@ -76,6 +78,31 @@ async def test_promotion_retires_every_replica_of_the_old_stable(driver: LocalDr
     new = await driver.promote("default", "rr")
     assert len(new.processes()) == 2 and new.version == "1.3.0"
     assert not any(alive(p.pid) for p in old.processes())
+
+
+@pytest.mark.parametrize(("running", "replicas_max", "promoted"), [
+    (3, 4, 3),  # autoscaled to 3 under load: the new stable starts at 3, not at its floor of 1
+    (3, 2, 2),  # the new spec's replicas.max bounds it
+])
+async def test_an_autoscaled_promotion_starts_at_the_count_the_old_stable_runs(
+        driver: LocalDriver, running: int, replicas_max: int, promoted: int) -> None:
+    await driver.install(request("1.2.0", 1, replicas_max=4))
+    await driver.promote("default", "rr")
+    old = await driver.set_replicas("default", "rr", running)  # what the autoscaler did under load
+    await driver.install(request("1.3.0", 1, fingerprint="sha256:" + "b" * 64, replicas_max=replicas_max))
+    new = await driver.promote("default", "rr")
+    assert new.version == "1.3.0" and new.replicas == promoted and len(new.processes()) == promoted
+    assert all(alive(p.pid) for p in new.processes())
+    await answering_pids(new)
+    assert not any(alive(p.pid) for p in old.processes())
+
+
+async def test_a_fixed_count_promotion_starts_at_the_spec_floor(driver: LocalDriver) -> None:
+    await stable_of(driver, 1)
+    await driver.set_replicas("default", "rr", 3)  # by hand (plnt scale); the spec does not autoscale
+    await driver.install(request("1.3.0", 1, fingerprint="sha256:" + "b" * 64))
+    new = await driver.promote("default", "rr")
+    assert new.replicas == 1 and len(new.processes()) == 1
 
 
 async def test_scale_adds_and_stops_replicas_of_the_live_release(driver: LocalDriver) -> None:
