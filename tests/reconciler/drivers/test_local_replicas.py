@@ -21,6 +21,7 @@ from plnt.reconciler.errors import DriverError
 from plnt.reconciler.state import Release, StateDir
 
 from tests.conftest import EXAMPLE
+from tests.e2e.harness import REVIEW
 
 pytestmark = pytest.mark.integration
 
@@ -118,6 +119,36 @@ async def test_scale_adds_and_stops_replicas_of_the_live_release(driver: LocalDr
     assert (await driver.live())["default/rr"].stable == down
     with pytest.raises(DriverError):
         await driver.set_replicas("default", "rr", 0)
+
+
+async def test_a_scale_down_stops_the_idle_replica_not_the_busy_one(driver: LocalDriver) -> None:
+    """review-responder 1.5.0 sleeps 0.6 s per invocation: the last of three replicas is kept busy
+    (its GET /load says so) while the stable scales to two; the idle middle one is stopped, and
+    every invocation on the busy one succeeds."""
+    await driver.install(request("1.5.0", 3))
+    stable = await driver.promote("default", "rr")
+    first, idle, busy = stable.processes()
+    answers: list[int] = []
+    stop = asyncio.Event()
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+
+        async def caller() -> None:
+            while not stop.is_set():
+                answers.append((await client.post(f"{busy.endpoint}/invoke", json=REVIEW)).status_code)
+
+        callers = [asyncio.create_task(caller()) for _ in range(3)]
+        try:
+            async with asyncio.timeout(20):
+                while (await client.get(f"{busy.endpoint}/load")).json()["inFlight"] < 3:
+                    assert not answers or set(answers) == {200}, answers
+                    await asyncio.sleep(0.02)
+            down = await driver.set_replicas("default", "rr", 2)
+        finally:
+            stop.set()
+            await asyncio.gather(*callers)
+    assert [p.pid for p in down.processes()] == [first.pid, busy.pid], "the busy replica stays"
+    assert not alive(idle.pid) and alive(busy.pid) and alive(first.pid)
+    assert answers and set(answers) == {200}, answers
 
 
 async def test_a_scale_needs_a_stable_release(driver: LocalDriver) -> None:
