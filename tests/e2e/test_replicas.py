@@ -1,9 +1,9 @@
 """Local replicas through `plnt up` (real Temporal, git, runner processes and gateway): a WorkflowRun with
 `replicas.min: 2` serves from two runner processes; one SIGKILLed comes back while the other serves;
 commits changing only `replicas.min` (2 -> 3 -> 1) scale the live release in place, no saga; a new
-version is promoted at the spec's count (a two-replica stable too, both old processes retired); a restarted
-plnt resumes every replica. Clients invoke through
-the gateway without pause all along: no request fails.
+version is promoted at the spec's count (a two-replica stable too, both old processes retired); a
+restarted plnt resumes every replica. Clients invoke through the gateway without pause all along: no
+request fails.
 
 The runners' model is MockBackend (`--backend mock`), a STAND-IN for a model server."""
 
