@@ -27,7 +27,7 @@ from plnt.reconciler.drivers.helm import HelmConfigError, HelmDriver, SpecCache,
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.drivers.reported import ReportedRunners
-from plnt.reconciler.errors import DriverError, PlntError
+from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.autoscale import ScalePolicy
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir, Track, atomic_write_json, read_json
 
@@ -167,12 +167,9 @@ class DriverSet:
 
     async def place_replicas(self, namespace: str, name: str, placement: dict[str, int]) -> Release:
         """A pool's stable release run as `placement` (replicas per backend). Pools deploy on type:
-        local backends only (the saga's validate step refuses others), so it is the local driver's."""
-        place = getattr(self.local, "place_replicas", None)
-        if place is None:  # ReportedRunners: the worker that runs them would have to be asked
-            raise DriverError(f"{namespace}/{name}: a pool's replicas are placed by `plnt up`; a reconciler of "
-                              "split roles cannot place them yet")
-        release: Release = await place(namespace, name, placement)
+        local backends only (the saga's validate step refuses others), so it is the local driver's
+        (with the roles apart, ReportedRunners: the worker that runs them applies it)."""
+        release: Release = await self.local.place_replicas(namespace, name, placement)
         return release
 
     def knows(self, namespace: str, name: str) -> bool:
