@@ -66,6 +66,13 @@ def alive(pid: int | None) -> bool:
     return pid is not None and process_start_time(pid) is not None
 
 
+def stable(plnt) -> Release:  # type: ignore[no-untyped-def]
+    """review-responder's stable release as plnt's local driver records it."""
+    record = plnt.driver.record_of("default", "review-responder")
+    assert record is not None and record.stable is not None
+    return record.stable
+
+
 async def invocations(client: httpx.AsyncClient, release: Release) -> list[int]:
     """How many invocations each replica process ran (its own /stats)."""
     return [(await client.get(f"{p.endpoint}/stats")).json()["invocations"] for p in release.processes()]
@@ -77,11 +84,6 @@ async def test_replicas_serve_heal_scale_in_place_promote_and_resume(
     spec_repo.replace(RUN_FILE, "replicas: {min: 1, max: 1}", "replicas: {min: 2, max: 2}")
     spec_repo.commit("review-responder runs two replicas")
     settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
-
-    def stable(plnt) -> Release:  # type: ignore[no-untyped-def]
-        record = plnt.driver.record_of("default", "review-responder")
-        assert record is not None and record.stable is not None
-        return record.stable
 
     async with running_plnt(settings) as plnt, httpx.AsyncClient(trust_env=False, timeout=30) as client:
         await wait_phase(plnt, "Ready", version="1.2.0")
@@ -151,11 +153,6 @@ async def test_a_two_replica_stable_is_promoted_to_a_new_version_under_load_with
     spec_repo.replace(RUN_FILE, "replicas: {min: 1, max: 1}", "replicas: {min: 2, max: 2}")
     spec_repo.commit("review-responder runs two replicas")
     settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
-
-    def stable(plnt) -> Release:  # type: ignore[no-untyped-def]
-        record = plnt.driver.record_of("default", "review-responder")
-        assert record is not None and record.stable is not None
-        return record.stable
 
     async with running_plnt(settings) as plnt, httpx.AsyncClient(trust_env=False, timeout=30) as client:
         await wait_phase(plnt, "Ready", version="1.2.0")
