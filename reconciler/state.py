@@ -145,6 +145,7 @@ class Release(BaseModel):
     # A WorkflowRun bound to a ModelDeployment (spec.model): "namespace/name" its runner's LLM calls go to.
     llm_model: str | None = None
     replicas: int = Field(default=1, ge=1)  # processes it runs as the stable release (a canary runs one)
+    replicas_max: int | None = None  # an autoscaled spec's replicas.max (see InstallRequest.replicas_max)
     more_replicas: tuple[ReplicaProcess, ...] = ()  # local: the processes past the first (see the class doc)
     placement: dict[str, int] | None = None  # a pool's: replicas per backend (None: one backend, the assigned one)
     backend: str | None = None  # a pool's: the backend the first process was placed on

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from plnt.reconciler.drivers.processes import read_load
 from plnt.reconciler.plan.autoscale import ScaleDecision, ScaleMemory, ScalePolicy, decide
 from plnt.reconciler.state import LiveWorkflow
 from prometheus_client import CollectorRegistry, Counter
@@ -32,8 +32,6 @@ from prometheus_client.core import GaugeMetricFamily
 
 log = logging.getLogger(__name__)
 
-LOAD_PATH = "/load"
-MAX_LOAD_BYTES = 4096  # {"inFlight": n, "waiting": m} is a few dozen bytes
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_READ_TIMEOUT_S = 0.5
 
@@ -81,17 +79,6 @@ def local_targets(live: dict[str, LiveWorkflow],
     return targets
 
 
-def parse_load(body: bytes) -> int | None:
-    """A replica's load from its GET /load answer: inFlight (running plus waiting), or None when the
-    answer is not one (a replica that answers nonsense counts as unknown, never as idle)."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    value = data.get("inFlight") if isinstance(data, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**9 else None
-
-
 @dataclass
 class Autoscaler:
     """`targets()`: the autoscaled releases now (read from the driver's records, no I/O);
@@ -129,7 +116,7 @@ class Autoscaler:
     async def pass_once(self, http: httpx.AsyncClient) -> list[tuple[ScaleTarget, ScaleDecision]]:
         """Read every target's loads at once, decide, and apply the changes; returns the decisions."""
         targets = list(self.targets())
-        loads = await asyncio.gather(*(asyncio.gather(*(self._read(http, e) for e in t.endpoints)) for t in targets))
+        loads = await asyncio.gather(*(asyncio.gather(*(read_load(http, e) for e in t.endpoints)) for t in targets))
         now = self.clock()
         decisions = []
         seen = set()
@@ -162,21 +149,6 @@ class Autoscaler:
         if self._changes is not None:
             self._changes.labels(target.namespace, target.name, direction).inc()
         return True
-
-    async def _read(self, http: httpx.AsyncClient, endpoint: str) -> int | None:
-        try:
-            async with http.stream("GET", endpoint + LOAD_PATH) as response:
-                if response.status_code != 200:
-                    return None
-                body = b""
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > MAX_LOAD_BYTES:
-                        return None
-                return parse_load(body)
-        except (httpx.HTTPError, OSError):
-            return None
-
 
 class _Gauges:
     """plnt_replicas and plnt_replicas_in_flight, read from the last decisions at scrape time."""

@@ -218,15 +218,12 @@ class DriverSet:
     async def place_replicas(self, namespace: str, name: str, placement: dict[str, int]) -> Release:
         """A pool's stable release run as `placement` (replicas per backend): a helm upgrade per
         Kubernetes backend with its count and an uninstall where it went to 0 (helm_pool.py), or the
-        local driver's processes moved, started and stopped. (A pool mixing local and Kubernetes
-        backends is refused at the saga's validate step.)"""
+        local driver's processes moved, started and stopped (with the roles apart, ReportedRunners: the
+        worker that runs them applies it). (A pool mixing local and Kubernetes backends is refused at
+        the saga's validate step.)"""
         if (members := self._pool_of(namespace, name)) is not None:
             return await self._pool.place(namespace, name, placement, members)
-        place = getattr(self.local, "place_replicas", None)
-        if place is None:  # ReportedRunners: the worker that runs them would have to be asked
-            raise DriverError(f"{namespace}/{name}: a pool's replicas are placed by `plnt up`; a reconciler of "
-                              "split roles cannot place them yet")
-        release: Release = await place(namespace, name, placement)
+        release: Release = await self.local.place_replicas(namespace, name, placement)
         return release
 
     def knows(self, namespace: str, name: str) -> bool:

@@ -29,14 +29,16 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
+import httpx
 from plnt.core.specs.models import RunnerLimits
 from plnt.reconciler.drivers.parking import ParkedRunners
-from plnt.reconciler.drivers.processes import RunnerProcesses, free_port, log_tail, process_start_time
+from plnt.reconciler.drivers.processes import RunnerProcesses, free_port, log_tail, process_start_time, read_load
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.drivers.records import ReleaseRecords, RunnerPidFiles
 from plnt.reconciler.drivers.spawn import RunnerSpawner, RunnerStart, allowlisted_env, runner_env
 from plnt.reconciler.drivers.zygote import ZygoteClient
 from plnt.reconciler.errors import DriverError, InvalidRecipe
+from plnt.reconciler.plan.autoscale import replicas_to_stop
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir, Track
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ RECIPE_LOAD_FAILED_EXIT = 2  # the runner's exit code when its recipe does not l
 START_ATTEMPTS = 3  # a runner that is not healthy is started again, on another free port
 _T = TypeVar("_T")
 SHUTDOWN_PARALLEL = 64  # runners stopped at once when plnt stops
+LOAD_READ_TIMEOUT_S = 0.5  # a scale down reads each replica's GET /load for at most this long
 RESUME_PARALLEL = 16  # runners restarted at once when plnt starts (each is a fork and a health wait)
 
 LimitsLookup = Callable[[str, str], RunnerLimits]  # (namespace, name) -> limits of its backend
@@ -137,12 +140,13 @@ class LocalDriver:
             # The canary's one process becomes the first replica; the others start before the routes
             # change, so the new release serves with all of them the moment the old one leaves.
             # A pool's: each where it is placed (the canary's on the first placed backend).
+            old = live.stable
+            new_stable = new_stable.model_copy(update={"replicas": promoted_count(new_stable, old)})
             running = new_stable.processes()
             if not new_stable.parked and len(running) < new_stable.replicas:
                 more = range(len(running), new_stable.replicas)
                 running += await self._start_replicas(new_stable, more, new_stable.placed_backends()[more.start:])
                 new_stable = new_stable.with_processes(running)
-            old = live.stable
             self._records.write(LiveWorkflow(namespace=namespace, name=name, stable=new_stable))
             if old is not None and old.pid != new_stable.pid:
                 await self._stop(old)
@@ -170,9 +174,10 @@ class LocalDriver:
 
     async def set_replicas(self, namespace: str, name: str, replicas: int) -> Release:
         """Run the stable release as `replicas` processes: new ones start (and are recorded once
-        healthy, so the gateway routes to them), surplus ones leave the records first, then drain
-        and stop. A parked release (scale to zero) only records the count: a request wakes its first
-        replica, and a later scale adds the others."""
+        healthy, so the gateway routes to them), surplus ones (the idlest by their GET /load, never
+        the first: reconciler/plan/autoscale.py, replicas_to_stop) leave the records first, then
+        drain and stop. A parked release (scale to zero) only records the count: a request wakes its
+        first replica, and a later scale adds the others."""
         if replicas < 1:
             raise DriverError(f"{namespace}/{name}: a release runs at least one replica (replicas.min: 0 parks it)")
         async with self._lock(namespace, name):
@@ -189,13 +194,18 @@ class LocalDriver:
                 pass
             elif replicas > len(running):
                 running += await self._start_replicas(stable, range(len(running), replicas))
-            else:
-                running, surplus = running[:replicas], running[replicas:]
+            elif replicas < len(running):
+                async with httpx.AsyncClient(trust_env=False, timeout=LOAD_READ_TIMEOUT_S) as http:
+                    loads = await asyncio.gather(*(read_load(http, process.endpoint) for process in running))
+                stop = set(replicas_to_stop(loads, replicas))
+                surplus = [process for i, process in enumerate(running) if i in stop]
+                running = [process for i, process in enumerate(running) if i not in stop]
             scaled = stable.model_copy(update={"replicas": replicas}).with_processes(running)
             if scaled != stable:
                 self._records.write(live.model_copy(update={"stable": scaled}))
-                log.info("release-scaled release=%s replicas=%d (was %d)", stable.release_id, replicas,
-                         len(stable.processes()))
+                log.info("release-scaled release=%s replicas=%d (was %d)%s", stable.release_id, replicas,
+                         len(stable.processes()),
+                         f" stopping={','.join(str(p.port) for p in surplus)} (the idlest)" if surplus else "")
             await asyncio.gather(*(self._stop_process(process) for process in surplus))
             return scaled
 
@@ -476,6 +486,15 @@ class LocalDriver:
                 await self._drain(release)
         finally:  # also when cancelled while draining: its record is gone already, so must it be
             await self._processes.terminate(release.pid, release.pid_start, release.release_id)
+
+
+def promoted_count(new_stable: Release, old: Release | None) -> int:
+    """The replicas a promoted release starts with: its spec's floor, or, when its spec autoscales
+    (`replicas_max`), as many as the old stable runs now (within floor..replicas_max), so that a
+    promotion under load does not drop to the floor until the autoscaler raises it again."""
+    if new_stable.replicas_max is None or old is None or old.parked or new_stable.placement is not None:
+        return new_stable.replicas
+    return max(new_stable.replicas, min(new_stable.replicas_max, len(old.processes())))
 
 
 async def _at_most(limit: int, calls: list[Coroutine[Any, Any, _T]]) -> list[_T | BaseException]:

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+import httpx
 from plnt.core.upstream import UpstreamClient, UpstreamError
 from plnt.reconciler.drivers.records import RunnerPidFiles
 from plnt.reconciler.errors import DriverError
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 MODEL_SERVER_SCRIPT = Path(__file__).resolve().parents[2] / "runner" / "model_server.py"
 HEALTH_POLL_FIRST_S = 0.01  # a starting runner's health polls: 10 ms, growing 1.5x to at most 100 ms
 HEALTH_POLL_MAX_S = 0.1
+LOAD_PATH = "/load"  # a runner's or model server's in-flight requests (runner/load.py)
+MAX_LOAD_BYTES = 4096  # {"inFlight": n, "waiting": m} is a few dozen bytes
 STOP_POLL_S = 0.01  # how often a stopping runner is checked for its exit (a promote waits for the old one)
 
 
@@ -73,6 +76,34 @@ def raise_open_files_limit() -> tuple[int, int]:
         except (OSError, ValueError) as exc:
             log.warning("open-files-limit-unchanged soft=%s hard=%s error=%s", soft, hard, exc)
     return soft, hard
+
+
+def parse_load(body: bytes) -> int | None:
+    """A replica's load from its GET /load answer: inFlight (running plus waiting), or None when the
+    answer is not one (a replica that answers nonsense counts as unknown, never as idle)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    value = data.get("inFlight") if isinstance(data, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**9 else None
+
+
+async def read_load(http: httpx.AsyncClient, endpoint: str) -> int | None:
+    """The in-flight requests of the replica at `endpoint` (GET /load, at most MAX_LOAD_BYTES, within
+    the client's timeout), or None when it does not answer with one."""
+    try:
+        async with http.stream("GET", endpoint + LOAD_PATH) as response:
+            if response.status_code != 200:
+                return None
+            body = b""
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_LOAD_BYTES:
+                    return None
+            return parse_load(body)
+    except (httpx.HTTPError, OSError):
+        return None
 
 
 def process_start_time(pid: int) -> str | None:

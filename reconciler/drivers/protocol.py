@@ -55,6 +55,9 @@ class InstallRequest(BaseModel):
     # Processes the release runs once it is the stable one (the spec's replicas.min, at least 1); a
     # canary runs one, and promote starts the others before the old stable is retired.
     replicas: int = Field(default=1, ge=1)
+    # A spec that autoscales (autoscaling.targetInFlight): its replicas.max. A promotion then starts the
+    # new stable at the count the old one runs (within replicas..replicas_max), not back at the floor.
+    replicas_max: int | None = Field(default=None, ge=1)
     # A pool's placement (reconciler/plan/placement.py): replicas per backend, summing to `replicas`;
     # the canary runs on the first backend, promote starts the others where they are placed.
     placement: dict[str, int] | None = None

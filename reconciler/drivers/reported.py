@@ -4,8 +4,9 @@
 so only it can see them. It reports them to the reconciler's control API (`PUT /internal/runners`,
 the internal token): at once after each change, and every few seconds as a heartbeat that also
 carries the releases whose runner is not running (drift). The reconciler answers with the
-WorkflowRuns whose drift it wants healed (selfHeal), and the worker restarts those, and with the
-replica counts it wants (a scale in place), which the worker sets.
+WorkflowRuns whose drift it wants healed (selfHeal), and the worker restarts those, with the
+replica counts it wants (a scale in place), which the worker sets, and with the placements it wants
+for a pool's replicas (a re-placement in place), which the worker applies.
 
 On the reconciler, `ReportedRunners` stands in for the local driver in the DriverSet: its live state
 is the last report. Until a worker has reported since the reconciler started, that state is unknown,
@@ -48,6 +49,8 @@ class RunnerReportReply(BaseModel):
 
     repair: list[str] = Field(default_factory=list, description="WorkflowRun keys whose drift to heal now")
     scale: dict[str, int] = Field(default_factory=dict, description="WorkflowRun key -> stable replicas to run")
+    place: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="WorkflowRun key -> a pool's stable replicas per backend to run")
 
 
 class ReportedRunners:
@@ -57,6 +60,7 @@ class ReportedRunners:
         self._reports: dict[str, RunnerReport] = {}
         self._repair: set[str] = set()
         self._scale: dict[str, int] = {}  # replica counts to ask of the worker that runs each (set_replicas)
+        self._place: dict[str, dict[str, int]] = {}  # a pool's placements to ask of it (place_replicas)
         self._on_change = on_change
 
     # --- fed by the control API ----------------------------------------------------------------
@@ -80,9 +84,15 @@ class ReportedRunners:
             stable = report.live[key].stable
             if stable is None or stable.replicas == n:
                 del self._scale[key]
+        for key, wanted in list(self._place.items()):  # asked until its report shows every replica placed
+            stable = report.live[key].stable if key in report.live else None
+            if key in report.live and (stable is None or (stable.placement == wanted
+                                                          and stable.replicas_by_backend() == wanted)):
+                del self._place[key]
+        place = {key: wanted for key, wanted in self._place.items() if key in report.live}
         if changed:
             self._on_change()
-        return RunnerReportReply(repair=repair, scale=scale)
+        return RunnerReportReply(repair=repair, scale=scale, place=place)
 
     # --- the part of the driver interface the reconciler uses ---------------------------------
 
@@ -138,6 +148,17 @@ class ReportedRunners:
         if stable is None:
             raise DriverError(f"{key}: no stable release reported to scale to {replicas} replicas")
         self._scale[key] = replicas
+        return stable
+
+    async def place_replicas(self, namespace: str, name: str, placement: dict[str, int]) -> Release:
+        """Asks the worker that runs a pool's release (in the reply to its next report) to run it as
+        `placement` (replicas per backend); returns the release as last reported. The plan sees the
+        new placement once the worker reported it."""
+        key = f"{namespace}/{name}"
+        stable = self.snapshot().get(key, LiveWorkflow(namespace=namespace, name=name)).stable
+        if stable is None:
+            raise DriverError(f"{key}: no stable release reported to place as {placement}")
+        self._place[key] = {backend: count for backend, count in placement.items() if count > 0}
         return stable
 
 
@@ -248,5 +269,12 @@ class RunnerReporter:
             except PlntError as exc:
                 log.error("scale-failed workflowrun=%s replicas=%d error=%s (asked by the reconciler)", key, replicas,
                           redact(str(exc)))
-        if reply.repair or reply.scale:
-            self._now.set()  # report the restarted (or scaled) runners at once
+        for key, placement in reply.place.items():
+            namespace, _, name = key.partition("/")
+            try:
+                await self._local.place_replicas(namespace, name, placement)  # type: ignore[attr-defined]
+            except PlntError as exc:
+                log.error("place-failed workflowrun=%s placement=%s error=%s (asked by the reconciler)", key,
+                          placement, redact(str(exc)))
+        if reply.repair or reply.scale or reply.place:
+            self._now.set()  # report the restarted (scaled, placed) runners at once

@@ -11,6 +11,8 @@ The load is each replica's in-flight requests (being served plus waiting, as GET
   zero), not the autoscaler, and a parked release (no replica) is left to be woken by a request;
 - a replica whose load could not be read blocks a scale down (fail closed), never a scale up.
 
+Which replicas a scale down stops (`replicas_to_stop`): the idlest, never the first.
+
 No flapping: a step down is taken only when the load fits one replica fewer at or below the target,
 so the next pass does not want it back, and every change restarts the window.
 """
@@ -99,3 +101,15 @@ def decide(current: int, loads: Sequence[int | None], policy: ScalePolicy, memor
                       f"{policy.scale_down_after_s:g}s")
     return hold(f"{total} in flight would fit {need} replica(s): down in "
                 f"{policy.scale_down_after_s - (now - since):.0f}s if it stays so", low_since)
+
+
+def replicas_to_stop(loads: Sequence[int | None], keep: int) -> list[int]:
+    """Which of the running replicas (their in-flight loads, in order; None: not read) to stop so that
+    `keep` of them run: the idlest first, one whose load is unknown last (it may be serving: fail
+    closed), the newest first among equals. Never the first (index 0): it is the release's own port,
+    the one its scale to zero parks and wakes. Indices in order."""
+    surplus = len(loads) - max(keep, 1)
+    if surplus <= 0:
+        return []
+    idlest = sorted(range(1, len(loads)), key=lambda i: (loads[i] is None, loads[i] or 0, -i))
+    return sorted(idlest[:surplus])

@@ -40,7 +40,7 @@ async def running_plnt(settings: Settings) -> AsyncIterator[Plnt]:
 
 
 async def wait_for(check: Callable[[], Awaitable[T | None]] | Callable[[], T | None], *, timeout: float = 30.0,
-                   what: str | Callable[[], str] = "condition") -> T:
+                   what: str | Callable[[], str] = "condition", interval: float = 0.1) -> T:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -49,7 +49,7 @@ async def wait_for(check: Callable[[], Awaitable[T | None]] | Callable[[], T | N
             last = await last
         if last:
             return last
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(interval)
     described = what() if callable(what) else what  # e.g. the status as it is at the timeout, not as it was
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {described}; last value: {last!r}")
 

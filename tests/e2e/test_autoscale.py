@@ -1,8 +1,9 @@
 """Autoscaling through `plnt up`: a WorkflowRun whose recipe is slow (review-responder 1.5.0 sleeps
 0.6 s per invocation) with replicas 1-3 and `autoscaling: {targetInFlight: 2}`. Concurrent load
 through the gateway raises its replica count, the gateway spreads the invocations over the new
-runners (each runner's own count, by port), and once the load stops it comes back to one replica, one
-step per window, without a failed request. Real Temporal, git, runners and gateway.
+runners (each runner's own count, by port); a new release promoted under that load starts at the 3
+replicas the old one runs; once the load stops it comes back to one replica, one step per window,
+without a failed request. Real Temporal, git, runners and gateway.
 
 The runners' model is MockBackend (`--backend mock`), a STAND-IN for a model server."""
 
@@ -20,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import SpecRepo
-from tests.e2e.harness import REVIEW, running_plnt, settings_for, wait_for, wait_phase
+from tests.e2e.harness import REVIEW, hook, running_plnt, settings_for, wait_for, wait_phase
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +63,17 @@ async def test_load_raises_the_replicas_the_gateway_spreads_over_them_and_they_c
             row = next(r for r in (await client.get(f"{plnt.url}/workflows")).json() if r["name"] == "review-responder")
             shown = await asyncio.to_thread(subprocess.run, [PLNT, "status", "--url", plnt.url], capture_output=True,
                                             text=True, timeout=60)
+            # A promotion under that load (a new spec: a new release) starts at the 3 replicas the old one
+            # runs, not at replicas.min: the first record of the new release already has three.
+            old_release = plnt.driver.record_of("default", "review-responder").stable.release_id
+            spec_repo.replace(RUN_FILE, "trafficPercent: 5", "trafficPercent: 10")
+            spec_repo.commit("a canary share of 10 %")
+            await hook(plnt)
+            promoted = await wait_for(lambda: (r := plnt.driver.record_of("default", "review-responder")) is not None
+                                      and r.stable.release_id != old_release and r.stable, timeout=90, interval=0.01,
+                                      what="the new release promoted")
+            assert len(promoted.processes()) == 3, promoted.endpoints
+            peak = set(promoted.endpoints)  # (the old release's replicas are stopped)
             started = time.monotonic()
             while time.monotonic() - started < 3:  # the load goes on over the three replicas
                 await asyncio.sleep(0.2)

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from plnt.reconciler.state import Release
 
 from tests.conftest import SpecRepo
 from tests.e2e.harness import REVIEW, hook, running_plnt, settings_for, status_of, wait_for, wait_phase
-from tests.e2e.test_replicas import SteadyLoad, alive, invocations
+from tests.e2e.test_replicas import SteadyLoad, alive, invocations, stable
 
 pytestmark = pytest.mark.integration
 
@@ -44,11 +43,6 @@ async def test_a_pool_spreads_serves_moves_and_refuses_what_does_not_fit(
     spec_repo.replace(RUN_FILE, "replicas: {min: 1, max: 1}", "replicas: {min: 2, max: 2}")
     spec_repo.commit("review-responder on the agents pool, two replicas")
     settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
-
-    def stable(plnt) -> Release:  # type: ignore[no-untyped-def]
-        record = plnt.driver.record_of("default", "review-responder")
-        assert record is not None and record.stable is not None
-        return record.stable
 
     async with running_plnt(settings) as plnt, httpx.AsyncClient(trust_env=False, timeout=30) as client:
         await wait_phase(plnt, "Ready", version="1.2.0", timeout=60)

@@ -1,8 +1,9 @@
 """Local replicas through `plnt up` (real Temporal, git, runner processes and gateway): a WorkflowRun with
 `replicas.min: 2` serves from two runner processes; one SIGKILLed comes back while the other serves;
 commits changing only `replicas.min` (2 -> 3 -> 1) scale the live release in place, no saga; a new
-version is promoted at the spec's count; a restarted plnt resumes every replica. Clients invoke through
-the gateway without pause all along: no request fails.
+version is promoted at the spec's count (a two-replica stable too, both old processes retired); a
+restarted plnt resumes every replica. Clients invoke through the gateway without pause all along: no
+request fails.
 
 The runners' model is MockBackend (`--backend mock`), a STAND-IN for a model server."""
 
@@ -65,6 +66,13 @@ def alive(pid: int | None) -> bool:
     return pid is not None and process_start_time(pid) is not None
 
 
+def stable(plnt) -> Release:  # type: ignore[no-untyped-def]
+    """review-responder's stable release as plnt's local driver records it."""
+    record = plnt.driver.record_of("default", "review-responder")
+    assert record is not None and record.stable is not None
+    return record.stable
+
+
 async def invocations(client: httpx.AsyncClient, release: Release) -> list[int]:
     """How many invocations each replica process ran (its own /stats)."""
     return [(await client.get(f"{p.endpoint}/stats")).json()["invocations"] for p in release.processes()]
@@ -76,11 +84,6 @@ async def test_replicas_serve_heal_scale_in_place_promote_and_resume(
     spec_repo.replace(RUN_FILE, "replicas: {min: 1, max: 1}", "replicas: {min: 2, max: 2}")
     spec_repo.commit("review-responder runs two replicas")
     settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
-
-    def stable(plnt) -> Release:  # type: ignore[no-untyped-def]
-        record = plnt.driver.record_of("default", "review-responder")
-        assert record is not None and record.stable is not None
-        return record.stable
 
     async with running_plnt(settings) as plnt, httpx.AsyncClient(trust_env=False, timeout=30) as client:
         await wait_phase(plnt, "Ready", version="1.2.0")
@@ -140,3 +143,36 @@ async def test_replicas_serve_heal_scale_in_place_promote_and_resume(
         resumed = stable(plnt)
         assert resumed.release_id == new.release_id and len(resumed.processes()) == 2
         assert all(alive(p.pid) for p in resumed.processes())
+
+
+async def test_a_two_replica_stable_is_promoted_to_a_new_version_under_load_without_a_failed_request(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    """Both old replicas serve until the new release (two replicas, started before the routes
+    change) takes over; both old processes are stopped after, and not one request fails."""
+    spec_repo.replace(RUN_FILE, "replicas: {min: 1, max: 1}", "replicas: {min: 2, max: 2}")
+    spec_repo.commit("review-responder runs two replicas")
+    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
+
+    async with running_plnt(settings) as plnt, httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        await wait_phase(plnt, "Ready", version="1.2.0")
+        old = stable(plnt)
+        assert len(old.processes()) == 2
+        with SteadyLoad(plnt.url) as load:
+            await asyncio.sleep(0.5)
+            assert all(n > 0 for n in await invocations(client, old)), "both old replicas serve"
+            spec_repo.replace(RUN_FILE, "ref: review-responder@1.2.0", "ref: review-responder@1.3.0")
+            spec_repo.commit("review-responder 1.3.0")
+            await hook(plnt)
+            await wait_phase(plnt, "Ready", version="1.3.0", timeout=90)
+            new = stable(plnt)
+            assert new.version == "1.3.0" and len(new.processes()) == 2
+            assert not {p.pid for p in new.processes()} & {p.pid for p in old.processes()}
+            await wait_for(lambda: not any(alive(p.pid) for p in old.processes()), timeout=30,
+                           what="both old replicas stopped")
+            served_before = load.served
+            await asyncio.sleep(0.5)  # the new replicas serve a while under load
+            assert load.served > served_before
+        await load.done()
+        assert all(n > 0 for n in await invocations(client, new)), "both new replicas serve"
+        print(f"served={load.served} failed=0")

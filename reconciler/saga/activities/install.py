@@ -10,6 +10,7 @@ from plnt.core.specs.models import Canary, Deployable, ModelCanary, ModelDeploym
 from plnt.reconciler.drivers.model_runtime import gguf_file
 from plnt.reconciler.drivers.protocol import InstallRequest, RecipeTrust
 from plnt.reconciler.errors import InvalidSpec, UntrustedSagaInput
+from plnt.reconciler.plan.autoscale import ScalePolicy
 from plnt.reconciler.recipes.trust import policies_for
 from plnt.reconciler.saga.activities.base import SagaStep, boundary, on_kubernetes, with_heartbeats
 from plnt.reconciler.saga.activities.weights import model_policies, verified_weights, weights_check
@@ -37,7 +38,7 @@ class InstallStep(SagaStep):
             recipe_dir=str(recipe_dir), traffic_percent=run.spec.canary.plan_steps()[0].weight, trust=trust,
             canary_header=first_step_header(run.spec.canary), shadow_percent=run.spec.canary.shadow_percent,
             llm_model=f"{run.metadata.namespace}/{run.spec.model}" if run.spec.model else None,
-            replicas=replica_count(run.spec), placement=placement,
+            replicas=replica_count(run.spec), replicas_max=autoscaled_max(run), placement=placement,
         )))
 
     async def _install_model(self, trusted: TrustedSaga, run: ModelDeployment, digest: str,
@@ -72,7 +73,7 @@ class InstallStep(SagaStep):
                                context_length=runtime.context_length, threads=runtime.threads,
                                args=tuple(runtime.args), registry=model.registry, model_name=model.name,
                                memory_mib=runtime.resources.memory_mi_b if runtime.resources else None),
-            replicas=replica_count(run.spec), placement=placement,
+            replicas=replica_count(run.spec), replicas_max=autoscaled_max(run), placement=placement,
         )))
         if self._weights is not None:
             self._weights.installed(digest)
@@ -83,6 +84,12 @@ class InstallStep(SagaStep):
         verified with, for runners that verify it themselves (Kubernetes pods)."""
         read_root = functools.partial(self._read, trusted.policy_commit or trusted.ref.commit)
         return await asyncio.to_thread(RecipeTrust.of, policies, read_root)
+
+
+def autoscaled_max(run: Deployable) -> int | None:
+    """replicas.max of a spec the autoscaler scales (None: a fixed count)."""
+    policy = ScalePolicy.of(run)
+    return policy.max if policy is not None else None
 
 
 def first_step_header(canary: Canary | ModelCanary) -> tuple[str, str] | None:

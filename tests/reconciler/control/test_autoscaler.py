@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from plnt.reconciler.control.autoscaler import Autoscaler, ScaleTarget, parse_load
-from plnt.reconciler.drivers.processes import free_port
+from plnt.reconciler.control.autoscaler import Autoscaler, ScaleTarget
+from plnt.reconciler.drivers.processes import free_port, parse_load
 from plnt.reconciler.plan.autoscale import ScalePolicy
 from prometheus_client import CollectorRegistry
 

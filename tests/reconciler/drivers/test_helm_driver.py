@@ -224,7 +224,7 @@ async def test_install_runs_upgrade_install_with_the_rendered_values() -> None:
         "recipe_dir": "/var/lib/plnt/recipe", "endpoint": "http://review-responder-canary.agents.svc.cluster.local",
         "traffic_percent": 5, "pid": None, "pid_start": None, "port": None,
         "park_after_s": None, "parked": False, "model": None, "llm_model": None, "canary_header": None, "shadow_percent": 0,
-        "replicas": 1, "more_replicas": (), "placement": None, "backend": None,
+        "replicas": 1, "replicas_max": None, "more_replicas": (), "placement": None, "backend": None,
     }
 
 

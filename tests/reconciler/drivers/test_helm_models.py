@@ -261,7 +261,7 @@ async def test_install_upgrades_the_model_server_chart_and_the_release_serves_op
                   "registry": "oci://registry.example.com/models",
                   "model_name": "smollm2"},
         "llm_model": None, "canary_header": None, "shadow_percent": 0,
-        "replicas": 1, "more_replicas": (), "placement": None, "backend": None,
+        "replicas": 1, "replicas_max": None, "more_replicas": (), "placement": None, "backend": None,
     }
     # What the saga's smoke test and the gateway call: the model's own OpenAI API on the Service.
     assert release.model is not None and release.endpoint.endswith(":8000")

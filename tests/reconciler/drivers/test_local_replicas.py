@@ -21,16 +21,19 @@ from plnt.reconciler.errors import DriverError
 from plnt.reconciler.state import Release, StateDir
 
 from tests.conftest import EXAMPLE
+from tests.e2e.harness import REVIEW
 
 pytestmark = pytest.mark.integration
 
 RECIPES = EXAMPLE / "recipes" / "review-responder"
 
 
-def request(version: str, replicas: int, track: str = "canary", fingerprint: str = "sha256:" + "a" * 64) -> InstallRequest:
+def request(version: str, replicas: int, track: str = "canary", fingerprint: str = "sha256:" + "a" * 64,
+            replicas_max: int | None = None) -> InstallRequest:
     directory = RECIPES / version
     return InstallRequest(namespace="default", name="rr", track=track, version=version, spec_fingerprint=fingerprint,
-                          recipe_digest=directory_digest(directory), recipe_dir=str(directory), replicas=replicas)
+                          recipe_digest=directory_digest(directory), recipe_dir=str(directory), replicas=replicas,
+                          replicas_max=replicas_max)
 
 
 def alive(pid: int | None) -> bool:
@@ -78,6 +81,31 @@ async def test_promotion_retires_every_replica_of_the_old_stable(driver: LocalDr
     assert not any(alive(p.pid) for p in old.processes())
 
 
+@pytest.mark.parametrize(("running", "replicas_max", "promoted"), [
+    (3, 4, 3),  # autoscaled to 3 under load: the new stable starts at 3, not at its floor of 1
+    (3, 2, 2),  # the new spec's replicas.max bounds it
+])
+async def test_an_autoscaled_promotion_starts_at_the_count_the_old_stable_runs(
+        driver: LocalDriver, running: int, replicas_max: int, promoted: int) -> None:
+    await driver.install(request("1.2.0", 1, replicas_max=4))
+    await driver.promote("default", "rr")
+    old = await driver.set_replicas("default", "rr", running)  # what the autoscaler did under load
+    await driver.install(request("1.3.0", 1, fingerprint="sha256:" + "b" * 64, replicas_max=replicas_max))
+    new = await driver.promote("default", "rr")
+    assert new.version == "1.3.0" and new.replicas == promoted and len(new.processes()) == promoted
+    assert all(alive(p.pid) for p in new.processes())
+    await answering_pids(new)
+    assert not any(alive(p.pid) for p in old.processes())
+
+
+async def test_a_fixed_count_promotion_starts_at_the_spec_floor(driver: LocalDriver) -> None:
+    await stable_of(driver, 1)
+    await driver.set_replicas("default", "rr", 3)  # by hand (plnt scale); the spec does not autoscale
+    await driver.install(request("1.3.0", 1, fingerprint="sha256:" + "b" * 64))
+    new = await driver.promote("default", "rr")
+    assert new.replicas == 1 and len(new.processes()) == 1
+
+
 async def test_scale_adds_and_stops_replicas_of_the_live_release(driver: LocalDriver) -> None:
     stable = await stable_of(driver, 1)
     up = await driver.set_replicas("default", "rr", 3)
@@ -91,6 +119,36 @@ async def test_scale_adds_and_stops_replicas_of_the_live_release(driver: LocalDr
     assert (await driver.live())["default/rr"].stable == down
     with pytest.raises(DriverError):
         await driver.set_replicas("default", "rr", 0)
+
+
+async def test_a_scale_down_stops_the_idle_replica_not_the_busy_one(driver: LocalDriver) -> None:
+    """review-responder 1.5.0 sleeps 0.6 s per invocation: the last of three replicas is kept busy
+    (its GET /load says so) while the stable scales to two; the idle middle one is stopped, and
+    every invocation on the busy one succeeds."""
+    await driver.install(request("1.5.0", 3))
+    stable = await driver.promote("default", "rr")
+    first, idle, busy = stable.processes()
+    answers: list[int] = []
+    stop = asyncio.Event()
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+
+        async def caller() -> None:
+            while not stop.is_set():
+                answers.append((await client.post(f"{busy.endpoint}/invoke", json=REVIEW)).status_code)
+
+        callers = [asyncio.create_task(caller()) for _ in range(3)]
+        try:
+            async with asyncio.timeout(20):
+                while (await client.get(f"{busy.endpoint}/load")).json()["inFlight"] < 3:
+                    assert not answers or set(answers) == {200}, answers
+                    await asyncio.sleep(0.02)
+            down = await driver.set_replicas("default", "rr", 2)
+        finally:
+            stop.set()
+            await asyncio.gather(*callers)
+    assert [p.pid for p in down.processes()] == [first.pid, busy.pid], "the busy replica stays"
+    assert not alive(idle.pid) and alive(busy.pid) and alive(first.pid)
+    assert answers and set(answers) == {200}, answers
 
 
 async def test_a_scale_needs_a_stable_release(driver: LocalDriver) -> None:

@@ -15,6 +15,7 @@ import pytest
 from plnt.reconciler.control.lease import FileLease
 from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.reported import ReportedRunners, RunnerReport, RunnerReporter, RunnerReportReply
+from plnt.reconciler.errors import DriverError
 from plnt.reconciler.state import LiveWorkflow, Release, StateDir
 
 from tests.fake_driver import FakeDriver
@@ -112,6 +113,22 @@ async def test_drift_repair_is_asked_once_and_answered_in_the_next_report_reply(
     reply = runners.accept(RunnerReport(worker="w1", live=live(gone), drift={"default/wf": [gone]}))
     assert reply == RunnerReportReply(repair=["default/wf"])
     assert runners.accept(RunnerReport(worker="w1", live=live(gone))) == RunnerReportReply()
+
+
+async def test_a_placement_is_asked_in_each_reply_until_the_workers_report_shows_it() -> None:
+    runners = ReportedRunners()
+    spread = release().model_copy(update={"placement": {"east": 1, "west": 1}, "replicas": 2, "backend": "east"})
+    spread = spread.with_processes([spread, spread.model_copy(update={"pid": 2, "backend": "west"})])
+    runners.accept(RunnerReport(worker="w1", live=live(spread)))
+    assert await runners.place_replicas("default", "wf", {"east": 2, "west": 0}) == spread
+    asked = RunnerReportReply(place={"default/wf": {"east": 2}})
+    assert runners.accept(RunnerReport(worker="w1", live=live(spread))) == asked
+    assert runners.accept(RunnerReport(worker="w1", live=live(spread))) == asked, "asked again until it shows"
+    moved = spread.model_copy(update={"placement": {"east": 2}}).with_processes(
+        [spread, spread.model_copy(update={"pid": 3, "backend": "east"})])
+    assert runners.accept(RunnerReport(worker="w1", live=live(moved))) == RunnerReportReply(), "shown: asked no more"
+    with pytest.raises(DriverError, match="no stable release reported"):
+        await ReportedRunners().place_replicas("default", "wf", {"east": 1})
 
 
 async def test_reconciler_side_refuses_to_install_local_runners() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 from plnt.core.specs.models import WorkflowRun
-from plnt.reconciler.plan.autoscale import ScaleDecision, ScaleMemory, ScalePolicy, decide
+from plnt.reconciler.plan.autoscale import ScaleDecision, ScaleMemory, ScalePolicy, decide, replicas_to_stop
 
 P = ScalePolicy(target_in_flight=4, min=1, max=3, scale_down_after_s=60)
 ZERO = ScalePolicy(target_in_flight=4, min=0, max=3, scale_down_after_s=60)
@@ -80,3 +80,20 @@ def test_the_policy_comes_from_the_spec_and_only_for_in_flight_targets() -> None
     rate = WorkflowRun.model_validate(yaml.safe_load(text + "  autoscaling: {targetInvocationsPerSecond: 4}\n"))
     assert ScalePolicy.of(plain) is None and ScalePolicy.of(rate) is None
     assert ScalePolicy.of(scaled) == ScalePolicy(target_in_flight=4, min=1, max=3, scale_down_after_s=9)
+
+
+@pytest.mark.parametrize(("loads", "keep", "stopped"), [
+    ([0, 0, 0], 3, []),                 # nothing to stop
+    ([0, 0, 0], 1, [1, 2]),             # all idle: the newest go
+    ([0, 0, 0], 2, [2]),
+    ([0, 0, 5], 2, [1]),                # the busy last replica stays, the idle one goes
+    ([0, 4, 1, 0], 2, [2, 3]),          # the two idlest
+    ([0, None, 0], 2, [2]),             # an unread load counts as the busiest (fail closed)
+    ([0, None, None], 2, [2]),          # both unknown: the newest
+    ([9, 0, 0], 2, [2]),                # the first is never stopped, however busy
+    ([9, 3], 1, [1]),                   # not even when it is the busiest of two
+    ([0, 0], 0, [1]),                   # at least one runs
+    ([], 1, []),
+])
+def test_replicas_to_stop(loads: list[int | None], keep: int, stopped: list[int]) -> None:
+    assert replicas_to_stop(loads, keep) == stopped
