@@ -143,10 +143,6 @@ class Router:
     def in_flight_count(self, backend: Backend) -> int:
         return self._in_flight.get(backend.endpoint, 0)
 
-    def in_flight_by_endpoint(self) -> dict[str, int]:
-        """Requests in flight per endpoint right now (a copy): the load placement reads."""
-        return dict(self._in_flight)
-
     def endpoints_in_flight(self) -> frozenset[str]:
         return frozenset(self._in_flight)
 

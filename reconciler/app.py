@@ -40,10 +40,10 @@ from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.gpu_headroom import observe_gpu_headroom
 from plnt.reconciler.drivers.helm import DEFAULT_CHART, DEFAULT_MODEL_CHART, HelmDriver, RunnerImage, SpecLookup
 from plnt.reconciler.drivers.local import LocalDriver
-from plnt.reconciler.drivers.processes import raise_open_files_limit
+from plnt.reconciler.drivers.processes import raise_open_files_limit, read_loads
 from plnt.reconciler.drivers.reported import ReportedRunners
 from plnt.reconciler.gates.compare import TrafficReader, in_process
-from plnt.reconciler.plan.placement import observed_load
+from plnt.reconciler.plan.placement import Observed, observed_load
 from plnt.reconciler.plan.view import add_plan_routes
 from plnt.reconciler.recipes.archive import ExtractLimits
 from plnt.reconciler.recipes.pull import RecipeCache
@@ -486,7 +486,20 @@ def make_reconciler(settings: Settings, *, state: StateDir, source: GitSource | 
     # Placement counts the free GPUs Kubernetes backends' clusters report (RBAC: list nodes and pods).
     gpu_resource = settings.kubernetes.gpu_resource
     reconciler.observe_gpus = lambda backends: observe_gpu_headroom(backends, configured=gpu_resource)
+    reconciler.observe = observe_replica_load
     return reconciler
+
+
+async def observe_replica_load(releases: Mapping[str, LiveWorkflow],
+                               current: Mapping[str, Mapping[str, int]]) -> dict[str, Observed]:
+    """Requests in flight (and waiting) per backend for placement, as each local replica counts them
+    itself (GET /load, the autoscaler's signal): the same with gateway workers, several gateways or the
+    roles apart (on one machine). A replica that does not answer counts nowhere; Kubernetes releases
+    (no process of plnt's: their endpoint is a Service) are not read."""
+    endpoints = [process.endpoint for live in releases.values() for release in (live.stable, live.canary)
+                 if release is not None and release.pid is not None and not release.parked
+                 for process in release.processes()]
+    return observed_load(await read_loads(endpoints), releases, current)
 
 
 async def resume_runners(driver: LocalDriver) -> None:
@@ -689,8 +702,6 @@ async def start(settings: Settings) -> Plnt:
                     drivers=drivers, model_token=model_token)
         holder["plnt"] = plnt
         statuses.on_change = plnt.refresh_routes
-        if not apart:  # placement reads this gateway's in-flight counts (gateway workers keep their own)
-            reconciler.observe = lambda releases, current: observed_load(router.in_flight_by_endpoint(), releases, current)
         reconciler.spec_listeners.append(on_policy(plnt.apply_policy))
         reconciler.spec_listeners.append(on_fallbacks(plnt.apply_fallbacks))
         cleanups.extend(attach_status_followers(settings, statuses, reconciler, source))  # after on_change is set

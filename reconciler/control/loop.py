@@ -87,9 +87,9 @@ class Reconciler:
         # (commit, its specs, the stable releases, their placements, where they run): see _placements.
         self._placed: tuple[str, SpecSet, dict[str, Release], dict[str, Placement], dict[str, dict[str, int]]] \
             | None = None
-        # Measured load per backend for placement (plnt up: the gateway's in-flight counts), or None.
+        # Measured load per backend for placement (each local replica's GET /load), or None.
         self.observe: Callable[[Mapping[str, LiveWorkflow], Mapping[str, Mapping[str, int]]],
-                               Mapping[str, Observed]] | None = None
+                               Awaitable[Mapping[str, Observed]]] | None = None
         # Free GPUs per class of each backend whose cluster reports them (Kubernetes backends: their
         # Nodes less the pods' requests, reconciler/drivers/gpu_headroom.py), or why not (a string).
         self.observe_gpus: Callable[[Mapping[str, PlntBackend]], Awaitable[Mapping[str, Mapping[str, int] | str]]] \
@@ -503,20 +503,20 @@ class Reconciler:
             cluster = (deployed or {}).get("backend", {}).get("cluster")
             if isinstance(cluster, str):  # where plnt last promoted it, with the replicas it runs
                 current[key] = {cluster: stable.replicas}
-        observed = self._observe_backends(releases, current)
+        observed = await self._observe_backends(releases, current)
         observed = await self._observe_gpus(specs, observed or {}) or observed
         self._placed = (commit, specs, stables, place_commit(specs, current, observed), current)
         return self._placed[3], current
 
-    def _observe_backends(self, releases: dict[str, Any],
+    async def _observe_backends(self, releases: dict[str, Any],
                           current: Mapping[str, Mapping[str, int]]) -> dict[str, Observed] | None:
         """The measured load per backend (requests in flight and queued), from `observe` when this
-        plnt has one (plnt up: its gateway's counts); a failed or missing reading is "unknown": the
+        plnt has one (the replicas' own counts); a failed or missing reading is "unknown": the
         placement then goes by declared capacity alone."""
         if self.observe is None:
             return None
         try:
-            return dict(self.observe(releases, current))
+            return dict(await self.observe(releases, current))
         except Exception as exc:  # (a reading is an optimisation: never a reason to stop placing)
             log.warning("placement-observe-failed error=%s (placing by declared capacity)", exc)
             return None

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -104,6 +105,17 @@ async def read_load(http: httpx.AsyncClient, endpoint: str) -> int | None:
             return parse_load(body)
     except (httpx.HTTPError, OSError):
         return None
+
+
+async def read_loads(endpoints: Iterable[str], *, timeout_s: float = 0.5) -> dict[str, int]:
+    """The in-flight requests of each replica that answers GET /load within `timeout_s` (all read at
+    once); one that does not is left out ("unknown")."""
+    wanted = sorted(set(endpoints))
+    if not wanted:
+        return {}
+    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as http:
+        loads = await asyncio.gather(*(read_load(http, endpoint) for endpoint in wanted))
+    return {endpoint: load for endpoint, load in zip(wanted, loads, strict=True) if load is not None}
 
 
 def process_start_time(pid: int) -> str | None:
