@@ -29,10 +29,9 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-import httpx
 from plnt.core.specs.models import RunnerLimits
 from plnt.reconciler.drivers.parking import ParkedRunners
-from plnt.reconciler.drivers.processes import RunnerProcesses, free_port, log_tail, process_start_time, read_load
+from plnt.reconciler.drivers.processes import RunnerProcesses, free_port, log_tail, process_start_time, read_loads
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.drivers.records import ReleaseRecords, RunnerPidFiles
 from plnt.reconciler.drivers.spawn import RunnerSpawner, RunnerStart, allowlisted_env, runner_env
@@ -195,8 +194,8 @@ class LocalDriver:
             elif replicas > len(running):
                 running += await self._start_replicas(stable, range(len(running), replicas))
             elif replicas < len(running):
-                async with httpx.AsyncClient(trust_env=False, timeout=LOAD_READ_TIMEOUT_S) as http:
-                    loads = await asyncio.gather(*(read_load(http, process.endpoint) for process in running))
+                loaded = await read_loads((process.endpoint for process in running), timeout_s=LOAD_READ_TIMEOUT_S)
+                loads = [loaded.get(process.endpoint) for process in running]  # None: unknown, counted busiest
                 stop = set(replicas_to_stop(loads, replicas))
                 surplus = [process for i, process in enumerate(running) if i in stop]
                 running = [process for i, process in enumerate(running) if i not in stop]
