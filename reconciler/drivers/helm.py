@@ -767,11 +767,8 @@ class HelmDriver:
         `replicas`, and the HPA's floor for a runner): the same pods, more or fewer of them."""
         stable = release_name(name, "stable")
         async with self._lock(namespace, name):
-            current = await self.status(stable)
-            if current is None or current.status != "deployed":
-                raise DriverError(f"{namespace}/{name}: no deployed stable release to scale to {replicas} replicas")
-            self._check_owner(stable, current.config, namespace, name, "stable")
-            values = json.loads(json.dumps(current.config))
+            values = await self._deployed_values(stable, namespace, name, "stable",
+                                                 f"no deployed stable release to scale to {replicas} replicas")
             if _owner_key(values) == "deployment":
                 changed = values.get("replicas") != replicas
                 values["replicas"] = replicas
@@ -867,11 +864,8 @@ class HelmDriver:
         timeout holds); the gateway reads them from the release's values."""
         canary = release_name(name, "canary")
         async with self._lock(namespace, name):
-            current = await self.status(canary)
-            if current is None or current.status != "deployed":
-                raise DriverError(f"{namespace}/{name}: no deployed canary to give {percent}% of the traffic")
-            self._check_owner(canary, current.config, namespace, name, "canary")
-            values = json.loads(json.dumps(current.config))
+            values = await self._deployed_values(canary, namespace, name, "canary",
+                                                 f"no deployed canary to give {percent}% of the traffic")
             owner = values[_owner_key(values)]
             if owner.get("trafficPercent") != percent or _canary_header(owner) != canary_header:
                 owner["trafficPercent"] = percent
@@ -1160,6 +1154,15 @@ class HelmDriver:
             raise UnknownBackend(f"{request.namespace}/{request.name} runs on backend {spec.backend.cluster!r}; this "
                                  f"Helm driver serves {self._backend.metadata.name!r}")
         return spec
+
+    async def _deployed_values(self, release: str, namespace: str, name: str, track: Track, missing: str) -> dict[str, Any]:
+        """A copy of the values of `release`, deployed and owned by this WorkflowRun's `track`, to upgrade
+        it with; DriverError `missing` when it is not deployed."""
+        current = await self.status(release)
+        if current is None or current.status != "deployed":
+            raise DriverError(f"{namespace}/{name}: {missing}")
+        self._check_owner(release, current.config, namespace, name, track)
+        return json.loads(json.dumps(current.config))
 
     def _check_owner(self, release: str, config: dict[str, Any], namespace: str, name: str, track: Track) -> None:
         key = _owner_key(config)
