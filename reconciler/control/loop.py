@@ -320,8 +320,10 @@ class Reconciler:
             "plnt.commit": commit, "plnt.action": saga.action, "plnt.reason": item.reason,
         }) if telemetry.ENABLED else contextlib.nullcontext()
         if await self._sagas.start(item.key, saga, traced):
-            log.info("saga-started workflowrun=%s action=%s version=%s commit=%s reason=%r",
-                     item.key, item.action.value, item.to_version or item.from_version, commit[:12], item.reason)
+            # Where a pool's (or a backend with declared capacity's) replicas go and why, as the plan says it.
+            placed = f" placement={'; '.join(item.placement)!r}" if item.placement else ""
+            log.info("saga-started workflowrun=%s action=%s version=%s commit=%s reason=%r%s",
+                     item.key, item.action.value, item.to_version or item.from_version, commit[:12], item.reason, placed)
 
     def _deploy_input(self, run: Deployable, commit: str, **more: Any) -> SagaInput:
         """The input of a saga deploying `run` as commit `commit` has it."""

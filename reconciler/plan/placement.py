@@ -10,7 +10,8 @@ what other releases hold there, and, for a new replica, at most the free GPUs th
 (`Observed.gpus_free`). Replicas stay where they run while that backend is still in the pool, can
 still run them and has room for them (no churn); the others go, one at a time, to the backend holding
 the fewest replicas of this run (spread), then the one with room for the most more replicas, then the
-one with the least load measured at the gateway (requests in flight and queued), then by name. A backend
+one with the least measured load (requests in flight and queued on its replicas), then by name (the
+reason names the busier backends passed over). A backend
 removed from the pool, gone, unreachable, or full gives its replicas up and they are placed again.
 A run whose replicas do not all fit gets `missing`: the capacity it lacks, named.
 """
@@ -32,10 +33,10 @@ UNLIMITED = math.inf
 
 @dataclass(frozen=True)
 class Observed:
-    """What plnt measured of one backend: requests in flight to its replicas and waiting in queues
-    (at the gateway; for a model server, its waiting requests), the free GPUs per class it reports
-    (None: it reports none, the declared capacity alone counts; `gpus_unknown`: why they could not be
-    read, e.g. a Kubernetes backend's cluster away), and whether it answers at all."""
+    """What plnt measured of one backend: requests in flight to its replicas and waiting in queues (as
+    each replica counts them, its GET /load), the free GPUs per class it reports (None: it reports
+    none, the declared capacity alone counts; `gpus_unknown`: why they could not be read, e.g. a
+    Kubernetes backend's cluster away), and whether it answers at all."""
 
     in_flight: int = 0
     queue_depth: int = 0
@@ -186,10 +187,13 @@ class _Backend:
             parts.append(f"{_count(self.free_slots())} of {self.slots} replica slots free")
         if not parts:
             parts.append("no declared capacity")
-        parts.append(f"{self.observed.in_flight} in flight")
-        if self.observed.queue_depth:
-            parts.append(f"{self.observed.queue_depth} queued")
+        parts.append(self.load_words())
         return ", ".join(parts)
+
+    def load_words(self) -> str:
+        """The measured load in words: "3 in flight" or "1 in flight, 2 queued"."""
+        queued = f", {self.observed.queue_depth} queued" if self.observed.queue_depth else ""
+        return f"{self.observed.in_flight} in flight{queued}"
 
     def take(self, new: bool) -> None:
         self.mine += 1
@@ -230,13 +234,23 @@ def place(run: Deployable, backends: Mapping[str, PlntBackend], current: Mapping
         if not fits:
             break
         best = min(fits, key=lambda b: (b.mine, -b.room(new=True), b.observed.load, b.name))
-        placed.append(ReplicaPlace(best.name, best.describe()))
+        placed.append(ReplicaPlace(best.name, best.describe() + _passed_over_for_load(best, fits)))
         best.take(new=True)
     missing = None
     if len(placed) < wanted:
         missing = _missing(run, wanted - len(placed), spec.describe(), members, candidates, unfit)
     return Placement(key=run.key, replicas=tuple(placed), missing=missing, pooled=spec.pooled,
                      capacity_declared=any(b.declared for b in candidates.values()))
+
+
+def _passed_over_for_load(best: _Backend, fits: Iterable[_Backend]) -> str:
+    """The backends that were as good as `best` but for their load, named: the reason it was chosen."""
+    rank = (best.mine, -best.room(new=True))
+    busier = sorted((b for b in fits if b is not best and (b.mine, -b.room(new=True)) == rank
+                     and b.observed.load > best.observed.load), key=lambda b: b.name)
+    if not busier:
+        return ""
+    return "; less loaded than " + ", ".join(f"{b.name} ({b.load_words()})" for b in busier)
 
 
 def _missing(run: Deployable, short: int, pool: str, members: list[str], candidates: Mapping[str, _Backend],
@@ -304,10 +318,10 @@ def place_all(runs: Iterable[Deployable], backends: Mapping[str, PlntBackend],
 
 def observed_load(in_flight: Mapping[str, int], releases: Mapping[str, LiveWorkflow],
                   current: Mapping[str, Mapping[str, int]]) -> dict[str, Observed]:
-    """Requests in flight per backend, from the gateway's counts per endpoint: each replica process
-    counted on the backend it was placed on (a pool's record names it), a release on one backend on
-    that one (`current`). An endpoint no release holds counts nowhere; a backend with no reading is
-    left out ("unknown": placement goes by declared capacity there)."""
+    """Requests in flight per backend, from the counts per endpoint (each replica's GET /load): each
+    replica process counted on the backend it was placed on (a pool's record names it), a release on
+    one backend on that one (`current`). An endpoint no release holds counts nowhere; a backend with no
+    reading is left out ("unknown": placement goes by declared capacity there)."""
     load: Counter[str] = Counter()
     for key, live in releases.items():
         single = next(iter(current[key])) if len(current.get(key) or ()) == 1 else None

@@ -140,6 +140,25 @@ def test_reasons_say_what_is_free_and_the_load() -> None:
     assert placement.lines() == ["replica 1 -> a: 2 of 4 GPUs of class nvidia.com/a100 free, 1 in flight"]
 
 
+@pytest.mark.parametrize(("observed", "line"), [
+    ({"a": Observed(in_flight=3)}, "replica 1 -> b: no declared capacity, 0 in flight; less loaded than a (3 in flight)"),
+    ({"a": Observed(in_flight=1, queue_depth=2), "c": Observed(in_flight=5)},
+     "replica 1 -> b: no declared capacity, 0 in flight; less loaded than a (1 in flight, 2 queued), c (5 in flight)"),
+    ({}, "replica 1 -> a: no declared capacity, 0 in flight"),  # a tie: by name, nothing passed over
+])
+def test_a_choice_made_by_load_names_the_busier_backends(observed: dict[str, Observed], line: str) -> None:
+    placement = place(run(replicas=1, pool={"refs": ["a", "b", "c"]}), by_name(backend("a"), backend("b"), backend("c")),
+                      {}, observed)
+    assert placement.lines() == [line]
+
+
+def test_a_busier_backend_with_more_room_is_not_passed_over_for_load() -> None:
+    """Room comes before load: the reason names no backend that lost on room."""
+    placement = place(run(replicas=1), by_name(backend("a", replicas=1), backend("b", replicas=4)), {},
+                      {"b": Observed(in_flight=9)})
+    assert placement.lines() == ["replica 1 -> b: 4 of 4 replica slots free, 9 in flight"]
+
+
 def test_kept_replicas_say_so() -> None:
     placement = place(run(replicas=1), by_name(backend("a", replicas=3), backend("b")), {"a": 1})
     assert placement.lines() == ["replica 1 -> a: kept: 2 of 3 replica slots free, 0 in flight"]
