@@ -1,0 +1,75 @@
+"""charts/workflow-runner's HPA on the REAL API server, acted on by the real kube-controller-manager's
+horizontal-pod-autoscaler controller, through the Helm driver (real helm) as the saga calls it.
+
+No metrics adapter runs here: the HPA cannot read its Pods metric (plnt_runner_in_flight_requests), so
+it never scales on load; what the controller does without metrics is hold the Deployment within its
+minReplicas..maxReplicas. Shown: an autoscaled release's Deployment is rendered without
+`spec.replicas` (the HPA owns the count: the controller raises the Deployment to the spec's
+`replicas.min`); a count the HPA chose (set here through the Deployment's scale subresource, the call
+the HPA makes) survives a promotion, which is a helm upgrade of the same Deployment, and a raised
+floor (`plnt scale`: the driver's set_replicas) reaches the Deployment through the HPA.
+
+kwok's nodes run no containers: the pods are Ready through kwok, the runners never answer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+
+from tests.k8s.cluster import FakeNode, LocalCluster, wait_for
+from tests.k8s.test_helm_driver_on_cluster import deployment, driver_for, history, namespace, request, run
+
+pytestmark = [pytest.mark.k8s, pytest.mark.integration]
+
+AUTOSCALED = {"replicas": {"min": 2, "max": 4}, "autoscaling": {"targetInFlight": 4}}
+
+
+@pytest.fixture(scope="module")
+def cluster(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(k8s_bin_dir, tmp_path_factory.mktemp("k8s-hpa"), nodes=(FakeNode("node-a"),)) as cluster:
+        yield cluster
+
+
+def available(cluster: LocalCluster, ns: str, replicas: int, version: str) -> bool:
+    """The stable Deployment runs `replicas` Available pods of `version`, its rollout done."""
+    d = deployment(cluster, ns, "review-responder")
+    labels = d.spec.template.metadata.labels or {}
+    return (d.spec.replicas == replicas and (d.status.available_replicas or 0) == replicas
+            and (d.status.updated_replicas or 0) == replicas and (d.status.replicas or 0) == replicas
+            and version in labels.values())
+
+
+async def test_the_hpa_owns_the_count_and_a_promotion_keeps_it(cluster: LocalCluster) -> None:
+    ns = namespace(cluster)
+    v1, v2 = run("1.1.0", **AUTOSCALED), run("1.2.0", **AUTOSCALED)
+    driver = driver_for(cluster, ns, v1, v2)
+    apps, scaling = k8s.AppsV1Api(cluster.api_client()), k8s.AutoscalingV2Api(cluster.api_client())
+
+    await driver.install(request(v1, "stable"))
+    hpa = scaling.read_namespaced_horizontal_pod_autoscaler("review-responder", ns)
+    assert (hpa.spec.min_replicas, hpa.spec.max_replicas) == (2, 4)
+    assert hpa.spec.scale_target_ref.name == "review-responder"
+    # The chart leaves spec.replicas out (created at 1): the HPA controller raises it to its floor.
+    wait_for("the HPA raises the Deployment to replicas.min", lambda: available(cluster, ns, 2, "1.1.0"), timeout=90)
+
+    # Load as the HPA would see it: it sets 3 through the scale subresource.
+    apps.patch_namespaced_deployment_scale("review-responder", ns, {"spec": {"replicas": 3}})
+    wait_for("3 replicas Available", lambda: available(cluster, ns, 3, "1.1.0"), timeout=60)
+
+    await driver.install(request(v2, "canary"))
+    promoted = await driver.promote("team-a", "review-responder")
+    assert promoted.version == "1.2.0"
+    assert [h["status"] for h in history(cluster, ns, "review-responder")] == ["superseded", "deployed"]
+    # The upgrade rolled the same Deployment to 1.2.0 at the HPA's count: no drop to the floor.
+    assert deployment(cluster, ns, "review-responder").spec.replicas == 3
+    wait_for("1.2.0 rolled out on 3 replicas", lambda: available(cluster, ns, 3, "1.2.0"), timeout=90)
+
+    # `plnt scale` to 4 raises the HPA's floor; the controller brings the Deployment up to it.
+    await driver.set_replicas("team-a", "review-responder", 4)
+    hpa = scaling.read_namespaced_horizontal_pod_autoscaler("review-responder", ns)
+    assert (hpa.spec.min_replicas, hpa.spec.max_replicas) == (4, 4)
+    wait_for("the raised floor reached", lambda: available(cluster, ns, 4, "1.2.0"), timeout=90)
+    await driver.remove("team-a", "review-responder", "stable")
