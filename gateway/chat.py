@@ -147,7 +147,7 @@ async def _chat(gateway: Gateway, scope: ASGIScope, receive: Receive, send: Send
                            (MODEL_STREAM if is_model else RUNNER_STREAM) if request.stream else None)
         exchange = await gateway.forward(table, route, target, name, chosen, path, runner_body,
                                          content_type="application/json", stream=request.stream, outcome=outcome,
-                                         errors=OPENAI, forced=forced)
+                                         errors=OPENAI, forced=forced, conversation=conversation)
     try:
         if is_model:
             await relay(exchange, receive, send, outcome, OPENAI, MODEL_STREAM if request.stream else None,
@@ -188,7 +188,7 @@ async def _model_or_fallback(gateway: Gateway, table: RouteTable, route: Route, 
         try:
             exchange = await gateway.forward(table, route, target, name, chosen, MODEL_PATH, body,
                                              content_type="application/json", stream=request.stream, outcome=outcome,
-                                             errors=OPENAI)
+                                             errors=OPENAI, conversation=conversation)
         except Reply as reply:
             reason = retries.fallback_reason(outcome.failure)
             if reason is None:
@@ -225,7 +225,7 @@ async def _model_or_fallback(gateway: Gateway, table: RouteTable, route: Route, 
     exchange = await gateway.forward(table, fallback, fallback.name, fallback.name, chosen, MODEL_PATH,
                                      _renamed(body, f"{said}/{fallback.name}" if said else fallback.name),
                                      content_type="application/json", stream=request.stream, outcome=outcome,
-                                     errors=OPENAI)
+                                     errors=OPENAI, conversation=conversation)
     exchange.fallback = fallback.name
     return exchange
 

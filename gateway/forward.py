@@ -444,12 +444,13 @@ class Gateway:
     async def forward(
         self, table: RouteTable, route: Route, target: str, name: str, chosen: tuple[Backend, Track],
         path: str, body: bytes, *, content_type: str, stream: bool, outcome: Outcome, errors: ErrorShape,
-        forced: bool = False,
+        forced: bool = False, conversation: bytes | None = None,
     ) -> Exchange:
         """POST `body` to `path` of the chosen backend of `route` (`target` in `table`; `name` as the
         caller named it, for the metrics), sent once more where retry.py says (`forced`: the request named
         its track). An answer that is itself a failure (a 5xx) comes back as an Exchange when it is not
-        retried. The caller must `release` the exchange."""
+        retried; `conversation`: a model chat's affinity key, which a retry on another replica keeps to.
+        The caller must `release` the exchange."""
         backend, track = chosen
         outcome.labels = (route.namespace, name, backend.version, track)
         headers = [("content-type", content_type)]
@@ -464,7 +465,7 @@ class Gateway:
             failure = outcome.failure = retries.error_failure(exc)
             retry = None
             if retries.retry_target(retries.Attempt(failure, track, side_effects, forced=forced)) is not None:
-                retry = self._retry_target(table, route, target, backend)
+                retry = self._retry_target(table, route, target, backend, conversation)
             if retry is None and failure == "connect_refused" and self.waker is not None:
                 woken = await self.waker.woken(route, backend)
                 if woken is not None:  # the same release started again: not a retry on another runner
@@ -484,7 +485,7 @@ class Gateway:
             retry = None
             if failure is not None and retries.retry_target(
                     retries.Attempt(failure, track, side_effects, forced=forced)) is not None:
-                retry = self._retry_target(table, route, target, backend)
+                retry = self._retry_target(table, route, target, backend, conversation)
             if retry is None:
                 outcome.failure = failure
                 outcome.labels = (route.namespace, name, backend.version, track)
@@ -535,7 +536,8 @@ class Gateway:
             self.router.leave(backend)
             raise
 
-    def _retry_target(self, table: RouteTable, route: Route, name: str, failed: Backend) -> tuple[Backend, Track] | None:
+    def _retry_target(self, table: RouteTable, route: Route, name: str, failed: Backend,
+                      conversation: bytes | None = None) -> tuple[Backend, Track] | None:
         """A stable replica other than `failed` to retry on, or None: of the new route table if a
         promotion or rollback swapped it since this request looked (it has the runner that replaced
         the failed one)."""
@@ -549,7 +551,7 @@ class Gateway:
             if fresh is None:
                 return None
             route = fresh
-        other = router.other_replica(route, failed)
+        other = router.other_replica(route, failed, conversation=conversation)
         return (other, "stable") if other is not None else None
 
     def _failed(self, exc: UpstreamError, route: Route, name: str, backend: Backend, errors: ErrorShape) -> Reply:

@@ -108,11 +108,18 @@ class Router:
             return self.by_conversation(route, conversation), "stable"
         return replicas[next(self._turn) % len(replicas)], "stable"
 
-    def other_replica(self, route: Route, failed: Backend) -> Backend | None:
-        """A stable replica other than `failed` to retry on (gateway/retry.py says when), or None."""
+    def other_replica(self, route: Route, failed: Backend, *, conversation: bytes | None = None) -> Backend | None:
+        """A stable replica other than `failed` to retry on (gateway/retry.py says when), or None. A
+        conversation's retry goes where its turns go while `failed` is away (the next in its ranking,
+        affinity.py), so the replica that reads its history once keeps it; other requests in turn."""
         replicas = [b for b in route.stable_replicas if b.endpoint != failed.endpoint]
         if not replicas:
             return None
+        if conversation is not None and len(replicas) > 1:
+            in_flight = self._in_flight
+            placement = affinity.place(conversation, [b.endpoint for b in replicas],
+                                       [in_flight.get(b.endpoint, 0) for b in replicas], max_extra=self.max_extra)
+            return replicas[placement.index]
         return replicas[next(self._turn) % len(replicas)]
 
     @contextmanager

@@ -157,6 +157,26 @@ def test_the_router_keeps_a_conversation_on_its_replica_until_it_is_busy() -> No
     router.leave(first)
 
 
+def test_a_conversation_retried_goes_where_its_turns_go_while_its_replica_is_away() -> None:
+    """The retry of a failed replica's request is the replica the conversation's next turns take with
+    that one gone (the next in its ranking), every time; without a conversation, the others in turn."""
+    three = replicas(3)
+    route = Route("default", "smollm2", None, stable_replicas=three, protocol="openai")
+    without = {failed.endpoint: Route("default", "smollm2", None, protocol="openai",
+                                      stable_replicas=tuple(b for b in three if b != failed)) for failed in three}
+    router = Router()
+    for opening in ("rye?", "spelt?", "brioche?", "gluten?", "sunday?", "discount?"):
+        conversation = conversation_key(turns(opening, 1)[0])
+        own = router.by_conversation(route, conversation)
+        next_turns = router.by_conversation(without[own.endpoint], conversation)
+        assert {router.other_replica(route, own, conversation=conversation) for _ in range(4)} == {next_turns}
+    assert len({router.other_replica(route, three[0]) for _ in range(4)}) == 2  # no conversation: in turn
+    busy = router.other_replica(route, three[0], conversation=conversation)
+    router.enter(busy)
+    router.enter(busy)
+    assert router.other_replica(route, three[0], conversation=conversation) not in (busy, three[0])  # the load bound
+
+
 def test_without_a_conversation_the_replicas_take_turns() -> None:
     route = Route("default", "smollm2", None, stable_replicas=replicas(2), protocol="openai")
     router = Router()
