@@ -21,9 +21,11 @@ Server configurations (`--servers`):
   cache    runtime.args ["--cache", "true", "--cache_size", BYTES]: llama-cpp-python's RAM prompt cache,
            a saved state per prompt, the longest prefix of a new prompt loaded back: a replica remembers
            many conversations.
-  plnt-cache, plnt-default  the same two through plnt as users run it: a ModelDeployment of
-           `replicas: {min: 2}` deployed by plnt (in this process) from gitops-example set up as `make up
-           MODEL=smollm2` does; the local driver starts the two servers (see run_plnt).
+  plnt-cache, plnt-default  the same two through plnt: a ModelDeployment of `replicas: {min: 2}` deployed
+           by plnt (in this process, its gateway too) from gitops-example set up as `make up MODEL=smollm2`
+           does; the local driver starts the two servers (see run_plnt).
+  up-cache, up-default  the same through the `plnt up` console script as users start it, with its
+           default gateway worker processes (see run_plnt_up).
 
 The x-plnt-version of each answer says which replica served (the bench labels the two replicas' Backends
 1.0.0-r0 and 1.0.0-r1; the router never reads versions): "same replica" is the share of turns after the
@@ -53,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import httpx  # noqa: E402
-from benchlib import how_it_ran, print_json  # noqa: E402
+from benchlib import how_it_ran, print_json, stop_process  # noqa: E402
 from plnt.core.routes import Backend, Route, RouteTable  # noqa: E402
 from plnt.core.server import GatewayServer  # noqa: E402
 from plnt.gateway.affinity import MAX_EXTRA  # noqa: E402
@@ -61,10 +63,12 @@ from plnt.gateway.app import create_app  # noqa: E402
 from plnt.gateway.bench import percentile  # noqa: E402
 from plnt.gateway.chat import MODEL_STREAM  # noqa: E402
 from plnt.gateway.router import Router  # noqa: E402
+from plnt.reconciler.drivers.processes import free_port  # noqa: E402
 
 from tests.models.model_replicas import model_replicas  # noqa: E402
 
 LLM_VENV = ROOT / ".venv-llm"
+PLNT = [str(Path(sys.executable).parent / "plnt")]
 CACHE_BYTES = 1 << 30
 ITEMS = ["rye loaf", "baguette", "croissant", "brioche", "pain de campagne", "fougasse", "spelt bread", "sourdough",
          "pain au chocolat", "madeleine", "chausson aux pommes", "tarte tatin", "kouign-amann", "canele", "focaccia"]
@@ -201,19 +205,12 @@ async def run_servers(config: str, args: argparse.Namespace, gguf: Path, scratch
     return results
 
 
-async def run_plnt(config: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
-    """The same workload through plnt as users run it: gitops-example with the model set up as `make up
-    MODEL=smollm2` does (model_gateway.setup_demo), the ModelDeployment given `replicas: {min: 2}` (and the
-    prompt cache for `cache`), plnt started in this process (embedded Temporal, reconciler, worker, one
-    gateway process); the local driver runs the two llama.cpp servers. The affinity is switched between
-    the modes on plnt's router (the attribute --no-cache-affinity sets). Replicas share a version here:
-    which one answered is not known, so no "same replica" share."""
+def demo_on_two_replicas(config: str, args: argparse.Namespace, home: Path) -> Path:
+    """gitops-example with the model set up as `make up MODEL=smollm2` does (model_gateway.setup_demo), the
+    ModelDeployment given `replicas: {min: 2}` (and the prompt cache for `cache`), committed: the repository."""
     import yaml
     from model_gateway import setup_demo
-    from plnt.reconciler.app import start
-    from plnt.reconciler.settings import Settings
 
-    home = scratch / f"plnt-{config}"
     home.mkdir(parents=True)
     repo = setup_demo(home, LLM_VENV)
     spec_file = repo / "modeldeployments" / "smollm2.yaml"
@@ -226,44 +223,118 @@ async def run_plnt(config: str, args: argparse.Namespace, scratch: Path) -> dict
     spec_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     subprocess.run(["git", "-C", str(repo), "-c", "user.name=plnt-bench", "-c", "user.email=bench@plnt.invalid",
                     "commit", "-q", "-am", "smollm2 on two replicas"], check=True)
+    return repo
+
+
+def settled(rows: dict[str, str], replicas: int) -> bool:
+    """smollm2 Ready on its 2 replicas and every other rollout ended (nothing else takes the CPU)."""
+    if rows.get("smollm2") in ("Failed", "RolledBack"):
+        raise SystemExit(f"smollm2 not Ready on 2 replicas: {rows}")
+    return bool(rows) and all(phase in ("Ready", "Failed", "RolledBack") for phase in rows.values()) \
+        and rows.get("smollm2") == "Ready" and replicas == 2
+
+
+async def measure(label: str, url: str, args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
+    """One mode's workload through a plnt at `url` (replicas share a version: no "same replica" share)."""
+    started = time.perf_counter()
+    records = await workload(url, args, seed=seed)
+    wall = time.perf_counter() - started
+    for record in records:
+        record["same_replica"] = None
+    part = summary(records)
+    print(f"#   {label}: TTFT p50 {part['ttft_p50_ms']:7.0f} ms, p95 {part['ttft_p95_ms']:7.0f} ms, {wall:.0f} s",
+          flush=True)
+    return records
+
+
+def print_runner_logs(state: Path, home: Path) -> None:
+    """What failed requests met: the end of each model server's log."""
+    for log in sorted((state / "runners").rglob("*.log")):
+        print(f"# {log.relative_to(home)}: ...{log.read_text(errors='replace')[-600:]}")
+
+
+async def run_plnt(config: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    """The same workload through plnt: the demo repository of `demo_on_two_replicas`, plnt started in this
+    process (embedded Temporal, reconciler, worker, its gateway in this process); the local driver runs the
+    two llama.cpp servers. The affinity is switched between the modes on plnt's router (the attribute
+    --no-cache-affinity sets)."""
+    from plnt.reconciler.app import start
+    from plnt.reconciler.settings import Settings
+
+    home = scratch / f"plnt-{config}"
+    repo = demo_on_two_replicas(config, args, home)
     settings = Settings(repo=str(repo), state_dir=home / "state", port=0, llm_venv=LLM_VENV,
                         file_registry_roots=(home / "models",), smoke_request_timeout_s=300)
     plnt = await start(settings)
-    results: dict[str, Any] = {}
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     try:
         deadline = time.monotonic() + 900
         while True:
             rows = {s.name: s.phase for s in plnt.statuses.all()}
             route = plnt.router.table.lookup("smollm2", "default")
-            settled = rows and all(phase in ("Ready", "Failed", "RolledBack") for phase in rows.values())
-            if settled and rows.get("smollm2") == "Ready" and route is not None and len(route.stable_replicas) == 2:
+            if settled(rows, len(route.stable_replicas) if route is not None else 0):
                 break
-            if time.monotonic() > deadline or rows.get("smollm2") in ("Failed", "RolledBack"):
+            if time.monotonic() > deadline:
                 raise SystemExit(f"smollm2 not Ready on 2 replicas: {rows}")
             await asyncio.sleep(0.5)
-        print(f"#   plnt-{config}: smollm2 Ready on {len(route.stable_replicas)} replicas; other rollouts ended: {rows}",
-              flush=True)
-        runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+        print(f"#   plnt-{config}: smollm2 Ready on 2 replicas; other rollouts ended: {rows}", flush=True)
         for round_ in range(args.rounds):
             for mode in (("off", "on") if round_ % 2 == 0 else ("on", "off")):
                 plnt.router.cache_affinity = mode == "on"
-                started = time.perf_counter()
-                records = await workload(plnt.url, args, seed=100 + round_ * 2 + (mode == "on"))
-                wall = time.perf_counter() - started
-                for record in records:
-                    record["same_replica"] = None
-                runs[mode] += records
-                part = summary(records)
-                print(f"#   plnt-{config} round {round_ + 1} affinity {mode:3}: TTFT p50 {part['ttft_p50_ms']:7.0f} ms, "
-                      f"p95 {part['ttft_p95_ms']:7.0f} ms, {wall:.0f} s", flush=True)
-        for mode, records in runs.items():
-            results[mode] = summary(records)
+                runs[mode] += await measure(f"plnt-{config} round {round_ + 1} affinity {mode:3}", plnt.url, args,
+                                            seed=100 + round_ * 2 + (mode == "on"))
         if any(r["status"] != 200 or r["ttft_ms"] is None for records in runs.values() for r in records):
-            for log in sorted((home / "state" / "runners").rglob("*.log")):  # what the failed requests met
-                print(f"# {log.relative_to(home)}: ...{log.read_text(errors='replace')[-600:]}")
+            print_runner_logs(home / "state", home)
     finally:
         await plnt.stop()
-    return results
+    return {mode: summary(records) for mode, records in runs.items()}
+
+
+async def run_plnt_up(config: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    """The same workload through the `plnt up` console script as a user starts it (`make up MODEL=smollm2`'s
+    flags, its default gateway workers: one process per core, at most 4, each routing on its own counts),
+    one `plnt up` per mode, each on a state directory of its own (`--no-cache-affinity` for "off"): the
+    model servers start cold in both, and the modes alternate which goes first over the rounds."""
+    home = scratch / f"up-{config}"
+    repo = demo_on_two_replicas(config, args, home)
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for round_ in range(args.rounds):
+        for mode in (("off", "on") if round_ % 2 == 0 else ("on", "off")):
+            state = home / f"state-{round_}-{mode}"
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            log = home / f"plnt-up-{round_}-{mode}.log"
+            flags = ["--allow-file-registry", str(home / "models"), "--llm-venv", str(LLM_VENV),
+                     *([] if mode == "on" else ["--no-cache-affinity"])]
+            with open(log, "wb") as out:
+                up = subprocess.Popen([*PLNT, "up", "--repo", str(repo), "--state-dir", str(state), "--port", str(port),
+                                       *flags], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                      start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            try:
+                async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+                    deadline = time.monotonic() + 900
+                    while True:
+                        if up.poll() is not None or time.monotonic() > deadline:
+                            raise SystemExit(f"plnt up: smollm2 not Ready on 2 replicas; see {log}")
+                        try:
+                            listed = (await client.get(f"{url}/workflows")).json()
+                        except (httpx.HTTPError, ValueError):
+                            listed = []
+                        rows = {r["name"]: r["phase"] for r in listed}
+                        model = next((r for r in listed if r["name"] == "smollm2"), {})
+                        if settled(rows, model.get("replicasLive") or 0):
+                            break
+                        await asyncio.sleep(0.5)
+                print(f"#   up-{config} round {round_ + 1}: smollm2 Ready on 2 replicas (plnt up {' '.join(flags[4:])})",
+                      flush=True)
+                records = await measure(f"up-{config} round {round_ + 1} affinity {mode:3}", url, args,
+                                        seed=200 + round_ * 2 + (mode == "on"))
+                runs[mode] += records
+                if any(r["status"] != 200 or r["ttft_ms"] is None for r in records):
+                    print_runner_logs(state, home)
+            finally:
+                stop_process(up)
+    return {mode: summary(records) for mode, records in runs.items()}
 
 
 async def main() -> None:
@@ -276,7 +347,7 @@ async def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="llama threads of each replica")
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--memory-mib", type=int, default=8192, help="each replica's address-space limit")
-    parser.add_argument("--servers", default="default,cache", help="of default, cache, plnt-default, plnt-cache")
+    parser.add_argument("--servers", default="default,cache", help="of default, cache, plnt-default, plnt-cache, up-default, up-cache")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--max-extra", type=int, default=MAX_EXTRA, help=(
         "the load bound: requests in flight beyond the least loaded replica a conversation's own may have"))
@@ -287,7 +358,9 @@ async def main() -> None:
     (gguf,) = Path(found).glob("*.gguf")
     how = how_it_ran("cache_affinity.py", vars(args), [
         f"2 replicas of {gguf.name} (runner/model_server.py, {args.threads} llama thread(s) each, context "
-        f"{args.context}) behind plnt's gateway app in this process; the client in this process too",
+        f"{args.context}) behind plnt's gateway: its app in this process (default, cache), plnt started in this "
+        "process (plnt-*), or `plnt up` processes with their default gateway workers (up-*); the client in this "
+        "process",
         f"{args.conversations} conversations x {args.turns} turns, a {args.system_words}-word system prompt each, "
         f"streamed, max_tokens {args.max_tokens}, temperature 0, at most {args.concurrency} requests in flight",
         f"TTFT = request sent -> first chunk with content, at the client; load bound: {args.max_extra} request(s) "
@@ -297,6 +370,8 @@ async def main() -> None:
         for config in args.servers.split(","):
             if config.startswith("plnt-"):
                 results[config] = await run_plnt(config.removeprefix("plnt-"), args, Path(scratch))
+            elif config.startswith("up-"):
+                results[config] = await run_plnt_up(config.removeprefix("up-"), args, Path(scratch))
             else:
                 results[config] = await run_servers(config, args, gguf, Path(scratch))
     results["load_average_end"] = round(os.getloadavg()[0], 1)
