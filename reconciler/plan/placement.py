@@ -8,12 +8,13 @@ labels). Each replica needs `gpuCount` GPUs of `gpuClass` and one replica slot. 
 backend is its declared capacity (`spec.capacity`: GPUs per class, replicas; unset: no limit) minus
 what other releases hold there, and, for a new replica, at most the free GPUs the backend reports
 (`Observed.gpus_free`, per Node: a replica's `gpuCount` GPUs must all be free on one Node, so a
-backend takes as many new replicas as the sum over its Nodes of free // gpuCount). Replicas stay where they run while that backend is still in the pool, can
-still run them and has room for them (no churn); the others go, one at a time, to the backend holding
-the fewest replicas of this run (spread), then the one with room for the most more replicas, then the
-one with the least measured load (requests in flight and queued on its replicas), then by name (the
-reason names the busier backends passed over). A backend
-removed from the pool, gone, unreachable, or full gives its replicas up and they are placed again.
+backend takes as many new replicas as the sum over its Nodes of free // gpuCount). Replicas stay
+where they run while that backend is still in the pool, can still run them and has room for them
+(no churn); the others go, one at a time, to the backend holding the fewest replicas of this run
+(spread), then the one with room for the most more replicas, then the one with the least measured
+load (requests in flight and queued on its replicas), then by name (the reason names the busier
+backends passed over). A backend removed from the pool, gone, unreachable, or full gives its
+replicas up and they are placed again.
 A run whose replicas do not all fit gets `missing`: the capacity it lacks, named.
 """
 
@@ -164,7 +165,7 @@ class _Backend:
         # Each Node's observed free GPUs, less what new replicas (other runs', then this run's) took from it.
         self.seen_nodes: list[int] | None = None
         if nodes is not None and self.gpu_class is not None:
-            self.seen_nodes = [free - held.on_node(name, self.gpu_class, i) for i, free in enumerate(nodes)]
+            self.seen_nodes = [max(free - held.on_node(name, self.gpu_class, i), 0) for i, free in enumerate(nodes)]
 
     @property
     def declared(self) -> bool:
