@@ -26,7 +26,15 @@ from plnt.reconciler.drivers.helm import model_step_timeouts, runner_step_timeou
 from plnt.reconciler.drivers.protocol import ReleaseDriver
 from plnt.reconciler.errors import PlntError
 from plnt.reconciler.plan.diff import Action, DesiredRun, LiveRun, PlanItem, PlanMemo, live_from
-from plnt.reconciler.plan.placement import Observed, Placement, gpu_backends, place_commit, with_gpu_readings, with_placements
+from plnt.reconciler.plan.placement import (
+    GpusFree,
+    Observed,
+    Placement,
+    gpu_backends,
+    place_commit,
+    with_gpu_readings,
+    with_placements,
+)
 from plnt.reconciler.review.approval import ApprovalGate
 from plnt.reconciler.saga.history import MAX_ROLLOUTS, NoSaga, saga_rollouts
 from plnt.reconciler.saga.io import RolloutTarget, SagaInput
@@ -90,9 +98,9 @@ class Reconciler:
         # Measured load per backend for placement (each local replica's GET /load), or None.
         self.observe: Callable[[Mapping[str, LiveWorkflow], Mapping[str, Mapping[str, int]]],
                                Awaitable[Mapping[str, Observed]]] | None = None
-        # Free GPUs per class of each backend whose cluster reports them (Kubernetes backends: their
-        # Nodes less the pods' requests, reconciler/drivers/gpu_headroom.py), or why not (a string).
-        self.observe_gpus: Callable[[Mapping[str, PlntBackend]], Awaitable[Mapping[str, Mapping[str, int] | str]]] \
+        # Free GPUs per class and Node of each backend whose cluster reports them (Kubernetes backends:
+        # their Nodes less the pods' requests, reconciler/drivers/gpu_headroom.py), or why not (a string).
+        self.observe_gpus: Callable[[Mapping[str, PlntBackend]], Awaitable[Mapping[str, GpusFree | str]]] \
             | None = None
         self.source_status: dict[str, Any] = read_json(state.source_file, default={}) or {}
         # Called with (commit, specs) for every valid commit a pass reconciles (e.g. --mirror-status).

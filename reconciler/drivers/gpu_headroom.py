@@ -1,8 +1,8 @@
 """Free GPUs of a Kubernetes backend, as its cluster reports them: placement's observed GPU headroom.
 
-For each GPU class the backend offers: the allocatable GPUs of its schedulable Nodes that match the
-backend's nodeSelector and carry the class, less the GPU requests of the pods bound to those Nodes
-and not finished. A class means what it means in the charts (helm.gpu_resource_name): a device
+For each GPU class the backend offers, each of its schedulable Nodes that match the backend's
+nodeSelector and carry the class: its allocatable GPUs less the GPU requests of the pods bound to it
+and not finished. Kept per Node (`GpusFree`), not summed: a replica's GPUs must all be on one Node. A class means what it means in the charts (helm.gpu_resource_name): a device
 plugin's resource name (nvidia.com/gpu, amd.com/gpu, nvidia.com/mig-*) is counted as that resource on
 any matching Node; any other class (e.g. nvidia.com/h100) is the GPU pool's node label
 (`<class>: "true"`) and its GPUs are counted in nvidia.com/gpu (or the configured resource).
@@ -22,6 +22,7 @@ from typing import Any
 
 from plnt.core.specs.models import PlntBackend
 from plnt.reconciler.drivers.helm import backend_api_client, gpu_resource_name
+from plnt.reconciler.plan.placement import GpusFree
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +65,10 @@ def gpu_source(gpu_class: str, configured: str | None = None) -> tuple[str, str 
 
 
 def free_gpus(gpu_classes: Iterable[str], nodes: Iterable[NodeGpus], pods: Iterable[PodGpus],
-              node_selector: Mapping[str, str], configured: str | None = None) -> dict[str, int]:
-    """Free GPUs of each class on the Nodes matching `node_selector` (a Node's free GPUs: allocatable
-    less what bound pods request, never below 0; cordoned Nodes count none)."""
+              node_selector: Mapping[str, str], configured: str | None = None) -> GpusFree:
+    """Free GPUs of each class on each Node matching `node_selector` and carrying the class (its label,
+    if the class is one, and its resource), in the Nodes' order (a Node's free GPUs: allocatable less
+    what bound pods request, never below 0; cordoned Nodes are left out)."""
     nodes = [n for n in nodes if not n.unschedulable and all(n.labels.get(k) == v for k, v in node_selector.items())]
     held: dict[tuple[str, str], int] = {}
     for pod in pods:
@@ -74,15 +76,12 @@ def free_gpus(gpu_classes: Iterable[str], nodes: Iterable[NodeGpus], pods: Itera
             continue
         for resource, count in pod.requests.items():
             held[pod.node, resource] = held.get((pod.node, resource), 0) + count
-    out: dict[str, int] = {}
+    out: GpusFree = {}
     for gpu_class in gpu_classes:
         resource, label = gpu_source(gpu_class, configured)
-        total = 0
-        for node in nodes:
-            if label is not None and node.labels.get(label) != "true":
-                continue
-            total += max(_quantity(node.allocatable.get(resource, "0")) - held.get((node.name, resource), 0), 0)
-        out[gpu_class] = total
+        out[gpu_class] = tuple(
+            max(_quantity(node.allocatable.get(resource, "0")) - held.get((node.name, resource), 0), 0)
+            for node in nodes if resource in node.allocatable and (label is None or node.labels.get(label) == "true"))
     return out
 
 
@@ -129,7 +128,7 @@ def _list_all(call: Any, **kwargs: Any) -> list[Any]:
     raise HeadroomUnknown(f"more than {PAGE * MAX_PAGES} objects to read")
 
 
-def _read(backend: PlntBackend, configured: str | None) -> dict[str, int]:
+def _read(backend: PlntBackend, configured: str | None) -> GpusFree:
     from kubernetes import client as k8s
 
     assert backend.spec.kubernetes is not None
@@ -148,8 +147,8 @@ def _read(backend: PlntBackend, configured: str | None) -> dict[str, int]:
 
 
 async def read_gpu_headroom(backend: PlntBackend, *, configured: str | None = None,
-                            timeout_s: float = 15.0) -> dict[str, int]:
-    """Free GPUs per class of a `type: kubernetes` backend (see the module); HeadroomUnknown when its
+                            timeout_s: float = 15.0) -> GpusFree:
+    """Free GPUs per class and Node of a `type: kubernetes` backend (see the module); HeadroomUnknown when its
     cluster cannot be read within `timeout_s` (the reason, secret-free)."""
     try:
         async with asyncio.timeout(timeout_s):  # (the thread's calls end by their own READ_TIMEOUT_S)
@@ -166,13 +165,13 @@ async def read_gpu_headroom(backend: PlntBackend, *, configured: str | None = No
 
 
 async def observe_gpu_headroom(backends: Mapping[str, PlntBackend], *, configured: str | None = None,
-                               timeout_s: float = 15.0) -> dict[str, dict[str, int] | str]:
-    """Free GPUs per class for each `type: kubernetes` backend offering GPU classes, read at once; a
+                               timeout_s: float = 15.0) -> dict[str, GpusFree | str]:
+    """Free GPUs per class and Node for each `type: kubernetes` backend offering GPU classes, read at once; a
     backend that could not be read maps to why (a string)."""
     names = [name for name, b in backends.items() if b.spec.type == "kubernetes" and b.spec.gpu_classes]
     results = await asyncio.gather(*(read_gpu_headroom(backends[n], configured=configured, timeout_s=timeout_s)
                                      for n in names), return_exceptions=True)
-    out: dict[str, dict[str, int] | str] = {}
+    out: dict[str, GpusFree | str] = {}
     for name, result in zip(names, results, strict=True):
         if isinstance(result, HeadroomUnknown):
             log.warning("gpu-headroom-unknown backend=%s reason=%s (placing by declared capacity)", name, result)

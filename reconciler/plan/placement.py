@@ -7,12 +7,14 @@ A run names one backend (`backend.cluster`) or a pool (`refs`, or a `selector` o
 labels). Each replica needs `gpuCount` GPUs of `gpuClass` and one replica slot. What is free on a
 backend is its declared capacity (`spec.capacity`: GPUs per class, replicas; unset: no limit) minus
 what other releases hold there, and, for a new replica, at most the free GPUs the backend reports
-(`Observed.gpus_free`). Replicas stay where they run while that backend is still in the pool, can
-still run them and has room for them (no churn); the others go, one at a time, to the backend holding
-the fewest replicas of this run (spread), then the one with room for the most more replicas, then the
-one with the least measured load (requests in flight and queued on its replicas), then by name (the
-reason names the busier backends passed over). A backend
-removed from the pool, gone, unreachable, or full gives its replicas up and they are placed again.
+(`Observed.gpus_free`, per Node: a replica's `gpuCount` GPUs must all be free on one Node, so a
+backend takes as many new replicas as the sum over its Nodes of free // gpuCount). Replicas stay
+where they run while that backend is still in the pool, can still run them and has room for them
+(no churn); the others go, one at a time, to the backend holding the fewest replicas of this run
+(spread), then the one with room for the most more replicas, then the one with the least measured
+load (requests in flight and queued on its replicas), then by name (the reason names the busier
+backends passed over). A backend removed from the pool, gone, unreachable, or full gives its
+replicas up and they are placed again.
 A run whose replicas do not all fit gets `missing`: the capacity it lacks, named.
 """
 
@@ -30,17 +32,20 @@ from plnt.reconciler.state import LiveWorkflow
 
 UNLIMITED = math.inf
 
+# Free GPUs per class, as each Node of a backend reports them (one count per matching Node).
+GpusFree = Mapping[str, tuple[int, ...]]
+
 
 @dataclass(frozen=True)
 class Observed:
     """What plnt measured of one backend: requests in flight to its replicas and waiting in queues (as
-    each replica counts them, its GET /load), the free GPUs per class it reports (None: it reports
-    none, the declared capacity alone counts; `gpus_unknown`: why they could not be read, e.g. a
+    each replica counts them, its GET /load), the free GPUs per class on each of its Nodes (None: it
+    reports none, the declared capacity alone counts; `gpus_unknown`: why they could not be read, e.g. a
     Kubernetes backend's cluster away), and whether it answers at all."""
 
     in_flight: int = 0
     queue_depth: int = 0
-    gpus_free: Mapping[str, int] | None = None
+    gpus_free: GpusFree | None = None
     gpus_unknown: str | None = None
     reachable: bool = True
 
@@ -54,24 +59,34 @@ NOTHING_OBSERVED = Observed()
 
 @dataclass
 class Held:
-    """What the releases placed so far hold on each backend: replicas, and GPUs per class."""
+    """What the releases placed so far hold on each backend: replicas, and GPUs per class; and the
+    GPUs their new replicas take from each observed Node (not running yet, so not in the reading)."""
 
     replicas: Counter[str] = field(default_factory=Counter)
     gpus: dict[str, Counter[str]] = field(default_factory=dict)  # backend -> class -> GPUs
+    nodes: dict[tuple[str, str], Counter[int]] = field(default_factory=dict)  # (backend, class) -> Node -> GPUs
 
     def take(self, backend: str, gpu_class: str | None, gpu_count: int, replicas: int = 1) -> None:
         self.replicas[backend] += replicas
         if gpu_class is not None and gpu_count:
             self.gpus.setdefault(backend, Counter())[gpu_class] += gpu_count * replicas
 
+    def take_on_node(self, backend: str, gpu_class: str, node: int, gpu_count: int) -> None:
+        """A new replica's GPUs on the `node`-th observed Node of the backend's class."""
+        self.nodes.setdefault((backend, gpu_class), Counter())[node] += gpu_count
+
     def gpus_of(self, backend: str, gpu_class: str) -> int:
         return self.gpus.get(backend, Counter())[gpu_class]
+
+    def on_node(self, backend: str, gpu_class: str, node: int) -> int:
+        return self.nodes.get((backend, gpu_class), Counter())[node]
 
 
 @dataclass(frozen=True)
 class ReplicaPlace:
     backend: str
     reason: str
+    node: int | None = None  # a new replica's observed Node (its index in the backend's reading of the class)
 
     def __str__(self) -> str:
         return f"{self.backend}: {self.reason}"
@@ -137,7 +152,6 @@ class _Backend:
         self.name = name
         self.observed = observed
         self.mine = 0  # replicas of this run placed here so far (kept or new)
-        self.new = 0   # ...of which new (they need the observed free GPUs)
         capacity = backend.spec.capacity
         self.slots = capacity.replicas if capacity is not None else None
         self.held_slots = held.replicas[name]
@@ -147,7 +161,11 @@ class _Backend:
         self.gpus = gpus.get(self.gpu_class) if self.gpu_count and self.gpu_class is not None else None
         self.held_gpus = held.gpus_of(name, self.gpu_class) if self.gpu_class is not None else 0
         seen = observed.gpus_free
-        self.seen_gpus = seen.get(self.gpu_class) if self.gpu_count and seen is not None and self.gpu_class else None
+        nodes = seen.get(self.gpu_class) if self.gpu_count and seen is not None and self.gpu_class else None
+        # Each Node's observed free GPUs, less what new replicas (other runs', then this run's) took from it.
+        self.seen_nodes: list[int] | None = None
+        if nodes is not None and self.gpu_class is not None:
+            self.seen_nodes = [max(free - held.on_node(name, self.gpu_class, i), 0) for i, free in enumerate(nodes)]
 
     @property
     def declared(self) -> bool:
@@ -156,19 +174,44 @@ class _Backend:
     def free_slots(self) -> float:
         return UNLIMITED if self.slots is None else self.slots - self.held_slots - self.mine
 
+    def seen_free(self) -> int | None:
+        """The observed free GPUs left on all Nodes together (None: none observed)."""
+        return sum(self.seen_nodes) if self.seen_nodes is not None else None
+
     def free_gpus(self, new: bool) -> float:
-        """GPUs of the class free for another replica here (declared less held; for a new replica, at
-        most what the backend reports free less the new replicas placed here already)."""
+        """GPUs of the class free here (declared less held; for a new replica, at most what the backend
+        reports free less what the new replicas placed here already took)."""
         free = UNLIMITED if self.gpus is None else self.gpus - self.held_gpus - self.mine * self.gpu_count
-        if new and self.seen_gpus is not None:
-            free = min(free, self.seen_gpus - self.new * self.gpu_count)
+        seen = self.seen_free()
+        if new and seen is not None:
+            free = min(free, seen)
         return free
+
+    def gpu_room(self, new: bool) -> float:
+        """How many more replicas' GPUs fit here: by the declared total, and for a new replica by the
+        observed Nodes, each replica's GPUs on one Node."""
+        room = UNLIMITED if self.gpus is None else (self.gpus - self.held_gpus - self.mine * self.gpu_count) \
+            // self.gpu_count  # (not UNLIMITED // n: that is nan)
+        if new and self.seen_nodes is not None:
+            room = min(room, sum(free // self.gpu_count for free in self.seen_nodes))
+        return room
+
+    def split(self) -> bool:
+        """The observed free GPUs would take more replicas summed than they do Node by Node."""
+        if not self.gpu_count or self.seen_nodes is None:
+            return False
+        free = self.free_gpus(new=True)  # (finite: at most the observed sum)
+        return free // self.gpu_count > self.gpu_room(new=True)
+
+    def split_words(self) -> str:
+        """", at most 1 on one Node" when the observed GPUs are split so that fewer replicas fit."""
+        return f", at most {max(self.seen_nodes or [0])} on one Node" if self.split() else ""
 
     def room(self, new: bool) -> float:
         """How many more replicas of this run fit here."""
         room = self.free_slots()
         if self.gpu_count:
-            room = min(room, self.free_gpus(new) // self.gpu_count)
+            room = min(room, self.gpu_room(new))
         return max(room, 0)
 
     def describe(self) -> str:
@@ -176,11 +219,12 @@ class _Backend:
         parts = []
         if self.gpu_count:
             free = self.free_gpus(new=True)
-            if self.gpus is not None or self.seen_gpus is not None:
+            seen = self.seen_free()
+            if self.gpus is not None or seen is not None:
                 total = f" of {self.gpus}" if self.gpus is not None else " (observed)"
-                parts.append(f"{_count(free)}{total} GPUs of class {self.gpu_class} free")
-            if self.seen_gpus is not None and self.gpus is not None:
-                parts.append(f"{self.seen_gpus - self.new * self.gpu_count} observed free")
+                parts.append(f"{_count(free)}{total} GPUs of class {self.gpu_class} free{self.split_words()}")
+            if seen is not None and self.gpus is not None:
+                parts.append(f"{seen} observed free")
             elif self.observed.gpus_unknown is not None:
                 parts.append(f"free GPUs unknown ({self.observed.gpus_unknown}): by declared capacity")
         if self.slots is not None:
@@ -195,9 +239,18 @@ class _Backend:
         queued = f", {self.observed.queue_depth} queued" if self.observed.queue_depth else ""
         return f"{self.observed.in_flight} in flight{queued}"
 
-    def take(self, new: bool) -> None:
+    def take(self, new: bool) -> int | None:
+        """One more replica here; a new one takes its GPUs from one observed Node with room (the one
+        with the fewest free that still fits, then the first: larger holes stay for larger replicas of
+        the runs placed next). Returns that Node (its index), None when no Node is observed."""
         self.mine += 1
-        self.new += new
+        nodes = self.seen_nodes
+        if not (new and self.gpu_count and nodes is not None):
+            return None
+        fits = [i for i, free in enumerate(nodes) if free >= self.gpu_count]
+        node = min(fits, key=lambda i: (nodes[i], i))  # (room() >= 1 guarantees one)
+        nodes[node] -= self.gpu_count
+        return node
 
 
 def place(run: Deployable, backends: Mapping[str, PlntBackend], current: Mapping[str, int] | None = None,
@@ -234,8 +287,8 @@ def place(run: Deployable, backends: Mapping[str, PlntBackend], current: Mapping
         if not fits:
             break
         best = min(fits, key=lambda b: (b.mine, -b.room(new=True), b.observed.load, b.name))
-        placed.append(ReplicaPlace(best.name, best.describe() + _passed_over_for_load(best, fits)))
-        best.take(new=True)
+        reason = best.describe() + _passed_over_for_load(best, fits)
+        placed.append(ReplicaPlace(best.name, reason, node=best.take(new=True)))
     missing = None
     if len(placed) < wanted:
         missing = _missing(run, wanted - len(placed), spec.describe(), members, candidates, unfit)
@@ -255,7 +308,9 @@ def _passed_over_for_load(best: _Backend, fits: Iterable[_Backend]) -> str:
 
 def _missing(run: Deployable, short: int, pool: str, members: list[str], candidates: Mapping[str, _Backend],
              unfit: Mapping[str, str]) -> str:
-    """The capacity a run lacks: "needs 1 more GPU of class a100: pool has 0 free (a: 0 of 4, b: 0 of 2)"."""
+    """The capacity a run lacks: "needs 1 more GPU of class a100: pool has 0 free (a: 0 of 4, b: 0 of 2)";
+    when the observed GPUs are there but split over Nodes: "needs 1 more replica of 2 GPUs of class
+    a100 on one Node: a has 2 free (a: 2 observed, at most 1 on one Node)"."""
     replicas = f"{short} more replica{'s' if short != 1 else ''}"
     if not candidates:
         if not members:
@@ -265,17 +320,21 @@ def _missing(run: Deployable, short: int, pool: str, members: list[str], candida
     parts = []
     spec = run.spec.backend
     if spec.gpu_count and spec.gpu_class is not None:
-        gpu_bound = [b for b in candidates.values() if b.free_gpus(new=True) < spec.gpu_count]
+        gpu_bound = [b for b in candidates.values() if b.gpu_room(new=True) < 1]
         if gpu_bound:
             free = sum(max(b.free_gpus(new=True), 0) for b in candidates.values())
             need = short * spec.gpu_count
-            each = (f" ({spec.gpu_count} on one backend for each of {short} replica{'s' if short != 1 else ''})"
-                    if spec.gpu_count > 1 else "")
             detail = ", ".join(f"{b.name}: {_count(max(b.free_gpus(new=True), 0))}"
                                + (f" of {b.gpus}" if b.gpus is not None else "")
-                               + (" observed" if b.seen_gpus is not None else "") for b in candidates.values())
-            parts.append(f"needs {need} more GPU{'s' if need != 1 else ''} of class {spec.gpu_class}{each}: "
-                         f"{pool} has {_count(free)} free ({detail})")
+                               + (" observed" if b.seen_nodes is not None else "") + b.split_words()
+                               for b in candidates.values())
+            if any(b.split() for b in candidates.values()):
+                what = f"{replicas} of {spec.gpu_count} GPUs of class {spec.gpu_class} on one Node"
+            else:
+                each = (f" ({spec.gpu_count} on one backend for each of {short} replica{'s' if short != 1 else ''})"
+                        if spec.gpu_count > 1 else "")
+                what = f"{need} more GPU{'s' if need != 1 else ''} of class {spec.gpu_class}{each}"
+            parts.append(f"needs {what}: {pool} has {_count(free)} free ({detail})")
     slot_bound = [b for b in candidates.values() if b.free_slots() < 1]
     if slot_bound:
         free = sum(max(b.free_slots(), 0) for b in candidates.values())
@@ -295,8 +354,9 @@ def _count(value: float) -> str:
 def place_all(runs: Iterable[Deployable], backends: Mapping[str, PlntBackend],
               current: Mapping[str, Mapping[str, int]] | None = None,
               observed: Mapping[str, Observed] | None = None) -> dict[str, Placement]:
-    """Every run's placement; they compete for capacity. Runs that run somewhere now go first (they
-    keep what they hold), then the new ones, each group by key: the same inputs give the same result.
+    """Every run's placement; they compete for capacity (declared, and the observed GPUs of each Node
+    their new replicas take). Runs that run somewhere now go first (they keep what they hold), then
+    the new ones, each group by key: the same inputs give the same result.
     A run that cannot be placed keeps holding what it runs on now (its release keeps serving)."""
     current = current or {}
     held = Held()
@@ -308,6 +368,9 @@ def place_all(runs: Iterable[Deployable], backends: Mapping[str, PlntBackend],
         if placement.placed:
             for backend, count in placement.counts().items():
                 held.take(backend, gpu_class, gpu_count, count)
+            for replica in placement.replicas:
+                if replica.node is not None and gpu_class is not None:
+                    held.take_on_node(replica.backend, gpu_class, replica.node, gpu_count)
         else:
             for backend, count in now.items():
                 if backend in backends:
@@ -341,8 +404,8 @@ def gpu_backends(specs: SpecSet) -> dict[str, PlntBackend]:
 
 
 def with_gpu_readings(observed: Mapping[str, Observed],
-                      readings: Mapping[str, Mapping[str, int] | str]) -> dict[str, Observed]:
-    """`observed` with each backend's free GPUs per class as read, or why they could not be (a string:
+                      readings: Mapping[str, GpusFree | str]) -> dict[str, Observed]:
+    """`observed` with each backend's free GPUs per class and Node as read, or why they could not be (a string:
     "unknown", the declared capacity counts and the reason says so)."""
     out = dict(observed)
     for name, reading in readings.items():

@@ -1,8 +1,10 @@
 """Placement by the free GPUs a REAL API server reports (reconciler/drivers/gpu_headroom.py): two
 PlntBackends of type kubernetes on one cluster, each a GPU pool of kwok nodes (its nodeSelector), a
-WorkflowRun on both by a label selector. A pod scheduled onto one pool's GPUs (by the real scheduler)
-moves the next placement to the other, with the observed count in the reason; a request larger than
-what is free names the missing GPUs; a reader without RBAC to list Nodes is "unknown" and placement
+WorkflowRun on both by a label selector. The reading keeps each Node apart: west's 2 free GPUs, 1 on
+each of two Nodes, take no replica of 2 GPUs (the real scheduler leaves such a pod Pending), east's
+2 on one Node do. A pod scheduled onto one pool's GPUs (by the real scheduler) moves the next
+placement to the other, with the observed count in the reason; a request larger than what is free
+names the missing GPUs; a reader without RBAC to list Nodes is "unknown" and placement
 says it goes by declared capacity. The reading runs with a ServiceAccount token granted list on
 nodes and pods and nothing else, and the audit log shows it used only those.
 
@@ -66,11 +68,12 @@ def backend(name: str, pool: str, kubeconfig: Path, gpus: int | None = None) -> 
                                        "metadata": {"name": name, "labels": {"tier": "gpu"}}, "spec": spec})
 
 
-def gpu_run(replicas: int) -> WorkflowRun:
+def gpu_run(replicas: int, gpus: int = 1, pool: dict[str, Any] | None = None) -> WorkflowRun:
     return WorkflowRun.model_validate({
         "apiVersion": "plnt.work/v1", "kind": "WorkflowRun", "metadata": {"name": "review-responder"},
         "spec": {"workflow": {"ref": "review-responder@1.0.0", "registry": "oci://registry.example/recipes"},
-                 "backend": {"selector": {"matchLabels": {"tier": "gpu"}}, "gpuClass": H100, "gpuCount": 1},
+                 "backend": {**(pool or {"selector": {"matchLabels": {"tier": "gpu"}}}), "gpuClass": H100,
+                             "gpuCount": gpus},
                  "replicas": {"min": replicas}}})
 
 
@@ -80,8 +83,8 @@ def placed(backends: dict[str, PlntBackend], run: WorkflowRun) -> Any:
     return readings, place_all([run], backends, {}, observed)[run.key]
 
 
-def fill(cluster: LocalCluster, pool: str, gpus: int) -> None:
-    """A pod (not plnt's) asking for `gpus` GPUs of the pool, bound to one of its nodes by the scheduler."""
+def gpu_pod(cluster: LocalCluster, pool: str, gpus: int) -> str:
+    """A pod (not plnt's) asking for `gpus` GPUs of the pool, left to the scheduler: its name."""
     core = k8s.CoreV1Api(cluster.api_client())
     name = f"filler-{uuid.uuid4().hex[:6]}"
     wait_for("the default ServiceAccount", lambda: core.list_namespaced_service_account(
@@ -91,7 +94,32 @@ def fill(cluster: LocalCluster, pool: str, gpus: int) -> None:
         spec=k8s.V1PodSpec(node_selector={"pool": pool, H100: "true"}, containers=[k8s.V1Container(
             name="train", image="registry.invalid/train:1",
             resources=k8s.V1ResourceRequirements(limits={GPU_RESOURCE: str(gpus)}))])))
+    return name
+
+
+def fill(cluster: LocalCluster, pool: str, gpus: int) -> None:
+    """A pod (not plnt's) asking for `gpus` GPUs of the pool, bound to one of its nodes by the scheduler."""
+    core = k8s.CoreV1Api(cluster.api_client())
+    name = gpu_pod(cluster, pool, gpus)
     wait_for(f"pod {name} bound to a {pool} node", lambda: core.read_namespaced_pod(name, "default").spec.node_name)
+
+
+def unschedulable(cluster: LocalCluster, pool: str, gpus: int) -> str:
+    """What the real scheduler says of a pod asking for `gpus` GPUs of the pool that it cannot bind
+    (the pod is deleted after: it held nothing)."""
+    core = k8s.CoreV1Api(cluster.api_client())
+    name = gpu_pod(cluster, pool, gpus)
+
+    def refused() -> str | None:
+        pod = core.read_namespaced_pod(name, "default")
+        assert pod.spec.node_name is None, f"the scheduler bound {name} to {pod.spec.node_name}"
+        return next((c.message for c in pod.status.conditions or ()
+                     if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"), None)
+
+    try:
+        return str(wait_for(f"pod {name} refused by the scheduler", refused))
+    finally:
+        core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
 
 
 def test_placement_follows_the_free_gpus_the_cluster_reports(cluster: LocalCluster, tmp_path: Path) -> None:
@@ -99,12 +127,22 @@ def test_placement_follows_the_free_gpus_the_cluster_reports(cluster: LocalClust
     backends = {"east": backend("east", "east", kubeconfig), "west": backend("west", "west", kubeconfig)}
 
     readings, first = placed(backends, gpu_run(1))
-    assert readings == {"east": {H100: 2}, "west": {H100: 2}}
+    assert readings == {"east": {H100: (2,)}, "west": {H100: (1, 1)}}  # west-0 and west-1, 1 each
     assert first.lines() == ["replica 1 -> east: 2 (observed) GPUs of class nvidia.com/h100 free, 0 in flight"]
 
-    fill(cluster, "east", 2)  # another workload takes every GPU of east
+    # A replica of 2 GPUs needs them on one Node: west's two are split, so west is passed over...
+    _, two = placed({"west": backends["west"]}, gpu_run(1, gpus=2, pool={"cluster": "west"}))
+    assert two.missing == ("needs 1 more replica of 2 GPUs of class nvidia.com/h100 on one Node: west has 2 free "
+                           "(west: 2 observed, at most 1 on one Node)")
+    assert "Insufficient nvidia.com/gpu" in unschedulable(cluster, "west", 2)  # ...as the real scheduler would
+    _, pooled = placed(backends, gpu_run(2, gpus=2))
+    assert pooled.counts() == {"east": 1}
+    assert pooled.missing == ("needs 1 more replica of 2 GPUs of class nvidia.com/h100 on one Node: selector "
+                              "tier=gpu has 2 free (east: 0 observed, west: 2 observed, at most 1 on one Node)")
+
+    fill(cluster, "east", 2)  # another workload takes every GPU of east (the scheduler binds 2 on one Node)
     readings, moved = placed(backends, gpu_run(1))
-    assert readings == {"east": {H100: 0}, "west": {H100: 2}}
+    assert readings == {"east": {H100: (0,)}, "west": {H100: (1, 1)}}
     assert moved.lines() == ["replica 1 -> west: 2 (observed) GPUs of class nvidia.com/h100 free, 0 in flight"]
 
     fill(cluster, "west", 1)

@@ -1,5 +1,5 @@
 """The free GPUs of a Kubernetes backend, from its Nodes and pods: the pure part, table-tested on
-objects built in memory (the reading against a real cluster: tests/k8s/test_pool_placement_on_cluster.py)."""
+objects built in memory (the reading against a real cluster: tests/k8s/test_gpu_headroom_on_cluster.py)."""
 
 from __future__ import annotations
 
@@ -32,34 +32,38 @@ LABELLED = {H100: "true"}
 # (name, classes, nodes, pods, node selector, expected free per class)
 CASES = [
     ("allocatable of the labelled nodes", [H100], [node("n1", 4, labels=LABELLED), node("n2", 2, labels=LABELLED),
-                                                   node("cpu", 0)], [], {}, {H100: 6}),
+                                                   node("cpu", 0)], [], {}, {H100: (4, 2)}),
     ("a node without the class label does not count", [H100], [node("n1", 4, labels=LABELLED), node("n2", 8)], [], {},
-     {H100: 4}),
+     {H100: (4,)}),
     ("bound pods' requests are held", [H100], [node("n1", 4, labels=LABELLED), node("n2", 2, labels=LABELLED)],
-     [PodGpus("n1", {GPU: 3}), PodGpus("n2", {GPU: 2})], {}, {H100: 1}),
+     [PodGpus("n1", {GPU: 3}), PodGpus("n2", {GPU: 2})], {}, {H100: (1, 0)}),
+    ("each Node apart, not summed: 1 free on each of two is (1, 1)", [H100],
+     [node("n1", 2, labels=LABELLED), node("n2", 2, labels=LABELLED)], [PodGpus("n1", {GPU: 1}),
+                                                                       PodGpus("n2", {GPU: 1})], {}, {H100: (1, 1)}),
     ("pending pods (no node) hold nothing yet", [H100], [node("n1", 2, labels=LABELLED)], [PodGpus(None, {GPU: 2})], {},
-     {H100: 2}),
+     {H100: (2,)}),
     ("an over-committed node counts 0, not less", [H100], [node("n1", 1, labels=LABELLED),
                                                            node("n2", 2, labels=LABELLED)],
-     [PodGpus("n1", {GPU: 3})], {}, {H100: 2}),
+     [PodGpus("n1", {GPU: 3})], {}, {H100: (0, 2)}),
     ("the backend's nodeSelector narrows the nodes", [H100],
      [node("n1", 4, labels={**LABELLED, "pool": "a"}), node("n2", 4, labels={**LABELLED, "pool": "b"})], [],
-     {"pool": "a"}, {H100: 4}),
-    ("a cordoned node counts none", [H100], [node("n1", 4, labels=LABELLED, cordoned=True)], [], {}, {H100: 0}),
-    ("a device plugin class counts its resource on any node", ["amd.com/gpu"],
-     [node("n1", 2, resource="amd.com/gpu"), node("n2", 4)], [PodGpus("n1", {"amd.com/gpu": 1})], {},
-     {"amd.com/gpu": 1}),
+     {"pool": "a"}, {H100: (4,)}),
+    ("a cordoned node is left out", [H100], [node("n1", 4, labels=LABELLED, cordoned=True),
+                                            node("n2", 1, labels=LABELLED)], [], {}, {H100: (1,)}),
+    ("a device plugin class counts its resource on any node that has it", ["amd.com/gpu"],
+     [node("n1", 2, resource="amd.com/gpu"), node("n2", 4), node("n3", 3, resource="amd.com/gpu")],
+     [PodGpus("n1", {"amd.com/gpu": 1})], {}, {"amd.com/gpu": (1, 3)}),
     ("each class apart", [H100, "nvidia.com/a100"],
      [node("n1", 4, labels=LABELLED), node("n2", 2, labels={"nvidia.com/a100": "true"})],
-     [PodGpus("n2", {GPU: 1})], {}, {H100: 4, "nvidia.com/a100": 1}),
-    ("no matching node: 0", [H100], [], [], {}, {H100: 0}),
+     [PodGpus("n2", {GPU: 1})], {}, {H100: (4,), "nvidia.com/a100": (1,)}),
+    ("no matching node: none", [H100], [], [], {}, {H100: ()}),
 ]
 
 
 @pytest.mark.parametrize(("classes", "nodes", "pods", "selector", "expected"), [c[1:] for c in CASES],
                          ids=[c[0] for c in CASES])
 def test_free_gpus(classes: list[str], nodes: list[NodeGpus], pods: list[PodGpus], selector: dict[str, str],
-                   expected: dict[str, int]) -> None:
+                   expected: dict[str, tuple[int, ...]]) -> None:
     assert free_gpus(classes, nodes, pods, selector) == expected
 
 

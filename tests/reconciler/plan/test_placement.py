@@ -92,9 +92,9 @@ CASES: list[tuple[str, dict[str, PlntBackend], WorkflowRun, dict[str, int], dict
      backend("b", labels={"pool": "y"}), backend("c", labels={"pool": "x"})),
      run(pool={"selector": {"matchLabels": {"pool": "x"}}}, replicas=2), {}, {}, None, {"a": 1, "c": 1}, None),
     ("reported free GPUs bound a new replica", by_name(backend("a", gpus={A100: 8}), backend("b", gpus={A100: 2})),
-     run(replicas=1, **GPU_RUN), {}, {"a": Observed(gpus_free={A100: 0})}, None, {"b": 1}, None),
+     run(replicas=1, **GPU_RUN), {}, {"a": Observed(gpus_free={A100: (0,)})}, None, {"b": 1}, None),
     ("reported free GPUs do not evict a running replica", by_name(backend("a", gpus={A100: 1})),
-     run(pool={"cluster": "a"}, replicas=1, **GPU_RUN), {"a": 1}, {"a": Observed(gpus_free={A100: 0})}, None,
+     run(pool={"cluster": "a"}, replicas=1, **GPU_RUN), {"a": 1}, {"a": Observed(gpus_free={A100: (0,)})}, None,
      {"a": 1}, None),
     ("two GPUs each must fit on one backend", by_name(backend("a", gpus={A100: 1}), backend("b", gpus={A100: 1})),
      run(replicas=1, gpu_class=A100, gpu_count=2), {}, {}, None, {},
@@ -288,9 +288,9 @@ def test_observed_load_counts_each_replica_on_its_backend() -> None:
 
 
 @pytest.mark.parametrize(("declared", "observed", "line"), [
-    ({A100: 4}, Observed(gpus_free={A100: 3}),
+    ({A100: 4}, Observed(gpus_free={A100: (3,)}),
      "replica 1 -> a: 3 of 4 GPUs of class nvidia.com/a100 free, 3 observed free, 0 in flight"),
-    (None, Observed(gpus_free={A100: 2}), "replica 1 -> a: 2 (observed) GPUs of class nvidia.com/a100 free, 0 in flight"),
+    (None, Observed(gpus_free={A100: (2,)}), "replica 1 -> a: 2 (observed) GPUs of class nvidia.com/a100 free, 0 in flight"),
     ({A100: 4}, Observed(gpus_unknown="ApiException 403"),
      "replica 1 -> a: 4 of 4 GPUs of class nvidia.com/a100 free, free GPUs unknown (ApiException 403): by declared "
      "capacity, 0 in flight"),
@@ -304,13 +304,107 @@ def test_reasons_say_the_observed_free_gpus_or_that_they_are_unknown(declared: d
 
 def test_observed_free_gpus_move_a_replica_and_name_the_observed_count_when_none_fit() -> None:
     backends = by_name(backend("a", classes=[A100]), backend("b", classes=[A100]))
-    moved = place(run(replicas=1, **GPU_RUN), backends, {}, {"a": Observed(gpus_free={A100: 0}),
-                                                            "b": Observed(gpus_free={A100: 1})})
+    moved = place(run(replicas=1, **GPU_RUN), backends, {}, {"a": Observed(gpus_free={A100: (0,)}),
+                                                            "b": Observed(gpus_free={A100: (1,)})})
     assert moved.lines() == ["replica 1 -> b: 1 (observed) GPUs of class nvidia.com/a100 free, 0 in flight"]
-    full = place(run(replicas=2, **GPU_RUN), backends, {}, {"a": Observed(gpus_free={A100: 0}),
-                                                           "b": Observed(gpus_free={A100: 1})})
+    full = place(run(replicas=2, **GPU_RUN), backends, {}, {"a": Observed(gpus_free={A100: (0,)}),
+                                                           "b": Observed(gpus_free={A100: (1,)})})
     assert full.missing == ("needs 1 more GPU of class nvidia.com/a100: refs [a, b] has 0 free (a: 0 observed, "
                             "b: 0 observed)")
+
+
+# --- observed free GPUs per Node: a replica's gpuCount GPUs must all be free on one Node ---------------
+
+OBSERVED_AB = by_name(backend("a", classes=[A100]), backend("b", classes=[A100]))
+ON_A = {"cluster": "a"}
+SPLIT = "needs 1 more replica of 2 GPUs of class nvidia.com/a100 on one Node: a has 2 free "
+
+# (name, backends, run, observed, expected replicas per backend, missing: the whole message or None)
+NODE_CASES: list[tuple[str, dict[str, PlntBackend], WorkflowRun, dict[str, Observed], dict[str, int], str | None]] = [
+    ("split: 1 free on each of two Nodes takes no 2-GPU replica", OBSERVED_AB,
+     run(pool=ON_A, replicas=1, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: (1, 1)})}, {},
+     SPLIT + "(a: 2 observed, at most 1 on one Node)"),
+    ("split on one backend, 2 on one Node on the other: it goes there", OBSERVED_AB,
+     run(replicas=1, gpu_class=A100, gpu_count=2),
+     {"a": Observed(gpus_free={A100: (1, 1)}), "b": Observed(gpus_free={A100: (2,)})}, {"b": 1}, None),
+    ("split on both: named for each, the run asks for replicas on one Node", OBSERVED_AB,
+     run(replicas=1, gpu_class=A100, gpu_count=2),
+     {"a": Observed(gpus_free={A100: (1, 1)}), "b": Observed(gpus_free={A100: (1, 0, 1)})}, {},
+     "needs 1 more replica of 2 GPUs of class nvidia.com/a100 on one Node: refs [a, b] has 4 free "
+     "(a: 2 observed, at most 1 on one Node, b: 2 observed, at most 1 on one Node)"),
+    ("mixed: Nodes of 2, 1 and 1 free take four 1-GPU replicas", OBSERVED_AB,
+     run(pool=ON_A, replicas=4, **GPU_RUN), {"a": Observed(gpus_free={A100: (2, 1, 1)})}, {"a": 4}, None),
+    ("mixed: Nodes of 2, 1 and 1 free take one 2-GPU replica, not two", OBSERVED_AB,
+     run(pool=ON_A, replicas=2, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: (1, 2, 1)})},
+     {"a": 1}, SPLIT + "(a: 2 observed, at most 1 on one Node)"),
+    ("a replica takes its GPUs from one Node: 3 and 1 free take one 2-GPU replica, not two", OBSERVED_AB,
+     run(pool=ON_A, replicas=2, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: (3, 1)})},
+     {"a": 1}, SPLIT + "(a: 2 observed, at most 1 on one Node)"),
+    ("3 and 2 free take two 2-GPU replicas, one on each Node", OBSERVED_AB,
+     run(pool=ON_A, replicas=2, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: (3, 2)})},
+     {"a": 2}, None),
+    ("declared room but split observed GPUs: split named", by_name(backend("a", gpus={A100: 8})),
+     run(pool=ON_A, replicas=1, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: (1, 1)})}, {},
+     SPLIT + "(a: 2 of 8 observed, at most 1 on one Node)"),
+    ("none free on any Node: the wording of a plain shortage", OBSERVED_AB,
+     run(pool=ON_A, replicas=1, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: (0, 0)})}, {},
+     "needs 2 more GPUs of class nvidia.com/a100 (2 on one backend for each of 1 replica): a has 0 free "
+     "(a: 0 observed)"),
+    ("no Node at all: the same", OBSERVED_AB, run(pool=ON_A, replicas=1, **GPU_RUN),
+     {"a": Observed(gpus_free={A100: ()})}, {}, "needs 1 more GPU of class nvidia.com/a100: a has 0 free (a: 0 observed)"),
+]
+
+
+@pytest.mark.parametrize(("backends", "the_run", "observed", "expected", "missing"),
+                         [case[1:] for case in NODE_CASES], ids=[case[0] for case in NODE_CASES])
+def test_place_by_the_free_gpus_of_each_node(backends: dict[str, PlntBackend], the_run: WorkflowRun,
+                                             observed: dict[str, Observed], expected: dict[str, int],
+                                             missing: str | None) -> None:
+    placement = place(the_run, backends, {}, observed)
+    assert placement.counts() == expected
+    assert placement.missing == missing
+
+
+def test_a_replica_s_reason_says_when_the_observed_gpus_are_split() -> None:
+    """3 and 1 free: 4 summed, but a 2-GPU replica fits on one Node only; after it, 1 and 1 are left."""
+    placement = place(run(pool=ON_A, replicas=2, gpu_class=A100, gpu_count=2), OBSERVED_AB, {},
+                      {"a": Observed(gpus_free={A100: (3, 1)})})
+    assert placement.lines() == [
+        "replica 1 -> a: 4 (observed) GPUs of class nvidia.com/a100 free, at most 3 on one Node, 0 in flight",
+        "cannot be placed: " + SPLIT + "(a: 2 observed, at most 1 on one Node)"]
+    assert [replica.node for replica in placement.replicas] == [0]
+
+
+def test_place_all_new_replicas_of_runs_placed_before_take_their_nodes_gpus() -> None:
+    """The reading counts running pods only: the GPUs the new replicas of a run placed earlier in the
+    same decision take from a Node are not free for the next run."""
+    observed = {"a": Observed(gpus_free={A100: (2, 1)}), "b": Observed(gpus_free={A100: (1, 1)})}
+    two = {"gpu_class": A100, "gpu_count": 2}
+    placements = place_all([run("aa", **two), run("zz", **two)], OBSERVED_AB, {}, observed)
+    assert placements["default/aa"].counts() == {"a": 1}
+    assert placements["default/zz"].missing == (
+        "needs 1 more replica of 2 GPUs of class nvidia.com/a100 on one Node: refs [a, b] has 3 free "
+        "(a: 1 observed, b: 2 observed, at most 1 on one Node)")
+
+
+def test_place_all_a_small_replica_takes_the_smallest_hole_so_a_larger_one_still_fits() -> None:
+    """Nodes of 2 and 1 free: the 1-GPU run (first by key) takes the Node of 1, the 2-GPU run the
+    Node of 2. Taking the first Node with room would leave 1 and 1, and the 2-GPU run unplaced."""
+    observed = {"a": Observed(gpus_free={A100: (2, 1)})}
+    placements = place_all([run("aa", pool=ON_A, **GPU_RUN), run("zz", pool=ON_A, gpu_class=A100, gpu_count=2)],
+                           OBSERVED_AB, {}, observed)
+    assert [r.node for r in placements["default/aa"].replicas] == [1]
+    assert [r.node for r in placements["default/zz"].replicas] == [0]
+    assert placements["default/zz"].placed
+
+
+def test_kept_replicas_take_no_node_their_pods_are_in_the_reading() -> None:
+    """A running replica's GPUs are already subtracted from the reading: kept, it takes none again."""
+    observed = {"a": Observed(gpus_free={A100: (1,)})}
+    placements = place_all([run("aa", pool=ON_A, **GPU_RUN), run("zz", pool=ON_A, **GPU_RUN)], OBSERVED_AB,
+                           {"default/aa": {"a": 1}}, observed)
+    assert [r.node for r in placements["default/aa"].replicas] == [None]
+    assert placements["default/zz"].counts() == {"a": 1}
 
 
 def test_gpu_backends_are_the_members_of_pools_of_runs_asking_for_gpus() -> None:
@@ -322,6 +416,6 @@ def test_gpu_backends_are_the_members_of_pools_of_runs_asking_for_gpus() -> None
 
 
 def test_with_gpu_readings_keeps_the_load_and_marks_an_unknown_reading() -> None:
-    merged = with_gpu_readings({"a": Observed(in_flight=3)}, {"a": {A100: 2}, "b": "no answer within 15s"})
-    assert merged == {"a": Observed(in_flight=3, gpus_free={A100: 2}),
+    merged = with_gpu_readings({"a": Observed(in_flight=3)}, {"a": {A100: (2, 0)}, "b": "no answer within 15s"})
+    assert merged == {"a": Observed(in_flight=3, gpus_free={A100: (2, 0)}),
                       "b": Observed(gpus_unknown="no answer within 15s")}
