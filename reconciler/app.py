@@ -359,7 +359,10 @@ def registry_options(settings: Settings) -> RegistryOptions:
 
 
 def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, state: StateDir, *,
-                    on_change: Callable[[], None] | None = None) -> DriverSet:
+                    on_change: Callable[[], None] | None = None,
+                    drain: Callable[[Release], Awaitable[object]] | None = None) -> DriverSet:
+    """`drain`: where the gateways follow this process's routes, how a pool's Helm release leaving them
+    is let go of before helm uninstalls it (helm_pool.py)."""
     def make_helm(backend: PlntBackend, specs: SpecLookup) -> HelmDriver:
         # Runner and model-server pods reach registries with plnt's own registry settings (their
         # credentials: a Secret); model releases get their own helm --wait (weights fetch and load).
@@ -373,7 +376,7 @@ def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, st
                           gpu_resource=kube.gpu_resource,
                           serving_timeout_s=kube.serving_timeout_s, unavailable_wait_s=kube.unavailable_wait_s)
 
-    return DriverSet(local, state, make_helm, on_change=on_change)
+    return DriverSet(local, state, make_helm, on_change=on_change, drain=drain)
 
 
 def make_source(settings: Settings, state: StateDir) -> GitSource | KubernetesSource:
@@ -635,7 +638,9 @@ async def start(settings: Settings) -> Plnt:
         cleanups.append(driver.shutdown)
         # Helm state changes (installs, promotions, removals, live reads) change routes too.
         drivers = make_driver_set(settings, driver, state,
-                                  on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None)
+                                  on_change=lambda: holder["plnt"].refresh_routes() if "plnt" in holder else None,
+                                  drain=lambda release: _drain_after_flush(holder, router, release,
+                                                                           settings.runners.stop_timeout_s))
         source = make_source(settings, state)
         verifier = make_verifier(settings, state)
         # What each release served through this plnt's gateway processes (and any `plnt gateway`

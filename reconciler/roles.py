@@ -31,7 +31,13 @@ from plnt.core.server import GatewayServer, ServerStartError
 from plnt.core.traffic import TrafficLedger
 from plnt.gateway.app import create_app
 from plnt.gateway.calls import CallsHub
-from plnt.gateway.route_watch import InternalGuard, RoutePublisher, add_control_routes, internal_guard
+from plnt.gateway.route_watch import (
+    InternalGuard,
+    RoutePublisher,
+    add_control_routes,
+    internal_guard,
+    release_everywhere,
+)
 from plnt.gateway.router import Router
 from plnt.reconciler.app import (
     TurnBatched,
@@ -211,8 +217,17 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
         holder["policy"] = policy
         refresh_routes()
 
+    async def drain(release: Release) -> None:
+        # A pool's Helm release leaving the routes here (a re-placement): every `plnt gateway` lets go
+        # of its Service before helm uninstalls it (its other changes run, and drain, in workers).
+        refresh_routes.flush()
+        outcome = await release_everywhere(publisher, router, release.endpoint, settings.runners.stop_timeout_s)
+        if not outcome.drained:
+            log.warning("release-drain-timeout release=%s %s (uninstalling it anyway)", release.release_id,
+                        outcome.describe())
+
     runners = ReportedRunners(on_change=refresh_routes)
-    drivers = make_driver_set(settings, runners, state, on_change=refresh_routes)
+    drivers = make_driver_set(settings, runners, state, on_change=refresh_routes, drain=drain)
     source = make_source(settings, state)
     statuses.on_change = refresh_routes
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from plnt.core.specs.loader import SpecSet
 from plnt.core.specs.models import Deployable, PlntBackend, RunnerLimits, run_key, spec_fingerprint
 from plnt.reconciler.drivers.helm import HelmConfigError, HelmDriver, SpecCache, SpecLookup
-from plnt.reconciler.drivers.helm_pool import HelmPool, merged_live
+from plnt.reconciler.drivers.helm_pool import Drain, HelmPool, merged_live
 from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.drivers.protocol import InstallRequest
 from plnt.reconciler.drivers.reported import ReportedRunners
@@ -44,9 +44,10 @@ MakeHelmDriver = Callable[[PlntBackend, SpecLookup], HelmDriver]
 
 class DriverSet:
     def __init__(self, local: LocalDriver | ReportedRunners, state: StateDir, make_helm: MakeHelmDriver, *,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None, drain: Drain | None = None) -> None:
         """`local`: the runner processes themselves (`plnt up`, `plnt worker`), or on a reconciler of
-        split roles what the workers report of theirs (ReportedRunners)."""
+        split roles what the workers report of theirs (ReportedRunners). `drain`: waits until the
+        gateways let go of a pool's Helm release that left the routes, before helm uninstalls it."""
         self.local = local
         self._make_helm = make_helm
         self._on_change = on_change  # called when a Helm backend's known releases change (routes follow)
@@ -56,7 +57,7 @@ class DriverSet:
         self._assigned: dict[str, str] = saved.get("workflowRuns", {})  # namespace/name -> backend name
         self._backends = {name: PlntBackend.model_validate(doc) for name, doc in saved.get("backends", {}).items()}
         self._pools: dict[str, list[str]] = saved.get("pools", {})  # namespace/name -> its Kubernetes pool's members
-        self._pool = HelmPool(lambda backend: self._helm_driver(self._backends[backend]), self._note_at)
+        self._pool = HelmPool(lambda backend: self._helm_driver(self._backends[backend]), self._note_at, drain)
         self._specs = SpecCache()
         self._remembered: SpecSet | None = None  # the spec set assign() last remembered
         self._assigned_by: SpecSet | None = None  # the spec set the assignments are those of (None: changed since)
@@ -69,6 +70,11 @@ class DriverSet:
             for backend, items in known.items()
         }
         self._unknown: dict[str, str] = {}  # backend -> why its live state could not be read (logged once)
+        # backend -> key -> when plnt last changed it there (_note_at, a count): a live read begun before
+        # may predate the change (a release plnt just took out of the routes and uninstalls), so for
+        # that WorkflowRun the noted state stands over the read until a read begun after it.
+        self._changes = 0
+        self._changed_at: dict[str, dict[str, int]] = {}
 
     def assign(self, specs: SpecSet) -> None:
         # The reconciler passes the same SpecSet on every poll of one commit: its runs are remembered
@@ -255,6 +261,7 @@ class DriverSet:
         views: dict[str, dict[str, LiveWorkflow]] = {}  # backend -> its releases, as read (or last known)
         for backend in self._kubernetes_backends():
             name = backend.metadata.name
+            began = self._changes
             try:
                 found = await self._helm_driver(backend).live()
             except PlntError as exc:  # an unreachable cluster must not stop reconciling the others
@@ -268,6 +275,7 @@ class DriverSet:
                 continue
             if self._unknown.pop(name, None) is not None:
                 log.info("live-state-readable backend=%s releases=%d", name, len(found))
+            found = self._newer_notes(name, found, began)
             self._remember(name, found)
             views[name] = found
         return self._with_views(live, views)
@@ -345,14 +353,27 @@ class DriverSet:
 
     def _note_at(self, backend: str, namespace: str, name: str, change: dict[str, Release | None]) -> None:
         """`_note` on one named Kubernetes backend (a pool's member)."""
-        known = dict(self._known.get(backend, {}))
         key = run_key(namespace, name)
+        self._changes += 1
+        self._changed_at.setdefault(backend, {})[key] = self._changes
+        known = dict(self._known.get(backend, {}))
         item = (known.get(key) or LiveWorkflow(namespace=namespace, name=name)).model_copy(update=change)
         if item.empty:
             known.pop(key, None)
         else:
             known[key] = item
         self._remember(backend, known)
+
+    def _newer_notes(self, backend: str, found: dict[str, LiveWorkflow], began: int) -> dict[str, LiveWorkflow]:
+        """A read of `backend` begun at change `began`, with what plnt changed there since (its known
+        state) in place of what the read found for those WorkflowRuns."""
+        newer = [key for key, at in self._changed_at.get(backend, {}).items() if at > began]
+        if not newer:
+            return found
+        known = self._known.get(backend, {})
+        found = {key: item for key, item in found.items() if key not in newer}
+        found.update({key: known[key] for key in newer if key in known})
+        return found
 
     def _remember(self, backend: str, live: dict[str, LiveWorkflow]) -> None:
         if self._known.get(backend) == live:

@@ -13,6 +13,10 @@ the clusters stay the record: a promotion, a re-placement or a restarted plnt re
 - place (the plan's re-placement, `place_replicas`): a helm upgrade per backend with its new count
   (an install where it is new), then the routes leave the backends placed at 0, then those are
   uninstalled.
+- a release leaving (the promoted canary, a backend no longer placed) is drained before helm
+  uninstalls it: `drain(release)` returns once every gateway process serves routes without its
+  Service and has no request left on it (as the local driver drains a runner it stops). Without
+  it, requests the gateways had sent it, or sent it still on routes a moment old, were cut.
 - the route: `merged` makes the releases of every backend one Release (the first placed backend's,
   with `more_replicas` the other backends' Services), so the gateway lists one endpoint per backend.
 
@@ -23,7 +27,7 @@ gateway's routes) in step, in the order above.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from plnt.reconciler.drivers.helm import HelmDriver
@@ -34,12 +38,14 @@ from plnt.reconciler.state import LiveWorkflow, Release, ReplicaProcess, Track
 log = logging.getLogger(__name__)
 
 Note = Callable[[str, str, str, dict[str, Release | None]], None]  # (backend, namespace, name, change)
+Drain = Callable[[Release], Awaitable[object]]  # returns once no gateway routes to (or awaits) the release
 
 
 class HelmPool:
-    def __init__(self, driver_of: Callable[[str], HelmDriver], note: Note) -> None:
+    def __init__(self, driver_of: Callable[[str], HelmDriver], note: Note, drain: Drain | None = None) -> None:
         self._driver_of = driver_of
         self._note = note
+        self._drain = drain
 
     async def install(self, request: InstallRequest) -> Release:
         if not request.placement:
@@ -61,10 +67,13 @@ class HelmPool:
             raise DriverError(f"{namespace}/{name}: no canary to promote on {', '.join(members)}")
         canary_backend, values = found
         placement = _placement_of(values, f"{namespace}/{name} canary on {canary_backend}")
+        leaving = await self._stables(namespace, name, [b for b in members if b not in placement])
         placed = await self._place_each(values, placement)
         self._note(canary_backend, namespace, name, {"canary": None})
+        await self._drained(self._driver_of(canary_backend).release_of(namespace, name, "canary", values))
         await self._driver_of(canary_backend).remove(namespace, name, "canary")
-        await self._retire(namespace, name, [b for b in members if b not in placement])
+        await self._retire(namespace, name, {b: leaving[b][0] if b in leaving else None
+                                             for b in members if b not in placement})
         return merged_stable(placed)
 
     async def place(self, namespace: str, name: str, placement: dict[str, int], members: Iterable[str]) -> Release:
@@ -77,7 +86,7 @@ class HelmPool:
             raise DriverError(f"{namespace}/{name}: no stable release to place as {placement}")
         values = stables[next(iter(stables))][1]  # (the same release's values on each backend)
         placed = await self._place_each(values, wanted)
-        await self._retire(namespace, name, [b for b in stables if b not in wanted])
+        await self._retire(namespace, name, {b: release for b, (release, _) in stables.items() if b not in wanted})
         release = merged_stable(placed)
         log.info("release-placed release=%s placement=%s (was %s)", release.release_id,
                  ",".join(f"{b}:{n}" for b, n in wanted.items()),
@@ -110,12 +119,21 @@ class HelmPool:
             placed[backend] = (release, values)
         return placed
 
-    async def _retire(self, namespace: str, name: str, backends: list[str]) -> None:
-        """The stable release of backends no longer placed: out of the routes first, then uninstalled."""
-        for backend in backends:
+    async def _retire(self, namespace: str, name: str, releases: Mapping[str, Release | None]) -> None:
+        """The stable release of backends no longer placed (None: not read, e.g. not a pool's): out of
+        the routes first, then drained, then uninstalled."""
+        for backend in releases:
             self._note(backend, namespace, name, {"stable": None})
-        for backend in backends:
+        for backend, release in releases.items():
+            if release is not None:
+                await self._drained(release)
             await self._driver_of(backend).remove(namespace, name, "stable")
+
+    async def _drained(self, release: Release) -> None:
+        """Wait until the gateways let go of a release that left the routes (at most the drain's own
+        timeout: a release uninstalled then still finishes, on SIGTERM, what its pods received)."""
+        if self._drain is not None:
+            await self._drain(release)
 
     async def _find(self, namespace: str, name: str, track: Track,
                     members: list[str]) -> tuple[str, dict[str, Any]] | None:

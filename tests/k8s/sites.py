@@ -18,7 +18,7 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,9 +74,13 @@ class ClusterSite:
         """A namespace enforcing Pod Security `restricted`: every pod plnt creates must be admitted there."""
         k8s.CoreV1Api(self.api()).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels=RESTRICTED)))
 
-    def backend_yaml(self, name: str, namespace: str, gpu_classes: Sequence[str] = ()) -> str:
+    def backend_yaml(self, name: str, namespace: str, gpu_classes: Sequence[str] = (), *,
+                     labels: Mapping[str, str] | None = None, capacity_replicas: int | None = None) -> str:
+        """A PlntBackend of type kubernetes on this cluster; `labels` and `capacity_replicas` for a pool's member."""
         return ("apiVersion: plnt.work/v1\nkind: PlntBackend\nmetadata:\n"
-                f"  name: {name}\nspec:\n  type: kubernetes\n  gpuClasses: {json.dumps(list(gpu_classes))}\n"
+                f"  name: {name}\n" + (f"  labels: {json.dumps(dict(labels))}\n" if labels else "") +
+                f"spec:\n  type: kubernetes\n  gpuClasses: {json.dumps(list(gpu_classes))}\n" +
+                (f"  capacity: {{replicas: {capacity_replicas}}}\n" if capacity_replicas is not None else "") +
                 f"  kubernetes:\n    namespace: {namespace}\n"
                 f"    kubeconfig: {self.cluster.kubeconfig}\n    clusterDomain: {self.domain}\n")
 

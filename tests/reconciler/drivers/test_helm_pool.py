@@ -1,18 +1,24 @@
 """A pool's Helm releases, the pure parts, table-tested: the replica count and placement each backend's
 release is rendered with (`pool_replicas`), and how the releases of several backends become the one
-Release the plan and the gateway see (`merged`, `merged_live`, `Release.replicas_by_backend`). The
-helm calls themselves run against a real cluster in tests/k8s/test_pool_on_cluster.py."""
+Release the plan and the gateway see (`merged`, `merged_live`, `Release.replicas_by_backend`); and,
+over FAKE Helm drivers, the order the DriverSet keeps when a backend leaves (routes, drain, uninstall)
+and a live read racing a re-placement. The helm calls themselves run against a real cluster in
+tests/k8s/test_pool_on_cluster.py and, through `plnt up`, tests/k8s/test_pool_through_plnt_up.py."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
-from plnt.core.specs.models import PlntBackend
+from plnt.core.specs.models import PlntBackend, WorkflowRun
+from plnt.reconciler.drivers.driver_set import DriverSet
 from plnt.reconciler.drivers.helm import chart_replicas, pool_replicas
 from plnt.reconciler.drivers.helm_pool import merged, merged_live
+from plnt.reconciler.drivers.local import LocalDriver
 from plnt.reconciler.errors import DriverError
-from plnt.reconciler.state import LiveWorkflow, Release
+from plnt.reconciler.state import LiveWorkflow, Release, StateDir
 
 from tests.reconciler.drivers.test_helm_driver import request
 
@@ -81,3 +87,100 @@ def test_a_local_pools_processes_are_counted_one_by_one() -> None:
     """A local pool's release names a pid: each process counts, whatever the placement says."""
     local = helm_release("east", 2).model_copy(update={"pid": 42, "placement": {"east": 2}})
     assert local.replicas_by_backend() == {"east": 1}  # one process recorded so far
+
+
+# --- the DriverSet's pool over FAKE Helm drivers: the order of routes, drain and uninstall ----------
+
+KEY = "team-a/rr"
+EAST, WEST = "http://rr.agents-east.svc.cluster.local", "http://rr.agents-west.svc.cluster.local"
+
+
+class FakeMember:
+    """FAKE HelmDriver of one pool member (no helm, no cluster): its stable release in memory, each call
+    logged in `events`; with `gate` set, `live()` reads the release first and answers once the gate opens
+    (a `helm list` under way while plnt changes the backend)."""
+
+    def __init__(self, name: str, events: list[tuple[Any, ...]]) -> None:
+        self.name, self.events = name, events
+        self.stable: Release | None = helm_release(name, 1)
+        self.gate: asyncio.Event | None = None
+
+    async def live(self) -> dict[str, LiveWorkflow]:
+        view = {KEY: LiveWorkflow(namespace="team-a", name="rr", stable=self.stable)} if self.stable else {}
+        if self.gate is not None:
+            self.events.append(("reading", self.name))
+            await self.gate.wait()
+        return view
+
+    async def track_values(self, namespace: str, name: str, track: str) -> dict[str, Any] | None:
+        return {"placement": self.stable.placement} if track == "stable" and self.stable is not None else None
+
+    def release_of(self, namespace: str, name: str, track: str, values: dict[str, Any]) -> Release:
+        return helm_release(self.name, 1, track=track)
+
+    async def place(self, values: dict[str, Any], placement: dict[str, int]) -> Release:
+        self.stable = helm_release(self.name, placement[self.name]).model_copy(update={"placement": placement})
+        return self.stable
+
+    async def remove(self, namespace: str, name: str, track: str) -> None:
+        self.events.append(("uninstall", self.name, track))
+        self.stable = None
+
+
+def pool_of_fakes(tmp_path: Path, events: list[tuple[Any, ...]], *, drain: bool) -> tuple[DriverSet, dict[str, FakeMember]]:
+    """A DriverSet whose WorkflowRun team-a/rr runs on a pool of two FAKE members, one pod on each;
+    `events` gets each route change (the endpoints routed) and, with `drain`, each drain."""
+    members = {name: FakeMember(name, events) for name in ("east", "west")}
+    state = StateDir(tmp_path / "state").ensure()
+
+    def routed() -> tuple[str, ...]:
+        live = drivers.snapshot().get(KEY)
+        return live.stable.endpoints if live is not None and live.stable is not None else ()
+
+    async def drained(release: Release) -> None:
+        events.append(("drain", release.endpoint, routed()))
+
+    drivers = DriverSet(LocalDriver(state), state, lambda backend, _: members[backend.metadata.name],  # type: ignore[arg-type, return-value]
+                        on_change=lambda: events.append(("routes", routed())), drain=drained if drain else None)
+    run = WorkflowRun.model_validate({
+        "apiVersion": "plnt.work/v1", "kind": "WorkflowRun", "metadata": {"name": "rr", "namespace": "team-a"},
+        "spec": {"workflow": {"ref": "rr@1.2.0", "registry": "oci://registry.example/recipes"},
+                 "backend": {"refs": ["east", "west"]}, "replicas": {"min": 2, "max": 2}}})
+    drivers.remember(run, kube("east"), [kube("east"), kube("west")])
+    return drivers, members
+
+
+async def test_a_backend_placed_at_0_leaves_the_routes_is_drained_and_only_then_uninstalled(tmp_path: Path) -> None:
+    """With FAKE Helm drivers: the order helm_pool keeps. Before, west was uninstalled right after it
+    left the routes, and requests the gateways had sent it were cut (502) in the pool's e2e test."""
+    events: list[tuple[Any, ...]] = []
+    drivers, _ = pool_of_fakes(tmp_path, events, drain=True)
+    assert (await drivers.live())[KEY].stable.endpoints == (EAST, WEST)  # type: ignore[union-attr]
+    events.clear()
+    moved = await drivers.place_replicas("team-a", "rr", {"east": 2, "west": 0})
+    assert moved.endpoints == (EAST,) and moved.placement == {"east": 2}
+    drains = [e for e in events if e[0] == "drain"]
+    assert drains == [("drain", WEST, (EAST,))], events  # drained once out of the routes
+    assert events.index(drains[0]) < events.index(("uninstall", "west", "stable")), events
+
+
+async def test_a_live_read_begun_before_plnt_took_a_release_out_does_not_put_it_back(tmp_path: Path) -> None:
+    """With FAKE Helm drivers: a pass's `helm list` of west, under way while the plan's re-placement
+    takes west out of the routes and uninstalls it, answers what west ran before; that answer must not
+    route to west again (it did, for a pass, and the gateways sent requests to pods being deleted)."""
+    events: list[tuple[Any, ...]] = []
+    drivers, members = pool_of_fakes(tmp_path, events, drain=False)
+    await drivers.live()
+    members["west"].gate = asyncio.Event()
+    reading = asyncio.create_task(drivers.live())
+    while ("reading", "west") not in events:
+        await asyncio.sleep(0)
+    await drivers.place_replicas("team-a", "rr", {"east": 2, "west": 0})
+    assert ("uninstall", "west", "stable") in events
+    members["west"].gate.set()
+    stale = (await reading)[KEY].stable
+    assert stale is not None and stale.endpoints == (EAST,), stale
+    assert drivers.snapshot()[KEY].stable.endpoints == (EAST,)  # type: ignore[union-attr]
+    assert [e for e in events if e[0] == "routes"][-1] == ("routes", (EAST,)), events
+    members["west"].gate = None
+    assert (await drivers.live())[KEY].stable.replicas_by_backend() == {"east": 2}  # type: ignore[union-attr]
