@@ -58,6 +58,7 @@ class DriverSet:
         self._backends = {name: PlntBackend.model_validate(doc) for name, doc in saved.get("backends", {}).items()}
         self._pools: dict[str, list[str]] = saved.get("pools", {})  # namespace/name -> its Kubernetes pool's members
         self._pool = HelmPool(lambda backend: self._helm_driver(self._backends[backend]), self._note_at, drain)
+        self._drain = drain
         self._specs = SpecCache()
         self._remembered: SpecSet | None = None  # the spec set assign() last remembered
         self._assigned_by: SpecSet | None = None  # the spec set the assignments are those of (None: changed since)
@@ -193,7 +194,15 @@ class DriverSet:
     async def promote(self, namespace: str, name: str) -> Release:
         if (members := self._pool_of(namespace, name)) is not None:
             return await self._pool.promote(namespace, name, members)
-        release = await self.driver_for(namespace, name).promote(namespace, name)
+        driver = self.driver_for(namespace, name)
+        if isinstance(driver, HelmDriver):
+            async def canary_leaving(stable: Release, canary: Release) -> None:
+                self._note(namespace, name, {"stable": stable, "canary": None})  # the routes: stable only
+                await self._drained(canary)
+
+            release = await driver.promote(namespace, name, canary_leaving=canary_leaving)
+        else:  # (the local driver drains the runners it stops itself)
+            release = await driver.promote(namespace, name)
         self._note(namespace, name, {"stable": release, "canary": None})
         return release
 
@@ -210,8 +219,22 @@ class DriverSet:
         if (members := self._pool_of(namespace, name)) is not None:
             await self._pool.remove(namespace, name, track, members)
             return
-        await self.driver_for(namespace, name).remove(namespace, name, track)
+        driver = self.driver_for(namespace, name)
+        if isinstance(driver, HelmDriver) and (leaving := self._known_release(namespace, name, track)) is not None:
+            self._note(namespace, name, {track: None})  # out of the routes, let go of, then uninstalled
+            await self._drained(leaving)
+        await driver.remove(namespace, name, track)
         self._note(namespace, name, {track: None})
+
+    def _known_release(self, namespace: str, name: str, track: Track) -> Release | None:
+        """The release of `track` plnt last knew on the WorkflowRun's Kubernetes backend, if any."""
+        live = self._known.get(self._assigned.get(run_key(namespace, name), ""), {}).get(run_key(namespace, name))
+        return getattr(live, track) if live is not None else None
+
+    async def _drained(self, release: Release) -> None:
+        """Wait until the gateways let go of a Helm release that left the routes (see `drain`)."""
+        if self._drain is not None:
+            await self._drain(release)
 
     async def set_replicas(self, namespace: str, name: str, replicas: int) -> Release:
         if self._pool_of(namespace, name) is not None:

@@ -654,6 +654,7 @@ def chart_version(chart: str) -> str | None:
 AnySpec = WorkflowRunSpec | ModelDeploymentSpec
 # (namespace, name, spec fingerprint) -> the WorkflowRun or ModelDeployment spec with that fingerprint, or None.
 SpecLookup = Callable[[str, str, str], "AnySpec | None"]
+CanaryLeaving = Callable[[Release, Release], Awaitable[None]]  # (the promoted stable, the canary about to go)
 
 
 @dataclass
@@ -746,8 +747,12 @@ class HelmDriver:
         return await self._waiting_out_outages(f"install {request.namespace}/{request.name} ({request.track})",
                                                lambda: self._install(request))
 
-    async def promote(self, namespace: str, name: str) -> Release:
-        return await self._waiting_out_outages(f"promote {namespace}/{name}", lambda: self._promote(namespace, name))
+    async def promote(self, namespace: str, name: str, *, canary_leaving: CanaryLeaving | None = None) -> Release:
+        """The canary's values as the stable release, then the canary uninstalled; `canary_leaving`
+        (the promoted stable, the canary) runs in between, once the stable serves: the routes let go
+        of the canary there before its pods go."""
+        return await self._waiting_out_outages(f"promote {namespace}/{name}",
+                                               lambda: self._promote(namespace, name, canary_leaving))
 
     async def set_traffic(self, namespace: str, name: str, percent: int, *,
                           canary_header: tuple[str, str] | None) -> Release:
@@ -874,7 +879,7 @@ class HelmDriver:
                 await self._upgrade(canary, values)
             return self._release(canary, values)
 
-    async def _promote(self, namespace: str, name: str) -> Release:
+    async def _promote(self, namespace: str, name: str, canary_leaving: CanaryLeaving | None = None) -> Release:
         stable, canary = release_name(name, "stable"), release_name(name, "canary")
         async with self._lock(namespace, name):
             canary_status = await self.status(canary)
@@ -893,6 +898,8 @@ class HelmDriver:
             values[_owner_key(values)]["trafficPercent"] = 0
             await self._stable_as(stable, namespace, name, values)
             promoted = await self._serving(self._release(stable, values))  # before the canary's Service goes
+            if canary_leaving is not None:
+                await canary_leaving(promoted, self._release(canary, canary_status.config))
             await self._uninstall(canary)
             return promoted
 

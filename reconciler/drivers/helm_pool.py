@@ -13,8 +13,8 @@ the clusters stay the record: a promotion, a re-placement or a restarted plnt re
 - place (the plan's re-placement, `place_replicas`): a helm upgrade per backend with its new count
   (an install where it is new), then the routes leave the backends placed at 0, then those are
   uninstalled.
-- a release leaving (the promoted canary, a backend no longer placed) is drained before helm
-  uninstalls it: `drain(release)` returns once every gateway process serves routes without its
+- a release leaving (the promoted canary, a backend no longer placed, a rolled back canary, a
+  removed run) is drained before helm uninstalls it: `drain(release)` returns once every gateway process serves routes without its
   Service and has no request left on it (as the local driver drains a runner it stops). Without
   it, requests the gateways had sent it, or sent it still on routes a moment old, were cut.
 - the route: `merged` makes the releases of every backend one Release (the first placed backend's,
@@ -104,9 +104,14 @@ class HelmPool:
         return release
 
     async def remove(self, namespace: str, name: str, track: Track, members: Iterable[str]) -> None:
+        """One track's release on every member (a rollback's canary, a removed run): out of the routes
+        everywhere first, then each drained and uninstalled."""
+        leaving: dict[str, Release | None] = {}
         for backend in members:
-            self._note(backend, namespace, name, {track: None})
-            await self._driver_of(backend).remove(namespace, name, track)
+            driver = self._driver_of(backend)
+            values = await driver.track_values(namespace, name, track)
+            leaving[backend] = driver.release_of(namespace, name, track, values) if values is not None else None
+        await self._retire(namespace, name, leaving, track)
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -119,15 +124,16 @@ class HelmPool:
             placed[backend] = (release, values)
         return placed
 
-    async def _retire(self, namespace: str, name: str, releases: Mapping[str, Release | None]) -> None:
-        """The stable release of backends no longer placed (None: not read, e.g. not a pool's): out of
-        the routes first, then drained, then uninstalled."""
+    async def _retire(self, namespace: str, name: str, releases: Mapping[str, Release | None],
+                      track: Track = "stable") -> None:
+        """A track's release on each of these backends (None: not read, e.g. none there, or not a
+        pool's): out of the routes first, then drained, then uninstalled."""
         for backend in releases:
-            self._note(backend, namespace, name, {"stable": None})
+            self._note(backend, namespace, name, {track: None})
         for backend, release in releases.items():
             if release is not None:
                 await self._drained(release)
-            await self._driver_of(backend).remove(namespace, name, "stable")
+            await self._driver_of(backend).remove(namespace, name, track)
 
     async def _drained(self, release: Release) -> None:
         """Wait until the gateways let go of a release that left the routes (at most the drain's own

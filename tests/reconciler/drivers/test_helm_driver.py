@@ -904,6 +904,54 @@ async def test_routes_come_from_every_backend_with_the_canary_share_and_sticky_s
     assert len(changes) == 3
 
 
+async def test_a_canary_leaving_one_kubernetes_backend_is_out_of_the_routes_and_drained_before_its_uninstall(
+        tmp_path: Path) -> None:
+    """Promotion and rollback on one Kubernetes backend (FAKE helm, canned output; no cluster): the
+    canary leaves the routes, the gateways let go of it (`drain`), and only then helm uninstalls it.
+    Before, the uninstall came first, and requests the gateways had sent the canary were cut."""
+    from plnt.core.specs.loader import SpecSet
+    from plnt.reconciler.drivers.driver_set import DriverSet
+    from plnt.reconciler.drivers.local import LocalDriver
+    from plnt.reconciler.state import Release, StateDir
+
+    state = StateDir(tmp_path / "state").ensure()
+    promoted = values()
+    promoted["track"] = "stable"
+    promoted["workflow"]["trafficPercent"] = 0
+    fake = (FakeHelm().expect("status", STABLE, rc=1, stderr=NOT_FOUND).expect("upgrade")
+            .expect("status", CANARY, rc=1, stderr=NOT_FOUND).expect("upgrade")
+            .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+            .expect("status", STABLE, stdout=status_json(STABLE, "deployed", 1, values(RUN_OLD, "stable")))
+            .expect("upgrade", stdout="{}")
+            .expect("uninstall", CANARY)
+            .expect("status", CANARY, rc=1, stderr=NOT_FOUND).expect("upgrade")
+            .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+            .expect("uninstall", CANARY))
+    events: list[tuple[str, ...]] = []
+
+    async def drain(release: Release) -> None:
+        live = drivers.snapshot()["team-a/review-responder"]
+        events.append(("drain", release.endpoint, live.canary.endpoint if live.canary else "no canary routed",
+                       str(sum(call[0] == "uninstall" for call in fake.calls))))
+
+    drivers = DriverSet(LocalDriver(state), state, lambda b, lookup: HelmDriver(b, lookup, image=IMAGE, runner=fake),
+                        drain=drain)
+    for workflow in (RUN_OLD, RUN):
+        drivers.assign(SpecSet(workflow_runs={workflow.key: workflow}, backends={BACKEND.metadata.name: BACKEND}))
+    await drivers.install(request(RUN_OLD, "stable"))
+    canary_endpoint = "http://review-responder-canary.agents.svc.cluster.local"
+    await drivers.install(request(RUN, "canary"))
+    stable = await drivers.promote("team-a", "review-responder")
+    assert stable.version == "1.2.0"
+    assert events == [("drain", canary_endpoint, "no canary routed", "0")], events  # drained, then uninstalled
+
+    await drivers.install(request(RUN, "canary"))
+    await drivers.remove("team-a", "review-responder", "canary")  # a rollback
+    fake.done()
+    assert events[1:] == [("drain", canary_endpoint, "no canary routed", "1")], events
+    assert drivers.snapshot()["team-a/review-responder"].canary is None
+
+
 @pytest.mark.parametrize(("install_timeout_s", "install", "remove"), [
     (150.0, 180.0, 180.0),   # the default: the steps keep their 3 minutes (recorded inputs replay as they were)
     (10.0, 180.0, 180.0),    # a shorter helm wait never shortens a step

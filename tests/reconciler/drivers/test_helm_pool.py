@@ -184,3 +184,17 @@ async def test_a_live_read_begun_before_plnt_took_a_release_out_does_not_put_it_
     assert [e for e in events if e[0] == "routes"][-1] == ("routes", (EAST,)), events
     members["west"].gate = None
     assert (await drivers.live())[KEY].stable.replicas_by_backend() == {"east": 2}  # type: ignore[union-attr]
+
+
+async def test_a_pools_removed_release_leaves_the_routes_on_every_backend_before_each_is_drained_and_uninstalled(
+        tmp_path: Path) -> None:
+    """With FAKE Helm drivers: a pool's release removed (the run gone from git) leaves the routes on both
+    backends first; each is drained, then uninstalled."""
+    events: list[tuple[Any, ...]] = []
+    drivers, _ = pool_of_fakes(tmp_path, events, drain=True)
+    await drivers.live()
+    events.clear()
+    await drivers.remove("team-a", "rr", "stable")
+    assert [e for e in events if e[0] != "routes"] == [
+        ("drain", EAST, ()), ("uninstall", "east", "stable"), ("drain", WEST, ()), ("uninstall", "west", "stable")]
+    assert KEY not in drivers.snapshot()
