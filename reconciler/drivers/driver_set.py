@@ -23,8 +23,10 @@ state is each member's view merged into one Release (one endpoint per backend's 
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from plnt.core.specs.loader import SpecSet
 from plnt.core.specs.models import Deployable, PlntBackend, RunnerLimits, run_key, spec_fingerprint
@@ -76,6 +78,9 @@ class DriverSet:
         # that WorkflowRun the noted state stands over the read until a read begun after it.
         self._changes = 0
         self._changed_at: dict[str, dict[str, int]] = {}
+        # (backend, key) -> helm operations of plnt's under way there (_changing): a read meanwhile sees
+        # a release mid-upgrade as not deployed (pending-upgrade), which is not "gone": the noted state stands.
+        self._in_progress: Counter[tuple[str, str]] = Counter()
 
     def assign(self, specs: SpecSet) -> None:
         # The reconciler passes the same SpecSet on every poll of one commit: its runs are remembered
@@ -185,46 +190,50 @@ class DriverSet:
     # --- the driver interface, dispatched ----------------------------------------------------
 
     async def install(self, request: InstallRequest) -> Release:
-        if request.placement is not None and self._pool_of(request.namespace, request.name) is not None:
-            return await self._pool.install(request)
-        release = await self.driver_for(request.namespace, request.name).install(request)
-        self._note(request.namespace, request.name, {request.track: release})
-        return release
+        with self._changing(request.namespace, request.name):
+            if request.placement is not None and self._pool_of(request.namespace, request.name) is not None:
+                return await self._pool.install(request)
+            release = await self.driver_for(request.namespace, request.name).install(request)
+            self._note(request.namespace, request.name, {request.track: release})
+            return release
 
     async def promote(self, namespace: str, name: str) -> Release:
-        if (members := self._pool_of(namespace, name)) is not None:
-            return await self._pool.promote(namespace, name, members)
-        driver = self.driver_for(namespace, name)
-        if isinstance(driver, HelmDriver):
-            async def canary_leaving(stable: Release, canary: Release) -> None:
-                self._note(namespace, name, {"stable": stable, "canary": None})  # the routes: stable only
-                await self._drained(canary)
+        with self._changing(namespace, name):
+            if (members := self._pool_of(namespace, name)) is not None:
+                return await self._pool.promote(namespace, name, members)
+            driver = self.driver_for(namespace, name)
+            if isinstance(driver, HelmDriver):
+                async def canary_leaving(stable: Release, canary: Release) -> None:
+                    self._note(namespace, name, {"stable": stable, "canary": None})  # the routes: stable only
+                    await self._drained(canary)
 
-            release = await driver.promote(namespace, name, canary_leaving=canary_leaving)
-        else:  # (the local driver drains the runners it stops itself)
-            release = await driver.promote(namespace, name)
-        self._note(namespace, name, {"stable": release, "canary": None})
-        return release
+                release = await driver.promote(namespace, name, canary_leaving=canary_leaving)
+            else:  # (the local driver drains the runners it stops itself)
+                release = await driver.promote(namespace, name)
+            self._note(namespace, name, {"stable": release, "canary": None})
+            return release
 
     async def set_traffic(self, namespace: str, name: str, percent: int, *,
                           canary_header: tuple[str, str] | None) -> Release:
-        if (members := self._pool_of(namespace, name)) is not None:
-            return await self._pool.set_traffic(namespace, name, percent, canary_header, members)
-        release = await self.driver_for(namespace, name).set_traffic(namespace, name, percent,
-                                                                     canary_header=canary_header)
-        self._note(namespace, name, {"canary": release})
-        return release
+        with self._changing(namespace, name):
+            if (members := self._pool_of(namespace, name)) is not None:
+                return await self._pool.set_traffic(namespace, name, percent, canary_header, members)
+            release = await self.driver_for(namespace, name).set_traffic(namespace, name, percent,
+                                                                         canary_header=canary_header)
+            self._note(namespace, name, {"canary": release})
+            return release
 
     async def remove(self, namespace: str, name: str, track: Track) -> None:
-        if (members := self._pool_of(namespace, name)) is not None:
-            await self._pool.remove(namespace, name, track, members)
-            return
-        driver = self.driver_for(namespace, name)
-        if isinstance(driver, HelmDriver) and (leaving := self._known_release(namespace, name, track)) is not None:
-            self._note(namespace, name, {track: None})  # out of the routes, let go of, then uninstalled
-            await self._drained(leaving)
-        await driver.remove(namespace, name, track)
-        self._note(namespace, name, {track: None})
+        with self._changing(namespace, name):
+            if (members := self._pool_of(namespace, name)) is not None:
+                await self._pool.remove(namespace, name, track, members)
+                return
+            driver = self.driver_for(namespace, name)
+            if isinstance(driver, HelmDriver) and (leaving := self._known_release(namespace, name, track)) is not None:
+                self._note(namespace, name, {track: None})  # out of the routes, let go of, then uninstalled
+                await self._drained(leaving)
+            await driver.remove(namespace, name, track)
+            self._note(namespace, name, {track: None})
 
     def _known_release(self, namespace: str, name: str, track: Track) -> Release | None:
         """The release of `track` plnt last knew on the WorkflowRun's Kubernetes backend, if any."""
@@ -237,12 +246,13 @@ class DriverSet:
             await self._drain(release)
 
     async def set_replicas(self, namespace: str, name: str, replicas: int) -> Release:
-        if self._pool_of(namespace, name) is not None:
-            raise DriverError(f"{namespace}/{name}: a pool's release is scaled by placing its replicas "
-                              "(place_replicas), not by a count")
-        release = await self.driver_for(namespace, name).set_replicas(namespace, name, replicas)
-        self._note(namespace, name, {"stable": release})
-        return release
+        with self._changing(namespace, name):
+            if self._pool_of(namespace, name) is not None:
+                raise DriverError(f"{namespace}/{name}: a pool's release is scaled by placing its replicas "
+                                  "(place_replicas), not by a count")
+            release = await self.driver_for(namespace, name).set_replicas(namespace, name, replicas)
+            self._note(namespace, name, {"stable": release})
+            return release
 
     async def place_replicas(self, namespace: str, name: str, placement: dict[str, int]) -> Release:
         """A pool's stable release run as `placement` (replicas per backend): a helm upgrade per
@@ -250,10 +260,11 @@ class DriverSet:
         local driver's processes moved, started and stopped (with the roles apart, ReportedRunners: the
         worker that runs them applies it). (A pool mixing local and Kubernetes backends is refused at
         the saga's validate step.)"""
-        if (members := self._pool_of(namespace, name)) is not None:
-            return await self._pool.place(namespace, name, placement, members)
-        release: Release = await self.local.place_replicas(namespace, name, placement)
-        return release
+        with self._changing(namespace, name):
+            if (members := self._pool_of(namespace, name)) is not None:
+                return await self._pool.place(namespace, name, placement, members)
+            release: Release = await self.local.place_replicas(namespace, name, placement)
+            return release
 
     def knows(self, namespace: str, name: str) -> bool:
         """Whether this DriverSet knows the WorkflowRun's backend (it assigned or remembered it)."""
@@ -387,10 +398,29 @@ class DriverSet:
             known[key] = item
         self._remember(backend, known)
 
+    @contextlib.contextmanager
+    def _changing(self, namespace: str, name: str) -> Iterator[None]:
+        """Around one of plnt's changes to a WorkflowRun's releases: a live read of its backends that
+        overlaps any part of it keeps plnt's noted state for that WorkflowRun (_newer_notes)."""
+        key = run_key(namespace, name)
+        backends = self._pools.get(key) or [self._assigned.get(key, "")]
+        for backend in backends:
+            self._in_progress[backend, key] += 1
+        try:
+            yield
+        finally:
+            self._changes += 1
+            for backend in backends:
+                self._in_progress[backend, key] -= 1
+                if not self._in_progress[backend, key]:
+                    del self._in_progress[backend, key]
+                self._changed_at.setdefault(backend, {})[key] = self._changes
+
     def _newer_notes(self, backend: str, found: dict[str, LiveWorkflow], began: int) -> dict[str, LiveWorkflow]:
-        """A read of `backend` begun at change `began`, with what plnt changed there since (its known
-        state) in place of what the read found for those WorkflowRuns."""
+        """A read of `backend` begun at change `began`, with what plnt changed there since, or is
+        changing now (its known state), in place of what the read found for those WorkflowRuns."""
         newer = [key for key, at in self._changed_at.get(backend, {}).items() if at > began]
+        newer += [key for (where, key) in self._in_progress if where == backend and key not in newer]
         if not newer:
             return found
         known = self._known.get(backend, {})

@@ -98,15 +98,20 @@ EAST, WEST = "http://rr.agents-east.svc.cluster.local", "http://rr.agents-west.s
 class FakeMember:
     """FAKE HelmDriver of one pool member (no helm, no cluster): its stable release in memory, each call
     logged in `events`; with `gate` set, `live()` reads the release first and answers once the gate opens
-    (a `helm list` under way while plnt changes the backend)."""
+    (a `helm list` under way while plnt changes the backend); with `upgrading` set, `place()` holds the
+    release pending until it opens (a helm upgrade --wait)."""
 
     def __init__(self, name: str, events: list[tuple[Any, ...]]) -> None:
         self.name, self.events = name, events
         self.stable: Release | None = helm_release(name, 1)
         self.gate: asyncio.Event | None = None
+        self.upgrading: asyncio.Event | None = None  # set: `place` waits for it, its release pending meanwhile
+        self.pending = False
 
     async def live(self) -> dict[str, LiveWorkflow]:
-        view = {KEY: LiveWorkflow(namespace="team-a", name="rr", stable=self.stable)} if self.stable else {}
+        # (a release pending-upgrade is not "deployed": HelmDriver.live leaves it out)
+        view = {KEY: LiveWorkflow(namespace="team-a", name="rr", stable=self.stable)} \
+            if self.stable and not self.pending else {}
         if self.gate is not None:
             self.events.append(("reading", self.name))
             await self.gate.wait()
@@ -119,6 +124,10 @@ class FakeMember:
         return helm_release(self.name, 1, track=track)
 
     async def place(self, values: dict[str, Any], placement: dict[str, int]) -> Release:
+        if self.upgrading is not None:  # helm upgrade --wait under way: helm lists it pending-upgrade
+            self.pending = True
+            await self.upgrading.wait()
+            self.pending = False
         self.stable = helm_release(self.name, placement[self.name]).model_copy(update={"placement": placement})
         return self.stable
 
@@ -198,3 +207,23 @@ async def test_a_pools_removed_release_leaves_the_routes_on_every_backend_before
     assert [e for e in events if e[0] != "routes"] == [
         ("drain", EAST, ()), ("uninstall", "east", "stable"), ("drain", WEST, ()), ("uninstall", "west", "stable")]
     assert KEY not in drivers.snapshot()
+
+
+async def test_a_live_read_while_plnt_upgrades_a_release_does_not_find_it_gone(tmp_path: Path) -> None:
+    """With FAKE Helm drivers: a pass's live read while the re-placement's helm upgrade of east is under
+    way finds east's release pending (helm lists it, HelmDriver.live leaves it out). That is not gone: the
+    release plnt knows stands, and the routes keep it. (It read as gone, and the reconciler started a
+    self-heal saga in the middle of the move.)"""
+    events: list[tuple[Any, ...]] = []
+    drivers, members = pool_of_fakes(tmp_path, events, drain=False)
+    await drivers.live()
+    members["east"].upgrading = asyncio.Event()
+    moving = asyncio.create_task(drivers.place_replicas("team-a", "rr", {"east": 2, "west": 0}))
+    while not members["east"].pending:
+        await asyncio.sleep(0)
+    during = (await drivers.live())[KEY].stable
+    assert during is not None and during.endpoints == (EAST, WEST), during
+    members["east"].upgrading.set()
+    moved = await moving
+    assert moved.replicas_by_backend() == {"east": 2}
+    assert (await drivers.live())[KEY].stable.replicas_by_backend() == {"east": 2}  # type: ignore[union-attr]
