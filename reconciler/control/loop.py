@@ -227,6 +227,8 @@ class Reconciler:
             elif item.supersedes:
                 await self._sagas.cancel(item.namespace, item.name,
                                          why="a newer commit changed it; cancelling the running saga")
+            elif item.needs_saga and self._scale_under_way(item.key):
+                continue  # its release is changing in place: the scale's end wakes the loop, whose plan decides
             elif item.needs_saga and budget > 0:
                 starts.append(self._start_saga(item, specs, commit))
                 budget -= 1
@@ -399,11 +401,14 @@ class Reconciler:
                 self._statuses.update_nowait(status.namespace, status.name, pin=None,
                                              message=f"pin to {status.pin.version} released: the commit landed")
 
+    def _scale_under_way(self, key: str) -> bool:
+        running = self._scaling.get(key)
+        return running is not None and not running.done()
+
     def _start_scale(self, item: PlanItem, specs: SpecSet, commit: str) -> None:
         """Scale in place, in the background (a model server takes seconds to load): one at a time per
         WorkflowRun; its end wakes the loop, whose next plan sees the new count."""
-        running = self._scaling.get(item.key)
-        if running is not None and not running.done():
+        if self._scale_under_way(item.key):
             return
         task = asyncio.create_task(self._scale(item, specs, commit), name=f"scale {item.key}")
         self._scaling[item.key] = task

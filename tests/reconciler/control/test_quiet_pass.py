@@ -170,3 +170,41 @@ async def test_saga_ends_that_keep_waking_the_loop_still_let_it_fetch_each_inter
             await asyncio.sleep(0.03)
     assert counter.passes > 10 and counter.fetches >= 3, vars(counter)
     assert counter.fetches < counter.passes / 2, vars(counter)
+
+
+async def test_no_saga_starts_for_a_run_while_its_scale_in_place_is_under_way(
+        spec_repo: SpecRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass during a scale in place whose live read does not find the release (a Helm release
+    mid-upgrade lists as pending) plans a self-heal, which must wait for the scale's end, not start a
+    saga beside it. (No Temporal client here: a saga started would fail the pass.)"""
+    reconciler, _, _, driver = in_sync(spec_repo, tmp_path)
+    await reconciler.reconcile_once()
+    upgrading = asyncio.Event()
+    scaled: list[int] = []
+
+    async def set_replicas(namespace: str, name: str, replicas: int) -> Release:
+        await upgrading.wait()
+        scaled.append(replicas)
+        record = driver.local.record_of(namespace, name)
+        assert record is not None and record.stable is not None
+        return record.stable
+
+    monkeypatch.setattr(driver, "set_replicas", set_replicas)
+    spec_repo.replace("workflowruns/review-responder.yaml", "replicas: {min: 1, max: 1}", "replicas: {min: 2, max: 2}")
+    spec_repo.commit("two replicas")
+    items = {item.key: item for item in await reconciler.reconcile_once()}
+    assert items["default/review-responder"].action is Action.SCALE
+
+    real_live = driver.live
+
+    async def mid_upgrade() -> dict[str, LiveWorkflow]:
+        return {key: live for key, live in (await real_live()).items() if key != "default/review-responder"}
+
+    monkeypatch.setattr(driver, "live", mid_upgrade)
+    monkeypatch.setattr(driver, "drift", mid_upgrade)
+    during = {item.key: item for item in await reconciler.reconcile_once()}
+    assert during["default/review-responder"].needs_saga  # it reads as gone...
+    assert reconciler.running_sagas == set()  # ...and no saga started while the scale runs
+    upgrading.set()
+    await asyncio.sleep(0.05)
+    assert scaled == [2]
