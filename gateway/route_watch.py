@@ -491,12 +491,15 @@ _FOLLOWER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 class DrainRequest(BaseModel):
     """`POST /internal/drain`: wait until no gateway routes to, or has a request on, one runner
-    (what a `plnt worker` asks before it stops a runner that left the routes)."""
+    (what a `plnt worker` asks before it stops a runner that left the routes). `leaving`: the runner
+    is a Helm release the worker is about to uninstall, which only the control plane's own reads
+    would take out of the routes: it takes it out first."""
 
     model_config = _STRICT
 
     endpoint: str = Field(max_length=2048, pattern=_ENDPOINT)
     timeout_s: float = Field(gt=0, le=600)
+    leaving: bool = False
 
 
 MAX_DRAIN_BODY = 4096
@@ -530,10 +533,12 @@ MAX_WAKE_BODY = 4096
 
 
 def add_control_routes(app: Any, publisher: RoutePublisher, internal_token: str | None,
-                       wake: Callable[[str, str, str], Awaitable[str | None]] | None = None) -> None:
+                       wake: Callable[[str, str, str], Awaitable[str | None]] | None = None,
+                       leaving: Callable[[str], object] | None = None) -> None:
     """Mount `GET /internal/routes` on a gateway app (plnt up's, or the reconcile role's), and with
     `wake`, `POST /internal/wake` (what plnt up's gateway workers ask when a runner parked); their
-    auth is `internal_guard`'s."""
+    auth is `internal_guard`'s. `leaving(endpoint)`: takes a release a worker uninstalls out of the
+    routes and publishes them (a drain request's `leaving`)."""
     guard = internal_guard(app, internal_token)
 
     if wake is not None:
@@ -560,6 +565,8 @@ def add_control_routes(app: Any, publisher: RoutePublisher, internal_token: str 
         asked = await _read_request(request, DrainRequest, MAX_DRAIN_BODY, "a drain request")
         if isinstance(asked, Response):
             return asked
+        if asked.leaving and leaving is not None:
+            leaving(asked.endpoint)
         outcome = await release_everywhere(publisher, app.gateway.router, asked.endpoint, asked.timeout_s)
         return JSONResponse({"drained": outcome.drained, "waited_s": round(outcome.waited_s, 3),
                              "version": outcome.version, "followers": outcome.followers,

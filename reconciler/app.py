@@ -361,8 +361,9 @@ def registry_options(settings: Settings) -> RegistryOptions:
 def make_driver_set(settings: Settings, local: LocalDriver | ReportedRunners, state: StateDir, *,
                     on_change: Callable[[], None] | None = None,
                     drain: Callable[[Release], Awaitable[object]] | None = None) -> DriverSet:
-    """`drain`: where the gateways follow this process's routes, how a pool's Helm release leaving them
-    is let go of before helm uninstalls it (helm_pool.py)."""
+    """`drain`: how a Helm release leaving the routes (a promoted or rolled back canary, a pool's member)
+    is let go of by the gateways before helm uninstalls it: in the process they follow, or, on a
+    worker, by asking the control plane (POST /internal/drain with `leaving`)."""
     def make_helm(backend: PlntBackend, specs: SpecLookup) -> HelmDriver:
         # Runner and model-server pods reach registries with plnt's own registry settings (their
         # credentials: a Secret); model releases get their own helm --wait (weights fetch and load).

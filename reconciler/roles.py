@@ -206,7 +206,8 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
         publisher.publish(table, [status.public() for status in statuses.all()])
 
     # Once per event-loop turn, however many changes it made. (Nothing drains here: a worker asks
-    # POST /internal/drain before it stops a runner, answered once every `plnt gateway` let go of it.)
+    # POST /internal/drain before it stops a runner or uninstalls a Helm release, answered once every
+    # `plnt gateway` let go of it.)
     refresh_routes = TurnBatched(rebuild_routes)
 
     def apply_fallbacks(fallbacks: dict[str, str]) -> None:  # its ModelDeployments' spec.fallback, by key
@@ -242,7 +243,15 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
                          host=settings.host)
     active = asyncio.Event()
     add_role_health(control, "reconciler", lambda: {"active": active.is_set()}, ready=active.is_set)
-    add_control_routes(control, publisher, access.internal_token)
+    def release_leaving(endpoint: str) -> None:
+        # A worker uninstalls this Helm release next (a promotion's canary, a rollback, a pool's member):
+        # out of the routes before its drain request waits for the gateways to let go.
+        for release in drivers.leaving(endpoint):
+            log.info("release-leaving release=%s endpoint=%s (a worker uninstalls it once drained)",
+                     release.release_id, endpoint)
+        refresh_routes.flush()
+
+    add_control_routes(control, publisher, access.internal_token, leaving=release_leaving)
     add_runner_reports(control, runners, internal_guard(control, access.internal_token))
     # Every `plnt gateway` process pushes its calls here; a worker's compare gate reads the ledger
     # (GET /internal/traffic). Kept in memory: a reconciler taking over starts it empty.
@@ -361,9 +370,15 @@ async def start_worker(settings: Settings) -> Role:
             await holder["reporter"].drain(release, timeout_s=settings.runners.stop_timeout_s,
                                            grace_s=settings.roles.drain_grace_s)
 
+        async def drain_helm_release(release: Release) -> None:
+            # A Helm release this worker uninstalls next: the control plane takes it out of the routes
+            # (its own live reads would, a pass later) and answers once the gateways let go of it.
+            await holder["reporter"].drain(release, timeout_s=settings.runners.stop_timeout_s,
+                                           grace_s=settings.roles.drain_grace_s, leaving=True)
+
         local = make_local_driver(settings, state, on_change=lambda: holder["reporter"].push_now(),
                                   drain=drain, limits_for=lambda ns, name: drivers.runner_limits(ns, name))
-        drivers = make_driver_set(settings, local, state)
+        drivers = make_driver_set(settings, local, state, drain=drain_helm_release)
         reporter = RunnerReporter(worker=identity, control_url=settings.roles.control_url, token=token, local=local,
                                   interval_s=settings.roles.report_interval_s)
         holder["reporter"] = reporter

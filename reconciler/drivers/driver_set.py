@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
@@ -42,6 +43,10 @@ from plnt.reconciler.state import LiveWorkflow, Release, StateDir, Track, atomic
 log = logging.getLogger(__name__)
 
 MakeHelmDriver = Callable[[PlntBackend, SpecLookup], HelmDriver]
+
+# How long a release a worker said it uninstalls stays out of the routes while live reads still find
+# it (`leaving`): an uninstall that failed leaves the release, which is then routed again.
+LEAVING_HOLD_S = 300.0
 
 
 class DriverSet:
@@ -81,6 +86,9 @@ class DriverSet:
         # (backend, key) -> helm operations of plnt's under way there (_changing): a read meanwhile sees
         # a release mid-upgrade as not deployed (pending-upgrade), which is not "gone": the noted state stands.
         self._in_progress: Counter[tuple[str, str]] = Counter()
+        # (backend, key, track) -> (release id, change count, when): Helm releases a worker is uninstalling
+        # (the roles apart: `leaving`), kept out of what live reads find until one begun after no longer does.
+        self._leaving: dict[tuple[str, str, Track], tuple[str, int, float]] = {}
 
     def assign(self, specs: SpecSet) -> None:
         # The reconciler passes the same SpecSet on every poll of one commit: its runs are remembered
@@ -229,16 +237,38 @@ class DriverSet:
                 await self._pool.remove(namespace, name, track, members)
                 return
             driver = self.driver_for(namespace, name)
-            if isinstance(driver, HelmDriver) and (leaving := self._known_release(namespace, name, track)) is not None:
+            if isinstance(driver, HelmDriver) and (leaving := await self._deployed(driver, namespace, name, track)):
                 self._note(namespace, name, {track: None})  # out of the routes, let go of, then uninstalled
                 await self._drained(leaving)
             await driver.remove(namespace, name, track)
             self._note(namespace, name, {track: None})
 
-    def _known_release(self, namespace: str, name: str, track: Track) -> Release | None:
-        """The release of `track` plnt last knew on the WorkflowRun's Kubernetes backend, if any."""
+    async def _deployed(self, driver: HelmDriver, namespace: str, name: str, track: Track) -> Release | None:
+        """The release of `track` on the WorkflowRun's Kubernetes backend: as plnt last knew it, else as
+        helm has it (a worker that did not make it, e.g. a rollback's canary another worker installed)."""
         live = self._known.get(self._assigned.get(run_key(namespace, name), ""), {}).get(run_key(namespace, name))
-        return getattr(live, track) if live is not None else None
+        if (known := getattr(live, track) if live is not None else None) is not None:
+            return known
+        if self._drain is None:
+            return None
+        values = await driver.track_values(namespace, name, track)
+        return driver.release_of(namespace, name, track, values) if values is not None else None
+
+    def leaving(self, endpoint: str) -> list[Release]:
+        """The Helm releases at `endpoint`, which a worker is about to uninstall (the roles apart: the
+        saga's promote or rollback runs there): out of the routes now, and kept out of what live reads
+        find until one begun after this no longer finds them (at most LEAVING_HOLD_S). Empty: plnt knows
+        no release there (nothing routes to it)."""
+        found: list[Release] = []
+        for backend, items in list(self._known.items()):
+            for key, item in list(items.items()):
+                for track in ("stable", "canary"):
+                    release: Release | None = getattr(item, track)
+                    if release is not None and release.endpoint == endpoint:
+                        self._note_at(backend, item.namespace, item.name, {track: None})
+                        self._leaving[backend, key, track] = (release.release_id, self._changes, time.monotonic())
+                        found.append(release)
+        return found
 
     async def _drained(self, release: Release) -> None:
         """Wait until the gateways let go of a Helm release that left the routes (see `drain`)."""
@@ -309,7 +339,7 @@ class DriverSet:
                 continue
             if self._unknown.pop(name, None) is not None:
                 log.info("live-state-readable backend=%s releases=%d", name, len(found))
-            found = self._newer_notes(name, found, began)
+            found = self._newer_notes(name, self._kept_out(name, found, began), began)
             self._remember(name, found)
             views[name] = found
         return self._with_views(live, views)
@@ -415,6 +445,32 @@ class DriverSet:
                 if not self._in_progress[backend, key]:
                     del self._in_progress[backend, key]
                 self._changed_at.setdefault(backend, {})[key] = self._changes
+
+    def _kept_out(self, backend: str, found: dict[str, LiveWorkflow], began: int) -> dict[str, LiveWorkflow]:
+        """A read of `backend` begun at change `began`, less the releases a worker is uninstalling there
+        (`leaving`); a mark ends once a read begun after it finds the release gone (or another in its place)."""
+        for (where, key, track), (release_id, at, since) in list(self._leaving.items()):
+            if where != backend:
+                continue
+            item = found.get(key)
+            release: Release | None = getattr(item, track) if item is not None else None
+            if release is None or release.release_id != release_id:
+                if began >= at:
+                    del self._leaving[where, key, track]
+                continue
+            if time.monotonic() - since > LEAVING_HOLD_S:
+                log.warning("release-still-there release=%s backend=%s (a worker took it out of the routes %.0fs "
+                            "ago to uninstall it; routed again)", release_id, backend, time.monotonic() - since)
+                del self._leaving[where, key, track]
+                continue
+            assert item is not None
+            rest = item.model_copy(update={track: None})
+            found = {**found}
+            if rest.empty:
+                found.pop(key)
+            else:
+                found[key] = rest
+        return found
 
     def _newer_notes(self, backend: str, found: dict[str, LiveWorkflow], began: int) -> dict[str, LiveWorkflow]:
         """A read of `backend` begun at change `began`, with what plnt changed there since, or is

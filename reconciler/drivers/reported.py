@@ -191,18 +191,21 @@ class RunnerReporter:
         """Report at once (a runner started or stopped)."""
         self._now.set()
 
-    async def drain(self, release: Release, *, timeout_s: float, grace_s: float) -> bool:
+    async def drain(self, release: Release, *, timeout_s: float, grace_s: float, leaving: bool = False) -> bool:
         """Before a runner that left this worker's records stops: report that at once, then wait
         until the control plane says every gateway serves routes without it and has no request left
         on it (`POST /internal/drain`, at most `timeout_s`). A control plane that cannot say (one
-        without the endpoint, or unreachable) gets the fixed `grace_s` instead."""
+        without the endpoint, or unreachable) gets the fixed `grace_s` instead. `leaving`: a Helm
+        release this worker uninstalls next (no report names those: the control plane takes it out
+        of the routes on this request)."""
         self.push_now()
         url = self._url.removesuffix(RUNNERS_PATH) + DRAIN_PATH
         started = time.monotonic()
         try:
             async with httpx.AsyncClient(timeout=timeout_s + self._timeout_s, transport=self._transport) as client:
                 response = await client.post(url, headers=self._headers,
-                                             json={"endpoint": release.endpoint, "timeout_s": timeout_s})
+                                             json={"endpoint": release.endpoint, "timeout_s": timeout_s,
+                                                   **({"leaving": True} if leaving else {})})
             if response.status_code != 200:
                 raise ValueError(f"{response.status_code} {response.text[:300]}")
             answer = response.json()

@@ -595,3 +595,28 @@ async def test_internal_drain_takes_the_internal_token_and_a_bounded_request() -
     assert (await post(None, raw=b"{" + b" " * 10_000)).status_code == 413
     follower = await get(app, "/internal/routes?wait=0&follower=bad%20id", TOKEN)
     assert follower.status_code == 400 and "follower must be" in follower.text
+
+
+async def test_a_drain_of_a_leaving_release_takes_it_out_of_the_routes_before_it_waits() -> None:
+    """`leaving`: a Helm release a worker uninstalls next is only in the routes because the control
+    plane has not read its cluster since; the drain request takes it out (the `leaving` callback
+    publishes a table without it) and then waits for the gateways. Without the flag nothing changes
+    the routes, and the wait runs out while they still name it."""
+    app = create_app(Router(), list_workflows=list, tokens=token_set())
+    publisher = RoutePublisher(epoch="e1")
+    publisher.publish(table(), ROWS)
+    taken_out: list[str] = []
+
+    def leaving(endpoint: str) -> None:
+        taken_out.append(endpoint)
+        publisher.publish(without_canary(), ROWS)
+
+    add_control_routes(app, publisher, TOKEN, leaving=leaving)
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+        plain = await client.post("/internal/drain", json={"endpoint": C.endpoint, "timeout_s": 0.3}, headers=headers)
+        assert plain.json()["drained"] is False and taken_out == [], plain.text
+        left = await client.post("/internal/drain", json={"endpoint": C.endpoint, "timeout_s": 5, "leaving": True},
+                                 headers=headers)
+    assert left.status_code == 200 and left.json()["drained"] is True and left.json()["version"] == 2, left.text
+    assert taken_out == [C.endpoint]

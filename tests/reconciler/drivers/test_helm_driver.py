@@ -952,6 +952,33 @@ async def test_a_canary_leaving_one_kubernetes_backend_is_out_of_the_routes_and_
     assert drivers.snapshot()["team-a/review-responder"].canary is None
 
 
+async def test_a_worker_drains_a_canary_it_did_not_install_before_its_rollback_uninstalls_it(tmp_path: Path) -> None:
+    """A worker's DriverSet (the roles apart) rolling back a canary another worker installed (FAKE helm,
+    canned output; no cluster): it knows no release there, so it reads the canary from helm and has the
+    gateways let go of it (`drain`: the worker asks the control plane) before the uninstall."""
+    from plnt.core.specs.models import run_key
+    from plnt.reconciler.drivers.driver_set import DriverSet
+    from plnt.reconciler.drivers.local import LocalDriver
+    from plnt.reconciler.state import Release, StateDir
+
+    state = StateDir(tmp_path / "state").ensure()
+    fake = (FakeHelm().expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+            .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+            .expect("uninstall", CANARY))
+    drained: list[tuple[str, str, int]] = []
+
+    async def drain(release: Release) -> None:
+        drained.append((release.endpoint, release.track, sum(call[0] == "uninstall" for call in fake.calls)))
+
+    drivers = DriverSet(LocalDriver(state), state, lambda b, lookup: HelmDriver(b, lookup, image=IMAGE, runner=fake),
+                        drain=drain)
+    drivers.remember(RUN, BACKEND)  # as a saga step's input gives it to a worker
+    assert run_key("team-a", "review-responder") not in drivers.snapshot()
+    await drivers.remove("team-a", "review-responder", "canary")
+    fake.done()
+    assert drained == [("http://review-responder-canary.agents.svc.cluster.local", "canary", 0)]
+
+
 @pytest.mark.parametrize(("install_timeout_s", "install", "remove"), [
     (150.0, 180.0, 180.0),   # the default: the steps keep their 3 minutes (recorded inputs replay as they were)
     (10.0, 180.0, 180.0),    # a shorter helm wait never shortens a step

@@ -227,3 +227,42 @@ async def test_a_live_read_while_plnt_upgrades_a_release_does_not_find_it_gone(t
     moved = await moving
     assert moved.replicas_by_backend() == {"east": 2}
     assert (await drivers.live())[KEY].stable.replicas_by_backend() == {"east": 2}  # type: ignore[union-attr]
+
+
+async def test_a_release_a_worker_uninstalls_leaves_the_routes_and_stays_out_until_a_read_finds_it_gone(
+        tmp_path: Path) -> None:
+    """The control plane's side of a worker's drain (the roles apart), over FAKE Helm drivers: west's
+    release a worker is about to uninstall leaves the routes at once (`leaving`, asked by POST
+    /internal/drain), and a live read that still finds it (the worker's uninstall not done yet, or a
+    read begun before) does not route to it again. Once a read finds it gone the mark ends, and a
+    release placed there later is routed."""
+    events: list[tuple[Any, ...]] = []
+    drivers, members = pool_of_fakes(tmp_path, events, drain=False)
+    assert (await drivers.live())[KEY].stable.endpoints == (EAST, WEST)  # type: ignore[union-attr]
+    assert drivers.leaving("http://elsewhere.svc.cluster.local") == []
+    events.clear()
+    [left] = drivers.leaving(WEST)
+    assert left.endpoint == WEST and events == [("routes", (EAST,))]
+    assert (await drivers.live())[KEY].stable.endpoints == (EAST,)  # type: ignore[union-attr]  # still there
+    assert drivers.snapshot()[KEY].stable.endpoints == (EAST,)  # type: ignore[union-attr]
+    members["west"].stable = None  # the worker uninstalled it
+    await drivers.live()
+    members["west"].stable = helm_release("west", 1)  # placed there again later
+    assert (await drivers.live())[KEY].stable.endpoints == (EAST, WEST)  # type: ignore[union-attr]
+    assert drivers.snapshot()[KEY].stable.endpoints == (EAST, WEST)  # type: ignore[union-attr]
+
+
+async def test_a_release_a_worker_failed_to_uninstall_is_routed_again_after_the_hold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Over FAKE Helm drivers: a release still there LEAVING_HOLD_S after a worker said it uninstalls it
+    (its uninstall failed) serves again, with a warning, rather than staying unrouted for good."""
+    import plnt.reconciler.drivers.driver_set as driver_set
+
+    events: list[tuple[Any, ...]] = []
+    drivers, _ = pool_of_fakes(tmp_path, events, drain=False)
+    await drivers.live()
+    drivers.leaving(WEST)
+    assert (await drivers.live())[KEY].stable.endpoints == (EAST,)  # type: ignore[union-attr]
+    monkeypatch.setattr(driver_set, "LEAVING_HOLD_S", 0.0)
+    assert (await drivers.live())[KEY].stable.endpoints == (EAST, WEST)  # type: ignore[union-attr]
+    assert "release-still-there" in caplog.text

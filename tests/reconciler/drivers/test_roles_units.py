@@ -212,6 +212,45 @@ async def test_reporter_backs_off_when_the_control_api_is_down_and_recovers(capl
     assert "s3cret" not in logged
 
 
+async def test_a_workers_drain_of_a_helm_release_asks_the_control_plane_to_take_it_out_of_the_routes() -> None:
+    """The worker's request (RunnerReporter.drain with `leaving`) against the control plane's real
+    POST /internal/drain (add_control_routes, in process through httpx's ASGI transport): the endpoint
+    reaches the control plane's `leaving` hook before its drain waits, and the answer says drained once
+    the published routes no longer name it (no gateway follows here). A drain of a local runner the
+    worker stops does not ask that (its reports already left it out)."""
+    from plnt.core.auth import TokenSet
+    from plnt.core.routes import Backend, Route, RouteTable
+    from plnt.gateway.app import create_app
+    from plnt.gateway.route_watch import RoutePublisher, add_control_routes
+    from plnt.gateway.router import Router
+
+    canary = release("canary", "1.1.0").model_copy(update={"endpoint": "http://wf-canary.agents.svc.cluster.local",
+                                                          "pid": None})
+    publisher = RoutePublisher(epoch="e1")
+
+    def routes(*canaries: Release) -> RouteTable:
+        stable = Backend("http://wf.agents.svc.cluster.local", "1.0.0", "default.wf.1.0.0.abc")
+        return RouteTable([Route(namespace="default", name="wf", stable_replicas=(stable,), stable=None,
+                                 canary=next((Backend(c.endpoint, c.version, c.release_id) for c in canaries), None),
+                                 traffic_percent=10 if canaries else 0)])
+
+    publisher.publish(routes(canary), [])
+    taken_out: list[str] = []
+
+    def leaving(endpoint: str) -> None:
+        taken_out.append(endpoint)
+        publisher.publish(routes(), [])
+
+    app = create_app(Router(), list_workflows=list, tokens=TokenSet.parse("admin-t scopes=admin\n"))
+    add_control_routes(app, publisher, "s3cret", leaving=leaving)
+    reporter = RunnerReporter(worker="w1", control_url="http://control.test", token="s3cret",
+                              local=FakeDriver(records={}), transport=httpx.ASGITransport(app=app))
+    assert await reporter.drain(canary, timeout_s=5, grace_s=0, leaving=True)
+    assert taken_out == [canary.endpoint]
+    assert await reporter.drain(canary, timeout_s=0.2, grace_s=0)  # (no longer routed: at once)
+    assert taken_out == [canary.endpoint]
+
+
 # --- the role commands refuse what cannot work, with a clear line ----------------------------------
 
 
