@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import uvicorn
@@ -27,6 +28,31 @@ class ServerStartError(RuntimeError):
     """uvicorn could not start (port in use, lifespan startup failed, ...)."""
 
 
+class ClosingWhileDraining:
+    """An ASGI app whose HTTP answers say `connection: close` while `draining()` (QuietServer's
+    drain on stop): the client opens its next connection elsewhere, and none is cut under a request."""
+
+    def __init__(self, app: Any, draining: Callable[[], bool]) -> None:
+        self.app = app
+        self._draining = draining
+
+    def __getattr__(self, name: str) -> Any:  # what wrappers of the app look up on it (e.g. a LoadMeter's)
+        return getattr(self.app, name)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def closing(message: Any) -> None:  # (also an answer begun before the stop signal came)
+            if message["type"] == "http.response.start" and self._draining():
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, closing)
+
+
 class QuietServer(uvicorn.Server):
     """uvicorn's Server with its housekeeping tick once a second instead of ten times.
 
@@ -36,6 +62,17 @@ class QuietServer(uvicorn.Server):
     `request_exit()` wakes the loop at once; setting `should_exit` alone is seen within a second."""
 
     TICK_S = 1.0
+
+    def __init__(self, config: uvicorn.Config, *, drain_on_stop_s: float = 0.0) -> None:
+        """`drain_on_stop_s`: a SIGTERM leaves the server serving this long (`draining`; with
+        ClosingWhileDraining each answer closes its connection) before the shutdown. For a runner
+        behind a Kubernetes Service: its clients hold keep-alive connections through the Service to
+        this pod, and an idle one closed by the shutdown can meet a request already sent on it (lost:
+        the gateway cannot tell it from one the runner was doing). Closed after an answer instead, each
+        is let go of cleanly; after the client's keep-alive expiry none left open is reused."""
+        super().__init__(config)
+        self.drain_on_stop_s = drain_on_stop_s
+        self.draining = False
 
     async def main_loop(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -50,6 +87,11 @@ class QuietServer(uvicorn.Server):
             should_exit = await self.on_tick(counter)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
+        loop: asyncio.AbstractEventLoop | None = getattr(self, "_loop", None)
+        if sig == signal.SIGTERM and self.drain_on_stop_s > 0 and not self.draining and loop is not None:
+            self.draining = True  # (a second signal stops at once)
+            loop.call_soon_threadsafe(loop.call_later, self.drain_on_stop_s, self.request_exit)
+            return
         super().handle_exit(sig, frame)
         self._wake_up()
 

@@ -59,6 +59,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--limit-processes", type=int, default=None, help="RLIMIT_NPROC (counted per user by Linux)")
     parser.add_argument("--park-after-idle-s", type=float, default=None, metavar="S",
                         help="scale to zero: exit, recorded as parked, after S seconds without an invocation")
+    parser.add_argument("--drain-on-stop-s", type=float, default=0.0, metavar="S",
+                        help="after SIGTERM keep serving S seconds, each answer closing its connection, then "
+                             "stop (a pod behind a Service, whose clients keep connections to it; 0: stop at once)")
     return parser.parse_args(argv)
 
 
@@ -157,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.step_cache_size < 0:
         print("plnt.runner: --step-cache-size must be >= 0", file=sys.stderr)
         return 2
+    if not 0 <= args.drain_on_stop_s <= 600:
+        print("plnt.runner: --drain-on-stop-s must be between 0 and 600", file=sys.stderr)
+        return 2
     if args.park_after_idle_s is not None and not args.park_after_idle_s > 0:
         print("plnt.runner: --park-after-idle-s must be > 0", file=sys.stderr)
         return 2
@@ -167,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from plnt.core import telemetry
-    from plnt.core.server import QuietServer, uvicorn_config
+    from plnt.core.server import ClosingWhileDraining, QuietServer, uvicorn_config
     from plnt.runner.app import create_app
 
     try:  # here, after a zygote's fork: the span exporter's thread does not survive a fork
@@ -202,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     # date_header=False: nobody reads a runner's Date header (the gateway answers with its own), and
     # keeping it fresh is the only reason for uvicorn's housekeeping tick; without it an idle runner
     # wakes once a minute instead of once a second (exit still comes at once, see QuietServer).
+    if args.drain_on_stop_s > 0:
+        served = ClosingWhileDraining(served, lambda: server.draining)
     config = uvicorn_config(served, args.host, args.port, log_level="warning", access_log=False, log_config=None,
                             date_header=False)
     try:
@@ -209,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"plnt.runner: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1  # plnt starts it again on another port
-    server = QuietServer(config)
+    server = QuietServer(config, drain_on_stop_s=args.drain_on_stop_s)
     server.TICK_S = RUNNER_TICK_S
     try:
         server.run(sockets=[listener])

@@ -84,7 +84,8 @@ class DriverSet:
         self._changes = 0
         self._changed_at: dict[str, dict[str, int]] = {}
         # (backend, key) -> helm operations of plnt's under way there (_changing): a read meanwhile sees
-        # a release mid-upgrade as not deployed (pending-upgrade), which is not "gone": the noted state stands.
+        # a release mid-change as not deployed (pending-install; HelmDriver.live reads a pending-upgrade as its
+        # revision before), which is not "gone": the noted state stands.
         self._in_progress: Counter[tuple[str, str]] = Counter()
         # (backend, key, track) -> (release id, change count, when): Helm releases a worker is uninstalling
         # (the roles apart: `leaving`), kept out of what live reads find until one begun after no longer does.

@@ -582,6 +582,11 @@ class HelmListEntry:
     status: str
     chart: str
     app_version: str
+    updated: str = ""  # when this revision was made: a release uninstalled and installed again restarts at 1
+
+
+# Statuses of a release whose revision before still serves behind its Service (helm lists the new one).
+SERVING_WHILE_PENDING = frozenset({"pending-upgrade", "pending-rollback"})
 
 
 @dataclass(frozen=True)
@@ -622,7 +627,7 @@ def parse_list(stdout: str) -> list[HelmListEntry]:
     return [
         HelmListEntry(name=item["name"], namespace=item.get("namespace", ""), revision=int(item.get("revision", 0)),
                       status=item.get("status", "unknown"), chart=item.get("chart", ""),
-                      app_version=item.get("app_version", ""))
+                      app_version=item.get("app_version", ""), updated=str(item.get("updated", "")))
         for item in (json.loads(stdout or "[]") or [])
     ]
 
@@ -731,7 +736,9 @@ class HelmDriver:
         self._unavailable_wait_s = unavailable_wait_s
         self._locks: dict[str, asyncio.Lock] = {}
         self._tracing = tracing_values(os.environ if environ is None else environ)
-        self._live_values: dict[tuple[str, int], dict[str, Any]] = {}  # (release, revision) -> its values
+        # (release, revision, updated) -> its values. `updated` too: a canary uninstalled and installed again
+        # is revision 1 again, and a worker (whose reads are a saga's steps only) read the old one's values.
+        self._live_values: dict[tuple[str, int, str], dict[str, Any]] = {}
         self._values_reads: dict[tuple[str, int], asyncio.Future[dict[str, Any]]] = {}  # reads in flight
 
     @property
@@ -932,15 +939,22 @@ class HelmDriver:
              "-o", "json"], release="")
         found: dict[str, LiveWorkflow] = {}
         entries = parse_list(result.stdout)
-        listed = {(entry.name, entry.revision) for entry in entries}
+        listed = {(entry.name, entry.revision, entry.updated) for entry in entries}
         for entry in entries:
-            if entry.status != "deployed":
-                # pending-*: an install in flight or stuck (the next install recovers it); failed: the
-                # next install upgrades over it, and remove() uninstalls it whatever its status.
+            revision, updated = entry.revision, entry.updated
+            if entry.status in SERVING_WHILE_PENDING and entry.revision > 1:
+                # An upgrade under way (a worker's promotion or scale, with the roles apart): until the new
+                # pods are ready the Service serves those of the revision before, which is what runs. (Read
+                # as not live, the reconciler's routes lost the stable for the upgrade: 503s.)
+                revision, updated = entry.revision - 1, ""
+                listed.add((entry.name, revision, updated))
+            elif entry.status != "deployed":
+                # pending-install: an install in flight or stuck (the next install recovers it); failed:
+                # the next install upgrades over it, and remove() uninstalls it whatever its status.
                 log.warning("helm-release-not-live release=%s status=%s", entry.name, entry.status)
                 continue
             try:
-                values = await self._revision_values(entry.name, entry.revision)
+                values = await self._revision_values(entry.name, revision, updated)
             except _NotFound:
                 continue  # uninstalled between list and get
             try:
@@ -955,10 +969,10 @@ class HelmDriver:
         self._live_values = {key: v for key, v in self._live_values.items() if key in listed}
         return found
 
-    async def _revision_values(self, release: str, revision: int) -> dict[str, Any]:
+    async def _revision_values(self, release: str, revision: int, updated: str) -> dict[str, Any]:
         """A revision's values never change: read once, so an idle pass costs one `helm list`, not a
         `get values` per release; and once only when a pass and a saga step read it at the same time."""
-        key = (release, revision)
+        key = (release, revision, updated)
         if (known := self._live_values.get(key)) is not None:
             return known
         reading = self._values_reads.get(key)
@@ -1076,6 +1090,7 @@ class HelmDriver:
             Path(path).unlink(missing_ok=True)
 
     async def _uninstall(self, release: str) -> None:
+        self._live_values = {key: v for key, v in self._live_values.items() if key[0] != release}
         try:
             # Pods that stop need no fetch or load: the runners' timeout, whatever the release.
             await self._helm(["uninstall", release, *self._target_flags(), "--wait", "--timeout",

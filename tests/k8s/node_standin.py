@@ -17,7 +17,9 @@ place of containers (no images here):
 - a failing init container is retried with a back-off and reported as CrashLoopBackOff with its last
   output line, as the kubelet does; the pod is Ready only when each container's readiness probe
   (httpGet) answers 2xx, and not Ready again when a container exits (it is restarted);
-- a deleted pod's processes are stopped (SIGTERM, then SIGKILL after the grace period, at most 10 s).
+- a deleted pod's processes are stopped (SIGTERM, then SIGKILL after the grace period, at most 10 s),
+  each pod on a thread of its own: the Services keep following their EndpointSlices meanwhile (a
+  runner draining for seconds held the proxies on a gone pod's address, and connections to it failed).
 
 For each Service with a cluster IP, as kube-proxy and cluster DNS would: a line
 `CLUSTER_IP NAME.NS.svc.DOMAIN` (--cluster-domain) in --hosts-file (the namespace's /etc/hosts for
@@ -438,6 +440,7 @@ class Node:
         self.running: dict[str, PodRun] = {}  # by pod uid
         self.addresses = self._addresses(args.pod_cidr)
         self.taken: dict[str, str] = {}  # pod uid -> IP
+        self.stopping: list[threading.Thread] = []  # pods stopping (each within its grace)
 
     @staticmethod
     def _addresses(cidr: str) -> Iterator[str]:
@@ -459,12 +462,18 @@ class Node:
                 log.info("pod-start %s on %s ip=%s", run.key, pod.spec.node_name, ip)
                 run.start()
             elif uid in self.running and terminating:
-                self.running.pop(uid).stop()
+                self._stop(self.running.pop(uid))
         for uid in set(self.running) - seen:
-            self.running.pop(uid).stop()
+            self._stop(self.running.pop(uid))
         services = self.pods.core.list_service_for_all_namespaces().items
         slices = self.pods.discovery.list_endpoint_slice_for_all_namespaces().items
         self.proxies.sync(services, slices)
+
+    def _stop(self, run: PodRun) -> None:
+        """As the kubelet: the pod's grace runs on its own, not in the way of the next sync."""
+        thread = threading.Thread(target=run.stop, name=f"stop {run.key}", daemon=True)
+        self.stopping = [t for t in self.stopping if t.is_alive()] + [thread]
+        thread.start()
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -474,7 +483,9 @@ class Node:
                 log.warning("sync-failed %r", e)
             stop.wait(SYNC_INTERVAL_S)
         for run in list(self.running.values()):
-            run.stop()
+            self._stop(run)
+        for thread in self.stopping:
+            thread.join()
 
 
 def main(argv: list[str] | None = None) -> None:

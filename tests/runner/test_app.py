@@ -189,6 +189,38 @@ def test_runner_process_serves_invokes_and_stops_cleanly_on_sigterm() -> None:
 
 
 @pytest.mark.integration
+def test_a_runner_draining_on_stop_serves_on_and_closes_each_connection_after_its_answer() -> None:
+    """A runner behind a Kubernetes Service (`--drain-on-stop-s`, the chart's drainOnStopSeconds): after
+    SIGTERM it keeps serving, on kept-alive connections and new ones, each answer saying `connection:
+    close`, then stops. (Its shutdown used to close idle kept-alive connections at once, and a request a
+    gateway had just sent on one was lost: a 502 in tests/k8s/test_roles_apart_on_cluster.py.)"""
+    port = free_port()
+    process = subprocess.Popen(runner_command(RECIPES / "1.2.0", port, "--drain-on-stop-s", "2"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_healthy(process, port)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10.0, trust_env=False) as kept:
+            before = kept.post("/invoke", json=REVIEW)
+            assert before.status_code == 200 and "connection" not in before.headers
+            stopped_at = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            on_kept = kept.post("/invoke", json=REVIEW)  # the connection kept alive before the signal
+            assert on_kept.status_code == 200 and on_kept.headers["connection"] == "close"
+        fresh = httpx.post(f"http://127.0.0.1:{port}/invoke", json=REVIEW, timeout=10.0, trust_env=False)
+        assert fresh.status_code == 200 and fresh.headers["connection"] == "close"
+        assert process.poll() is None
+        _, stderr = process.communicate(timeout=10)
+        stopped_after = time.monotonic() - stopped_at
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0 and b"Traceback" not in stderr, stderr.decode()
+    assert 2.0 <= stopped_after, stopped_after
+
+
+@pytest.mark.integration
 def test_runner_process_refuses_oversized_heads_with_431() -> None:
     """The runner is served with the gateway's HTTP limits (core/limits.py)."""
     port = free_port()

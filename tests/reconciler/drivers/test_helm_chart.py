@@ -255,7 +255,7 @@ async def test_driver_manifests_render_and_validate_strictly(helm: str, validate
     assert container["command"] == ["python", "-m", "plnt.runner"]
     release_id = install_request(run, track).release_id
     assert container["args"] == ["--recipe", "/var/lib/plnt/recipe", "--host", "0.0.0.0", "--port", "8080",
-                                 "--release-id", release_id]
+                                 "--release-id", release_id, "--drain-on-stop-s", "5"]
     assert {"name": "recipe", "mountPath": "/var/lib/plnt", "readOnly": True} in container["volumeMounts"]
     [init] = pod["spec"]["initContainers"]
     assert init["image"] == container["image"] and init["command"] == ["plnt"]

@@ -569,7 +569,7 @@ async def test_live_parses_list_and_values_into_live_workflows() -> None:
     fake = (FakeHelm()
             .expect("list", stdout=list_json((STABLE, 7, "deployed", "workflow-runner-0.1.0"),
                                              (CANARY, 1, "deployed", "workflow-runner-0.1.0"),
-                                             ("summariser", 3, "pending-upgrade", "workflow-runner-0.1.0"),
+                                             ("summariser", 1, "pending-install", "workflow-runner-0.1.0"),
                                              ("summariser-canary", 1, "failed", "workflow-runner-0.1.0"),
                                              ("stray", 1, "deployed", "workflow-runner-0.1.0"),
                                              ("gone", 2, "deployed", "workflow-runner-0.1.0")))
@@ -590,6 +590,60 @@ async def test_live_parses_list_and_values_into_live_workflows() -> None:
     assert (workflow.canary.version, workflow.canary.traffic_percent) == ("1.2.0", 5)
     assert workflow.canary.spec_fingerprint == RUN.fingerprint()
     assert workflow.canary.endpoint == "http://review-responder-canary.agents.svc.cluster.local"
+
+
+async def test_a_release_mid_upgrade_is_live_as_the_revision_that_still_serves() -> None:
+    """A stable release pending-upgrade (a worker promoting it, the roles apart; FAKE helm, canned
+    output) is read as its revision before, which its Service serves until the new pods are ready.
+    Read as not live, the reconciler's routes had no stable for the upgrade: the gateway answered 503s."""
+    fake = (FakeHelm()
+            .expect("list", stdout=list_json((STABLE, 8, "pending-upgrade", "workflow-runner-0.1.0"),
+                                             (CANARY, 1, "deployed", "workflow-runner-0.1.0")))
+            .expect("get", "values", STABLE, stdout=json.dumps(values(RUN_OLD, "stable")) + "\n")
+            .expect("get", "values", CANARY, stdout=json.dumps(values()) + "\n")
+            .expect("list", stdout=list_json((STABLE, 8, "pending-upgrade", "workflow-runner-0.1.0"))))
+    helm = driver(fake, BACKEND, RUN, RUN_OLD)
+    during = (await helm.live())["team-a/review-responder"]
+    assert during.stable is not None and during.stable.version == "1.1.0", during
+    assert fake.calls[1][:5] == ["get", "values", STABLE, "--revision", "7"], fake.calls[1]
+    again = (await helm.live())["team-a/review-responder"]  # (its values read once)
+    fake.done()
+    assert again.stable == during.stable and again.canary is None
+
+
+async def test_a_canary_installed_again_is_read_with_its_values_not_those_of_the_one_before() -> None:
+    """A canary uninstalled and installed again is revision 1 again (FAKE helm, canned output). A driver
+    that read the first one's values must not answer them for the second: a worker (the roles apart,
+    no reconcile passes between its saga steps) saw the promoted 1.1.0 canary where 1.2.0 had been
+    installed, and the smoke test failed "no canary release of fingerprint ...". Told apart by the
+    revision's time; and this driver's own uninstall forgets what it read of the release."""
+    def listed(updated: str) -> str:
+        entries = json.loads(list_json((CANARY, 1, "deployed", "workflow-runner-0.1.0")))
+        entries[0]["updated"] = updated
+        return json.dumps(entries)
+
+    def values_of(workflow: WorkflowRun) -> str:
+        return json.dumps(values(workflow), separators=(",", ":")) + "\n"
+
+    fake = (FakeHelm()
+            .expect("list", stdout=listed("2025-11-29 21:40:02.1 +0000 UTC"))
+            .expect("get", "values", CANARY, stdout=values_of(RUN_OLD))
+            .expect("list", stdout=listed("2025-11-29 21:40:02.1 +0000 UTC"))  # the same revision: not read again
+            .expect("list", stdout=listed("2025-11-29 21:41:30.7 +0000 UTC"))  # installed again (by another process)
+            .expect("get", "values", CANARY, stdout=values_of(RUN))
+            .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values()))
+            .expect("uninstall", CANARY)
+            .expect("list", stdout=listed("2025-11-29 21:41:30.7 +0000 UTC"))  # (a clock that did not move)
+            .expect("get", "values", CANARY, stdout=values_of(RUN_OLD)))
+    helm = driver(fake, BACKEND, RUN, RUN_OLD)
+    versions = []
+    for _ in range(2):
+        versions.append((await helm.live())["team-a/review-responder"].canary.version)  # type: ignore[union-attr]
+    versions.append((await helm.live())["team-a/review-responder"].canary.version)  # type: ignore[union-attr]
+    await helm.remove("team-a", "review-responder", "canary")
+    versions.append((await helm.live())["team-a/review-responder"].canary.version)  # type: ignore[union-attr]
+    fake.done()
+    assert versions == ["1.1.0", "1.1.0", "1.2.0", "1.1.0"], versions
 
 
 async def test_a_pass_and_a_saga_step_reading_live_at_once_read_a_revision_once() -> None:

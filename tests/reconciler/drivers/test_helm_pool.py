@@ -109,7 +109,8 @@ class FakeMember:
         self.pending = False
 
     async def live(self) -> dict[str, LiveWorkflow]:
-        # (a release pending-upgrade is not "deployed": HelmDriver.live leaves it out)
+        # (a read that misses a release mid-change: HelmDriver.live leaves out one pending-install, and read
+        # a pending-upgrade one so before it took the revision before)
         view = {KEY: LiveWorkflow(namespace="team-a", name="rr", stable=self.stable)} \
             if self.stable and not self.pending else {}
         if self.gate is not None:
@@ -211,7 +212,7 @@ async def test_a_pools_removed_release_leaves_the_routes_on_every_backend_before
 
 async def test_a_live_read_while_plnt_upgrades_a_release_does_not_find_it_gone(tmp_path: Path) -> None:
     """With FAKE Helm drivers: a pass's live read while the re-placement's helm upgrade of east is under
-    way finds east's release pending (helm lists it, HelmDriver.live leaves it out). That is not gone: the
+    way finds east's release pending (the read misses it, as HelmDriver.live did). That is not gone: the
     release plnt knows stands, and the routes keep it. (It read as gone, and the reconciler started a
     self-heal saga in the middle of the move.)"""
     events: list[tuple[Any, ...]] = []
