@@ -8,6 +8,7 @@ from pathlib import Path
 
 from plnt.core.status import Phase
 from plnt.reconciler.plan.diff import Action
+from plnt.reconciler.plan.placement import GpusFree, NodeFree
 
 from tests.conftest import SpecRepo
 from tests.reconciler.control.test_quiet_pass import in_sync
@@ -76,9 +77,9 @@ async def test_the_loop_places_by_the_free_gpus_read_and_falls_back_when_the_rea
     await reconciler.reconcile_once()
     asked: list[list[str]] = []
 
-    async def none_free(backends: dict[str, object]) -> dict[str, dict[str, tuple[int, ...]] | str]:
+    async def none_free(backends: dict[str, object]) -> dict[str, GpusFree | str]:
         asked.append(sorted(backends))
-        return {name: {"nvidia.com/h100": (0, 0)} for name in backends}  # two Nodes, none free
+        return {name: {"nvidia.com/h100": (NodeFree("n1", 0), NodeFree("n2", 0))} for name in backends}  # none free
 
     reconciler.observe_gpus = none_free
     spec_repo.replace("backends/local.yaml", "type: local", "type: local\n  gpuClasses: [nvidia.com/h100]")
@@ -91,7 +92,7 @@ async def test_the_loop_places_by_the_free_gpus_read_and_falls_back_when_the_rea
     status = statuses.get("default/trainer")
     assert status is not None and status.phase is Phase.FAILED
 
-    async def broken(backends: dict[str, object]) -> dict[str, dict[str, tuple[int, ...]] | str]:
+    async def broken(backends: dict[str, object]) -> dict[str, GpusFree | str]:
         raise RuntimeError("reader crashed")
 
     reconciler.observe_gpus = broken
