@@ -2,9 +2,11 @@
 
 For each GPU class the backend offers, each of its schedulable Nodes that match the backend's
 nodeSelector and carry the class: its allocatable GPUs less the GPU requests of the pods bound to it
-and not finished. Kept per Node (`GpusFree`), not summed: a replica's GPUs must all be on one Node. A class means what it means in the charts (helm.gpu_resource_name): a device
-plugin's resource name (nvidia.com/gpu, amd.com/gpu, nvidia.com/mig-*) is counted as that resource on
-any matching Node; any other class (e.g. nvidia.com/h100) is the GPU pool's node label
+and not finished. Kept per Node (`GpusFree`), not summed: a replica's GPUs must all be on one Node;
+with the Node's labels: a run's own nodeSelector counts only the Nodes it matches (placement filters,
+the reading is one per backend for all its runs). A class means what it means in the charts
+(helm.gpu_resource_name): a device plugin's resource name (nvidia.com/gpu, amd.com/gpu,
+nvidia.com/mig-*) is counted as that resource on any matching Node; any other class (e.g. nvidia.com/h100) is the GPU pool's node label
 (`<class>: "true"`) and its GPUs are counted in nvidia.com/gpu (or the configured resource).
 
 `free_gpus` is pure (table-tested); `read_gpu_headroom` lists Nodes and Pods (RBAC: list nodes, list
@@ -22,7 +24,7 @@ from typing import Any
 
 from plnt.core.specs.models import PlntBackend
 from plnt.reconciler.drivers.helm import backend_api_client, gpu_resource_name
-from plnt.reconciler.plan.placement import GpusFree
+from plnt.reconciler.plan.placement import GpusFree, NodeFree
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +69,9 @@ def gpu_source(gpu_class: str, configured: str | None = None) -> tuple[str, str 
 def free_gpus(gpu_classes: Iterable[str], nodes: Iterable[NodeGpus], pods: Iterable[PodGpus],
               node_selector: Mapping[str, str], configured: str | None = None) -> GpusFree:
     """Free GPUs of each class on each Node matching `node_selector` and carrying the class (its label,
-    if the class is one, and its resource), in the Nodes' order (a Node's free GPUs: allocatable less
-    what bound pods request, never below 0; cordoned Nodes are left out)."""
+    if the class is one, and its resource), in the Nodes' order, with each Node's name and labels (a
+    Node's free GPUs: allocatable less what bound pods request, never below 0; cordoned Nodes are left
+    out)."""
     nodes = [n for n in nodes if not n.unschedulable and all(n.labels.get(k) == v for k, v in node_selector.items())]
     held: dict[tuple[str, str], int] = {}
     for pod in pods:
@@ -80,7 +83,8 @@ def free_gpus(gpu_classes: Iterable[str], nodes: Iterable[NodeGpus], pods: Itera
     for gpu_class in gpu_classes:
         resource, label = gpu_source(gpu_class, configured)
         out[gpu_class] = tuple(
-            max(_quantity(node.allocatable.get(resource, "0")) - held.get((node.name, resource), 0), 0)
+            NodeFree(node.name, max(_quantity(node.allocatable.get(resource, "0")) - held.get((node.name, resource), 0),
+                                    0), dict(node.labels))
             for node in nodes if resource in node.allocatable and (label is None or node.labels.get(label) == "true"))
     return out
 

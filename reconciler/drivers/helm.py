@@ -776,7 +776,8 @@ class HelmDriver:
 
     async def _set_replicas(self, namespace: str, name: str, replicas: int) -> Release:
         """The stable release upgraded with its own values but the replica count (the Deployment's
-        `replicas`, and the HPA's floor for a runner): the same pods, more or fewer of them."""
+        `replicas`, or with an HPA its floor, its ceiling raised to the floor when below): the same
+        pods, more or fewer of them."""
         stable = release_name(name, "stable")
         async with self._lock(namespace, name):
             values = await self._deployed_values(stable, namespace, name, "stable",
@@ -784,6 +785,11 @@ class HelmDriver:
             if _owner_key(values) == "deployment":
                 changed = values.get("replicas") != replicas
                 values["replicas"] = replicas
+                scaling = values.get("autoscaling") or {}
+                if scaling.get("targetInFlight") and int(scaling.get("maxReplicas") or 0) < replicas:
+                    # (the model-server chart refuses a ceiling below the floor)
+                    scaling["maxReplicas"] = replicas
+                    changed = True
             else:
                 counts = values.setdefault("replicas", {})
                 high = max(replicas, int(counts.get("max") or replicas))

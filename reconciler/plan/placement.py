@@ -8,7 +8,8 @@ labels). Each replica needs `gpuCount` GPUs of `gpuClass` and one replica slot. 
 backend is its declared capacity (`spec.capacity`: GPUs per class, replicas; unset: no limit) minus
 what other releases hold there, and, for a new replica, at most the free GPUs the backend reports
 (`Observed.gpus_free`, per Node: a replica's `gpuCount` GPUs must all be free on one Node, so a
-backend takes as many new replicas as the sum over its Nodes of free // gpuCount). Replicas stay
+backend takes as many new replicas as the sum over its Nodes of free // gpuCount; only the Nodes the
+run's own `nodeSelector` matches count for it, as its pods go nowhere else). Replicas stay
 where they run while that backend is still in the pool, can still run them and has room for them
 (no churn); the others go, one at a time, to the backend holding the fewest replicas of this run
 (spread), then the one with room for the most more replicas, then the one with the least measured
@@ -32,8 +33,22 @@ from plnt.reconciler.state import LiveWorkflow
 
 UNLIMITED = math.inf
 
-# Free GPUs per class, as each Node of a backend reports them (one count per matching Node).
-GpusFree = Mapping[str, tuple[int, ...]]
+@dataclass(frozen=True)
+class NodeFree:
+    """One Node's free GPUs of a class, as its cluster reports them, and the Node's labels: a run's own
+    `nodeSelector` counts only the Nodes it matches (its pods can go nowhere else)."""
+
+    name: str
+    free: int
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def matches(self, node_selector: Mapping[str, str]) -> bool:
+        return all(self.labels.get(key) == value for key, value in node_selector.items())
+
+
+# Free GPUs per class, as each Node of a backend reports them (one entry per Node matching the backend's
+# nodeSelector and carrying the class).
+GpusFree = Mapping[str, tuple[NodeFree, ...]]
 
 
 @dataclass(frozen=True)
@@ -162,10 +177,21 @@ class _Backend:
         self.held_gpus = held.gpus_of(name, self.gpu_class) if self.gpu_class is not None else 0
         seen = observed.gpus_free
         nodes = seen.get(self.gpu_class) if self.gpu_count and seen is not None and self.gpu_class else None
-        # Each Node's observed free GPUs, less what new replicas (other runs', then this run's) took from it.
+        self.node_selector = run.spec.backend.node_selector
+        # Each observed Node the run's own nodeSelector matches (its index in the reading): its free GPUs,
+        # less what new replicas (other runs', then this run's) took from it. The others count not at all.
         self.seen_nodes: list[int] | None = None
+        self.seen_index: list[int] = []
+        self.elsewhere = 0  # observed free GPUs on Nodes the run's nodeSelector leaves out
         if nodes is not None and self.gpu_class is not None:
-            self.seen_nodes = [max(free - held.on_node(name, self.gpu_class, i), 0) for i, free in enumerate(nodes)]
+            self.seen_nodes = []
+            for i, node in enumerate(nodes):
+                free = max(node.free - held.on_node(name, self.gpu_class, i), 0)
+                if node.matches(self.node_selector):
+                    self.seen_nodes.append(free)
+                    self.seen_index.append(i)
+                else:
+                    self.elsewhere += free
 
     @property
     def declared(self) -> bool:
@@ -207,6 +233,17 @@ class _Backend:
         """", at most 1 on one Node" when the observed GPUs are split so that fewer replicas fit."""
         return f", at most {max(self.seen_nodes or [0])} on one Node" if self.split() else ""
 
+    def selector_words(self) -> str:
+        """Which observed Nodes counted, when the run's own nodeSelector narrowed them: " on the Nodes
+        matching the run's nodeSelector {gpu: a100}, 2 on other Nodes"; "" without one."""
+        if not self.node_selector or self.seen_nodes is None:
+            return ""
+        selector = "{" + ", ".join(f"{key}: {value}" for key, value in self.node_selector.items()) + "}"
+        if not self.seen_nodes:
+            return f", no Node matches the run's nodeSelector {selector}"
+        elsewhere = f", {self.elsewhere} on other Nodes" if self.elsewhere else ""
+        return f" on the Nodes matching the run's nodeSelector {selector}{elsewhere}"
+
     def room(self, new: bool) -> float:
         """How many more replicas of this run fit here."""
         room = self.free_slots()
@@ -222,9 +259,10 @@ class _Backend:
             seen = self.seen_free()
             if self.gpus is not None or seen is not None:
                 total = f" of {self.gpus}" if self.gpus is not None else " (observed)"
-                parts.append(f"{_count(free)}{total} GPUs of class {self.gpu_class} free{self.split_words()}")
+                where = self.selector_words() if self.gpus is None else ""
+                parts.append(f"{_count(free)}{total} GPUs of class {self.gpu_class} free{where}{self.split_words()}")
             if seen is not None and self.gpus is not None:
-                parts.append(f"{seen} observed free")
+                parts.append(f"{seen} observed free{self.selector_words()}")
             elif self.observed.gpus_unknown is not None:
                 parts.append(f"free GPUs unknown ({self.observed.gpus_unknown}): by declared capacity")
         if self.slots is not None:
@@ -250,7 +288,7 @@ class _Backend:
         fits = [i for i, free in enumerate(nodes) if free >= self.gpu_count]
         node = min(fits, key=lambda i: (nodes[i], i))  # (room() >= 1 guarantees one)
         nodes[node] -= self.gpu_count
-        return node
+        return self.seen_index[node]
 
 
 def place(run: Deployable, backends: Mapping[str, PlntBackend], current: Mapping[str, int] | None = None,
@@ -326,7 +364,8 @@ def _missing(run: Deployable, short: int, pool: str, members: list[str], candida
             need = short * spec.gpu_count
             detail = ", ".join(f"{b.name}: {_count(max(b.free_gpus(new=True), 0))}"
                                + (f" of {b.gpus}" if b.gpus is not None else "")
-                               + (" observed" if b.seen_nodes is not None else "") + b.split_words()
+                               + (" observed" if b.seen_nodes is not None else "") + b.selector_words()
+                               + b.split_words()
                                for b in candidates.values())
             if any(b.split() for b in candidates.values()):
                 what = f"{replicas} of {spec.gpu_count} GPUs of class {spec.gpu_class} on one Node"

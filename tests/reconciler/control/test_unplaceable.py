@@ -8,6 +8,7 @@ from pathlib import Path
 
 from plnt.core.status import Phase
 from plnt.reconciler.plan.diff import Action
+from plnt.reconciler.plan.placement import GpusFree, NodeFree
 
 from tests.conftest import SpecRepo
 from tests.reconciler.control.test_quiet_pass import in_sync
@@ -63,7 +64,7 @@ kind: WorkflowRun
 metadata: {name: trainer}
 spec:
   workflow: {ref: review-responder@1.2.0, registry: "file:registry"}
-  backend: {cluster: local, gpuClass: nvidia.com/h100, gpuCount: 1}
+  backend: {cluster: local, gpuClass: nvidia.com/h100, gpuCount: 1, nodeSelector: {gpu: fast}}
 """
 
 
@@ -76,9 +77,11 @@ async def test_the_loop_places_by_the_free_gpus_read_and_falls_back_when_the_rea
     await reconciler.reconcile_once()
     asked: list[list[str]] = []
 
-    async def none_free(backends: dict[str, object]) -> dict[str, dict[str, tuple[int, ...]] | str]:
+    async def none_free(backends: dict[str, object]) -> dict[str, GpusFree | str]:
         asked.append(sorted(backends))
-        return {name: {"nvidia.com/h100": (0, 0)} for name in backends}  # two Nodes, none free
+        # the fast Node full, 1 free on a Node the run's nodeSelector leaves out
+        return {name: {"nvidia.com/h100": (NodeFree("n1", 0, {"gpu": "fast"}), NodeFree("n2", 1, {"gpu": "slow"}))}
+                for name in backends}
 
     reconciler.observe_gpus = none_free
     spec_repo.replace("backends/local.yaml", "type: local", "type: local\n  gpuClasses: [nvidia.com/h100]")
@@ -86,12 +89,13 @@ async def test_the_loop_places_by_the_free_gpus_read_and_falls_back_when_the_rea
     spec_repo.commit("a run asking for a GPU")
     items = {item.key: item for item in await reconciler.reconcile_once()}
     assert asked == [["local"]]
-    assert items["default/trainer"].unplaceable == ("needs 1 more GPU of class nvidia.com/h100: local has 0 free "
-                                                    "(local: 0 observed)")
+    why = ("needs 1 more GPU of class nvidia.com/h100: local has 0 free (local: 0 observed on the Nodes matching "
+           "the run's nodeSelector {gpu: fast}, 1 on other Nodes)")
+    assert items["default/trainer"].unplaceable == why
     status = statuses.get("default/trainer")
-    assert status is not None and status.phase is Phase.FAILED
+    assert status is not None and status.phase is Phase.FAILED and status.last_error == f"cannot be placed: {why}"
 
-    async def broken(backends: dict[str, object]) -> dict[str, dict[str, tuple[int, ...]] | str]:
+    async def broken(backends: dict[str, object]) -> dict[str, GpusFree | str]:
         raise RuntimeError("reader crashed")
 
     reconciler.observe_gpus = broken

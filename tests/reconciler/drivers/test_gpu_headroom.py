@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client as k8s
 from plnt.reconciler.drivers.gpu_headroom import NodeGpus, PodGpus, free_gpus, gpu_source, pod_requests
+from plnt.reconciler.plan.placement import NodeFree
 
 H100 = "nvidia.com/h100"
 GPU = "nvidia.com/gpu"
@@ -64,7 +65,17 @@ CASES = [
                          ids=[c[0] for c in CASES])
 def test_free_gpus(classes: list[str], nodes: list[NodeGpus], pods: list[PodGpus], selector: dict[str, str],
                    expected: dict[str, tuple[int, ...]]) -> None:
-    assert free_gpus(classes, nodes, pods, selector) == expected
+    reading = free_gpus(classes, nodes, pods, selector)
+    assert {gpu_class: tuple(node.free for node in each) for gpu_class, each in reading.items()} == expected
+
+
+def test_free_gpus_keeps_each_node_s_name_and_labels_for_a_run_s_own_node_selector() -> None:
+    fast = {**LABELLED, "pool": "a", "gpu": "fast"}
+    reading = free_gpus([H100], [node("n1", 2, labels=fast), node("n2", 1, labels={**LABELLED, "pool": "b"}),
+                                 node("n3", 4, labels={**LABELLED, "pool": "a", "gpu": "slow"})],
+                        [PodGpus("n1", {GPU: 2})], {"pool": "a"})
+    assert reading == {H100: (NodeFree("n1", 0, fast), NodeFree("n3", 4, {**LABELLED, "pool": "a", "gpu": "slow"}))}
+    assert [n.name for n in reading[H100] if n.matches({"gpu": "fast"})] == ["n1"]
 
 
 def container(limits: dict[str, str] | None = None, requests: dict[str, str] | None = None) -> k8s.V1Container:

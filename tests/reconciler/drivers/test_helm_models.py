@@ -340,6 +340,28 @@ async def test_promote_upgrades_stable_with_the_canarys_values_then_removes_the_
     assert release.release_id == request(CHAT_NEXT).release_id, "a promoted canary keeps its id"
 
 
+@pytest.mark.parametrize(("floor", "ceiling"), [(3, 4), (6, 6)], ids=["within the ceiling", "above it"])
+async def test_scaling_an_autoscaled_model_raises_the_hpa_floor_and_the_ceiling_below_it(
+        helm: str, floor: int, ceiling: int) -> None:
+    """Against the FAKE helm; the values rendered by the REAL helm (its chart refuses max < min). On
+    the real kube-controller-manager: tests/k8s/test_hpa_on_cluster.py."""
+    scaled = model(replicas={"min": 2, "max": 4}, autoscaling={"targetInFlight": 3})
+    deployed = render_model_values(request(scaled, "stable"), scaled.spec, BACKEND, IMAGE)
+    fake = FakeHelm().expect("status", "chat", stdout=status_json("chat", "deployed", 1, deployed)).expect("upgrade")
+    release = await driver(fake, scaled).set_replicas("team-a", "chat", floor)
+    fake.done()
+    [values] = fake.values_files
+    assert (values["replicas"], values["autoscaling"]["maxReplicas"]) == (floor, ceiling)
+    assert {k: v for k, v in values.items() if k not in ("replicas", "autoscaling")} == \
+        {k: v for k, v in deployed.items() if k not in ("replicas", "autoscaling")}
+    assert release.replicas == floor
+    from tests.charts.chartkit import render
+
+    hpa = kinds(render(helm, Path(DEFAULT_MODEL_CHART), values, release="chat", namespace="agents"))
+    assert (hpa["HorizontalPodAutoscaler"]["spec"]["minReplicas"],
+            hpa["HorizontalPodAutoscaler"]["spec"]["maxReplicas"]) == (floor, ceiling)
+
+
 async def test_remove_uninstalls_a_model_release_of_its_own_only() -> None:
     """Against the FAKE helm: a failed canary is uninstalled; a stable release that is gone is no error."""
     values = render_model_values(request(CHAT), CHAT.spec, BACKEND, IMAGE)

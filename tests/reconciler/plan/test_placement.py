@@ -10,6 +10,7 @@ from plnt.core.specs.models import ModelDeployment, PlntBackend, WorkflowRun
 from plnt.reconciler.plan.diff import IN_SYNC, Action, PlanItem
 from plnt.reconciler.plan.placement import (
     Held,
+    NodeFree,
     Observed,
     Placement,
     current_of,
@@ -43,6 +44,11 @@ def run(name: str = "rr", *, pool: dict[str, Any] | None = None, replicas: int =
         "apiVersion": "plnt.work/v1", "kind": "WorkflowRun", "metadata": {"name": name},
         "spec": {"workflow": {"ref": f"{name}@1.0.0", "registry": "file:registry"}, "backend": where,
                  "replicas": {"min": replicas}}})
+
+
+def nodes(*free: int, labels: dict[str, str] | None = None) -> tuple[NodeFree, ...]:
+    """Observed Nodes (n0, n1, ...) with these free GPUs, each with `labels`."""
+    return tuple(NodeFree(f"n{i}", count, labels or {}) for i, count in enumerate(free))
 
 
 def by_name(*backends: PlntBackend) -> dict[str, PlntBackend]:
@@ -92,9 +98,9 @@ CASES: list[tuple[str, dict[str, PlntBackend], WorkflowRun, dict[str, int], dict
      backend("b", labels={"pool": "y"}), backend("c", labels={"pool": "x"})),
      run(pool={"selector": {"matchLabels": {"pool": "x"}}}, replicas=2), {}, {}, None, {"a": 1, "c": 1}, None),
     ("reported free GPUs bound a new replica", by_name(backend("a", gpus={A100: 8}), backend("b", gpus={A100: 2})),
-     run(replicas=1, **GPU_RUN), {}, {"a": Observed(gpus_free={A100: (0,)})}, None, {"b": 1}, None),
+     run(replicas=1, **GPU_RUN), {}, {"a": Observed(gpus_free={A100: nodes(0)})}, None, {"b": 1}, None),
     ("reported free GPUs do not evict a running replica", by_name(backend("a", gpus={A100: 1})),
-     run(pool={"cluster": "a"}, replicas=1, **GPU_RUN), {"a": 1}, {"a": Observed(gpus_free={A100: (0,)})}, None,
+     run(pool={"cluster": "a"}, replicas=1, **GPU_RUN), {"a": 1}, {"a": Observed(gpus_free={A100: nodes(0)})}, None,
      {"a": 1}, None),
     ("two GPUs each must fit on one backend", by_name(backend("a", gpus={A100: 1}), backend("b", gpus={A100: 1})),
      run(replicas=1, gpu_class=A100, gpu_count=2), {}, {}, None, {},
@@ -288,9 +294,9 @@ def test_observed_load_counts_each_replica_on_its_backend() -> None:
 
 
 @pytest.mark.parametrize(("declared", "observed", "line"), [
-    ({A100: 4}, Observed(gpus_free={A100: (3,)}),
+    ({A100: 4}, Observed(gpus_free={A100: nodes(3)}),
      "replica 1 -> a: 3 of 4 GPUs of class nvidia.com/a100 free, 3 observed free, 0 in flight"),
-    (None, Observed(gpus_free={A100: (2,)}), "replica 1 -> a: 2 (observed) GPUs of class nvidia.com/a100 free, 0 in flight"),
+    (None, Observed(gpus_free={A100: nodes(2)}), "replica 1 -> a: 2 (observed) GPUs of class nvidia.com/a100 free, 0 in flight"),
     ({A100: 4}, Observed(gpus_unknown="ApiException 403"),
      "replica 1 -> a: 4 of 4 GPUs of class nvidia.com/a100 free, free GPUs unknown (ApiException 403): by declared "
      "capacity, 0 in flight"),
@@ -304,11 +310,11 @@ def test_reasons_say_the_observed_free_gpus_or_that_they_are_unknown(declared: d
 
 def test_observed_free_gpus_move_a_replica_and_name_the_observed_count_when_none_fit() -> None:
     backends = by_name(backend("a", classes=[A100]), backend("b", classes=[A100]))
-    moved = place(run(replicas=1, **GPU_RUN), backends, {}, {"a": Observed(gpus_free={A100: (0,)}),
-                                                            "b": Observed(gpus_free={A100: (1,)})})
+    moved = place(run(replicas=1, **GPU_RUN), backends, {}, {"a": Observed(gpus_free={A100: nodes(0)}),
+                                                            "b": Observed(gpus_free={A100: nodes(1)})})
     assert moved.lines() == ["replica 1 -> b: 1 (observed) GPUs of class nvidia.com/a100 free, 0 in flight"]
-    full = place(run(replicas=2, **GPU_RUN), backends, {}, {"a": Observed(gpus_free={A100: (0,)}),
-                                                           "b": Observed(gpus_free={A100: (1,)})})
+    full = place(run(replicas=2, **GPU_RUN), backends, {}, {"a": Observed(gpus_free={A100: nodes(0)}),
+                                                           "b": Observed(gpus_free={A100: nodes(1)})})
     assert full.missing == ("needs 1 more GPU of class nvidia.com/a100: refs [a, b] has 0 free (a: 0 observed, "
                             "b: 0 observed)")
 
@@ -322,36 +328,36 @@ SPLIT = "needs 1 more replica of 2 GPUs of class nvidia.com/a100 on one Node: a 
 # (name, backends, run, observed, expected replicas per backend, missing: the whole message or None)
 NODE_CASES: list[tuple[str, dict[str, PlntBackend], WorkflowRun, dict[str, Observed], dict[str, int], str | None]] = [
     ("split: 1 free on each of two Nodes takes no 2-GPU replica", OBSERVED_AB,
-     run(pool=ON_A, replicas=1, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: (1, 1)})}, {},
+     run(pool=ON_A, replicas=1, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: nodes(1, 1)})}, {},
      SPLIT + "(a: 2 observed, at most 1 on one Node)"),
     ("split on one backend, 2 on one Node on the other: it goes there", OBSERVED_AB,
      run(replicas=1, gpu_class=A100, gpu_count=2),
-     {"a": Observed(gpus_free={A100: (1, 1)}), "b": Observed(gpus_free={A100: (2,)})}, {"b": 1}, None),
+     {"a": Observed(gpus_free={A100: nodes(1, 1)}), "b": Observed(gpus_free={A100: nodes(2)})}, {"b": 1}, None),
     ("split on both: named for each, the run asks for replicas on one Node", OBSERVED_AB,
      run(replicas=1, gpu_class=A100, gpu_count=2),
-     {"a": Observed(gpus_free={A100: (1, 1)}), "b": Observed(gpus_free={A100: (1, 0, 1)})}, {},
+     {"a": Observed(gpus_free={A100: nodes(1, 1)}), "b": Observed(gpus_free={A100: nodes(1, 0, 1)})}, {},
      "needs 1 more replica of 2 GPUs of class nvidia.com/a100 on one Node: refs [a, b] has 4 free "
      "(a: 2 observed, at most 1 on one Node, b: 2 observed, at most 1 on one Node)"),
     ("mixed: Nodes of 2, 1 and 1 free take four 1-GPU replicas", OBSERVED_AB,
-     run(pool=ON_A, replicas=4, **GPU_RUN), {"a": Observed(gpus_free={A100: (2, 1, 1)})}, {"a": 4}, None),
+     run(pool=ON_A, replicas=4, **GPU_RUN), {"a": Observed(gpus_free={A100: nodes(2, 1, 1)})}, {"a": 4}, None),
     ("mixed: Nodes of 2, 1 and 1 free take one 2-GPU replica, not two", OBSERVED_AB,
-     run(pool=ON_A, replicas=2, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: (1, 2, 1)})},
+     run(pool=ON_A, replicas=2, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: nodes(1, 2, 1)})},
      {"a": 1}, SPLIT + "(a: 2 observed, at most 1 on one Node)"),
     ("a replica takes its GPUs from one Node: 3 and 1 free take one 2-GPU replica, not two", OBSERVED_AB,
-     run(pool=ON_A, replicas=2, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: (3, 1)})},
+     run(pool=ON_A, replicas=2, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: nodes(3, 1)})},
      {"a": 1}, SPLIT + "(a: 2 observed, at most 1 on one Node)"),
     ("3 and 2 free take two 2-GPU replicas, one on each Node", OBSERVED_AB,
-     run(pool=ON_A, replicas=2, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: (3, 2)})},
+     run(pool=ON_A, replicas=2, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: nodes(3, 2)})},
      {"a": 2}, None),
     ("declared room but split observed GPUs: split named", by_name(backend("a", gpus={A100: 8})),
-     run(pool=ON_A, replicas=1, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: (1, 1)})}, {},
+     run(pool=ON_A, replicas=1, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: nodes(1, 1)})}, {},
      SPLIT + "(a: 2 of 8 observed, at most 1 on one Node)"),
     ("none free on any Node: the wording of a plain shortage", OBSERVED_AB,
-     run(pool=ON_A, replicas=1, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: (0, 0)})}, {},
+     run(pool=ON_A, replicas=1, gpu_class=A100, gpu_count=2), {"a": Observed(gpus_free={A100: nodes(0, 0)})}, {},
      "needs 2 more GPUs of class nvidia.com/a100 (2 on one backend for each of 1 replica): a has 0 free "
      "(a: 0 observed)"),
     ("no Node at all: the same", OBSERVED_AB, run(pool=ON_A, replicas=1, **GPU_RUN),
-     {"a": Observed(gpus_free={A100: ()})}, {}, "needs 1 more GPU of class nvidia.com/a100: a has 0 free (a: 0 observed)"),
+     {"a": Observed(gpus_free={A100: nodes()})}, {}, "needs 1 more GPU of class nvidia.com/a100: a has 0 free (a: 0 observed)"),
 ]
 
 
@@ -368,7 +374,7 @@ def test_place_by_the_free_gpus_of_each_node(backends: dict[str, PlntBackend], t
 def test_a_replica_s_reason_says_when_the_observed_gpus_are_split() -> None:
     """3 and 1 free: 4 summed, but a 2-GPU replica fits on one Node only; after it, 1 and 1 are left."""
     placement = place(run(pool=ON_A, replicas=2, gpu_class=A100, gpu_count=2), OBSERVED_AB, {},
-                      {"a": Observed(gpus_free={A100: (3, 1)})})
+                      {"a": Observed(gpus_free={A100: nodes(3, 1)})})
     assert placement.lines() == [
         "replica 1 -> a: 4 (observed) GPUs of class nvidia.com/a100 free, at most 3 on one Node, 0 in flight",
         "cannot be placed: " + SPLIT + "(a: 2 observed, at most 1 on one Node)"]
@@ -378,7 +384,7 @@ def test_a_replica_s_reason_says_when_the_observed_gpus_are_split() -> None:
 def test_place_all_new_replicas_of_runs_placed_before_take_their_nodes_gpus() -> None:
     """The reading counts running pods only: the GPUs the new replicas of a run placed earlier in the
     same decision take from a Node are not free for the next run."""
-    observed = {"a": Observed(gpus_free={A100: (2, 1)}), "b": Observed(gpus_free={A100: (1, 1)})}
+    observed = {"a": Observed(gpus_free={A100: nodes(2, 1)}), "b": Observed(gpus_free={A100: nodes(1, 1)})}
     two = {"gpu_class": A100, "gpu_count": 2}
     placements = place_all([run("aa", **two), run("zz", **two)], OBSERVED_AB, {}, observed)
     assert placements["default/aa"].counts() == {"a": 1}
@@ -390,7 +396,7 @@ def test_place_all_new_replicas_of_runs_placed_before_take_their_nodes_gpus() ->
 def test_place_all_a_small_replica_takes_the_smallest_hole_so_a_larger_one_still_fits() -> None:
     """Nodes of 2 and 1 free: the 1-GPU run (first by key) takes the Node of 1, the 2-GPU run the
     Node of 2. Taking the first Node with room would leave 1 and 1, and the 2-GPU run unplaced."""
-    observed = {"a": Observed(gpus_free={A100: (2, 1)})}
+    observed = {"a": Observed(gpus_free={A100: nodes(2, 1)})}
     placements = place_all([run("aa", pool=ON_A, **GPU_RUN), run("zz", pool=ON_A, gpu_class=A100, gpu_count=2)],
                            OBSERVED_AB, {}, observed)
     assert [r.node for r in placements["default/aa"].replicas] == [1]
@@ -400,11 +406,77 @@ def test_place_all_a_small_replica_takes_the_smallest_hole_so_a_larger_one_still
 
 def test_kept_replicas_take_no_node_their_pods_are_in_the_reading() -> None:
     """A running replica's GPUs are already subtracted from the reading: kept, it takes none again."""
-    observed = {"a": Observed(gpus_free={A100: (1,)})}
+    observed = {"a": Observed(gpus_free={A100: nodes(1)})}
     placements = place_all([run("aa", pool=ON_A, **GPU_RUN), run("zz", pool=ON_A, **GPU_RUN)], OBSERVED_AB,
                            {"default/aa": {"a": 1}}, observed)
     assert [r.node for r in placements["default/aa"].replicas] == [None]
     assert placements["default/zz"].counts() == {"a": 1}
+
+
+# --- a run's own nodeSelector: only the observed Nodes it matches count for it ---------------------------
+
+FAST, SLOW = {"gpu": "fast"}, {"gpu": "slow"}
+# a: its fast Node full, 1 free on its slow Node; b: 1 free on its fast Node
+FAST_FULL_ON_A = {"a": Observed(gpus_free={A100: (NodeFree("a-fast", 0, FAST), NodeFree("a-slow", 1, SLOW))}),
+                  "b": Observed(gpus_free={A100: (NodeFree("b-fast", 1, FAST),)})}
+ON_FAST = {"nodeSelector": FAST}
+
+# (name, run, observed, expected replicas per backend, the reason of replica 1 or the whole missing message)
+SELECTOR_CASES: list[tuple[str, WorkflowRun, dict[str, Observed], dict[str, int], str]] = [
+    ("its selector matches only the full Node: not placed there, the free GPUs elsewhere named",
+     run(pool={**ON_A, **ON_FAST}, **GPU_RUN), FAST_FULL_ON_A, {},
+     "needs 1 more GPU of class nvidia.com/a100: a has 0 free (a: 0 observed on the Nodes matching the run's "
+     "nodeSelector {gpu: fast}, 1 on other Nodes)"),
+    ("the same run on a pool: it goes to the backend whose matching Node has room",
+     run(pool={"refs": ["a", "b"], **ON_FAST}, **GPU_RUN), FAST_FULL_ON_A, {"b": 1},
+     "b: 1 (observed) GPUs of class nvidia.com/a100 free on the Nodes matching the run's nodeSelector "
+     "{gpu: fast}, 0 in flight"),
+    ("without a selector the free GPU on a's other Node counts", run(pool=ON_A, **GPU_RUN), FAST_FULL_ON_A,
+     {"a": 1}, "a: 1 (observed) GPUs of class nvidia.com/a100 free, 0 in flight"),
+    ("a selector matching no Node: none free, said so",
+     run(pool={**ON_A, "nodeSelector": {"gpu": "tpu"}}, **GPU_RUN), FAST_FULL_ON_A, {},
+     "needs 1 more GPU of class nvidia.com/a100: a has 0 free (a: 0 observed, no Node matches the run's "
+     "nodeSelector {gpu: tpu})"),
+    ("two labels: a Node must carry both",
+     run(pool={**ON_A, "nodeSelector": {"gpu": "slow", "zone": "z1"}}, **GPU_RUN),
+     {"a": Observed(gpus_free={A100: (NodeFree("a-z1", 0, {"gpu": "slow", "zone": "z1"}),
+                                     NodeFree("a-z2", 2, {"gpu": "slow", "zone": "z2"}))})}, {},
+     "needs 1 more GPU of class nvidia.com/a100: a has 0 free (a: 0 observed on the Nodes matching the run's "
+     "nodeSelector {gpu: slow, zone: z1}, 2 on other Nodes)"),
+    ("declared capacity and observed: the observed part names the selector",
+     run(pool={"refs": ["c"], **ON_FAST}, **GPU_RUN),
+     {"c": Observed(gpus_free={A100: (NodeFree("c-fast", 2, FAST), NodeFree("c-slow", 3, SLOW))})}, {"c": 1},
+     "c: 2 of 4 GPUs of class nvidia.com/a100 free, 2 observed free on the Nodes matching the run's nodeSelector "
+     "{gpu: fast}, 3 on other Nodes, 0 in flight"),
+]
+SELECTOR_BACKENDS = by_name(backend("a", classes=[A100]), backend("b", classes=[A100]), backend("c", gpus={A100: 4}))
+
+
+@pytest.mark.parametrize(("the_run", "observed", "expected", "words"), [case[1:] for case in SELECTOR_CASES],
+                         ids=[case[0] for case in SELECTOR_CASES])
+def test_a_run_s_node_selector_narrows_the_observed_nodes(the_run: WorkflowRun, observed: dict[str, Observed],
+                                                          expected: dict[str, int], words: str) -> None:
+    placement = place(the_run, SELECTOR_BACKENDS, {}, observed)
+    assert placement.counts() == expected
+    assert (str(placement.replicas[0]) if expected else placement.missing) == words
+
+
+def test_place_all_runs_with_different_selectors_on_one_backend_each_take_their_own_node() -> None:
+    """One free GPU on each of a's Nodes: the fast run takes the fast Node's, the slow run the slow
+    Node's (its index in the reading, as Held counts it), and a third run of neither is left none."""
+    observed = {"a": Observed(gpus_free={A100: (NodeFree("a-fast", 1, FAST), NodeFree("a-slow", 1, SLOW))})}
+    placements = place_all([run("aa", pool={**ON_A, "nodeSelector": SLOW}, **GPU_RUN),
+                            run("bb", pool={**ON_A, **ON_FAST}, **GPU_RUN), run("cc", pool=ON_A, **GPU_RUN)],
+                           OBSERVED_AB, {}, observed)
+    assert [r.node for r in placements["default/aa"].replicas] == [1]
+    assert [r.node for r in placements["default/bb"].replicas] == [0]
+    assert placements["default/cc"].missing == "needs 1 more GPU of class nvidia.com/a100: a has 0 free (a: 0 observed)"
+    # Held counts each Node apart: the slow run placed first does not use up the fast Node.
+    only_slow = place_all([run("aa", pool={**ON_A, "nodeSelector": SLOW}, **GPU_RUN),
+                           run("bb", pool={**ON_A, "nodeSelector": SLOW}, **GPU_RUN)], OBSERVED_AB, {}, observed)
+    assert only_slow["default/bb"].missing == (
+        "needs 1 more GPU of class nvidia.com/a100: a has 0 free (a: 0 observed on the Nodes matching the run's "
+        "nodeSelector {gpu: slow}, 1 on other Nodes)")
 
 
 def test_gpu_backends_are_the_members_of_pools_of_runs_asking_for_gpus() -> None:
@@ -416,6 +488,6 @@ def test_gpu_backends_are_the_members_of_pools_of_runs_asking_for_gpus() -> None
 
 
 def test_with_gpu_readings_keeps_the_load_and_marks_an_unknown_reading() -> None:
-    merged = with_gpu_readings({"a": Observed(in_flight=3)}, {"a": {A100: (2, 0)}, "b": "no answer within 15s"})
-    assert merged == {"a": Observed(in_flight=3, gpus_free={A100: (2, 0)}),
+    merged = with_gpu_readings({"a": Observed(in_flight=3)}, {"a": {A100: nodes(2, 0)}, "b": "no answer within 15s"})
+    assert merged == {"a": Observed(in_flight=3, gpus_free={A100: nodes(2, 0)}),
                       "b": Observed(gpus_unknown="no answer within 15s")}
