@@ -23,8 +23,7 @@ die() { say "$*"; exit 1; }
 . "$ROOT/tools/build_cache.sh"
 
 MODULE=github.com/kedacore/keda/v2
-# The version go.mod requires: the field after the module path, outside a `=>`.
-VERSION="$(awk -v m="$MODULE" '{ for (i = 1; i < NF; i++) if ($i == m && $(i + 1) ~ /^v/ && $(i - 1) != "=>") { print $(i + 1); exit } }' "$SRC/go.mod")"
+VERSION="$(pinned_version "$SRC/go.mod" "$MODULE")"
 [ -n "$VERSION" ] || die "could not read the pinned KEDA version from $SRC/go.mod"
 
 KEY="keda-${VERSION}"
@@ -42,21 +41,8 @@ export GOFLAGS=-mod=readonly
 MODDIR="$(cd "$SRC" && go mod download -json "$MODULE" | awk -F'"' '$2 == "Dir" { print $4 }')"
 [ -d "$MODDIR" ] || die "go mod download $MODULE@$VERSION gave no directory"
 
-# A dependant's build ignores a dependency's replace and exclude lines: the wrapper must carry KEDA's
-# own (it pins its Kubernetes libraries that way), or the build silently takes versions KEDA was never
-# built with. Both one-line and block forms, compared as `replace <line>` without comments.
-directives() {
-  sed 's|[[:space:]]*//.*||' "$1" | awk '
-    /^(replace|exclude) \($/ { block = $1; next }
-    block != "" && /^\)$/ { block = ""; next }
-    block != "" && NF { $1 = $1; print block " " $0; next }
-    /^(replace|exclude) / { $1 = $1; print }' | sort
-}
-missing="$(comm -23 <(directives "$MODDIR/go.mod") <(directives "$SRC/go.mod"))"
-if [ -n "$missing" ]; then
-  die "tools/keda/go.mod lacks these lines of KEDA $VERSION's go.mod; copy them over, then run go mod tidy there:
-$missing"
-fi
+# KEDA pins its Kubernetes libraries with replace lines, which the wrapper must carry.
+require_directives "$MODDIR/go.mod" "$SRC/go.mod" "KEDA $VERSION"
 
 PARTIAL="$DIR/bin.partial"
 rm -rf "$PARTIAL"

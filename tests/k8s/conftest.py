@@ -27,7 +27,7 @@ COLD_BUILD_TIMEOUT = 3600
 
 
 def _built() -> bool:
-    for script, env in ((BUILD, "PLNT_K8S_BIN"), (BUILD_KEDA, "PLNT_KEDA_BIN")):
+    for script, env in BUILDS:
         if not os.environ.get(env) and subprocess.run(["bash", str(script), "--check"], capture_output=True).returncode:
             return False
     return True
@@ -40,27 +40,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(COLD_BUILD_TIMEOUT))
 
 
+# Each build script and the variable that names a directory built elsewhere instead.
+BUILDS = ((BUILD, "PLNT_K8S_BIN"), (BUILD_KEDA, "PLNT_KEDA_BIN"))
+
+
+def _built_dir(script: Path, env: str) -> Path:
+    """$env if set, else the bin directory `script` prints (building it the first time)."""
+    if os.environ.get(env):
+        return Path(os.environ[env])
+    # stderr (the build's progress) is left to pytest's capture: shown if the build fails.
+    done = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"tools/{script.name} failed (exit {done.returncode}); its output is above", pytrace=False)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="session")
 def k8s_bin_dir() -> Path:
     """The directory holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok."""
-    if os.environ.get("PLNT_K8S_BIN"):
-        return Path(os.environ["PLNT_K8S_BIN"])
-    # stderr (the build's progress) is left to pytest's capture: shown if the build fails.
-    done = subprocess.run(["bash", str(BUILD)], stdout=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        pytest.fail(f"tools/build_k8s.sh failed (exit {done.returncode}); its output is above", pytrace=False)
-    return Path(done.stdout.strip().splitlines()[-1])
+    return _built_dir(BUILD, "PLNT_K8S_BIN")
 
 
 @pytest.fixture(scope="session")
 def keda_bin_dir() -> Path:
-    """KEDA's operator, metrics adapter and CRDs (crds/), from tools/build_keda.sh (built once, minutes)."""
-    if os.environ.get("PLNT_KEDA_BIN"):
-        return Path(os.environ["PLNT_KEDA_BIN"])
-    done = subprocess.run(["bash", str(BUILD_KEDA)], stdout=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        pytest.fail(f"tools/build_keda.sh failed (exit {done.returncode}); its output is above", pytrace=False)
-    return Path(done.stdout.strip().splitlines()[-1])
+    """KEDA's operator, metrics adapter and CRDs (crds/), from tools/build_keda.sh."""
+    return _built_dir(BUILD_KEDA, "PLNT_KEDA_BIN")
 
 
 @pytest.fixture(scope="session")

@@ -30,18 +30,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from kubernetes import client as k8s
 from kubernetes.utils import parse_quantity
 
 from tests.conftest import SpecRepo
-from tests.e2e.test_plnt_up_process import REVIEW, PlntUp
 from tests.k8s.cluster import FakeNode, wait_for
 from tests.k8s.keda_stack import running_prometheus, start_keda
 from tests.k8s.pod_network import PodNetwork
 from tests.k8s.sites import ClusterSite, all_cidrs, cluster_site, site_ranges
 from tests.k8s.test_commit_through_helm import RUN_FILE, Watch, plnt_up
+from tests.k8s.test_pool_through_plnt_up import SteadyLoad
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
 
@@ -82,44 +81,6 @@ def keda_specs(repo: SpecRepo, site: ClusterSite, ns: str, prometheus: str) -> N
                  f"  autoscaling: {{targetInFlight: 2, scaleDownAfterSeconds: {SCALE_DOWN_AFTER_S}}}")
     repo.replace(RUN_FILE, "p95BudgetMs: 2500", "p95BudgetMs: 20000")  # slow on purpose (TOKEN_DELAY_S)
     repo.commit("review-responder on the test cluster, scaled by KEDA on in-flight invocations")
-
-
-class InFlight:
-    """Client threads (in the pod network) each keeping one invocation in flight through plnt's gateway."""
-
-    def __init__(self, site: ClusterSite, up: PlntUp, clients: int) -> None:
-        self.site, self.up = site, up
-        self.served = 0
-        self.failures: list[tuple[float, str]] = []  # (time.monotonic(), what went wrong)
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._client, name=f"in-flight-{i}", daemon=True) for i in range(clients)]
-
-    def _client(self) -> None:
-        with self.site.net.entered():
-            while not self.stop.is_set():
-                try:
-                    answer = httpx.post(f"{self.up.url}/workflows/{RELEASE}/invoke", json=REVIEW, timeout=60,
-                                        trust_env=False)
-                except httpx.HTTPError as exc:
-                    self.failures.append((time.monotonic(), f"{type(exc).__name__}: {exc}"))
-                    continue
-                if answer.status_code == 200:
-                    self.served += 1
-                else:
-                    self.failures.append((time.monotonic(), f"{answer.status_code} {answer.text[:200]}"))
-
-    def failed(self, start: float, end: float = float("inf")) -> list[str]:
-        return [what for t, what in self.failures if start <= t < end]
-
-    def __enter__(self) -> InFlight:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(90)
 
 
 class ReplicaLog(threading.Thread):
@@ -182,7 +143,7 @@ def test_keda_scales_the_runner_deployment_on_in_flight_invocations_and_a_promot
             assert apps.read_namespaced_deployment(RELEASE, ns).spec.replicas == SCALED["min"]
             replica_log.start()
 
-            with InFlight(site, up, CLIENTS) as load:
+            with SteadyLoad(site, up, clients=CLIENTS) as load:
                 wait_for(f"the Deployment scaled to {SCALED['max']} on {CLIENTS} invocations in flight",
                          lambda: apps.read_namespaced_deployment(RELEASE, ns).spec.replicas == SCALED["max"], timeout=120)
                 reading = hpa_in_flight(scaling, ns)
