@@ -326,6 +326,18 @@ class LocalCluster:
         path.chmod(0o600)
         return path
 
+    def issue(self, name: str, into: Path, *, server: bool = False, client: bool | None = None,
+              dns: Sequence[str] = (), ips: Sequence[str] = ()) -> None:
+        """A key (tls.key) and certificate (tls.crt) from the cluster's CA, with the CA (ca.crt), in `into`:
+        the layout of a kubernetes.io/tls Secret, for a process run beside the cluster (run_beside)."""
+        ca = _CA(serialization.load_pem_private_key((self.pki / "ca.key").read_bytes(), password=None),  # type: ignore[arg-type]
+                 x509.load_pem_x509_certificate((self.pki / "ca.crt").read_bytes()))
+        key, cert = ca.issue(name, server=server, client=client, dns=dns, ips=ips)
+        into.mkdir(parents=True, exist_ok=True)
+        _write_key(into / "tls.key", key)
+        _write_cert(into / "tls.crt", cert)
+        _write_cert(into / "ca.crt", ca.cert)
+
     def alive(self) -> dict[str, bool]:
         return {p.name: p.popen.poll() is None for p in self._processes}
 

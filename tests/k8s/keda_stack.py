@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 
-from tests.k8s.cluster import _CA, LocalCluster, _write_cert, _write_key, free_port, wait_for
+from tests.k8s.cluster import LocalCluster, free_port, wait_for
 
 KEDA_NAMESPACE = "keda"
 ADAPTER_SERVICE = "keda-operator-metrics-apiserver"
@@ -44,17 +44,8 @@ EXTERNAL_METRICS = "v1beta1.external.metrics.k8s.io"
 def _certs(cluster: LocalCluster, into: Path) -> Path:
     """KEDA's cert dir: the cluster CA, and one certificate for the operator's gRPC server, the adapter's
     gRPC client and the adapter's HTTPS server (the aggregator dials it as the Service's name)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-
-    into.mkdir(parents=True, exist_ok=True)
-    ca_key = serialization.load_pem_private_key((cluster.pki / "ca.key").read_bytes(), password=None)
-    ca = _CA(ca_key, x509.load_pem_x509_certificate((cluster.pki / "ca.crt").read_bytes()))  # type: ignore[arg-type]
-    key, cert = ca.issue("keda", server=True, client=True, ips=["127.0.0.1"],
-                         dns=["localhost", f"{ADAPTER_SERVICE}.{KEDA_NAMESPACE}.svc", f"keda-operator.{KEDA_NAMESPACE}.svc"])
-    _write_key(into / "tls.key", key)
-    _write_cert(into / "tls.crt", cert)
-    shutil.copy(cluster.pki / "ca.crt", into / "ca.crt")
+    cluster.issue("keda", into, server=True, client=True, ips=["127.0.0.1"],
+                  dns=["localhost", f"{ADAPTER_SERVICE}.{KEDA_NAMESPACE}.svc", f"keda-operator.{KEDA_NAMESPACE}.svc"])
     return into
 
 

@@ -143,9 +143,11 @@ def test_keda_scales_the_runner_deployment_on_in_flight_invocations_and_a_promot
             assert apps.read_namespaced_deployment(RELEASE, ns).spec.replicas == SCALED["min"]
             replica_log.start()
 
+            loaded_at = time.monotonic()
             with SteadyLoad(site, up, clients=CLIENTS) as load:
                 wait_for(f"the Deployment scaled to {SCALED['max']} on {CLIENTS} invocations in flight",
                          lambda: apps.read_namespaced_deployment(RELEASE, ns).spec.replicas == SCALED["max"], timeout=120)
+                scaled_up_s = time.monotonic() - loaded_at
                 reading = hpa_in_flight(scaling, ns)
                 assert reading is not None and reading >= 2, reading  # per pod, above targetInFlight 2 at the rise
                 wait_for(f"{SCALED['max']} pods Available",
@@ -171,8 +173,11 @@ def test_keda_scales_the_runner_deployment_on_in_flight_invocations_and_a_promot
                       f"{len(load.failed(promoted_from))}: {load.failed(promoted_from)[:3]}")
 
             # The load gone: one pod fewer per scaleDownAfterSeconds, down to the floor.
+            unloaded_at = time.monotonic()
             wait_for(f"back to replicas.min ({SCALED['min']})",
                      lambda: apps.read_namespaced_deployment(RELEASE, ns).spec.replicas == SCALED["min"], timeout=120)
+            print(f"{SCALED['min']} -> {SCALED['max']} replicas {scaled_up_s:.1f} s after the load began (HPA read "
+                  f"{reading:g} in flight per pod); back to {SCALED['min']} {time.monotonic() - unloaded_at:.1f} s after it ended")
         finally:
             replica_log.stop.set()
             up.kill()
