@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 DEMO   ?= .plnt-demo
 PORT   ?= 8000
 
-.PHONY: install install-llm install-test-services up demo-repo demo-model test test-fast bench e2e-kind k8s-bins test-k8s bench-k8s gitea-bin test-forge bench-forge clean
+.PHONY: install install-llm install-test-services up demo-repo demo-model test test-fast bench e2e-kind k8s-bins keda-bin test-k8s bench-k8s gitea-bin test-forge bench-forge clean
 
 install: $(VENV)/.installed
 
@@ -49,7 +49,7 @@ install-llm:
 install-test-services:
 	bash tools/install_test_services.sh
 
-test: install install-test-services install-llm k8s-bins gitea-bin
+test: install install-test-services install-llm k8s-bins keda-bin gitea-bin
 	$(PY) -m pytest
 
 test-fast: install
@@ -101,8 +101,14 @@ e2e-kind: install
 k8s-bins:
 	bash tools/build_k8s.sh >/dev/null
 
+# KEDA's operator and metrics adapter (github.com/kedacore/keda/v2, pinned in tools/keda/go.mod) and its
+# CRDs, for tests/k8s/test_keda_on_cluster.py, built into ~/.cache/plnt/keda once: see
+# docs/kubernetes.md, "Autoscaling on in-flight requests".
+keda-bin:
+	bash tools/build_keda.sh >/dev/null
+
 # Only the tests on a real control plane (also part of `make test`).
-test-k8s: install k8s-bins
+test-k8s: install k8s-bins keda-bin
 	$(PY) -m pytest -m k8s
 
 # The rollout figures on a real control plane (docs/benchmarks.md, "Rollouts on a Kubernetes

@@ -23,8 +23,7 @@ die() { say "$*"; exit 1; }
 # shellcheck source=tools/build_cache.sh
 . "$ROOT/tools/build_cache.sh"
 
-# The version go.mod requires: the field after the module path, outside a `=>`.
-VERSION="$(awk '{ for (i = 1; i < NF; i++) if ($i == "code.gitea.io/gitea" && $(i + 1) ~ /^v/ && $(i - 1) != "=>") { print $(i + 1); exit } }' "$SRC/go.mod")"
+VERSION="$(pinned_version "$SRC/go.mod" code.gitea.io/gitea)"
 [ -n "$VERSION" ] || die "could not read the pinned Gitea version from $SRC/go.mod"
 
 TAGS="sqlite sqlite_unlock_notify"
@@ -42,14 +41,7 @@ export GOFLAGS=-mod=readonly
 MODDIR="$(cd "$SRC" && go mod download -json code.gitea.io/gitea | awk -F'"' '$2 == "Dir" { print $4 }')"
 [ -d "$MODDIR" ] || die "go mod download code.gitea.io/gitea@$VERSION gave no directory"
 
-# A dependant's build ignores a dependency's replace and exclude lines: the wrapper must carry
-# Gitea's own, or the build silently takes versions Gitea was never built with.
-directives() { grep -E '^(replace|exclude) ' "$1" | sed 's| *//.*||' | sort; }
-missing="$(comm -23 <(directives "$MODDIR/go.mod") <(directives "$SRC/go.mod"))"
-if [ -n "$missing" ]; then
-  die "tools/gitea/go.mod lacks these lines of Gitea $VERSION's go.mod; copy them over, then run go mod tidy there:
-$missing"
-fi
+require_directives "$MODDIR/go.mod" "$SRC/go.mod" "Gitea $VERSION"
 
 PARTIAL="$DIR/bin.partial"
 rm -rf "$PARTIAL"

@@ -546,6 +546,36 @@ Deployable = WorkflowRun | ModelDeployment  # what a saga rolls out
 DEFAULT_SCALE_TO_ZERO_AFTER_S = 300.0
 
 
+class ClusterAutoscaler(SpecModel):
+    """What scales a Kubernetes backend's releases that set spec.autoscaling, on the same in-flight
+    signal plnt's local autoscaler follows (docs/kubernetes.md, "Autoscaling on in-flight requests").
+    `hpa`: the charts' own autoscaling/v2 HPA on Pods metrics, which a custom-metrics adapter (e.g.
+    prometheus-adapter) must serve. `keda`: a KEDA ScaledObject whose Prometheus trigger queries
+    `prometheusAddress` for the release's pods' series (KEDA makes and drives the HPA)."""
+
+    kind: Literal["hpa", "keda"] = "hpa"
+    prometheus_address: str | None = Field(default=None, max_length=2048, description=(
+        "kind keda: the Prometheus KEDA's operator queries, e.g. http://prometheus.monitoring:9090"))
+
+    @field_validator("prometheus_address")
+    @classmethod
+    def _an_http_url(cls, address: str | None) -> str | None:
+        if address is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", address):
+            raise ValueError(f"{address!r} is not an http:// or https:// URL of a Prometheus server "
+                             "(e.g. http://prometheus.monitoring:9090)")
+        return address
+
+    @model_validator(mode="after")
+    def _address_with_keda(self) -> Self:
+        if self.kind == "keda" and self.prometheus_address is None:
+            raise ValueError("autoscaler kind keda needs prometheusAddress: the Prometheus that scrapes the "
+                             "runner pods, as KEDA's operator reaches it (e.g. http://prometheus.monitoring:9090)")
+        if self.kind == "hpa" and self.prometheus_address is not None:
+            raise ValueError("prometheusAddress is only used with autoscaler kind keda (the hpa kind reads a "
+                             "metrics adapter's Pods metrics); set kind: keda or remove prometheusAddress")
+        return self
+
+
 class KubernetesTarget(SpecModel):
     context: str | None = None
     namespace: str = Field(default="default", pattern=NAME_PATTERN)
@@ -556,6 +586,8 @@ class KubernetesTarget(SpecModel):
     cluster_domain: str = Field(
         default="cluster.local", max_length=253,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    # What scales releases with spec.autoscaling here: the charts' HPA (default) or a KEDA ScaledObject.
+    autoscaler: ClusterAutoscaler = Field(default_factory=ClusterAutoscaler)
 
 
 class RunnerLimits(SpecModel):

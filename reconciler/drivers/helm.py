@@ -205,7 +205,7 @@ def render_values(
     registry settings; credentials only as the name of a Secret in the backend's namespace.
     `tracing`: `tracing_values(...)` of the worker's environment (empty: no `tracing` key at all)."""
     placement = placement_values(spec.backend, backend)
-    autoscaling = autoscaling_values(spec.autoscaling)
+    autoscaling = autoscaling_values(spec.autoscaling, backend)
     return {
         "workflow": {
             "name": request.name,
@@ -321,7 +321,8 @@ def render_model_values(
         **placement,
         **pool_replicas(request, backend, spec.replicas.min),  # a model server never scales to zero
         "autoscaling": ({"targetInFlight": spec.autoscaling.target_in_flight, "maxReplicas": spec.replicas.max,
-                         "scaleDownAfterSeconds": spec.autoscaling.scale_down_after_seconds}
+                         "scaleDownAfterSeconds": spec.autoscaling.scale_down_after_seconds,
+                         **autoscaler_values(backend)}
                         if spec.autoscaling is not None and spec.autoscaling.target_in_flight is not None else {}),
         "resources": resources or {},
         "service": {"port": MODEL_PORT},
@@ -400,14 +401,26 @@ def image_values(image: RunnerImage) -> dict[str, str]:
     return {"repository": image.repository, "tag": image.tag, "pullPolicy": image.pull_policy}
 
 
-def autoscaling_values(scaling: Autoscaling | None) -> dict[str, Any]:
-    """The charts' `autoscaling` values: each HPA target the spec sets (none: no HPA)."""
+def autoscaling_values(scaling: Autoscaling | None, backend: PlntBackend) -> dict[str, Any]:
+    """The workflow-runner chart's `autoscaling` values: each target the spec sets (none: no
+    autoscaling) and what the backend's cluster scales with (autoscaler_values)."""
     if scaling is None:
         return {}
     targets = {"targetInFlight": scaling.target_in_flight,
                "targetInvocationsPerSecond": scaling.target_invocations_per_second}
     return {**{key: value for key, value in targets.items() if value is not None},
-            "scaleDownAfterSeconds": scaling.scale_down_after_seconds}
+            "scaleDownAfterSeconds": scaling.scale_down_after_seconds, **autoscaler_values(backend)}
+
+
+def autoscaler_values(backend: PlntBackend) -> dict[str, Any]:
+    """Both charts' `autoscaling.autoscaler` and `autoscaling.prometheusAddress`, from the backend's
+    `kubernetes.autoscaler`: nothing for `hpa` (the charts' default: their HPA on Pods metrics, and a
+    release's values exactly as before KEDA was an option); `keda` with its Prometheus, for which the
+    charts render a KEDA ScaledObject instead of the HPA."""
+    target = backend.spec.kubernetes
+    if target is None or target.autoscaler.kind == "hpa":
+        return {}
+    return {"autoscaler": "keda", "prometheusAddress": target.autoscaler.prometheus_address}
 
 
 def placement_values(placement: BackendPlacement, backend: PlntBackend) -> dict[str, Any]:

@@ -467,3 +467,41 @@ def test_autoscaling_makes_an_hpa_on_in_flight_requests_that_owns_the_count(helm
 def test_autoscaling_max_below_the_floor_fails_the_render(helm: str) -> None:
     stderr = failure(helm, merged(BASE, {"replicas": 3, "autoscaling": {"targetInFlight": 2, "maxReplicas": 2}}))
     assert "autoscaling.maxReplicas (2) must be >= replicas (3)" in stderr, stderr
+
+
+# model-server pods are <release>-<pod-template-hash>-<suffix>: each query is summed over the release's own pods.
+RUNTIME_SERIES = {"llama.cpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+                  "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+                  "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+                  "tgi": ("tgi_batch_current_size", "tgi_queue_size")}
+
+
+@pytest.mark.parametrize("case", ["llama.cpp-cpu", "vllm-gpu-canary", "tgi-gpu", "sglang-gpu"])
+def test_autoscaler_keda_makes_a_scaled_object_on_the_runtimes_own_series_instead_of_the_hpa(
+        helm: str, case: str) -> None:
+    release, values, *_ = CASES[case]
+    keda = {"replicas": 2, "autoscaling": {"targetInFlight": 3, "maxReplicas": 5, "scaleDownAfterSeconds": 120,
+                                           "autoscaler": "keda", "prometheusAddress": "http://prometheus.monitoring:9090"}}
+    docs = by_kind(render(helm, CHART, merged(values, keda), release=release, namespace=NAMESPACE))
+    assert "HorizontalPodAutoscaler" not in docs and "replicas" not in docs["Deployment"]["spec"]
+    scaled = docs["ScaledObject"]
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1" and scaled["metadata"]["name"] == release
+    check_labels(scaled["metadata"]["labels"])
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": release}
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 5)
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"] == {"name": release, "behavior": {"scaleDown": {
+        "stabilizationWindowSeconds": 120, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}]}}}
+    running, waiting = RUNTIME_SERIES[values["runtime"]["type"]]
+    pods = f'namespace="{NAMESPACE}",pod=~"{release}-[a-z0-9]+-[a-z0-9]+"'
+    assert spec["triggers"] == [{"type": "prometheus", "name": "in-flight", "metricType": "AverageValue", "metadata": {
+        "serverAddress": "http://prometheus.monitoring:9090", "query": f"sum({running}{{{pods}}}) + sum({waiting}{{{pods}}})",
+        "threshold": "3"}}]
+
+
+def test_autoscaler_keda_without_a_prometheus_or_with_max_below_the_floor_fails_the_render(helm: str) -> None:
+    keda = {"targetInFlight": 2, "maxReplicas": 4, "autoscaler": "keda"}
+    assert "prometheusAddress" in failure(helm, merged(BASE, {"autoscaling": keda}))
+    stderr = failure(helm, merged(BASE, {"replicas": 3, "autoscaling": {
+        **keda, "maxReplicas": 2, "prometheusAddress": "http://prometheus:9090"}}))
+    assert "autoscaling.maxReplicas (2) must be >= replicas (3)" in stderr, stderr

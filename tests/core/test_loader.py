@@ -719,6 +719,36 @@ def test_invocation_rate_autoscaling_stays_valid_on_kubernetes(tmp_path: Path) -
     assert load_one(tmp_path, K8S_BACKEND + "---\n" + run) == []
 
 
+def keda_backend(autoscaler: str) -> str:
+    return ("apiVersion: plnt.work/v1\nkind: PlntBackend\nmetadata: {name: local}\nspec:\n  type: kubernetes\n"
+            "  kubernetes:\n    context: kind\n" + autoscaler)
+
+
+def test_a_keda_autoscaler_with_its_prometheus_loads(tmp_path: Path) -> None:
+    write(tmp_path, "specs.yaml", keda_backend("    autoscaler: {kind: keda, prometheusAddress: http://prometheus.monitoring:9090}\n"))
+    specs, problems = load_directory(tmp_path)
+    assert problems == []
+    autoscaler = specs.backends["local"].spec.kubernetes.autoscaler  # type: ignore[union-attr]
+    assert (autoscaler.kind, autoscaler.prometheus_address) == ("keda", "http://prometheus.monitoring:9090")
+    write(tmp_path, "specs.yaml", K8S_BACKEND)
+    specs, _ = load_directory(tmp_path)
+    assert specs.backends["local"].spec.kubernetes.autoscaler.kind == "hpa"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("autoscaler", "field", "message"), [
+    ("    autoscaler: {kind: keda}\n", "spec.kubernetes.autoscaler", "autoscaler kind keda needs prometheusAddress"),
+    ("    autoscaler: {prometheusAddress: http://prometheus:9090}\n", "spec.kubernetes.autoscaler",
+     "prometheusAddress is only used with autoscaler kind keda"),
+    ("    autoscaler: {kind: keda, prometheusAddress: prometheus:9090}\n",
+     "spec.kubernetes.autoscaler.prometheusAddress", "'prometheus:9090' is not an http:// or https:// URL"),
+    ("    autoscaler: {kind: adapter}\n", "spec.kubernetes.autoscaler.kind", "'hpa' or 'keda'"),
+], ids=["keda-without-prometheus", "prometheus-without-keda", "address-without-scheme", "unknown-kind"])
+def test_autoscaler_problems_name_file_line_and_field(tmp_path: Path, autoscaler: str, field: str, message: str) -> None:
+    problems = load_one(tmp_path, keda_backend(autoscaler))
+    assert where(problems) == [("specs.yaml", 8, field)], problems
+    assert message in problems[0].message, problems[0].message
+
+
 # --- ModelDeployment -------------------------------------------------------------------------
 
 MODEL = """\

@@ -41,6 +41,7 @@ SERVICE_CIDR = "10.0.0.0/24"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"  # kwok manages the nodes that carry it (value "fake")
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_CLASS_LABEL = "plnt.dev/gpu-class"
+FRONT_PROXY_CLIENT = "front-proxy-client"  # the aggregator's client certificate's name (--requestheader-allowed-names)
 
 
 class ClusterError(RuntimeError):
@@ -122,7 +123,13 @@ class _CA:
         return cls(key, cert)
 
     def issue(self, common_name: str, *, organizations: Sequence[str] = (), server: bool = False,
-              dns: Sequence[str] = (), ips: Sequence[str] = ()) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+              client: bool | None = None, dns: Sequence[str] = (), ips: Sequence[str] = ()
+              ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+        """A leaf certificate for a server, a client (the default), or both (server=True, client=True:
+        one certificate at both ends of mutual TLS, as KEDA's operator and metrics adapter share theirs)."""
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
+        if client if client is not None else not server:
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
         key = _key()
         attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
         attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
@@ -131,8 +138,7 @@ class _CA:
                    .public_key(key.public_key()).serial_number(x509.random_serial_number())
                    .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
                    .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage(
-                       [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                   .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
                    .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False))
         if dns or ips:
             names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
@@ -173,6 +179,8 @@ class _Process:
     popen: subprocess.Popen[bytes]
     log: Path
     args: tuple[str, ...] = ()
+    executable: Path | None = None  # None: the binary NAME in the cluster's bin dir
+    env: dict[str, str] | None = None
     stopped: bool = False  # once stopped, its group id is never signalled again: the number may be reused
 
     def check_alive(self) -> None:
@@ -207,10 +215,11 @@ class LocalCluster:
 
     def __init__(self, bin_dir: Path, work_dir: Path, *, nodes: Sequence[FakeNode] = DEFAULT_NODES,
                  start_timeout: float = 180.0, kwok_stages: Path | None = None,
-                 service_cidr: str = SERVICE_CIDR) -> None:
+                 service_cidr: str = SERVICE_CIDR, hpa_sync_period: str | None = None) -> None:
         """kwok_stages: kwok's Stage documents (default: kwok's own, which make every pod Running and
         Ready at once); tests/k8s/pod_network.py passes a set without pod readiness, which its node
-        stand-in reports instead."""
+        stand-in reports instead. hpa_sync_period: kube-controller-manager's
+        --horizontal-pod-autoscaler-sync-period (its default, 15s, when None)."""
         self.bin_dir = Path(bin_dir)
         self.work_dir = Path(work_dir)
         self.nodes = tuple(nodes)
@@ -220,6 +229,7 @@ class LocalCluster:
             raise ClusterError(f"{self.bin_dir} lacks {', '.join(missing)}: build them with tools/build_k8s.sh")
         self.kwok_stages = kwok_stages or self.bin_dir / KWOK_STAGES
         self.service_cidr = service_cidr
+        self.hpa_sync_period = hpa_sync_period
         self.pki = self.work_dir / "pki"
         self.logs = self.work_dir / "logs"
         self.audit_log = self.work_dir / "audit.log"
@@ -316,6 +326,18 @@ class LocalCluster:
         path.chmod(0o600)
         return path
 
+    def issue(self, name: str, into: Path, *, server: bool = False, client: bool | None = None,
+              dns: Sequence[str] = (), ips: Sequence[str] = ()) -> None:
+        """A key (tls.key) and certificate (tls.crt) from the cluster's CA, with the CA (ca.crt), in `into`:
+        the layout of a kubernetes.io/tls Secret, for a process run beside the cluster (run_beside)."""
+        ca = _CA(serialization.load_pem_private_key((self.pki / "ca.key").read_bytes(), password=None),  # type: ignore[arg-type]
+                 x509.load_pem_x509_certificate((self.pki / "ca.crt").read_bytes()))
+        key, cert = ca.issue(name, server=server, client=client, dns=dns, ips=ips)
+        into.mkdir(parents=True, exist_ok=True)
+        _write_key(into / "tls.key", key)
+        _write_cert(into / "tls.crt", cert)
+        _write_cert(into / "ca.crt", ca.cert)
+
     def alive(self) -> dict[str, bool]:
         return {p.name: p.popen.poll() is None for p in self._processes}
 
@@ -340,6 +362,14 @@ class LocalCluster:
             key, cert = ca.issue(cn, organizations=orgs)
             _write_key(self.pki / f"{name}.key", key)
             _write_cert(self.pki / f"{name}.crt", cert)
+        # The aggregation layer: kube-apiserver proxies an APIService's requests (e.g. external.metrics.k8s.io
+        # to KEDA's metrics adapter) with this client certificate, from a CA of its own, naming the user in
+        # X-Remote-* headers that the extension server trusts only from that CA and name.
+        front_proxy = _CA.create("plnt-test-front-proxy-ca")
+        _write_cert(self.pki / "front-proxy-ca.crt", front_proxy.cert)
+        key, cert = front_proxy.issue(FRONT_PROXY_CLIENT)
+        _write_key(self.pki / "front-proxy-client.key", key)
+        _write_cert(self.pki / "front-proxy-client.crt", cert)
         # Service-account tokens: the apiserver signs with the private key, verifies with the public one.
         sa = _key()
         _write_key(self.pki / "sa.key", sa)
@@ -359,14 +389,25 @@ class LocalCluster:
         path.chmod(0o600)
         return path
 
-    def _spawn(self, name: str, args: Sequence[str]) -> _Process:
+    def run_beside(self, name: str, executable: Path, args: Sequence[str], env: dict[str, str] | None = None) -> None:
+        """Start another process for this cluster (e.g. KEDA, Prometheus): its log is logs/NAME.log,
+        and close() stops it first, before the control plane."""
+        self._spawn(name, args, executable=executable, env=env)
+
+    def check_alive(self) -> None:
+        """Raises ClusterError, with the end of its log, if any process of the cluster has exited."""
+        for proc in self._processes:
+            proc.check_alive()
+
+    def _spawn(self, name: str, args: Sequence[str], *, executable: Path | None = None,
+               env: dict[str, str] | None = None) -> _Process:
         log_path = self.logs / f"{name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - closed in close(), the process writes to it until then
         self._log_files.append(log)
-        popen = subprocess.Popen([str(self.bin_dir / name), *args], stdin=subprocess.DEVNULL, stdout=log,
-                                 stderr=subprocess.STDOUT, cwd=self.work_dir,
+        popen = subprocess.Popen([str(executable or self.bin_dir / name), *args], stdin=subprocess.DEVNULL, stdout=log,
+                                 stderr=subprocess.STDOUT, cwd=self.work_dir, env=env,
                                  start_new_session=True)  # its own process group: close() ends it and its children
-        proc = _Process(name, popen, log_path, tuple(args))
+        proc = _Process(name, popen, log_path, tuple(args), executable, env)
         self._processes.append(proc)
         return proc
 
@@ -389,7 +430,7 @@ class LocalCluster:
         # start a controller) is started again, as the kubelet restarts a static pod.
         for proc in [p for p in self._processes if p.popen.poll() is not None]:
             self._processes.remove(proc)
-            self._spawn(proc.name, proc.args)
+            self._spawn(proc.name, proc.args, executable=proc.executable, env=proc.env)
 
     def _component(self, name: str) -> _Process:
         for proc in self._processes:
@@ -448,6 +489,13 @@ class LocalCluster:
             f"--service-cluster-ip-range={self.service_cidr}",
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
+            # The aggregation layer (APIServices served by extension servers: KEDA's metrics adapter).
+            f"--requestheader-client-ca-file={self.pki / 'front-proxy-ca.crt'}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={self.pki / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={self.pki / 'front-proxy-client.key'}",
             f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
             "--audit-log-mode=blocking",  # the event is in the file when the response is sent
         ])
@@ -467,6 +515,7 @@ class LocalCluster:
             f"--cluster-signing-cert-file={self.pki / 'ca.crt'}", f"--cluster-signing-key-file={self.pki / 'ca.key'}",
             f"--service-cluster-ip-range={self.service_cidr}",
             "--controllers=*",  # the default set: deployments, replicasets, serviceaccounts, tokens, gc, nodes, ...
+            *([f"--horizontal-pod-autoscaler-sync-period={self.hpa_sync_period}"] if self.hpa_sync_period else []),
         ])
         scheduler = self._write_kubeconfig(self.work_dir / "kube-scheduler.kubeconfig", "kube-scheduler")
         self._spawn("kube-scheduler", [

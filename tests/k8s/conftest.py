@@ -2,7 +2,8 @@
 
 The binaries come from tools/build_k8s.sh, which builds them once (minutes, see docs/kubernetes.md,
 "Building the test control plane") and then answers from its cache at once. PLNT_K8S_BIN=DIR uses
-binaries already built there instead.
+binaries already built there instead. KEDA's (tests/k8s/test_keda_on_cluster.py) come from
+tools/build_keda.sh the same way, or PLNT_KEDA_BIN=DIR.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tests.k8s.cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "tools" / "build_k8s.sh"
+BUILD_KEDA = ROOT / "tools" / "build_keda.sh"
 # A cold build (empty Go caches, 2 cores) takes far longer than the suite's per-test timeout, and it
 # happens inside the setup of whichever k8s test runs first: when nothing is built yet, each is given this
 # long (`-k`/`-m` deselect after this hook, so the first to run is not known here).
@@ -25,9 +27,10 @@ COLD_BUILD_TIMEOUT = 3600
 
 
 def _built() -> bool:
-    if os.environ.get("PLNT_K8S_BIN"):
-        return True
-    return subprocess.run(["bash", str(BUILD), "--check"], capture_output=True).returncode == 0
+    for script, env in BUILDS:
+        if not os.environ.get(env) and subprocess.run(["bash", str(script), "--check"], capture_output=True).returncode:
+            return False
+    return True
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -37,16 +40,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(COLD_BUILD_TIMEOUT))
 
 
+# Each build script and the variable that names a directory built elsewhere instead.
+BUILDS = ((BUILD, "PLNT_K8S_BIN"), (BUILD_KEDA, "PLNT_KEDA_BIN"))
+
+
+def _built_dir(script: Path, env: str) -> Path:
+    """$env if set, else the bin directory `script` prints (building it the first time)."""
+    if os.environ.get(env):
+        return Path(os.environ[env])
+    # stderr (the build's progress) is left to pytest's capture: shown if the build fails.
+    done = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"tools/{script.name} failed (exit {done.returncode}); its output is above", pytrace=False)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="session")
 def k8s_bin_dir() -> Path:
     """The directory holding etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok."""
-    if os.environ.get("PLNT_K8S_BIN"):
-        return Path(os.environ["PLNT_K8S_BIN"])
-    # stderr (the build's progress) is left to pytest's capture: shown if the build fails.
-    done = subprocess.run(["bash", str(BUILD)], stdout=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        pytest.fail(f"tools/build_k8s.sh failed (exit {done.returncode}); its output is above", pytrace=False)
-    return Path(done.stdout.strip().splitlines()[-1])
+    return _built_dir(BUILD, "PLNT_K8S_BIN")
+
+
+@pytest.fixture(scope="session")
+def keda_bin_dir() -> Path:
+    """KEDA's operator, metrics adapter and CRDs (crds/), from tools/build_keda.sh."""
+    return _built_dir(BUILD_KEDA, "PLNT_KEDA_BIN")
 
 
 @pytest.fixture(scope="session")

@@ -96,19 +96,23 @@ class ClusterSite:
 
 @contextlib.contextmanager
 def cluster_site(net: PodNetwork, bin_dir: Path, work: Path, ranges: Ranges, *, nodes: Sequence[FakeNode],
-                 domain: str = "cluster.local") -> Iterator[ClusterSite]:
-    """Call inside `net.entered()`: the cluster, its registry and its node stand-in live in the namespace."""
+                 domain: str = "cluster.local", programs: Mapping[str, str] | None = None,
+                 hpa_sync_period: str | None = None) -> Iterator[ClusterSite]:
+    """Call inside `net.entered()`: the cluster, its registry and its node stand-in live in the namespace.
+    programs: what a container's command runs, over the default (`plnt` and `python` of this checkout)."""
+    commands = {"plnt": PLNT, "python": sys.executable, **(programs or {})}
     work.mkdir(parents=True, exist_ok=True)
     stages = stages_without_pod_readiness(bin_dir, work / "kwok-stages.yaml")
     (work / "registry").mkdir()
-    with LocalCluster(bin_dir, work / "cluster", nodes=nodes, kwok_stages=stages, service_cidr=ranges.services) as cluster, \
+    with LocalCluster(bin_dir, work / "cluster", nodes=nodes, kwok_stages=stages, service_cidr=ranges.services,
+                      hpa_sync_period=hpa_sync_period) as cluster, \
             running_oci_registry(work / "registry") as registry, open(work / "node-standin.log", "wb") as log:
         standin = subprocess.Popen(
             [sys.executable, "-m", "tests.k8s.node_standin", "--kubeconfig", str(cluster.kubeconfig),
              "--work-dir", str(work / "node"), "--hosts-file", str(net.hosts_file),
              "--pod-cidr", ranges.pods, "--cluster-domain", domain,
              *(a for n in nodes for a in ("--node", n.name)),
-             "--program", f"plnt={PLNT}", "--program", f"python={sys.executable}"],
+             *(a for command, path in commands.items() for a in ("--program", f"{command}={path}"))],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
             yield ClusterSite(net, cluster, registry, domain, work)

@@ -22,6 +22,7 @@ as processes (see tests/k8s/test_commit_through_helm.py). The runners' model is 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -88,6 +89,7 @@ class SteadyLoad:
         self.site, self.up = site, up
         self.served = 0
         self.failures: list[str] = []
+        self.failed_at: list[float] = []  # time.monotonic() of each failure, in step with `failures`
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._client, name=f"load-{i}", daemon=True) for i in range(clients)]
 
@@ -97,12 +99,20 @@ class SteadyLoad:
                 try:
                     answer = http.post(f"{self.up.url}/workflows/review-responder/invoke", json=REVIEW)
                 except httpx.HTTPError as exc:
-                    self.failures.append(f"{type(exc).__name__}: {exc}")
+                    self._failed(f"{type(exc).__name__}: {exc}")
                     continue
                 if answer.status_code == 200 and answer.json().get("version"):
                     self.served += 1
                 else:
-                    self.failures.append(f"{answer.status_code} {answer.text[:200]}")
+                    self._failed(f"{answer.status_code} {answer.text[:200]}")
+
+    def _failed(self, what: str) -> None:
+        self.failed_at.append(time.monotonic())
+        self.failures.append(what)
+
+    def failed(self, start: float, end: float = float("inf")) -> list[str]:
+        """The failures between two time.monotonic() readings."""
+        return [what for t, what in zip(self.failed_at, self.failures, strict=False) if start <= t < end]
 
     def __enter__(self) -> SteadyLoad:
         for thread in self.threads:

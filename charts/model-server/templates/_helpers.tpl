@@ -87,6 +87,30 @@ nvidia.com/gpu
 vLLM, TGI and SGLang serve on GPUs only; llama.cpp is the runtime that runs on CPU. The llama.cpp
 model file must stay inside the model directory.
 */}}
+{{/* "true" when a KEDA ScaledObject, not the chart's own HPA, scales the release (autoscaling.autoscaler). */}}
+{{- define "model-server.keda" -}}
+{{- $scaling := .Values.autoscaling | default dict -}}
+{{- if and $scaling.targetInFlight (eq ($scaling.autoscaler | default "hpa") "keda") -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+PromQL of the requests in flight (running plus waiting) summed over this release's pods, from the
+runtime's own series: the label matchers are the pods' namespace and name (<release>-<hash>-<suffix>:
+the canary's pods never match the stable release's), as a Prometheus scraping pods labels each series.
+*/}}
+{{- define "model-server.inFlightQuery" -}}
+{{- $pods := printf "namespace=%q,pod=~%q" .Release.Namespace (printf "%s-[a-z0-9]+-[a-z0-9]+" (include "model-server.fullname" .)) -}}
+{{- $series := dict "llama.cpp" (list "llamacpp:requests_processing" "llamacpp:requests_deferred")
+                    "vllm" (list "vllm:num_requests_running" "vllm:num_requests_waiting")
+                    "sglang" (list "sglang:num_running_reqs" "sglang:num_queue_reqs")
+                    "tgi" (list "tgi_batch_current_size" "tgi_queue_size") -}}
+{{- $pair := get $series .Values.runtime.type -}}
+{{- if not $pair -}}
+{{- fail (printf "runtime.type %q: one of llama.cpp, vllm, tgi, sglang" .Values.runtime.type) -}}
+{{- end -}}
+{{- printf "sum(%s{%s}) + sum(%s{%s})" (index $pair 0) $pods (index $pair 1) $pods -}}
+{{- end -}}
+
 {{- define "model-server.checkRuntime" -}}
 {{- $type := .Values.runtime.type -}}
 {{- if and (ne $type "llama.cpp") (lt (int .Values.gpu.count) 1) -}}

@@ -42,6 +42,21 @@ plnt.work/workflow-namespace: {{ .Values.workflow.namespace }}
 {{- if or $scaling.targetInFlight $scaling.targetInvocationsPerSecond -}}true{{- end -}}
 {{- end -}}
 
+{{/* "true" when a KEDA ScaledObject, not the chart's own HPA, scales the release (autoscaling.autoscaler). */}}
+{{- define "workflow-runner.keda" -}}
+{{- if and (include "workflow-runner.autoscaled" .) (eq ((.Values.autoscaling | default dict).autoscaler | default "hpa") "keda") -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The PromQL label matchers of this release's pods' series: their namespace and pod name (a Deployment's
+pods are <release>-<pod-template-hash>-<suffix>, so the canary's <release>-canary-... pods never match
+the stable release's), the two labels a Prometheus scraping pods gives each series (kube-prometheus'
+PodMonitor, the prometheus chart's kubernetes-pods job).
+*/}}
+{{- define "workflow-runner.podSeries" -}}
+namespace="{{ .Release.Namespace }}",pod=~"{{ include "workflow-runner.fullname" . }}-[a-z0-9]+-[a-z0-9]+"
+{{- end -}}
+
 {{- define "workflow-runner.checkReplicas" -}}
 {{- if lt (int .Values.replicas.max) (int .Values.replicas.min) -}}
 {{- fail (printf "replicas.max (%v) must be >= replicas.min (%v)" .Values.replicas.max .Values.replicas.min) -}}

@@ -144,10 +144,11 @@ class RecordingHelm:
         raise AssertionError(f"unexpected helm call {args}")
 
 
-async def driver_render(helm: str, run: WorkflowRun, track: str) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+async def driver_render(helm: str, run: WorkflowRun, track: str, on: PlntBackend = BACKEND
+                        ) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
     """What the driver would apply: its own upgrade command's chart, release, namespace and values."""
     recorder = RecordingHelm()
-    driver = HelmDriver(BACKEND, lambda ns, name, fp: run.spec if fp == run.fingerprint() else None,
+    driver = HelmDriver(on, lambda ns, name, fp: run.spec if fp == run.fingerprint() else None,
                         image=IMAGE, runner=recorder)
     await driver.install(install_request(run, track))
     [(args, values)] = recorder.upgrades
@@ -308,6 +309,62 @@ async def test_driver_manifests_render_and_validate_strictly(helm: str, validate
             {"type": "Pods", "value": 1, "periodSeconds": window}]}}
     else:
         assert deployment["spec"]["replicas"] == run.spec.replicas.min
+
+
+KEDA_BACKEND = backend(kubernetes={"context": "prod", "namespace": "agents",
+                                   "autoscaler": {"kind": "keda", "prometheusAddress": "http://prometheus.monitoring:9090"}})
+# A Deployment's pods are <release>-<pod-template-hash>-<suffix>.
+STABLE_POD, CANARY_POD = "review-responder-6d9f8b7c5-x2k7q", "review-responder-canary-58c9d4f6b-p4z8m"
+
+
+@pytest.mark.parametrize("case", ["gpu-autoscaled-canary", "in-flight-autoscaled-stable", "both-targets-stable"])
+async def test_a_keda_backend_gets_a_scaled_object_on_the_release_pods_series_instead_of_the_hpa(
+        helm: str, case: str) -> None:
+    run, track = CASES[case]
+    docs, values, _ = await driver_render(helm, run, track, KEDA_BACKEND)
+    release = "review-responder" + ("-canary" if track == "canary" else "")
+    objects = by_kind(docs)
+    assert "HorizontalPodAutoscaler" not in objects  # KEDA makes and drives the HPA itself
+    assert "replicas" not in objects["Deployment"]["spec"]  # so helm upgrades never fight its count
+    scaled = objects["ScaledObject"]
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1" and scaled["metadata"]["name"] == release
+    check_labels(scaled["metadata"]["labels"])
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": release}
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (run.spec.replicas.min, run.spec.replicas.max)
+    scaling = run.spec.autoscaling
+    window = int(scaling.scale_down_after_seconds)
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"] == {"name": release, "behavior": {"scaleDown": {
+        "stabilizationWindowSeconds": window, "policies": [{"type": "Pods", "value": 1, "periodSeconds": window}]}}}
+    pods = f'namespace="agents",pod=~"{release}-[a-z0-9]+-[a-z0-9]+"'
+    wanted = [(name, query, target) for name, query, target in (
+        ("in-flight", f"sum(plnt_runner_in_flight_requests{{{pods}}})", scaling.target_in_flight),
+        ("invocations-per-second", f"sum(rate(plnt_runner_invocations_total{{{pods}}}[1m]))",
+         scaling.target_invocations_per_second)) if target is not None]
+    assert spec["triggers"] == [
+        {"type": "prometheus", "name": name, "metricType": "AverageValue",
+         "metadata": {"serverAddress": "http://prometheus.monitoring:9090", "query": query, "threshold": f"{target:g}"}}
+        for name, query, target in wanted]
+    assert values["autoscaling"]["autoscaler"] == "keda"
+    # The pod matcher (PromQL regexes are anchored) takes this release's pods only, never the other track's.
+    matcher = re.search(r'pod=~"([^"]+)"', spec["triggers"][0]["metadata"]["query"]).group(1)  # type: ignore[union-attr]
+    mine, other = (CANARY_POD, STABLE_POD) if track == "canary" else (STABLE_POD, CANARY_POD)
+    assert re.fullmatch(matcher, mine) and not re.fullmatch(matcher, other)
+
+
+async def test_the_default_autoscaler_renders_the_hpa_with_the_values_unchanged(helm: str) -> None:
+    run, track = CASES["in-flight-autoscaled-stable"]
+    docs, values, _ = await driver_render(helm, run, track)
+    assert {"HorizontalPodAutoscaler"} <= set(by_kind(docs)) and "ScaledObject" not in by_kind(docs)
+    assert values["autoscaling"] == {"targetInFlight": 4, "scaleDownAfterSeconds": 30}  # as before KEDA was an option
+
+
+def test_the_keda_autoscaler_without_a_prometheus_fails_the_render_naming_it(helm: str) -> None:
+    run, track = CASES["in-flight-autoscaled-stable"]
+    values = render_values(install_request(run, track), run.spec, KEDA_BACKEND, IMAGE)
+    del values["autoscaling"]["prometheusAddress"]
+    result = helm_template(helm, "review-responder", str(CHART), "agents", values)
+    assert result.returncode != 0 and "prometheusAddress" in result.stderr, result.stderr
 
 
 async def test_canary_and_stable_coexist_with_distinct_names_and_selectors(helm: str) -> None:
