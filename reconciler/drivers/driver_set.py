@@ -252,7 +252,12 @@ class DriverSet:
             return known
         if self._drain is None:
             return None
-        values = await driver.track_values(namespace, name, track)
+        try:
+            values = await driver.track_values(namespace, name, track)
+        except PlntError as exc:  # (the cluster away: the removal itself waits it out, undrained)
+            log.warning("drain-skipped workflowrun=%s/%s track=%s: its release cannot be read: %s",
+                        namespace, name, track, exc)
+            return None
         return driver.release_of(namespace, name, track, values) if values is not None else None
 
     def leaving(self, endpoint: str) -> list[Release]:

@@ -1032,6 +1032,14 @@ async def test_a_worker_drains_a_canary_it_did_not_install_before_its_rollback_u
     fake.done()
     assert drained == [("http://review-responder-canary.agents.svc.cluster.local", "canary", 0)]
 
+    # The cluster away when the worker reads the canary: no drain, and the removal goes on (waiting an
+    # outage out as it always did; here the cluster is back at once) instead of failing on the read.
+    fake.expect("status", CANARY, rc=1, stderr=UNREACHABLE) \
+        .expect("status", CANARY, stdout=status_json(CANARY, "deployed", 1, values())).expect("uninstall", CANARY)
+    await drivers.remove("team-a", "review-responder", "canary")
+    fake.done()
+    assert len(drained) == 1
+
 
 @pytest.mark.parametrize(("install_timeout_s", "install", "remove"), [
     (150.0, 180.0, 180.0),   # the default: the steps keep their 3 minutes (recorded inputs replay as they were)
