@@ -199,6 +199,10 @@ RUNNER_CASES: dict[str, tuple[str, list[str]]] = {
     # canary.headerRoute, as plnt's helm driver writes it (the gateway reads it back; nothing renders)
     "canary-cohort": ("review-responder-canary", ["--set", "track=canary", "--set", "workflow.canaryHeader.name=x-cohort",
                                                   "--set", "workflow.canaryHeader.value=testers"]),
+    # a PlntBackend with kubernetes.autoscaler kind keda: a KEDA ScaledObject in place of the HPA
+    "keda": ("review-responder", ["--set", "autoscaling.targetInFlight=2", "--set", "replicas.max=4",
+                                  "--set", "autoscaling.autoscaler=keda",
+                                  "--set", "autoscaling.prometheusAddress=http://prometheus.monitoring:9090"]),
 }
 
 

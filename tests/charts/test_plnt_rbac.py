@@ -58,11 +58,13 @@ RESOURCES = {
     ("v1", "ServiceAccount"): ("", "serviceaccounts"),
     ("apps/v1", "Deployment"): ("apps", "deployments"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"): ("autoscaling", "horizontalpodautoscalers"),
+    ("keda.sh/v1alpha1", "ScaledObject"): ("keda.sh", "scaledobjects"),
     ("networking.k8s.io/v1", "Ingress"): ("networking.k8s.io", "ingresses"),
     ("networking.k8s.io/v1", "NetworkPolicy"): ("networking.k8s.io", "networkpolicies"),
     ("policy/v1", "PodDisruptionBudget"): ("policy", "poddisruptionbudgets"),
 }
 HPA = ("autoscaling/v2", "HorizontalPodAutoscaler")
+SCALED_OBJECT = ("keda.sh/v1alpha1", "ScaledObject")
 # The runner chart's cases plnt's driver produces: render_values never sets `ingress` (tested below).
 DRIVER_RUNNER_CASES = tuple(case for case in RUNNER_CASES if case != "ingress")
 # helm 4 on each object of a release: get (does it exist, whose is it), create and patch (server-side
@@ -86,12 +88,14 @@ WATCH_LIST_SINCE = (1, 34)  # Kubernetes' WatchList feature, on by default (list
 DEFAULT_KUBE_VERSION = (1, 35)  # what `helm template` (helm 4.1) assumes without --kube-version
 
 
-def helm_needs(helm: str, autoscaling: bool = True, lists: bool = False) -> set[Grant]:
+def helm_needs(helm: str, autoscaling: bool = True, lists: bool = False, keda: bool = False) -> set[Grant]:
     rendered = {(doc["apiVersion"], doc["kind"]) for docs in deployed_kinds(helm).values() for doc in docs}
     unknown = rendered - set(RESOURCES)
     assert not unknown, f"the charts the workers install render kinds this test does not map yet: {sorted(unknown)}"
     if not autoscaling:
         rendered.discard(HPA)
+    if not keda:
+        rendered.discard(SCALED_OBJECT)
     verbs = (*OBJECT_VERBS, WAIT_LIST) if lists else OBJECT_VERBS
     needs = {(*RESOURCES[kind], verb) for kind in rendered for verb in verbs} | RELEASE_STORAGE
     if any(kind == "Deployment" for _, kind in rendered):
@@ -119,7 +123,8 @@ def expected_grants(helm: str, values: dict[str, Any],
                     kube_version: tuple[int, int] = DEFAULT_KUBE_VERSION) -> dict[tuple[str, str], set[Grant]]:
     expected: dict[tuple[str, str], set[Grant]] = defaultdict(set)
     autoscaling = values.get("runners", {}).get("autoscaling", {}).get("enabled", True)
-    needs = helm_needs(helm, autoscaling=autoscaling, lists=lists_for_wait(values, kube_version))
+    keda = values.get("runners", {}).get("autoscaling", {}).get("keda", False)
+    needs = helm_needs(helm, autoscaling=autoscaling, lists=lists_for_wait(values, kube_version), keda=keda)
     for role in ("reconciler", "worker", "gateway"):
         expected[(role, NAMESPACE)] |= api_calls(role, "plnt")
         mirror = values.get("mirrorStatus", {})
@@ -240,6 +245,18 @@ def test_list_for_wait_follows_the_clusters_version_unless_set(
     actual, expected = granted(docs), expected_grants(helm, values, kube_version)
     assert actual == expected
     assert (("apps", "deployments", "list") in actual[("worker", "plnt-runners")]) is lists
+
+
+def test_keda_gives_the_workers_scaled_objects_and_nothing_else(helm: str) -> None:
+    """runners.autoscaling.keda: the ScaledObjects a keda backend's releases render, with helm's verbs;
+    off (the default), no right on keda.sh at all."""
+    values = merged(BASE, {"runners": {"autoscaling": {"keda": True}}})
+    actual = granted(render(helm, PLNT_CHART, values))
+    assert actual == expected_grants(helm, values)
+    worker = actual[("worker", "plnt-runners")]
+    assert {verb for group, r, verb in worker if (group, r) == ("keda.sh", "scaledobjects")} == set(OBJECT_VERBS)
+    by_default = granted(render(helm, PLNT_CHART, BASE))[("worker", "plnt-runners")]
+    assert not any(group == "keda.sh" for group, _, _ in by_default)
 
 
 def test_runner_autoscaling_off_takes_the_hpa_rights_away(helm: str) -> None:
