@@ -103,6 +103,20 @@ def gone(pid: int, timeout_s: float = 10.0) -> None:
     raise AssertionError(f"process {pid} still runs {timeout_s:g}s after SIGKILL")
 
 
+def retry_calls(up: PlntUp, timeout_s: float = 60.0) -> tuple[list[dict], list[dict]]:
+    """The attempts the gateway retried after a refused connect and the retries that answered, once
+    both show among the newest 1,000 calls."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        calls = httpx.get(f"{up.url}/calls", params={"limit": 1000}, trust_env=False).json()
+        retried = [c for c in calls if c["retried"] == "connect_refused"]
+        answered = [c for c in calls if c["retry"] is not None]
+        if retried and answered:
+            return retried, answered
+        assert time.monotonic() < deadline, f"no retried call after a refused connect within {timeout_s:g}s"
+        time.sleep(0.1)
+
+
 def test_a_canary_whose_runner_dies_loses_no_request_and_is_rolled_back(
         spec_repo: SpecRepo, tmp_path: Path, started: list[PlntUp]) -> None:  # noqa: F811
     state = tmp_path / "state"
@@ -129,6 +143,9 @@ def test_a_canary_whose_runner_dies_loses_no_request_and_is_rolled_back(
         os.kill(canary[0], signal.SIGKILL)
         gone(canary[0])  # kill returns before the process is gone: a request sent before that may reach it
         traffic.resume()
+        # Read while they are among the newest calls: the log keeps 1,000, and on a slow machine the
+        # traffic until the rollback pushed them out before the end.
+        retried, answered = retry_calls(up)
         rolled = wait_row(up, lambda r: r["phase"] == "RolledBack", "1.3.0 rolled back", timeout=150)
         time.sleep(0.5)  # a little traffic on 1.2.0 alone
     after = sum(traffic.statuses.values()) - before
@@ -136,11 +153,8 @@ def test_a_canary_whose_runner_dies_loses_no_request_and_is_rolled_back(
     assert set(traffic.statuses) == {200}
     reason = rolled["lastError"]
     assert "gate errors-vs-stable (compare)" in reason and "error rate" in reason, reason
-    calls = httpx.get(f"{up.url}/calls", params={"limit": 1000}, trust_env=False).json()
-    retried = [c for c in calls if c["retried"] == "connect_refused"]
-    assert retried and {(c["version"], c["track"], c["code"]) for c in retried} == {("1.3.0", "canary", 502)}
-    answered = [c for c in calls if c["retry"] is not None]
-    assert answered and {(c["version"], c["track"], c["retry"]["from"]) for c in answered} == {
+    assert {(c["version"], c["track"], c["code"]) for c in retried} == {("1.3.0", "canary", 502)}
+    assert {(c["version"], c["track"], c["retry"]["from"]) for c in answered} == {
         ("1.2.0", "stable", "canary 1.3.0")}
     metrics = httpx.get(f"{up.url}/metrics", trust_env=False).text
     assert 'plnt_gateway_retries_total{namespace="default",reason="connect_refused",workflow="review-responder"}' \

@@ -118,6 +118,10 @@ def test_each_transition_reaches_a_signed_webhook_and_a_chat(spec_repo: SpecRepo
         (rolled,) = [e for e in Seen.events if e["kind"] == "rolled_back"]
         assert rolled["message"].startswith("step 1/2 at 20%: smoke test failed"), rolled
         assert rolled["serving"] == "1.3.0"
+        # The chat gets each transition right after the webhook: the last one may still be on its way.
+        deadline = time.monotonic() + 30
+        while len(Seen.texts) < len(Seen.events) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     assert Seen.refused == 0, "every delivery carried a valid signature"
     texts = "\n".join(Seen.texts)
