@@ -36,9 +36,6 @@ class ClosingWhileDraining:
         self.app = app
         self._draining = draining
 
-    def __getattr__(self, name: str) -> Any:  # what wrappers of the app look up on it (e.g. a LoadMeter's)
-        return getattr(self.app, name)
-
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)

@@ -455,6 +455,10 @@ class DriverSet:
     def _kept_out(self, backend: str, found: dict[str, LiveWorkflow], began: int) -> dict[str, LiveWorkflow]:
         """A read of `backend` begun at change `began`, less the releases a worker is uninstalling there
         (`leaving`); a mark ends once a read begun after it finds the release gone (or another in its place)."""
+        if not self._leaving:
+            return found
+        found = dict(found)
+        now = time.monotonic()
         for (where, key, track), (release_id, at, since) in list(self._leaving.items()):
             if where != backend:
                 continue
@@ -464,14 +468,13 @@ class DriverSet:
                 if began >= at:
                     del self._leaving[where, key, track]
                 continue
-            if time.monotonic() - since > LEAVING_HOLD_S:
+            if now - since > LEAVING_HOLD_S:
                 log.warning("release-still-there release=%s backend=%s (a worker took it out of the routes %.0fs "
-                            "ago to uninstall it; routed again)", release_id, backend, time.monotonic() - since)
+                            "ago to uninstall it; routed again)", release_id, backend, now - since)
                 del self._leaving[where, key, track]
                 continue
             assert item is not None
             rest = item.model_copy(update={track: None})
-            found = {**found}
             if rest.empty:
                 found.pop(key)
             else:
