@@ -493,13 +493,15 @@ class DrainRequest(BaseModel):
     """`POST /internal/drain`: wait until no gateway routes to, or has a request on, one runner
     (what a `plnt worker` asks before it stops a runner that left the routes). `leaving`: the runner
     is a Helm release the worker is about to uninstall, which only the control plane's own reads
-    would take out of the routes: it takes it out first."""
+    would take out of the routes: it takes it out first. `release_id`: which release there leaves (a
+    newer worker says so), kept out even when the control plane has not read it yet."""
 
     model_config = _STRICT
 
     endpoint: str = Field(max_length=2048, pattern=_ENDPOINT)
     timeout_s: float = Field(gt=0, le=600)
     leaving: bool = False
+    release_id: str | None = Field(default=None, min_length=1, max_length=512)
 
 
 MAX_DRAIN_BODY = 4096
@@ -534,11 +536,11 @@ MAX_WAKE_BODY = 4096
 
 def add_control_routes(app: Any, publisher: RoutePublisher, internal_token: str | None,
                        wake: Callable[[str, str, str], Awaitable[str | None]] | None = None,
-                       leaving: Callable[[str], object] | None = None) -> None:
+                       leaving: Callable[[str, str | None], object] | None = None) -> None:
     """Mount `GET /internal/routes` on a gateway app (plnt up's, or the reconcile role's), and with
     `wake`, `POST /internal/wake` (what plnt up's gateway workers ask when a runner parked); their
-    auth is `internal_guard`'s. `leaving(endpoint)`: takes a release a worker uninstalls out of the
-    routes and publishes them (a drain request's `leaving`)."""
+    auth is `internal_guard`'s. `leaving(endpoint, release_id)`: takes a release a worker uninstalls
+    out of the routes and publishes them (a drain request's `leaving`)."""
     guard = internal_guard(app, internal_token)
 
     if wake is not None:
@@ -566,7 +568,7 @@ def add_control_routes(app: Any, publisher: RoutePublisher, internal_token: str 
         if isinstance(asked, Response):
             return asked
         if asked.leaving and leaving is not None:
-            leaving(asked.endpoint)
+            leaving(asked.endpoint, asked.release_id)
         outcome = await release_everywhere(publisher, app.gateway.router, asked.endpoint, asked.timeout_s)
         return JSONResponse({"drained": outcome.drained, "waited_s": round(outcome.waited_s, 3),
                              "version": outcome.version, "followers": outcome.followers,

@@ -243,12 +243,13 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
                          host=settings.host)
     active = asyncio.Event()
     add_role_health(control, "reconciler", lambda: {"active": active.is_set()}, ready=active.is_set)
-    def release_leaving(endpoint: str) -> None:
+    def release_leaving(endpoint: str, release_id: str | None) -> None:
         # A worker uninstalls this Helm release next (a promotion's canary, a rollback, a pool's member):
         # out of the routes before its drain request waits for the gateways to let go.
-        for release in drivers.leaving(endpoint):
+        known = [release.release_id for release in drivers.leaving(endpoint, release_id)]
+        for leaving_id in known + ([release_id] if release_id and release_id not in known else []):
             log.info("release-leaving release=%s endpoint=%s (a worker uninstalls it once drained)",
-                     release.release_id, endpoint)
+                     leaving_id, endpoint)
         refresh_routes.flush()
 
     add_control_routes(control, publisher, access.internal_token, leaving=release_leaving)

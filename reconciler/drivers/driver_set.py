@@ -87,9 +87,10 @@ class DriverSet:
         # a release mid-change as not deployed (pending-install; HelmDriver.live reads a pending-upgrade as its
         # revision before), which is not "gone": the noted state stands.
         self._in_progress: Counter[tuple[str, str]] = Counter()
-        # (backend, key, track) -> (release id, change count, when): Helm releases a worker is uninstalling
-        # (the roles apart: `leaving`), kept out of what live reads find until one begun after no longer does.
-        self._leaving: dict[tuple[str, str, Track], tuple[str, int, float]] = {}
+        # (endpoint, release id) -> (change count, when): Helm releases a worker is uninstalling (the roles
+        # apart: `leaving`), kept out of what live reads find until a live() whose reads all began after
+        # finds them nowhere.
+        self._leaving: dict[tuple[str, str], tuple[int, float]] = {}
 
     def assign(self, specs: SpecSet) -> None:
         # The reconciler passes the same SpecSet on every poll of one commit: its runs are remembered
@@ -260,20 +261,25 @@ class DriverSet:
             return None
         return driver.release_of(namespace, name, track, values) if values is not None else None
 
-    def leaving(self, endpoint: str) -> list[Release]:
+    def leaving(self, endpoint: str, release_id: str | None = None) -> list[Release]:
         """The Helm releases at `endpoint`, which a worker is about to uninstall (the roles apart: the
         saga's promote or rollback runs there): out of the routes now, and kept out of what live reads
-        find until one begun after this no longer finds them (at most LEAVING_HOLD_S). Empty: plnt knows
-        no release there (nothing routes to it)."""
+        find until one begun after this no longer finds them (at most LEAVING_HOLD_S). `release_id`, the
+        release the worker names, is kept out even when plnt has not read it yet: a canary that failed
+        its smoke test before the next pass, which a read under way could still route after its
+        uninstall. Empty: plnt knows no release there (nothing routes to it)."""
         found: list[Release] = []
         for backend, items in list(self._known.items()):
-            for key, item in list(items.items()):
+            for item in list(items.values()):
                 for track in ("stable", "canary"):
                     release: Release | None = getattr(item, track)
                     if release is not None and release.endpoint == endpoint:
                         self._note_at(backend, item.namespace, item.name, {track: None})
-                        self._leaving[backend, key, track] = (release.release_id, self._changes, time.monotonic())
                         found.append(release)
+        self._changes += 1  # a read begun before this mark is older than it
+        now = time.monotonic()
+        for leaving_id in {release.release_id for release in found} | ({release_id} if release_id else set()):
+            self._leaving[endpoint, leaving_id] = (self._changes, now)
         return found
 
     async def _drained(self, release: Release) -> None:
@@ -329,6 +335,7 @@ class DriverSet:
     async def live(self) -> dict[str, LiveWorkflow]:
         live = dict(await self.local.live())
         views: dict[str, dict[str, LiveWorkflow]] = {}  # backend -> its releases, as read (or last known)
+        reads_began, still_leaving = self._changes, set[tuple[str, str]]()
         for backend in self._kubernetes_backends():
             name = backend.metadata.name
             began = self._changes
@@ -345,9 +352,12 @@ class DriverSet:
                 continue
             if self._unknown.pop(name, None) is not None:
                 log.info("live-state-readable backend=%s releases=%d", name, len(found))
-            found = self._newer_notes(name, self._kept_out(name, found, began), began)
+            found = self._newer_notes(name, self._kept_out(name, found, still_leaving), began)
             self._remember(name, found)
             views[name] = found
+        for mark, (at, _) in list(self._leaving.items()):  # gone from every read begun after its mark
+            if at <= reads_began and mark not in still_leaving:
+                del self._leaving[mark]
         return self._with_views(live, views)
 
     def _with_views(self, live: dict[str, LiveWorkflow], views: Mapping[str, Mapping[str, LiveWorkflow]]
@@ -452,34 +462,31 @@ class DriverSet:
                     del self._in_progress[backend, key]
                 self._changed_at.setdefault(backend, {})[key] = self._changes
 
-    def _kept_out(self, backend: str, found: dict[str, LiveWorkflow], began: int) -> dict[str, LiveWorkflow]:
-        """A read of `backend` begun at change `began`, less the releases a worker is uninstalling there
-        (`leaving`); a mark ends once a read begun after it finds the release gone (or another in its place)."""
+    def _kept_out(self, backend: str, found: dict[str, LiveWorkflow], still_leaving: set[tuple[str, str]]
+                  ) -> dict[str, LiveWorkflow]:
+        """A read of `backend` less the releases a worker is uninstalling there (`leaving`), each of
+        which it adds to `still_leaving`; one still there after LEAVING_HOLD_S is routed again."""
         if not self._leaving:
             return found
-        found = dict(found)
+        kept: dict[str, LiveWorkflow] = {}
         now = time.monotonic()
-        for (where, key, track), (release_id, at, since) in list(self._leaving.items()):
-            if where != backend:
-                continue
-            item = found.get(key)
-            release: Release | None = getattr(item, track) if item is not None else None
-            if release is None or release.release_id != release_id:
-                if began >= at:
-                    del self._leaving[where, key, track]
-                continue
-            if now - since > LEAVING_HOLD_S:
-                log.warning("release-still-there release=%s backend=%s (a worker took it out of the routes %.0fs "
-                            "ago to uninstall it; routed again)", release_id, backend, now - since)
-                del self._leaving[where, key, track]
-                continue
-            assert item is not None
-            rest = item.model_copy(update={track: None})
-            if rest.empty:
-                found.pop(key)
-            else:
-                found[key] = rest
-        return found
+        for key, item in found.items():
+            for track in ("stable", "canary"):
+                release: Release | None = getattr(item, track)
+                mark = (release.endpoint, release.release_id) if release is not None else None
+                if mark is None or mark not in self._leaving:
+                    continue
+                if now - self._leaving[mark][1] > LEAVING_HOLD_S:
+                    log.warning("release-still-there release=%s backend=%s (a worker took it out of the routes "
+                                "%.0fs ago to uninstall it; routed again)", mark[1], backend,
+                                now - self._leaving[mark][1])
+                    del self._leaving[mark]
+                    continue
+                still_leaving.add(mark)
+                item = item.model_copy(update={track: None})
+            if not item.empty:
+                kept[key] = item
+        return kept
 
     def _newer_notes(self, backend: str, found: dict[str, LiveWorkflow], began: int) -> dict[str, LiveWorkflow]:
         """A read of `backend` begun at change `began`, with what plnt changed there since, or is

@@ -205,7 +205,7 @@ class RunnerReporter:
             async with httpx.AsyncClient(timeout=timeout_s + self._timeout_s, transport=self._transport) as client:
                 response = await client.post(url, headers=self._headers,
                                              json={"endpoint": release.endpoint, "timeout_s": timeout_s,
-                                                   **({"leaving": True} if leaving else {})})
+                                                   **({"leaving": True, "release_id": release.release_id} if leaving else {})})
             if response.status_code != 200:
                 raise ValueError(f"{response.status_code} {response.text[:300]}")
             answer = response.json()

@@ -607,7 +607,7 @@ async def test_a_drain_of_a_leaving_release_takes_it_out_of_the_routes_before_it
     publisher.publish(table(), ROWS)
     taken_out: list[str] = []
 
-    def leaving(endpoint: str) -> None:
+    def leaving(endpoint: str, release_id: str | None) -> None:
         taken_out.append(endpoint)
         publisher.publish(without_canary(), ROWS)
 

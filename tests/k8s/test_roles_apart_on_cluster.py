@@ -157,6 +157,8 @@ def test_a_workers_promotion_and_rollback_on_kubernetes_drain_the_canary_before_
             logs = {p.log.name: p.log.read_text(errors="replace") for p in roles.processes}
             # Each canary that left (1.2.0's first install, 1.3.0 promoted, 1.4.0 rolled back): taken out of
             # the routes by the control plane at the worker's request, and drained before its uninstall.
+            # (1.4.0 fails its smoke test within about a second of its install, often before the control
+            # plane's next read: the worker's request names the release, kept out of reads under way.)
             left = [line for line in logs["reconciler.log"].splitlines() if "release-leaving" in line]
             assert [version_in(line) for line in left] == ["1.2.0", "1.3.0", "1.4.0"], left
             assert all("review-responder-canary." in line for line in left), left

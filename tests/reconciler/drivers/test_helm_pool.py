@@ -253,6 +253,33 @@ async def test_a_release_a_worker_uninstalls_leaves_the_routes_and_stays_out_unt
     assert drivers.snapshot()[KEY].stable.endpoints == (EAST, WEST)  # type: ignore[union-attr]
 
 
+async def test_a_release_a_worker_uninstalls_before_plnt_read_it_is_not_routed_by_a_read_under_way(
+        tmp_path: Path) -> None:
+    """Over FAKE Helm drivers: a worker's release plnt has not read yet (a canary that failed its smoke
+    test within a second of its install) leaves by its release id: a read under way when the worker
+    asks, which finds it, does not route to it. (With the endpoint alone the mark only covered the
+    release plnt knew there, and such a read put the new one in the routes while helm uninstalled it.)"""
+    events: list[tuple[Any, ...]] = []
+    drivers, members = pool_of_fakes(tmp_path, events, drain=False)
+    await drivers.live()
+    unseen = "team-a.rr.1.3.0.dddd"
+    members["west"].stable = helm_release("west", 1, release_id=unseen)  # installed by a worker
+    members["west"].gate = asyncio.Event()
+    reading = asyncio.create_task(drivers.live())
+    while ("reading", "west") not in events:
+        await asyncio.sleep(0)
+    drivers.leaving(WEST, unseen)
+    members["west"].gate.set()
+    assert (await reading)[KEY].stable.endpoints == (EAST,)  # type: ignore[union-attr]
+    assert drivers.snapshot()[KEY].stable.endpoints == (EAST,)  # type: ignore[union-attr]
+    members["west"].gate = None
+    assert (await drivers.live())[KEY].stable.endpoints == (EAST,)  # type: ignore[union-attr]  # not uninstalled yet
+    members["west"].stable = None  # the worker uninstalled it
+    await drivers.live()
+    members["west"].stable = helm_release("west", 1)  # the pool's release placed there again later: routed
+    assert (await drivers.live())[KEY].stable.endpoints == (EAST, WEST)  # type: ignore[union-attr]
+
+
 async def test_a_release_a_worker_failed_to_uninstall_is_routed_again_after_the_hold(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Over FAKE Helm drivers: a release still there LEAVING_HOLD_S after a worker said it uninstalls it
