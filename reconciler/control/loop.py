@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from plnt.core import telemetry
 from plnt.core.routes import preview_of
@@ -55,6 +55,17 @@ log = logging.getLogger(__name__)
 MAX_SHOWN_PROBLEMS = 100
 
 
+class _Placed(NamedTuple):
+    """The placements last decided, with what they were decided from (see Reconciler._placements)."""
+
+    commit: str
+    specs: SpecSet
+    stables: dict[str, Release]
+    serving: frozenset[str]  # the held runs, placed as the spec their stable serves
+    placements: dict[str, Placement]
+    current: dict[str, dict[str, int]]  # replicas per backend where they run
+
+
 class Reconciler:
     def __init__(
         self,
@@ -92,9 +103,7 @@ class Reconciler:
         self._quiet: tuple[Any, ...] | None = None
         self._quiet_items: list[PlanItem] = []
         self._plan = PlanMemo()
-        # (commit, its specs, the stable releases, their placements, where they run): see _placements.
-        self._placed: tuple[str, SpecSet, dict[str, Release], dict[str, Placement], dict[str, dict[str, int]]] \
-            | None = None
+        self._placed: _Placed | None = None  # see _placements
         # Measured load per backend for placement (each local replica's GET /load), or None.
         self.observe: Callable[[Mapping[str, LiveWorkflow], Mapping[str, Mapping[str, int]]],
                                Awaitable[Mapping[str, Observed]]] | None = None
@@ -210,7 +219,7 @@ class Reconciler:
         # Preview releases (`<name>--pr<N>`) belong to the PreviewController (reconciler/review/previews.py).
         items = self._plan.plan(desired, releases, self._statuses.all(), self._sagas.fingerprints,
                                 keep=lambda key: preview_of(key.split("/", 1)[1]) is None)
-        placements, current = await self._placements(commit, specs, releases)
+        placements, current = await self._placements(commit, specs, releases, self._serving(items))
         items = with_placements(items, placements, current)
         in_sync = all(item.action is Action.UNCHANGED and not item.waiting for item in items)
         budget = self._settings.temporal.max_concurrent_sagas - len(self._sagas)
@@ -350,7 +359,7 @@ class Reconciler:
             retry = retry.model_copy(update={"step_timeouts": runner_step_timeouts(
                 retry.step_timeouts, self._settings.kubernetes.install_timeout_s)})
         if run.spec.backend.pooled and "placement" not in more:  # where the replicas go (the install checks it)
-            placed = self._placed[3].get(run.key) if self._placed is not None else None
+            placed = self._placed.placements.get(run.key) if self._placed is not None else None
             more["placement"] = placed.counts() if placed is not None and placed.placed else None
         return SagaInput(action="deploy", namespace=run.metadata.namespace, name=run.metadata.name, commit=commit,
                          fingerprint=run.fingerprint(), version=run.version, retry=retry, **more)
@@ -440,7 +449,9 @@ class Reconciler:
             return
         log.info("scaled workflowrun=%s replicas=%s -> %s commit=%s reason=%r", item.key, item.from_replicas, replicas,
                  commit[:12], item.reason)
-        if self._statuses.get(item.key) is not None:
+        # A held run's stable moved: it still serves the spec deployed before the one that failed, and
+        # its status keeps saying why it is held.
+        if not item.held and self._statuses.get(item.key) is not None:
             self._statuses.update_nowait(item.namespace, item.name, observed_commit=commit,
                                          deployed_spec=run.spec.model_dump(mode="json", by_alias=True),
                                          message=f"{release.version} scaled {item.from_replicas} -> {replicas} replicas")
@@ -495,19 +506,21 @@ class Reconciler:
         self._refused = set(snapshot.refused)
         return snapshot.refused
 
-    async def _placements(self, commit: str, specs: SpecSet,
-                    releases: dict[str, Any]) -> tuple[dict[str, Placement], dict[str, dict[str, int]]]:
+    async def _placements(self, commit: str, specs: SpecSet, releases: dict[str, Any],
+                          serving: dict[str, dict[str, Any]]) -> tuple[dict[str, Placement], dict[str, dict[str, int]]]:
         """Where every run's replicas go at this commit (reconciler/plan/placement.py), and where they
-        run now (replicas per backend), decided again when the commit or a stable release changes (its
-        replicas started, stopped or moved). A pool's release records each replica's backend; a release
-        on one backend runs its replicas there. The measured load (`observe`) is read then, not on every
-        pass: it only orders the backends new replicas go to. So are the free GPUs the backends'
-        clusters report (`observe_gpus`), when a run asks for GPUs."""
+        run now (replicas per backend), decided again when the commit, a stable release (its replicas
+        started, stopped or moved) or the runs held (`serving`: placed as the spec their stable serves)
+        change. A pool's release records each replica's backend; a release on one backend runs its
+        replicas there. The measured load (`observe`) is read then, not on every pass: it only orders
+        the backends new replicas go to. So are the free GPUs the backends' clusters report
+        (`observe_gpus`), when a run asks for GPUs."""
         stables = {key: live.stable for key, live in releases.items() if live.stable is not None}
         placed = self._placed
-        if placed is not None and placed[0] == commit and placed[1] is specs and placed[2].keys() == stables.keys() \
-                and all(placed[2][key] is stable for key, stable in stables.items()):
-            return placed[3], placed[4]
+        if placed is not None and placed.commit == commit and placed.specs is specs \
+                and placed.serving == serving.keys() and placed.stables.keys() == stables.keys() \
+                and all(placed.stables[key] is stable for key, stable in stables.items()):
+            return placed.placements, placed.current
         current: dict[str, dict[str, int]] = {}
         for key, stable in stables.items():
             if stable.placement is not None:
@@ -520,8 +533,18 @@ class Reconciler:
                 current[key] = {cluster: stable.replicas}
         observed = await self._observe_backends(releases, current)
         observed = await self._observe_gpus(specs, observed or {}) or observed
-        self._placed = (commit, specs, stables, place_commit(specs, current, observed), current)
-        return self._placed[3], current
+        self._placed = _Placed(commit, specs, stables, frozenset(serving),
+                               place_commit(specs, current, observed, serving), current)
+        return self._placed.placements, current
+
+    def _serving(self, items: list[PlanItem]) -> dict[str, dict[str, Any]]:
+        """Held runs (their spec in git failed) by key, each with the spec its stable release serves."""
+        out = {}
+        for item in items:
+            status = self._statuses.get(item.key) if item.held else None
+            if status is not None and status.deployed_spec:
+                out[item.key] = status.deployed_spec
+        return out
 
     async def _observe_backends(self, releases: dict[str, Any],
                           current: Mapping[str, Mapping[str, int]]) -> dict[str, Observed] | None:

@@ -127,6 +127,9 @@ class PlanItem:
     unplaceable: str | None = None
     # A pool's replicas per backend as placed (what its saga installs, or a re-placing scale moves to).
     replicas_by_backend: tuple[tuple[str, int], ...] = ()
+    # The spec in git already failed and the stable release serves the spec deployed before it: no saga
+    # until a commit changes it, but a re-placement moves that stable (placed as the spec it serves).
+    held: bool = False
 
     @property
     def key(self) -> str:
@@ -291,7 +294,7 @@ def _decide(want: DesiredRun | None, have: LiveRun | None) -> PlanItem | None:
                             from_replicas=have.replicas, to_replicas=scale, **base)
         return PlanItem(action=Action.UNCHANGED, reason=IN_SYNC, from_version=have.version, **base)
     if have.failed_fingerprint == want.fingerprint:
-        return PlanItem(action=Action.UNCHANGED, reason=_held(have), from_version=have.version, **base)
+        return PlanItem(action=Action.UNCHANGED, reason=_held(have), from_version=have.version, held=True, **base)
 
     changes = diff_specs(have.spec or {}, want.spec)
     reason = "; ".join(str(change) for change in changes) or "spec changed"

@@ -25,11 +25,13 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from plnt.core.specs.loader import SpecSet
 from plnt.core.specs.models import LOCAL_MODEL_RUNTIMES, Deployable, ModelDeployment, PlntBackend, replica_count
 from plnt.reconciler.plan.diff import IN_SYNC, Action, PlanItem
 from plnt.reconciler.state import LiveWorkflow
+from pydantic import ValidationError
 
 UNLIMITED = math.inf
 
@@ -460,9 +462,24 @@ def current_of(placements: Mapping[str, Placement]) -> dict[str, dict[str, int]]
 
 
 def place_commit(specs: SpecSet, current: Mapping[str, Mapping[str, int]] | None = None,
-                 observed: Mapping[str, Observed] | None = None) -> dict[str, Placement]:
-    """`place_all` over a commit's WorkflowRuns and ModelDeployments and its PlntBackends."""
-    return place_all(specs.deployables().values(), specs.backends, current, observed)
+                 observed: Mapping[str, Observed] | None = None,
+                 serving: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Placement]:
+    """`place_all` over a commit's WorkflowRuns and ModelDeployments and its PlntBackends. `serving`:
+    held runs (their spec in git failed) by key, each with the spec its stable release serves, which
+    is what they are placed as (its pool, its replicas), not the spec in git."""
+    runs = specs.deployables().values()
+    if serving:
+        runs = [as_serving(run, serving[run.key]) if run.key in serving else run for run in runs]
+    return place_all(runs, specs.backends, current, observed)
+
+
+def as_serving(run: Deployable, spec: Mapping[str, Any]) -> Deployable:
+    """`run` with the spec its stable release was deployed with; `run` itself when that no longer
+    reads as a spec (recorded by an older plnt)."""
+    try:
+        return type(run).model_validate({**run.model_dump(mode="json", by_alias=True), "spec": dict(spec)})
+    except ValidationError:
+        return run
 
 
 def with_placements(items: Iterable[PlanItem], placements: Mapping[str, Placement],
@@ -471,7 +488,8 @@ def with_placements(items: Iterable[PlanItem], placements: Mapping[str, Placemen
     install or upgrade that cannot be placed starts no saga; an unchanged release that would not fit
     any more keeps running, and says so. A pool's release in sync whose replicas now go elsewhere than
     they run (`current`: replicas per backend now; a backend gone, full or its capacity lowered) is
-    re-placed: a "scale" to the new placement, no canary (the same version)."""
+    re-placed: a "scale" to the new placement, no canary (the same version). So is a held one's
+    stable (its spec in git failed), placed as the spec it serves (place_commit's `serving`)."""
     current = current or {}
     out = []
     for item in items:
@@ -481,11 +499,12 @@ def with_placements(items: Iterable[PlanItem], placements: Mapping[str, Placemen
             item = replace(item, placement=tuple(placement.lines()), unplaceable=placement.missing,
                            replicas_by_backend=counts)
             now = current.get(item.key)
-            if (counts and now and item.action is Action.UNCHANGED and item.reason == IN_SYNC and not item.waiting
-                    and dict(now) != dict(counts)):
+            if (counts and now and item.action is Action.UNCHANGED and (item.reason == IN_SYNC or item.held)
+                    and not item.waiting and dict(now) != dict(counts)):
+                held = f"; the spec in git stays held, {item.from_version} serves on" if item.held else ""
                 item = replace(item, action=Action.SCALE, from_replicas=sum(now.values()),
                                to_replicas=sum(dict(counts).values()),
-                               reason=f"re-placed: {_spread(now)} -> {_spread(dict(counts))}")
+                               reason=f"re-placed: {_spread(now)} -> {_spread(dict(counts))}{held}")
         out.append(item)
     return out
 

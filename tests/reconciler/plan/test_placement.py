@@ -18,6 +18,7 @@ from plnt.reconciler.plan.placement import (
     observed_load,
     place,
     place_all,
+    place_commit,
     with_gpu_readings,
     with_placements,
 )
@@ -223,8 +224,10 @@ def test_model_deployments_are_placed_only_where_their_runtime_runs() -> None:
 
 # --- the plan's re-place: a pool's release in sync whose replicas now go elsewhere -----------------
 
-def _item(action: Action = Action.UNCHANGED, reason: str = IN_SYNC, waiting: bool = False) -> PlanItem:
-    return PlanItem("default", "rr", action, reason, from_version="1.0.0", to_version="1.0.0", waiting=waiting)
+def _item(action: Action = Action.UNCHANGED, reason: str = IN_SYNC, waiting: bool = False,
+          held: bool = False) -> PlanItem:
+    return PlanItem("default", "rr", action, reason, from_version="1.0.0", to_version="1.0.0", waiting=waiting,
+                    held=held)
 
 
 POOL = by_name(backend("a", replicas=2), backend("b", replicas=1))
@@ -241,8 +244,13 @@ REPLACE_CASES: list[tuple[str, dict[str, PlntBackend], PlanItem, dict[str, int] 
      Action.SCALE, "re-placed: a 1, b 1 -> a 2", (("a", 2),)),
     ("a saga runs: wait for it", FULL_B, _item(waiting=True), {"a": 1, "b": 1}, Action.UNCHANGED, IN_SYNC,
      (("a", 2),)),
-    ("held (not in sync): not moved", FULL_B, _item(reason="held: this spec already failed"), {"a": 1, "b": 1},
-     Action.UNCHANGED, "held: this spec already failed", (("a", 2),)),
+    ("held, its stable serving: the stable moves, the spec in git stays held", FULL_B,
+     _item(reason="held: this spec already failed", held=True), {"a": 1, "b": 1}, Action.SCALE,
+     "re-placed: a 1, b 1 -> a 2; the spec in git stays held, 1.0.0 serves on", (("a", 2),)),
+    ("held and where placed: unchanged", POOL, _item(reason="held: this spec already failed", held=True),
+     {"a": 1, "b": 1}, Action.UNCHANGED, "held: this spec already failed", (("a", 1), ("b", 1))),
+    ("another UNCHANGED (a drift only reported): not moved", FULL_B, _item(reason="drift: selfHeal: false"),
+     {"a": 1, "b": 1}, Action.UNCHANGED, "drift: selfHeal: false", (("a", 2),)),
     ("not running yet (no current): the install places it", FULL_B, _item(Action.INSTALL, "new WorkflowRun"), None,
      Action.INSTALL, "new WorkflowRun", (("a", 2),)),
 ]
@@ -258,6 +266,24 @@ def test_with_placements_re_places_a_pool_in_sync(backends: dict[str, PlntBacken
     [out] = with_placements([item], placements, current)
     assert (out.action, out.reason, out.replicas_by_backend) == (action, reason, counts)
     assert not out.needs_saga or action is Action.INSTALL
+
+
+def test_a_held_run_is_placed_as_the_spec_its_stable_serves() -> None:
+    """`serving`: the spec in git failed (it asks for 3 replicas on a and c); the stable serves the spec
+    deployed before (2 on a and b), and that is what is placed and what capacity it holds. A recorded
+    spec that no longer reads as one places the spec in git instead."""
+    backends = by_name(backend("a", replicas=1), backend("b", replicas=2), backend("c", replicas=3))
+    in_git = run(pool={"refs": ["a", "c"]}, replicas=3)
+    other = run("other", pool={"refs": ["b", "c"]}, replicas=3)
+    specs = SpecSet(workflow_runs={in_git.key: in_git, other.key: other}, backends=backends)
+    serves = run(pool={"refs": ["a", "b"]}, replicas=2).spec.model_dump(mode="json", by_alias=True)
+    current = {in_git.key: {"a": 1, "b": 1}}
+    placed = place_commit(specs, current, serving={in_git.key: serves})
+    assert placed[in_git.key].counts() == {"a": 1, "b": 1}
+    assert placed[other.key].counts() == {"b": 1, "c": 2}  # b's other slot; c untouched by the held run
+    assert place_commit(specs, current)[in_git.key].counts() == {"a": 1, "c": 2}  # as git has it
+    broken = {**serves, "replicas": "many"}
+    assert place_commit(specs, current, serving={in_git.key: broken})[in_git.key].counts() == {"a": 1, "c": 2}
 
 
 def test_one_backend_gets_no_replicas_by_backend() -> None:

@@ -87,6 +87,8 @@ def test_plan_decides(desired_run: DesiredRun | None, live_run: LiveRun | None, 
     assert reason in item.reason
     assert item.waiting is waiting
     assert item.needs_saga is (action is not Action.UNCHANGED and not waiting)
+    # Held with a stable serving: what a re-placement may still move (placement.with_placements).
+    assert item.held is (reason.startswith("held:") and live_run is not None and live_run.version is not None)
 
 
 def test_upgrade_lists_each_changed_field_and_versions() -> None:
