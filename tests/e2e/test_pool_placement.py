@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from plnt.reconciler.settings import Settings
 
 from tests.conftest import SpecRepo
 from tests.e2e.harness import REVIEW, hook, running_plnt, settings_for, status_of, wait_for, wait_phase
@@ -37,14 +38,19 @@ spec: {type: local, capacity: {replicas: 1}}
 """
 
 
-async def test_a_pool_spreads_serves_moves_and_refuses_what_does_not_fit(
-    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
-) -> None:
+def on_the_pool(spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str) -> Settings:
+    """review-responder on the agents pool with two replicas, committed; `plnt up`'s settings."""
     spec_repo.write("backends/pool.yaml", POOL)
     spec_repo.replace(RUN_FILE, "    cluster: local", "    selector: {matchLabels: {pool: agents}}")
     spec_repo.replace(RUN_FILE, "replicas: {min: 1, max: 1}", "replicas: {min: 2, max: 2}")
     spec_repo.commit("review-responder on the agents pool, two replicas")
-    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
+    return settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
+
+
+async def test_a_pool_spreads_serves_moves_and_refuses_what_does_not_fit(
+    spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
+) -> None:
+    settings = on_the_pool(spec_repo, tmp_path, temporal_address, temporal_namespace)
 
     async with running_plnt(settings) as plnt, httpx.AsyncClient(trust_env=False, timeout=30) as client:
         await wait_phase(plnt, "Ready", version="1.2.0", timeout=60)
@@ -99,11 +105,7 @@ async def test_a_held_runs_stable_is_re_placed_as_the_spec_it_serves(
     Before, a held run was not moved at all; and recording the held spec as deployed would have made
     the next pass take 1.2.0 for drift and "restore" it to 1.4.0."""
     caplog.set_level(logging.INFO, logger="plnt.reconciler.control.loop")
-    spec_repo.write("backends/pool.yaml", POOL)
-    spec_repo.replace(RUN_FILE, "    cluster: local", "    selector: {matchLabels: {pool: agents}}")
-    spec_repo.replace(RUN_FILE, "replicas: {min: 1, max: 1}", "replicas: {min: 2, max: 2}")
-    spec_repo.commit("review-responder on the agents pool, two replicas")
-    settings = settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
+    settings = on_the_pool(spec_repo, tmp_path, temporal_address, temporal_namespace)
 
     async with running_plnt(settings) as plnt, httpx.AsyncClient(trust_env=False, timeout=30) as client:
         await wait_phase(plnt, "Ready", version="1.2.0", timeout=60)
