@@ -51,11 +51,13 @@ def namespace(cluster: LocalCluster) -> str:
     return name
 
 
-def backend(cluster: LocalCluster, ns: str, kubeconfig: Path | None = None) -> PlntBackend:
+def backend(cluster: LocalCluster, ns: str, kubeconfig: Path | None = None,
+            autoscaler: dict[str, Any] | None = None) -> PlntBackend:
     return PlntBackend.model_validate({
         "apiVersion": "plnt.work/v1", "kind": "PlntBackend", "metadata": {"name": "test-cluster"},
         "spec": {"type": "kubernetes", "gpuClasses": [GPU_CLASS],
-                 "kubernetes": {"namespace": ns, "kubeconfig": str(kubeconfig or cluster.kubeconfig)}}})
+                 "kubernetes": {"namespace": ns, "kubeconfig": str(kubeconfig or cluster.kubeconfig),
+                                **({"autoscaler": autoscaler} if autoscaler else {})}}})
 
 
 def run(version: str, **spec: Any) -> WorkflowRun:

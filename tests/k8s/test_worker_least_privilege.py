@@ -2,7 +2,9 @@
 
 For each configuration of charts/plnt that changes the worker's grants (the defaults; no HPA rights,
 `runners.autoscaling.enabled=false`; list for --wait, `rbac.worker.listForWait=true`, with helm's
-informers listing as they do against an API server without watch-list), the Roles `helm template`
+informers listing as they do against an API server without watch-list; KEDA ScaledObjects instead of
+HPAs, `runners.autoscaling.keda=true` for a backend with `autoscaler: {kind: keda}`, KEDA's CRDs on the
+API server), the Roles `helm template`
 renders for this cluster are applied and a token the TokenRequest API issued for `plnt-worker` runs,
 through the driver, a whole life in a deploy namespace that enforces Pod Security `restricted`: a
 WorkflowRun installed stable, a canary, the canary removed (the saga's rollback), a canary again,
@@ -27,6 +29,7 @@ from plnt.reconciler.drivers.helm import DriverError, HelmConfigError, HelmDrive
 
 from tests.k8s import rbac_audit
 from tests.k8s.cluster import LocalCluster
+from tests.k8s.keda_stack import apply_keda_crds
 from tests.k8s.test_helm_driver_on_cluster import HELM, backend, run
 from tests.k8s.test_helm_driver_on_cluster import request as install_request
 from tests.reconciler.drivers.test_helm_models import model
@@ -44,6 +47,7 @@ class Config:
     sets: tuple[str, ...] = ()
     autoscaling: bool = True  # the WorkflowRuns of the life autoscale (an HPA in their releases)
     env: dict[str, str] = field(default_factory=dict)  # helm's environment
+    keda: bool = False  # the backend's autoscaler is KEDA: the releases render a ScaledObject, no HPA
 
 
 CONFIGS = {
@@ -52,7 +56,9 @@ CONFIGS = {
     # client-go's WatchListClient off: helm's informers list, then watch, as they do against an API
     # server without watch-list (Kubernetes < 1.34, where listForWait's `auto` grants list).
     "list-for-wait": Config(("--set", "rbac.worker.listForWait=true"), env={"KUBE_FEATURE_WatchListClient": "false"}),
+    "keda": Config(("--set", "runners.autoscaling.enabled=false", "--set", "runners.autoscaling.keda=true"), keda=True),
 }
+KEDA = {"kind": "keda", "prometheusAddress": "http://prometheus.monitoring:9090"}  # (only KEDA's operator queries it)
 
 
 @pytest.fixture(scope="module")
@@ -70,21 +76,23 @@ def namespaces(cluster: LocalCluster, config: str) -> tuple[str, str]:
     return plnt_ns, deploy_ns
 
 
-def helm_driver(cluster: LocalCluster, deploy_ns: str, kubeconfig: Path, specs: dict, timeout_s: float = 90) -> HelmDriver:
-    return HelmDriver(backend(cluster, deploy_ns, kubeconfig), lambda ns, name, fp: specs.get((ns, name, fp)),
+def helm_driver(cluster: LocalCluster, deploy_ns: str, kubeconfig: Path, specs: dict, timeout_s: float = 90,
+                keda: bool = False) -> HelmDriver:
+    return HelmDriver(backend(cluster, deploy_ns, kubeconfig, KEDA if keda else None),
+                      lambda ns, name, fp: specs.get((ns, name, fp)),
                       image=RunnerImage(repository="registry.invalid/plnt", tag="0.1.0"), helm=HELM,
                       timeout_s=timeout_s, model_timeout_s=timeout_s)
 
 
 async def release_life(cluster: LocalCluster, deploy_ns: str, worker_kc: Path, reconciler_kc: Path,
-                       autoscaling: bool) -> None:
+                       autoscaling: bool, keda: bool = False) -> None:
     scaled = {"replicas": {"min": 1, "max": 3}, "autoscaling": {"targetInvocationsPerSecond": 25}} if autoscaling else {}
     v1, v2, v3 = run("1.1.0", **scaled), run("1.2.0", **scaled), run("1.3.0", **scaled)
     stuck = run("1.4.0", backend={"nodeSelector": NOWHERE}, **scaled)
     chat, chat_next = (model("chat", backend={"cluster": "test-cluster"}, version=v) for v in ("1.0.0", "1.1.0"))
     specs = {(r.metadata.namespace, r.metadata.name, r.fingerprint()): r.spec for r in (v1, v2, v3, stuck, chat, chat_next)}
-    worker = helm_driver(cluster, deploy_ns, worker_kc, specs)
-    reconciler = helm_driver(cluster, deploy_ns, reconciler_kc, specs)  # the reconciler only reads: live()
+    worker = helm_driver(cluster, deploy_ns, worker_kc, specs, keda=keda)
+    reconciler = helm_driver(cluster, deploy_ns, reconciler_kc, specs, keda=keda)  # the reconciler only reads: live()
 
     await worker.install(install_request(v1, "stable"))
     await worker.install(install_request(v2, "canary"))
@@ -94,7 +102,7 @@ async def release_life(cluster: LocalCluster, deploy_ns: str, worker_kc: Path, r
     await worker.promote("team-a", "review-responder")
 
     # A canary whose pod fits no node: helm's --wait times out; plnt lists the pods to say why.
-    impatient = helm_driver(cluster, deploy_ns, worker_kc, specs, timeout_s=5)
+    impatient = helm_driver(cluster, deploy_ns, worker_kc, specs, timeout_s=5, keda=keda)
     with pytest.raises(DriverError) as caught:
         await impatient.install(install_request(stuck, "canary"))
     assert "is not scheduled (Unschedulable)" in str(caught.value), str(caught.value)
@@ -124,8 +132,11 @@ def pods_admitted(cluster: LocalCluster, deploy_ns: str) -> int:
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 async def test_a_release_life_as_the_charts_worker_uses_exactly_what_its_role_grants(
-        cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str) -> None:
+        cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str,
+        request: pytest.FixtureRequest) -> None:
     setup = CONFIGS[config]
+    if setup.keda:  # (KEDA's CRDs only: nothing here needs its operator to act on a ScaledObject)
+        apply_keda_crds(cluster, request.getfixturevalue("keda_bin_dir"))
     for name, value in setup.env.items():
         monkeypatch.setenv(name, value)
     plnt_ns, deploy_ns = namespaces(cluster, config)
@@ -133,7 +144,7 @@ async def test_a_release_life_as_the_charts_worker_uses_exactly_what_its_role_gr
     worker_kc = rbac_audit.token_kubeconfig(cluster, plnt_ns, WORKER, tmp_path / "worker.kubeconfig")
     reconciler_kc = rbac_audit.token_kubeconfig(cluster, plnt_ns, RECONCILER, tmp_path / "reconciler.kubeconfig")
 
-    await release_life(cluster, deploy_ns, worker_kc, reconciler_kc, setup.autoscaling)
+    await release_life(cluster, deploy_ns, worker_kc, reconciler_kc, setup.autoscaling, setup.keda)
 
     worker = rbac_audit.usage(cluster, plnt_ns, WORKER)
     assert worker.used, "the worker's token was not used"
@@ -141,8 +152,15 @@ async def test_a_release_life_as_the_charts_worker_uses_exactly_what_its_role_gr
     assert {g[0] for g in worker.grants} == {deploy_ns}  # the worker's Roles are in the deploy namespace only
     print(f"{config}: worker {worker.figure()} ({deploy_ns})")
     assert worker.used == worker.grants, f"granted and not used: {sorted(worker.unused)}"
-    hpa = ("autoscaling", "horizontalpodautoscalers")
-    assert any(g[1:3] == hpa for g in worker.grants) is setup.autoscaling
+    hpa, scaled_objects = ("autoscaling", "horizontalpodautoscalers"), ("keda.sh", "scaledobjects")
+    assert any(g[1:3] == hpa for g in worker.grants) is (setup.autoscaling and not setup.keda)
+    assert any(g[1:3] == scaled_objects for g in worker.grants) is setup.keda
+    if setup.keda:  # the life's autoscaled releases made ScaledObjects, by the worker's own token
+        made = [e for e in cluster.audit_events() if e.get("stage") == "ResponseComplete"
+                and (e.get("objectRef") or {}).get("resource") == "scaledobjects"
+                and e["objectRef"].get("namespace") == deploy_ns and e["verb"] == "patch"
+                and e["user"]["username"] == f"system:serviceaccount:{plnt_ns}:{WORKER}"]
+        assert made and all(e["responseStatus"]["code"] in (200, 201) for e in made), made
 
     # The reconciler reads helm's release records in the deploy namespace (its Role there), nothing more.
     reconciler = rbac_audit.usage(cluster, plnt_ns, RECONCILER, only={deploy_ns})
