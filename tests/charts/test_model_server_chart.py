@@ -505,3 +505,27 @@ def test_autoscaler_keda_without_a_prometheus_or_with_max_below_the_floor_fails_
     stderr = failure(helm, merged(BASE, {"replicas": 3, "autoscaling": {
         **keda, "maxReplicas": 2, "prometheusAddress": "http://prometheus:9090"}}))
     assert "autoscaling.maxReplicas (2) must be >= replicas (3)" in stderr, stderr
+
+
+# --- drain on stop: out of the Service's endpoints before the server stops -------------------------
+
+
+def _server(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    [server] = [c for c in by_kind(docs)["Deployment"]["spec"]["template"]["spec"]["containers"] if c["name"] == "server"]
+    return server
+
+
+def test_a_deleted_pod_keeps_answering_while_it_leaves_the_service(helm: str) -> None:
+    """A preStop sleep of drainOnStopSeconds (default 5) before the server's SIGTERM: the EndpointSlice
+    controller takes the terminating pod out meanwhile, and requests under way finish. The sleep action
+    exists from Kubernetes 1.30: below, and with 0, none is rendered. (No kubelet runs here: the wait
+    itself is unproven; tests/k8s/test_hpa_on_cluster.py has the real API server accept the field.)"""
+    docs = render(helm, CHART, BASE, release="chat", namespace=NAMESPACE, extra=("--kube-version", "1.35.0"))
+    assert _server(docs)["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    validate_strictly(by_kind(docs)["Deployment"], "drain on stop")
+    pod = by_kind(docs)["Deployment"]["spec"]["template"]["spec"]
+    assert pod.get("terminationGracePeriodSeconds", 30) > 5  # (the sleep counts against the grace)
+    longer = render(helm, CHART, merged(BASE, {"drainOnStopSeconds": 12}), extra=("--kube-version", "1.35.0"))
+    assert _server(longer)["lifecycle"]["preStop"]["sleep"]["seconds"] == 12
+    for values, kube in ((merged(BASE, {"drainOnStopSeconds": 0}), "1.35.0"), (BASE, "1.29.0")):
+        assert "lifecycle" not in _server(render(helm, CHART, values, extra=("--kube-version", kube))), (values, kube)

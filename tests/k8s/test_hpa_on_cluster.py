@@ -92,6 +92,9 @@ async def test_the_hpa_owns_the_count_and_a_promotion_keeps_it(cluster: LocalClu
     assert (hpa.spec.min_replicas, hpa.spec.max_replicas) == (2, 4)
     assert hpa.spec.scale_target_ref.name == name
     assert hpa.spec.metrics[0].pods.metric.name == release.metric
+    if release.metric == "plnt_model_in_flight_requests":  # the server's preStop sleep (drain on stop), as stored
+        [server] = [c for c in deployment(cluster, ns, name).spec.template.spec.containers if c.name == "server"]
+        assert server.lifecycle.pre_stop.sleep.seconds == 5, server.lifecycle
     # The chart leaves spec.replicas out (created at 1): the HPA controller raises it to its floor.
     wait_for("the HPA raises the Deployment to replicas.min", lambda: available(cluster, ns, name, 2, "1.1.0"),
              timeout=90)
