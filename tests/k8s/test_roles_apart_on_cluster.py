@@ -10,6 +10,8 @@ half the traffic: a promotion (1.2.0 -> 1.3.0) and a rollback (1.4.0, a step tha
 failed request and no retry (a request the gateway sent to the canary's Service after its pods went
 fails before its first byte and is retried on stable: plnt_gateway_retries_total counts it; without the
 drain such retries are what the gateway's metrics show), and both logs name the canary that left.
+The same on a pool of two clusters (one replica on each, the canary on the first): the worker's
+promotion upgrades both backends' stable releases, then the canary leaves as above.
 
 STAND-IN: no container runs here; tests/k8s/node_standin.py runs each pod's init container and runner
 as processes (see tests/k8s/test_commit_through_helm.py). The runners' model is MockBackend.
@@ -33,8 +35,8 @@ from tests.k8s.cluster import wait_for
 from tests.k8s.sites import HELM, ClusterSite
 from tests.k8s.test_commit_through_helm import VENV_BIN, kubernetes_specs
 from tests.k8s.test_commit_through_helm import ns as ns  # noqa: F401 (fixtures)
-from tests.k8s.test_commit_through_helm import site as site  # noqa: F401
 from tests.k8s.test_commit_through_helm import sites as sites  # noqa: F401
+from tests.k8s.test_pool_through_plnt_up import pool_specs
 from tests.services import _Process
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
@@ -114,10 +116,18 @@ def until(roles: RolesInPodNetwork, what: str, done: object, timeout: float = 24
     raise AssertionError(f"review-responder not {what} within {timeout:.0f}s; last row {last}\n{roles.logs()}")
 
 
+@pytest.mark.parametrize("where", ["one-backend", "pool"])
 def test_a_workers_promotion_and_rollback_on_kubernetes_drain_the_canary_before_its_uninstall(
-    site: ClusterSite, ns: str, spec_repo: SpecRepo, tmp_path: Path  # noqa: F811
+    sites: tuple[ClusterSite, ClusterSite], ns: str, spec_repo: SpecRepo, tmp_path: Path, where: str  # noqa: F811
 ) -> None:
-    kubernetes_specs(spec_repo, site, ns)
+    """`pool`: review-responder on a pool of the two clusters (a replica on each), its canary on east;
+    the worker's promotion upgrades both backends' stable releases before the canary leaves."""
+    site = sites[0]
+    placed = sites if where == "pool" else (site,)
+    if where == "pool":
+        pool_specs(spec_repo, *sites, ns)
+    else:
+        kubernetes_specs(spec_repo, site, ns)
     spec_repo.replace(RUN_FILE, "trafficPercent: 5", "trafficPercent: 50")
     spec_repo.commit("the canary gets half the traffic")
     with site.net.entered():
@@ -136,8 +146,10 @@ def test_a_workers_promotion_and_rollback_on_kubernetes_drain_the_canary_before_
                 spec_repo.replace(RUN_FILE, "review-responder@1.2.0", "review-responder@1.3.0")
                 spec_repo.commit("bump review-responder to 1.3.0")
                 until(roles, "Ready at 1.3.0", lambda r: r["phase"] == "Ready" and r["version"] == "1.3.0")
-                site_releases = {r["name"] for r in site.helm(ns, "list")}
-                assert site_releases == {"review-responder"}, site_releases
+                for each in placed:
+                    wait_for(f"only the stable release on {each.domain}",
+                             lambda s=each: {r["name"] for r in s.helm(ns, "list")} == {"review-responder"})
+                    assert str(each.helm(ns, "get", "values", "review-responder")["workflow"]["version"]) == "1.3.0"
                 promoted_at = sum(load.statuses.values())
                 spec_repo.replace(RUN_FILE, "review-responder@1.3.0", "review-responder@1.4.0")
                 spec_repo.commit("try 1.4.0")
