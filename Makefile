@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 DEMO   ?= .plnt-demo
 PORT   ?= 8000
 
-.PHONY: install install-llm install-test-services up demo-repo demo-model test test-fast bench e2e-kind k8s-bins keda-bin test-k8s bench-k8s gitea-bin test-forge bench-forge clean
+.PHONY: install install-llm install-test-services up demo-repo demo-model test go-servers-background test-fast bench e2e-kind k8s-bins keda-bin test-k8s bench-k8s gitea-bin test-forge bench-forge clean
 
 install: $(VENV)/.installed
 
@@ -49,8 +49,14 @@ install-llm:
 install-test-services:
 	bash tools/install_test_services.sh
 
-test: install install-test-services install-llm k8s-bins keda-bin gitea-bin
+# The servers built from Go modules (Gitea, the Kubernetes control plane, KEDA: the targets below) build
+# in the background at the lowest CPU priority, beside llama.cpp's build and the tests that need none of
+# them; tests/forge and tests/k8s run last and wait for them (tools/build_go_servers.sh).
+test: install install-test-services go-servers-background install-llm
 	$(PY) -m pytest
+
+go-servers-background:
+	bash tools/build_go_servers.sh --background
 
 test-fast: install
 	$(PY) -m pytest -m "not integration"

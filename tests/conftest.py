@@ -16,14 +16,31 @@ from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 
 from tests.hygiene import (  # noqa: F401
     no_runner_outlives_its_test,
-    pytest_collection_modifyitems,
     pytest_runtest_makereport,
     pytest_runtest_protocol,
 )
+from tests.hygiene import pytest_collection_modifyitems as mark_integration
 from tests.services import oci_registry, s3_bucket, s3_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "gitops-example"
+
+# The tests of servers built from Go modules run last, in the order tools/build_go_servers.sh builds
+# them: on a first `make test` those builds run in the background meanwhile, and these tests' fixtures
+# wait for them (each build's lock).
+GO_BUILT_LAST = (("tests/forge/",), ("tests/k8s/",),
+                 ("tests/k8s/test_keda_on_cluster.py", "tests/k8s/test_worker_least_privilege.py"))  # KEDA's
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    mark_integration(items)
+
+    def rank(item: pytest.Item) -> int:
+        path = item.path.relative_to(ROOT).as_posix() if item.path.is_relative_to(ROOT) else ""
+        return max((i + 1 for i, prefixes in enumerate(GO_BUILT_LAST) if path.startswith(prefixes)), default=0)
+
+    items.sort(key=rank)  # (stable: each group keeps its files' order)
+
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "plnt tests", "GIT_AUTHOR_EMAIL": "tests@plnt.invalid",

@@ -4,13 +4,26 @@ server and its organization once per session (`gitea`), a spec repository of its
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.forge.gitea import GiteaServer
+from tests.forge.gitea import BUILD, GiteaServer
 from tests.forge.site import GiteaOrg, SpecSite, make_org, new_site, ssh_key
+
+# Gitea's first build (minutes, or the background build of `make test` still under way) happens in the
+# setup of the first test here: then each is given this long instead of the suite's per-test timeout.
+COLD_BUILD_TIMEOUT = 3600
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    forge = [item for item in items if item.path.is_relative_to(here)]
+    if forge and subprocess.run(["bash", str(BUILD), "--check"], capture_output=True).returncode:
+        for item in forge:
+            item.add_marker(pytest.mark.timeout(COLD_BUILD_TIMEOUT))
 
 
 @pytest.fixture(scope="session")
