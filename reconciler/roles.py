@@ -226,6 +226,9 @@ async def start_reconciler(settings: Settings, *, lease: LeaderLease | None = No
         if not outcome.drained:
             log.warning("release-drain-timeout release=%s %s (uninstalling it anyway)", release.release_id,
                         outcome.describe())
+        else:
+            log.info("release-drained release=%s endpoint=%s %s (uninstalled next)", release.release_id,
+                     release.endpoint, outcome.describe())
 
     runners = ReportedRunners(on_change=refresh_routes)
     drivers = make_driver_set(settings, runners, state, on_change=refresh_routes, drain=drain)

@@ -119,6 +119,21 @@ def invoke(up: PlntUp, name: str = "review-responder") -> httpx.Response:
     return httpx.post(f"{up.url}/workflows/{name}/invoke", json=REVIEW, timeout=30, trust_env=False)
 
 
+def answered_by(up: PlntUp, version: str, name: str = "review-responder", within_s: float = 30.0) -> None:
+    """After a promotion on Kubernetes: every answer a 200, and only `version` answering within
+    `within_s` (five in a row). The old stable's pods drain for the chart's runner.drainOnStopSeconds
+    (5 s) and answer a request sent on a connection the gateway kept alive to one of them (the old
+    version: docs/kubernetes.md); none may fail."""
+    deadline, in_a_row, seen = time.monotonic() + within_s, 0, []
+    while in_a_row < 5:
+        answer = invoke(up, name)
+        assert answer.status_code == 200 and answer.json().get("version"), up.why(answer.text)
+        seen.append(answer.json()["version"])
+        in_a_row = in_a_row + 1 if seen[-1] == version else 0
+        assert time.monotonic() < deadline, f"{name} not answered by {version} only within {within_s:.0f}s: {seen}"
+        time.sleep(0 if in_a_row else 0.3)
+
+
 def history(up: PlntUp) -> dict[str, Any]:
     return httpx.get(f"{up.url}/workflows/review-responder/history", timeout=10, trust_env=False).json()
 
@@ -157,7 +172,7 @@ def test_a_commit_rolls_out_through_helm_and_a_bad_canary_is_rolled_back(
             assert promoted["canaryVersion"] is None, promoted
             steps = [s["step"] for s in history(up)["steps"]]
             assert steps == ["validate", "pull_recipe", "install_release", "smoke_test", "promote_release"], steps
-            assert invoke(up).json()["version"] == "1.3.0"
+            answered_by(up, "1.3.0")
             assert {r["name"] for r in site.helm(ns, "list")} == {"review-responder"}
             stable_history = site.helm(ns, "history", "review-responder")
             assert [h["status"] for h in stable_history][-1] == "deployed", stable_history
@@ -220,7 +235,7 @@ def test_one_commit_rolls_out_to_two_clusters_each_with_its_own_canary_and_verdi
             assert "error rate 100%" in rolled["lastError"] and rolled["version"] == "1.2.0", rolled
             for name, canary in (("east", "1.3.0"), ("west", "1.4.0")):
                 assert ("Canary", canary) in watch.phases[f"review-responder-{name}"], watch.phases
-            assert invoke(up, "review-responder-east").json()["version"] == "1.3.0"
+            answered_by(up, "1.3.0", "review-responder-east")
             assert invoke(up, "review-responder-west").json()["version"] == "1.2.0"
             assert west.helm(ns, "history", "review-responder-west") == west_history
             wait_for("west's canary release gone",
@@ -262,7 +277,7 @@ def test_the_cluster_away_for_30s_mid_canary_loses_nothing_and_the_rollout_compl
             done = watch.until("Ready at 1.5.0", lambda r: r["phase"] == "Ready" and r["version"] == "1.5.0",
                                timeout=240)
             assert done["canaryVersion"] is None, done
-            assert invoke(up).json()["version"] == "1.5.0"
+            answered_by(up, "1.5.0")
             # The stable release was upgraded once (the promotion), nothing rolled back or reinstalled.
             history_now = site.helm(ns, "history", "review-responder")
             assert [(h["revision"], h["updated"]) for h in history_now] == \
@@ -297,7 +312,8 @@ def test_a_canary_with_no_free_gpu_fails_with_the_missing_capacity_in_status(
             status = subprocess.run([str(VENV_BIN / "plnt"), "status", "--url", up.url], capture_output=True,
                                     text=True, timeout=60)
             assert "Insufficient nvidia.com/gpu" in status.stdout, status.stdout + status.stderr
-            assert invoke(up).json()["version"] == "1.2.0"
+            answer = invoke(up)
+            assert answer.status_code == 200 and answer.json()["version"] == "1.2.0", up.why(answer.text)
             wait_for("the canary release gone", lambda: {r["name"] for r in site.helm(ns, "list")} == {"review-responder"})
         finally:
             up.kill()

@@ -11,7 +11,9 @@ failed request and no retry (a request the gateway sent to the canary's Service 
 fails before its first byte and is retried on stable: plnt_gateway_retries_total counts it; without the
 drain such retries are what the gateway's metrics show), and both logs name the canary that left.
 The same on a pool of two clusters (one replica on each, the canary on the first): the worker's
-promotion upgrades both backends' stable releases, then the canary leaves as above.
+promotion upgrades both backends' stable releases, then the canary leaves as above; then west is
+lowered to no capacity and the reconciler re-places its replica (east's release upgraded to two pods,
+west's drained from the gateways and uninstalled), still with no failed request.
 
 STAND-IN: no container runs here; tests/k8s/node_standin.py runs each pod's init container and runner
 as processes (see tests/k8s/test_commit_through_helm.py). The runners' model is MockBackend.
@@ -36,7 +38,7 @@ from tests.k8s.sites import HELM, ClusterSite
 from tests.k8s.test_commit_through_helm import VENV_BIN, kubernetes_specs
 from tests.k8s.test_commit_through_helm import ns as ns  # noqa: F401 (fixtures)
 from tests.k8s.test_commit_through_helm import sites as sites  # noqa: F401
-from tests.k8s.test_pool_through_plnt_up import pool_specs
+from tests.k8s.test_pool_through_plnt_up import deployments, pool_specs, releases
 from tests.services import _Process
 
 pytestmark = [pytest.mark.k8s, pytest.mark.integration]
@@ -157,6 +159,9 @@ def test_a_workers_promotion_and_rollback_on_kubernetes_drain_the_canary_before_
                 assert rolled["version"] == "1.3.0", rolled
                 wait_for("more answers after the rollback",
                          lambda: sum(load.statuses.values()) > promoted_at + 20, timeout=60)
+                if where == "pool":
+                    moved = west_full_moves_its_replica_to_east(spec_repo, sites, ns, roles, load)
+                    assert moved["sagaId"] == rolled["sagaId"], ("the re-placement runs no saga", moved, rolled)
             # The bad canary's own answers are its error (the smoke test's verdict comes from those too);
             # anything else (a 502 or 503, a dropped connection) is a request the roles lost.
             lost = [f for f in load.failures if "moderation policy not loaded" not in f]
@@ -176,9 +181,34 @@ def test_a_workers_promotion_and_rollback_on_kubernetes_drain_the_canary_before_
             assert all("review-responder-canary." in line for line in left), left
             drained = [line for line in logs["worker.log"].splitlines() if "runner-drained" in line]
             assert [version_in(line) for line in drained] == ["1.2.0", "1.3.0", "1.4.0"], drained
+            if where == "pool":  # west's stable, drained by the reconciler (which re-places a Kubernetes pool)
+                west_left = [line for line in logs["reconciler.log"].splitlines() if "release-drained" in line]
+                assert [version_in(line) for line in west_left] == ["1.3.0"], west_left
+                assert f"endpoint=http://review-responder.{ns}.svc.{sites[1].domain}" in west_left[0], west_left
         finally:
             roles.stop_all()
             temporal.stop()
+
+
+def west_full_moves_its_replica_to_east(spec_repo: SpecRepo, sites: tuple[ClusterSite, ClusterSite], ns: str,
+                                        roles: RolesInPodNetwork, load: Load) -> dict:
+    """Back to 1.3.0 in git (in sync: no saga), then west lowered to no capacity: the reconciler
+    re-places west's replica on east itself (a Kubernetes pool's scale runs where the plan is made: a
+    helm upgrade of east's release to 2 replicas, then west's release out of the routes, drained from
+    every `plnt gateway` and uninstalled) while the load goes on. Returns the row after."""
+    east, west = sites
+    spec_repo.replace(RUN_FILE, "review-responder@1.4.0", "review-responder@1.3.0")
+    spec_repo.commit("back to 1.3.0")
+    spec_repo.replace("backends/west.yaml", "capacity: {replicas: 2}", "capacity: {replicas: 0}")
+    spec_repo.commit("west is full")
+    wait_for("east at 2 pods", lambda: deployments(east, ns) == {"review-responder": (2, 2)}, timeout=180)
+    wait_for("west's release uninstalled", lambda: releases(west, ns) == set(), timeout=120)
+    assert str(east.helm(ns, "get", "values", "review-responder")["workflow"]["version"]) == "1.3.0"
+    moved = until(roles, "at the move's commit", lambda r: r["observedCommit"] == spec_repo.git("rev-parse", "HEAD"))
+    assert moved["phase"] == "Ready" and moved["version"] == "1.3.0" and moved["canaryVersion"] is None, moved
+    served = sum(load.statuses.values())
+    wait_for("more answers after the move", lambda: sum(load.statuses.values()) > served + 20, timeout=60)
+    return moved
 
 
 def version_in(line: str) -> str:
