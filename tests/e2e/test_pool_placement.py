@@ -16,7 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from plnt.reconciler.app import Plnt
 from plnt.reconciler.settings import Settings
+from plnt.reconciler.state import Release
 
 from tests.conftest import SpecRepo
 from tests.e2e.harness import REVIEW, hook, running_plnt, settings_for, status_of, wait_for, wait_phase
@@ -47,6 +49,20 @@ def on_the_pool(spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temp
     return settings_for(spec_repo.path, tmp_path / "state", temporal_address, temporal_namespace)
 
 
+async def west_fills_up(spec_repo: SpecRepo, plnt: Plnt, spread: Release) -> Release:
+    """west's capacity lowered to 0 in git: its replica of `spread` moves to east in place (the same
+    release, no saga) and the one on west stops. Returns the stable release after the move."""
+    on_west = next(p for p in spread.processes() if p.backend == "west")
+    spec_repo.replace("backends/pool.yaml", "capacity: {replicas: 1}", "capacity: {replicas: 0}")
+    spec_repo.commit("west is full")
+    await hook(plnt)
+    moved = await wait_for(lambda: (r := stable(plnt)).placement == {"east": 2} and r, timeout=30,
+                           what=lambda: f"the replica moved to east (now {stable(plnt).placement})")
+    assert moved.release_id == spread.release_id and [p.backend for p in moved.processes()] == ["east", "east"]
+    await wait_for(lambda: not alive(on_west.pid), timeout=30, what="the replica on west stopped")
+    return moved
+
+
 async def test_a_pool_spreads_serves_moves_and_refuses_what_does_not_fit(
     spec_repo: SpecRepo, tmp_path: Path, temporal_address: str, temporal_namespace: str
 ) -> None:
@@ -68,14 +84,7 @@ async def test_a_pool_spreads_serves_moves_and_refuses_what_does_not_fit(
         with SteadyLoad(plnt.url) as load:
             # west's capacity lowered to 0 in git: its replica moves to east (started there before the
             # one on west leaves the routes and drains), the same release, no saga.
-            spec_repo.replace("backends/pool.yaml", "capacity: {replicas: 1}", "capacity: {replicas: 0}")
-            spec_repo.commit("west is full")
-            await hook(plnt)
-            moved = await wait_for(lambda: (r := stable(plnt)).placement == {"east": 2} and r, timeout=30,
-                                   what=lambda: f"the replica moved to east (now {stable(plnt).placement})")
-            assert moved.release_id == spread.release_id and [p.backend for p in moved.processes()] == ["east", "east"]
-            on_west = next(p for p in processes if p.backend == "west")
-            await wait_for(lambda: not alive(on_west.pid), timeout=30, what="the replica on west stopped")
+            moved = await west_fills_up(spec_repo, plnt, spread)
             assert all(alive(p.pid) for p in moved.processes())
             assert status_of(plnt)["sagaId"] == saga_id, "a move runs no saga"  # type: ignore[index]
 
@@ -118,14 +127,7 @@ async def test_a_held_runs_stable_is_re_placed_as_the_spec_it_serves(
         saga_id, error = rolled["sagaId"], rolled["lastError"]
         assert rolled["version"] == "1.2.0" and error
 
-        spec_repo.replace("backends/pool.yaml", "capacity: {replicas: 1}", "capacity: {replicas: 0}")
-        spec_repo.commit("west is full")
-        await hook(plnt)
-        moved = await wait_for(lambda: (r := stable(plnt)).placement == {"east": 2} and r, timeout=30,
-                               what=lambda: f"1.2.0 moved to east (now {stable(plnt).placement})")
-        assert moved.release_id == spread.release_id and [p.backend for p in moved.processes()] == ["east", "east"]
-        on_west = next(p for p in spread.processes() if p.backend == "west")
-        await wait_for(lambda: not alive(on_west.pid), timeout=30, what="the replica on west stopped")
+        await west_fills_up(spec_repo, plnt, spread)
         for _ in range(10):
             response = await client.post(f"{plnt.url}/workflows/review-responder/invoke", json=REVIEW)
             assert response.status_code == 200, response.text
